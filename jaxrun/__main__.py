@@ -1,0 +1,3 @@
+from jaxrun.cli import entry_point
+
+entry_point()

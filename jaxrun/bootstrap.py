@@ -1,0 +1,124 @@
+"""Child side: join the distributed system from the launcher's environment.
+
+Imported by the shim only, after its lifeline and stack-dump hooks are in
+place.  This is the one place where jax is imported on purpose.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import sys
+
+from jaxrun import contract
+
+
+class BootstrapError(RuntimeError):
+    """The process cannot join the job; the message says why."""
+
+
+# (rank, count, local rank) variables of the schedulers the shim can ride on.
+RANK_SOURCES = {
+    "slurm": ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+    "mpi": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+}
+
+_launched: dict[str, object] = {}
+
+
+def identity_from_env(environ=os.environ) -> tuple[int, int, int]:
+    """(process id, process count, local process id) from the launcher or scheduler."""
+    source = environ.get(contract.RANK_SOURCE, "jaxrun")
+    names = RANK_SOURCES.get(
+        source, (contract.PROCESS_ID, contract.NUM_PROCESSES, contract.LOCAL_PROCESS_ID)
+    )
+    try:
+        rank, count, local = (int(environ[n]) for n in names)
+    except KeyError as e:
+        raise BootstrapError(f"{e.args[0]} is not set; start this process with jaxrun") from None
+    except ValueError as e:
+        raise BootstrapError(f"bad rank variable: {e}") from None
+    return rank, count, local
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
+def _transfer_address(coordinator: str) -> str:
+    """A free address of our own for cross-process device_put, reachable by peers."""
+    host = coordinator.rsplit(":", 1)[0]
+    if _is_loopback(host):
+        ip = "127.0.0.1"
+    else:
+        # The local address that routes towards the coordinator's host.
+        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            probe.connect((host, 9))
+            ip = probe.getsockname()[0]
+        finally:
+            probe.close()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((ip, 0))
+        return f"{ip}:{s.getsockname()[1]}"
+
+
+def initialize_from_env() -> None:
+    environ = os.environ
+    coordinator = environ.get(contract.COORDINATOR_ADDRESS)
+    if not coordinator:
+        raise BootstrapError(f"{contract.COORDINATOR_ADDRESS} is not set; start this process with jaxrun")
+    rank, count, local = identity_from_env(environ)
+    # The scheduler gave us our rank; publish it in jaxrun's own names too.
+    environ[contract.PROCESS_ID] = str(rank)
+    environ[contract.NUM_PROCESSES] = str(count)
+    environ[contract.LOCAL_PROCESS_ID] = str(local)
+
+    import jax
+
+    try:
+        jax.config.update("jax_cross_host_transfer_socket_address", _transfer_address(coordinator))
+    except (AttributeError, OSError):
+        pass  # older jax without the option, or no route: transfers stay unavailable
+    kwargs = dict(
+        coordinator_address=coordinator,
+        num_processes=count,
+        process_id=rank,
+        cluster_detection_method="deactivate",
+    )
+    bind = environ.get(contract.COORDINATOR_BIND_ADDRESS)
+    if bind and rank == 0:
+        kwargs["coordinator_bind_address"] = bind
+    jax.distributed.initialize(**kwargs)
+    _launched.update(coordinator=coordinator, num_processes=count, process_id=rank)
+    jax.distributed.initialize = _checked_initialize
+
+    from jaxrun import _mesh_setup
+
+    _mesh_setup.install_from_env()
+
+
+_noted_address = False
+
+
+def _checked_initialize(coordinator_address=None, num_processes=None, process_id=None, *args, **kwargs):
+    """Stands in for jax.distributed.initialize once jaxrun has initialized."""
+    global _noted_address
+    for name, given in (("process_id", process_id), ("num_processes", num_processes)):
+        expected = _launched[name]
+        if given is not None and int(given) != expected:
+            raise RuntimeError(
+                f"jax.distributed.initialize({name}={given}) disagrees with jaxrun, "
+                f"which started this process with {name}={expected}"
+            )
+    if coordinator_address and coordinator_address != _launched["coordinator"] and not _noted_address:
+        _noted_address = True
+        print(
+            f"jaxrun: ignoring coordinator_address={coordinator_address!r} in "
+            f"jax.distributed.initialize(); using jaxrun's {_launched['coordinator']}",
+            file=sys.stderr,
+        )

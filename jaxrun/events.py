@@ -1,0 +1,38 @@
+"""Typed messages that threads send to the supervisor's single event queue."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+
+class Stream(enum.Enum):
+    STDOUT = "stdout"
+    STDERR = "stderr"
+
+
+@dataclasses.dataclass(frozen=True)
+class Output:
+    """Complete lines (each ending in b"\\n", except a final partial line)."""
+
+    rank: int
+    stream: Stream
+    lines: list[bytes]
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamClosed:
+    rank: int
+    stream: Stream
+
+
+@dataclasses.dataclass(frozen=True)
+class Exited:
+    rank: int
+    returncode: int  # Popen style: negative for a signal
+    at: float
+
+
+@dataclasses.dataclass(frozen=True)
+class SignalReceived:
+    signum: int

@@ -1,0 +1,169 @@
+"""Pure planning: launch options in, one ProcessSpec per controller out.
+
+Nothing here touches the system: no ports are probed, no files are written,
+no processes start.  The CLI resolves everything impure (free ports, the run
+id, the hosts file) first and hands the values in, which keeps this step easy
+to unit-test exhaustively.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+from typing import Mapping, Sequence
+
+from jaxrun import contract
+
+
+class PlanError(ValueError):
+    """The options cannot describe a valid launch; the message says why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """What each controller runs: a script path or a module, and its arguments."""
+
+    name: str
+    args: tuple[str, ...] = ()
+    is_module: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Host:
+    """One line of a hosts file or one ``-H`` entry."""
+
+    name: str
+    slots: int = 1
+    user: str | None = None
+    port: int | None = None
+
+    @property
+    def ssh_target(self) -> str:
+        return f"{self.user}@{self.name}" if self.user else self.name
+
+
+LOCAL_HOST = Host("localhost", slots=sys.maxsize)
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchOptions:
+    target: Target
+    num_processes: int
+    coordinator: str  # host:port every process connects to
+    run_id: str
+    bind_address: str | None = None  # host:port the service listens on
+    cpu_devices: int | None = None
+    hosts: tuple[Host, ...] = (LOCAL_HOST,)
+    python: str = sys.executable
+    extra_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    mesh: str | None = None
+    mesh_axis_types: str | None = None
+    restart_count: int = 0
+    verbose: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessSpec:
+    """Everything needed to start one controller, wherever it runs."""
+
+    rank: int
+    local_rank: int
+    host: Host
+    argv: tuple[str, ...]
+    env: Mapping[str, str]  # only what jaxrun sets; the spawner adds the rest
+
+    @property
+    def label(self) -> str:
+        return str(self.rank)
+
+
+def shim_argv(python: str, target: Target) -> tuple[str, ...]:
+    """The child command line: the shim first, then the user's target."""
+    head = (python, "-m", "jaxrun.shim")
+    if target.is_module:
+        return head + ("-m", target.name) + target.args
+    return head + ("--", target.name) + target.args
+
+
+def assign_hosts(hosts: Sequence[Host], num_processes: int) -> list[tuple[Host, int]]:
+    """Fill slots in host order: returns (host, local_rank) for each rank."""
+    if num_processes < 1:
+        raise PlanError(f"the number of processes must be at least 1, got {num_processes}")
+    total = sum(h.slots for h in hosts)
+    if num_processes > total:
+        raise PlanError(
+            f"{num_processes} processes requested but the hosts have only {total} slots"
+        )
+    placement: list[tuple[Host, int]] = []
+    for host in hosts:
+        for local in range(host.slots):
+            if len(placement) == num_processes:
+                return placement
+            placement.append((host, local))
+    return placement
+
+
+_PLACEHOLDER = re.compile(r"\{(" + "|".join(contract.PLACEHOLDERS) + r")\}")
+
+
+def substitute(arg: str, values: Mapping[str, object]) -> str:
+    """Replace {process_id}-style placeholders; other braces are left alone."""
+    return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), arg)
+
+
+def plan(opts: LaunchOptions) -> list[ProcessSpec]:
+    placement = assign_hosts(opts.hosts, opts.num_processes)
+    per_host: dict[str, int] = {}
+    for host, _ in placement:
+        per_host[host.name] = per_host.get(host.name, 0) + 1
+    specs = []
+    for rank, (host, local_rank) in enumerate(placement):
+        values = {
+            "process_id": rank,
+            "num_processes": opts.num_processes,
+            "local_process_id": local_rank,
+            "coordinator": opts.coordinator,
+        }
+        target = dataclasses.replace(
+            opts.target, args=tuple(substitute(a, values) for a in opts.target.args)
+        )
+        env = dict(opts.extra_env)
+        env.update(contract_env(opts, rank, local_rank, per_host[host.name]))
+        specs.append(
+            ProcessSpec(
+                rank=rank,
+                local_rank=local_rank,
+                host=host,
+                argv=shim_argv(opts.python, target),
+                env=env,
+            )
+        )
+    return specs
+
+
+def contract_env(opts: LaunchOptions, rank: int, local_rank: int, local_count: int) -> dict[str, str]:
+    env = {
+        contract.COORDINATOR_ADDRESS: opts.coordinator,
+        contract.JAX_COORDINATOR_ADDRESS: opts.coordinator,
+        contract.NUM_PROCESSES: str(opts.num_processes),
+        contract.PROCESS_ID: str(rank),
+        contract.LOCAL_PROCESS_ID: str(local_rank),
+        contract.LOCAL_PROCESS_COUNT: str(local_count),
+        contract.RUN_ID: opts.run_id,
+        contract.RESTART_COUNT: str(opts.restart_count),
+        "PYTHONUNBUFFERED": "1",
+    }
+    if opts.bind_address and rank == 0:
+        env[contract.COORDINATOR_BIND_ADDRESS] = opts.bind_address
+        env[contract.JAX_COORDINATOR_BIND_ADDRESS] = opts.bind_address
+    if opts.cpu_devices is not None:
+        env[contract.JAX_PLATFORMS] = "cpu"
+        env[contract.JAX_NUM_CPU_DEVICES] = str(opts.cpu_devices)
+    if opts.mesh:
+        env[contract.MESH] = opts.mesh
+    if opts.mesh_axis_types:
+        env[contract.MESH_AXIS_TYPES] = opts.mesh_axis_types
+    if opts.verbose:
+        env[contract.VERBOSE] = "1"
+    return env

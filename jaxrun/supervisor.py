@@ -1,0 +1,278 @@
+"""The event loop that watches one attempt of a job until every process is gone.
+
+Threads only produce typed events (see :mod:`jaxrun.events`): one pump per
+pipe, one waiter per child, and signal handlers.  The loop in ``Supervisor.run``
+is the single consumer and the only place that decides anything.
+
+Stopping is the same in every case (a failure, a signal, ``--timeout``): ask
+the survivors for a stack dump or forward the signal, wait out a deadline
+shared by all of them, then SIGKILL their process groups.  JAX catches SIGTERM
+as a preemption notice and a process blocked in a collective ignores it, so
+the SIGKILL is what actually ends a stuck job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import queue
+import signal
+import threading
+import time
+from typing import Callable, Mapping, Sequence
+
+from jaxrun import contract
+from jaxrun.events import Exited, Output, SignalReceived, Stream, StreamClosed
+from jaxrun.output import IN_FLIGHT, ConsolePrinter, pump_output
+from jaxrun.plan import ProcessSpec
+from jaxrun.spawn import Child, Spawner
+
+# After a failure or a timeout, how long survivors get to write their stack dumps.
+DUMP_WAIT = 0.5
+TIMEOUT_DUMP_WAIT = 1.5
+# How long pumps may keep reading after every process is gone (grandchildren
+# holding a pipe open are killed with their group before this).
+DRAIN_WAIT = 5.0
+
+
+class Verdict(enum.Enum):
+    OK = "ok"  # exited 0
+    ROOT_CAUSE = "failed first"
+    CONSEQUENCE = "failed after the root cause"
+    STOPPED = "stopped by jaxrun"
+
+
+class StopReason(enum.Enum):
+    FAILURE = "failure"
+    SIGNAL = "signal"
+    TIMEOUT = "timeout"
+
+
+@dataclasses.dataclass
+class ProcessRecord:
+    spec: ProcessSpec
+    stdout_log: str
+    stderr_log: str
+    error_file: str
+    pid: int | None = None
+    started_at: float | None = None  # wall clock, for the report
+    ended_at: float | None = None
+    returncode: int | None = None
+    verdict: Verdict | None = None
+
+    @property
+    def exit_status(self) -> int | None:
+        """Shell convention: 128+N for a signal."""
+        if self.returncode is None:
+            return None
+        return 128 - self.returncode if self.returncode < 0 else self.returncode
+
+
+@dataclasses.dataclass
+class Outcome:
+    records: list[ProcessRecord]
+    exit_code: int
+    reason: StopReason | None
+    signum: int | None = None
+    root_cause: int | None = None  # rank
+
+
+def log_paths(log_dir: str, rank: int) -> tuple[str, str, str]:
+    base = os.path.join(log_dir, f"process-{rank}")
+    return base + ".stdout", base + ".stderr", base + ".error.json"
+
+
+class Supervisor:
+    def __init__(
+        self,
+        specs: Sequence[ProcessSpec],
+        spawner: Spawner,
+        printer: ConsolePrinter,
+        log_dir: str,
+        *,
+        grace: float = 30.0,
+        timeout: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        events: queue.SimpleQueue | None = None,
+    ):
+        self.specs = list(specs)
+        self.spawner = spawner
+        self.printer = printer
+        self.log_dir = log_dir
+        self.grace = grace
+        self.timeout = timeout
+        self.clock = clock
+        self.events = events if events is not None else queue.SimpleQueue()
+        self.credits = threading.Semaphore(IN_FLIGHT)
+        self.children: dict[int, Child] = {}
+        self.records: dict[int, ProcessRecord] = {}
+        self.pumps: list[threading.Thread] = []
+        self.reason: StopReason | None = None
+        self.signum: int | None = None
+        self.root_cause: int | None = None
+        self.kill_at: float | None = None
+        self.open_streams = 0
+
+    # -- signals -----------------------------------------------------------
+    def post_signal(self, signum: int) -> None:
+        """Safe to call from a signal handler: it only enqueues."""
+        self.events.put(SignalReceived(signum))
+
+    # -- main loop ---------------------------------------------------------
+    def run(self) -> Outcome:
+        os.makedirs(self.log_dir, exist_ok=True)
+        lifeline_r, lifeline_w = os.pipe()
+        try:
+            try:
+                self._start_all(lifeline_r)
+            finally:
+                os.close(lifeline_r)
+            self._loop()
+            self._drain()
+        finally:
+            for child in self.children.values():
+                child.send(signal.SIGKILL)  # grandchildren left in a group
+            os.close(lifeline_w)
+        return self._outcome()
+
+    def _start_all(self, lifeline_r: int) -> None:
+        start = self.clock()
+        self.deadline = start + self.timeout if self.timeout else None
+        for spec in self.specs:
+            out, err, error_file = log_paths(self.log_dir, spec.rank)
+            record = ProcessRecord(spec, out, err, error_file)
+            self.records[spec.rank] = record
+            if os.path.exists(error_file):
+                os.unlink(error_file)
+            child = self.spawner.spawn(spec, lifeline_r, {contract.ERROR_FILE: error_file})
+            record.pid, record.started_at = child.pid, time.time()
+            self.children[spec.rank] = child
+            for pipe, path, stream in ((child.stdout, out, Stream.STDOUT), (child.stderr, err, Stream.STDERR)):
+                self._start_pump(pipe, path, spec.rank, stream)
+            threading.Thread(target=self._wait, args=(spec.rank, child), daemon=True).start()
+
+    def _start_pump(self, pipe, path: str, rank: int, stream: Stream) -> None:
+        log = open(path, "wb", buffering=0)
+        fd = pipe.fileno()
+
+        def pump() -> None:
+            try:
+                pump_output(fd, log, rank, stream, self.events, self.credits)
+            finally:
+                log.close()
+                pipe.close()
+
+        thread = threading.Thread(target=pump, name=f"pump-{rank}-{stream.value}", daemon=True)
+        self.open_streams += 1
+        thread.start()
+        self.pumps.append(thread)
+
+    def _wait(self, rank: int, child: Child) -> None:
+        code = child.wait()
+        self.events.put(Exited(rank, code, self.clock()))
+
+    def _running(self) -> list[int]:
+        return [r for r, rec in self.records.items() if rec.returncode is None]
+
+    def _loop(self) -> None:
+        while self._running():
+            now = self.clock()
+            if self.kill_at is not None and now >= self.kill_at:
+                self._kill_survivors()
+                self.kill_at = now + 3600  # killed; just wait for the exits now
+            if self.deadline is not None and now >= self.deadline and self.reason is None:
+                self._begin_stop(StopReason.TIMEOUT, TIMEOUT_DUMP_WAIT, signal.SIGUSR1)
+            wake = [t for t in (self.kill_at, self.deadline if self.reason is None else None) if t is not None]
+            wait = max(0.0, min(wake) - now) if wake else None
+            try:
+                event = self.events.get(timeout=wait)
+            except queue.Empty:
+                continue
+            self._handle(event)
+
+    def _handle(self, event) -> None:
+        if isinstance(event, Output):
+            self.credits.release()
+            self.printer.lines(event.rank, event.stream, event.lines)
+        elif isinstance(event, Exited):
+            self._on_exit(event)
+        elif isinstance(event, SignalReceived):
+            self._on_signal(event.signum)
+        elif isinstance(event, StreamClosed):
+            self.open_streams -= 1
+
+    def _on_exit(self, event: Exited) -> None:
+        record = self.records[event.rank]
+        record.returncode, record.ended_at = event.returncode, time.time()
+        if event.returncode == 0:
+            record.verdict = Verdict.OK
+        elif self.reason is None:
+            record.verdict = Verdict.ROOT_CAUSE
+            self.root_cause = event.rank
+            self._begin_stop(StopReason.FAILURE, DUMP_WAIT, signal.SIGUSR1)
+        elif self.reason is StopReason.FAILURE and not self.kill_sent:
+            record.verdict = Verdict.CONSEQUENCE
+        else:
+            record.verdict = Verdict.STOPPED
+
+    kill_sent = False
+
+    def _on_signal(self, signum: int) -> None:
+        if signum == signal.SIGUSR1:
+            self._send_all(signal.SIGUSR1)
+        elif self.reason is StopReason.SIGNAL and signum == signal.SIGINT:
+            self._kill_survivors()  # a second Ctrl-C: no more grace
+        elif self.reason is None:
+            self.signum = signum
+            self._begin_stop(StopReason.SIGNAL, self.grace, signum)
+
+    def _begin_stop(self, reason: StopReason, wait: float, signum: int) -> None:
+        self.reason = reason
+        self._send_all(signum)
+        self.kill_at = self.clock() + wait
+
+    def _send_all(self, signum: int) -> None:
+        for rank in self._running():
+            self.children[rank].send(signum)
+
+    def _kill_survivors(self) -> None:
+        self.kill_sent = True
+        self._send_all(signal.SIGKILL)
+
+    def _drain(self) -> None:
+        """Print what the pumps still hold; pipes close once the groups are dead."""
+        for child in self.children.values():
+            child.send(signal.SIGKILL)
+        end = self.clock() + DRAIN_WAIT
+        while self.open_streams > 0:
+            try:
+                event = self.events.get(timeout=max(0.0, end - self.clock()))
+            except queue.Empty:
+                break
+            self._handle(event)
+
+    def _outcome(self) -> Outcome:
+        records = [self.records[s.rank] for s in self.specs]
+        if self.reason is StopReason.SIGNAL:
+            code = 128 + self.signum
+        elif self.reason is StopReason.TIMEOUT:
+            code = 124
+        elif self.root_cause is not None:
+            code = self.records[self.root_cause].exit_status
+        else:
+            code = 0
+        return Outcome(records, code, self.reason, self.signum, self.root_cause)
+
+
+def install_signal_handlers(supervisor: Supervisor) -> Mapping[int, object]:
+    """Route SIGINT/SIGTERM/SIGHUP/SIGUSR1 into the supervisor's queue."""
+    previous = {}
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
+        previous[signum] = signal.signal(signum, lambda s, _f: supervisor.post_signal(s))
+    return previous
+
+
+def restore_signal_handlers(previous: Mapping[int, object]) -> None:
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
