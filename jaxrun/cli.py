@@ -64,12 +64,14 @@ CONTEXT = {
 @click.option("--mesh", metavar="SPEC", help="Build a global mesh in every process, e.g. i=4,j=2 or data=-1.")
 @click.option("--mesh-axis-types", type=click.Choice(["auto", "explicit"]), help="Axis type of every mesh axis.")
 @click.option("--env", "env_pairs", type=KeyValue(), multiple=True, help="Set KEY=VALUE in every process (repeatable).")
+@click.option("--preload/--no-preload", "preload", default=None, help="Fork local controllers from one process that already imported jax (default on; JAXRUN_NO_PRELOAD=1 turns it off).")
+@click.option("--preload-module", "preload_modules", multiple=True, metavar="MOD", help="Also import MOD in the preloading process (repeatable).")
 @click.option("--dry-run", is_flag=True, help="Print each process's command and environment, then exit.")
 @click.option("-v", "--verbose", is_flag=True, help="Show JAX's noise lines and the startup preflight table.")
 @click.version_option(__version__, "--version", prog_name="jaxrun")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def main(num_processes, cpu_devices, coordinator, log_dir, output, timeout, grace, max_restarts,
-         report_path, mesh, mesh_axis_types, env_pairs, dry_run, verbose, args):
+         report_path, mesh, mesh_axis_types, env_pairs, preload, preload_modules, dry_run, verbose, args):
     """Start N JAX controllers that join one distributed job.
 
     \b
@@ -104,6 +106,8 @@ def main(num_processes, cpu_devices, coordinator, log_dir, output, timeout, grac
         dry_run=dry_run,
         verbose=verbose,
         fixed_coordinator=coordinator,
+        preload=preload if preload is not None else os.environ.get("JAXRUN_NO_PRELOAD", "") in ("", "0"),
+        preload_modules=preload_modules,
     )
     sys.exit(run(config))
 

@@ -37,7 +37,7 @@ def lines_of(out: str, rank: int) -> list[str]:
 def check_guide_output(out: str) -> None:
     for rank, shards in GUIDE_SHARDS.items():
         mine = lines_of(out, rank)
-        assert mine[:2] == shards, out
+        assert [line for line in mine if line.startswith("device ")] == shards, out
         assert f"process={rank} {RESULT}" in mine
 
 
@@ -168,5 +168,6 @@ def test_grouped_output_uses_the_bash_loop_blocks(jaxrun):
     assert [blocks[i] for i in (1, 3, 5, 7)] == ["0", "1", "2", "3"]
     for rank in range(4):
         body = blocks[2 + 2 * rank].splitlines()
-        assert body[:2] == GUIDE_SHARDS[rank]
+        # Gloo's noise comes from several threads and can leave stray fragments.
+        assert [line for line in body if line.startswith("device ")] == GUIDE_SHARDS[rank]
         assert f"process={rank} {RESULT}" in body
