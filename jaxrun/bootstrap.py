@@ -132,14 +132,21 @@ def preflight(verbose: bool = False) -> list[dict]:
     rows = [dict(everyone[p], process=p) for p in sorted(everyone)]
     if verbose and jax.process_index() == 0:
         print(format_preflight(rows), file=sys.stderr, flush=True)
+    check_versions(rows)
+    return rows
+
+
+def check_versions(rows: list[dict]) -> None:
+    """BootstrapError naming the processes when jax or jaxlib versions differ."""
     for field in _MUST_MATCH:
         seen: dict[str, list[int]] = {}
         for row in rows:
             seen.setdefault(row[field], []).append(row["process"])
         if len(seen) > 1:
-            parts = "; ".join(f"{v} on processes {', '.join(map(str, ps))}" for v, ps in seen.items())
+            parts = "; ".join(
+                f"{v} on process{'es' if len(ps) > 1 else ''} {', '.join(map(str, ps))}" for v, ps in seen.items()
+            )
             raise BootstrapError(f"{field} versions differ across processes: {parts}")
-    return rows
 
 
 def format_preflight(rows: list[dict]) -> str:
