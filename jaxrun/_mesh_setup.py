@@ -15,11 +15,17 @@ from jaxrun import contract, meshspec
 installed = None
 
 
-def spans_hosts(environ=os.environ) -> bool:
-    """True when the launcher put processes on more than one host."""
+def spans_hosts(environ=os.environ, hosts=()) -> bool:
+    """True when the job's processes run on more than one host.
+
+    The launcher's counts decide; under Slurm or MPI, where it may not have
+    set them, the host names the preflight collected do.
+    """
     local = environ.get(contract.LOCAL_PROCESS_COUNT)
     total = environ.get(contract.NUM_PROCESSES)
-    return bool(local and total) and int(local) != int(total)
+    if local and total:
+        return int(local) != int(total)
+    return len(set(hosts)) > 1
 
 
 def build_mesh(spec: meshspec.MeshSpec, axis_types: str | None, multi_host: bool):
@@ -55,7 +61,8 @@ def build_mesh(spec: meshspec.MeshSpec, axis_types: str | None, multi_host: bool
     return jax.sharding.Mesh(grid, spec.names, axis_types=types)
 
 
-def install_from_env(environ=os.environ) -> None:
+def install_from_env(environ=os.environ, hosts=()) -> None:
+    """Build the mesh named by JAXRUN_MESH, if any, and make it the default."""
     global installed
     text = environ.get(contract.MESH)
     if not text:
@@ -66,7 +73,7 @@ def install_from_env(environ=os.environ) -> None:
         spec = meshspec.parse(text)
     except meshspec.MeshSpecError as e:
         raise BootstrapError(f"--mesh: {e}") from None
-    mesh = build_mesh(spec, environ.get(contract.MESH_AXIS_TYPES), spans_hosts(environ))
+    mesh = build_mesh(spec, environ.get(contract.MESH_AXIS_TYPES), spans_hosts(environ, hosts))
     import jax
 
     jax.set_mesh(mesh)

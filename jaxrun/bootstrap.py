@@ -97,11 +97,11 @@ def initialize_from_env() -> None:
     _launched.update(coordinator=coordinator, num_processes=count, process_id=rank)
     jax.distributed.initialize = _checked_initialize
 
-    preflight(verbose=environ.get(contract.VERBOSE) == "1")
+    rows = preflight(verbose=environ.get(contract.VERBOSE) == "1")
 
     from jaxrun import _mesh_setup
 
-    _mesh_setup.install_from_env()
+    _mesh_setup.install_from_env(environ, hosts={r["host"] for r in rows})
 
 
 # Every process must run the same jax and jaxlib: mixed versions fail later in

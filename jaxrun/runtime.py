@@ -247,7 +247,15 @@ def allgather_json(tag: str, payload: Any, timeout_s: float = DEFAULT_TIMEOUT_S)
     client.key_value_set(f"{prefix}/{me}", json.dumps(payload))
     client.wait_at_barrier(prefix, int(timeout_s * 1000))
     found = {int(k.rsplit("/", 1)[1]): json.loads(v) for k, v in client.key_value_dir_get(prefix + "/")}
+    # Past this barrier every process has read the previous round, so its key
+    # can go: a helper called every step must not grow the store forever.
+    if _previous_key:
+        client.key_value_delete(_previous_key.pop())
+    _previous_key.append(f"{prefix}/{me}")
     return found
+
+
+_previous_key: list[str] = []
 
 
 def _digest(data: bytes) -> str:

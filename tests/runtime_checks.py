@@ -198,6 +198,20 @@ def same_across_processes():
 
 
 @check
+def allgather_keeps_the_store_small():
+    from jax._src import distributed
+
+    for step in range(5):
+        jaxrun.assert_same_across_processes(step, what="step")
+    client = distributed.global_state.client
+    jaxrun.assert_same_across_processes("sync", what="sync")
+    # Only the last round or two may still be stored.
+    left = client.key_value_dir_get("jaxrun/same/")
+    assert len(left) <= 2 * jax.process_count(), left
+    return {"left": len(left)}
+
+
+@check
 def guide_cross_process_transfer():
     num_devices = jax.device_count() // 2
     explicit = (jax.sharding.AxisType.Explicit,)

@@ -64,6 +64,7 @@ GENERAL = [
     "replicas_identical_passes",
     "replicas_identical_catches_mismatch",
     "same_across_processes",
+    "allgather_keeps_the_store_small",
 ]
 
 
