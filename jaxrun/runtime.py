@@ -177,9 +177,11 @@ def replica_input_index(sharding: jax.sharding.Sharding, batch_axis: int = 0, *,
     position = {s: i for i, s in enumerate(all_starts)}
     blocks_of = {p: tuple(sorted(position[s] for s in ss)) for p, ss in starts.items()}
     streams = sorted(set(blocks_of.values()))
+    def owners(blocks):
+        return sorted(p for p, v in blocks_of.items() if v == blocks)
+
     for a, b in itertools.combinations(streams, 2):
         if set(a) & set(b):
-            owners = lambda blk: sorted(p for p, v in blocks_of.items() if v == blk)  # noqa: E731
             raise ValueError(
                 f"processes {owners(a)} need batch blocks {list(a)} and processes {owners(b)} "
                 f"need blocks {list(b)}: they overlap without being equal, so the input "

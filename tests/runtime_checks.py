@@ -159,6 +159,21 @@ def replica_input_index_follows_replicas():
 
 
 @check
+def replica_input_index_rejects_overlapping_streams():
+    if jax.process_count() != 4:
+        return {"skipped": True}
+    dev = lambda p, d: jax.local_devices(process_index=p)[d]  # noqa: E731
+    # Processes 0 and 1 share replica 1 but not replicas 0 and 2: no stream split exists.
+    rows = [[dev(0, 0), dev(2, 0)], [dev(0, 1), dev(1, 0)], [dev(1, 1), dev(3, 0)], [dev(2, 1), dev(3, 1)]]
+    mesh = jax.sharding.Mesh(np.array(rows), ("replica", "model"))
+    try:
+        jaxrun.replica_input_index(NamedSharding(mesh, P("replica")))
+    except ValueError as e:
+        return {"message": str(e)}
+    raise AssertionError("overlapping replica groups were accepted")
+
+
+@check
 def replica_input_index_pure_data_parallel():
     mesh = jax.make_mesh((jax.device_count(),), ("batch",))
     stream = jaxrun.replica_input_index(NamedSharding(mesh, P("batch")))

@@ -61,6 +61,7 @@ GENERAL = [
     "make_global_array_rejects_wrong_shape",
     "replica_input_index_follows_replicas",
     "replica_input_index_pure_data_parallel",
+    "replica_input_index_rejects_overlapping_streams",
     "replicas_identical_passes",
     "replicas_identical_catches_mismatch",
     "same_across_processes",
@@ -82,6 +83,8 @@ def test_replica_streams_follow_the_guide_layout(general_4x2):
     streams = {p: (r["index"], r["count"], r["blocks"]) for p, r in checks["replica_input_index_follows_replicas"].items()}
     # Processes 0 and 2 share replicas 0-1, processes 1 and 3 share replicas 2-3.
     assert streams == {0: (0, 2, [0, 1]), 2: (0, 2, [0, 1]), 1: (1, 2, [2, 3]), 3: (1, 2, [2, 3])}
+    overlap = checks["replica_input_index_rejects_overlapping_streams"][0]["message"]
+    assert "overlap without being equal" in overlap
     pure = {p: (r["index"], r["count"]) for p, r in checks["replica_input_index_pure_data_parallel"].items()}
     assert pure == {p: (p, 4) for p in range(4)}
 
