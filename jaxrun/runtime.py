@@ -49,6 +49,12 @@ def print0(*args: Any, **kwargs: Any) -> None:
 def mesh() -> jax.sharding.Mesh:
     """The global mesh built from ``jaxrun --mesh SPEC``, also installed with ``jax.set_mesh``.
 
+    It spans every device of the job; across hosts its leading axis spans the
+    processes.  Being installed, raw ``PartitionSpec``s resolve against it.
+    ``jax.set_mesh`` is thread-local (the main thread has it), and while it is
+    in force ``jax.jit`` rejects arrays that live on a mesh over other
+    devices: wrap such code in ``with jax.set_mesh(other_mesh):``.
+
     Raises RuntimeError when the job was started without ``--mesh``.
     """
     from jaxrun import _mesh_setup
