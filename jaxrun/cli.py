@@ -10,7 +10,7 @@ import tempfile
 
 import click
 
-from jaxrun import __version__
+from jaxrun import __version__, meshspec
 from jaxrun import plan as planning
 from jaxrun.launch import LaunchError, RunConfig, run
 
@@ -33,6 +33,20 @@ class KeyValue(click.ParamType):
         if not sep or not key.isidentifier():
             self.fail(f"{value!r} is not KEY=VALUE", param, ctx)
         return key, val
+
+
+class MeshSpecType(click.ParamType):
+    """Checks --mesh syntax at parse time; the device count is checked in the children."""
+
+    name = "SPEC"
+
+    def convert(self, value, param, ctx):
+        try:
+            spec = meshspec.parse(str(value))
+        except meshspec.MeshSpecError as e:
+            self.fail(str(e), param, ctx)
+        # Children parse the text again; pass it on normalized.
+        return str(spec)
 
 
 def default_log_dir(run_id: str) -> str:
@@ -61,8 +75,8 @@ CONTEXT = {
 @click.option("--grace", type=click.FloatRange(min=0), default=30.0, show_default=True, metavar="SECONDS", help="After forwarding SIGINT/SIGTERM/SIGHUP, wait this long before SIGKILL.")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True, help="Restart the whole job this many times after a failure.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), metavar="FILE.json", help="Write a JSON run report.")
-@click.option("--mesh", metavar="SPEC", help="Build a global mesh in every process, e.g. i=4,j=2 or data=-1.")
-@click.option("--mesh-axis-types", type=click.Choice(["auto", "explicit"]), help="Axis type of every mesh axis.")
+@click.option("--mesh", type=MeshSpecType(), help="Build a global mesh in every process, e.g. i=4,j=2 or data=-1.")
+@click.option("--mesh-axis-types", type=click.Choice(meshspec.AXIS_TYPES), help="Axis type of every mesh axis.")
 @click.option("--env", "env_pairs", type=KeyValue(), multiple=True, help="Set KEY=VALUE in every process (repeatable).")
 @click.option("--preload/--no-preload", "preload", default=None, help="Fork local controllers from one process that already imported jax (default on; JAXRUN_NO_PRELOAD=1 turns it off).")
 @click.option("--preload-module", "preload_modules", multiple=True, metavar="MOD", help="Also import MOD in the preloading process (repeatable).")
