@@ -12,6 +12,7 @@ import click
 
 from jaxrun import __version__, meshspec
 from jaxrun import plan as planning
+from jaxrun.devices import count_local_gpus
 from jaxrun.launch import LaunchError, RunConfig, run
 
 
@@ -68,6 +69,7 @@ CONTEXT = {
 @click.command(context_settings=CONTEXT)
 @click.option("-n", "--num-processes", type=click.IntRange(min=1), help="Number of controllers (default: 1, or every host slot).")
 @click.option("--cpu-devices", type=click.IntRange(min=1), metavar="D", help="Simulate D CPU devices per process (JAX_PLATFORMS=cpu).")
+@click.option("--devices-per-process", type=click.IntRange(min=1), metavar="K", help="GPU/TPU hosts: each local process owns K devices (default: split each host's devices evenly).")
 @click.option("--coordinator", type=HostPort(), help="Coordinator address (default: a free loopback port).")
 @click.option("--log-dir", type=click.Path(file_okay=False), help="Folder for per-process logs (default: $TMPDIR/jaxrun/RUN_ID).")
 @click.option("--output", type=click.Choice(["stream", "grouped"]), default="stream", show_default=True, help="Live, rank-prefixed lines, or one block per process at the end.")
@@ -84,7 +86,7 @@ CONTEXT = {
 @click.option("-v", "--verbose", is_flag=True, help="Show JAX's noise lines and the startup preflight table.")
 @click.version_option(__version__, "--version", prog_name="jaxrun")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def main(num_processes, cpu_devices, coordinator, log_dir, output, timeout, grace, max_restarts,
+def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, output, timeout, grace, max_restarts,
          report_path, mesh, mesh_axis_types, env_pairs, preload, preload_modules, dry_run, verbose, args):
     """Start N JAX controllers that join one distributed job.
 
@@ -97,6 +99,8 @@ def main(num_processes, cpu_devices, coordinator, log_dir, output, timeout, grac
     {coordinator} in those arguments are replaced in each process.
     """
     target = parse_target(args)
+    if cpu_devices is not None and devices_per_process is not None:
+        raise click.UsageError("--cpu-devices and --devices-per-process cannot be used together")
     run_id = new_run_id()
     options = planning.LaunchOptions(
         target=target,
@@ -108,6 +112,8 @@ def main(num_processes, cpu_devices, coordinator, log_dir, output, timeout, grac
         mesh=mesh,
         mesh_axis_types=mesh_axis_types,
         verbose=verbose,
+        devices_per_process=devices_per_process,
+        devices_per_host=None if cpu_devices is not None else count_local_gpus(),
     )
     config = RunConfig(
         options=options,
