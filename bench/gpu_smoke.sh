@@ -3,7 +3,7 @@
 #
 #   bash bench/gpu_smoke.sh
 #
-# 1. jaxrun -n 1 on the toy and on an 8192x8192 bf16 matmul sharded over all GPUs;
+# 1. jaxrun -n 1 on the devices example, the toy (8 GPUs only: its mesh is 4x2) and an 8192x8192 bf16 matmul sharded over all GPUs;
 # 2. with at least 2 GPUs, the same with one process per GPU
 #    (jaxrun -n G --devices-per-process 1).
 # Each process prints the devices it owns; the matmul prints its TFLOP/s.
@@ -37,9 +37,14 @@ if jax.process_index() == 0:
 PY
 
 run() { echo "+ jaxrun $*"; timeout 150 python -m jaxrun --timeout 120 "$@"; }
-run -n 1 examples/devices.py 2>/dev/null || run -n 1 examples/toy.py || true
+# The toy's mesh is 4x2, so it needs exactly 8 devices.
+toy() { if [ "$gpus" -eq 8 ]; then run "$@" examples/toy.py; else echo "(toy skipped: it needs 8 GPUs, this machine has $gpus)"; fi; }
+run -n 1 examples/devices.py
+toy -n 1
 run -n 1 "$matmul"
 if [ "$gpus" -ge 2 ]; then
+    run -n "$gpus" --devices-per-process 1 examples/devices.py
+    toy -n "$gpus" --devices-per-process 1
     run -n "$gpus" --devices-per-process 1 "$matmul"
 fi
 echo "gpu_smoke: done"
