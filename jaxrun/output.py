@@ -14,12 +14,14 @@ import queue
 import re
 import sys
 import threading
+import time
 from typing import BinaryIO, Callable
 
 from jaxrun.events import Output, Stream, StreamClosed
 
 CHUNK = 1 << 16
 IN_FLIGHT = 64
+COALESCE = 0.03  # seconds; the most a console line is held back
 
 # Lines JAX and its collectives print on every run; hidden on the console only.
 NOISE_PREFIXES = (b"[Gloo] ",)
@@ -29,6 +31,8 @@ _NOISE_ANYWHERE = re.compile(rb"is connected to \d+ peer ranks")
 # A faulthandler dump: a thread header, then frame lines and blank lines.
 _DUMP_HEAD = re.compile(rb"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
 _DUMP_BODY = re.compile(rb"^(  File \"|  <no Python frame>|\s*$)")
+# A cheap test of a whole chunk: could any line in it be hidden?
+_MAYBE_HIDDEN = re.compile(rb"\[Gloo\] |peer ranks|most recent call first")
 
 
 def pump_output(
@@ -38,6 +42,7 @@ def pump_output(
     stream: Stream,
     events: queue.SimpleQueue,
     credits: threading.Semaphore,
+    coalesce: float = COALESCE,
 ) -> None:
     partial = b""
     try:
@@ -54,10 +59,15 @@ def pump_output(
             partial = data[cut:]
             if cut:
                 credits.acquire()
-                events.put(Output(rank, stream, data[:cut].splitlines(keepends=True)))
+                events.put(Output(rank, stream, data[:cut]))
+            if len(data) < CHUNK // 2:
+                # Trickling output: let a few lines gather so that a process
+                # printing every millisecond costs tens of wake-ups a second,
+                # not thousands.  Floods (full reads) never wait.
+                time.sleep(coalesce)
         if partial:
             credits.acquire()
-            events.put(Output(rank, stream, [partial]))
+            events.put(Output(rank, stream, partial))
     finally:
         log.flush()
         events.put(StreamClosed(rank, stream))
@@ -100,16 +110,21 @@ class ConsolePrinter:
                 self.in_dump.discard(rank)
         return not is_noise(line)
 
-    def lines(self, rank: int, stream: Stream, lines: list[bytes]) -> None:
+    def write(self, rank: int, stream: Stream, data: bytes) -> None:
+        """Show complete lines (or a final partial one) from one process."""
         if self.mode != "stream":
             return
         sink = self.out if stream is Stream.STDOUT else self.err
         prefix = f"[{rank}] ".encode()
-        text = b"".join(
-            prefix + (line if line.endswith(b"\n") else line + b"\n")
-            for line in lines
-            if self._visible(rank, stream, line)
-        )
+        if not data.endswith(b"\n"):
+            data += b"\n"
+        if self.show_noise or (rank not in self.in_dump and not _MAYBE_HIDDEN.search(data)):
+            # The common case, done in C: prefix every line of the chunk at once.
+            text = prefix + data[:-1].replace(b"\n", b"\n" + prefix) + b"\n"
+        else:
+            text = b"".join(
+                prefix + line for line in data.splitlines(keepends=True) if self._visible(rank, stream, line)
+            )
         if text:
             sink.write(text)
             sink.flush()

@@ -194,7 +194,7 @@ class Supervisor:
     def _handle(self, event) -> None:
         if isinstance(event, Output):
             self.credits.release()
-            self.printer.lines(event.rank, event.stream, event.lines)
+            self.printer.write(event.rank, event.stream, event.data)
         elif isinstance(event, Exited):
             self._on_exit(event)
         elif isinstance(event, SignalReceived):
