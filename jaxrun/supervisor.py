@@ -24,7 +24,7 @@ from typing import Callable, Mapping, Sequence
 
 from jaxrun import contract
 from jaxrun.events import Exited, Output, SignalReceived, Stream, StreamClosed
-from jaxrun.output import IN_FLIGHT, ConsolePrinter, pump_output
+from jaxrun.output import IN_FLIGHT, ConsolePrinter, enlarge_pipe, pump_output
 from jaxrun.plan import ProcessSpec
 from jaxrun.spawn import Child, Spawner
 
@@ -155,6 +155,7 @@ class Supervisor:
     def _start_pump(self, pipe, path: str, rank: int, stream: Stream) -> None:
         log = open(path, "wb", buffering=0)
         fd = pipe.fileno()
+        enlarge_pipe(fd)
 
         def pump() -> None:
             try:
