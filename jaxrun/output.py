@@ -1,10 +1,10 @@
 """Moving children's bytes: into per-process log files, and onto the console.
 
-``pump_output`` runs in one thread per pipe.  It writes every byte to the log
-file as it arrives (the file is the record; the console is a view), then hands
-whole lines to the supervisor as one ``Output`` message per read.  A semaphore
-bounds the chunks in flight, so a slow console slows the children down instead
-of growing memory.
+``OutputPump`` is one thread that reads every child's pipes.  It writes each
+byte to the log file as it arrives (the file is the record; the console is a
+view), then hands whole lines to the supervisor as one ``Output`` message per
+read.  A semaphore bounds the chunks in flight, so a slow console slows the
+children down instead of growing memory.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import fcntl
 import os
 import queue
 import re
+import selectors
 import sys
 import threading
 import time
@@ -24,7 +25,7 @@ CHUNK = 1 << 18
 IN_FLIGHT = 32
 PIPE_SIZE = 1 << 20  # bigger pipes: fewer, larger reads under a flood
 TRICKLE = 1 << 14  # a read smaller than this is a trickle, worth coalescing
-COALESCE = 0.03  # seconds; the most a console line is held back
+COALESCE = 0.05  # seconds; the most a trickling console line is held back
 
 # Lines JAX and its collectives print on every run; hidden on the console only.
 NOISE_PREFIXES = (b"[Gloo] ",)
@@ -43,42 +44,95 @@ def _maybe_hidden(data: bytes) -> bool:
     return any(mark in data for mark in _HIDDEN_MARKS)
 
 
-def pump_output(
-    fd: int,
-    log: BinaryIO,
-    rank: int,
-    stream: Stream,
-    events: queue.SimpleQueue,
-    credits: threading.Semaphore,
-    coalesce: float = COALESCE,
-) -> None:
-    partial = b""
-    try:
-        while True:
-            try:
-                data = os.read(fd, CHUNK)
-            except OSError:
-                data = b""
-            if not data:
-                break
-            log.write(data)
-            data = partial + data
-            cut = data.rfind(b"\n") + 1
-            partial = data[cut:]
-            if cut:
-                credits.acquire()
-                events.put(Output(rank, stream, data[:cut]))
-            if len(data) < TRICKLE:
-                # Trickling output: let a few lines gather so that a process
-                # printing every millisecond costs tens of wake-ups a second,
-                # not thousands.  Floods (full reads) never wait.
-                time.sleep(coalesce)
-        if partial:
-            credits.acquire()
-            events.put(Output(rank, stream, partial))
-    finally:
-        log.flush()
-        events.put(StreamClosed(rank, stream))
+class _Source:
+    """One pipe being pumped: where its bytes go, and its unfinished last line."""
+
+    def __init__(self, fd: int, log: BinaryIO, rank: int, stream: Stream, on_close: Callable[[], None]):
+        self.fd, self.log, self.rank, self.stream, self.on_close = fd, log, rank, stream, on_close
+        self.partial = b""
+
+
+class OutputPump:
+    """One thread that moves every child's bytes, whatever the number of children.
+
+    Each read goes to the log file at once.  Complete lines then go to the
+    supervisor as one ``Output`` per read.  When output trickles in (small
+    reads, round after round) the pump waits ``coalesce`` seconds between
+    rounds, so that a job printing a line every millisecond costs about
+    1/coalesce wake-ups a second instead of thousands.  A flood (big reads) is
+    never held back, and a quiet process's occasional line shows at once.
+    """
+
+    def __init__(self, events: queue.SimpleQueue, credits: threading.Semaphore, coalesce: float = COALESCE):
+        self.events, self.credits, self.coalesce = events, credits, coalesce
+        self.selector = selectors.DefaultSelector()
+        self.wake_r, self.wake_w = os.pipe()
+        self.selector.register(self.wake_r, selectors.EVENT_READ, None)
+        self.pending: list[_Source] = []
+        self.lock = threading.Lock()
+        self.stopped = False
+        self.thread = threading.Thread(target=self._run, name="jaxrun-output", daemon=True)
+        self.thread.start()
+
+    def add(self, fd: int, log: BinaryIO, rank: int, stream: Stream, on_close: Callable[[], None]) -> None:
+        with self.lock:
+            self.pending.append(_Source(fd, log, rank, stream, on_close))
+        os.write(self.wake_w, b"+")
+
+    def stop(self) -> None:
+        self.stopped = True
+        os.write(self.wake_w, b"x")
+        self.credits.release(IN_FLIGHT)  # never leave the thread stuck on a full queue
+        self.thread.join(timeout=5)
+        for key in list(self.selector.get_map().values()):
+            if key.data is not None:  # still open: a grandchild outlived its group
+                key.data.on_close()
+        self.selector.close()
+        os.close(self.wake_r)
+        os.close(self.wake_w)
+
+    def _run(self) -> None:
+        last_round = 0.0
+        while not self.stopped:
+            trickle = True
+            for key, _ in self.selector.select():
+                if key.data is None:
+                    os.read(self.wake_r, 4096)
+                    with self.lock:
+                        for src in self.pending:
+                            self.selector.register(src.fd, selectors.EVENT_READ, src)
+                        self.pending.clear()
+                elif not self._pump(key.data):
+                    trickle = False
+            now = time.monotonic()
+            if trickle and now - last_round < self.coalesce:
+                time.sleep(self.coalesce)
+            last_round = now
+
+    def _pump(self, src: _Source) -> bool:
+        """Read once from a ready pipe; True if the read was small (or the end)."""
+        try:
+            data = os.read(src.fd, CHUNK)
+        except OSError:
+            data = b""
+        if not data:
+            self.selector.unregister(src.fd)
+            if src.partial:
+                self._emit(src, src.partial)
+            src.on_close()
+            self.events.put(StreamClosed(src.rank, src.stream))
+            return True
+        src.log.write(data)
+        data = src.partial + data
+        cut = data.rfind(b"\n") + 1
+        src.partial = data[cut:]
+        if cut:
+            self._emit(src, data[:cut])
+        return len(data) < TRICKLE
+
+    def _emit(self, src: _Source, data: bytes) -> None:
+        self.credits.acquire()
+        self.events.put(Output(src.rank, src.stream, data))
 
 
 def enlarge_pipe(fd: int) -> None:
