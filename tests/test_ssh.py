@@ -184,11 +184,18 @@ def test_sigkill_to_jaxrun_leaves_nothing(sshd_hosts, launch, tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_killed_ssh_clients_leave_nothing(sshd_hosts, launch, tmp_path):
+@pytest.mark.parametrize("which", ["ControlMaster=", "ControlMaster=no"])
+def test_killed_ssh_clients_leave_nothing(sshd_hosts, launch, tmp_path, which):
+    """Every ssh client (masters too), or only the per-process sessions."""
     job = start_ready_job(launch, sshd_hosts, tmp_path)
-    clients = [p for p in processes_with_token(os.environ[TOKEN]) if p.name() == "ssh"]
+    clients = [
+        p for p in processes_with_token(os.environ[TOKEN]) if p.name() == "ssh" and any(which in a for a in p.cmdline())
+    ]
     assert clients
     for proc in clients:
-        proc.kill()
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass  # a session client goes when its master does
     assert wait_gone(os.environ[TOKEN], within=5.0) == []
     assert job.wait(timeout=10) != 0
