@@ -18,6 +18,9 @@ import pytest
 from conftest import ROOT, TOKEN, processes_with_token, wait_gone
 from sshd_fixture import sshd_hosts  # noqa: F401 - a fixture
 
+from jaxrun import __version__, ssh
+from jaxrun.plan import Host, ProcessSpec
+
 TOY = ROOT / "examples" / "toy.py"
 RESULT = "got result: -0.12398731708526611"
 
@@ -55,6 +58,90 @@ def wait_for_lines(job, needle: str, count: int, within: float = 30.0) -> list[s
     return seen
 
 
+# -- pure parts: no sshd needed ----------------------------------------------
+
+SETTINGS = ssh.SshSettings(python="/opt/py", chdir="/w", config_file="cfg", options=("Compression=yes",))
+
+
+def test_ssh_args_order():
+    args = ssh.ssh_args(SETTINGS, Host("n1", user="bob", port=2222), ssh.session_control("/c/m0"))
+    assert args == [
+        "ssh", "-F", "cfg", "-o", "BatchMode=yes",
+        "-o", "ControlMaster=no", "-o", "ControlPath=/c/m0", "-o", "LogLevel=ERROR",
+        "-o", "Compression=yes", "-o", "ConnectTimeout=10", "-T", "-p", "2222", "--", "bob@n1",
+    ]
+
+
+def test_session_without_master_connects_directly():
+    assert "ControlPath=none" in ssh.session_control(None)
+
+
+def test_master_does_not_persist():
+    assert ssh.master_control("/c/m0") == [
+        "-o", "ControlMaster=yes", "-o", "ControlPath=/c/m0", "-o", "ControlPersist=no",
+    ]
+
+
+def test_remote_command_quotes_every_word():
+    import shlex
+
+    spec = ProcessSpec(0, 0, Host("n1"), ("/opt/py", "-m", "jaxrun.shim", "--", "t.py", "a b", "$X", "'"), {"A": "x y"})
+    words = ssh.process_words(spec, "/my dir", "/opt/py", {"JAXRUN_ERROR_FILE": "/l/e.json", "JAXRUN_LIFELINE_FD": "5"})
+    assert words == [
+        "env", "A=x y", "JAXRUN_ERROR_FILE=/l/e.json",
+        "/opt/py", "-m", "jaxrun.remote", "--chdir", "/my dir", "--",
+        "/opt/py", "-m", "jaxrun.shim", "--", "t.py", "a b", "$X", "'",
+    ]
+    assert shlex.split(ssh.remote_command(words)) == words
+
+
+@pytest.mark.parametrize("code, status", [(0, 0), (1, 1), (128, 128), (130, -2), (137, -9), (255, 255), (-9, -9)])
+def test_remote_status(code, status):
+    assert ssh.remote_status(code) == status
+
+
+def test_join_address():
+    assert ssh.join_address("10.0.0.1", 5) == "10.0.0.1:5"
+    assert ssh.join_address("fe80::1", 5) == "[fe80::1]:5"
+
+
+def _info(**kw):
+    info = {"python": "3.11.7", "jax": "0.10.2", "jaxlib": "0.10.2", "jaxrun": __version__, "address": "10.0.0.1"}
+    info.update(kw)
+    return info
+
+
+def test_preflight_all_good():
+    assert ssh.check_preflight({"a": _info(), "b": _info(python="3.11.9")}, "py") == []
+
+
+def test_preflight_problems_name_hosts():
+    problems = ssh.check_preflight(
+        {
+            "a": _info(),
+            "b": _info(jax="0.4.1"),
+            "c": _info(jaxrun=None, jaxrun_error="ModuleNotFoundError: No module named 'jaxrun'"),
+            "d": _info(jaxrun="9.9"),
+            "e": _info(chdir_error="cannot change to '/w': No such file or directory"),
+        },
+        "py",
+    )
+    assert problems == [
+        "c: cannot import jaxrun with py (ModuleNotFoundError: No module named 'jaxrun')",
+        f"d: jaxrun 9.9 there, {__version__} here",
+        "e: cannot change to '/w': No such file or directory",
+        "hosts disagree on the jax version: a has 0.10.2, b has 0.4.1, c has 0.10.2, d has 0.10.2, e has 0.10.2",
+    ]
+
+
+def test_preflight_table():
+    lines = ssh.preflight_table({"hostA": _info(), "b": _info(jaxlib=None)})
+    assert lines[0].split() == ["jaxrun:", "host", "address", "python", "jax", "jaxlib", "jaxrun"]
+    assert lines[2].split() == ["jaxrun:", "b", "10.0.0.1", "3.11.7", "0.10.2", "-", __version__]
+
+
+# -- real sshd ---------------------------------------------------------------
+
 @pytest.mark.timeout(60)
 def test_toy_on_two_hosts(sshd_hosts, jaxrun, tmp_path):
     hosts = write(tmp_path, "hosts.txt", "# two hosts\nhostA slots=2\nhostB slots=2\n")
@@ -89,6 +176,43 @@ def test_down_host_is_named_and_nothing_runs(sshd_hosts, jaxrun, tmp_path):
     assert line.startswith("jaxrun: error: hostDown: ssh failed:") and "Connection refused" in line, err
     assert "hostA" not in line
     assert not marker.exists()
+
+
+@pytest.mark.timeout(60)
+def test_missing_interpreter_is_named(sshd_hosts, jaxrun, tmp_path):
+    script = write(tmp_path, "s.py", "print('never')\n")
+    code, out, err = jaxrun("-H", "hostA,hostB", *ssh_flags(sshd_hosts), "--python", "/no/such/python", script, cwd=tmp_path)
+    assert code == 2
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("jaxrun: error: hostA: /no/such/python exited with status 127:"), err
+    assert "hostB: /no/such/python exited with status 127" in line
+    assert "never" not in out
+
+
+@pytest.mark.timeout(60)
+def test_taken_coordinator_port_on_first_host(sshd_hosts, jaxrun, tmp_path):
+    import socket
+
+    script = write(tmp_path, "s.py", "print('never')\n")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.2", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, out, err = jaxrun(
+            "-H", "hostA,hostB", *ssh_flags(sshd_hosts), "--coordinator", f"127.0.0.2:{port}", script, cwd=tmp_path
+        )
+    assert code == 2
+    assert f"jaxrun: error: --coordinator 127.0.0.2:{port}: cannot listen on 127.0.0.2:{port} on hostA" in err
+    assert "never" not in out
+
+
+@pytest.mark.timeout(30)
+def test_dry_run_contacts_no_host(jaxrun, tmp_path):
+    script = write(tmp_path, "s.py", "print('never')\n")
+    code, out, err = jaxrun("-H", "nohost.invalid:2", "--dry-run", script, "{process_id}", cwd=tmp_path)
+    assert code == 0, err
+    assert "process 1 on nohost.invalid:" in out
+    assert "JAXRUN_COORDINATOR_ADDRESS=nohost.invalid:PORT" in out
 
 
 @pytest.mark.timeout(30)
@@ -170,8 +294,15 @@ def start_ready_job(launch, sshd_hosts, tmp_path):
     script = write(tmp_path, "ready.py", READY_SCRIPT)
     job = launch("-H", "hostA,hostB", *ssh_flags(sshd_hosts), script, cwd=tmp_path)
     wait_for_lines(job, "ready", 2)
-    remote = [p for p in processes_with_token(os.environ[TOKEN]) if p.cmdline()[1:3] == ["-m", "jaxrun.remote"]]
+    mine = processes_with_token(os.environ[TOKEN])
+    remote = [p for p in mine if p.cmdline()[1:3] == ["-m", "jaxrun.remote"]]
     assert len(remote) == 2
+    # Process 0's coordination service listens on hostA's address only.
+    rank0 = next(p for p in mine if p.environ().get("JAXRUN_PROCESS_ID") == "0" and "jaxrun.shim" in p.cmdline())
+    address, port = rank0.environ()["JAXRUN_COORDINATOR_ADDRESS"].rsplit(":", 1)
+    assert address == "127.0.0.2"
+    listening = {c.laddr.ip.removeprefix("::ffff:") for c in psutil.net_connections("inet") if c.status == "LISTEN" and c.laddr.port == int(port)}
+    assert listening == {"127.0.0.2"}
     return job
 
 
