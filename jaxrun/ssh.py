@@ -222,7 +222,7 @@ class Connections:
         self.dir = tempfile.mkdtemp(prefix="jaxrun-ssh-")  # mode 0700: sockets stay private
         self.masters: dict[str, subprocess.Popen] = {}
         self.results: dict[str, dict] = {}
-        self.sessions: dict[str, int] = {}
+        self.sessions: dict[str, list[subprocess.Popen]] = {}
 
     def __enter__(self) -> "Connections":
         return self
@@ -233,14 +233,24 @@ class Connections:
     def control_path(self, host: Host) -> str:
         return os.path.join(self.dir, f"m{self.hosts.index(host)}")
 
-    def session_args(self, host: Host, *, count: bool = False) -> list[str]:
-        path = self.control_path(host) if host.name in self.masters else None
-        if count:
-            used = self.sessions.get(host.name, 0)
-            self.sessions[host.name] = used + 1
-            if used >= SESSIONS_PER_MASTER:
-                path = None
+    def session_args(self, host: Host, *, direct: bool = False) -> list[str]:
+        path = self.control_path(host) if host.name in self.masters and not direct else None
         return ssh_args(self.settings, host, session_control(path))
+
+    def start_session(self, host: Host, command: str) -> subprocess.Popen:
+        """A process's own ssh session, over the host's master while it has
+        sessions to spare (counting only those still running, for restarts)."""
+        live = [p for p in self.sessions.get(host.name, []) if p.poll() is None]
+        popen = subprocess.Popen(
+            self.session_args(host, direct=len(live) >= SESSIONS_PER_MASTER) + [command],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # a Ctrl-C in the terminal is jaxrun's to handle
+            bufsize=0,
+        )
+        self.sessions[host.name] = live + [popen]
+        return popen
 
     # -- preflight ---------------------------------------------------------
     def preflight(self) -> dict[str, dict]:
@@ -257,7 +267,7 @@ class Connections:
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=stderr,
-                    start_new_session=True,  # a Ctrl-C in the terminal is jaxrun's to handle
+                    start_new_session=True,
                 )
             self.masters[host.name] = master
             reader = threading.Thread(target=lambda h=host, m=master: answers.__setitem__(h.name, m.stdout.readline()), daemon=True)
@@ -402,14 +412,7 @@ class SshSpawner:
     def spawn(self, spec: ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str]) -> SshChild:
         del lifeline_fd  # the remote side's lifeline is the ssh channel itself
         words = process_words(spec, self.settings.chdir, self.settings.python, extra_env)
-        popen = subprocess.Popen(
-            self.connections.session_args(spec.host, count=True) + [remote_command(words)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            bufsize=0,
-        )
+        popen = self.connections.start_session(spec.host, remote_command(words))
         return SshChild(popen)
 
 
