@@ -46,6 +46,8 @@ CLIENT_KILL_WAIT = 3.0
 # Python start-up and metadata reads on top of the connect timeout.
 PREFLIGHT_SLACK = 20.0
 MASTER_CLOSE_WAIT = 3.0
+# Marks the preflight answer: a login shell may print its own lines first.
+ANSWER = b"jaxrun-preflight "
 
 # Runs as the master's own session: report, then hold the connection until EOF.
 PREFLIGHT = r"""
@@ -74,7 +76,7 @@ if sys.argv[1]:
         os.chdir(sys.argv[1])
     except OSError as e:
         info["chdir_error"] = "cannot change to %r: %s" % (sys.argv[1], e.strerror)
-print(json.dumps(info), flush=True)
+print("jaxrun-preflight " + json.dumps(info), flush=True)
 sys.stdin.buffer.read()
 """
 
@@ -213,6 +215,15 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
+def read_answer(stdout, answers: dict[str, bytes], name: str) -> None:
+    """The preflight line, or b"" if the session ended without one."""
+    for line in iter(stdout.readline, b""):
+        if line.startswith(ANSWER):
+            answers[name] = line
+            return
+    answers[name] = b""
+
+
 class Connections:
     """One ControlMaster per host, in a private folder removed at the end."""
 
@@ -257,20 +268,11 @@ class Connections:
         """Open every master at once and read each one's report, within one
         deadline.  Raises LaunchError naming each host that failed."""
         command = remote_command(preflight_words(self.settings))
-        answers: dict[str, str] = {}
+        answers: dict[str, bytes] = {}
         readers = []
         for host in self.hosts:
-            stderr = open(os.path.join(self.dir, f"m{self.hosts.index(host)}.stderr"), "wb")
-            with stderr:
-                master = subprocess.Popen(
-                    ssh_args(self.settings, host, master_control(self.control_path(host))) + [command],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=stderr,
-                    start_new_session=True,
-                )
-            self.masters[host.name] = master
-            reader = threading.Thread(target=lambda h=host, m=master: answers.__setitem__(h.name, m.stdout.readline()), daemon=True)
+            master = self.masters[host.name] = self._start_master(host, command)
+            reader = threading.Thread(target=read_answer, args=(master.stdout, answers, host.name), daemon=True)
             reader.start()
             readers.append(reader)
         deadline = time.monotonic() + self.settings.connect_timeout + PREFLIGHT_SLACK
@@ -288,11 +290,24 @@ class Connections:
             raise LaunchError("; ".join(problems))
         return self.results
 
+    def _start_master(self, host: Host, command: str) -> subprocess.Popen:
+        with open(self._stderr_path(host), "wb") as stderr:
+            return subprocess.Popen(
+                ssh_args(self.settings, host, master_control(self.control_path(host))) + [command],
+                stdin=subprocess.PIPE,  # held until close(): EOF ends the master
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                start_new_session=True,
+            )
+
+    def _stderr_path(self, host: Host) -> str:
+        return self.control_path(host) + ".stderr"
+
     def _answer(self, host: Host, line: bytes | None) -> dict:
         master = self.masters[host.name]
         if line:
             try:
-                return json.loads(line)
+                return json.loads(line[len(ANSWER):])
             except ValueError:
                 raise LaunchError(f"{host.name}: unexpected preflight answer {line[:200]!r}") from None
         if line is None:
@@ -301,7 +316,7 @@ class Connections:
             limit = self.settings.connect_timeout + PREFLIGHT_SLACK
             raise LaunchError(f"{host.name}: no answer over ssh within {limit:g} s")
         code = master.wait()
-        with open(os.path.join(self.dir, f"m{self.hosts.index(host)}.stderr"), "rb") as f:
+        with open(self._stderr_path(host), "rb") as f:
             reason = last_line(f.read().decode(errors="replace")) or "no error message"
         what = "ssh failed" if code == 255 else f"{self.settings.python} exited with status {code}"
         raise LaunchError(f"{host.name}: {what}: {reason}")
