@@ -11,6 +11,7 @@ import tempfile
 import click
 
 from jaxrun import __version__, meshspec
+from jaxrun import hosts as hostfile
 from jaxrun import plan as planning
 from jaxrun.devices import count_local_gpus
 from jaxrun.launch import LaunchError, RunConfig, run
@@ -70,7 +71,7 @@ CONTEXT = {
 @click.option("-n", "--num-processes", type=click.IntRange(min=1), help="Number of controllers (default: 1, or every host slot).")
 @click.option("--cpu-devices", type=click.IntRange(min=1), metavar="D", help="Simulate D CPU devices per process (JAX_PLATFORMS=cpu).")
 @click.option("--devices-per-process", type=click.IntRange(min=1), metavar="K", help="GPU/TPU hosts: each local process owns K devices (default: split each host's devices evenly).")
-@click.option("--coordinator", type=HostPort(), help="Coordinator address (default: a free loopback port).")
+@click.option("--coordinator", type=HostPort(), help="Coordinator address (default: a free loopback port; over SSH, a free port on the first host).")
 @click.option("--log-dir", type=click.Path(file_okay=False), help="Folder for per-process logs (default: $TMPDIR/jaxrun/RUN_ID).")
 @click.option("--output", type=click.Choice(["stream", "grouped"]), default="stream", show_default=True, help="Live, rank-prefixed lines, or one block per process at the end.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS", help="Dump every stack and stop the job after this long (exit 124).")
@@ -82,17 +83,27 @@ CONTEXT = {
 @click.option("--env", "env_pairs", type=KeyValue(), multiple=True, help="Set KEY=VALUE in every process (repeatable).")
 @click.option("--preload/--no-preload", "preload", default=None, help="Fork local controllers from one process that already imported jax (default on; JAXRUN_NO_PRELOAD=1 turns it off).")
 @click.option("--preload-module", "preload_modules", multiple=True, metavar="MOD", help="Also import MOD in the preloading process (repeatable).")
+@click.option("-x", "--export", "exports", multiple=True, metavar="KEY", help="Forward this variable's local value to every process (repeatable).")
+@click.option("--hosts", "hosts_file", type=click.Path(exists=True, dir_okay=False), metavar="FILE", help="Run over SSH on the hosts in FILE: one '[user@]host[:sshport] [slots=N]' per line.")
+@click.option("-H", "--host", "host_opts", multiple=True, metavar="HOST[:SLOTS]", help="Run over SSH on HOST (repeatable or comma-separated).")
+@click.option("--ssh-config", type=click.Path(exists=True, dir_okay=False), metavar="FILE", help="ssh client configuration file (ssh -F).")
+@click.option("--ssh-option", "ssh_options", multiple=True, metavar="OPT", help="Extra ssh -o option, e.g. Port=2222 (repeatable).")
+@click.option("--connect-timeout", type=click.FloatRange(min=1), default=10.0, show_default=True, metavar="SECONDS", help="ssh connect timeout per host.")
+@click.option("--python", "python", metavar="PATH", help="Python interpreter for every process, here or on the hosts (default: this one's path).")
+@click.option("--chdir", metavar="DIR", help="Working directory on the hosts (default: the current one).")
 @click.option("--dry-run", is_flag=True, help="Print each process's command and environment, then exit.")
 @click.option("-v", "--verbose", is_flag=True, help="Show JAX's noise lines and the startup preflight table.")
 @click.version_option(__version__, "--version", prog_name="jaxrun")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, output, timeout, grace, max_restarts,
-         report_path, mesh, mesh_axis_types, env_pairs, preload, preload_modules, dry_run, verbose, args):
+         report_path, mesh, mesh_axis_types, env_pairs, exports, hosts_file, host_opts, ssh_config,
+         ssh_options, connect_timeout, python, chdir, preload, preload_modules, dry_run, verbose, args):
     """Start N JAX controllers that join one distributed job.
 
     \b
       jaxrun -n 4 --cpu-devices 2 toy.py          4 local controllers
       jaxrun -n 2 -m mypkg.train --lr 3e-4        a module, like python -m
+      jaxrun --hosts hosts.txt train.py           over SSH, one process per slot
 
     Everything after SCRIPT (or -m MODULE) is passed to it untouched.  The
     placeholders {process_id}, {num_processes}, {local_process_id} and
@@ -101,19 +112,27 @@ def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, 
     target = parse_target(args)
     if cpu_devices is not None and devices_per_process is not None:
         raise click.UsageError("--cpu-devices and --devices-per-process cannot be used together")
+    hosts = read_hosts(hosts_file, host_opts)
+    if hosts:
+        num_processes = num_processes or hostfile.total_slots(hosts)
+        planning.assign_hosts(hosts, num_processes)  # too few slots: exit 2 before any ssh
     run_id = new_run_id()
+    python = python or sys.executable
     options = planning.LaunchOptions(
         target=target,
         num_processes=num_processes or 1,
         coordinator="",
         run_id=run_id,
         cpu_devices=cpu_devices,
-        extra_env=dict(env_pairs),
+        hosts=tuple(hosts) if hosts else (planning.LOCAL_HOST,),
+        python=python,
+        extra_env=exported_env(exports, env_pairs),
         mesh=mesh,
         mesh_axis_types=mesh_axis_types,
         verbose=verbose,
         devices_per_process=devices_per_process,
-        devices_per_host=None if cpu_devices is not None else count_local_gpus(),
+        # Remote hosts may differ from this one; there only --devices-per-process applies.
+        devices_per_host=None if cpu_devices is not None or hosts else count_local_gpus(),
     )
     config = RunConfig(
         options=options,
@@ -129,7 +148,47 @@ def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, 
         preload=preload if preload is not None else os.environ.get("JAXRUN_NO_PRELOAD", "") in ("", "0"),
         preload_modules=preload_modules,
     )
-    sys.exit(run(config))
+    if not hosts:
+        sys.exit(run(config))
+    from jaxrun import ssh
+
+    settings = ssh.SshSettings(
+        python=python,
+        chdir=chdir or os.getcwd(),
+        config_file=ssh_config,
+        options=tuple(ssh_options),
+        connect_timeout=connect_timeout,
+        env=options.extra_env,
+    )
+    sys.exit(ssh.run_over_ssh(config, settings))
+
+
+def read_hosts(hosts_file: str | None, host_opts: tuple[str, ...]) -> list[planning.Host]:
+    """Hosts from --hosts or -H; an empty list means a local run."""
+    if hosts_file and host_opts:
+        raise click.UsageError("--hosts and -H cannot be used together")
+    try:
+        if hosts_file:
+            try:
+                with open(hosts_file, encoding="utf-8") as f:
+                    text = f.read()
+            except (OSError, UnicodeDecodeError) as e:
+                raise LaunchError(f"{hosts_file}: cannot read it ({e})") from None
+            return hostfile.parse_hosts_file(text, hosts_file)
+        return hostfile.merge_host_options(host_opts)
+    except hostfile.HostsError as e:
+        raise LaunchError(str(e)) from None
+
+
+def exported_env(exports: tuple[str, ...], env_pairs: tuple[tuple[str, str], ...]) -> dict[str, str]:
+    """-x KEY takes the local value; --env KEY=VALUE wins over it."""
+    env = {}
+    for key in exports:
+        if key not in os.environ:
+            raise click.UsageError(f"-x {key}: {key} is not set here")
+        env[key] = os.environ[key]
+    env.update(env_pairs)
+    return env
 
 
 def parse_target(args: tuple[str, ...]) -> planning.Target:
