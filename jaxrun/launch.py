@@ -9,8 +9,8 @@ import socket
 import sys
 from typing import Callable, TextIO
 
+from jaxrun import ci, junit, report
 from jaxrun import plan as planning
-from jaxrun import report
 from jaxrun.output import ConsolePrinter
 from jaxrun.spawn import LocalSpawner, Spawner
 from jaxrun.supervisor import Outcome, StopReason, Supervisor, install_signal_handlers, restore_signal_handlers
@@ -32,6 +32,8 @@ class RunConfig:
     dry_run: bool = False
     verbose: bool = False
     fixed_coordinator: str | None = None  # from --coordinator
+    junit_path: str | None = None
+    github_actions: bool = False  # group output per process, annotate the root cause
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -99,8 +101,14 @@ def run(
         dirs.append(log_dir)
         for line in report.summary_lines(outcome, log_dir):
             print(line, file=console, flush=True)
+        if config.github_actions:
+            annotation = ci.error_annotation(outcome, os.environ.get("GITHUB_WORKSPACE"))
+            if annotation:
+                print(annotation, file=console, flush=True)
         if config.report_path:
             report.write_report(config.report_path, report.report_dict(outcomes, opts.run_id, dirs))
+        if config.junit_path:
+            junit.write(config.junit_path, outcome, suite=f"jaxrun {opts.target.name}")
         if outcome.reason is not StopReason.FAILURE or attempt == config.max_restarts:
             return outcome.exit_code
         print(f"jaxrun: restarting the whole job (restart {attempt + 1} of {config.max_restarts})", file=console)
@@ -108,7 +116,8 @@ def run(
 
 
 def run_attempt(config: RunConfig, specs, spawner: Spawner, log_dir: str) -> Outcome:
-    printer = ConsolePrinter(config.output, show_noise=config.verbose)
+    markers = ci.GROUP_MARKERS if config.github_actions else None
+    printer = ConsolePrinter(config.output, show_noise=config.verbose, group_markers=markers)
     supervisor = Supervisor(specs, spawner, printer, log_dir, grace=config.grace, timeout=config.timeout)
     previous = install_signal_handlers(supervisor)
     try:
