@@ -15,12 +15,16 @@ import re
 import xml.etree.ElementTree as ET
 
 from jaxrun import report
+from jaxrun.output import NOISE_PREFIXES
 from jaxrun.spawn import signal_name
 from jaxrun.supervisor import Outcome, ProcessRecord, StopReason, Verdict
 
 # Characters XML 1.0 cannot hold at all, even escaped.  Child output may contain
 # them (terminal escapes, NUL), and one of them would make the whole file unreadable.
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+_NOISE = tuple(p.decode() for p in NOISE_PREFIXES)
 
 
 def clean(text: str) -> str:
@@ -42,7 +46,7 @@ def render(outcome: Outcome, suite: str = "jaxrun", tail_lines: int = report.TAI
             el = ET.SubElement(case, kind, message=clean(message))
             if body:
                 el.text = clean(body)
-        out, err = report.tail(rec.stdout_log, tail_lines), report.tail(rec.stderr_log, tail_lines)
+        out, err = _output_tail(rec.stdout_log, tail_lines), _output_tail(rec.stderr_log, tail_lines)
         if out:
             ET.SubElement(case, "system-out").text = clean("\n".join(out) + "\n")
         if err:
@@ -60,6 +64,12 @@ def render(outcome: Outcome, suite: str = "jaxrun", tail_lines: int = report.TAI
     root.append(suite_el)
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def _output_tail(path: str, n: int) -> list[str]:
+    """The end of a log as the console shows it: without JAX's per-run noise."""
+    lines = [line for line in report.tail(path, 4 * n) if not line.startswith(_NOISE)]
+    return lines[-n:]
 
 
 def _result(outcome: Outcome, rec: ProcessRecord) -> tuple[str, str, str] | None:
