@@ -25,7 +25,8 @@ IN_FLIGHT = 64
 NOISE_PREFIXES = (b"[Gloo] ",)
 # A faulthandler dump: a thread header, then frame lines and blank lines.
 _DUMP_HEAD = re.compile(rb"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
-_DUMP_BODY = re.compile(rb"^(  File \"|  <no Python frame>|\s*$)")
+# (faulthandler writes "  Garbage-collecting" above the frames when the GC was running.)
+_DUMP_BODY = re.compile(rb"^(  File \"|  <no Python frame>|  Garbage-collecting|\s*$)")
 
 
 def pump_output(

@@ -62,9 +62,10 @@ class JaxrunMark:
     timeout: float | None = None
 
 
-def mark_options(marker: pytest.Mark) -> JaxrunMark:
+def mark_options(args: tuple, kwargs: dict) -> JaxrunMark:
+    """The marker's arguments, checked: a typo fails the run instead of being ignored."""
     try:
-        opts = JaxrunMark(*marker.args, **marker.kwargs)
+        opts = JaxrunMark(*args, **kwargs)
     except TypeError as e:
         raise pytest.UsageError(f"@pytest.mark.jaxrun: {e}") from None
     if not isinstance(opts.n, int) or opts.n < 1:
@@ -88,7 +89,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):
     marker = pyfuncitem.get_closest_marker(MARKER)
     if marker is None or in_controller():
         return None  # pytest calls the function itself
-    run_in_controllers(pyfuncitem, mark_options(marker))
+    run_in_controllers(pyfuncitem, mark_options(marker.args, marker.kwargs))
     return True
 
 
