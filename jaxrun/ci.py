@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from typing import Mapping
 
 from jaxrun import report
@@ -23,6 +24,13 @@ GROUP_MARKERS = (lambda rank: f"::group::process {rank}", "::endgroup::")
 _PY_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)', re.M)
 _PYTEST_LOCATION = re.compile(r"^(?P<file>[^\s:][^:\n]*\.py):(?P<line>\d+): \w", re.M)
 _INSTALLED = re.compile(r"(^|/)(site-packages|dist-packages|\.venv|venv)/")
+
+
+def printer_options() -> dict:
+    """ConsolePrinter arguments for Actions: group markers, and one stream for
+    everything.  GitHub reads stdout and stderr through separate pipes, so lines
+    racing between the two could land outside their group."""
+    return {"stdout": sys.stderr.buffer, "stderr": sys.stderr.buffer, "group_markers": GROUP_MARKERS}
 
 
 def on_github_actions(environ: Mapping[str, str] = os.environ) -> bool:

@@ -116,8 +116,7 @@ def run(
 
 
 def run_attempt(config: RunConfig, specs, spawner: Spawner, log_dir: str) -> Outcome:
-    markers = ci.GROUP_MARKERS if config.github_actions else None
-    printer = ConsolePrinter(config.output, show_noise=config.verbose, group_markers=markers)
+    printer = ConsolePrinter(config.output, show_noise=config.verbose, **(ci.printer_options() if config.github_actions else {}))
     supervisor = Supervisor(specs, spawner, printer, log_dir, grace=config.grace, timeout=config.timeout)
     previous = install_signal_handlers(supervisor)
     try:
