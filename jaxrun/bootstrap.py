@@ -90,6 +90,9 @@ def initialize_from_env() -> None:
         process_id=rank,
         cluster_detection_method="deactivate",
     )
+    device_ids = environ.get(contract.JAX_LOCAL_DEVICE_IDS)
+    if device_ids:
+        kwargs["local_device_ids"] = [int(i) for i in device_ids.split(",")]
     bind = environ.get(contract.COORDINATOR_BIND_ADDRESS)
     if bind and rank == 0:
         kwargs["coordinator_bind_address"] = bind
@@ -97,9 +100,67 @@ def initialize_from_env() -> None:
     _launched.update(coordinator=coordinator, num_processes=count, process_id=rank)
     jax.distributed.initialize = _checked_initialize
 
+    rows = preflight(verbose=environ.get(contract.VERBOSE) == "1")
+
     from jaxrun import _mesh_setup
 
-    _mesh_setup.install_from_env()
+    _mesh_setup.install_from_env(environ, hosts={r["host"] for r in rows})
+
+
+# Every process must run the same jax and jaxlib: mixed versions fail later in
+# obscure ways (mismatched HLO, hangs in collectives).
+_MUST_MATCH = ("jax", "jaxlib")
+
+
+def preflight(verbose: bool = False) -> list[dict]:
+    """Exchange host, pid, devices and versions; fail fast on mismatched versions.
+
+    One key-value set, one barrier and one directory read per process, so it
+    is cheap enough to run on every launch.
+    """
+    import jax
+    import jaxlib
+
+    from jaxrun import runtime
+
+    me = {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "devices": [str(d) for d in jax.local_devices()],
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "python": sys.version.split()[0],
+    }
+    everyone = runtime.allgather_json("preflight", me, timeout_s=120)
+    rows = [dict(everyone[p], process=p) for p in sorted(everyone)]
+    if verbose and jax.process_index() == 0:
+        print(format_preflight(rows), file=sys.stderr, flush=True)
+    check_versions(rows)
+    return rows
+
+
+def check_versions(rows: list[dict]) -> None:
+    """BootstrapError naming the processes when jax or jaxlib versions differ."""
+    for field in _MUST_MATCH:
+        seen: dict[str, list[int]] = {}
+        for row in rows:
+            seen.setdefault(row[field], []).append(row["process"])
+        if len(seen) > 1:
+            parts = "; ".join(
+                f"{v} on process{'es' if len(ps) > 1 else ''} {', '.join(map(str, ps))}" for v, ps in seen.items()
+            )
+            raise BootstrapError(f"{field} versions differ across processes: {parts}")
+
+
+def format_preflight(rows: list[dict]) -> str:
+    header = ("process", "host", "pid", "devices", "jax", "jaxlib", "python")
+    table = [header] + [
+        (str(r["process"]), r["host"], str(r["pid"]), ",".join(r["devices"]), r["jax"], r["jaxlib"], r["python"])
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table]
+    return "jaxrun: preflight\n" + "\n".join("  " + line for line in lines)
 
 
 _noted_address = False

@@ -10,8 +10,9 @@ import tempfile
 
 import click
 
-from jaxrun import __version__, ci
+from jaxrun import __version__, ci, meshspec
 from jaxrun import plan as planning
+from jaxrun.devices import count_local_gpus
 from jaxrun.launch import LaunchError, RunConfig, run
 
 
@@ -35,6 +36,20 @@ class KeyValue(click.ParamType):
         return key, val
 
 
+class MeshSpecType(click.ParamType):
+    """Checks --mesh syntax at parse time; the device count is checked in the children."""
+
+    name = "SPEC"
+
+    def convert(self, value, param, ctx):
+        try:
+            spec = meshspec.parse(str(value))
+        except meshspec.MeshSpecError as e:
+            self.fail(str(e), param, ctx)
+        # Children parse the text again; pass it on normalized.
+        return str(spec)
+
+
 def default_log_dir(run_id: str) -> str:
     return os.path.join(tempfile.gettempdir(), "jaxrun", run_id)
 
@@ -54,6 +69,7 @@ CONTEXT = {
 @click.command(context_settings=CONTEXT)
 @click.option("-n", "--num-processes", type=click.IntRange(min=1), help="Number of controllers (default: 1, or every host slot).")
 @click.option("--cpu-devices", type=click.IntRange(min=1), metavar="D", help="Simulate D CPU devices per process (JAX_PLATFORMS=cpu).")
+@click.option("--devices-per-process", type=click.IntRange(min=1), metavar="K", help="GPU/TPU hosts: each local process owns K devices (default: split each host's devices evenly).")
 @click.option("--coordinator", type=HostPort(), help="Coordinator address (default: a free loopback port).")
 @click.option("--log-dir", type=click.Path(file_okay=False), help="Folder for per-process logs (default: $TMPDIR/jaxrun/RUN_ID).")
 @click.option("--output", type=click.Choice(["stream", "grouped"]), help="Live, rank-prefixed lines, or one block per process at the end (default: stream; grouped on GitHub Actions).")
@@ -62,15 +78,17 @@ CONTEXT = {
 @click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True, help="Restart the whole job this many times after a failure.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), metavar="FILE.json", help="Write a JSON run report.")
 @click.option("--junit-xml", "junit_path", type=click.Path(dir_okay=False), metavar="FILE.xml", help="Write a JUnit XML report: one testcase per process.")
-@click.option("--mesh", metavar="SPEC", help="Build a global mesh in every process, e.g. i=4,j=2 or data=-1.")
-@click.option("--mesh-axis-types", type=click.Choice(["auto", "explicit"]), help="Axis type of every mesh axis.")
+@click.option("--mesh", type=MeshSpecType(), help="Build a global mesh in every process, e.g. i=4,j=2 or data=-1.")
+@click.option("--mesh-axis-types", type=click.Choice(meshspec.AXIS_TYPES), help="Axis type of every mesh axis.")
 @click.option("--env", "env_pairs", type=KeyValue(), multiple=True, help="Set KEY=VALUE in every process (repeatable).")
+@click.option("--preload/--no-preload", "preload", default=None, help="Fork local controllers from one process that already imported jax (default on; JAXRUN_NO_PRELOAD=1 turns it off).")
+@click.option("--preload-module", "preload_modules", multiple=True, metavar="MOD", help="Also import MOD in the preloading process (repeatable).")
 @click.option("--dry-run", is_flag=True, help="Print each process's command and environment, then exit.")
 @click.option("-v", "--verbose", is_flag=True, help="Show JAX's noise lines and the startup preflight table.")
 @click.version_option(__version__, "--version", prog_name="jaxrun")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def main(num_processes, cpu_devices, coordinator, log_dir, output, timeout, grace, max_restarts,
-         report_path, junit_path, mesh, mesh_axis_types, env_pairs, dry_run, verbose, args):
+def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, output, timeout, grace, max_restarts,
+         report_path, junit_path, mesh, mesh_axis_types, env_pairs, preload, preload_modules, dry_run, verbose, args):
     """Start N JAX controllers that join one distributed job.
 
     \b
@@ -82,6 +100,8 @@ def main(num_processes, cpu_devices, coordinator, log_dir, output, timeout, grac
     {coordinator} in those arguments are replaced in each process.
     """
     target = parse_target(args)
+    if cpu_devices is not None and devices_per_process is not None:
+        raise click.UsageError("--cpu-devices and --devices-per-process cannot be used together")
     github_actions = ci.on_github_actions()
     run_id = new_run_id()
     options = planning.LaunchOptions(
@@ -94,6 +114,8 @@ def main(num_processes, cpu_devices, coordinator, log_dir, output, timeout, grac
         mesh=mesh,
         mesh_axis_types=mesh_axis_types,
         verbose=verbose,
+        devices_per_process=devices_per_process,
+        devices_per_host=None if cpu_devices is not None else count_local_gpus(),
     )
     config = RunConfig(
         options=options,
@@ -108,6 +130,8 @@ def main(num_processes, cpu_devices, coordinator, log_dir, output, timeout, grac
         fixed_coordinator=coordinator,
         junit_path=junit_path,
         github_actions=github_actions,
+        preload=preload if preload is not None else os.environ.get("JAXRUN_NO_PRELOAD", "") in ("", "0"),
+        preload_modules=preload_modules,
     )
     sys.exit(run(config))
 

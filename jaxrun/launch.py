@@ -11,6 +11,7 @@ from typing import Callable, TextIO
 
 from jaxrun import ci, junit, report
 from jaxrun import plan as planning
+from jaxrun import preload
 from jaxrun.output import ConsolePrinter
 from jaxrun.spawn import LocalSpawner, Spawner
 from jaxrun.supervisor import Outcome, StopReason, Supervisor, install_signal_handlers, restore_signal_handlers
@@ -34,6 +35,8 @@ class RunConfig:
     fixed_coordinator: str | None = None  # from --coordinator
     junit_path: str | None = None
     github_actions: bool = False  # group output per process, annotate the root cause
+    preload: bool = True  # fork local controllers from a server that imported jax
+    preload_modules: tuple[str, ...] = ()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -83,7 +86,6 @@ def run(
     console: TextIO | None = None,
 ) -> int:
     console = console or sys.stderr
-    spawner = spawner or LocalSpawner()
     outcomes: list[Outcome] = []
     dirs: list[str] = []
     for attempt in range(config.max_restarts + 1):
@@ -96,7 +98,7 @@ def run(
             print(dry_run_text(specs))
             return 0
         log_dir = attempt_dir(config.log_dir, attempt)
-        outcome = run_attempt(config, specs, spawner, log_dir)
+        outcome = run_attempt(config, specs, spawner, log_dir, console)
         outcomes.append(outcome)
         dirs.append(log_dir)
         for line in report.summary_lines(outcome, log_dir):
@@ -115,14 +117,28 @@ def run(
     return outcomes[-1].exit_code
 
 
-def run_attempt(config: RunConfig, specs, spawner: Spawner, log_dir: str) -> Outcome:
-    printer = ConsolePrinter(config.output, show_noise=config.verbose, **(ci.printer_options() if config.github_actions else {}))
+def local_spawner(config: RunConfig, specs, console: TextIO) -> Spawner:
+    if not config.preload:
+        return LocalSpawner()
+    differing = preload.differing_import_time_vars(specs)
+    if differing:
+        print(f"jaxrun: not preloading jax: {', '.join(differing)} differ between processes", file=console)
+        return LocalSpawner()
+    return preload.PreloadSpawner(specs, config.preload_modules)
+
+
+def run_attempt(config: RunConfig, specs, spawner: Spawner | None, log_dir: str, console: TextIO) -> Outcome:
+    github = ci.printer_options() if config.github_actions else {}
+    printer = ConsolePrinter(config.output, show_noise=config.verbose, **github)
+    spawner = spawner or local_spawner(config, specs, console)
     supervisor = Supervisor(specs, spawner, printer, log_dir, grace=config.grace, timeout=config.timeout)
     previous = install_signal_handlers(supervisor)
     try:
         outcome = supervisor.run()
     finally:
         restore_signal_handlers(previous)
+        if hasattr(spawner, "close"):
+            spawner.close()
     for rec in outcome.records:
         printer.grouped(rec.spec.rank, rec.stdout_log, rec.stderr_log)
     return outcome

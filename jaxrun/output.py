@@ -23,6 +23,9 @@ IN_FLIGHT = 64
 
 # Lines JAX and its collectives print on every run; hidden on the console only.
 NOISE_PREFIXES = (b"[Gloo] ",)
+# Gloo writes its connection line in pieces from several threads, so a piece
+# can land at the start of a line of its own.
+_NOISE_ANYWHERE = re.compile(rb"is connected to \d+ peer ranks")
 # A faulthandler dump: a thread header, then frame lines and blank lines.
 _DUMP_HEAD = re.compile(rb"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
 # (faulthandler writes "  Garbage-collecting" above the frames when the GC was running.)
@@ -61,6 +64,10 @@ def pump_output(
         events.put(StreamClosed(rank, stream))
 
 
+def is_noise(line: bytes) -> bool:
+    return line.startswith(NOISE_PREFIXES) or bool(_NOISE_ANYWHERE.search(line))
+
+
 class ConsolePrinter:
     """Shows output live with a rank prefix (``stream``) or per process at the end
     (``grouped``, in the block format of the guide's bash loop)."""
@@ -92,7 +99,7 @@ class ConsolePrinter:
                 if _DUMP_BODY.match(line):
                     return False
                 self.in_dump.discard(rank)
-        return not line.startswith(NOISE_PREFIXES)
+        return not is_noise(line)
 
     def lines(self, rank: int, stream: Stream, lines: list[bytes]) -> None:
         if self.mode != "stream":
@@ -121,7 +128,7 @@ class ConsolePrinter:
             sink.flush()
             with open(path, "rb") as f:
                 for line in f:
-                    if self.show_noise or not line.startswith(NOISE_PREFIXES):
+                    if self.show_noise or not is_noise(line):
                         sink.write(line if line.endswith(b"\n") else line + b"\n")
             sink.flush()
         self.out.write(tail.encode() + b"\n")

@@ -94,8 +94,19 @@ class Launch:
             self.proc.wait()
 
 
+@pytest.fixture(params=["preload", "no-preload"])
+def launch_mode(request, monkeypatch):
+    """Every test that launches jobs runs twice: with the preloading fork
+    server (the default for local runs) and with a fresh interpreter per process."""
+    if request.param == "no-preload":
+        monkeypatch.setenv("JAXRUN_NO_PRELOAD", "1")
+    else:
+        monkeypatch.delenv("JAXRUN_NO_PRELOAD", raising=False)
+    return request.param
+
+
 @pytest.fixture
-def launch():
+def launch(launch_mode):
     started: list[Launch] = []
 
     def start(*args, **kw) -> Launch:

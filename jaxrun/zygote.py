@@ -1,0 +1,130 @@
+"""Child side: the preloading fork server for local runs.
+
+Started by :class:`jaxrun.preload.PreloadSpawner` as
+``python -m jaxrun.zygote SOCKET_FD [MODULE...]``.  It imports jax (and any
+``--preload`` modules) once, without touching a backend, then forks one
+controller per request.  Each controller skips the ~0.5 s of CPU that
+``import jax`` costs, which on a small machine is most of a short job's wall
+time.
+
+Protocol, over a SOCK_SEQPACKET socket (one message per packet):
+
+- request (launcher -> server): JSON ``{"argv": [...], "env": {...}}`` with
+  three file descriptors attached: the child's stdout and stderr pipes and
+  the launcher's lifeline.
+- ``started PID`` (server -> launcher) once the child is forked;
+- ``exit PID RETURNCODE`` (Popen-style, negative for a signal) when it ends.
+
+Single-threaded on purpose: forking is only safe while no other thread
+exists.  EOF on the socket means the launcher is gone; the server exits and
+the controllers' lifelines take them down.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+
+from jaxrun import contract
+
+MAX_MESSAGE = 1 << 20
+
+
+def serve(sock: socket.socket) -> None:
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides about signals
+    children: set[int] = set()
+    while True:
+        readable, _, _ = select.select([sock, wake_r], [], [])
+        if wake_r in readable:
+            os.read(wake_r, 4096)
+        for pid, code in reap(children):
+            sock.send(f"exit {pid} {code}".encode())
+        if sock in readable:
+            message, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 3)
+            if not message:
+                return
+            pid = os.fork()
+            if pid == 0:
+                os.close(wake_r)
+                os.close(wake_w)
+                become_controller(sock, json.loads(message), fds)
+            for fd in fds:
+                os.close(fd)
+            children.add(pid)
+            sock.send(f"started {pid}".encode())
+
+
+def reap(children: set[int]):
+    for pid in list(children):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            children.discard(pid)
+            yield pid, os.waitstatus_to_exitcode(status)
+
+
+def become_controller(sock: socket.socket, request: dict, fds: list[int]) -> None:
+    """In the forked child: look exactly like a freshly started shim, then run it."""
+    code = 1
+    try:
+        sock.close()
+        signal.set_wakeup_fd(-1)
+        for signum in (signal.SIGCHLD, signal.SIGINT):
+            signal.signal(signum, signal.SIG_DFL if signum == signal.SIGCHLD else signal.default_int_handler)
+        os.setsid()
+        out, err, lifeline = fds
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        for src, dst in ((devnull, 0), (out, 1), (err, 2)):
+            os.dup2(src, dst)
+            os.close(src)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.environ[contract.LIFELINE_FD] = str(lifeline)
+        from jaxrun import shim
+
+        try:
+            shim.main(request["argv"])
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        # What interpreter shutdown would do: join threads, then atexit hooks
+        # (JAX's distributed shutdown among them).
+        threading._shutdown()
+        atexit._run_exitfuncs()
+    except BaseException:  # noqa: BLE001 - a forked child must never return into the server
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code)
+
+
+def main(argv: list[str]) -> None:
+    sock = socket.socket(fileno=int(argv[0]))
+    import jax  # noqa: F401 - the point of this process
+
+    for name in argv[1:]:
+        importlib.import_module(name)
+    from jaxrun import bootstrap, shim  # noqa: F401 - warm the shim's imports too
+
+    sock.send(b"ready")
+    serve(sock)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

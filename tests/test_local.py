@@ -1,0 +1,173 @@
+"""Local runs with real JAX processes: the toy, argument passing, logs, binding."""
+
+import ipaddress
+import os
+import re
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import EXAMPLES, processes_with_token
+
+pytestmark = pytest.mark.timeout(120)
+
+DATA = Path(__file__).parent / "data"
+RESULT = "got result: -0.12398731708526611"
+GUIDE_SHARDS = {
+    0: ["device cpu:0 has local data [[0 1 2 3]]", "device cpu:1 has local data [[4 5 6 7]]"],
+    1: ["device cpu:2048 has local data [[ 8  9 10 11]]", "device cpu:2049 has local data [[12 13 14 15]]"],
+    2: ["device cpu:4096 has local data [[16 17 18 19]]", "device cpu:4097 has local data [[20 21 22 23]]"],
+    3: ["device cpu:6144 has local data [[24 25 26 27]]", "device cpu:6145 has local data [[28 29 30 31]]"],
+}
+
+
+def is_loopback(ip: str) -> bool:
+    addr = ipaddress.ip_address(ip)
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return addr.is_loopback or bool(mapped and mapped.is_loopback)
+
+
+def lines_of(out: str, rank: int) -> list[str]:
+    prefix = f"[{rank}] "
+    return [line[len(prefix):] for line in out.splitlines() if line.startswith(prefix)]
+
+
+def check_guide_output(out: str) -> None:
+    for rank, shards in GUIDE_SHARDS.items():
+        mine = lines_of(out, rank)
+        assert [line for line in mine if line.startswith("device ")] == shards, out
+        assert f"process={rank} {RESULT}" in mine
+
+
+def test_toy_four_by_two_matches_the_guide(jaxrun, tmp_path):
+    code, out, err = jaxrun("-n", 4, "--cpu-devices", 2, "--log-dir", tmp_path, EXAMPLES / "toy.py")
+    assert code == 0, err
+    check_guide_output(out)
+    assert "[Gloo]" not in out  # noise hidden on the console ...
+    for rank in range(4):  # ... but every byte is in the logs
+        log = (tmp_path / f"process-{rank}.stdout").read_text()
+        assert "[Gloo]" in log and f"process={rank} {RESULT}" in log
+    assert f"jaxrun: logs in {tmp_path}" in err
+
+
+@pytest.mark.parametrize("n, devices", [(1, 8), (2, 4)])
+def test_toy_gives_the_same_result_in_other_layouts(jaxrun, n, devices):
+    code, out, err = jaxrun("-n", n, "--cpu-devices", devices, EXAMPLES / "toy.py")
+    assert code == 0, err
+    data = sorted(re.findall(r"has local data (\[\[.*\]\])", out))
+    assert len(data) == 8
+    assert all(f"process={r} {RESULT}" in out for r in range(n))
+
+
+def test_guide_toy_runs_unchanged_with_placeholders(jaxrun):
+    code, out, err = jaxrun("-n", 4, "--cpu-devices", 2, DATA / "guide_toy.py", "{process_id}", "{num_processes}")
+    assert code == 0, err
+    check_guide_output(out)
+    # Its own initialize("localhost:10000", ...) is noted, not obeyed.
+    assert "ignoring coordinator_address='localhost:10000'" in err
+
+
+def test_mismatched_initialize_is_an_error_naming_both_values(jaxrun, tmp_path):
+    script = tmp_path / "wrong.py"
+    script.write_text("import jax\njax.distributed.initialize('localhost:1', 2, 5)\n")
+    code, _, err = jaxrun("-n", 2, "--cpu-devices", 1, script)
+    assert code == 1
+    assert "process_id=5" in err and "process_id=0" in err
+
+
+def test_arguments_argv_path_and_main_block(jaxrun, tmp_path):
+    script = tmp_path / "args.py"
+    script.write_text(
+        "import json, sys\n"
+        "if __name__ == '__main__':\n"
+        "    print('ARGS ' + json.dumps(sys.argv))\n"
+        "    print('PATH0 ' + sys.path[0])\n"
+    )
+    code, out, err = jaxrun("-n", 1, script, "--lr", "3e-4", "-x", "a b", "$HOME", "--", "{process_id}")
+    assert code == 0, err
+    assert f'ARGS ["{script}", "--lr", "3e-4", "-x", "a b", "$HOME", "--", "0"]' in out
+    assert f"PATH0 {tmp_path}" in out
+
+
+def test_module_mode(jaxrun, tmp_path):
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "train.py").write_text(
+        "import sys, jaxrun\n"
+        "if __name__ == '__main__':\n"
+        "    print('MOD', __name__, sys.argv[1:], sys.argv[0].endswith('train.py'))\n"
+    )
+    code, out, err = jaxrun("-n", 2, "-m", "mypkg.train", "-n", "{num_processes}", cwd=tmp_path)
+    assert code == 0, err
+    assert "[0] MOD __main__ ['-n', '2'] True" in out
+    assert "[1] MOD __main__ ['-n', '2'] True" in out
+
+
+def test_nonzero_exit_is_reported_and_easy_to_find(jaxrun, tmp_path):
+    script = tmp_path / "three.py"
+    script.write_text(
+        "import os, sys\n"
+        "print('about to fail', file=sys.stderr)\n"
+        "sys.exit(3 if os.environ['JAXRUN_PROCESS_ID'] == '1' else 0)\n"
+    )
+    code, out, err = jaxrun("-n", 2, "--log-dir", tmp_path / "logs", script)
+    assert code == 3
+    assert "process 1 failed first: exit code 3" in err
+    assert "about to fail" in err
+    assert "about to fail" in (tmp_path / "logs" / "process-1.stderr").read_text()
+
+
+def test_coordinator_listens_on_loopback_only(launch, tmp_path, no_leftover_processes):
+    go = tmp_path / "go"
+    script = tmp_path / "wait.py"
+    script.write_text(
+        "import os, time, jax, jax.numpy as jnp\n"
+        f"while not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
+        "print(jnp.sum(jnp.ones(jax.device_count())))\n"
+    )
+    job = launch("-n", 4, "--cpu-devices", 2, script)
+    try:
+        listening = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(listening) < 1:
+            time.sleep(0.5)
+            for proc in processes_with_token(no_leftover_processes):
+                try:
+                    listening += [c.laddr for c in proc.net_connections("inet") if c.status == psutil.CONN_LISTEN]
+                except psutil.NoSuchProcess:
+                    pass
+        assert listening, "no process of the job was listening"
+        assert all(is_loopback(addr.ip) for addr in listening), listening
+    finally:
+        go.write_text("")
+    assert job.wait(timeout=60) == 0, job.stderr
+
+
+def test_logs_hold_every_byte_partial_lines_and_non_utf8(jaxrun, tmp_path):
+    script = tmp_path / "bytes.py"
+    script.write_text(
+        "import os\n"
+        "os.write(1, b'line one\\n\\xff\\xfe not utf8\\nno newline at end')\n"
+        "os.write(2, b'err \\x80\\n partial err')\n"
+    )
+    code, out, err = jaxrun("-n", 2, "--log-dir", tmp_path / "logs", script)
+    assert code == 0, err
+    for rank in range(2):
+        assert (tmp_path / "logs" / f"process-{rank}.stdout").read_bytes() == b"line one\n\xff\xfe not utf8\nno newline at end"
+        assert (tmp_path / "logs" / f"process-{rank}.stderr").read_bytes() == b"err \x80\n partial err"
+    assert "[0] no newline at end" in out and "[1]  partial err" in err
+
+
+def test_grouped_output_uses_the_bash_loop_blocks(jaxrun):
+    code, out, err = jaxrun("-n", 4, "--cpu-devices", 2, "--output", "grouped", EXAMPLES / "toy.py")
+    assert code == 0, err
+    blocks = re.split(r"=================== process (\d) output ===================\n", out)
+    assert [blocks[i] for i in (1, 3, 5, 7)] == ["0", "1", "2", "3"]
+    for rank in range(4):
+        body = blocks[2 + 2 * rank].splitlines()
+        # Gloo's noise comes from several threads and can leave stray fragments.
+        assert [line for line in body if line.startswith("device ")] == GUIDE_SHARDS[rank]
+        assert f"process={rank} {RESULT}" in body
