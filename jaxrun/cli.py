@@ -10,7 +10,7 @@ import tempfile
 
 import click
 
-from jaxrun import __version__, meshspec
+from jaxrun import __version__, ci, meshspec
 from jaxrun import hosts as hostfile
 from jaxrun import plan as planning
 from jaxrun.devices import count_local_gpus
@@ -73,11 +73,12 @@ CONTEXT = {
 @click.option("--devices-per-process", type=click.IntRange(min=1), metavar="K", help="GPU/TPU hosts: each local process owns K devices (default: split each host's devices evenly).")
 @click.option("--coordinator", type=HostPort(), help="Coordinator address (default: a free loopback port; over SSH, a free port on the first host).")
 @click.option("--log-dir", type=click.Path(file_okay=False), help="Folder for per-process logs (default: $TMPDIR/jaxrun/RUN_ID).")
-@click.option("--output", type=click.Choice(["stream", "grouped"]), default="stream", show_default=True, help="Live, rank-prefixed lines, or one block per process at the end.")
+@click.option("--output", type=click.Choice(["stream", "grouped"]), help="Live, rank-prefixed lines, or one block per process at the end (default: stream; grouped on GitHub Actions).")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS", help="Dump every stack and stop the job after this long (exit 124).")
 @click.option("--grace", type=click.FloatRange(min=0), default=30.0, show_default=True, metavar="SECONDS", help="After forwarding SIGINT/SIGTERM/SIGHUP, wait this long before SIGKILL.")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True, help="Restart the whole job this many times after a failure.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), metavar="FILE.json", help="Write a JSON run report.")
+@click.option("--junit-xml", "junit_path", type=click.Path(dir_okay=False), metavar="FILE.xml", help="Write a JUnit XML report: one testcase per process.")
 @click.option("--mesh", type=MeshSpecType(), help="Build a global mesh in every process, e.g. i=4,j=2 or data=-1.")
 @click.option("--mesh-axis-types", type=click.Choice(meshspec.AXIS_TYPES), help="Axis type of every mesh axis.")
 @click.option("--env", "env_pairs", type=KeyValue(), multiple=True, help="Set KEY=VALUE in every process (repeatable).")
@@ -96,7 +97,7 @@ CONTEXT = {
 @click.version_option(__version__, "--version", prog_name="jaxrun")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, output, timeout, grace, max_restarts,
-         report_path, mesh, mesh_axis_types, env_pairs, exports, hosts_file, host_opts, ssh_config,
+         report_path, junit_path, mesh, mesh_axis_types, env_pairs, exports, hosts_file, host_opts, ssh_config,
          ssh_options, connect_timeout, python, chdir, preload, preload_modules, dry_run, verbose, args):
     """Start N JAX controllers that join one distributed job.
 
@@ -116,6 +117,7 @@ def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, 
     if hosts:
         num_processes = num_processes or hostfile.total_slots(hosts)
         planning.assign_hosts(hosts, num_processes)  # too few slots: exit 2 before any ssh
+    github_actions = ci.on_github_actions()
     run_id = new_run_id()
     python = python or sys.executable
     options = planning.LaunchOptions(
@@ -137,7 +139,7 @@ def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, 
     config = RunConfig(
         options=options,
         log_dir=os.path.abspath(log_dir) if log_dir else default_log_dir(run_id),
-        output=output,
+        output=output or ("grouped" if github_actions else "stream"),
         grace=grace,
         timeout=timeout,
         max_restarts=max_restarts,
@@ -145,6 +147,8 @@ def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, 
         dry_run=dry_run,
         verbose=verbose,
         fixed_coordinator=coordinator,
+        junit_path=junit_path,
+        github_actions=github_actions,
         preload=preload if preload is not None else os.environ.get("JAXRUN_NO_PRELOAD", "") in ("", "0"),
         preload_modules=preload_modules,
     )

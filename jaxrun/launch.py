@@ -9,9 +9,9 @@ import socket
 import sys
 from typing import Callable, TextIO
 
+from jaxrun import ci, junit, report
 from jaxrun import plan as planning
 from jaxrun import preload
-from jaxrun import report
 from jaxrun.output import ConsolePrinter
 from jaxrun.spawn import LocalSpawner, Spawner
 from jaxrun.supervisor import Outcome, StopReason, Supervisor, install_signal_handlers, restore_signal_handlers
@@ -33,6 +33,8 @@ class RunConfig:
     dry_run: bool = False
     verbose: bool = False
     fixed_coordinator: str | None = None  # from --coordinator
+    junit_path: str | None = None
+    github_actions: bool = False  # group output per process, annotate the root cause
     preload: bool = True  # fork local controllers from a server that imported jax
     preload_modules: tuple[str, ...] = ()
 
@@ -101,8 +103,14 @@ def run(
         dirs.append(log_dir)
         for line in report.summary_lines(outcome, log_dir):
             print(line, file=console, flush=True)
+        if config.github_actions:
+            annotation = ci.error_annotation(outcome, os.environ.get("GITHUB_WORKSPACE"))
+            if annotation:
+                print(annotation, file=console, flush=True)
         if config.report_path:
             report.write_report(config.report_path, report.report_dict(outcomes, opts.run_id, dirs))
+        if config.junit_path:
+            junit.write(config.junit_path, outcome, suite=f"jaxrun {opts.target.name}")
         if outcome.reason is not StopReason.FAILURE or attempt == config.max_restarts:
             return outcome.exit_code
         print(f"jaxrun: restarting the whole job (restart {attempt + 1} of {config.max_restarts})", file=console)
@@ -120,7 +128,8 @@ def local_spawner(config: RunConfig, specs, console: TextIO) -> Spawner:
 
 
 def run_attempt(config: RunConfig, specs, spawner: Spawner | None, log_dir: str, console: TextIO) -> Outcome:
-    printer = ConsolePrinter(config.output, show_noise=config.verbose)
+    github = ci.printer_options() if config.github_actions else {}
+    printer = ConsolePrinter(config.output, show_noise=config.verbose, **github)
     spawner = spawner or local_spawner(config, specs, console)
     supervisor = Supervisor(specs, spawner, printer, log_dir, grace=config.grace, timeout=config.timeout)
     previous = install_signal_handlers(supervisor)

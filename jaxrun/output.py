@@ -34,7 +34,8 @@ NOISE_PREFIXES = (b"[Gloo] ",)
 _NOISE_ANYWHERE = re.compile(rb"is connected to \d+ peer ranks")
 # A faulthandler dump: a thread header, then frame lines and blank lines.
 _DUMP_HEAD = re.compile(rb"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
-_DUMP_BODY = re.compile(rb"^(  File \"|  <no Python frame>|\s*$)")
+# (faulthandler writes "  Garbage-collecting" above the frames when the GC was running.)
+_DUMP_BODY = re.compile(rb"^(  File \"|  <no Python frame>|  Garbage-collecting|\s*$)")
 # Substrings that mark a chunk as possibly holding a line to hide.  Plain
 # substring tests run at memchr speed; a regex alternation over megabytes doesn't.
 _HIDDEN_MARKS = (b"[Gloo] ", b"peer ranks", b"most recent call first")

@@ -15,7 +15,10 @@ TAIL_LINES = 15
 
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+")
-_LIBRARY_PARTS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep, os.sep + "jaxrun" + os.sep)
+_LIBRARY_PARTS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+# jaxrun's own package folder (not any folder that happens to be called jaxrun,
+# such as a checkout of this repository holding the user's script).
+_OWN_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def describe_exit(record: ProcessRecord) -> str:
@@ -39,7 +42,11 @@ def tail(path: str, n: int = TAIL_LINES) -> list[str]:
 
 
 def _is_user_file(path: str) -> bool:
-    return not path.startswith("<") and not any(p in path for p in _LIBRARY_PARTS) and "/lib/python" not in path
+    return (
+        not path.startswith(("<", _OWN_PACKAGE))
+        and not any(p in path for p in _LIBRARY_PARTS)
+        and "/lib/python" not in path
+    )
 
 
 def innermost_user_frame(stderr_path: str) -> tuple[str, int, str, str] | None:

@@ -53,6 +53,9 @@ def wait_gone(token: str, within: float) -> list[psutil.Process]:
 def no_leftover_processes(monkeypatch):
     token = uuid.uuid4().hex
     monkeypatch.setenv(TOKEN, token)
+    # jaxrun groups output and annotates when it runs on GitHub Actions; the
+    # tests that want that set it themselves.
+    monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
     yield token
     alive = wait_gone(token, within=5.0)
     for proc in alive:

@@ -1,6 +1,7 @@
 """The console view of children's output (unit tests; the log files are tested end to end)."""
 
 import io
+from pathlib import Path
 
 from jaxrun.events import Stream
 from jaxrun.output import ConsolePrinter
@@ -37,3 +38,20 @@ def test_grouped_mode_prints_nothing_live():
     p, out, err = printer(mode="grouped")
     p.write(0, Stream.STDOUT, b"x\n")
     assert out.getvalue() == b"" and err.getvalue() == b""
+
+
+def test_user_frames_in_a_folder_named_jaxrun_still_count(tmp_path):
+    from jaxrun import report
+
+    checkout = tmp_path / "jaxrun" / "examples"
+    checkout.mkdir(parents=True)
+    script = checkout / "hang.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    own = str(Path(report.__file__).with_name("shim.py"))
+    log = tmp_path / "p.stderr"
+    log.write_text(
+        "Current thread 0x00007f (most recent call first):\n"
+        f'  File "{script}", line 2 in <module>\n'
+        f'  File "{own}", line 120 in run_target\n'
+    )
+    assert report.innermost_user_frame(str(log)) == (str(script), 2, "<module>", "time.sleep(60)")
