@@ -104,7 +104,7 @@ def check_matmul(layout, out):
     one(zero, r"Explicit axes with out_sharding: float32\[256@a,256\], spec P\('a', None\)")
     holders: dict[tuple[int, int], list[str]] = {}
     for p in ranks(layout):
-        rows = matches(out[p], r"device (cpu:\d+) holds z\[(\d+):(\d+), :\], every value 128\.0")
+        rows = matches(out[p], r"device (cpu:\d+) holds z\[(\d+):(\d+), :\], values \[128\.0\]")
         assert sorted(owner(m[1]) for m in rows) == [p] * layout.devices, out[p]
         for m in rows:
             holders.setdefault((int(m[2]), int(m[3])), []).append(m[1])

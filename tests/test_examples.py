@@ -74,7 +74,7 @@ def test_hang_times_out_and_points_at_the_diverging_lines(jaxrun, launch_mode):
     # (test_supervision covers both modes); one mode saves ~12 s of CI.
     if launch_mode == "no-preload":
         pytest.skip("the hang runs in one launch mode only")
-    code, out, err = run_example(jaxrun, "hang", MAIN, "--timeout", "10", timeout=60)
+    code, out, err = run_example(jaxrun, "hang", MAIN, "--timeout", "8", timeout=60)
     assert code == 124, err[-3000:]
     assert "--timeout expired" in err
     script = EXAMPLES / "hang.py"
@@ -149,7 +149,8 @@ def test_jobset_manifest_parses_and_feeds_the_shim():
     values[contract.PROCESS_ID] = "3"
     assert contract.RANK_SOURCE not in values  # the default: jaxrun's own variables
     assert bootstrap.identity_from_env(values) == (3, n, 0)
-    assert int(values[contract.NUM_PROCESSES]) == n
+    # One controller per pod: the pods are on different hosts, as far as --mesh knows.
+    assert values[contract.LOCAL_PROCESS_COUNT] == "1"
 
 
 FAKE_SRUN = """#!/bin/bash
