@@ -8,7 +8,6 @@ process_allgather, or look only at this process's addressable_shards.
 """
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
