@@ -10,7 +10,7 @@ import tempfile
 
 import click
 
-from jaxrun import __version__, meshspec
+from jaxrun import __version__, engines, meshspec
 from jaxrun import plan as planning
 from jaxrun.launch import LaunchError, RunConfig, run
 
@@ -80,12 +80,17 @@ CONTEXT = {
 @click.option("--env", "env_pairs", type=KeyValue(), multiple=True, help="Set KEY=VALUE in every process (repeatable).")
 @click.option("--preload/--no-preload", "preload", default=None, help="Fork local controllers from one process that already imported jax (default on; JAXRUN_NO_PRELOAD=1 turns it off).")
 @click.option("--preload-module", "preload_modules", multiple=True, metavar="MOD", help="Also import MOD in the preloading process (repeatable).")
+@click.option("--launcher", type=click.Choice(["local", "ssh", *engines.ENGINES]), help="How to start the controllers (default: local, or ssh when hosts are given).")
+@click.option("--nodes", type=click.IntRange(min=1), help="slurm: spread the processes over this many nodes (srun -N).")
+@click.option("--ntasks-per-node", "tasks_per_node", type=click.IntRange(min=1), help="slurm/mpirun: processes per node.")
+@click.option("--scheduler-arg", "scheduler_args", multiple=True, metavar="ARG", help="Pass ARG to srun or mpirun unchanged (repeatable), e.g. --scheduler-arg=--overcommit.")
 @click.option("--dry-run", is_flag=True, help="Print each process's command and environment, then exit.")
 @click.option("-v", "--verbose", is_flag=True, help="Show JAX's noise lines and the startup preflight table.")
 @click.version_option(__version__, "--version", prog_name="jaxrun")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def main(num_processes, cpu_devices, coordinator, log_dir, output, timeout, grace, max_restarts,
-         report_path, mesh, mesh_axis_types, env_pairs, preload, preload_modules, dry_run, verbose, args):
+         report_path, mesh, mesh_axis_types, env_pairs, preload, preload_modules,
+         launcher, nodes, tasks_per_node, scheduler_args, dry_run, verbose, args):
     """Start N JAX controllers that join one distributed job.
 
     \b
@@ -98,6 +103,9 @@ def main(num_processes, cpu_devices, coordinator, log_dir, output, timeout, grac
     """
     target = parse_target(args)
     run_id = new_run_id()
+    engine = engine_options(launcher, nodes, tasks_per_node, scheduler_args)
+    if engine and not num_processes and engine.kind == "slurm" and os.environ.get("SLURM_NTASKS", "").isdigit():
+        num_processes = int(os.environ["SLURM_NTASKS"])  # inside sbatch/salloc: the allocation's task count
     options = planning.LaunchOptions(
         target=target,
         num_processes=num_processes or 1,
@@ -122,8 +130,19 @@ def main(num_processes, cpu_devices, coordinator, log_dir, output, timeout, grac
         fixed_coordinator=coordinator,
         preload=preload if preload is not None else os.environ.get("JAXRUN_NO_PRELOAD", "") in ("", "0"),
         preload_modules=preload_modules,
+        engine=engine,
     )
     sys.exit(run(config))
+
+
+def engine_options(launcher, nodes, tasks_per_node, scheduler_args) -> engines.EngineOptions | None:
+    if launcher not in engines.ENGINES:
+        if nodes or tasks_per_node or scheduler_args:
+            raise click.UsageError("--nodes, --ntasks-per-node and --scheduler-arg need --launcher slurm or mpirun")
+        return None
+    if launcher == "mpirun" and nodes:
+        raise click.UsageError("--nodes works with --launcher slurm only; give mpirun its hosts with --scheduler-arg")
+    return engines.EngineOptions(launcher, nodes, tasks_per_node, tuple(scheduler_args))
 
 
 def parse_target(args: tuple[str, ...]) -> planning.Target:
