@@ -162,8 +162,14 @@ def parse_target(args: tuple[str, ...]) -> planning.Target:
 
 def entry_point(argv: list[str] | None = None) -> None:
     """Console-script entry: click's errors become one line and exit 2."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command, prog = main, "jaxrun"
+    if argv[:1] == ["k8s"]:  # a subcommand without making `jaxrun SCRIPT` a click group
+        from jaxrun import k8s
+
+        command, prog, argv = k8s.command, "jaxrun k8s", argv[1:]
     try:
-        main.main(args=argv, prog_name="jaxrun", standalone_mode=False)
+        command.main(args=argv, prog_name=prog, standalone_mode=False)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except click.ClickException as e:
