@@ -90,6 +90,9 @@ def initialize_from_env() -> None:
         process_id=rank,
         cluster_detection_method="deactivate",
     )
+    device_ids = environ.get(contract.JAX_LOCAL_DEVICE_IDS)
+    if device_ids:
+        kwargs["local_device_ids"] = [int(i) for i in device_ids.split(",")]
     bind = environ.get(contract.COORDINATOR_BIND_ADDRESS)
     if bind and rank == 0:
         kwargs["coordinator_bind_address"] = bind

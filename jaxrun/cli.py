@@ -11,7 +11,9 @@ import tempfile
 import click
 
 from jaxrun import __version__, engines, meshspec
+from jaxrun import hosts as hostfile
 from jaxrun import plan as planning
+from jaxrun.devices import count_local_gpus
 from jaxrun.launch import LaunchError, RunConfig, run
 
 
@@ -68,7 +70,8 @@ CONTEXT = {
 @click.command(context_settings=CONTEXT)
 @click.option("-n", "--num-processes", type=click.IntRange(min=1), help="Number of controllers (default: 1, or every host slot).")
 @click.option("--cpu-devices", type=click.IntRange(min=1), metavar="D", help="Simulate D CPU devices per process (JAX_PLATFORMS=cpu).")
-@click.option("--coordinator", type=HostPort(), help="Coordinator address (default: a free loopback port).")
+@click.option("--devices-per-process", type=click.IntRange(min=1), metavar="K", help="GPU/TPU hosts: each local process owns K devices (default: split each host's devices evenly).")
+@click.option("--coordinator", type=HostPort(), help="Coordinator address (default: a free loopback port; over SSH, a free port on the first host).")
 @click.option("--log-dir", type=click.Path(file_okay=False), help="Folder for per-process logs (default: $TMPDIR/jaxrun/RUN_ID).")
 @click.option("--output", type=click.Choice(["stream", "grouped"]), default="stream", show_default=True, help="Live, rank-prefixed lines, or one block per process at the end.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS", help="Dump every stack and stop the job after this long (exit 124).")
@@ -80,6 +83,14 @@ CONTEXT = {
 @click.option("--env", "env_pairs", type=KeyValue(), multiple=True, help="Set KEY=VALUE in every process (repeatable).")
 @click.option("--preload/--no-preload", "preload", default=None, help="Fork local controllers from one process that already imported jax (default on; JAXRUN_NO_PRELOAD=1 turns it off).")
 @click.option("--preload-module", "preload_modules", multiple=True, metavar="MOD", help="Also import MOD in the preloading process (repeatable).")
+@click.option("-x", "--export", "exports", multiple=True, metavar="KEY", help="Forward this variable's local value to every process (repeatable).")
+@click.option("--hosts", "hosts_file", type=click.Path(exists=True, dir_okay=False), metavar="FILE", help="Run over SSH on the hosts in FILE: one '[user@]host[:sshport] [slots=N]' per line.")
+@click.option("-H", "--host", "host_opts", multiple=True, metavar="HOST[:SLOTS]", help="Run over SSH on HOST (repeatable or comma-separated).")
+@click.option("--ssh-config", type=click.Path(exists=True, dir_okay=False), metavar="FILE", help="ssh client configuration file (ssh -F).")
+@click.option("--ssh-option", "ssh_options", multiple=True, metavar="OPT", help="Extra ssh -o option, e.g. Port=2222 (repeatable).")
+@click.option("--connect-timeout", type=click.FloatRange(min=1), default=10.0, show_default=True, metavar="SECONDS", help="ssh connect timeout per host.")
+@click.option("--python", "python", metavar="PATH", help="Python interpreter for every process, here or on the hosts (default: this one's path).")
+@click.option("--chdir", metavar="DIR", help="Working directory on the hosts (default: the current one).")
 @click.option("--launcher", type=click.Choice(["local", "ssh", *engines.ENGINES]), help="How to start the controllers (default: local, or ssh when hosts are given).")
 @click.option("--nodes", type=click.IntRange(min=1), help="slurm: spread the processes over this many nodes (srun -N).")
 @click.option("--ntasks-per-node", "tasks_per_node", type=click.IntRange(min=1), help="slurm/mpirun: processes per node.")
@@ -88,22 +99,31 @@ CONTEXT = {
 @click.option("-v", "--verbose", is_flag=True, help="Show JAX's noise lines and the startup preflight table.")
 @click.version_option(__version__, "--version", prog_name="jaxrun")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def main(num_processes, cpu_devices, coordinator, log_dir, output, timeout, grace, max_restarts,
-         report_path, mesh, mesh_axis_types, env_pairs, preload, preload_modules,
+def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, output, timeout, grace, max_restarts,
+         report_path, mesh, mesh_axis_types, env_pairs, exports, hosts_file, host_opts, ssh_config,
+         ssh_options, connect_timeout, python, chdir, preload, preload_modules,
          launcher, nodes, tasks_per_node, scheduler_args, dry_run, verbose, args):
     """Start N JAX controllers that join one distributed job.
 
     \b
       jaxrun -n 4 --cpu-devices 2 toy.py          4 local controllers
       jaxrun -n 2 -m mypkg.train --lr 3e-4        a module, like python -m
+      jaxrun --hosts hosts.txt train.py           over SSH, one process per slot
 
     Everything after SCRIPT (or -m MODULE) is passed to it untouched.  The
     placeholders {process_id}, {num_processes}, {local_process_id} and
     {coordinator} in those arguments are replaced in each process.
     """
     target = parse_target(args)
+    if cpu_devices is not None and devices_per_process is not None:
+        raise click.UsageError("--cpu-devices and --devices-per-process cannot be used together")
+    hosts = read_hosts(hosts_file, host_opts)
+    if hosts:
+        num_processes = num_processes or hostfile.total_slots(hosts)
+        planning.assign_hosts(hosts, num_processes)  # too few slots: exit 2 before any ssh
     run_id = new_run_id()
-    engine = engine_options(launcher, nodes, tasks_per_node, scheduler_args)
+    python = python or sys.executable
+    engine = engine_options(launcher, bool(hosts), nodes, tasks_per_node, scheduler_args)
     if engine and not num_processes and engine.kind == "slurm" and os.environ.get("SLURM_NTASKS", "").isdigit():
         num_processes = int(os.environ["SLURM_NTASKS"])  # inside sbatch/salloc: the allocation's task count
     options = planning.LaunchOptions(
@@ -112,10 +132,15 @@ def main(num_processes, cpu_devices, coordinator, log_dir, output, timeout, grac
         coordinator="",
         run_id=run_id,
         cpu_devices=cpu_devices,
-        extra_env=dict(env_pairs),
+        hosts=tuple(hosts) if hosts else (planning.LOCAL_HOST,),
+        python=python,
+        extra_env=exported_env(exports, env_pairs),
         mesh=mesh,
         mesh_axis_types=mesh_axis_types,
         verbose=verbose,
+        devices_per_process=devices_per_process,
+        # Remote hosts may differ from this one; there only --devices-per-process applies.
+        devices_per_host=None if cpu_devices is not None or hosts or engine else count_local_gpus(),
     )
     config = RunConfig(
         options=options,
@@ -132,10 +157,54 @@ def main(num_processes, cpu_devices, coordinator, log_dir, output, timeout, grac
         preload_modules=preload_modules,
         engine=engine,
     )
-    sys.exit(run(config))
+    if not hosts:
+        sys.exit(run(config))
+    from jaxrun import ssh
+
+    settings = ssh.SshSettings(
+        python=python,
+        chdir=chdir or os.getcwd(),
+        config_file=ssh_config,
+        options=tuple(ssh_options),
+        connect_timeout=connect_timeout,
+        env=options.extra_env,
+    )
+    sys.exit(ssh.run_over_ssh(config, settings))
 
 
-def engine_options(launcher, nodes, tasks_per_node, scheduler_args) -> engines.EngineOptions | None:
+def read_hosts(hosts_file: str | None, host_opts: tuple[str, ...]) -> list[planning.Host]:
+    """Hosts from --hosts or -H; an empty list means a local run."""
+    if hosts_file and host_opts:
+        raise click.UsageError("--hosts and -H cannot be used together")
+    try:
+        if hosts_file:
+            try:
+                with open(hosts_file, encoding="utf-8") as f:
+                    text = f.read()
+            except (OSError, UnicodeDecodeError) as e:
+                raise LaunchError(f"{hosts_file}: cannot read it ({e})") from None
+            return hostfile.parse_hosts_file(text, hosts_file)
+        return hostfile.merge_host_options(host_opts)
+    except hostfile.HostsError as e:
+        raise LaunchError(str(e)) from None
+
+
+def exported_env(exports: tuple[str, ...], env_pairs: tuple[tuple[str, str], ...]) -> dict[str, str]:
+    """-x KEY takes the local value; --env KEY=VALUE wins over it."""
+    env = {}
+    for key in exports:
+        if key not in os.environ:
+            raise click.UsageError(f"-x {key}: {key} is not set here")
+        env[key] = os.environ[key]
+    env.update(env_pairs)
+    return env
+
+
+def engine_options(launcher, has_hosts, nodes, tasks_per_node, scheduler_args) -> engines.EngineOptions | None:
+    if launcher == "ssh" and not has_hosts:
+        raise click.UsageError("--launcher ssh needs --hosts FILE or -H HOST")
+    if has_hosts and launcher in ("local", *engines.ENGINES):
+        raise click.UsageError(f"--hosts and -H start processes over SSH; they do not work with --launcher {launcher}")
     if launcher not in engines.ENGINES:
         if nodes or tasks_per_node or scheduler_args:
             raise click.UsageError("--nodes, --ntasks-per-node and --scheduler-arg need --launcher slurm or mpirun")

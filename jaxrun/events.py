@@ -13,11 +13,11 @@ class Stream(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class Output:
-    """Complete lines (each ending in b"\\n", except a final partial line)."""
+    """Complete lines, each ending in b"\\n"; or a final line without one."""
 
     rank: int
     stream: Stream
-    lines: list[bytes]
+    data: bytes
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,25 +1,31 @@
 """Moving children's bytes: into per-process log files, and onto the console.
 
-``pump_output`` runs in one thread per pipe.  It writes every byte to the log
-file as it arrives (the file is the record; the console is a view), then hands
-whole lines to the supervisor as one ``Output`` message per read.  A semaphore
-bounds the chunks in flight, so a slow console slows the children down instead
-of growing memory.
+``OutputPump`` is one thread that reads every child's pipes.  It writes each
+byte to the log file as it arrives (the file is the record; the console is a
+view), then hands whole lines to the supervisor as one ``Output`` message per
+read.  A semaphore bounds the chunks in flight, so a slow console slows the
+children down instead of growing memory.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import queue
 import re
+import selectors
 import sys
 import threading
+import time
 from typing import BinaryIO, Callable
 
 from jaxrun.events import Output, Stream, StreamClosed
 
-CHUNK = 1 << 16
-IN_FLIGHT = 64
+CHUNK = 1 << 18
+IN_FLIGHT = 32
+PIPE_SIZE = 1 << 20  # bigger pipes: fewer, larger reads under a flood
+TRICKLE = 1 << 14  # a read smaller than this is a trickle, worth coalescing
+COALESCE = 0.05  # seconds; the most a trickling console line is held back
 
 # Lines JAX and its collectives print on every run; hidden on the console only.
 NOISE_PREFIXES = (b"[Gloo] ",)
@@ -29,38 +35,111 @@ _NOISE_ANYWHERE = re.compile(rb"is connected to \d+ peer ranks")
 # A faulthandler dump: a thread header, then frame lines and blank lines.
 _DUMP_HEAD = re.compile(rb"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
 _DUMP_BODY = re.compile(rb"^(  File \"|  <no Python frame>|\s*$)")
+# Substrings that mark a chunk as possibly holding a line to hide.  Plain
+# substring tests run at memchr speed; a regex alternation over megabytes doesn't.
+_HIDDEN_MARKS = (b"[Gloo] ", b"peer ranks", b"most recent call first")
 
 
-def pump_output(
-    fd: int,
-    log: BinaryIO,
-    rank: int,
-    stream: Stream,
-    events: queue.SimpleQueue,
-    credits: threading.Semaphore,
-) -> None:
-    partial = b""
+def _maybe_hidden(data: bytes) -> bool:
+    return any(mark in data for mark in _HIDDEN_MARKS)
+
+
+class _Source:
+    """One pipe being pumped: where its bytes go, and its unfinished last line."""
+
+    def __init__(self, fd: int, log: BinaryIO, rank: int, stream: Stream, on_close: Callable[[], None]):
+        self.fd, self.log, self.rank, self.stream, self.on_close = fd, log, rank, stream, on_close
+        self.partial = b""
+
+
+class OutputPump:
+    """One thread that moves every child's bytes, whatever the number of children.
+
+    Each read goes to the log file at once.  Complete lines then go to the
+    supervisor as one ``Output`` per read.  When output trickles in (small
+    reads, round after round) the pump waits ``coalesce`` seconds between
+    rounds, so that a job printing a line every millisecond costs about
+    1/coalesce wake-ups a second instead of thousands.  A flood (big reads) is
+    never held back, and a quiet process's occasional line shows at once.
+    """
+
+    def __init__(self, events: queue.SimpleQueue, credits: threading.Semaphore, coalesce: float = COALESCE):
+        self.events, self.credits, self.coalesce = events, credits, coalesce
+        self.selector = selectors.DefaultSelector()
+        self.wake_r, self.wake_w = os.pipe()
+        self.selector.register(self.wake_r, selectors.EVENT_READ, None)
+        self.pending: list[_Source] = []
+        self.lock = threading.Lock()
+        self.stopped = False
+        self.thread = threading.Thread(target=self._run, name="jaxrun-output", daemon=True)
+        self.thread.start()
+
+    def add(self, fd: int, log: BinaryIO, rank: int, stream: Stream, on_close: Callable[[], None]) -> None:
+        with self.lock:
+            self.pending.append(_Source(fd, log, rank, stream, on_close))
+        os.write(self.wake_w, b"+")
+
+    def stop(self) -> None:
+        self.stopped = True
+        os.write(self.wake_w, b"x")
+        self.credits.release(IN_FLIGHT)  # never leave the thread stuck on a full queue
+        self.thread.join(timeout=5)
+        for key in list(self.selector.get_map().values()):
+            if key.data is not None:  # still open: a grandchild outlived its group
+                key.data.on_close()
+        self.selector.close()
+        os.close(self.wake_r)
+        os.close(self.wake_w)
+
+    def _run(self) -> None:
+        last_round = 0.0
+        while not self.stopped:
+            trickle = True
+            for key, _ in self.selector.select():
+                if key.data is None:
+                    os.read(self.wake_r, 4096)
+                    with self.lock:
+                        for src in self.pending:
+                            self.selector.register(src.fd, selectors.EVENT_READ, src)
+                        self.pending.clear()
+                elif not self._pump(key.data):
+                    trickle = False
+            now = time.monotonic()
+            if trickle and now - last_round < self.coalesce:
+                time.sleep(self.coalesce)
+            last_round = now
+
+    def _pump(self, src: _Source) -> bool:
+        """Read once from a ready pipe; True if the read was small (or the end)."""
+        try:
+            data = os.read(src.fd, CHUNK)
+        except OSError:
+            data = b""
+        if not data:
+            self.selector.unregister(src.fd)
+            if src.partial:
+                self._emit(src, src.partial)
+            src.on_close()
+            self.events.put(StreamClosed(src.rank, src.stream))
+            return True
+        src.log.write(data)
+        data = src.partial + data
+        cut = data.rfind(b"\n") + 1
+        src.partial = data[cut:]
+        if cut:
+            self._emit(src, data[:cut])
+        return len(data) < TRICKLE
+
+    def _emit(self, src: _Source, data: bytes) -> None:
+        self.credits.acquire()
+        self.events.put(Output(src.rank, src.stream, data))
+
+
+def enlarge_pipe(fd: int) -> None:
     try:
-        while True:
-            try:
-                data = os.read(fd, CHUNK)
-            except OSError:
-                data = b""
-            if not data:
-                break
-            log.write(data)
-            data = partial + data
-            cut = data.rfind(b"\n") + 1
-            partial = data[cut:]
-            if cut:
-                credits.acquire()
-                events.put(Output(rank, stream, data[:cut].splitlines(keepends=True)))
-        if partial:
-            credits.acquire()
-            events.put(Output(rank, stream, [partial]))
-    finally:
-        log.flush()
-        events.put(StreamClosed(rank, stream))
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+    except (OSError, AttributeError):
+        pass  # not Linux, or over /proc/sys/fs/pipe-max-size: keep the default
 
 
 def is_noise(line: bytes) -> bool:
@@ -100,17 +179,24 @@ class ConsolePrinter:
                 self.in_dump.discard(rank)
         return not is_noise(line)
 
-    def lines(self, rank: int, stream: Stream, lines: list[bytes]) -> None:
+    def render(self, rank: int, stream: Stream, data: bytes, prefix: bytes = b"") -> bytes:
+        """Complete lines (or a final partial one) as the console shows them."""
+        if not data.endswith(b"\n"):
+            data += b"\n"
+        if self.show_noise or (rank not in self.in_dump and not _maybe_hidden(data)):
+            # The common case, done in C: prefix every line of the chunk at once.
+            return prefix + data[:-1].replace(b"\n", b"\n" + prefix) + b"\n" if prefix else data
+        return b"".join(
+            prefix + line for line in data.splitlines(keepends=True) if self._visible(rank, stream, line)
+        )
+
+    def write(self, rank: int, stream: Stream, data: bytes) -> None:
+        """Live output (stream mode): every line prefixed with its rank."""
         if self.mode != "stream":
             return
-        sink = self.out if stream is Stream.STDOUT else self.err
-        prefix = f"[{rank}] ".encode()
-        text = b"".join(
-            prefix + (line if line.endswith(b"\n") else line + b"\n")
-            for line in lines
-            if self._visible(rank, stream, line)
-        )
+        text = self.render(rank, stream, data, f"[{rank}] ".encode())
         if text:
+            sink = self.out if stream is Stream.STDOUT else self.err
             sink.write(text)
             sink.flush()
 
@@ -123,12 +209,27 @@ class ConsolePrinter:
             "",
         )
         self.out.write(head(rank).encode() + b"\n")
-        for path, sink in ((stdout_path, self.out), (stderr_path, self.err)):
+        for path, sink, stream in ((stdout_path, self.out, Stream.STDOUT), (stderr_path, self.err, Stream.STDERR)):
             sink.flush()
             with open(path, "rb") as f:
-                for line in f:
-                    if self.show_noise or not is_noise(line):
-                        sink.write(line if line.endswith(b"\n") else line + b"\n")
+                for chunk in read_lines_in_chunks(f):
+                    sink.write(self.render(rank, stream, chunk))
             sink.flush()
         self.out.write(tail.encode() + b"\n")
         self.out.flush()
+
+
+def read_lines_in_chunks(f: BinaryIO, size: int = CHUNK):
+    """Yield runs of complete lines (the last may lack its newline)."""
+    partial = b""
+    while True:
+        data = f.read(size)
+        if not data:
+            break
+        data = partial + data
+        cut = data.rfind(b"\n") + 1
+        partial = data[cut:]
+        if cut:
+            yield data[:cut]
+    if partial:
+        yield partial

@@ -61,6 +61,8 @@ class LaunchOptions:
     mesh_axis_types: str | None = None
     restart_count: int = 0
     verbose: bool = False
+    devices_per_process: int | None = None  # accelerator devices per controller
+    devices_per_host: int | None = None  # accelerators seen on each host, if known
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +114,41 @@ def substitute(arg: str, values: Mapping[str, object]) -> str:
     return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), arg)
 
 
+def local_device_ids(
+    local_rank: int,
+    local_count: int,
+    per_process: int | None,
+    per_host: int | None,
+    host: str = "localhost",
+) -> list[int] | None:
+    """Which of its host's accelerators a controller owns; None means all of them.
+
+    With ``per_process`` K, local process r owns ``[r*K, ..., r*K+K-1]``.  Without
+    it, one process per host owns everything, and several split the host's
+    devices evenly.
+    """
+    if per_process is None:
+        if local_count == 1 or not per_host:
+            return None
+        if per_host % local_count:
+            raise PlanError(
+                f"{per_host} devices on {host} cannot be split evenly among {local_count} "
+                f"processes; pass --devices-per-process"
+            )
+        per_process = per_host // local_count
+    if per_process < 1:
+        raise PlanError(f"--devices-per-process must be at least 1, got {per_process}")
+    if per_host and local_count * per_process > per_host:
+        raise PlanError(
+            f"{local_count} processes x {per_process} devices need {local_count * per_process} "
+            f"devices, but {host} has {per_host}"
+        )
+    return list(range(local_rank * per_process, (local_rank + 1) * per_process))
+
+
 def plan(opts: LaunchOptions) -> list[ProcessSpec]:
+    if opts.cpu_devices is not None and opts.devices_per_process is not None:
+        raise PlanError("--cpu-devices and --devices-per-process cannot be used together")
     placement = assign_hosts(opts.hosts, opts.num_processes)
     per_host: dict[str, int] = {}
     for host, _ in placement:
@@ -130,6 +166,11 @@ def plan(opts: LaunchOptions) -> list[ProcessSpec]:
         )
         env = dict(opts.extra_env)
         env.update(contract_env(opts, rank, local_rank, per_host[host.name]))
+        ids = local_device_ids(
+            local_rank, per_host[host.name], opts.devices_per_process, opts.devices_per_host, host.name
+        )
+        if ids is not None:
+            env[contract.JAX_LOCAL_DEVICE_IDS] = ",".join(map(str, ids))
         specs.append(
             ProcessSpec(
                 rank=rank,

@@ -1,7 +1,7 @@
 """The event loop that watches one attempt of a job until every process is gone.
 
-Threads only produce typed events (see :mod:`jaxrun.events`): one pump per
-pipe, one waiter per child, and signal handlers.  The loop in ``Supervisor.run``
+Threads only produce typed events (see :mod:`jaxrun.events`): the output
+pump, one waiter per child, and signal handlers.  The loop in ``Supervisor.run``
 is the single consumer and the only place that decides anything.
 
 Stopping is the same in every case (a failure, a signal, ``--timeout``): ask
@@ -24,7 +24,7 @@ from typing import Callable, Mapping, Sequence
 
 from jaxrun import contract
 from jaxrun.events import Exited, Output, SignalReceived, Stream, StreamClosed
-from jaxrun.output import IN_FLIGHT, ConsolePrinter, pump_output
+from jaxrun.output import IN_FLIGHT, ConsolePrinter, OutputPump, enlarge_pipe
 from jaxrun.plan import ProcessSpec
 from jaxrun.spawn import Child, Spawner
 
@@ -107,7 +107,6 @@ class Supervisor:
         self.credits = threading.Semaphore(IN_FLIGHT)
         self.children: dict[int, Child] = {}
         self.records: dict[int, ProcessRecord] = {}
-        self.pumps: list[threading.Thread] = []
         self.reason: StopReason | None = None
         self.signum: int | None = None
         self.root_cause: int | None = None
@@ -122,6 +121,7 @@ class Supervisor:
     # -- main loop ---------------------------------------------------------
     def run(self) -> Outcome:
         os.makedirs(self.log_dir, exist_ok=True)
+        self.pump = OutputPump(self.events, self.credits)
         lifeline_r, lifeline_w = os.pipe()
         try:
             try:
@@ -134,6 +134,7 @@ class Supervisor:
             for child in self.children.values():
                 child.send(signal.SIGKILL)  # grandchildren left in a group
             os.close(lifeline_w)
+            self.pump.stop()
         return self._outcome()
 
     def _start_all(self, lifeline_r: int) -> None:
@@ -154,19 +155,14 @@ class Supervisor:
 
     def _start_pump(self, pipe, path: str, rank: int, stream: Stream) -> None:
         log = open(path, "wb", buffering=0)
-        fd = pipe.fileno()
+        enlarge_pipe(pipe.fileno())
 
-        def pump() -> None:
-            try:
-                pump_output(fd, log, rank, stream, self.events, self.credits)
-            finally:
-                log.close()
-                pipe.close()
+        def close() -> None:
+            log.close()
+            pipe.close()
 
-        thread = threading.Thread(target=pump, name=f"pump-{rank}-{stream.value}", daemon=True)
         self.open_streams += 1
-        thread.start()
-        self.pumps.append(thread)
+        self.pump.add(pipe.fileno(), log, rank, stream, close)
 
     def _wait(self, rank: int, child: Child) -> None:
         code = child.wait()
@@ -194,7 +190,7 @@ class Supervisor:
     def _handle(self, event) -> None:
         if isinstance(event, Output):
             self.credits.release()
-            self.printer.lines(event.rank, event.stream, event.lines)
+            self.printer.write(event.rank, event.stream, event.data)
         elif isinstance(event, Exited):
             self._on_exit(event)
         elif isinstance(event, SignalReceived):

@@ -90,3 +90,25 @@ def test_taken_coordinator_port_is_rejected_before_start(script, tmp_path):
 def test_python_dash_m_jaxrun_works():
     proc = subprocess.run([sys.executable, "-m", "jaxrun", "--version"], capture_output=True, text=True)
     assert proc.returncode == 0 and "jaxrun" in proc.stdout
+
+
+def test_dry_run_shows_device_ids_per_process(script):
+    code, out, err = run_cli("-n", "4", "--dry-run", script, env={"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"})
+    assert code == 0, err
+    ids = [line.split("=", 1)[1] for line in out.splitlines() if "JAX_LOCAL_DEVICE_IDS=" in line]
+    assert ids == ["0,1", "2,3", "4,5", "6,7"]
+    code, out, _ = run_cli("-n", "2", "--devices-per-process", "1", "--dry-run", script, env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+    assert [line.split("=", 1)[1] for line in out.splitlines() if "JAX_LOCAL_DEVICE_IDS=" in line] == ["0", "1"]
+
+
+@pytest.mark.parametrize(
+    "args, env, message",
+    [
+        (["-n", "2"], {"CUDA_VISIBLE_DEVICES": "0,1,2"}, "3 devices on localhost cannot be split evenly among 2 processes"),
+        (["-n", "4", "--devices-per-process", "2"], {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, "4 processes x 2 devices need 8 devices, but localhost has 4"),
+        (["--cpu-devices", "2", "--devices-per-process", "1"], {}, "cannot be used together"),
+    ],
+)
+def test_bad_device_layouts_are_rejected(script, args, env, message):
+    code, _, err = run_cli(*args, script, env=env)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1

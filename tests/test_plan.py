@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from jaxrun import contract
-from jaxrun.plan import Host, LaunchOptions, PlanError, Target, assign_hosts, plan, substitute
+from jaxrun.plan import Host, LaunchOptions, PlanError, Target, assign_hosts, local_device_ids, plan, substitute
 
 
 def options(**kw):
@@ -119,3 +119,54 @@ def test_more_processes_than_slots_names_both_numbers():
 
 def test_specs_are_deterministic():
     assert plan(options()) == plan(options())
+
+
+# -- accelerator assignment (--devices-per-process) ---------------------------
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 4, 8])
+@pytest.mark.parametrize("procs", [1, 2, 4, 8])
+def test_devices_split_evenly_without_k(gpus, procs):
+    if procs == 1:
+        assert local_device_ids(0, 1, None, gpus) is None  # one process owns them all
+        return
+    if gpus % procs:
+        with pytest.raises(PlanError, match=f"{gpus} devices on localhost cannot be split evenly among {procs}"):
+            local_device_ids(0, procs, None, gpus)
+        return
+    k = gpus // procs
+    owned = [local_device_ids(r, procs, None, gpus) for r in range(procs)]
+    assert owned == [list(range(r * k, r * k + k)) for r in range(procs)]
+    assert sorted(i for ids in owned for i in ids) == list(range(gpus))
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 4, 8])
+@pytest.mark.parametrize("procs", [1, 2, 4, 8])
+@pytest.mark.parametrize("k", [1, 2])
+def test_devices_with_explicit_k(gpus, procs, k):
+    if procs * k > gpus:
+        with pytest.raises(PlanError, match=f"{procs} processes x {k} devices need {procs * k} devices, but h has {gpus}"):
+            local_device_ids(0, procs, k, gpus, "h")
+        return
+    assert [local_device_ids(r, procs, k, gpus) for r in range(procs)] == [
+        list(range(r * k, r * k + k)) for r in range(procs)
+    ]
+
+
+def test_unknown_device_count_leaves_jax_to_decide_unless_k_given():
+    assert local_device_ids(1, 2, None, None) is None
+    assert local_device_ids(1, 2, 3, None) == [3, 4, 5]
+
+
+def test_plan_puts_device_ids_in_the_environment():
+    hosts = (Host("a", slots=2), Host("b", slots=2))
+    specs = plan(options(hosts=hosts, devices_per_process=2, devices_per_host=4))
+    assert [s.env[contract.JAX_LOCAL_DEVICE_IDS] for s in specs] == ["0,1", "2,3", "0,1", "2,3"]
+    specs = plan(options(num_processes=2, devices_per_host=8))
+    assert [s.env[contract.JAX_LOCAL_DEVICE_IDS] for s in specs] == ["0,1,2,3", "4,5,6,7"]
+    assert contract.JAX_LOCAL_DEVICE_IDS not in plan(options(num_processes=1, devices_per_host=8))[0].env
+
+
+def test_cpu_devices_and_devices_per_process_are_exclusive():
+    with pytest.raises(PlanError, match="cannot be used together"):
+        plan(options(cpu_devices=2, devices_per_process=1))

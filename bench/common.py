@@ -1,0 +1,71 @@
+"""Shared pieces of the benchmarks: run contenders alternately, report medians and ratios."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+JAXRUN = [PYTHON, "-m", "jaxrun"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wall(cmd: Sequence[str], env: dict | None = None, timeout: float = 300, cwd=None) -> float:
+    """Seconds from start to exit of a command; output is discarded; failure raises."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        list(cmd), env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    took = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {err.decode(errors='replace')[-1500:]}")
+    return took
+
+
+def alternate(contenders: dict[str, Callable[[], float]], rounds: int, log=print) -> dict[str, list[float]]:
+    """Run each contender once per round, in turn, so that drift in the
+    machine's load hits all of them alike."""
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    for r in range(rounds):
+        for name, run in contenders.items():
+            times[name].append(run())
+        log(f"  round {r + 1}/{rounds}: " + ", ".join(f"{n} {t[-1]:.2f}s" for n, t in times.items()))
+    return times
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def table(rows: list[tuple], headers: tuple) -> str:
+    cells = [tuple(str(c) for c in headers)] + [tuple(str(c) for c in row) for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def bash_loop(script: str, n: int, env: dict, extra_args: Sequence[str] = ()) -> list[str]:
+    """The guide's launch: n background processes, each told its id, then wait."""
+    args = " ".join(extra_args)
+    loop = f"for i in $(seq 0 {n - 1}); do {PYTHON} {script} $i {n} {args} > /dev/null 2>&1 & done; wait"
+    return ["bash", "-c", loop]

@@ -1,0 +1,114 @@
+"""Child side, on a remote host: a tiny supervisor between ``ssh`` and the shim.
+
+Started by the launcher over SSH as::
+
+    python -m jaxrun.remote [--chdir DIR] -- PYTHON -m jaxrun.shim ...
+
+Killing the local ``ssh`` client does not signal anything on the remote host,
+so this module gives the launcher a handle on the remote process:
+
+- The shim runs in a process group of its own, with stdout and stderr passed
+  straight through (the bytes are never touched here).
+- Each line on stdin names a signal (``SIGUSR1``, ``SIGTERM``, ...), which is
+  sent to the whole group.  Names, not numbers: the numbers differ between
+  operating systems.
+- EOF on stdin means the launcher closed the channel, died, or the connection
+  dropped: the group is SIGKILLed at once.
+- The shim holds the read end of a lifeline pipe whose write end only this
+  process holds, so if this process is killed, the shim kills its group too.
+
+The exit status is the shim's, or 128+N when it died of signal N, since SSH
+has no way to pass a signal death back.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+from jaxrun import contract
+
+USAGE = "usage: python -m jaxrun.remote [--chdir DIR] -- COMMAND..."
+
+
+def kill_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def relay_signals(fd: int, pgid: int) -> None:
+    """Forward each named signal on stdin to the group; SIGKILL it at EOF.
+
+    Reads the raw fd: a thread blocked in sys.stdin's buffered reader makes
+    interpreter shutdown abort."""
+    pending = b""
+    while True:
+        try:
+            data = os.read(fd, 512)
+        except OSError:
+            data = b""
+        if not data:
+            break
+        *lines, pending = (pending + data).split(b"\n")
+        for raw in lines:
+            try:
+                signum = signal.Signals[raw.decode("ascii", "replace").strip()]
+            except KeyError:
+                continue  # an unknown name is not worth a crash mid-run
+            kill_group(pgid, signum)
+    kill_group(pgid, signal.SIGKILL)
+
+
+def parse_args(argv: list[str]) -> tuple[str | None, list[str]]:
+    chdir = None
+    if argv[:1] == ["--chdir"] and len(argv) >= 2:
+        chdir, argv = argv[1], argv[2:]
+    if argv[:1] != ["--"] or len(argv) < 2:
+        raise ValueError(USAGE)
+    return chdir, argv[1:]
+
+
+def main(argv: list[str]) -> int:
+    try:
+        chdir, command = parse_args(argv)
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
+    if chdir:
+        try:
+            os.chdir(chdir)
+        except OSError as e:
+            print(f"jaxrun: cannot change to {chdir!r} on this host: {e.strerror}", file=sys.stderr)
+            return 2
+    lifeline_r, lifeline_w = os.pipe()
+    env = dict(os.environ)
+    env[contract.LIFELINE_FD] = str(lifeline_r)
+    try:
+        child = subprocess.Popen(
+            command,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            pass_fds=(lifeline_r,),
+            start_new_session=True,
+        )
+    except OSError as e:
+        print(f"jaxrun: cannot start {command[0]!r} on this host: {e.strerror}", file=sys.stderr)
+        return 127
+    os.close(lifeline_r)
+    relay = threading.Thread(target=relay_signals, args=(0, child.pid), daemon=True)
+    relay.start()
+    code = child.wait()
+    kill_group(child.pid, signal.SIGKILL)  # grandchildren left behind by the shim
+    os.close(lifeline_w)
+    return 128 - code if code < 0 else code
+
+
+if __name__ == "__main__":
+    code = main(sys.argv[1:])
+    sys.stderr.flush()
+    os._exit(code)  # the relay thread may still be blocked reading stdin

@@ -1,0 +1,332 @@
+"""Multi-host runs over real SSH: two sshd servers on 127.0.0.2 and 127.0.0.3.
+
+sshd gives each session a fresh environment, so every run forwards PYTHONPATH
+(this checkout's jaxrun) and the leak guard's token explicitly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import ROOT, TOKEN, processes_with_token, wait_gone
+from sshd_fixture import sshd_hosts  # noqa: F401 - a fixture
+
+from jaxrun import __version__, ssh
+from jaxrun.plan import Host, ProcessSpec
+
+TOY = ROOT / "examples" / "toy.py"
+RESULT = "got result: -0.12398731708526611"
+
+READY_SCRIPT = """\
+import os, sys, time
+print("ready", os.environ["JAXRUN_PROCESS_ID"], flush=True)
+time.sleep(120)
+"""
+
+
+def ssh_flags(hosts) -> list[str]:
+    return ["--ssh-config", hosts.config, "--env", f"PYTHONPATH={ROOT}", "-x", TOKEN]
+
+
+def write(folder: Path, name: str, text: str) -> Path:
+    path = folder / name
+    path.write_text(text)
+    return path
+
+
+def wait_for_lines(job, needle: str, count: int, within: float = 30.0) -> list[str]:
+    """Read the job's stdout until `count` lines contain `needle`."""
+    seen: list[str] = []
+    done = threading.Event()
+
+    def read() -> None:
+        for raw in job.proc.stdout:
+            seen.append(raw.decode(errors="replace"))
+            if sum(needle in line for line in seen) >= count:
+                done.set()
+                return
+
+    threading.Thread(target=read, daemon=True).start()
+    assert done.wait(within), f"only saw {seen}"
+    return seen
+
+
+# -- pure parts: no sshd needed ----------------------------------------------
+
+SETTINGS = ssh.SshSettings(python="/opt/py", chdir="/w", config_file="cfg", options=("Compression=yes",))
+
+
+def test_ssh_args_order():
+    args = ssh.ssh_args(SETTINGS, Host("n1", user="bob", port=2222), ssh.session_control("/c/m0"))
+    assert args == [
+        "ssh", "-F", "cfg", "-o", "BatchMode=yes",
+        "-o", "ControlMaster=no", "-o", "ControlPath=/c/m0", "-o", "LogLevel=ERROR",
+        "-o", "Compression=yes", "-o", "ConnectTimeout=10", "-T", "-p", "2222", "--", "bob@n1",
+    ]
+
+
+def test_session_without_master_connects_directly():
+    assert "ControlPath=none" in ssh.session_control(None)
+
+
+def test_master_does_not_persist():
+    assert ssh.master_control("/c/m0") == [
+        "-o", "ControlMaster=yes", "-o", "ControlPath=/c/m0", "-o", "ControlPersist=no",
+    ]
+
+
+def test_remote_command_quotes_every_word():
+    import shlex
+
+    spec = ProcessSpec(0, 0, Host("n1"), ("/opt/py", "-m", "jaxrun.shim", "--", "t.py", "a b", "$X", "'"), {"A": "x y"})
+    words = ssh.process_words(spec, "/my dir", "/opt/py", {"JAXRUN_ERROR_FILE": "/l/e.json", "JAXRUN_LIFELINE_FD": "5"})
+    assert words == [
+        "env", "A=x y", "JAXRUN_ERROR_FILE=/l/e.json",
+        "/opt/py", "-m", "jaxrun.remote", "--chdir", "/my dir", "--",
+        "/opt/py", "-m", "jaxrun.shim", "--", "t.py", "a b", "$X", "'",
+    ]
+    assert shlex.split(ssh.remote_command(words)) == words
+
+
+@pytest.mark.parametrize("code, status", [(0, 0), (1, 1), (128, 128), (130, -2), (137, -9), (255, 255), (-9, -9)])
+def test_remote_status(code, status):
+    assert ssh.remote_status(code) == status
+
+
+def test_join_address():
+    assert ssh.join_address("10.0.0.1", 5) == "10.0.0.1:5"
+    assert ssh.join_address("fe80::1", 5) == "[fe80::1]:5"
+
+
+def _info(**kw):
+    info = {"python": "3.11.7", "jax": "0.10.2", "jaxlib": "0.10.2", "jaxrun": __version__, "address": "10.0.0.1"}
+    info.update(kw)
+    return info
+
+
+def test_preflight_all_good():
+    assert ssh.check_preflight({"a": _info(), "b": _info(python="3.11.9")}, "py") == []
+
+
+def test_preflight_problems_name_hosts():
+    problems = ssh.check_preflight(
+        {
+            "a": _info(),
+            "b": _info(jax="0.4.1"),
+            "c": _info(jaxrun=None, jaxrun_error="ModuleNotFoundError: No module named 'jaxrun'"),
+            "d": _info(jaxrun="9.9"),
+            "e": _info(chdir_error="cannot change to '/w': No such file or directory"),
+        },
+        "py",
+    )
+    assert problems == [
+        "c: cannot import jaxrun with py (ModuleNotFoundError: No module named 'jaxrun')",
+        f"d: jaxrun 9.9 there, {__version__} here",
+        "e: cannot change to '/w': No such file or directory",
+        "hosts disagree on the jax version: a has 0.10.2, b has 0.4.1, c has 0.10.2, d has 0.10.2, e has 0.10.2",
+    ]
+
+
+def test_preflight_table():
+    lines = ssh.preflight_table({"hostA": _info(), "b": _info(jaxlib=None)})
+    assert lines[0].split() == ["jaxrun:", "host", "address", "python", "jax", "jaxlib", "jaxrun"]
+    assert lines[2].split() == ["jaxrun:", "b", "10.0.0.1", "3.11.7", "0.10.2", "-", __version__]
+
+
+# -- real sshd ---------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+def test_toy_on_two_hosts(sshd_hosts, jaxrun, tmp_path):
+    hosts = write(tmp_path, "hosts.txt", "# two hosts\nhostA slots=2\nhostB slots=2\n")
+    logs = tmp_path / "logs"
+    code, out, err = jaxrun(
+        "--hosts", hosts, *ssh_flags(sshd_hosts), "--cpu-devices", "2", "--log-dir", logs, "-v", TOY, cwd=ROOT
+    )
+    assert code == 0, err
+    for rank, devices in enumerate([(0, 1), (2048, 2049), (4096, 4097), (6144, 6145)]):
+        log = (logs / f"process-{rank}.stdout").read_text()
+        assert f"process={rank} {RESULT}" in log
+        for device in devices:
+            assert f"device cpu:{device} has local data" in log
+        assert f"[{rank}] process={rank} {RESULT}" in out
+    assert "device cpu:0 has local data [[0 1 2 3]]" in out
+    # -v shows the preflight table, one row per host.
+    assert "hostA  127.0.0.2" in err and "hostB  127.0.0.3" in err
+
+
+@pytest.mark.timeout(60)
+def test_down_host_is_named_and_nothing_runs(sshd_hosts, jaxrun, tmp_path):
+    marker = tmp_path / "ran"
+    script = write(tmp_path, "mark.py", f"open({str(marker)!r}, 'a').write('x')\n")
+    hosts = write(tmp_path, "hosts.txt", "hostA\nhostDown\n")
+    start = time.monotonic()
+    code, _, err = jaxrun(
+        "--hosts", hosts, *ssh_flags(sshd_hosts), "--connect-timeout", "5", script, cwd=tmp_path
+    )
+    assert code == 2
+    assert time.monotonic() - start < 15
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("jaxrun: error: hostDown: ssh failed:") and "Connection refused" in line, err
+    assert "hostA" not in line
+    assert not marker.exists()
+
+
+@pytest.mark.timeout(60)
+def test_missing_interpreter_is_named(sshd_hosts, jaxrun, tmp_path):
+    script = write(tmp_path, "s.py", "print('never')\n")
+    code, out, err = jaxrun("-H", "hostA,hostB", *ssh_flags(sshd_hosts), "--python", "/no/such/python", script, cwd=tmp_path)
+    assert code == 2
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("jaxrun: error: hostA: /no/such/python exited with status 127:"), err
+    assert "hostB: /no/such/python exited with status 127" in line
+    assert "never" not in out
+
+
+@pytest.mark.timeout(60)
+def test_taken_coordinator_port_on_first_host(sshd_hosts, jaxrun, tmp_path):
+    import socket
+
+    script = write(tmp_path, "s.py", "print('never')\n")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.2", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, out, err = jaxrun(
+            "-H", "hostA,hostB", *ssh_flags(sshd_hosts), "--coordinator", f"127.0.0.2:{port}", script, cwd=tmp_path
+        )
+    assert code == 2
+    assert f"jaxrun: error: --coordinator 127.0.0.2:{port}: cannot listen on 127.0.0.2:{port} on hostA" in err
+    assert "never" not in out
+
+
+@pytest.mark.timeout(30)
+def test_dry_run_contacts_no_host(jaxrun, tmp_path):
+    script = write(tmp_path, "s.py", "print('never')\n")
+    code, out, err = jaxrun("-H", "nohost.invalid:2", "--dry-run", script, "{process_id}", cwd=tmp_path)
+    assert code == 0, err
+    assert "process 1 on nohost.invalid:" in out
+    assert "JAXRUN_COORDINATOR_ADDRESS=nohost.invalid:PORT" in out
+
+
+@pytest.mark.timeout(30)
+def test_bad_hosts_file_line(jaxrun, tmp_path):
+    script = write(tmp_path, "s.py", "print('never')\n")
+    hosts = write(tmp_path, "hosts.txt", "hostA slots=2\n\nhostB slots=lots\n")
+    code, out, err = jaxrun("--hosts", hosts, script, cwd=tmp_path)
+    assert code == 2
+    assert err.strip() == f"jaxrun: error: {hosts}:3: slots must be a whole number, got 'lots'"
+    assert "never" not in out
+
+
+@pytest.mark.timeout(30)
+def test_more_processes_than_slots(jaxrun, tmp_path):
+    script = write(tmp_path, "s.py", "print('never')\n")
+    code, _, err = jaxrun("-H", "hostA:1,hostB", "-n", "3", script, cwd=tmp_path)
+    assert code == 2
+    assert "3 processes requested but the hosts have only 2 slots" in err
+
+
+@pytest.mark.timeout(60)
+def test_arguments_and_env_arrive_verbatim(sshd_hosts, jaxrun, tmp_path, monkeypatch):
+    script = write(
+        tmp_path,
+        "show.py",
+        "import json, os, sys\n"
+        "print(json.dumps({'argv': sys.argv[1:], 'cwd': os.getcwd(),"
+        " 'env': {k: os.environ.get(k) for k in ('FROM_ENV', 'FROM_X', 'JAXRUN_PROCESS_ID')}}))\n",
+    )
+    tricky = ["a b", "it's", '"quoted"', "$HOME", "x;y", "`id`", "*", "{process_id}", ""]
+    monkeypatch.setenv("FROM_X", "it's $HOME; `id`")
+    logs = tmp_path / "logs"
+    code, _, err = jaxrun(
+        "-H", "hostA,hostB", *ssh_flags(sshd_hosts), "--env", "FROM_ENV=a b $HOME", "-x", "FROM_X",
+        "--log-dir", logs, script, *tricky, cwd=tmp_path,
+    )
+    assert code == 0, err
+    for rank in (0, 1):
+        seen = json.loads((logs / f"process-{rank}.stdout").read_text())
+        assert seen["argv"] == tricky[:-2] + [str(rank), ""]
+        assert seen["cwd"] == str(tmp_path)
+        assert seen["env"] == {"FROM_ENV": "a b $HOME", "FROM_X": "it's $HOME; `id`", "JAXRUN_PROCESS_ID": str(rank)}
+
+
+@pytest.mark.timeout(60)
+def test_crash_on_host_b_fails_fast(sshd_hosts, jaxrun, tmp_path):
+    script = write(
+        tmp_path,
+        "crash.py",
+        "import os, sys, time\n"
+        "if os.environ['JAXRUN_PROCESS_ID'] == '3':\n"
+        "    time.sleep(0.5)\n"
+        "    sys.stderr.write('about to fail\\n')\n"
+        "    1 / 0\n"
+        "time.sleep(120)\n",
+    )
+    start = time.monotonic()
+    code, _, err = jaxrun("-H", "hostA:2,hostB:2", *ssh_flags(sshd_hosts), script, cwd=tmp_path)
+    assert code == 1, err
+    assert time.monotonic() - start < 30
+    assert "jaxrun: process 3 on hostB failed first: exit code 1" in err
+    assert "ZeroDivisionError: division by zero" in err
+    assert "processes 0, 1, 2 stopped by jaxrun" in err
+
+
+@pytest.mark.timeout(60)
+def test_timeout_dumps_remote_stacks(sshd_hosts, jaxrun, tmp_path):
+    script = write(tmp_path, "hang.py", "import time\ndef stuck():\n    time.sleep(120)\nstuck()\n")
+    logs = tmp_path / "logs"
+    code, _, err = jaxrun(
+        "-H", "hostA,hostB", *ssh_flags(sshd_hosts), "--timeout", "4", "--log-dir", logs, script, cwd=tmp_path
+    )
+    assert code == 124, err
+    for rank in (0, 1):
+        assert 'in stuck' in (logs / f"process-{rank}.stderr").read_text()
+
+
+def start_ready_job(launch, sshd_hosts, tmp_path):
+    script = write(tmp_path, "ready.py", READY_SCRIPT)
+    job = launch("-H", "hostA,hostB", *ssh_flags(sshd_hosts), script, cwd=tmp_path)
+    wait_for_lines(job, "ready", 2)
+    mine = processes_with_token(os.environ[TOKEN])
+    remote = [p for p in mine if p.cmdline()[1:3] == ["-m", "jaxrun.remote"]]
+    assert len(remote) == 2
+    # Process 0's coordination service listens on hostA's address only.
+    rank0 = next(p for p in mine if p.environ().get("JAXRUN_PROCESS_ID") == "0" and "jaxrun.shim" in p.cmdline())
+    address, port = rank0.environ()["JAXRUN_COORDINATOR_ADDRESS"].rsplit(":", 1)
+    assert address == "127.0.0.2"
+    listening = {c.laddr.ip.removeprefix("::ffff:") for c in psutil.net_connections("inet") if c.status == "LISTEN" and c.laddr.port == int(port)}
+    assert listening == {"127.0.0.2"}
+    return job
+
+
+@pytest.mark.timeout(60)
+def test_sigkill_to_jaxrun_leaves_nothing(sshd_hosts, launch, tmp_path):
+    job = start_ready_job(launch, sshd_hosts, tmp_path)
+    os.kill(job.proc.pid, signal.SIGKILL)
+    job.proc.wait()
+    assert wait_gone(os.environ[TOKEN], within=5.0) == []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("which", ["ControlMaster=", "ControlMaster=no"])
+def test_killed_ssh_clients_leave_nothing(sshd_hosts, launch, tmp_path, which):
+    """Every ssh client (masters too), or only the per-process sessions."""
+    job = start_ready_job(launch, sshd_hosts, tmp_path)
+    clients = [
+        p for p in processes_with_token(os.environ[TOKEN]) if p.name() == "ssh" and any(which in a for a in p.cmdline())
+    ]
+    assert clients
+    for proc in clients:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass  # a session client goes when its master does
+    assert wait_gone(os.environ[TOKEN], within=5.0) == []
+    assert job.wait(timeout=10) != 0
