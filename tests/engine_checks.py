@@ -59,3 +59,13 @@ def check_crash_in_task_3(run_jaxrun, engine_args, tmp_path) -> None:
     assert "RuntimeError: task 3 broke" in err
     assert elapsed < 20, f"the step took {elapsed:.1f} s to end after task 3 failed"
     assert "task 3 broke" in (tmp_path / "logs" / "process-3.stderr").read_text()
+
+
+def check_timeout_stops_the_step(run_jaxrun, engine_args, tmp_path) -> None:
+    script = tmp_path / "hang.py"
+    script.write_text("import time\nwhile True:\n    time.sleep(0.1)\n")
+    code, _, err, elapsed = run_jaxrun(*engine_args, "-n", 2, "--cpu-devices", 1, "--timeout", 2, "--log-dir", tmp_path / "logs", script)
+    assert code == 124, err
+    assert elapsed < 15, f"took {elapsed:.1f} s"
+    # The stack dump asked for over the task channel reached the log.
+    assert "most recent call first" in (tmp_path / "logs" / "process-0.stderr").read_text()
