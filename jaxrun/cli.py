@@ -10,7 +10,7 @@ import tempfile
 
 import click
 
-from jaxrun import __version__, ci, meshspec
+from jaxrun import __version__, ci, engines, meshspec
 from jaxrun import hosts as hostfile
 from jaxrun import plan as planning
 from jaxrun.devices import count_local_gpus
@@ -92,13 +92,18 @@ CONTEXT = {
 @click.option("--connect-timeout", type=click.FloatRange(min=1), default=10.0, show_default=True, metavar="SECONDS", help="ssh connect timeout per host.")
 @click.option("--python", "python", metavar="PATH", help="Python interpreter for every process, here or on the hosts (default: this one's path).")
 @click.option("--chdir", metavar="DIR", help="Working directory on the hosts (default: the current one).")
+@click.option("--launcher", type=click.Choice(["local", "ssh", *engines.ENGINES]), help="How to start the controllers (default: local, or ssh when hosts are given).")
+@click.option("--nodes", type=click.IntRange(min=1), help="slurm: spread the processes over this many nodes (srun -N).")
+@click.option("--ntasks-per-node", "tasks_per_node", type=click.IntRange(min=1), help="slurm/mpirun: processes per node.")
+@click.option("--scheduler-arg", "scheduler_args", multiple=True, metavar="ARG", help="Pass ARG to srun or mpirun unchanged (repeatable), e.g. --scheduler-arg=--overcommit.")
 @click.option("--dry-run", is_flag=True, help="Print each process's command and environment, then exit.")
 @click.option("-v", "--verbose", is_flag=True, help="Show JAX's noise lines and the startup preflight table.")
 @click.version_option(__version__, "--version", prog_name="jaxrun")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, output, timeout, grace, max_restarts,
          report_path, junit_path, mesh, mesh_axis_types, env_pairs, exports, hosts_file, host_opts, ssh_config,
-         ssh_options, connect_timeout, python, chdir, preload, preload_modules, dry_run, verbose, args):
+         ssh_options, connect_timeout, python, chdir, preload, preload_modules,
+         launcher, nodes, tasks_per_node, scheduler_args, dry_run, verbose, args):
     """Start N JAX controllers that join one distributed job.
 
     \b
@@ -120,6 +125,9 @@ def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, 
     github_actions = ci.on_github_actions()
     run_id = new_run_id()
     python = python or sys.executable
+    engine = engine_options(launcher, bool(hosts), nodes, tasks_per_node, scheduler_args)
+    if engine and not num_processes and engine.kind == "slurm" and os.environ.get("SLURM_NTASKS", "").isdigit():
+        num_processes = int(os.environ["SLURM_NTASKS"])  # inside sbatch/salloc: the allocation's task count
     options = planning.LaunchOptions(
         target=target,
         num_processes=num_processes or 1,
@@ -134,7 +142,7 @@ def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, 
         verbose=verbose,
         devices_per_process=devices_per_process,
         # Remote hosts may differ from this one; there only --devices-per-process applies.
-        devices_per_host=None if cpu_devices is not None or hosts else count_local_gpus(),
+        devices_per_host=None if cpu_devices is not None or hosts or engine else count_local_gpus(),
     )
     config = RunConfig(
         options=options,
@@ -151,6 +159,7 @@ def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, 
         github_actions=github_actions,
         preload=preload if preload is not None else os.environ.get("JAXRUN_NO_PRELOAD", "") in ("", "0"),
         preload_modules=preload_modules,
+        engine=engine,
     )
     if not hosts:
         sys.exit(run(config))
@@ -195,6 +204,20 @@ def exported_env(exports: tuple[str, ...], env_pairs: tuple[tuple[str, str], ...
     return env
 
 
+def engine_options(launcher, has_hosts, nodes, tasks_per_node, scheduler_args) -> engines.EngineOptions | None:
+    if launcher == "ssh" and not has_hosts:
+        raise click.UsageError("--launcher ssh needs --hosts FILE or -H HOST")
+    if has_hosts and launcher in ("local", *engines.ENGINES):
+        raise click.UsageError(f"--hosts and -H start processes over SSH; they do not work with --launcher {launcher}")
+    if launcher not in engines.ENGINES:
+        if nodes or tasks_per_node or scheduler_args:
+            raise click.UsageError("--nodes, --ntasks-per-node and --scheduler-arg need --launcher slurm or mpirun")
+        return None
+    if launcher == "mpirun" and nodes:
+        raise click.UsageError("--nodes works with --launcher slurm only; give mpirun its hosts with --scheduler-arg")
+    return engines.EngineOptions(launcher, nodes, tasks_per_node, tuple(scheduler_args))
+
+
 def parse_target(args: tuple[str, ...]) -> planning.Target:
     if not args:
         raise click.UsageError("missing SCRIPT (or -m MODULE)")
@@ -212,8 +235,14 @@ def parse_target(args: tuple[str, ...]) -> planning.Target:
 
 def entry_point(argv: list[str] | None = None) -> None:
     """Console-script entry: click's errors become one line and exit 2."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command, prog = main, "jaxrun"
+    if argv[:1] == ["k8s"]:  # a subcommand without making `jaxrun SCRIPT` a click group
+        from jaxrun import k8s
+
+        command, prog, argv = k8s.command, "jaxrun k8s", argv[1:]
     try:
-        main.main(args=argv, prog_name="jaxrun", standalone_mode=False)
+        command.main(args=argv, prog_name=prog, standalone_mode=False)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except click.ClickException as e:

@@ -9,7 +9,7 @@ import socket
 import sys
 from typing import Callable, TextIO
 
-from jaxrun import ci, junit, report
+from jaxrun import ci, engines, junit, report
 from jaxrun import plan as planning
 from jaxrun import preload
 from jaxrun.output import ConsolePrinter
@@ -37,6 +37,7 @@ class RunConfig:
     github_actions: bool = False  # group output per process, annotate the root cause
     preload: bool = True  # fork local controllers from a server that imported jax
     preload_modules: tuple[str, ...] = ()
+    engine: engines.EngineOptions | None = None  # --launcher slurm|mpirun: one scheduler step
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -88,6 +89,8 @@ def run(
     console = console or sys.stderr
     outcomes: list[Outcome] = []
     dirs: list[str] = []
+    if config.engine:
+        choose_coordinator = engines.task_coordinator  # task 0 picks it on its own node
     for attempt in range(config.max_restarts + 1):
         coordinator, bind = choose_coordinator(config.fixed_coordinator)
         opts = dataclasses.replace(
@@ -117,7 +120,9 @@ def run(
     return outcomes[-1].exit_code
 
 
-def local_spawner(config: RunConfig, specs, console: TextIO) -> Spawner:
+def local_spawner(config: RunConfig, specs, console: TextIO, log_dir: str = "") -> Spawner:
+    if config.engine:
+        return engines.step_spawner(config.engine, config.options, specs, log_dir, console, config.fixed_coordinator)
     if not config.preload:
         return LocalSpawner()
     differing = preload.differing_import_time_vars(specs)
@@ -130,7 +135,7 @@ def local_spawner(config: RunConfig, specs, console: TextIO) -> Spawner:
 def run_attempt(config: RunConfig, specs, spawner: Spawner | None, log_dir: str, console: TextIO) -> Outcome:
     github = ci.printer_options() if config.github_actions else {}
     printer = ConsolePrinter(config.output, show_noise=config.verbose, **github)
-    spawner = spawner or local_spawner(config, specs, console)
+    spawner = spawner or local_spawner(config, specs, console, log_dir)
     supervisor = Supervisor(specs, spawner, printer, log_dir, grace=config.grace, timeout=config.timeout)
     previous = install_signal_handlers(supervisor)
     try:

@@ -1,0 +1,43 @@
+"""--launcher mpirun: one real Open MPI step on this machine."""
+
+import os
+import shutil
+
+import pytest
+
+from jaxrun import engines
+
+from engine_checks import check_crash_in_task_3, check_timeout_stops_the_step, check_toy, run_jaxrun  # noqa: F401 - fixture
+
+pytestmark = pytest.mark.skipif(not shutil.which("mpirun"), reason="Open MPI is not installed (apt-get install openmpi-bin)")
+
+# This machine has fewer cores than processes.
+MPIRUN = ["--launcher", "mpirun", "--scheduler-arg=--oversubscribe"]
+
+
+@pytest.mark.timeout(60)
+def test_toy_matches_the_guide(run_jaxrun, tmp_path):
+    check_toy(run_jaxrun, MPIRUN, tmp_path)
+
+
+@pytest.mark.timeout(60)
+def test_crash_in_task_3_ends_the_step_and_is_named(run_jaxrun, tmp_path):
+    check_crash_in_task_3(run_jaxrun, MPIRUN, tmp_path)
+
+
+@pytest.mark.timeout(60)
+def test_timeout_dumps_stacks_and_stops_the_step(run_jaxrun, tmp_path):
+    check_timeout_stops_the_step(run_jaxrun, MPIRUN, tmp_path)
+
+
+def test_mpirun_command_forwards_variables_by_name():
+    engine = engines.EngineOptions("mpirun", tasks_per_node=2, scheduler_args=("--oversubscribe",))
+    env = {"PATH": "/bin", "JAXRUN_TASK_SECRET": "s3cret", "JAX_PLATFORMS": "cpu", "HOME": "/root"}
+    argv = engines.mpirun_command(engine, 4, ["python", "-m", "jaxrun.task"], env, is_root=True)
+    assert argv[:7] == ["mpirun", "-n", "4", "--map-by", "ppr:2:node", "--allow-run-as-root", "-x"]
+    assert "s3cret" not in " ".join(argv)  # values travel in the environment, not argv
+    exported = {argv[i + 1] for i, a in enumerate(argv) if a == "-x"}
+    assert exported == {"PATH", "JAXRUN_TASK_SECRET", "JAX_PLATFORMS"}
+    assert argv[-4:] == ["--oversubscribe", "python", "-m", "jaxrun.task"]
+    with pytest.raises(engines.EngineError):
+        engines.mpirun_command(engines.EngineOptions("mpirun", nodes=2), 4, [], {}, is_root=False)
