@@ -67,7 +67,7 @@ def run_bash_loop(script: str, env: dict, cap: float) -> float | None:
     loop = (
         f"for i in 0 1 2 3; do {sys.executable} {script} {addr} $i 4 >/dev/null 2>&1 & done; wait"
     )
-    proc = subprocess.Popen(["bash", "-c", loop], env=env, start_new_session=True)
+    proc = subprocess.Popen(["bash", "-c", loop], env=env, start_new_session=True, stderr=subprocess.DEVNULL)
     return wait_and_measure([proc], env["DEATH_FILE"], cap)
 
 
