@@ -29,7 +29,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 if "JAXRUN_PROCESS_ID" not in os.environ:
     if "OMPI_COMM_WORLD_SIZE" in os.environ:
         jax.distributed.initialize(os.environ["BENCH_COORDINATOR"], int(os.environ["OMPI_COMM_WORLD_SIZE"]), int(os.environ["OMPI_COMM_WORLD_RANK"]))
-    else:
+    elif int(sys.argv[2]) > 1:  # a single process needs no distributed system
         jax.distributed.initialize(os.environ["BENCH_COORDINATOR"], int(sys.argv[2]), int(sys.argv[1]))
 shape = tuple(int(v) for v in os.environ["BENCH_MESH"].split("x"))
 mesh = jax.make_mesh(shape, ("i", "j")[: len(shape)])
