@@ -29,7 +29,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 if "JAXRUN_PROCESS_ID" not in os.environ:
     if "OMPI_COMM_WORLD_SIZE" in os.environ:
         jax.distributed.initialize(os.environ["BENCH_COORDINATOR"], int(os.environ["OMPI_COMM_WORLD_SIZE"]), int(os.environ["OMPI_COMM_WORLD_RANK"]))
-    elif int(sys.argv[2]) > 1:  # a single process needs no distributed system
+    elif "BENCH_NO_INIT" not in os.environ:
         jax.distributed.initialize(os.environ["BENCH_COORDINATOR"], int(sys.argv[2]), int(sys.argv[1]))
 shape = tuple(int(v) for v in os.environ["BENCH_MESH"].split("x"))
 mesh = jax.make_mesh(shape, ("i", "j")[: len(shape)])
@@ -60,7 +60,9 @@ def contenders_for(script: str, n: int, devices: int, mesh: str, with_extras: bo
             cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "-n", str(n), "-x", "BENCH_COORDINATOR",
                    "-x", "BENCH_MESH", "-x", "JAX_PLATFORMS", "-x", "JAX_NUM_CPU_DEVICES", PYTHON, script]
             runs["mpirun"] = lambda: wall(cmd, bare_env(devices))
-        runs["one process, 8 devices"] = lambda: wall([PYTHON, script, "0", "1"], bare_env(n * devices))
+        # The guide's "JAX_NUM_CPU_DEVICES=8 python toy.py 0 1", minus initialize():
+        # one process needs no distributed system.
+        runs["one process, 8 devices"] = lambda: wall([PYTHON, script, "0", "1"], dict(bare_env(n * devices), BENCH_NO_INIT="1"))
     return runs
 
 

@@ -111,6 +111,8 @@ class Supervisor:
         self.signum: int | None = None
         self.root_cause: int | None = None
         self.kill_at: float | None = None
+        self.kill_sent = False  # SIGKILL went out: later exits are ours, not failures
+        self.deadline: float | None = None
         self.open_streams = 0
 
     # -- signals -----------------------------------------------------------
@@ -211,8 +213,6 @@ class Supervisor:
             record.verdict = Verdict.CONSEQUENCE
         else:
             record.verdict = Verdict.STOPPED
-
-    kill_sent = False
 
     def _on_signal(self, signum: int) -> None:
         if signum == signal.SIGUSR1:
