@@ -52,7 +52,9 @@ class MeshSpecType(click.ParamType):
 
 
 def default_log_dir(run_id: str) -> str:
-    return os.path.join(tempfile.gettempdir(), "jaxrun", run_id)
+    # Not "$TMPDIR/jaxrun": a folder of that name in the working directory
+    # would shadow the package for "python -m jaxrun" in an editable install.
+    return os.path.join(tempfile.gettempdir(), "jaxrun-logs", run_id)
 
 
 def new_run_id() -> str:
@@ -72,7 +74,7 @@ CONTEXT = {
 @click.option("--cpu-devices", type=click.IntRange(min=1), metavar="D", help="Simulate D CPU devices per process (JAX_PLATFORMS=cpu).")
 @click.option("--devices-per-process", type=click.IntRange(min=1), metavar="K", help="GPU/TPU hosts: each local process owns K devices (default: split each host's devices evenly).")
 @click.option("--coordinator", type=HostPort(), help="Coordinator address (default: a free loopback port; over SSH, a free port on the first host).")
-@click.option("--log-dir", type=click.Path(file_okay=False), help="Folder for per-process logs (default: $TMPDIR/jaxrun/RUN_ID).")
+@click.option("--log-dir", type=click.Path(file_okay=False), help="Folder for per-process logs (default: $TMPDIR/jaxrun-logs/RUN_ID).")
 @click.option("--output", type=click.Choice(["stream", "grouped"]), help="Live, rank-prefixed lines, or one block per process at the end (default: stream; grouped on GitHub Actions).")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS", help="Dump every stack and stop the job after this long (exit 124).")
 @click.option("--grace", type=click.FloatRange(min=0), default=30.0, show_default=True, metavar="SECONDS", help="After forwarding SIGINT/SIGTERM/SIGHUP, wait this long before SIGKILL.")

@@ -25,7 +25,7 @@ CHUNK = 1 << 18
 IN_FLIGHT = 32
 PIPE_SIZE = 1 << 20  # bigger pipes: fewer, larger reads under a flood
 TRICKLE = 1 << 14  # a read smaller than this is a trickle, worth coalescing
-COALESCE = 0.05  # seconds; the most a trickling console line is held back
+COALESCE = 0.1  # seconds; the most a trickling console line is held back
 
 # Lines JAX and its collectives print on every run; hidden on the console only.
 NOISE_PREFIXES = (b"[Gloo] ",)
