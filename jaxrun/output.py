@@ -13,6 +13,7 @@ import fcntl
 import os
 import queue
 import re
+import select
 import selectors
 import sys
 import threading
@@ -80,6 +81,10 @@ class OutputPump:
             self.pending.append(_Source(fd, log, rank, stream, on_close))
         os.write(self.wake_w, b"+")
 
+    def wake(self) -> None:
+        """Read at once instead of finishing a coalescing pause."""
+        os.write(self.wake_w, b".")
+
     def stop(self) -> None:
         self.stopped = True
         os.write(self.wake_w, b"x")
@@ -107,7 +112,9 @@ class OutputPump:
                     trickle = False
             now = time.monotonic()
             if trickle and now - last_round < self.coalesce:
-                time.sleep(self.coalesce)
+                # Hold back, unless woken: a process exiting means its last
+                # bytes and EOF are waiting, and the job's end should not wait.
+                select.select([self.wake_r], [], [], self.coalesce)
             last_round = now
 
     def _pump(self, src: _Source) -> bool:

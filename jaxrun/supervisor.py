@@ -201,6 +201,7 @@ class Supervisor:
             self.open_streams -= 1
 
     def _on_exit(self, event: Exited) -> None:
+        self.pump.wake()
         record = self.records[event.rank]
         record.returncode, record.ended_at = event.returncode, time.time()
         if event.returncode == 0:
