@@ -15,16 +15,13 @@ import re
 import xml.etree.ElementTree as ET
 
 from jaxrun import report
-from jaxrun.output import NOISE_PREFIXES
+from jaxrun.output import is_noise
 from jaxrun.spawn import signal_name
 from jaxrun.supervisor import Outcome, ProcessRecord, StopReason, Verdict
 
 # Characters XML 1.0 cannot hold at all, even escaped.  Child output may contain
 # them (terminal escapes, NUL), and one of them would make the whole file unreadable.
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-
-
-_NOISE = tuple(p.decode() for p in NOISE_PREFIXES)
 
 
 def clean(text: str) -> str:
@@ -68,7 +65,7 @@ def render(outcome: Outcome, suite: str = "jaxrun", tail_lines: int = report.TAI
 
 def _output_tail(path: str, n: int) -> list[str]:
     """The end of a log as the console shows it: without JAX's per-run noise."""
-    lines = [line for line in report.tail(path, 4 * n) if not line.startswith(_NOISE)]
+    lines = [line for line in report.tail(path, 4 * n) if not is_noise(line.encode())]
     return lines[-n:]
 
 

@@ -29,21 +29,18 @@ TRICKLE = 1 << 14  # a read smaller than this is a trickle, worth coalescing
 COALESCE = 0.1  # seconds; the most a trickling console line is held back
 
 # Lines JAX and its collectives print on every run; hidden on the console only.
-NOISE_PREFIXES = (b"[Gloo] ",)
-# Gloo writes its connection line in pieces from several threads, so a piece
-# can land at the start of a line of its own.
-_NOISE_ANYWHERE = re.compile(rb"is connected to \d+ peer ranks")
+# Gloo's "[Gloo] Rank 0 is connected to 3 peer ranks. ..." is written in
+# pieces from several threads, so a piece can land at the start of a line.
+_NOISE = re.compile(rb"is connected to \d+ peer ranks")
 # A faulthandler dump: a thread header, then frame lines and blank lines.
 _DUMP_HEAD = re.compile(rb"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
 # (faulthandler writes "  Garbage-collecting" above the frames when the GC was running.)
 _DUMP_BODY = re.compile(rb"^(  File \"|  <no Python frame>|  Garbage-collecting|\s*$)")
 # Substrings that mark a chunk as possibly holding a line to hide.  Plain
 # substring tests run at memchr speed; a regex alternation over megabytes doesn't.
-_HIDDEN_MARKS = (b"[Gloo] ", b"peer ranks", b"most recent call first")
-
-
-def _maybe_hidden(data: bytes) -> bool:
-    return any(mark in data for mark in _HIDDEN_MARKS)
+# One marker per stream keeps the scan of a flood cheap: Gloo's noise is on
+# stdout, faulthandler's dumps on stderr.
+_HIDDEN_MARK = {Stream.STDOUT: b"peer ranks", Stream.STDERR: b"most recent call first"}
 
 
 class _Source:
@@ -151,7 +148,7 @@ def enlarge_pipe(fd: int) -> None:
 
 
 def is_noise(line: bytes) -> bool:
-    return line.startswith(NOISE_PREFIXES) or bool(_NOISE_ANYWHERE.search(line))
+    return bool(_NOISE.search(line))
 
 
 class ConsolePrinter:
@@ -188,24 +185,30 @@ class ConsolePrinter:
         return not is_noise(line)
 
     def render(self, rank: int, stream: Stream, data: bytes, prefix: bytes = b"") -> bytes:
-        """Complete lines (or a final partial one) as the console shows them."""
+        """Complete lines (or a final partial one) as the console shows them.
+
+        With a prefix, the result starts without it and ends with it: the
+        caller writes the prefix first and drops the trailing one, which saves
+        copying a whole chunk twice more under a flood.
+        """
         if not data.endswith(b"\n"):
             data += b"\n"
-        if self.show_noise or (rank not in self.in_dump and not _maybe_hidden(data)):
+        if self.show_noise or (rank not in self.in_dump and _HIDDEN_MARK[stream] not in data):
             # The common case, done in C: prefix every line of the chunk at once.
-            return prefix + data[:-1].replace(b"\n", b"\n" + prefix) + b"\n" if prefix else data
-        return b"".join(
-            prefix + line for line in data.splitlines(keepends=True) if self._visible(rank, stream, line)
-        )
+            return data.replace(b"\n", b"\n" + prefix) if prefix else data
+        kept = [line for line in data.splitlines(keepends=True) if self._visible(rank, stream, line)]
+        return b"".join(line + prefix for line in kept) if prefix else b"".join(kept)
 
     def write(self, rank: int, stream: Stream, data: bytes) -> None:
         """Live output (stream mode): every line prefixed with its rank."""
         if self.mode != "stream":
             return
-        text = self.render(rank, stream, data, f"[{rank}] ".encode())
+        prefix = f"[{rank}] ".encode()
+        text = self.render(rank, stream, data, prefix)
         if text:
             sink = self.out if stream is Stream.STDOUT else self.err
-            sink.write(text)
+            sink.write(prefix)
+            sink.write(memoryview(text)[: -len(prefix)])
             sink.flush()
 
     def grouped(self, rank: int, stdout_path: str, stderr_path: str) -> None:
