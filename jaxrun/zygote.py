@@ -106,12 +106,9 @@ def become_controller(sock: socket.socket, request: dict, fds: list[int]) -> Non
 
         traceback.print_exc()
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
-        os._exit(code)
+        from jaxrun.shim import exit_now
+
+        exit_now(code)
 
 
 def main(argv: list[str]) -> None:
