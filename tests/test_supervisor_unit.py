@@ -153,3 +153,14 @@ def test_sigusr1_to_the_launcher_only_dumps(tmp_path):
         # A dump request only; the SIGKILLs are the end-of-run sweep for grandchildren.
         assert child.signals[0] == signal.SIGUSR1 and set(child.signals[1:]) <= {signal.SIGKILL}
     assert all(r.verdict is Verdict.OK for r in result["outcome"].records)
+
+
+def test_sighup_is_forwarded_and_gives_129(tmp_path):
+    spawner = FakeSpawner()
+    sup, thread, result = supervise(tmp_path, spawner, grace=5)
+    sup.post_signal(signal.SIGHUP)
+    for child in spawner.children.values():  # well-behaved children leave on the signal
+        child.exit(-signal.SIGHUP)
+    thread.join(10)
+    assert result["outcome"].exit_code == 129
+    assert all(c.signals[0] == signal.SIGHUP for c in spawner.children.values())
