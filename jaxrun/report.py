@@ -101,7 +101,8 @@ def summary_lines(outcome: Outcome, log_dir: str, show_frames: bool = False) -> 
             lines.extend(f"    {line}" for line in body)
     others = _group(r for r in outcome.records if r.verdict in (Verdict.STOPPED, Verdict.CONSEQUENCE))
     for verdict, ranks in others.items():
-        lines.append(f"jaxrun: processes {ranks} {verdict.value}")
+        noun = "processes" if "," in ranks else "process"
+        lines.append(f"jaxrun: {noun} {ranks} {verdict.value}")
     if show_frames or outcome.reason is not None:
         for rec in outcome.records:
             frame = innermost_user_frame(rec.stderr_log)

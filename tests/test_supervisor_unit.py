@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from jaxrun import report
 from jaxrun.output import ConsolePrinter
 from jaxrun.plan import LOCAL_HOST, ProcessSpec
 from jaxrun.supervisor import StopReason, Supervisor, Verdict
@@ -83,6 +84,9 @@ def test_first_failure_is_the_root_cause_and_the_rest_are_stopped(tmp_path):
     assert [r.verdict for r in outcome.records] == [Verdict.STOPPED, Verdict.STOPPED, Verdict.ROOT_CAUSE, Verdict.STOPPED]
     for rank in (0, 1, 3):  # a stack dump first, then the kill
         assert spawner.children[rank].signals[:2] == [signal.SIGUSR1, signal.SIGKILL]
+    summary = report.summary_lines(outcome, str(tmp_path))
+    assert "jaxrun: process 2 failed first: exit code 7 (pid 100002)" in summary
+    assert "jaxrun: processes 0, 1, 3 stopped by jaxrun" in summary
 
 
 def test_a_failure_after_the_root_cause_is_a_consequence(tmp_path):
@@ -94,6 +98,8 @@ def test_a_failure_after_the_root_cause_is_a_consequence(tmp_path):
     verdicts = [r.verdict for r in result["outcome"].records]
     assert verdicts[0] is Verdict.ROOT_CAUSE and verdicts[3] is Verdict.CONSEQUENCE
     assert result["outcome"].exit_code == 1
+    summary = report.summary_lines(result["outcome"], str(tmp_path))
+    assert "jaxrun: process 3 failed after the root cause" in summary
 
 
 def test_clean_exits_are_ok_and_exit_zero(tmp_path):
