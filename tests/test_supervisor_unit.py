@@ -93,6 +93,8 @@ def test_a_failure_after_the_root_cause_is_a_consequence(tmp_path):
     spawner = FakeSpawner()
     sup, thread, result = supervise(tmp_path, spawner)
     spawner.children[0].exit(1)
+    while sup.records[0].returncode is None:  # seen first, as a real root cause would be
+        threading.Event().wait(0.01)
     spawner.children[3].exit(134)  # its own abort, before jaxrun's SIGKILL
     thread.join(10)
     verdicts = [r.verdict for r in result["outcome"].records]
