@@ -40,10 +40,18 @@ def processes_with_token(token: str) -> list[psutil.Process]:
     return found
 
 
+def is_running(proc: psutil.Process) -> bool:
+    """Alive and not a zombie; a process may vanish between listing and asking."""
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
 def wait_gone(token: str, within: float) -> list[psutil.Process]:
     deadline = time.monotonic() + within
     while True:
-        alive = [p for p in processes_with_token(token) if p.status() != psutil.STATUS_ZOMBIE]
+        alive = [p for p in processes_with_token(token) if is_running(p)]
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.1)
@@ -63,7 +71,14 @@ def no_leftover_processes(monkeypatch):
             proc.kill()
         except psutil.NoSuchProcess:
             pass
-    assert not alive, f"processes outlived the test: {[(p.pid, p.cmdline()) for p in alive]}"
+    assert not alive, f"processes outlived the test: {[describe(p) for p in alive]}"
+
+
+def describe(proc: psutil.Process) -> tuple:
+    try:
+        return proc.pid, proc.cmdline()
+    except psutil.Error:
+        return proc.pid, "(gone)"
 
 
 class Launch:

@@ -55,9 +55,12 @@ SchedulerType=sched/builtin
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 ReturnToService=2
+# A 2-core test machine still offers 8 CPUs, so that a plain 'srun -n 4'
+# (what users type on a real cluster) fits without --overcommit.
+SlurmdParameters=config_overrides
 KillWait=2
 InactiveLimit=0
-NodeName={node} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} State=UNKNOWN
+NodeName={node} NodeAddr=127.0.0.1 CPUs={max(8, os.cpu_count())} State=UNKNOWN
 PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:8
 """
 

@@ -8,7 +8,7 @@ from engine_checks import check_crash_in_task_3, check_timeout_stops_the_step, c
 from slurm_fixture import slurm_cluster  # noqa: F401 - session fixture
 
 # This machine has fewer CPUs than processes.
-SLURM = ["--launcher", "slurm", "--scheduler-arg=--overcommit"]
+SLURM = ["--launcher", "slurm"]
 
 
 @pytest.mark.timeout(90)

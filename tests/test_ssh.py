@@ -290,15 +290,22 @@ def test_timeout_dumps_remote_stacks(sshd_hosts, jaxrun, tmp_path):
         assert 'in stuck' in (logs / f"process-{rank}.stderr").read_text()
 
 
+def cmdline_of(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except psutil.Error:  # a short-lived ssh client that is gone already
+        return []
+
+
 def start_ready_job(launch, sshd_hosts, tmp_path):
     script = write(tmp_path, "ready.py", READY_SCRIPT)
     job = launch("-H", "hostA,hostB", *ssh_flags(sshd_hosts), script, cwd=tmp_path)
     wait_for_lines(job, "ready", 2)
-    mine = processes_with_token(os.environ[TOKEN])
-    remote = [p for p in mine if p.cmdline()[1:3] == ["-m", "jaxrun.remote"]]
+    mine = [(p, cmdline_of(p)) for p in processes_with_token(os.environ[TOKEN])]
+    remote = [p for p, cmd in mine if cmd[1:3] == ["-m", "jaxrun.remote"]]
     assert len(remote) == 2
     # Process 0's coordination service listens on hostA's address only.
-    rank0 = next(p for p in mine if p.environ().get("JAXRUN_PROCESS_ID") == "0" and "jaxrun.shim" in p.cmdline())
+    rank0 = next(p for p, cmd in mine if "jaxrun.shim" in cmd and p.environ().get("JAXRUN_PROCESS_ID") == "0")
     address, port = rank0.environ()["JAXRUN_COORDINATOR_ADDRESS"].rsplit(":", 1)
     assert address == "127.0.0.2"
     listening = {c.laddr.ip.removeprefix("::ffff:") for c in psutil.net_connections("inet") if c.status == "LISTEN" and c.laddr.port == int(port)}
@@ -314,14 +321,19 @@ def test_sigkill_to_jaxrun_leaves_nothing(sshd_hosts, launch, tmp_path):
     assert wait_gone(os.environ[TOKEN], within=5.0) == []
 
 
+def is_ssh_client(proc: psutil.Process, which: str) -> bool:
+    try:
+        return proc.name() == "ssh" and any(which in a for a in proc.cmdline())
+    except psutil.Error:  # gone already
+        return False
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("which", ["ControlMaster=", "ControlMaster=no"])
 def test_killed_ssh_clients_leave_nothing(sshd_hosts, launch, tmp_path, which):
     """Every ssh client (masters too), or only the per-process sessions."""
     job = start_ready_job(launch, sshd_hosts, tmp_path)
-    clients = [
-        p for p in processes_with_token(os.environ[TOKEN]) if p.name() == "ssh" and any(which in a for a in p.cmdline())
-    ]
+    clients = [p for p in processes_with_token(os.environ[TOKEN]) if is_ssh_client(p, which)]
     assert clients
     for proc in clients:
         try:
