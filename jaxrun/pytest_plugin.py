@@ -62,6 +62,9 @@ class JaxrunMark:
     timeout: float | None = None
 
 
+WORKDIR_ENV = "JAXRUN_PYTEST_WORKDIR"
+
+
 def mark_options(args: tuple, kwargs: dict) -> JaxrunMark:
     """The marker's arguments, checked: a typo fails the run instead of being ignored."""
     try:
@@ -106,6 +109,7 @@ def jaxrun_command(opts: JaxrunMark, config: pytest.Config, nodeid: str, workdir
         "--output", "stream",  # the console hides stack dumps; they stay in the logs
         "--log-dir", os.path.join(workdir, "logs"),
         "--report", os.path.join(workdir, "report.json"),
+        "--env", f"{WORKDIR_ENV}={workdir}",  # where controllers note a skip
         "-m", "jaxrun.pytest_plugin",
     ]
     return cmd + controller_pytest_args(config, nodeid, workdir)
@@ -136,7 +140,11 @@ def run_in_controllers(item: pytest.Function, opts: JaxrunMark) -> None:
     workdir = tempfile.mkdtemp(prefix="jaxrun-pytest-")
     code, console = run_launcher(jaxrun_command(opts, item.config, item.nodeid, workdir))
     if code == 0:
+        skips = read_skips(workdir)
         shutil.rmtree(workdir, ignore_errors=True)
+        if skips:
+            ranks = ", ".join(str(r) for r in sorted(skips))
+            pytest.skip(f"skipped in process {ranks} of {opts.n}: {skips[min(skips)]}")
         return
     item.add_report_section("call", "jaxrun", console)
     pytest.fail(failure_text(code, read_report(workdir), console, opts.n, workdir), pytrace=False)
@@ -161,6 +169,16 @@ def run_launcher(cmd: list[str]) -> tuple[int, str]:
             proc.communicate()
         raise
     return proc.returncode, out.decode("utf-8", "replace")
+
+
+def read_skips(workdir: str) -> dict[int, str]:
+    """Reasons the controllers skipped the test, by rank."""
+    skips = {}
+    for name in os.listdir(workdir):
+        if name.startswith("skipped-"):
+            with open(os.path.join(workdir, name)) as f:
+                skips[int(name.removeprefix("skipped-"))] = f.read()
+    return skips
 
 
 def read_report(workdir: str) -> dict | None:
@@ -224,6 +242,8 @@ class Controller:
             self.exceptions[(item.nodeid, call.when)] = call.excinfo.value
 
     def pytest_runtest_logreport(self, report) -> None:
+        if report.skipped:
+            self.note_skip(report)
         if report.failed:
             exc = self.exceptions.get((report.nodeid, report.when))
             self.fail_now(f"{report.nodeid} failed in {report.when}", report.longreprtext, exc)
@@ -231,6 +251,17 @@ class Controller:
     def pytest_collectreport(self, report) -> None:
         if report.failed:
             self.fail_now(f"collecting {report.nodeid} failed", report.longreprtext, None)
+
+    @staticmethod
+    def note_skip(report) -> None:
+        """Tell the parent, which would otherwise see a clean exit and call it a pass."""
+        workdir = os.environ.get(WORKDIR_ENV)
+        if not workdir:
+            return
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        rank = os.environ.get("JAXRUN_PROCESS_ID", "0")
+        with open(os.path.join(workdir, f"skipped-{rank}"), "w") as f:
+            f.write(reason.removeprefix("Skipped: "))
 
     @staticmethod
     def fail_now(what: str, text: str, exc: BaseException | None) -> None:

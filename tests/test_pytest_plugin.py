@@ -49,6 +49,15 @@ def test_only_process_2_fails():
 
     result = toy_result()
     assert jax.process_index() != 2, f"process 2 sees {result}"
+
+
+@pytest.mark.jaxrun(n=4, cpu_devices=1, timeout=60)
+def test_skipped_by_one_process():
+    import jax
+
+    if jax.process_index() == 3:
+        pytest.skip("no data for process 3")
+    assert jax.process_count() == 4
 '''
 
 
@@ -58,8 +67,10 @@ def test_marked_tests_run_in_every_controller(pytester, monkeypatch, tmp_path):
     monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
     monkeypatch.setenv("COLUMNS", "300")  # the short summary line is cut to the terminal width
     pytester.makepyfile(test_inner=INNER_TESTS)
-    result = pytester.runpytest_subprocess("-p", "jaxrun.pytest_plugin", "-p", "no:cacheprovider", timeout=170)
-    result.assert_outcomes(passed=2, failed=1)
+    result = pytester.runpytest_subprocess("-p", "jaxrun.pytest_plugin", "-p", "no:cacheprovider", "-rfEs", timeout=170)
+    result.assert_outcomes(passed=2, failed=1, skipped=1)
+    # A skip inside a controller is a skip, not a pass.
+    result.stdout.fnmatch_lines(["*skipped in process 3 of 4: no data for process 3*"])
     out = result.stdout.str()
     # The root cause, with its own assertion message, heads the failure...
     result.stdout.fnmatch_lines(["*FAILED test_inner.py::test_only_process_2_fails - *process 2 of 4 failed first*"])
