@@ -75,10 +75,6 @@ class ProcessSpec:
     argv: tuple[str, ...]
     env: Mapping[str, str]  # only what jaxrun sets; the spawner adds the rest
 
-    @property
-    def label(self) -> str:
-        return str(self.rank)
-
 
 def shim_argv(python: str, target: Target) -> tuple[str, ...]:
     """The child command line: the shim first, then the user's target."""
