@@ -143,8 +143,7 @@ def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, 
         mesh_axis_types=mesh_axis_types,
         verbose=verbose,
         devices_per_process=devices_per_process,
-        # Remote hosts may differ from this one; there only --devices-per-process applies.
-        devices_per_host=None if cpu_devices is not None or hosts or engine else count_local_gpus(),
+        devices_per_host=local_device_count(cpu_devices, devices_per_process, num_processes or 1, hosts or engine),
     )
     config = RunConfig(
         options=options,
@@ -176,6 +175,18 @@ def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, 
         env=options.extra_env,
     )
     sys.exit(ssh.run_over_ssh(config, settings))
+
+
+def local_device_count(cpu_devices, devices_per_process, num_processes: int, elsewhere) -> int | None:
+    """This machine's GPUs, only when the plan needs them: to split them among
+    several local processes, or to check --devices-per-process against them.
+    (nvidia-smi is not free, and a single process simply owns every device.)
+    Remote hosts may differ from this one; there only --devices-per-process applies."""
+    if cpu_devices is not None or elsewhere:
+        return None
+    if num_processes == 1 and devices_per_process is None:
+        return None
+    return count_local_gpus()
 
 
 def read_hosts(hosts_file: str | None, host_opts: tuple[str, ...]) -> list[planning.Host]:
