@@ -51,6 +51,24 @@ class MeshSpecType(click.ParamType):
         return str(spec)
 
 
+class RankList(click.ParamType):
+    """0 | 0,2 | 0-3,6 | all | none, checked against -n once that is known."""
+
+    name = "RANKS"
+
+    def convert(self, value, param, ctx):
+        text = str(value).strip().lower()
+        if text in ("all", "none"):
+            return None if text == "all" else frozenset()
+        ranks = set()
+        for part in text.split(","):
+            first, dash, last = part.strip().partition("-")
+            if not first.isdigit() or (dash and not last.isdigit()) or (dash and int(last) < int(first)):
+                self.fail(f"{value!r} is not a list of ranks like 0 or 0,2-3 (or all, or none)", param, ctx)
+            ranks.update(range(int(first), int(last or first) + 1))
+        return frozenset(ranks)
+
+
 def default_log_dir(run_id: str) -> str:
     # Not "$TMPDIR/jaxrun": a folder of that name in the working directory
     # would shadow the package for "python -m jaxrun" in an editable install.
@@ -76,6 +94,7 @@ CONTEXT = {
 @click.option("--coordinator", type=HostPort(), help="Coordinator address (default: a free loopback port; over SSH, a free port on the first host).")
 @click.option("--log-dir", type=click.Path(file_okay=False), help="Folder for per-process logs (default: $TMPDIR/jaxrun-logs/RUN_ID).")
 @click.option("--output", type=click.Choice(["stream", "grouped"]), help="Live, rank-prefixed lines, or one block per process at the end (default: stream; grouped on GitHub Actions).")
+@click.option("--console-ranks", type=RankList(), metavar="RANKS", help="Show only these processes' output on the console, e.g. 0 or 0,2-3, or none (default: all; the logs always hold everything).")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS", help="Dump every stack and stop the job after this long (exit 124).")
 @click.option("--grace", type=click.FloatRange(min=0), default=30.0, show_default=True, metavar="SECONDS", help="After forwarding SIGINT/SIGTERM/SIGHUP, wait this long before SIGKILL.")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True, help="Restart the whole job this many times after a failure.")
@@ -102,7 +121,7 @@ CONTEXT = {
 @click.option("-v", "--verbose", is_flag=True, help="Show JAX's noise lines and the startup preflight table.")
 @click.version_option(__version__, "--version", prog_name="jaxrun")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, output, timeout, grace, max_restarts,
+def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, output, console_ranks, timeout, grace, max_restarts,
          report_path, junit_path, mesh, mesh_axis_types, env_pairs, exports, hosts_file, host_opts, ssh_config,
          ssh_options, connect_timeout, python, chdir, preload, preload_modules,
          launcher, nodes, tasks_per_node, scheduler_args, dry_run, verbose, args):
@@ -130,6 +149,8 @@ def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, 
     engine = engine_options(launcher, bool(hosts), nodes, tasks_per_node, scheduler_args)
     if engine and not num_processes and engine.kind == "slurm" and os.environ.get("SLURM_NTASKS", "").isdigit():
         num_processes = int(os.environ["SLURM_NTASKS"])  # inside sbatch/salloc: the allocation's task count
+    if console_ranks and max(console_ranks) >= (num_processes or 1):
+        raise click.UsageError(f"--console-ranks: there is no process {max(console_ranks)} among {num_processes or 1}")
     options = planning.LaunchOptions(
         target=target,
         num_processes=num_processes or 1,
@@ -149,6 +170,7 @@ def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, 
         options=options,
         log_dir=os.path.abspath(log_dir) if log_dir else default_log_dir(run_id),
         output=output or ("grouped" if github_actions else "stream"),
+        console_ranks=console_ranks,
         grace=grace,
         timeout=timeout,
         max_restarts=max_restarts,

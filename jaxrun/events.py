@@ -12,15 +12,6 @@ class Stream(enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True)
-class Output:
-    """Complete lines, each ending in b"\\n"; or a final line without one."""
-
-    rank: int
-    stream: Stream
-    data: bytes
-
-
-@dataclasses.dataclass(frozen=True)
 class StreamClosed:
     rank: int
     stream: Stream

@@ -26,6 +26,7 @@ class RunConfig:
     options: planning.LaunchOptions  # coordinator filled in per attempt
     log_dir: str
     output: str = "stream"
+    console_ranks: frozenset[int] | None = None  # None: every process on the console
     grace: float = 30.0
     timeout: float | None = None
     max_restarts: int = 0
@@ -134,7 +135,7 @@ def local_spawner(config: RunConfig, specs, console: TextIO, log_dir: str = "") 
 
 def run_attempt(config: RunConfig, specs, spawner: Spawner | None, log_dir: str, console: TextIO) -> Outcome:
     github = ci.printer_options() if config.github_actions else {}
-    printer = ConsolePrinter(config.output, show_noise=config.verbose, **github)
+    printer = ConsolePrinter(config.output, show_noise=config.verbose, ranks=config.console_ranks, **github)
     spawner = spawner or local_spawner(config, specs, console, log_dir)
     supervisor = Supervisor(specs, spawner, printer, log_dir, grace=config.grace, timeout=config.timeout)
     previous = install_signal_handlers(supervisor)

@@ -1,10 +1,17 @@
 """Moving children's bytes: into per-process log files, and onto the console.
 
-``OutputPump`` is one thread that reads every child's pipes.  It writes each
-byte to the log file as it arrives (the file is the record; the console is a
-view), then hands whole lines to the supervisor as one ``Output`` message per
-read.  A semaphore bounds the chunks in flight, so a slow console slows the
-children down instead of growing memory.
+Local children write straight into their log files (the file is the record;
+the console is a view), so a flood of output costs them no more than writing
+to a file would.  Remote children (SSH, srun, mpirun) reach jaxrun through
+pipes, and jaxrun writes their log files itself.
+
+``OutputPump`` is one thread that serves both kinds of source: it reads every
+pipe as data arrives, and follows every local log file as it grows (woken by
+inotify where the kernel has it, by a 10 Hz tick elsewhere).  It hands whole
+lines to the console printer itself, one call per read, so a slow console
+holds back the view, never memory.  While it follows files the thread runs at
+the lowest CPU priority: on a busy machine the processes get the CPU first,
+and the console catches up from the files.
 """
 
 from __future__ import annotations
@@ -20,10 +27,10 @@ import threading
 import time
 from typing import BinaryIO, Callable
 
-from jaxrun.events import Output, Stream, StreamClosed
+from jaxrun.events import Stream, StreamClosed
 
 CHUNK = 1 << 18
-IN_FLIGHT = 32
+CONSOLE_NICE = 19  # the output thread's niceness while it follows files
 PIPE_SIZE = 1 << 20  # bigger pipes: fewer, larger reads under a flood
 TRICKLE = 1 << 14  # a read smaller than this is a trickle, worth coalescing
 COALESCE = 0.1  # seconds; the most a trickling console line is held back
@@ -44,39 +51,106 @@ _HIDDEN_MARK = {Stream.STDOUT: b"peer ranks", Stream.STDERR: b"most recent call 
 
 
 class _Source:
-    """One pipe being pumped: where its bytes go, and its unfinished last line."""
+    """One pipe being pumped, or one log file being followed: where its bytes
+    go, and its unfinished last line."""
 
-    def __init__(self, fd: int, log: BinaryIO, rank: int, stream: Stream, on_close: Callable[[], None]):
+    def __init__(self, fd: int, log: BinaryIO | None, rank: int, stream: Stream, on_close: Callable[[], None],
+                 show: bool = True, path: str = ""):
         self.fd, self.log, self.rank, self.stream, self.on_close = fd, log, rank, stream, on_close
+        self.path = path  # a followed file's name
+        self.show = show  # False: keep the log only, send nothing to the console
         self.partial = b""
+        self.offset = 0  # a followed file: how far it has been read
+
+
+class _FileWatch:
+    """Wakes the pump when a quiet followed file grows (inotify, Linux only).
+
+    Armed only while the files are quiet: a job that prints steadily is read
+    on a 10 Hz tick instead, since inotify would queue (and the kernel would
+    allocate and free) one event per write.  ``arm`` returns a descriptor that
+    becomes readable after the next write to any of the files, or None where
+    there is no inotify; then the pump keeps ticking.
+    """
+
+    IN_MODIFY = 0x2
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+        self._libc = None
+        try:
+            import ctypes
+
+            self._libc = ctypes.CDLL(None, use_errno=True)
+            self._libc.inotify_init1, self._libc.inotify_add_watch  # noqa: B018 - present?
+        except (OSError, AttributeError):  # not Linux
+            self._libc = None
+
+    def arm(self, paths: list[str]) -> int | None:
+        if self._libc is None:
+            return None
+        if self.fd is None:
+            fd = self._libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+            if fd < 0:
+                return None
+            self.fd = fd
+            for path in paths:
+                if self._libc.inotify_add_watch(fd, os.fsencode(path), self.IN_MODIFY) < 0:
+                    self.disarm()  # out of watches: keep ticking
+                    return None
+        return self.fd
+
+    def disarm(self) -> None:
+        """Closing the descriptor drops its watches and any queued events at once."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 class OutputPump:
     """One thread that moves every child's bytes, whatever the number of children.
 
-    Each read goes to the log file at once.  Complete lines then go to the
-    supervisor as one ``Output`` per read.  When output trickles in (small
-    reads, round after round) the pump waits ``coalesce`` seconds between
-    rounds, so that a job printing a line every millisecond costs about
-    1/coalesce wake-ups a second instead of thousands.  A flood (big reads) is
-    never held back, and a quiet process's occasional line shows at once.
+    A pipe's bytes go to its log file at once; a followed file already holds
+    them.  Complete lines then go to the supervisor as one ``Output`` per read.
+    When output trickles in (small reads, round after round) the pump waits
+    ``coalesce`` seconds between rounds, so that a job printing a line every
+    millisecond costs about 1/coalesce wake-ups a second instead of thousands.
+    A flood (big reads) is never held back, and a quiet process's occasional
+    line shows at once (for followed files: where inotify exists).
     """
 
-    def __init__(self, events: queue.SimpleQueue, credits: threading.Semaphore, coalesce: float = COALESCE):
-        self.events, self.credits, self.coalesce = events, credits, coalesce
+    def __init__(self, events: queue.SimpleQueue, show: Callable[[int, Stream, bytes], None], coalesce: float = COALESCE):
+        self.events, self.show, self.coalesce = events, show, coalesce
         self.selector = selectors.DefaultSelector()
         self.wake_r, self.wake_w = os.pipe()
         self.selector.register(self.wake_r, selectors.EVENT_READ, None)
         self.pending: list[_Source] = []
+        self.files: list[_Source] = []
+        self.watch: _FileWatch | None = None
+        self.finishing = False  # every writer of the followed files is gone
         self.lock = threading.Lock()
         self.stopped = False
         self.thread = threading.Thread(target=self._run, name="jaxrun-output", daemon=True)
         self.thread.start()
 
-    def add(self, fd: int, log: BinaryIO, rank: int, stream: Stream, on_close: Callable[[], None]) -> None:
+    def add(self, fd: int, log: BinaryIO, rank: int, stream: Stream, on_close: Callable[[], None],
+            show: bool = True) -> None:
+        """Pump a pipe into ``log``."""
         with self.lock:
-            self.pending.append(_Source(fd, log, rank, stream, on_close))
+            self.pending.append(_Source(fd, log, rank, stream, on_close, show))
         os.write(self.wake_w, b"+")
+
+    def follow(self, path: str, rank: int, stream: Stream, on_close: Callable[[], None]) -> None:
+        """Show a log file that a local child writes itself, as it grows."""
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        with self.lock:
+            self.pending.append(_Source(fd, None, rank, stream, on_close, path=path))
+        os.write(self.wake_w, b"+")
+
+    def finish(self) -> None:
+        """Every process is gone: read the followed files to their end, then close them."""
+        self.finishing = True
+        self.wake()
 
     def wake(self) -> None:
         """Read at once instead of finishing a coalescing pause."""
@@ -85,34 +159,92 @@ class OutputPump:
     def stop(self) -> None:
         self.stopped = True
         os.write(self.wake_w, b"x")
-        self.credits.release(IN_FLIGHT)  # never leave the thread stuck on a full queue
         self.thread.join(timeout=5)
         for key in list(self.selector.get_map().values()):
-            if key.data is not None:  # still open: a grandchild outlived its group
+            if isinstance(key.data, _Source):  # still open: a grandchild outlived its group
                 key.data.on_close()
+        for src in self.files:
+            src.on_close()
+            os.close(src.fd)
+        if self.watch is not None:
+            self.watch.disarm()
         self.selector.close()
         os.close(self.wake_r)
         os.close(self.wake_w)
 
     def _run(self) -> None:
         last_round = 0.0
+        behind = False  # a followed file holds more than one read's worth
+        quiet = False  # the last look at the followed files found nothing new
         while not self.stopped:
+            now = time.monotonic()
+            timeout = None  # pipes only: sleep until one is readable
+            if behind:
+                timeout = 0
+            elif self.files:
+                # Steady output is polled at 1/coalesce; quiet files are
+                # watched, after one more look to catch a write that raced
+                # the arming.
+                timeout = max(0.0, last_round + self.coalesce - now)
+                if quiet and self._arm():
+                    quiet, behind = self._read_files()
+                    timeout = None if quiet else 0
             trickle = True
-            for key, _ in self.selector.select():
+            for key, _ in self.selector.select(timeout):
                 if key.data is None:
                     os.read(self.wake_r, 4096)
-                    with self.lock:
-                        for src in self.pending:
-                            self.selector.register(src.fd, selectors.EVENT_READ, src)
-                        self.pending.clear()
+                    self._take_pending()
+                elif key.data is self.watch:
+                    self._disarm()
                 elif not self._pump(key.data):
                     trickle = False
-            now = time.monotonic()
+            if self.files:
+                self._disarm()
+                quiet, behind = self._read_files()
+                last_round = time.monotonic()
+                if self.finishing:
+                    self._close_files()
+                continue
             if trickle and now - last_round < self.coalesce:
                 # Hold back, unless woken: a process exiting means its last
                 # bytes and EOF are waiting, and the job's end should not wait.
                 select.select([self.wake_r], [], [], self.coalesce)
             last_round = now
+
+    def _arm(self) -> bool:
+        if self.watch is None:
+            self.watch = _FileWatch()
+        fd = self.watch.arm([src.path for src in self.files])
+        if fd is None:
+            return False
+        self.selector.register(fd, selectors.EVENT_READ, self.watch)
+        return True
+
+    def _disarm(self) -> None:
+        if self.watch is not None and self.watch.fd is not None:
+            self.selector.unregister(self.watch.fd)
+            self.watch.disarm()
+
+    def _take_pending(self) -> None:
+        with self.lock:
+            for src in self.pending:
+                if src.log is None:
+                    if not self.files:
+                        self._step_back()
+                    self.files.append(src)
+                else:
+                    self.selector.register(src.fd, selectors.EVENT_READ, src)
+            self.pending.clear()
+
+    @staticmethod
+    def _step_back() -> None:
+        """Yield the CPU to the job: a followed file's writer never waits for
+        the console, so the view may lag under load and catch up later.  (Not
+        for pipes: a remote process blocks while its pipe is full.)"""
+        try:  # Linux: a thread id names just this thread
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), CONSOLE_NICE)
+        except (OSError, AttributeError):
+            pass
 
     def _pump(self, src: _Source) -> bool:
         """Read once from a ready pipe; True if the read was small (or the end)."""
@@ -122,22 +254,52 @@ class OutputPump:
             data = b""
         if not data:
             self.selector.unregister(src.fd)
-            if src.partial:
-                self._emit(src, src.partial)
-            src.on_close()
-            self.events.put(StreamClosed(src.rank, src.stream))
+            self._end(src)
             return True
         src.log.write(data)
+        self._lines(src, data)
+        return len(data) < TRICKLE
+
+    def _read_files(self) -> tuple[bool, bool]:
+        """Read what each followed file gained, a chunk at most.  Returns
+        (nothing was new, a file holds more: its writer is ahead of the console)."""
+        quiet, behind = True, False
+        for src in self.files:
+            grown = os.fstat(src.fd).st_size - src.offset
+            if grown > 0:
+                # Exactly what is there: asking for a whole chunk would make
+                # every small read allocate (and map) a chunk-sized buffer.
+                data = os.read(src.fd, min(grown, CHUNK))
+                src.offset += len(data)
+                self._lines(src, data)
+                quiet, behind = False, behind or grown > CHUNK
+        return quiet, behind
+
+    def _close_files(self) -> None:
+        for src in self.files:
+            while data := os.read(src.fd, CHUNK):
+                self._lines(src, data)
+            os.close(src.fd)
+            self._end(src)
+        self.files.clear()
+
+    def _lines(self, src: _Source, data: bytes) -> None:
+        if not src.show:
+            return
         data = src.partial + data
         cut = data.rfind(b"\n") + 1
         src.partial = data[cut:]
         if cut:
             self._emit(src, data[:cut])
-        return len(data) < TRICKLE
+
+    def _end(self, src: _Source) -> None:
+        if src.partial:
+            self._emit(src, src.partial)
+        src.on_close()
+        self.events.put(StreamClosed(src.rank, src.stream))
 
     def _emit(self, src: _Source, data: bytes) -> None:
-        self.credits.acquire()
-        self.events.put(Output(src.rank, src.stream, data))
+        self.show(src.rank, src.stream, data)
 
 
 def enlarge_pipe(fd: int) -> None:
@@ -153,7 +315,11 @@ def is_noise(line: bytes) -> bool:
 
 class ConsolePrinter:
     """Shows output live with a rank prefix (``stream``) or per process at the end
-    (``grouped``, in the block format of the guide's bash loop)."""
+    (``grouped``, in the block format of the guide's bash loop).
+
+    ``ranks`` limits the console to those processes (None: all of them); the
+    others' output is in their log files only.
+    """
 
     def __init__(
         self,
@@ -162,13 +328,19 @@ class ConsolePrinter:
         stdout: BinaryIO | None = None,
         stderr: BinaryIO | None = None,
         group_markers: tuple[Callable[[int], str], str] | None = None,
+        ranks: frozenset[int] | None = None,
     ):
         self.mode = mode
+        self.ranks = ranks
         self.show_noise = show_noise
         self.out = stdout or sys.stdout.buffer
         self.err = stderr or sys.stderr.buffer
         self.group_markers = group_markers
         self.in_dump: set[int] = set()  # ranks whose stderr is inside a stack dump
+
+    def shows(self, rank: int) -> bool:
+        """Whether this process's output is shown live."""
+        return self.mode == "stream" and (self.ranks is None or rank in self.ranks)
 
     def _visible(self, rank: int, stream: Stream, line: bytes) -> bool:
         """Stack dumps and noise stay in the log files; the summary points at them."""
@@ -201,7 +373,7 @@ class ConsolePrinter:
 
     def write(self, rank: int, stream: Stream, data: bytes) -> None:
         """Live output (stream mode): every line prefixed with its rank."""
-        if self.mode != "stream":
+        if not self.shows(rank):
             return
         prefix = f"[{rank}] ".encode()
         text = self.render(rank, stream, data, prefix)
@@ -213,7 +385,7 @@ class ConsolePrinter:
 
     def grouped(self, rank: int, stdout_path: str, stderr_path: str) -> None:
         """Print one process's whole output, as the bash loop's final ``cat`` does."""
-        if self.mode != "grouped":
+        if self.mode != "grouped" or (self.ranks is not None and rank not in self.ranks):
             return
         head, tail = self.group_markers or (
             lambda r: f"=================== process {r} output ===================",

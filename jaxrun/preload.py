@@ -1,9 +1,10 @@
 """Launcher side of the preloading fork server (see :mod:`jaxrun.zygote`).
 
-``PreloadSpawner`` satisfies the same ``Spawner`` protocol as ``LocalSpawner``:
-each controller still gets its own environment, its own stdout/stderr pipes,
-its own session and the launcher's lifeline.  Only its parent differs: the
-server forks it, so exits arrive as messages instead of through ``waitpid``.
+``PreloadSpawner`` satisfies the same ``FileSpawner`` protocol as
+``LocalSpawner``: each controller still gets its own environment, its own log
+files as stdout and stderr, its own process group and the launcher's
+lifeline.  Only its parent differs: the server forks it, so exits arrive as
+messages instead of through ``waitpid``.
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ class PreloadError(RuntimeError):
 
 
 class ForkedChild:
-    def __init__(self, pid: int, stdout, stderr):
+    stdout = stderr = None  # it writes its log files itself
+
+    def __init__(self, pid: int):
         self.pid = pid
-        self.stdout = stdout
-        self.stderr = stderr
         self._done = threading.Event()
         self._code: int | None = None
 
@@ -40,7 +41,7 @@ class ForkedChild:
         try:
             os.killpg(self.pid, signum)
         except ProcessLookupError:
-            try:  # forked but not yet in its own session
+            try:  # forked but not yet in its own group
                 os.kill(self.pid, signum)
             except ProcessLookupError:
                 pass
@@ -68,6 +69,8 @@ def differing_import_time_vars(specs: Sequence[ProcessSpec]) -> list[str]:
 
 
 class PreloadSpawner:
+    writes_log_files = True
+
     def __init__(self, specs: Sequence[ProcessSpec], preload: Sequence[str] = (), base_env: Mapping[str, str] | None = None):
         self.base_env = dict(os.environ if base_env is None else base_env)
         env = dict(self.base_env)
@@ -80,7 +83,7 @@ class PreloadSpawner:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             pass_fds=(theirs.fileno(),),
-            start_new_session=True,
+            process_group=0,
         )
         theirs.close()
         self.sock = ours
@@ -123,28 +126,24 @@ class PreloadSpawner:
                     child._finish(-signal.SIGKILL)
             self.started_cond.notify_all()
 
-    def spawn(self, spec: ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str]) -> ForkedChild:
+    def spawn(self, spec: ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str],
+              log_fds: Sequence[int]) -> ForkedChild:
         env = dict(self.base_env)
         env.update(spec.env)
         env.update(extra_env)
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
         # argv after "python -m jaxrun.shim" is what the shim's main() takes.
         request = json.dumps({"argv": list(spec.argv[3:]), "env": env}).encode()
         with self.lock:
             try:
-                socket.send_fds(self.sock, [request], [out_w, err_w, lifeline_fd])
+                socket.send_fds(self.sock, [request], [*log_fds, lifeline_fd])
             except OSError as e:
                 raise PreloadError(f"the preloading server is gone ({e})") from None
-            finally:
-                os.close(out_w)
-                os.close(err_w)
             with self.started_cond:
                 self.started_cond.wait_for(lambda: self.started or self.ready is None)
                 if not self.started:
                     raise PreloadError("the preloading server exited; try --no-preload")
                 pid = self.started.pop(0)
-                child = ForkedChild(pid, os.fdopen(out_r, "rb", buffering=0), os.fdopen(err_r, "rb", buffering=0))
+                child = ForkedChild(pid)
                 self.children[pid] = child
                 if pid in self.early_exits:
                     child._finish(self.early_exits.pop(pid))

@@ -1,8 +1,15 @@
 """Starting one controller: locally here, remotely in :mod:`jaxrun.ssh`.
 
-A spawner turns a ``ProcessSpec`` into a running ``Child`` whose stdout and
-stderr are pipes.  Every local child starts in a session of its own, so one
-``killpg`` reaches the grandchildren it starts too.
+A spawner turns a ``ProcessSpec`` into a running ``Child``.  A spawner whose
+``writes_log_files`` is true takes two open log files (``log_fds``) and makes
+them the child's stdout and stderr; the child's ``stdout``/``stderr`` are then
+None.  Other spawners (SSH, srun, mpirun) hand back pipes, and the supervisor
+writes the logs.  Every local child starts in a process group of its own, so
+one ``killpg`` reaches the grandchildren it starts too.  (A group, not a session:
+the children stay in the user's session, so that the kernel's per-session CPU
+shares, "autogroups", weigh jaxrun and its processes together, as they do for
+a shell's background jobs.  A terminal's Ctrl-C reaches only the foreground
+group, jaxrun's, either way.)
 """
 
 from __future__ import annotations
@@ -10,7 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from typing import Mapping, Protocol
+from typing import Mapping, Protocol, Sequence
 
 from jaxrun import contract
 from jaxrun.plan import ProcessSpec
@@ -27,6 +34,13 @@ class Child(Protocol):
 
 class Spawner(Protocol):
     def spawn(self, spec: ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str]) -> Child: ...
+
+
+class FileSpawner(Protocol):
+    writes_log_files: bool  # True
+
+    def spawn(self, spec: ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str],
+              log_fds: Sequence[int]) -> Child: ...
 
 
 class LocalChild:
@@ -49,10 +63,13 @@ class LocalChild:
 
 
 class LocalSpawner:
+    writes_log_files = True
+
     def __init__(self, base_env: Mapping[str, str] | None = None):
         self.base_env = dict(os.environ if base_env is None else base_env)
 
-    def spawn(self, spec: ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str]) -> LocalChild:
+    def spawn(self, spec: ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str],
+              log_fds: Sequence[int] = ()) -> LocalChild:
         env = dict(self.base_env)
         env.update(spec.env)
         env.update(extra_env)
@@ -61,10 +78,10 @@ class LocalSpawner:
             list(spec.argv),
             env=env,
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stdout=log_fds[0] if log_fds else subprocess.PIPE,
+            stderr=log_fds[1] if log_fds else subprocess.PIPE,
             pass_fds=(lifeline_fd,),
-            start_new_session=True,
+            process_group=0,
             bufsize=0,
         )
         return LocalChild(popen)

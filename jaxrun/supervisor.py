@@ -1,8 +1,10 @@
 """The event loop that watches one attempt of a job until every process is gone.
 
-Threads only produce typed events (see :mod:`jaxrun.events`): the output
-pump, one waiter per child, and signal handlers.  The loop in ``Supervisor.run``
-is the single consumer and the only place that decides anything.
+Threads only produce typed events (see :mod:`jaxrun.events`): one waiter per
+child, signal handlers, and the output pump (which also draws the console
+view itself, and reports only the end of each stream).  The loop in
+``Supervisor.run`` is the single consumer and the only place that decides
+anything.
 
 Stopping is the same in every case (a failure, a signal, ``--timeout``): ask
 the survivors for a stack dump or forward the signal, wait out a deadline
@@ -23,8 +25,8 @@ import time
 from typing import Callable, Mapping, Sequence
 
 from jaxrun import contract
-from jaxrun.events import Exited, Output, SignalReceived, Stream, StreamClosed
-from jaxrun.output import IN_FLIGHT, ConsolePrinter, OutputPump, enlarge_pipe
+from jaxrun.events import Exited, SignalReceived, Stream, StreamClosed
+from jaxrun.output import ConsolePrinter, OutputPump, enlarge_pipe
 from jaxrun.plan import ProcessSpec
 from jaxrun.spawn import Child, Spawner
 
@@ -78,6 +80,12 @@ class Outcome:
     root_cause: int | None = None  # rank
 
 
+def open_log(path: str) -> int:
+    """A log file for a child to write itself.  O_APPEND: grandchildren that
+    share it interleave their writes instead of overwriting each other's."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o644)
+
+
 def log_paths(log_dir: str, rank: int) -> tuple[str, str, str]:
     base = os.path.join(log_dir, f"process-{rank}")
     return base + ".stdout", base + ".stderr", base + ".error.json"
@@ -104,7 +112,6 @@ class Supervisor:
         self.timeout = timeout
         self.clock = clock
         self.events = events if events is not None else queue.SimpleQueue()
-        self.credits = threading.Semaphore(IN_FLIGHT)
         self.children: dict[int, Child] = {}
         self.records: dict[int, ProcessRecord] = {}
         self.reason: StopReason | None = None
@@ -123,7 +130,7 @@ class Supervisor:
     # -- main loop ---------------------------------------------------------
     def run(self) -> Outcome:
         os.makedirs(self.log_dir, exist_ok=True)
-        self.pump = OutputPump(self.events, self.credits)
+        self.pump = OutputPump(self.events, self.printer.write)
         lifeline_r, lifeline_w = os.pipe()
         try:
             try:
@@ -142,17 +149,32 @@ class Supervisor:
     def _start_all(self, lifeline_r: int) -> None:
         start = self.clock()
         self.deadline = start + self.timeout if self.timeout else None
+        # Local spawners let each child write its own log files: no byte of a
+        # flood passes through jaxrun unless the console shows it.
+        direct = getattr(self.spawner, "writes_log_files", False)
         for spec in self.specs:
             out, err, error_file = log_paths(self.log_dir, spec.rank)
             record = ProcessRecord(spec, out, err, error_file)
             self.records[spec.rank] = record
             if os.path.exists(error_file):
                 os.unlink(error_file)
-            child = self.spawner.spawn(spec, lifeline_r, {contract.ERROR_FILE: error_file})
+            env = {contract.ERROR_FILE: error_file}
+            if direct:
+                fds = [open_log(out), open_log(err)]
+                try:
+                    child = self.spawner.spawn(spec, lifeline_r, env, log_fds=fds)
+                finally:
+                    for fd in fds:
+                        os.close(fd)
+            else:
+                child = self.spawner.spawn(spec, lifeline_r, env)
             record.pid, record.started_at = child.pid, time.time()
             self.children[spec.rank] = child
             for pipe, path, stream in ((child.stdout, out, Stream.STDOUT), (child.stderr, err, Stream.STDERR)):
-                self._start_pump(pipe, path, spec.rank, stream)
+                if direct:
+                    self._follow(path, spec.rank, stream)
+                else:
+                    self._start_pump(pipe, path, spec.rank, stream)
             threading.Thread(target=self._wait, args=(spec.rank, child), daemon=True).start()
 
     def _start_pump(self, pipe, path: str, rank: int, stream: Stream) -> None:
@@ -164,7 +186,12 @@ class Supervisor:
             pipe.close()
 
         self.open_streams += 1
-        self.pump.add(pipe.fileno(), log, rank, stream, close)
+        self.pump.add(pipe.fileno(), log, rank, stream, close, show=self.printer.shows(rank))
+
+    def _follow(self, path: str, rank: int, stream: Stream) -> None:
+        if self.printer.shows(rank):  # else nobody needs the bytes until the end
+            self.open_streams += 1
+            self.pump.follow(path, rank, stream, lambda: None)
 
     def _wait(self, rank: int, child: Child) -> None:
         code = child.wait()
@@ -190,10 +217,7 @@ class Supervisor:
             self._handle(event)
 
     def _handle(self, event) -> None:
-        if isinstance(event, Output):
-            self.credits.release()
-            self.printer.write(event.rank, event.stream, event.data)
-        elif isinstance(event, Exited):
+        if isinstance(event, Exited):
             self._on_exit(event)
         elif isinstance(event, SignalReceived):
             self._on_signal(event.signum)
@@ -241,6 +265,7 @@ class Supervisor:
         """Print what the pumps still hold; pipes close once the groups are dead."""
         for child in self.children.values():
             child.send(signal.SIGKILL)
+        self.pump.finish()  # nobody is left to write the followed files
         end = self.clock() + DRAIN_WAIT
         while self.open_streams > 0:
             try:

@@ -10,8 +10,8 @@ time.
 Protocol, over a SOCK_SEQPACKET socket (one message per packet):
 
 - request (launcher -> server): JSON ``{"argv": [...], "env": {...}}`` with
-  three file descriptors attached: the child's stdout and stderr pipes and
-  the launcher's lifeline.
+  three file descriptors attached: the child's stdout and stderr (its log
+  files) and the launcher's lifeline.
 - ``started PID`` (server -> launcher) once the child is forked;
 - ``exit PID RETURNCODE`` (Popen-style, negative for a signal) when it ends.
 
@@ -81,7 +81,7 @@ def become_controller(sock: socket.socket, request: dict, fds: list[int]) -> Non
         signal.set_wakeup_fd(-1)
         for signum in (signal.SIGCHLD, signal.SIGINT):
             signal.signal(signum, signal.SIG_DFL if signum == signal.SIGCHLD else signal.default_int_handler)
-        os.setsid()
+        os.setpgid(0, 0)
         out, err, lifeline = fds
         devnull = os.open(os.devnull, os.O_RDONLY)
         for src, dst in ((devnull, 0), (out, 1), (err, 2)):
