@@ -3,11 +3,15 @@
     python bench/overhead.py [--seconds 30] [--processes 8]
 
 8 processes each print a line every millisecond for 30 s under jaxrun (with the
-preloading server, the default).  The jaxrun process is sampled with psutil
-every 0.2 s for CPU time and resident memory; each worker reports its own CPU
-time (getrusage) when it finishes.  The preloading server is listed apart: it
-forks the workers and then only waits, and most of its memory is shared with
-them.
+preloading server, the default), the console going to /dev/null.  When jaxrun
+has exited, and before it is reaped, its CPU time and peak resident memory
+are read from /proc: CPU from the unreaped process, the peak from VmHWM (a
+high-water mark the kernel keeps) while it runs, so nothing between samples is
+missed.  Each
+worker reports its own CPU time (getrusage) when it finishes.  The preloading
+server is sampled with psutil and listed apart: it imports jax once for all
+the workers, forks them and then only waits, and most of its memory is shared
+with them.  Linux only.
 """
 
 from __future__ import annotations
@@ -44,6 +48,25 @@ def cpu_of(proc: psutil.Process) -> float:
     return t.user + t.system
 
 
+def final_cpu(pid: int) -> float:
+    """CPU seconds of an exited, not yet reaped process: all its threads, none of its children."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def high_water_mark(pid: int) -> float:
+    """Peak resident memory so far, in bytes (0 once the process has exited)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=30.0)
@@ -60,10 +83,10 @@ def main() -> None:
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         me = psutil.Process(launcher.pid)
-        cpu = rss = server_cpu = server_rss = 0.0
-        while launcher.poll() is None:
+        server_cpu = server_rss = rss = 0.0
+        while not os.waitid(os.P_PID, launcher.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG):
+            rss = max(rss, high_water_mark(launcher.pid))
             try:
-                cpu, rss = cpu_of(me), max(rss, me.memory_info().rss)
                 for child in me.children():
                     if "jaxrun.zygote" in " ".join(child.cmdline()):
                         server_cpu = cpu_of(child)
@@ -71,7 +94,8 @@ def main() -> None:
             except psutil.NoSuchProcess:
                 pass
             time.sleep(0.2)
-        if launcher.returncode != 0:
+        cpu = final_cpu(launcher.pid)
+        if launcher.wait() != 0:
             raise SystemExit(f"jaxrun exited {launcher.returncode}")
         workers = [json.load(open(p)) for p in glob.glob(os.path.join(tmp, "cpu-*.json"))]
     job_cpu = sum(w["cpu"] for w in workers)

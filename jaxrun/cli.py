@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import datetime
 import os
-import secrets
 import sys
 import tempfile
 
 import click
 
 from jaxrun import __version__, ci, engines, meshspec
-from jaxrun import hosts as hostfile
 from jaxrun import plan as planning
-from jaxrun.devices import count_local_gpus
 from jaxrun.launch import LaunchError, RunConfig, run
 
 
@@ -77,7 +74,7 @@ def default_log_dir(run_id: str) -> str:
 
 def new_run_id() -> str:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return f"{stamp}-{secrets.token_hex(3)}"
+    return f"{stamp}-{os.urandom(3).hex()}"
 
 
 CONTEXT = {
@@ -141,7 +138,9 @@ def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, 
         raise click.UsageError("--cpu-devices and --devices-per-process cannot be used together")
     hosts = read_hosts(hosts_file, host_opts)
     if hosts:
-        num_processes = num_processes or hostfile.total_slots(hosts)
+        from jaxrun.hosts import total_slots
+
+        num_processes = num_processes or total_slots(hosts)
         planning.assign_hosts(hosts, num_processes)  # too few slots: exit 2 before any ssh
     github_actions = ci.on_github_actions()
     run_id = new_run_id()
@@ -208,11 +207,17 @@ def local_device_count(cpu_devices, devices_per_process, num_processes: int, els
         return None
     if num_processes == 1 and devices_per_process is None:
         return None
+    from jaxrun.devices import count_local_gpus
+
     return count_local_gpus()
 
 
 def read_hosts(hosts_file: str | None, host_opts: tuple[str, ...]) -> list[planning.Host]:
     """Hosts from --hosts or -H; an empty list means a local run."""
+    if not hosts_file and not host_opts:
+        return []
+    from jaxrun import hosts as hostfile
+
     if hosts_file and host_opts:
         raise click.UsageError("--hosts and -H cannot be used together")
     try:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Mapping, Sequence, TextIO
+from typing import TYPE_CHECKING, Mapping, Sequence, TextIO
 
 from jaxrun import contract
 from jaxrun import plan as planning
-from jaxrun.taskchannel import StepSpawner
+if TYPE_CHECKING:  # the channel is loaded only when a step is started
+    from jaxrun.taskchannel import StepSpawner
 
 ENGINES = ("slurm", "mpirun")
 RANK_SOURCE = {"slurm": "slurm", "mpirun": "mpi"}
@@ -98,4 +99,6 @@ def step_spawner(engine: EngineOptions, options: planning.LaunchOptions, specs, 
         build = lambda e: mpirun_command(engine, options.num_processes, task, e, is_root)  # noqa: E731
     build(env)  # bad combinations fail here, before anything starts
     name = "srun" if engine.kind == "slurm" else "mpirun"
+    from jaxrun.taskchannel import StepSpawner
+
     return StepSpawner(name, specs, build, env, log_dir, console, fixed_coordinator)

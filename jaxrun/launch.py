@@ -9,7 +9,7 @@ import socket
 import sys
 from typing import Callable, TextIO
 
-from jaxrun import ci, engines, junit, report
+from jaxrun import ci, engines, report
 from jaxrun import plan as planning
 from jaxrun import preload
 from jaxrun.output import ConsolePrinter
@@ -114,6 +114,8 @@ def run(
         if config.report_path:
             report.write_report(config.report_path, report.report_dict(outcomes, opts.run_id, dirs))
         if config.junit_path:
+            from jaxrun import junit
+
             junit.write(config.junit_path, outcome, suite=f"jaxrun {opts.target.name}")
         if outcome.reason is not StopReason.FAILURE or attempt == config.max_restarts:
             return outcome.exit_code

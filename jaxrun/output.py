@@ -34,6 +34,11 @@ CONSOLE_NICE = 19  # the output thread's niceness while it follows files
 PIPE_SIZE = 1 << 20  # bigger pipes: fewer, larger reads under a flood
 TRICKLE = 1 << 14  # a read smaller than this is a trickle, worth coalescing
 COALESCE = 0.1  # seconds; the most a trickling console line is held back
+# Followed files that keep growing are read less and less often, up to this:
+# a job printing thousands of lines a second gets them in batches of half a
+# second, at a fraction of the cost.  A quiet file is watched, so the first
+# line after a pause still shows at once.
+MAX_BATCH = 0.5
 
 # Lines JAX and its collectives print on every run; hidden on the console only.
 # Gloo's "[Gloo] Rank 0 is connected to 3 peer ranks. ..." is written in
@@ -119,8 +124,9 @@ class OutputPump:
     line shows at once (for followed files: where inotify exists).
     """
 
-    def __init__(self, events: queue.SimpleQueue, show: Callable[[int, Stream, bytes], None], coalesce: float = COALESCE):
-        self.events, self.show, self.coalesce = events, show, coalesce
+    def __init__(self, events: queue.SimpleQueue, show: Callable[[int, Stream, bytes], None],
+                 flush: Callable[[], None] = lambda: None, coalesce: float = COALESCE):
+        self.events, self.show, self.flush, self.coalesce = events, show, flush, coalesce
         self.selector = selectors.DefaultSelector()
         self.wake_r, self.wake_w = os.pipe()
         self.selector.register(self.wake_r, selectors.EVENT_READ, None)
@@ -176,16 +182,17 @@ class OutputPump:
         last_round = 0.0
         behind = False  # a followed file holds more than one read's worth
         quiet = False  # the last look at the followed files found nothing new
+        interval = self.coalesce  # between looks at followed files that grow
         while not self.stopped:
             now = time.monotonic()
             timeout = None  # pipes only: sleep until one is readable
             if behind:
                 timeout = 0
             elif self.files:
-                # Steady output is polled at 1/coalesce; quiet files are
-                # watched, after one more look to catch a write that raced
-                # the arming.
-                timeout = max(0.0, last_round + self.coalesce - now)
+                # Growing files are polled, less often the longer they keep
+                # growing; quiet files are watched, after one more look to
+                # catch a write that raced the arming.
+                timeout = max(0.0, last_round + interval - now)
                 if quiet and self._arm():
                     quiet, behind = self._read_files()
                     timeout = None if quiet else 0
@@ -201,10 +208,13 @@ class OutputPump:
             if self.files:
                 self._disarm()
                 quiet, behind = self._read_files()
+                interval = self.coalesce if quiet else min(2 * interval, MAX_BATCH)
                 last_round = time.monotonic()
                 if self.finishing:
                     self._close_files()
+                self.flush()
                 continue
+            self.flush()
             if trickle and now - last_round < self.coalesce:
                 # Hold back, unless woken: a process exiting means its last
                 # bytes and EOF are waiting, and the job's end should not wait.
@@ -295,6 +305,7 @@ class OutputPump:
     def _end(self, src: _Source) -> None:
         if src.partial:
             self._emit(src, src.partial)
+        self.flush()  # before the supervisor hears of it and prints its summary
         src.on_close()
         self.events.put(StreamClosed(src.rank, src.stream))
 
@@ -381,7 +392,11 @@ class ConsolePrinter:
             sink = self.out if stream is Stream.STDOUT else self.err
             sink.write(prefix)
             sink.write(memoryview(text)[: -len(prefix)])
-            sink.flush()
+
+    def flush(self) -> None:
+        """The pump calls this once a round: one write for many lines."""
+        self.out.flush()
+        self.err.flush()
 
     def grouped(self, rank: int, stdout_path: str, stderr_path: str) -> None:
         """Print one process's whole output, as the bash loop's final ``cat`` does."""

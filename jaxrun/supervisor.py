@@ -130,7 +130,7 @@ class Supervisor:
     # -- main loop ---------------------------------------------------------
     def run(self) -> Outcome:
         os.makedirs(self.log_dir, exist_ok=True)
-        self.pump = OutputPump(self.events, self.printer.write)
+        self.pump = OutputPump(self.events, self.printer.write, self.printer.flush)
         lifeline_r, lifeline_w = os.pipe()
         try:
             try:

@@ -1,0 +1,207 @@
+"""Local children write their own log files; the console follows those files.
+
+End to end with real processes (both launch modes), plus the output pump on
+its own with real files, with and without inotify.
+"""
+
+import os
+import select
+import signal
+import threading
+import time
+
+import pytest
+
+from jaxrun import output
+from jaxrun.events import Stream, StreamClosed
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def read_until(job, wanted: list[bytes], within: float) -> bytes:
+    """Read a running jaxrun's stdout until every wanted piece has shown up."""
+    got = b""
+    deadline = time.monotonic() + within
+    fd = job.proc.stdout.fileno()
+    while not all(w in got for w in wanted) and time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if ready:
+            data = os.read(fd, 1 << 16)
+            if not data:
+                break
+            got += data
+    return got
+
+
+def test_children_write_straight_into_their_log_files(jaxrun, tmp_path):
+    script = tmp_path / "where.py"
+    script.write_text(
+        "import os\n"
+        "print(os.readlink('/proc/self/fd/1'), os.readlink('/proc/self/fd/2'))\n"
+        "print('group', os.getpgid(0) == os.getpid(), 'session', os.getsid(0))\n"
+    )
+    logs = tmp_path / "logs"
+    code, out, err = jaxrun("-n", 2, "--log-dir", logs, script)
+    assert code == 0, err
+    sessions = set()
+    for rank in range(2):
+        where, group = (logs / f"process-{rank}.stdout").read_text().splitlines()
+        assert where.split() == [str(logs / f"process-{rank}.stdout"), str(logs / f"process-{rank}.stderr")]
+        # Leader of its own group (one killpg takes its descendants), in the launcher's session.
+        assert group.startswith("group True session ")
+        sessions.add(group.split()[-1])
+        assert f"[{rank}] {where}" in out
+    assert len(sessions) == 1 and int(sessions.pop()) != 0
+
+
+def test_a_quiet_process_line_shows_while_it_runs(launch, tmp_path):
+    script = tmp_path / "quiet.py"
+    script.write_text(
+        "import os, time\n"
+        "print('hello from', os.environ['JAXRUN_PROCESS_ID'], flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    job = launch("-n", 2, "--grace", "1", script)
+    seen = read_until(job, [b"[0] hello from 0", b"[1] hello from 1"], within=60)
+    still_running = job.proc.poll() is None
+    job.proc.send_signal(signal.SIGINT)
+    assert job.wait(timeout=60) == 130
+    assert b"[0] hello from 0" in seen and b"[1] hello from 1" in seen, seen
+    assert still_running
+
+
+def test_steady_output_shows_while_it_runs(launch, tmp_path):
+    script = tmp_path / "steady.py"
+    script.write_text(
+        "import itertools, time\n"
+        "for i in itertools.count():\n"
+        "    print('tick', i)\n"
+        "    time.sleep(0.005)\n"
+    )
+    job = launch("-n", 1, "--grace", "1", script)
+    seen = read_until(job, [b"[0] tick 200\n"], within=60)
+    still_running = job.proc.poll() is None
+    job.proc.send_signal(signal.SIGINT)
+    job.wait(timeout=60)
+    assert b"[0] tick 200\n" in seen and still_running
+
+
+def test_a_flood_reaches_the_console_whole(jaxrun, tmp_path):
+    script = tmp_path / "flood.py"
+    script.write_text(
+        "import os, sys\n"
+        "rank = os.environ['JAXRUN_PROCESS_ID']\n"
+        "line = f'{rank} '.encode() + b'x' * 97 + b'\\n'\n"
+        "for _ in range(100):\n"
+        "    os.write(1, line * 2000)\n"  # 20 MB a process, as fast as it can
+        "os.write(2, b'done ' + rank.encode())\n"
+    )
+    logs = tmp_path / "logs"
+    code, out, err = jaxrun("-n", 2, "--log-dir", logs, script)
+    assert code == 0, err
+    for rank in range(2):
+        expected = (f"{rank} ".encode() + b"x" * 97 + b"\n") * 200_000
+        assert (logs / f"process-{rank}.stdout").read_bytes() == expected
+        assert out.count(f"[{rank}] {rank} xxx") == 200_000
+        assert f"[{rank}] done {rank}\n" in err  # a last partial line, completed on the console
+
+
+def test_grandchildren_share_the_log_and_nothing_is_overwritten(jaxrun, tmp_path):
+    script = tmp_path / "family.py"
+    script.write_text(
+        "import subprocess, sys\n"
+        "print('parent before', flush=True)\n"
+        "subprocess.run([sys.executable, '-c', 'print(\"grandchild\")'], check=True)\n"
+        "print('parent after', flush=True)\n"
+    )
+    logs = tmp_path / "logs"
+    code, out, err = jaxrun("-n", 1, "--log-dir", logs, script)
+    assert code == 0, err
+    assert (logs / "process-0.stdout").read_text() == "parent before\ngrandchild\nparent after\n"
+    assert "[0] parent before\n[0] grandchild\n[0] parent after\n" in out
+
+
+def test_console_ranks_limits_the_console_never_the_logs(jaxrun, tmp_path):
+    script = tmp_path / "hello.py"
+    script.write_text("import os, sys\nr = os.environ['JAXRUN_PROCESS_ID']\nprint('out', r)\nprint('err', r, file=sys.stderr)\n")
+    logs = tmp_path / "logs"
+    code, out, err = jaxrun("-n", 3, "--console-ranks", "0,2", "--log-dir", logs, script)
+    assert code == 0, err
+    assert "[0] out 0" in out and "[2] out 2" in out and "[1]" not in out
+    assert "[0] err 0" in err and "[2] err 2" in err and "[1]" not in err
+    for rank in range(3):
+        assert (logs / f"process-{rank}.stdout").read_text() == f"out {rank}\n"
+        assert (logs / f"process-{rank}.stderr").read_text() == f"err {rank}\n"
+    code, out, err = jaxrun("-n", 2, "--console-ranks", "none", "--output", "grouped", script)
+    assert code == 0, err
+    assert "out" not in out and "process 0 output" not in out
+    assert "jaxrun: logs in" in err
+
+
+@pytest.mark.parametrize("value, message", [
+    ("2", "--console-ranks: there is no process 2 among 2"),
+    ("1-0", "is not a list of ranks"),
+    ("first", "is not a list of ranks"),
+])
+def test_console_ranks_bad_values_are_one_line_errors(jaxrun, tmp_path, value, message):
+    script = tmp_path / "never.py"
+    script.write_text("open(__file__ + '.ran', 'w').close()\n")
+    code, out, err = jaxrun("-n", 2, "--console-ranks", value, script)
+    assert code == 2
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "never.py.ran").exists()
+
+
+class Collector:
+    """Stands in for the console printer: what the pump showed, and when each stream ended."""
+
+    def __init__(self):
+        self.shown: dict[int, bytes] = {}
+        self.lock = threading.Lock()
+
+    def show(self, rank, stream, data):
+        with self.lock:
+            self.shown[rank] = self.shown.get(rank, b"") + data
+
+    def wait_for(self, rank, text: bytes, within=10.0) -> bool:
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            with self.lock:
+                if text in self.shown.get(rank, b""):
+                    return True
+            time.sleep(0.01)
+        return False
+
+
+@pytest.mark.parametrize("inotify", [True, False], ids=["inotify", "polling"])
+def test_the_pump_follows_growing_files(tmp_path, monkeypatch, inotify):
+    if not inotify:  # as on a system without inotify: a 10 Hz tick
+        monkeypatch.setattr(output._FileWatch, "arm", lambda self, paths: None)
+    import queue
+
+    events = queue.SimpleQueue()
+    shown = Collector()
+    pump = output.OutputPump(events, shown.show)
+    paths = [tmp_path / f"p{r}.log" for r in range(2)]
+    writers = [os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND) for p in paths]
+    try:
+        for rank, path in enumerate(paths):
+            pump.follow(str(path), rank, Stream.STDOUT, lambda: None)
+        time.sleep(0.5)  # quiet files: the pump is waiting on them now
+        os.write(writers[1], b"first line\npartial")
+        assert shown.wait_for(1, b"first line\n")
+        assert b"partial" not in shown.shown[1]  # held until its line ends, or the file ends
+        for i in range(50):  # then steady output
+            os.write(writers[0], b"step %d\n" % i)
+            time.sleep(0.002)
+        assert shown.wait_for(0, b"step 49\n")
+        pump.finish()
+        closed = [events.get(timeout=5) for _ in paths]
+        assert {(e.rank, e.stream) for e in closed} == {(0, Stream.STDOUT), (1, Stream.STDOUT)}
+        assert all(isinstance(e, StreamClosed) for e in closed)
+        assert shown.shown[1] == b"first line\npartial"
+        assert shown.shown[0] == b"".join(b"step %d\n" % i for i in range(50))
+    finally:
+        pump.stop()
+        for fd in writers:
+            os.close(fd)
