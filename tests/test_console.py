@@ -33,16 +33,22 @@ def read_until(job, wanted: list[bytes], within: float) -> bytes:
     return got
 
 
+def run_ok(jaxrun, tmp_path, source: str, *args):
+    """Run a script to success; returns its console output and its log folder."""
+    script = tmp_path / "job.py"
+    script.write_text(source)
+    logs = tmp_path / "logs"
+    code, out, err = jaxrun(*args, "--log-dir", logs, script)
+    assert code == 0, err
+    return out, err, logs
+
+
 def test_children_write_straight_into_their_log_files(jaxrun, tmp_path):
-    script = tmp_path / "where.py"
-    script.write_text(
+    out, _, logs = run_ok(jaxrun, tmp_path, (
         "import os\n"
         "print(os.readlink('/proc/self/fd/1'), os.readlink('/proc/self/fd/2'))\n"
         "print('group', os.getpgid(0) == os.getpid(), 'session', os.getsid(0))\n"
-    )
-    logs = tmp_path / "logs"
-    code, out, err = jaxrun("-n", 2, "--log-dir", logs, script)
-    assert code == 0, err
+    ), "-n", 2)
     sessions = set()
     for rank in range(2):
         where, group = (logs / f"process-{rank}.stdout").read_text().splitlines()
@@ -87,18 +93,14 @@ def test_steady_output_shows_while_it_runs(launch, tmp_path):
 
 
 def test_a_flood_reaches_the_console_whole(jaxrun, tmp_path):
-    script = tmp_path / "flood.py"
-    script.write_text(
+    out, err, logs = run_ok(jaxrun, tmp_path, (
         "import os, sys\n"
         "rank = os.environ['JAXRUN_PROCESS_ID']\n"
         "line = f'{rank} '.encode() + b'x' * 97 + b'\\n'\n"
         "for _ in range(100):\n"
         "    os.write(1, line * 2000)\n"  # 20 MB a process, as fast as it can
         "os.write(2, b'done ' + rank.encode())\n"
-    )
-    logs = tmp_path / "logs"
-    code, out, err = jaxrun("-n", 2, "--log-dir", logs, script)
-    assert code == 0, err
+    ), "-n", 2)
     for rank in range(2):
         expected = (f"{rank} ".encode() + b"x" * 97 + b"\n") * 200_000
         assert (logs / f"process-{rank}.stdout").read_bytes() == expected
@@ -107,16 +109,12 @@ def test_a_flood_reaches_the_console_whole(jaxrun, tmp_path):
 
 
 def test_grandchildren_share_the_log_and_nothing_is_overwritten(jaxrun, tmp_path):
-    script = tmp_path / "family.py"
-    script.write_text(
+    out, _, logs = run_ok(jaxrun, tmp_path, (
         "import subprocess, sys\n"
         "print('parent before', flush=True)\n"
         "subprocess.run([sys.executable, '-c', 'print(\"grandchild\")'], check=True)\n"
         "print('parent after', flush=True)\n"
-    )
-    logs = tmp_path / "logs"
-    code, out, err = jaxrun("-n", 1, "--log-dir", logs, script)
-    assert code == 0, err
+    ), "-n", 1)
     assert (logs / "process-0.stdout").read_text() == "parent before\ngrandchild\nparent after\n"
     assert "[0] parent before\n[0] grandchild\n[0] parent after\n" in out
 
