@@ -3,7 +3,7 @@
     python bench/overhead.py [--seconds 30] [--processes 8]
 
 8 processes each print a line every millisecond for 30 s under jaxrun (with the
-preloading server, the default), the console going to /dev/null.  When jaxrun
+preloading server, the default), the console going to a file, as a CI log would.  When jaxrun
 has exited, and before it is reaped, its CPU time and peak resident memory
 are read from /proc: CPU from the unreaped process, the peak from VmHWM (a
 high-water mark the kernel keeps) while it runs, so nothing between samples is
@@ -26,7 +26,7 @@ import time
 
 import psutil
 
-from common import JAXRUN
+from common import JAXRUN, PYTHON, median
 
 WORKER = """
 import json, os, resource, sys, time
@@ -67,45 +67,85 @@ def high_water_mark(pid: int) -> float:
     return 0.0
 
 
+def one_run(args, tmp: str, script: str) -> dict:
+    env = dict(os.environ, BENCH_SECONDS=str(args.seconds), BENCH_DIR=tmp, JAX_PLATFORMS="cpu")
+    env.pop("JAXRUN_NO_PRELOAD", None)
+    for old in glob.glob(os.path.join(tmp, "cpu-*.json")):
+        os.unlink(old)
+    console = open(os.path.join(tmp, "console.txt"), "wb")
+    launcher = subprocess.Popen(
+        JAXRUN + ["-n", str(args.processes), "--log-dir", os.path.join(tmp, "logs"), script],
+        env=env, stdout=console, stderr=subprocess.STDOUT,
+    )
+    console.close()
+    me = psutil.Process(launcher.pid)
+    server_cpu = server_rss = rss = 0.0
+    while not os.waitid(os.P_PID, launcher.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG):
+        rss = max(rss, high_water_mark(launcher.pid))
+        try:
+            for child in me.children():
+                if "jaxrun.zygote" in " ".join(child.cmdline()):
+                    server_cpu = cpu_of(child)
+                    server_rss = max(server_rss, child.memory_info().rss)
+        except psutil.NoSuchProcess:
+            pass
+        time.sleep(0.2)
+    cpu = final_cpu(launcher.pid)
+    if launcher.wait() != 0:
+        raise SystemExit(f"jaxrun exited {launcher.returncode}")
+    workers = [json.load(open(p)) for p in glob.glob(os.path.join(tmp, "cpu-*.json"))]
+    job = sum(w["cpu"] for w in workers)
+    with open(os.path.join(tmp, "console.txt"), "rb") as f:
+        shown = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    if shown < sum(w["lines"] for w in workers):
+        raise SystemExit(f"the console showed {shown} lines of {sum(w['lines'] for w in workers)}")
+    return {"cpu": cpu, "rss": rss, "server_cpu": server_cpu, "server_rss": server_rss, "job": job,
+            "lines": sum(w["lines"] for w in workers), "share": cpu / job}
+
+
+def start_up_cpu(cmd: list[str], runs: int = 9) -> float:
+    """Median CPU seconds of a short command, children included."""
+    spent = []
+    for _ in range(runs):
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _, _, usage = os.wait4(proc.pid, 0)
+        spent.append(usage.ru_utime + usage.ru_stime)
+    return median(spent)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--processes", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    runs = []
     with tempfile.TemporaryDirectory() as tmp:
         script = os.path.join(tmp, "worker.py")
         with open(script, "w") as f:
             f.write(WORKER)
-        env = dict(os.environ, BENCH_SECONDS=str(args.seconds), BENCH_DIR=tmp, JAX_PLATFORMS="cpu")
-        env.pop("JAXRUN_NO_PRELOAD", None)
-        launcher = subprocess.Popen(
-            JAXRUN + ["-n", str(args.processes), "--log-dir", os.path.join(tmp, "logs"), script],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        me = psutil.Process(launcher.pid)
-        server_cpu = server_rss = rss = 0.0
-        while not os.waitid(os.P_PID, launcher.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG):
-            rss = max(rss, high_water_mark(launcher.pid))
-            try:
-                for child in me.children():
-                    if "jaxrun.zygote" in " ".join(child.cmdline()):
-                        server_cpu = cpu_of(child)
-                        server_rss = max(server_rss, child.memory_info().rss)
-            except psutil.NoSuchProcess:
-                pass
-            time.sleep(0.2)
-        cpu = final_cpu(launcher.pid)
-        if launcher.wait() != 0:
-            raise SystemExit(f"jaxrun exited {launcher.returncode}")
-        workers = [json.load(open(p)) for p in glob.glob(os.path.join(tmp, "cpu-*.json"))]
-    job_cpu = sum(w["cpu"] for w in workers)
-    lines = sum(w["lines"] for w in workers)
-    print(f"{args.processes} processes x one line per ms for {args.seconds:.0f} s: {lines} lines")
-    print(f"workers' CPU time:            {job_cpu:.2f} s")
-    print(f"jaxrun's CPU time:            {cpu:.2f} s  ({100 * cpu / job_cpu:.1f}% of the job's)")
-    print(f"jaxrun's peak RSS:            {rss / 2**20:.1f} MiB")
-    print(f"preloading server: CPU {server_cpu:.2f} s, peak RSS {server_rss / 2**20:.1f} MiB (mostly shared with the workers)")
-    print(f"targets: launcher <= 2% of the job's CPU (got {100 * cpu / job_cpu:.1f}%), peak RSS <= 60 MB (got {rss / 1e6:.0f} MB)")
+        for r in range(args.rounds):
+            runs.append(one_run(args, tmp, script))
+            x = runs[-1]
+            print(f"  round {r + 1}/{args.rounds}: jaxrun {x['cpu']:.2f} s CPU, workers {x['job']:.2f} s "
+                  f"({100 * x['share']:.1f}%), peak RSS {x['rss'] / 2**20:.1f} MiB", flush=True)
+    bare = start_up_cpu([PYTHON, "-c", "pass"])
+    floor = start_up_cpu([PYTHON, "-c", "import click"])
+    version = start_up_cpu(JAXRUN + ["--version"])
+    share = median([x["share"] for x in runs])
+    rss = max(x["rss"] for x in runs)
+    print(f"{args.processes} processes x one line per ms for {args.seconds:.0f} s "
+          f"({median([x['lines'] for x in runs]):.0f} lines), {args.rounds} rounds, medians:")
+    print(f"workers' CPU time:            {median([x['job'] for x in runs]):.2f} s")
+    print(f"jaxrun's CPU time:            {median([x['cpu'] for x in runs]):.3f} s  ({100 * share:.1f}% of the workers', "
+          f"{100 * median([x['cpu'] / (x['job'] + x['server_cpu']) for x in runs]):.1f}% of workers + preloading server)")
+    print(f"  for context, start-up CPU on this machine: python -c pass {1000 * bare:.0f} ms, "
+          f"python -c 'import click' {1000 * floor:.0f} ms, jaxrun --version {1000 * version:.0f} ms")
+    print(f"jaxrun's peak RSS (highest):  {rss / 2**20:.1f} MiB")
+    print(f"preloading server: CPU {median([x['server_cpu'] for x in runs]):.2f} s, peak RSS "
+          f"{max(x['server_rss'] for x in runs) / 2**20:.0f} MiB (it imports jax once for all the workers; "
+          f"most of its memory is shared with them)")
+    print(f"targets: launcher <= 2% of the job's CPU (got {100 * share:.1f}%), peak RSS <= 60 MB (got {rss / 1e6:.0f} MB)")
 
 
 if __name__ == "__main__":

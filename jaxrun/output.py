@@ -30,6 +30,8 @@ from typing import BinaryIO, Callable
 from jaxrun.events import Stream, StreamClosed
 
 CHUNK = 1 << 18
+FILE_CHUNK = 1 << 16  # one look at a followed file; small enough for malloc's heap
+FLUSH_AT = 1 << 20  # console bytes gathered before a write, at most
 CONSOLE_NICE = 19  # the output thread's niceness while it follows files
 PIPE_SIZE = 1 << 20  # bigger pipes: fewer, larger reads under a flood
 TRICKLE = 1 << 14  # a read smaller than this is a trickle, worth coalescing
@@ -65,7 +67,6 @@ class _Source:
         self.path = path  # a followed file's name
         self.show = show  # False: keep the log only, send nothing to the console
         self.partial = b""
-        self.offset = 0  # a followed file: how far it has been read
 
 
 class _FileWatch:
@@ -275,14 +276,10 @@ class OutputPump:
         (nothing was new, a file holds more: its writer is ahead of the console)."""
         quiet, behind = True, False
         for src in self.files:
-            grown = os.fstat(src.fd).st_size - src.offset
-            if grown > 0:
-                # Exactly what is there: asking for a whole chunk would make
-                # every small read allocate (and map) a chunk-sized buffer.
-                data = os.read(src.fd, min(grown, CHUNK))
-                src.offset += len(data)
+            data = os.read(src.fd, FILE_CHUNK)
+            if data:
                 self._lines(src, data)
-                quiet, behind = False, behind or grown > CHUNK
+                quiet, behind = False, behind or len(data) == FILE_CHUNK
         return quiet, behind
 
     def _close_files(self) -> None:
@@ -348,6 +345,8 @@ class ConsolePrinter:
         self.err = stderr or sys.stderr.buffer
         self.group_markers = group_markers
         self.in_dump: set[int] = set()  # ranks whose stderr is inside a stack dump
+        self.pending: dict[Stream, list] = {Stream.STDOUT: [], Stream.STDERR: []}
+        self.pending_bytes = 0
 
     def shows(self, rank: int) -> bool:
         """Whether this process's output is shown live."""
@@ -389,14 +388,23 @@ class ConsolePrinter:
         prefix = f"[{rank}] ".encode()
         text = self.render(rank, stream, data, prefix)
         if text:
-            sink = self.out if stream is Stream.STDOUT else self.err
-            sink.write(prefix)
-            sink.write(memoryview(text)[: -len(prefix)])
+            pending = self.pending[stream]
+            pending.append(prefix)
+            pending.append(memoryview(text)[: -len(prefix)])
+            self.pending_bytes += len(text)
+            if self.pending_bytes > FLUSH_AT:
+                self.flush()
 
     def flush(self) -> None:
-        """The pump calls this once a round: one write for many lines."""
-        self.out.flush()
-        self.err.flush()
+        """Write what ``write`` gathered: the pump calls this once a round, so
+        a round costs one write per console stream, not two per chunk."""
+        for stream, sink in ((Stream.STDOUT, self.out), (Stream.STDERR, self.err)):
+            pending = self.pending[stream]
+            if pending:
+                sink.write(b"".join(pending))
+                sink.flush()
+                pending.clear()
+        self.pending_bytes = 0
 
     def grouped(self, rank: int, stdout_path: str, stderr_path: str) -> None:
         """Print one process's whole output, as the bash loop's final ``cat`` does."""

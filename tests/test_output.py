@@ -16,6 +16,8 @@ def test_every_line_of_a_chunk_gets_the_rank_prefix():
     p, out, _ = printer()
     p.write(3, Stream.STDOUT, b"a\nb b\n\n")
     p.write(3, Stream.STDOUT, b"partial")
+    assert out.getvalue() == b""  # gathered until the pump's round ends
+    p.flush()
     assert out.getvalue() == b"[3] a\n[3] b b\n[3] \n[3] partial\n"
 
 
@@ -24,6 +26,7 @@ def test_noise_and_stack_dumps_are_hidden_on_the_console_only():
     p.write(0, Stream.STDOUT, b"[Gloo] Rank 0 is connected to 3 peer ranks. Expected number of connected peer ranks is : 3\nreal\n")
     p.write(1, Stream.STDERR, b'warning\nCurrent thread 0x00007f (most recent call first):\n  File "x.py", line 3 in f\n\n')
     p.write(1, Stream.STDERR, b'  File "y.py", line 9 in <module>\nTraceback (most recent call last):\n')
+    p.flush()
     assert out.getvalue() == b"[0] real\n"
     assert err.getvalue() == b"[1] warning\n[1] Traceback (most recent call last):\n"
 
@@ -31,12 +34,14 @@ def test_noise_and_stack_dumps_are_hidden_on_the_console_only():
 def test_verbose_shows_everything():
     p, out, _ = printer(show_noise=True)
     p.write(0, Stream.STDOUT, b"[Gloo] Rank 0\n")
+    p.flush()
     assert out.getvalue() == b"[0] [Gloo] Rank 0\n"
 
 
 def test_grouped_mode_prints_nothing_live():
     p, out, err = printer(mode="grouped")
     p.write(0, Stream.STDOUT, b"x\n")
+    p.flush()
     assert out.getvalue() == b"" and err.getvalue() == b""
 
 
