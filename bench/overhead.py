@@ -74,7 +74,7 @@ def one_run(args, tmp: str, script: str) -> dict:
         os.unlink(old)
     console = open(os.path.join(tmp, "console.txt"), "wb")
     launcher = subprocess.Popen(
-        JAXRUN + ["-n", str(args.processes), "--log-dir", os.path.join(tmp, "logs"), script],
+        JAXRUN + ["-n", str(args.processes), "--log-dir", os.path.join(tmp, "logs"), *args.jaxrun_args, script],
         env=env, stdout=console, stderr=subprocess.STDOUT,
     )
     console.close()
@@ -97,7 +97,7 @@ def one_run(args, tmp: str, script: str) -> dict:
     job = sum(w["cpu"] for w in workers)
     with open(os.path.join(tmp, "console.txt"), "rb") as f:
         shown = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
-    if shown < sum(w["lines"] for w in workers):
+    if not args.jaxrun_args and shown < sum(w["lines"] for w in workers):
         raise SystemExit(f"the console showed {shown} lines of {sum(w['lines'] for w in workers)}")
     return {"cpu": cpu, "rss": rss, "server_cpu": server_cpu, "server_rss": server_rss, "job": job,
             "lines": sum(w["lines"] for w in workers), "share": cpu / job}
@@ -118,6 +118,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--processes", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--jaxrun-arg", dest="jaxrun_args", action="append", default=[], metavar="ARG",
+                        help="pass ARG to jaxrun (repeatable), e.g. --jaxrun-arg=--console-ranks=0")
     args = parser.parse_args()
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -129,17 +131,19 @@ def main() -> None:
             x = runs[-1]
             print(f"  round {r + 1}/{args.rounds}: jaxrun {x['cpu']:.2f} s CPU, workers {x['job']:.2f} s "
                   f"({100 * x['share']:.1f}%), peak RSS {x['rss'] / 2**20:.1f} MiB", flush=True)
+    no_site = start_up_cpu([PYTHON, "-S", "-c", "pass"])
     bare = start_up_cpu([PYTHON, "-c", "pass"])
     floor = start_up_cpu([PYTHON, "-c", "import click"])
     version = start_up_cpu(JAXRUN + ["--version"])
     share = median([x["share"] for x in runs])
     rss = max(x["rss"] for x in runs)
-    print(f"{args.processes} processes x one line per ms for {args.seconds:.0f} s "
+    print(f"jaxrun {' '.join(args.jaxrun_args)}: {args.processes} processes x one line per ms for {args.seconds:.0f} s "
           f"({median([x['lines'] for x in runs]):.0f} lines), {args.rounds} rounds, medians:")
     print(f"workers' CPU time:            {median([x['job'] for x in runs]):.2f} s")
     print(f"jaxrun's CPU time:            {median([x['cpu'] for x in runs]):.3f} s  ({100 * share:.1f}% of the workers', "
           f"{100 * median([x['cpu'] / (x['job'] + x['server_cpu']) for x in runs]):.1f}% of workers + preloading server)")
-    print(f"  for context, start-up CPU on this machine: python -c pass {1000 * bare:.0f} ms, "
+    print(f"  for context, start-up CPU on this machine: python -S -c pass {1000 * no_site:.0f} ms, "
+          f"python -c pass {1000 * bare:.0f} ms (site-packages' .pth hooks run), "
           f"python -c 'import click' {1000 * floor:.0f} ms, jaxrun --version {1000 * version:.0f} ms")
     print(f"jaxrun's peak RSS (highest):  {rss / 2**20:.1f} MiB")
     print(f"preloading server: CPU {median([x['server_cpu'] for x in runs]):.2f} s, peak RSS "
