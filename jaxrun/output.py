@@ -31,6 +31,7 @@ from jaxrun.events import Stream, StreamClosed
 
 CHUNK = 1 << 18
 FILE_CHUNK = 1 << 16  # one look at a followed file; small enough for malloc's heap
+LONGEST_LINE = 1 << 16  # an unfinished line longer than this is shown as it is
 FLUSH_AT = 1 << 20  # console bytes gathered before a write, at most
 CONSOLE_NICE = 19  # the output thread's niceness while it follows files
 PIPE_SIZE = 1 << 20  # bigger pipes: fewer, larger reads under a flood
@@ -295,6 +296,8 @@ class OutputPump:
             return
         data = src.partial + data
         cut = data.rfind(b"\n") + 1
+        if len(data) - cut > LONGEST_LINE:  # say, progress bars redrawn with \r for hours
+            cut = len(data)
         src.partial = data[cut:]
         if cut:
             self._emit(src, data[:cut])

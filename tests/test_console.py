@@ -203,3 +203,21 @@ def test_the_pump_follows_growing_files(tmp_path, monkeypatch, inotify):
         pump.stop()
         for fd in writers:
             os.close(fd)
+
+
+def test_an_endless_line_is_shown_in_pieces_not_hoarded(tmp_path):
+    import queue
+
+    shown = Collector()
+    pump = output.OutputPump(queue.SimpleQueue(), shown.show)
+    path = tmp_path / "bar.log"
+    writer = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        pump.follow(str(path), 0, Stream.STDERR, lambda: None)
+        for i in range(400):  # a progress bar redrawn with \r, never a newline
+            os.write(writer, b"\rstep %06d of 400 [" % i + b"#" * 300 + b"]")
+        assert shown.wait_for(0, b"\rstep 000")  # shown while the line goes on
+        assert len(shown.shown[0]) > output.LONGEST_LINE
+    finally:
+        pump.stop()
+        os.close(writer)
