@@ -73,9 +73,9 @@ class _Source:
 class _FileWatch:
     """Wakes the pump when a quiet followed file grows (inotify, Linux only).
 
-    Armed only while the files are quiet: a job that prints steadily is read
-    on a 10 Hz tick instead, since inotify would queue (and the kernel would
-    allocate and free) one event per write.  ``arm`` returns a descriptor that
+    Armed only while the files are quiet: a job that prints steadily is polled
+    instead (10 Hz, backing off to 2 Hz), since inotify would queue (and the
+    kernel would allocate and free) one event per write.  ``arm`` returns a descriptor that
     becomes readable after the next write to any of the files, or None where
     there is no inotify; then the pump keeps ticking.
     """
@@ -84,25 +84,25 @@ class _FileWatch:
 
     def __init__(self) -> None:
         self.fd: int | None = None
-        self._libc = None
+        self._init = self._add_watch = None
         try:
             import ctypes
 
-            self._libc = ctypes.CDLL(None, use_errno=True)
-            self._libc.inotify_init1, self._libc.inotify_add_watch  # noqa: B018 - present?
+            libc = ctypes.CDLL(None, use_errno=True)
+            self._init, self._add_watch = libc.inotify_init1, libc.inotify_add_watch
         except (OSError, AttributeError):  # not Linux
-            self._libc = None
+            pass
 
     def arm(self, paths: list[str]) -> int | None:
-        if self._libc is None:
+        if self._init is None:
             return None
         if self.fd is None:
-            fd = self._libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = self._init(os.O_NONBLOCK | os.O_CLOEXEC)
             if fd < 0:
                 return None
             self.fd = fd
             for path in paths:
-                if self._libc.inotify_add_watch(fd, os.fsencode(path), self.IN_MODIFY) < 0:
+                if self._add_watch(fd, os.fsencode(path), self.IN_MODIFY) < 0:
                     self.disarm()  # out of watches: keep ticking
                     return None
         return self.fd
