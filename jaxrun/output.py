@@ -62,8 +62,8 @@ class _Source:
     """One pipe being pumped, or one log file being followed: where its bytes
     go, and its unfinished last line."""
 
-    def __init__(self, fd: int, log: BinaryIO | None, rank: int, stream: Stream, on_close: Callable[[], None],
-                 show: bool = True, path: str = ""):
+    def __init__(self, fd: int, log: BinaryIO | None, rank: int, stream: Stream,
+                 on_close: Callable[[], None] = lambda: None, show: bool = True, path: str = ""):
         self.fd, self.log, self.rank, self.stream, self.on_close = fd, log, rank, stream, on_close
         self.path = path  # a followed file's name
         self.show = show  # False: keep the log only, send nothing to the console
@@ -75,9 +75,9 @@ class _FileWatch:
 
     Armed only while the files are quiet: a job that prints steadily is polled
     instead (10 Hz, backing off to 2 Hz), since inotify would queue (and the
-    kernel would allocate and free) one event per write.  ``arm`` returns a descriptor that
-    becomes readable after the next write to any of the files, or None where
-    there is no inotify; then the pump keeps ticking.
+    kernel would allocate and free) one event per write.  ``arm`` returns a
+    descriptor that becomes readable after the next write to any of the
+    files, or None where there is no inotify; then the pump keeps ticking.
     """
 
     IN_MODIFY = 0x2
@@ -118,7 +118,8 @@ class OutputPump:
     """One thread that moves every child's bytes, whatever the number of children.
 
     A pipe's bytes go to its log file at once; a followed file already holds
-    them.  Complete lines then go to the supervisor as one ``Output`` per read.
+    them.  Complete lines then go to ``show`` (the console printer), one call
+    per read; the supervisor hears only of each stream's end.
     When output trickles in (small reads, round after round) the pump waits
     ``coalesce`` seconds between rounds, so that a job printing a line every
     millisecond costs about 1/coalesce wake-ups a second instead of thousands.
@@ -148,11 +149,11 @@ class OutputPump:
             self.pending.append(_Source(fd, log, rank, stream, on_close, show))
         os.write(self.wake_w, b"+")
 
-    def follow(self, path: str, rank: int, stream: Stream, on_close: Callable[[], None]) -> None:
+    def follow(self, path: str, rank: int, stream: Stream) -> None:
         """Show a log file that a local child writes itself, as it grows."""
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         with self.lock:
-            self.pending.append(_Source(fd, None, rank, stream, on_close, path=path))
+            self.pending.append(_Source(fd, None, rank, stream, path=path))
         os.write(self.wake_w, b"+")
 
     def finish(self) -> None:
@@ -172,7 +173,6 @@ class OutputPump:
             if isinstance(key.data, _Source):  # still open: a grandchild outlived its group
                 key.data.on_close()
         for src in self.files:
-            src.on_close()
             os.close(src.fd)
         if self.watch is not None:
             self.watch.disarm()
@@ -300,17 +300,14 @@ class OutputPump:
             cut = len(data)
         src.partial = data[cut:]
         if cut:
-            self._emit(src, data[:cut])
+            self.show(src.rank, src.stream, data[:cut])
 
     def _end(self, src: _Source) -> None:
         if src.partial:
-            self._emit(src, src.partial)
+            self.show(src.rank, src.stream, src.partial)
         self.flush()  # before the supervisor hears of it and prints its summary
         src.on_close()
         self.events.put(StreamClosed(src.rank, src.stream))
-
-    def _emit(self, src: _Source, data: bytes) -> None:
-        self.show(src.rank, src.stream, data)
 
 
 def enlarge_pipe(fd: int) -> None:

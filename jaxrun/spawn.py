@@ -46,11 +46,11 @@ class FileSpawner(Protocol):
 class LocalChild:
     """A local controller: the shim's process, leader of its own process group."""
 
+    stdout = stderr = None  # it writes its log files itself
+
     def __init__(self, popen: subprocess.Popen):
         self.popen = popen
         self.pid = popen.pid
-        self.stdout = popen.stdout
-        self.stderr = popen.stderr
 
     def send(self, signum: int) -> None:
         try:
@@ -69,7 +69,7 @@ class LocalSpawner:
         self.base_env = dict(os.environ if base_env is None else base_env)
 
     def spawn(self, spec: ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str],
-              log_fds: Sequence[int] = ()) -> LocalChild:
+              log_fds: Sequence[int]) -> LocalChild:
         env = dict(self.base_env)
         env.update(spec.env)
         env.update(extra_env)
@@ -78,11 +78,10 @@ class LocalSpawner:
             list(spec.argv),
             env=env,
             stdin=subprocess.DEVNULL,
-            stdout=log_fds[0] if log_fds else subprocess.PIPE,
-            stderr=log_fds[1] if log_fds else subprocess.PIPE,
+            stdout=log_fds[0],
+            stderr=log_fds[1],
             pass_fds=(lifeline_fd,),
             process_group=0,
-            bufsize=0,
         )
         return LocalChild(popen)
 

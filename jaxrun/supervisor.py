@@ -166,15 +166,16 @@ class Supervisor:
                 finally:
                     for fd in fds:
                         os.close(fd)
+                if self.printer.shows(spec.rank):  # else nobody needs the bytes until the end
+                    for path, stream in ((out, Stream.STDOUT), (err, Stream.STDERR)):
+                        self.open_streams += 1
+                        self.pump.follow(path, spec.rank, stream)
             else:
                 child = self.spawner.spawn(spec, lifeline_r, env)
+                for pipe, path, stream in ((child.stdout, out, Stream.STDOUT), (child.stderr, err, Stream.STDERR)):
+                    self._start_pump(pipe, path, spec.rank, stream)
             record.pid, record.started_at = child.pid, time.time()
             self.children[spec.rank] = child
-            for pipe, path, stream in ((child.stdout, out, Stream.STDOUT), (child.stderr, err, Stream.STDERR)):
-                if direct:
-                    self._follow(path, spec.rank, stream)
-                else:
-                    self._start_pump(pipe, path, spec.rank, stream)
             threading.Thread(target=self._wait, args=(spec.rank, child), daemon=True).start()
 
     def _start_pump(self, pipe, path: str, rank: int, stream: Stream) -> None:
@@ -187,11 +188,6 @@ class Supervisor:
 
         self.open_streams += 1
         self.pump.add(pipe.fileno(), log, rank, stream, close, show=self.printer.shows(rank))
-
-    def _follow(self, path: str, rank: int, stream: Stream) -> None:
-        if self.printer.shows(rank):  # else nobody needs the bytes until the end
-            self.open_streams += 1
-            self.pump.follow(path, rank, stream, lambda: None)
 
     def _wait(self, rank: int, child: Child) -> None:
         code = child.wait()

@@ -184,7 +184,7 @@ def test_the_pump_follows_growing_files(tmp_path, monkeypatch, inotify):
     writers = [os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND) for p in paths]
     try:
         for rank, path in enumerate(paths):
-            pump.follow(str(path), rank, Stream.STDOUT, lambda: None)
+            pump.follow(str(path), rank, Stream.STDOUT)
         time.sleep(0.5)  # quiet files: the pump is waiting on them now
         os.write(writers[1], b"first line\npartial")
         assert shown.wait_for(1, b"first line\n")
@@ -213,7 +213,7 @@ def test_an_endless_line_is_shown_in_pieces_not_hoarded(tmp_path):
     path = tmp_path / "bar.log"
     writer = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     try:
-        pump.follow(str(path), 0, Stream.STDERR, lambda: None)
+        pump.follow(str(path), 0, Stream.STDERR)
         for i in range(400):  # a progress bar redrawn with \r, never a newline
             os.write(writer, b"\rstep %06d of 400 [" % i + b"#" * 300 + b"]")
         assert shown.wait_for(0, b"\rstep 000")  # shown while the line goes on
