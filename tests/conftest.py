@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -58,9 +59,16 @@ def wait_gone(token: str, within: float) -> list[psutil.Process]:
 
 
 @pytest.fixture(autouse=True)
-def no_leftover_processes(monkeypatch):
+def no_leftover_processes(monkeypatch, tmp_path_factory):
     token = uuid.uuid4().hex
     monkeypatch.setenv(TOKEN, token)
+    # jaxrun's default log folder is $TMPDIR/jaxrun-logs/RUN_ID: without this,
+    # every run without --log-dir would leave a folder in the machine's shared
+    # temporary directory.  Children (and the preload server) inherit TMPDIR;
+    # tempfile.tempdir covers the code that runs inside pytest itself.
+    tmpdir = str(tmp_path_factory.mktemp("tmpdir"))
+    monkeypatch.setenv("TMPDIR", tmpdir)
+    monkeypatch.setattr(tempfile, "tempdir", tmpdir)
     # jaxrun groups output and annotates when it runs on GitHub Actions; the
     # tests that want that set it themselves.
     monkeypatch.delenv("GITHUB_ACTIONS", raising=False)

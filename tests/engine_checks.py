@@ -1,17 +1,26 @@
-"""Checks shared by the scheduler-engine tests (Slurm, Open MPI).
+"""Checks shared by the tests of launchers other than local: Slurm, Open MPI, SSH.
 
-Scheduler launches do not use the preloading fork server, so these tests run
+These launches do not use the preloading fork server, so these tests run
 once, not once per ``launch_mode``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import json
 import time
+from pathlib import Path
 
 import pytest
 
 from conftest import EXAMPLES, Launch
 from test_local import check_guide_output
+
+DATA = Path(__file__).resolve().parent / "data"
+RANK_PROBE = DATA / "engine_rank_probe.py"
+BYTES_PROBE = DATA / "engine_bytes_probe.py"
+BYTES_PER_PROCESS = 3 << 20
 
 # Task 3 fails after initialize() while the others wait in a collective: a bare
 # JAX job would sit out its heartbeat timeout (about 100 s) here.
@@ -69,3 +78,48 @@ def check_timeout_stops_the_step(run_jaxrun, engine_args, tmp_path) -> None:
     assert elapsed < 15, f"took {elapsed:.1f} s"
     # The stack dump asked for over the task channel reached the log.
     assert "most recent call first" in (tmp_path / "logs" / "process-0.stderr").read_text()
+
+
+def check_ranks_come_from_the_scheduler(run_jaxrun, engine_args, tmp_path, started_by: str, rank_variable: str) -> None:
+    """Each process was started by the scheduler (``started_by`` is set), and
+    the rank the scheduler gave it is the one jaxrun's placeholders, its
+    variable and its log file name all use."""
+    logs = tmp_path / "logs"
+    code, _, err, _ = run_jaxrun(*engine_args, "-n", 3, "--cpu-devices", 1, "--log-dir", logs,
+                                 RANK_PROBE, "{process_id}", "{num_processes}", "id={process_id}")
+    assert code == 0, err
+    for rank in range(3):
+        text = (logs / f"process-{rank}.stdout").read_text()
+        lines = [line for line in text.splitlines() if line.startswith("rank-probe ")]
+        assert len(lines) == 1, text
+        seen = json.loads(lines[0].removeprefix("rank-probe "))
+        assert seen["env"][started_by] is not None, f"process {rank} was not started by the scheduler: {seen}"
+        assert seen["env"][rank_variable] == str(rank), seen
+        assert seen["argv"] == [str(rank), "3", f"id={rank}"], seen
+        assert seen["env"]["JAXRUN_PROCESS_ID"] == str(rank), seen
+
+
+def bytes_payload(rank: int, size: int) -> tuple[bytes, bytes]:
+    """What the bytes probe writes; taken from the probe itself, so the two cannot drift."""
+    spec = importlib.util.spec_from_file_location("engine_bytes_probe", BYTES_PROBE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.payload(rank, size)
+
+
+def check_logs_hold_every_byte(run_jaxrun, launcher_args, tmp_path) -> None:
+    """Launchers other than local pass each child's bytes through jaxrun, which
+    writes the log files itself: they must still hold exactly what the child
+    wrote, unfinished last lines and bytes that are not UTF-8 included."""
+    logs = tmp_path / "logs"
+    code, out, err, _ = run_jaxrun(*launcher_args, "-n", 2, "--cpu-devices", 1, "--log-dir", logs,
+                                   BYTES_PROBE, "{process_id}", BYTES_PER_PROCESS)
+    assert code == 0, err[-3000:]
+    for rank in range(2):
+        for stream, want in zip(("stdout", "stderr"), bytes_payload(rank, BYTES_PER_PROCESS)):
+            got = (logs / f"process-{rank}.{stream}").read_bytes()
+            # The end first: a lost unfinished line is the likeliest fault, and this says so plainly.
+            assert got[-100:] == want[-100:], (rank, stream)
+            assert (len(got), hashlib.sha256(got).hexdigest()) == (len(want), hashlib.sha256(want).hexdigest()), (rank, stream)
+        # The console shows an unfinished last line too, once its stream ends.
+        assert f"[{rank}] unfinished stderr line {rank} \ufffd\n" in err

@@ -5,6 +5,7 @@ its own with real files, with and without inotify.
 """
 
 import os
+import re
 import select
 import signal
 import threading
@@ -171,6 +172,20 @@ class Collector:
         return False
 
 
+def inotify_watched_inodes() -> set[int]:
+    """Inodes that some inotify descriptor of this process watches (from /proc fdinfo)."""
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") != "anon_inode:inotify":
+                continue
+            with open(f"/proc/self/fdinfo/{fd}") as f:
+                found |= {int(m, 16) for m in re.findall(r"^inotify wd:\S+ ino:([0-9a-f]+)", f.read(), re.M)}
+        except OSError:  # closed meanwhile
+            pass
+    return found
+
+
 @pytest.mark.parametrize("inotify", [True, False], ids=["inotify", "polling"])
 def test_the_pump_follows_growing_files(tmp_path, monkeypatch, inotify):
     if not inotify:  # as on a system without inotify: a 10 Hz tick
@@ -179,15 +194,24 @@ def test_the_pump_follows_growing_files(tmp_path, monkeypatch, inotify):
 
     events = queue.SimpleQueue()
     shown = Collector()
-    pump = output.OutputPump(events, shown.show)
+    # With inotify a quiet file is watched, not polled: a poll interval far
+    # longer than the wait below shows that the watch, not a tick, woke the pump.
+    pump = output.OutputPump(events, shown.show, coalesce=60.0 if inotify else output.COALESCE)
     paths = [tmp_path / f"p{r}.log" for r in range(2)]
     writers = [os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND) for p in paths]
     try:
         for rank, path in enumerate(paths):
             pump.follow(str(path), rank, Stream.STDOUT)
         time.sleep(0.5)  # quiet files: the pump is waiting on them now
+        if inotify:
+            inodes = {os.stat(p).st_ino for p in paths}
+            deadline = time.monotonic() + 10  # the pump thread runs at the lowest priority
+            while not inodes <= inotify_watched_inodes() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert inodes <= inotify_watched_inodes(), "the quiet files are not watched"
         os.write(writers[1], b"first line\npartial")
-        assert shown.wait_for(1, b"first line\n")
+        assert shown.wait_for(1, b"first line\n", within=5.0)
+        pump.coalesce = output.COALESCE  # else the pump's stop would wait out a 60 s pause
         assert b"partial" not in shown.shown[1]  # held until its line ends, or the file ends
         for i in range(50):  # then steady output
             os.write(writers[0], b"step %d\n" % i)

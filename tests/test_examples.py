@@ -11,11 +11,8 @@ has about two cores and ten minutes for the whole suite.
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
-import signal
-import socket
 import subprocess
 
 import pytest
@@ -40,8 +37,11 @@ SECOND_LAYOUTS = [
     ("replica_across", Layout(2, 4)),  # every replica spans processes 0 and 1
 ]
 
-CASES = [pytest.param(name, MAIN, id=f"{name}-{MAIN}") for name in sorted(CHECKS)] + [
-    pytest.param(name, layout, id=f"{name}-{layout}") for name, layout in SECOND_LAYOUTS
+MODES = ["preload", "no-preload"]
+# The launch mode is the conftest fixture's own parameter, set here directly,
+# so that second layouts are not generated at all in no-preload mode.
+CASES = [pytest.param(mode, name, MAIN, id=f"{mode}-{name}-{MAIN}") for mode in MODES for name in sorted(CHECKS)] + [
+    pytest.param("preload", name, layout, id=f"preload-{name}-{layout}") for name, layout in SECOND_LAYOUTS
 ]
 
 
@@ -52,10 +52,8 @@ def run_example(jaxrun, name: str, layout: Layout, *extra: str, timeout: float =
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("name, layout", CASES)
-def test_example(jaxrun, launch_mode, name, layout):
-    if layout != MAIN and launch_mode == "no-preload":
-        pytest.skip("second layouts run in one launch mode only, to keep CI short")
+@pytest.mark.parametrize("launch_mode, name, layout", CASES, indirect=["launch_mode"])
+def test_example(jaxrun, name, layout):
     code, out, err = run_example(jaxrun, name, layout)
     assert code == 0, err[-3000:]
     lines = per_rank(out)
@@ -69,11 +67,10 @@ def line_of(path, text: str) -> int:
 
 
 @pytest.mark.timeout(90)
-def test_hang_times_out_and_points_at_the_diverging_lines(jaxrun, launch_mode):
-    # The stack dump does not depend on how the processes were started
-    # (test_supervision covers both modes); one mode saves ~12 s of CI.
-    if launch_mode == "no-preload":
-        pytest.skip("the hang runs in one launch mode only")
+# The stack dump does not depend on how the processes were started
+# (test_supervision covers both modes); one mode saves ~12 s of CI.
+@pytest.mark.parametrize("launch_mode", ["preload"], indirect=True)
+def test_hang_times_out_and_points_at_the_diverging_lines(jaxrun):
     code, out, err = run_example(jaxrun, "hang", MAIN, "--timeout", "8", timeout=60)
     assert code == 124, err[-3000:]
     assert "--timeout expired" in err
@@ -151,64 +148,6 @@ def test_jobset_manifest_parses_and_feeds_the_shim():
     assert bootstrap.identity_from_env(values) == (3, n, 0)
     # One controller per pod: the pods are on different hosts, as far as --mesh knows.
     assert values[contract.LOCAL_PROCESS_COUNT] == "1"
-
-
-FAKE_SRUN = """#!/bin/bash
-# Stand-in for srun: drop its options, start SLURM_NTASKS copies of the command
-# with the per-task variables srun sets, and fail if any task fails.
-while [[ $1 == --* ]]; do shift; done
-pids=()
-for ((i = 0; i < SLURM_NTASKS; i++)); do
-    SLURM_PROCID=$i SLURM_LOCALID=$i "$@" > "$TASK_LOGS/task-$i.out" 2>&1 &
-    pids+=($!)
-done
-status=0
-for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
-exit $status
-"""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.mark.timeout(90)
-def test_slurm_recipe_runs_the_toy_with_stand_in_srun(tmp_path):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "srun").write_text(FAKE_SRUN)
-    (bin_dir / "scontrol").write_text('#!/bin/bash\necho localhost\n')  # "show hostnames" of a one-node job
-    for tool in ("srun", "scontrol"):
-        (bin_dir / tool).chmod(0o755)
-    port = free_port()
-    env = {
-        **os.environ,
-        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-        "SLURM_JOB_NODELIST": "localhost",
-        "SLURM_NTASKS": "4",
-        "TASK_LOGS": str(tmp_path),
-        "JAXRUN_PORT": str(port),
-        # Keep the unauthenticated service on loopback while the test runs.
-        contract.COORDINATOR_BIND_ADDRESS: f"127.0.0.1:{port}",
-        "JAX_PLATFORMS": "cpu",
-        "JAX_NUM_CPU_DEVICES": "2",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    }
-    proc = subprocess.Popen(["bash", str(DEPLOY / "slurm.sbatch"), "examples/toy.py"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=75)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    logs = {r: (tmp_path / f"task-{r}.out").read_text() for r in range(4)}
-    assert proc.returncode == 0, (out, logs)
-    for rank, text in logs.items():
-        assert f"process={rank} got result: -0.12398731708526611" in text, text
-        assert f"device cpu:{2048 * rank} has local data" in text
 
 
 def test_deploy_scripts_are_valid_bash():

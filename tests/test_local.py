@@ -1,6 +1,7 @@
 """Local runs with real JAX processes: the toy, argument passing, logs, binding."""
 
 import ipaddress
+import json
 import os
 import re
 import time
@@ -171,3 +172,40 @@ def test_grouped_output_uses_the_bash_loop_blocks(jaxrun):
         # Gloo's noise comes from several threads and can leave stray fragments.
         assert [line for line in body if line.startswith("device ")] == GUIDE_SHARDS[rank]
         assert f"process={rank} {RESULT}" in body
+
+
+def test_each_process_is_forked_by_the_preload_server_or_started_by_jaxrun(launch, launch_mode, tmp_path):
+    # Both spawners give the same behaviour, so only the process tree shows
+    # which one ran.  The server is gone when jaxrun exits: each process
+    # records its parent while it runs.
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import json, psutil\n"
+        "parent = psutil.Process().parent()\n"
+        "print('PARENT ' + json.dumps([parent.pid, parent.cmdline(), parent.ppid()]))\n"
+    )
+    job = launch("-n", 2, script)
+    assert job.wait(timeout=60) == 0, job.stderr
+    found = [json.loads(line.partition("PARENT ")[2]) for line in job.stdout.splitlines() if "PARENT " in line]
+    assert len(found) == 2, job.stdout
+    if launch_mode == "no-preload":
+        assert [pid for pid, _, _ in found] == [job.proc.pid] * 2
+    else:
+        (pid, cmd, grandparent), other = found
+        assert other[0] == pid != job.proc.pid  # one server forked both
+        assert cmd[1:3] == ["-m", "jaxrun.zygote"], cmd
+        assert grandparent == job.proc.pid
+
+
+def test_default_log_dir_is_under_tmpdir(jaxrun, tmp_path):
+    # conftest points TMPDIR at a folder of each test's own, so runs without
+    # --log-dir leave nothing in the machine's shared temporary directory.
+    tmpdir = os.environ["TMPDIR"]
+    script = tmp_path / "where.py"
+    script.write_text("import tempfile\nprint('TMP', tempfile.gettempdir())\n")
+    code, out, err = jaxrun("-n", 2, script)
+    assert code == 0, err
+    assert out.count(f"] TMP {tmpdir}\n") == 2, out
+    (logs,) = re.findall(r"jaxrun: logs in (\S+)", err)
+    assert Path(logs).parent == Path(tmpdir) / "jaxrun-logs"
+    assert (Path(logs) / "process-1.stdout").read_text() == f"TMP {tmpdir}\n"

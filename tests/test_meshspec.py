@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import click
 import pytest
 
-from jaxrun import cli, meshspec
+from jaxrun import cli
 from jaxrun.bootstrap import check_versions
 from jaxrun.meshspec import MeshSpec, MeshSpecError, parse, resolve, split_across_processes
 
@@ -112,12 +117,27 @@ def test_version_mismatch_names_processes():
 
 
 def test_meshspec_has_no_jax():
-    import subprocess
-    import sys
-
     code = "import sys, jaxrun.meshspec; print('jax' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
 
 
-def test_axis_types_match_cli_choices():
-    assert meshspec.AXIS_TYPES == ("auto", "explicit")
+def test_every_cli_axis_type_builds_a_mesh_of_that_type():
+    # The CLI offers the choices; the child maps each one to a jax AxisType.
+    # A choice added on one side only would pass the CLI and fail in every process.
+    (option,) = [p for p in cli.main.params if p.name == "mesh_axis_types"]
+    choices = list(option.type.choices)
+    assert choices
+    code = (
+        "import json, sys\n"
+        "from jaxrun import _mesh_setup, meshspec\n"
+        "spec = meshspec.parse('i=2,j=-1')\n"
+        "print(json.dumps({str(t): [str(a) for a in _mesh_setup.build_mesh(spec, t, multi_host=False).axis_types]\n"
+        "                  for t in json.loads(sys.argv[1])}))\n"
+    )
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "4"}
+    run = subprocess.run([sys.executable, "-c", code, json.dumps(choices + [None])], capture_output=True,
+                         text=True, env=env, timeout=60)
+    assert run.returncode == 0, run.stderr
+    want = {c: [f"AxisType.{c.capitalize()}"] * 2 for c in choices}
+    want["None"] = ["AxisType.Explicit"] * 2  # no --mesh-axis-types: jax.make_mesh's default
+    assert json.loads(run.stdout) == want

@@ -1,9 +1,28 @@
-"""The README's two commands are the ones CI and users run, and they work."""
+"""The README's two commands are the ones CI and users run, and they work; the
+README stays an entrance, the options page names every option --help lists, and
+the documentation's relative links lead somewhere."""
 
 import re
 import shlex
+import subprocess
+import sys
+from pathlib import Path
 
-from conftest import ROOT
+import pytest
+
+
+def repository_root() -> Path:
+    for folder in Path(__file__).resolve().parents:
+        if (folder / "pyproject.toml").is_file():
+            return folder
+    raise RuntimeError("no pyproject.toml above this test")
+
+
+ROOT = repository_root()
+README_MAX_LINES = 250
+LINKED_PAGES = sorted(
+    [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "examples" / "README.md", *(ROOT / "docs").glob("*.md")]
+)
 
 
 def fenced_after(heading: str) -> list[str]:
@@ -30,3 +49,58 @@ def test_ci_runs_exactly_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
     assert "pip install -q -e '.[test]'" in ci and install == "pip install -e '.[test]'"
     assert ci.rstrip().splitlines()[-1] == test
+
+
+def test_readme_is_an_entrance_not_the_reference():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines; move reference material to docs/"
+
+
+# Inline links and images, [text](target) or [text](target "title"); code is
+# stripped first, so a `[i](j)` inside code is not taken for a link.
+_LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+_FENCE = re.compile(r"^[ \t]*(```|~~~).*?^[ \t]*\1", re.S | re.M)
+_CODE_SPAN = re.compile(r"`[^`\n]*`")
+
+
+def relative_links(page: Path) -> list[str]:
+    text = _CODE_SPAN.sub("", _FENCE.sub("", page.read_text()))
+    targets = [m.group(1) for m in _LINK.finditer(text)]
+    return [t for t in targets if not re.match(r"[a-z][a-z0-9+.-]*:", t, re.I) and not t.startswith("#")]
+
+
+def test_the_link_finder_sees_links_and_skips_code(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "[a](a.md) ![b](img/b.png \"B\") [c](https://example.org) [d](#here) [e](e.md#part)\n"
+        "`[f](f.md)`\n```\n[g](g.md)\n```\n- item\n\n  ```\n  [h](h.md)\n  ```\n"
+    )
+    assert relative_links(page) == ["a.md", "img/b.png", "e.md#part"]
+
+
+@pytest.mark.parametrize("page", LINKED_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_points_at_a_file_that_exists(page):
+    assert page.is_file(), f"{page.relative_to(ROOT)} is missing"
+    broken = [
+        target for target in relative_links(page)
+        if not (page.parent / target.split("#", 1)[0]).exists()
+    ]
+    assert not broken, f"{page.relative_to(ROOT)} links to files that do not exist: {broken}"
+
+
+# Option names as --help prints them at the start of an entry: "-n, --num-processes",
+# "--preload / --no-preload".
+_HELP_OPTION = re.compile(r"^  (-[\w-]+(?:(?:, | / )-[\w-]+)*)", re.M)
+
+
+@pytest.mark.parametrize("command", [[], ["k8s"]], ids=["jaxrun", "jaxrun k8s"])
+def test_options_page_names_every_option_of_help(command):
+    help_text = subprocess.run(
+        [sys.executable, "-m", "jaxrun", *command, "--help"], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout
+    names = {name for entry in _HELP_OPTION.findall(help_text) for name in re.split(r", | / ", entry)}
+    assert "--help" in names
+    jaxrun_part, k8s_part = (ROOT / "docs" / "options.md").read_text().split("## `jaxrun k8s`", 1)
+    page = k8s_part if command else jaxrun_part
+    documented = set(re.findall(r"`(-[\w-]+)", page)) | set(re.findall(r"[`,/] ?(-[\w-]+)", page))
+    assert not names - documented, f"docs/options.md lacks {sorted(names - documented)}"

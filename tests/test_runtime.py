@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -44,8 +45,9 @@ def general_4x2(tmp_path_factory):
     """One 4x2 run, no --mesh: every general check (shared by several tests)."""
     # Module scope runs outside the function-scoped leak guard, so guard here.
     token = uuid.uuid4().hex
+    logs = tmp_path_factory.mktemp("logs")  # not the shared $TMPDIR/jaxrun-logs
     proc = subprocess.run(
-        JAXRUN + ["--timeout", "90", "-n", "4", "--cpu-devices", "2", str(CHECKS), "general"],
+        JAXRUN + ["--timeout", "90", "--log-dir", str(logs), "-n", "4", "--cpu-devices", "2", str(CHECKS), "general"],
         capture_output=True, text=True, timeout=120, env={**os.environ, TOKEN: token}, start_new_session=True,
     )
     leftover = wait_gone(token, within=5.0)
@@ -61,20 +63,33 @@ GENERAL = [
     "make_global_array_rejects_wrong_shape",
     "replica_input_index_follows_replicas",
     "replica_input_index_pure_data_parallel",
-    "replica_input_index_rejects_overlapping_streams",
     "replicas_identical_passes",
     "replicas_identical_catches_mismatch",
     "same_across_processes",
     "allgather_keeps_the_store_small",
+    "guide_cross_process_transfer",
 ]
+MESH = ["global_mesh_installed", "hybrid_mesh_leading_axis_spans_processes"]
+# Their meshes name processes 0 to 3 one by one: runtime_checks.py runs them in 4-process runs only.
+FOUR_PROCESSES = ["replica_input_index_rejects_overlapping_streams", "guide_pipeline_transfer"]
+
+
+def assert_own_shape_error(checks):
+    # jaxrun's message, naming the loader's slice; JAX would raise a ValueError
+    # of its own without jaxrun's check, so the type alone proves nothing.
+    for record in checks["make_global_array_rejects_wrong_shape"].values():
+        m = re.fullmatch(r"load\((\[\d+:\d+\])\) returned shape \(3,\), expected \(2,\)", record["message"])
+        assert m and m[1] in record["slices"], record
 
 
 @pytest.mark.timeout(150)
 def test_general_checks_4x2(general_4x2):
     code, checks, out, err = general_4x2
     assert code == 0, err[-3000:]
-    assert_all_ok(checks, GENERAL, 4)
+    assert sorted(checks) == sorted(GENERAL + FOUR_PROCESSES)
+    assert_all_ok(checks, checks, 4)
     assert checks["local_slices_match_oracle"][0]["cases"] == 16
+    assert_own_shape_error(checks)
 
 
 @pytest.mark.timeout(150)
@@ -113,9 +128,11 @@ def test_mesh_flag_installs_global_mesh(jaxrun):
     code, out, err = jaxrun("-v", "-n", "4", "--cpu-devices", "2", "--mesh", "i=4,j=2", CHECKS, "mesh", timeout=80)
     assert code == 0, err[-3000:]
     checks = parse_checks(out)
-    assert_all_ok(checks, ["global_mesh_installed", "hybrid_mesh_leading_axis_spans_processes"], 4)
+    assert sorted(checks) == MESH
+    assert_all_ok(checks, MESH, 4)
     for p, record in checks["global_mesh_installed"].items():
         assert record["shape"] == {"i": 4, "j": 2}
+        assert record["axis_types"] == ["AxisType.Explicit"] * 2  # the default, as jax.make_mesh's
         assert record["sum"] == pytest.approx(-0.12398731708526611)  # the guide's printed result
         assert record["shards"] == [[list(range(8 * p, 8 * p + 4))], [list(range(8 * p + 4, 8 * p + 8))]]
     # -v: process 0 prints the preflight table, one row per process.
@@ -131,9 +148,11 @@ def test_inferred_mesh_and_layouts_2x4(jaxrun):
                             CHECKS, "mesh", "general", timeout=80)
     assert code == 0, err[-3000:]
     checks = parse_checks(out)
-    assert_all_ok(checks, ["global_mesh_installed"] + GENERAL, 2)
+    assert sorted(checks) == sorted(MESH + GENERAL)
+    assert_all_ok(checks, checks, 2)
     assert checks["global_mesh_installed"][1]["shape"] == {"data": 8}
     assert checks["global_mesh_installed"][1]["axis_types"] == ["AxisType.Auto"]
+    assert_own_shape_error(checks)
 
 
 @pytest.mark.timeout(60)

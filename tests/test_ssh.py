@@ -15,7 +15,11 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import ROOT, TOKEN, processes_with_token, wait_gone
+from conftest import ROOT, TOKEN, Launch, processes_with_token, wait_gone
+
+# Its asserts explain themselves like a test module's.
+pytest.register_assert_rewrite("engine_checks")
+from engine_checks import check_logs_hold_every_byte, run_jaxrun  # noqa: F401 - run_jaxrun is a fixture
 from sshd_fixture import sshd_hosts  # noqa: F401 - a fixture
 
 from jaxrun import __version__, ssh
@@ -29,6 +33,34 @@ import os, sys, time
 print("ready", os.environ["JAXRUN_PROCESS_ID"], flush=True)
 time.sleep(120)
 """
+
+
+@pytest.fixture
+def launch():
+    """Replaces conftest's ``launch`` here: that one runs every test twice,
+    with and without the preloading fork server, which SSH runs never use."""
+    started: list[Launch] = []
+
+    def start(*args, **kw) -> Launch:
+        job = Launch(list(args), **kw)
+        started.append(job)
+        return job
+
+    yield start
+    for job in started:
+        job.kill()
+
+
+@pytest.fixture
+def jaxrun(launch):
+    """Run jaxrun to completion: returns (returncode, stdout, stderr)."""
+
+    def run(*args, timeout=120, **kw):
+        job = launch(*args, **kw)
+        code = job.wait(timeout=timeout)
+        return code, job.stdout, job.stderr
+
+    return run
 
 
 def ssh_flags(hosts) -> list[str]:
@@ -168,7 +200,8 @@ def test_down_host_is_named_and_nothing_runs(sshd_hosts, jaxrun, tmp_path):
     hosts = write(tmp_path, "hosts.txt", "hostA\nhostDown\n")
     start = time.monotonic()
     code, _, err = jaxrun(
-        "--hosts", hosts, *ssh_flags(sshd_hosts), "--connect-timeout", "5", script, cwd=tmp_path
+        "--hosts", hosts, *ssh_flags(sshd_hosts), "--connect-timeout", "5", "--log-dir", tmp_path / "logs", script,
+        cwd=tmp_path,
     )
     assert code == 2
     assert time.monotonic() - start < 15
@@ -181,7 +214,8 @@ def test_down_host_is_named_and_nothing_runs(sshd_hosts, jaxrun, tmp_path):
 @pytest.mark.timeout(60)
 def test_missing_interpreter_is_named(sshd_hosts, jaxrun, tmp_path):
     script = write(tmp_path, "s.py", "print('never')\n")
-    code, out, err = jaxrun("-H", "hostA,hostB", *ssh_flags(sshd_hosts), "--python", "/no/such/python", script, cwd=tmp_path)
+    code, out, err = jaxrun("-H", "hostA,hostB", *ssh_flags(sshd_hosts), "--python", "/no/such/python",
+                            "--log-dir", tmp_path / "logs", script, cwd=tmp_path)
     assert code == 2
     line = err.strip().splitlines()[-1]
     assert line.startswith("jaxrun: error: hostA: /no/such/python exited with status 127:"), err
@@ -199,7 +233,8 @@ def test_taken_coordinator_port_on_first_host(sshd_hosts, jaxrun, tmp_path):
         taken.listen()
         port = taken.getsockname()[1]
         code, out, err = jaxrun(
-            "-H", "hostA,hostB", *ssh_flags(sshd_hosts), "--coordinator", f"127.0.0.2:{port}", script, cwd=tmp_path
+            "-H", "hostA,hostB", *ssh_flags(sshd_hosts), "--coordinator", f"127.0.0.2:{port}",
+            "--log-dir", tmp_path / "logs", script, cwd=tmp_path,
         )
     assert code == 2
     assert f"jaxrun: error: --coordinator 127.0.0.2:{port}: cannot listen on 127.0.0.2:{port} on hostA" in err
@@ -209,7 +244,8 @@ def test_taken_coordinator_port_on_first_host(sshd_hosts, jaxrun, tmp_path):
 @pytest.mark.timeout(30)
 def test_dry_run_contacts_no_host(jaxrun, tmp_path):
     script = write(tmp_path, "s.py", "print('never')\n")
-    code, out, err = jaxrun("-H", "nohost.invalid:2", "--dry-run", script, "{process_id}", cwd=tmp_path)
+    code, out, err = jaxrun("-H", "nohost.invalid:2", "--dry-run", "--log-dir", tmp_path / "logs", script, "{process_id}",
+                            cwd=tmp_path)
     assert code == 0, err
     assert "process 1 on nohost.invalid:" in out
     assert "JAXRUN_COORDINATOR_ADDRESS=nohost.invalid:PORT" in out
@@ -219,7 +255,7 @@ def test_dry_run_contacts_no_host(jaxrun, tmp_path):
 def test_bad_hosts_file_line(jaxrun, tmp_path):
     script = write(tmp_path, "s.py", "print('never')\n")
     hosts = write(tmp_path, "hosts.txt", "hostA slots=2\n\nhostB slots=lots\n")
-    code, out, err = jaxrun("--hosts", hosts, script, cwd=tmp_path)
+    code, out, err = jaxrun("--hosts", hosts, "--log-dir", tmp_path / "logs", script, cwd=tmp_path)
     assert code == 2
     assert err.strip() == f"jaxrun: error: {hosts}:3: slots must be a whole number, got 'lots'"
     assert "never" not in out
@@ -228,7 +264,7 @@ def test_bad_hosts_file_line(jaxrun, tmp_path):
 @pytest.mark.timeout(30)
 def test_more_processes_than_slots(jaxrun, tmp_path):
     script = write(tmp_path, "s.py", "print('never')\n")
-    code, _, err = jaxrun("-H", "hostA:1,hostB", "-n", "3", script, cwd=tmp_path)
+    code, _, err = jaxrun("-H", "hostA:1,hostB", "-n", "3", "--log-dir", tmp_path / "logs", script, cwd=tmp_path)
     assert code == 2
     assert "3 processes requested but the hosts have only 2 slots" in err
 
@@ -270,7 +306,8 @@ def test_crash_on_host_b_fails_fast(sshd_hosts, jaxrun, tmp_path):
         "time.sleep(120)\n",
     )
     start = time.monotonic()
-    code, _, err = jaxrun("-H", "hostA:2,hostB:2", *ssh_flags(sshd_hosts), script, cwd=tmp_path)
+    code, _, err = jaxrun("-H", "hostA:2,hostB:2", *ssh_flags(sshd_hosts), "--log-dir", tmp_path / "logs", script,
+                          cwd=tmp_path)
     assert code == 1, err
     assert time.monotonic() - start < 30
     assert "jaxrun: process 3 on hostB failed first: exit code 1" in err
@@ -290,6 +327,11 @@ def test_timeout_dumps_remote_stacks(sshd_hosts, jaxrun, tmp_path):
         assert 'in stuck' in (logs / f"process-{rank}.stderr").read_text()
 
 
+@pytest.mark.timeout(60)
+def test_logs_hold_every_byte(sshd_hosts, run_jaxrun, tmp_path):
+    check_logs_hold_every_byte(run_jaxrun, ["-H", "hostA,hostB", *ssh_flags(sshd_hosts)], tmp_path)
+
+
 def cmdline_of(proc: psutil.Process) -> list[str]:
     try:
         return proc.cmdline()
@@ -299,7 +341,7 @@ def cmdline_of(proc: psutil.Process) -> list[str]:
 
 def start_ready_job(launch, sshd_hosts, tmp_path):
     script = write(tmp_path, "ready.py", READY_SCRIPT)
-    job = launch("-H", "hostA,hostB", *ssh_flags(sshd_hosts), script, cwd=tmp_path)
+    job = launch("-H", "hostA,hostB", *ssh_flags(sshd_hosts), "--log-dir", tmp_path / "logs", script, cwd=tmp_path)
     wait_for_lines(job, "ready", 2)
     mine = [(p, cmdline_of(p)) for p in processes_with_token(os.environ[TOKEN])]
     remote = [p for p, cmd in mine if cmd[1:3] == ["-m", "jaxrun.remote"]]

@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from conftest import processes_with_token, wait_gone
+from conftest import wait_gone
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -75,7 +75,9 @@ def test_fail_fast_when_a_process_exits_after_the_mesh(jaxrun, job_script, tmp_p
     ended = time.time()
     died = float((job_script.state / "exit-3").read_text())
     assert code == 7, err
-    assert ended - died < 2.0, f"jaxrun took {ended - died:.2f}s after the failure"
+    # Without fail-fast the others wait for JAX's heartbeat timeout (100 s).
+    # The bound is loose for a shared 2-core machine; bench/failfast.py measures it.
+    assert ended - died < 15.0, f"jaxrun took {ended - died:.2f}s after the failure"
     assert "process 3 failed first: exit code 7" in err
     data = json.loads(report.read_text())
     assert data["root_cause"]["process_id"] == 3 and data["exit_code"] == 7
@@ -135,20 +137,44 @@ def test_child_killed_from_outside_is_reported_as_sigkill(launch, job_script):
     assert "process 2 failed first: killed by SIGKILL" in job.stderr
 
 
-@pytest.mark.parametrize("signum, expected", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_signal_to_jaxrun_is_forwarded_then_killed(launch, job_script, no_leftover_processes, signum, expected):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_signal_to_jaxrun_is_forwarded_then_killed(launch, job_script, no_leftover_processes, signum):
+    # Each process notes every signal it receives and carries on, as a process
+    # stuck in a collective would.  A Python handler alone would never run
+    # while the main thread is blocked in XLA, but the wakeup fd is written by
+    # the C-level handler at once, and a thread reads it.  The script runs after
+    # the shim's initialize(), so these handlers replace JAX's SIGTERM handler.
     script = job_script(
         """
+        import threading
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(s, lambda *_: None)
+        def note_signals():
+            got = []
+            while True:
+                got += [signal.Signals(b).name for b in os.read(wake_r, 64)]
+                mark("got", " ".join(got))
+        threading.Thread(target=note_signals, daemon=True).start()
         mark("ready")
         collective() if RANK != 0 else time.sleep(60)
         """
     )
-    job = launch("-n", 4, "--cpu-devices", 2, "--grace", "1", script, env=job_script.env)
+    name = signal.Signals(signum).name
+    job = launch("-n", 4, "--cpu-devices", 2, "--grace", "2", script, env=job_script.env)
     wait_for_files(job_script.state, "ready-", 4)
     time.sleep(0.3)
     job.proc.send_signal(signum)
-    assert job.wait(timeout=30) == expected, job.stderr
-    assert f"received {signal.Signals(signum).name}" in job.stderr
+    assert job.wait(timeout=30) == 128 + signum, job.stderr
+    assert f"jaxrun: received {name}; stopped every process" in job.stderr
+    assert "jaxrun: processes 0, 1, 2, 3 stopped by jaxrun" in job.stderr
+    assert "jaxrun: logs in " in job.stderr
+    # Every process got jaxrun's signal before the SIGKILL that ended it.
+    got = {r: (job_script.state / f"got-{r}").read_text() if (job_script.state / f"got-{r}").exists() else None
+           for r in range(4)}
+    assert got == {r: name for r in range(4)}
     assert wait_gone(no_leftover_processes, within=1.0) == []
 
 

@@ -68,7 +68,8 @@ def supervise(tmp_path, spawner, **kw):
     printer = ConsolePrinter(mode="grouped")  # prints nothing live
     sup = Supervisor(specs(), spawner, printer, str(tmp_path), **kw)
     result = {}
-    thread = threading.Thread(target=lambda: result.setdefault("outcome", sup.run()))
+    # A daemon: a test that fails with the supervisor still running must not hang pytest at exit.
+    thread = threading.Thread(target=lambda: result.setdefault("outcome", sup.run()), daemon=True)
     thread.start()
     assert spawner.started.wait(10)
     return sup, thread, result
