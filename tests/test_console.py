@@ -12,8 +12,9 @@ import time
 
 import pytest
 
-from jaxrun import output
-from jaxrun.events import Stream, StreamClosed
+from jaxrun.launcher import filewatch
+from jaxrun.launcher import pump as pump_module
+from jaxrun.launcher.events import Stream, StreamClosed
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -174,12 +175,12 @@ class Collector:
 @pytest.mark.parametrize("inotify", [True, False], ids=["inotify", "polling"])
 def test_the_pump_follows_growing_files(tmp_path, monkeypatch, inotify):
     if not inotify:  # as on a system without inotify: a 10 Hz tick
-        monkeypatch.setattr(output._FileWatch, "arm", lambda self, paths: None)
+        monkeypatch.setattr(filewatch.FileWatch, "arm", lambda self, paths: None)
     import queue
 
     events = queue.SimpleQueue()
     shown = Collector()
-    pump = output.OutputPump(events, shown.show)
+    pump = pump_module.OutputPump(events, shown.show)
     paths = [tmp_path / f"p{r}.log" for r in range(2)]
     writers = [os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND) for p in paths]
     try:
@@ -209,7 +210,7 @@ def test_an_endless_line_is_shown_in_pieces_not_hoarded(tmp_path):
     import queue
 
     shown = Collector()
-    pump = output.OutputPump(queue.SimpleQueue(), shown.show)
+    pump = pump_module.OutputPump(queue.SimpleQueue(), shown.show)
     path = tmp_path / "bar.log"
     writer = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     try:
@@ -217,7 +218,7 @@ def test_an_endless_line_is_shown_in_pieces_not_hoarded(tmp_path):
         for i in range(400):  # a progress bar redrawn with \r, never a newline
             os.write(writer, b"\rstep %06d of 400 [" % i + b"#" * 300 + b"]")
         assert shown.wait_for(0, b"\rstep 000")  # shown while the line goes on
-        assert len(shown.shown[0]) > output.LONGEST_LINE
+        assert len(shown.shown[0]) > pump_module.LONGEST_LINE
     finally:
         pump.stop()
         os.close(writer)

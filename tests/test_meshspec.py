@@ -6,7 +6,7 @@ import click
 import pytest
 
 from jaxrun import cli, meshspec
-from jaxrun.bootstrap import check_versions
+from jaxrun.child.bootstrap import check_versions
 from jaxrun.meshspec import MeshSpec, MeshSpecError, parse, resolve, split_across_processes
 
 
@@ -103,7 +103,7 @@ def test_versions_agree():
 
 
 def test_version_mismatch_names_processes():
-    from jaxrun.bootstrap import BootstrapError
+    from jaxrun.child.bootstrap import BootstrapError
 
     rows = [_row(0), _row(1, jaxlib="0.9.0"), _row(2), _row(3, jaxlib="0.9.0")]
     with pytest.raises(BootstrapError, match=r"jaxlib versions differ across processes: "

@@ -2,7 +2,9 @@
 
 import pytest
 
-from jaxrun import engines
+from jaxrun.backends import scheduler as engines
+from jaxrun.launcher.config import SchedulerOptions
+from jaxrun.launcher.plan import Target
 
 from engine_checks import check_crash_in_task_3, check_timeout_stops_the_step, check_toy, run_jaxrun  # noqa: F401 - fixture
 from slurm_fixture import slurm_cluster  # noqa: F401 - session fixture
@@ -27,11 +29,11 @@ def test_timeout_dumps_stacks_and_stops_the_step(slurm_cluster, run_jaxrun, tmp_
 
 
 def test_srun_command_is_one_step_that_dies_with_any_task():
-    engine = engines.EngineOptions("slurm", nodes=2, tasks_per_node=4, scheduler_args=("--overcommit",))
-    task = engines.task_argv("python3", engines.planning.Target("t.py", ("{process_id}",)))
+    engine = SchedulerOptions("slurm", nodes=2, tasks_per_node=4, scheduler_args=("--overcommit",))
+    task = engines.task_argv("python3", ("--", "t.py", "{process_id}"))
     assert engines.srun_command(engine, 8, task) == [
         "srun", "--kill-on-bad-exit=1", "--ntasks=8", "--nodes=2", "--ntasks-per-node=4", "--overcommit",
-        "python3", "-m", "jaxrun.task", "--", "python3", "-m", "jaxrun.shim", "--", "t.py", "{process_id}",
+        "python3", "-m", "jaxrun.backends.scheduler_agent", "--", "python3", "-m", "jaxrun.shim", "--", "t.py", "{process_id}",
     ]
 
 
