@@ -1,4 +1,6 @@
-"""The ``jaxrun`` command line.  Parsing and validation only; ``launch.run`` does the work."""
+"""The ``jaxrun`` command line.  Parsing and validation only: it builds a
+``RunConfig``, and ``jaxrun.launcher.run.run`` does the work with the backend
+the factory picks from it."""
 
 from __future__ import annotations
 
@@ -9,9 +11,11 @@ import tempfile
 
 import click
 
-from jaxrun import __version__, ci, engines, meshspec
-from jaxrun import plan as planning
-from jaxrun.launch import LaunchError, RunConfig, run
+from jaxrun import __version__, contract, meshspec
+from jaxrun.launcher import plan as planning
+from jaxrun.launcher.config import LAUNCHERS, SCHEDULERS, LaunchError, RunConfig, SchedulerOptions, SshOptions
+from jaxrun.launcher.run import run
+from jaxrun.reporting import github
 
 
 class HostPort(click.ParamType):
@@ -28,10 +32,10 @@ class KeyValue(click.ParamType):
     name = "KEY=VALUE"
 
     def convert(self, value, param, ctx):
-        key, sep, val = str(value).partition("=")
-        if not sep or not key.isidentifier():
-            self.fail(f"{value!r} is not KEY=VALUE", param, ctx)
-        return key, val
+        try:
+            return contract.parse_env_pair(str(value))
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
 
 
 class MeshSpecType(click.ParamType):
@@ -100,7 +104,7 @@ CONTEXT = {
 @click.option("--mesh", type=MeshSpecType(), help="Build a global mesh in every process, e.g. i=4,j=2 or data=-1.")
 @click.option("--mesh-axis-types", type=click.Choice(meshspec.AXIS_TYPES), help="Axis type of every mesh axis.")
 @click.option("--env", "env_pairs", type=KeyValue(), multiple=True, help="Set KEY=VALUE in every process (repeatable).")
-@click.option("--preload/--no-preload", "preload", default=None, help="Fork local controllers from one process that already imported jax (default on; JAXRUN_NO_PRELOAD=1 turns it off).")
+@click.option("--preload/--no-preload", "preload", default=None, help=f"Fork local controllers from one process that already imported jax (default on; {contract.NO_PRELOAD}=1 turns it off).")
 @click.option("--preload-module", "preload_modules", multiple=True, metavar="MOD", help="Also import MOD in the preloading process (repeatable).")
 @click.option("-x", "--export", "exports", multiple=True, metavar="KEY", help="Forward this variable's local value to every process (repeatable).")
 @click.option("--hosts", "hosts_file", type=click.Path(exists=True, dir_okay=False), metavar="FILE", help="Run over SSH on the hosts in FILE: one '[user@]host[:sshport] [slots=N]' per line.")
@@ -110,7 +114,7 @@ CONTEXT = {
 @click.option("--connect-timeout", type=click.FloatRange(min=1), default=10.0, show_default=True, metavar="SECONDS", help="ssh connect timeout per host.")
 @click.option("--python", "python", metavar="PATH", help="Python interpreter for every process, here or on the hosts (default: this one's path).")
 @click.option("--chdir", metavar="DIR", help="Working directory on the hosts (default: the current one).")
-@click.option("--launcher", type=click.Choice(["local", "ssh", *engines.ENGINES]), help="How to start the controllers (default: local, or ssh when hosts are given).")
+@click.option("--launcher", type=click.Choice(LAUNCHERS), help="How to start the controllers (default: local, or ssh when hosts are given).")
 @click.option("--nodes", type=click.IntRange(min=1), help="slurm: spread the processes over this many nodes (srun -N).")
 @click.option("--ntasks-per-node", "tasks_per_node", type=click.IntRange(min=1), help="slurm/mpirun: processes per node.")
 @click.option("--scheduler-arg", "scheduler_args", multiple=True, metavar="ARG", help="Pass ARG to srun or mpirun unchanged (repeatable), e.g. --scheduler-arg=--overcommit.")
@@ -128,6 +132,7 @@ def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, 
       jaxrun -n 4 --cpu-devices 2 toy.py          4 local controllers
       jaxrun -n 2 -m mypkg.train --lr 3e-4        a module, like python -m
       jaxrun --hosts hosts.txt train.py           over SSH, one process per slot
+      jaxrun k8s --image IMG -n 4 train.py        print a Kubernetes JobSet manifest instead
 
     Everything after SCRIPT (or -m MODULE) is passed to it untouched.  The
     placeholders {process_id}, {num_processes}, {local_process_id} and
@@ -138,15 +143,15 @@ def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, 
         raise click.UsageError("--cpu-devices and --devices-per-process cannot be used together")
     hosts = read_hosts(hosts_file, host_opts)
     if hosts:
-        from jaxrun.hosts import total_slots
+        from jaxrun.launcher.hosts import total_slots
 
         num_processes = num_processes or total_slots(hosts)
         planning.assign_hosts(hosts, num_processes)  # too few slots: exit 2 before any ssh
-    github_actions = ci.on_github_actions()
+    github_actions = github.on_github_actions()
     run_id = new_run_id()
     python = python or sys.executable
-    engine = engine_options(launcher, bool(hosts), nodes, tasks_per_node, scheduler_args)
-    if engine and not num_processes and engine.kind == "slurm" and os.environ.get("SLURM_NTASKS", "").isdigit():
+    scheduler = scheduler_options(launcher, bool(hosts), nodes, tasks_per_node, scheduler_args)
+    if scheduler and not num_processes and scheduler.launcher == "slurm" and os.environ.get("SLURM_NTASKS", "").isdigit():
         num_processes = int(os.environ["SLURM_NTASKS"])  # inside sbatch/salloc: the allocation's task count
     if console_ranks and max(console_ranks) >= (num_processes or 1):
         raise click.UsageError(f"--console-ranks: there is no process {max(console_ranks)} among {num_processes or 1}")
@@ -163,7 +168,7 @@ def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, 
         mesh_axis_types=mesh_axis_types,
         verbose=verbose,
         devices_per_process=devices_per_process,
-        devices_per_host=local_device_count(cpu_devices, devices_per_process, num_processes or 1, hosts or engine),
+        devices_per_host=local_device_count(cpu_devices, devices_per_process, num_processes or 1, hosts or scheduler),
     )
     config = RunConfig(
         options=options,
@@ -179,23 +184,19 @@ def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, 
         fixed_coordinator=coordinator,
         junit_path=junit_path,
         github_actions=github_actions,
-        preload=preload if preload is not None else os.environ.get("JAXRUN_NO_PRELOAD", "") in ("", "0"),
+        preload=preload if preload is not None else os.environ.get(contract.NO_PRELOAD, "") in ("", "0"),
         preload_modules=preload_modules,
-        engine=engine,
+        scheduler=scheduler,
+        ssh=SshOptions(
+            python=python,
+            chdir=chdir or os.getcwd(),
+            config_file=ssh_config,
+            options=tuple(ssh_options),
+            connect_timeout=connect_timeout,
+            env=options.extra_env,
+        ) if hosts else None,
     )
-    if not hosts:
-        sys.exit(run(config))
-    from jaxrun import ssh
-
-    settings = ssh.SshSettings(
-        python=python,
-        chdir=chdir or os.getcwd(),
-        config_file=ssh_config,
-        options=tuple(ssh_options),
-        connect_timeout=connect_timeout,
-        env=options.extra_env,
-    )
-    sys.exit(ssh.run_over_ssh(config, settings))
+    sys.exit(run(config))
 
 
 def local_device_count(cpu_devices, devices_per_process, num_processes: int, elsewhere) -> int | None:
@@ -207,7 +208,7 @@ def local_device_count(cpu_devices, devices_per_process, num_processes: int, els
         return None
     if num_processes == 1 and devices_per_process is None:
         return None
-    from jaxrun.devices import count_local_gpus
+    from jaxrun.launcher.devices import count_local_gpus
 
     return count_local_gpus()
 
@@ -216,7 +217,7 @@ def read_hosts(hosts_file: str | None, host_opts: tuple[str, ...]) -> list[plann
     """Hosts from --hosts or -H; an empty list means a local run."""
     if not hosts_file and not host_opts:
         return []
-    from jaxrun import hosts as hostfile
+    from jaxrun.launcher import hosts as hostfile
 
     if hosts_file and host_opts:
         raise click.UsageError("--hosts and -H cannot be used together")
@@ -244,18 +245,18 @@ def exported_env(exports: tuple[str, ...], env_pairs: tuple[tuple[str, str], ...
     return env
 
 
-def engine_options(launcher, has_hosts, nodes, tasks_per_node, scheduler_args) -> engines.EngineOptions | None:
+def scheduler_options(launcher, has_hosts, nodes, tasks_per_node, scheduler_args) -> SchedulerOptions | None:
     if launcher == "ssh" and not has_hosts:
         raise click.UsageError("--launcher ssh needs --hosts FILE or -H HOST")
-    if has_hosts and launcher in ("local", *engines.ENGINES):
+    if has_hosts and launcher in ("local", *SCHEDULERS):
         raise click.UsageError(f"--hosts and -H start processes over SSH; they do not work with --launcher {launcher}")
-    if launcher not in engines.ENGINES:
+    if launcher not in SCHEDULERS:
         if nodes or tasks_per_node or scheduler_args:
             raise click.UsageError("--nodes, --ntasks-per-node and --scheduler-arg need --launcher slurm or mpirun")
         return None
     if launcher == "mpirun" and nodes:
         raise click.UsageError("--nodes works with --launcher slurm only; give mpirun its hosts with --scheduler-arg")
-    return engines.EngineOptions(launcher, nodes, tasks_per_node, tuple(scheduler_args))
+    return SchedulerOptions(launcher, nodes, tasks_per_node, tuple(scheduler_args))
 
 
 def parse_target(args: tuple[str, ...]) -> planning.Target:

@@ -1,10 +1,33 @@
-"""The environment contract between the launcher and the child-side shim.
+"""The contract between jaxrun's parts: the one module every side imports.
 
-The parent (cli, plan, spawn, supervisor) and the child (shim, runtime) meet only
-here: the launcher writes these variables into each child's environment and the
-shim reads them.  Nothing in this module imports jax.
+The launcher (``jaxrun.launcher``), the backends and their far-end agents
+(``jaxrun.backends``), the child side (``jaxrun.child``) and the reports
+(``jaxrun.reporting``) never import each other's internals to agree on a
+name.  Everything they must agree on is here:
+
+- every environment variable jaxrun sets or reads (no ``JAXRUN_*`` name is
+  spelled anywhere else);
+- the module names put on command lines, and the shim's command line;
+- the argument placeholders and their substitution;
+- exit statuses: Popen's negative signal numbers against the shell's 128+N;
+- the error record a child leaves behind for the run summary;
+- how a part picks a port: bind one address, never a wildcard.
+
+The messages that cross a socket are in :mod:`jaxrun.wire`.  Nothing here
+imports jax.
 """
 
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import json
+import re
+import signal
+import socket
+from typing import Mapping, Sequence
+
+# -- what every child gets ---------------------------------------------------
 COORDINATOR_ADDRESS = "JAXRUN_COORDINATOR_ADDRESS"
 COORDINATOR_BIND_ADDRESS = "JAXRUN_COORDINATOR_BIND_ADDRESS"
 NUM_PROCESSES = "JAXRUN_NUM_PROCESSES"
@@ -16,15 +39,25 @@ RESTART_COUNT = "JAXRUN_RESTART_COUNT"
 # Read end of a pipe whose write end only the launcher holds.  EOF means the
 # launcher is gone, and the shim kills its own process group.
 LIFELINE_FD = "JAXRUN_LIFELINE_FD"
-# Where the shim records an uncaught exception (JSON) for the run summary.
+# Where the shim records an uncaught exception (see ErrorRecord).
 ERROR_FILE = "JAXRUN_ERROR_FILE"
 # Optional mesh spec, e.g. "i=4,j=2", and its axis types ("auto"/"explicit").
 MESH = "JAXRUN_MESH"
 MESH_AXIS_TYPES = "JAXRUN_MESH_AXIS_TYPES"
 # "1" makes the shim print the startup preflight table from process 0.
 VERBOSE = "JAXRUN_VERBOSE"
-# Where the rank comes from: "jaxrun" (the variables above), "slurm" or "mpi".
+# Where the rank comes from: "jaxrun" (the variables above), or a scheduler
+# named in RANK_SOURCES.
 RANK_SOURCE = "JAXRUN_RANK_SOURCE"
+
+# -- read by the launcher and its helpers -------------------------------------
+NO_PRELOAD = "JAXRUN_NO_PRELOAD"  # "1": --no-preload by default
+# The scheduler task channel: host:port of the launcher's listener, and the
+# per-run secret that proves a connection belongs to the run.
+TASK_CHANNEL = "JAXRUN_TASK_CHANNEL"
+TASK_SECRET = "JAXRUN_TASK_SECRET"
+# The pytest plugin's private folder for one marked test's controllers.
+PYTEST_WORKDIR = "JAXRUN_PYTEST_WORKDIR"
 
 # JAX's own variables, set for code that reads them directly.
 JAX_COORDINATOR_ADDRESS = "JAX_COORDINATOR_ADDRESS"
@@ -36,4 +69,185 @@ JAX_LOCAL_DEVICE_IDS = "JAX_LOCAL_DEVICE_IDS"
 # Variables forwarded to remote hosts in addition to user-chosen ones.
 CONTRACT_PREFIXES = ("JAXRUN_", "JAX_")
 
+# (rank, count, local rank) variables of the schedulers a child can take its
+# rank from; "mpi" is the older name of "mpirun", still accepted.
+RANK_SOURCES = {
+    "slurm": ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+    "mpirun": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+}
+RANK_SOURCES["mpi"] = RANK_SOURCES["mpirun"]
+LAUNCHER_RANK_NAMES = (PROCESS_ID, NUM_PROCESSES, LOCAL_PROCESS_ID)
+
+
+def process_env(*, coordinator: str, num_processes: int, process_id: int | str, local_process_id: int | str,
+                local_process_count: int | str, run_id: str, restart_count: int | str = 0) -> dict[str, str]:
+    """The variables that tell a child who it is and where to join.  Values
+    may be strings, so that a manifest can put references in them."""
+    return {
+        COORDINATOR_ADDRESS: coordinator,
+        JAX_COORDINATOR_ADDRESS: coordinator,
+        NUM_PROCESSES: str(num_processes),
+        PROCESS_ID: str(process_id),
+        LOCAL_PROCESS_ID: str(local_process_id),
+        LOCAL_PROCESS_COUNT: str(local_process_count),
+        RUN_ID: run_id,
+        RESTART_COUNT: str(restart_count),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def bind_env(address: str) -> dict[str, str]:
+    """For process 0: listen exactly there (JAX's default is every interface)."""
+    return {COORDINATOR_BIND_ADDRESS: address, JAX_COORDINATOR_BIND_ADDRESS: address}
+
+
+def cpu_env(devices: int) -> dict[str, str]:
+    return {JAX_PLATFORMS: "cpu", JAX_NUM_CPU_DEVICES: str(devices)}
+
+
+# -- command lines ---------------------------------------------------------------
+# The stable entry users may put in their own scripts (Slurm recipes, manifests).
+SHIM_MODULE = "jaxrun.shim"
+FORKSERVER_AGENT_MODULE = "jaxrun.backends.forkserver_agent"
+SSH_AGENT_MODULE = "jaxrun.backends.ssh_agent"
+SCHEDULER_AGENT_MODULE = "jaxrun.backends.scheduler_agent"
+PYTEST_CONTROLLER_MODULE = "jaxrun.child.pytest_controller"
+
+
+def target_args(name: str, args: Sequence[str], is_module: bool) -> tuple[str, ...]:
+    """What follows ``python -m jaxrun.shim``: ``-- SCRIPT ARGS`` or ``-m MODULE ARGS``."""
+    return ("-m" if is_module else "--", name, *args)
+
+
+def shim_argv(python: str, shim_args: Sequence[str]) -> tuple[str, ...]:
+    return (python, "-m", SHIM_MODULE, *shim_args)
+
+
+# -- placeholders ------------------------------------------------------------------
 PLACEHOLDERS = ("process_id", "num_processes", "local_process_id", "coordinator")
+_PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
+
+
+def placeholder_values(process_id: object, num_processes: object, local_process_id: object,
+                       coordinator: object) -> dict[str, object]:
+    return {"process_id": process_id, "num_processes": num_processes,
+            "local_process_id": local_process_id, "coordinator": coordinator}
+
+
+def substitute(arg: str, values: Mapping[str, object]) -> str:
+    """Replace {process_id}-style placeholders; other braces are left alone."""
+    return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), arg)
+
+
+# -- exit statuses -------------------------------------------------------------------
+def exit_status(returncode: int) -> int:
+    """Popen's returncode (negative: killed by that signal) as a shell status, 128+N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def returncode_from_status(status: int) -> int:
+    """The inverse, for an agent that reported its child's death by signal N as
+    128+N.  255 is ssh's own failure and stays as it is."""
+    if 128 < status < 128 + signal.NSIG:
+        return -(status - 128)
+    return status
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+# -- the error record ------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class ErrorRecord:
+    """What a controller's uncaught exception was, left for the run summary."""
+
+    type: str
+    message: str
+    traceback: str = ""
+
+    @classmethod
+    def of(cls, exc: BaseException, text: str) -> "ErrorRecord":
+        return cls(type(exc).__qualname__, str(exc), text)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "ErrorRecord | None":
+        try:
+            data = json.loads(text)
+            return cls(str(data["type"]), str(data["message"]), str(data.get("traceback", "")))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def dump(self, path: str) -> None:
+        try:
+            with open(path, "w") as f:
+                f.write(self.to_json())
+        except OSError:
+            pass
+
+    @classmethod
+    def load(cls, path: str | None) -> "ErrorRecord | None":
+        if not path:
+            return None
+        try:
+            with open(path) as f:
+                return cls.from_json(f.read())
+        except OSError:
+            return None
+
+    @property
+    def headline(self) -> str:
+        return f"{self.type}: {self.message}"
+
+
+# -- addresses -------------------------------------------------------------------------
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` right now.  Always one address: the services
+    jaxrun starts have no authentication, so nothing listens on a wildcard."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def is_loopback(address: str | None) -> bool:
+    """True for a loopback IP address, or a name that resolves to one."""
+    if not address:
+        return False
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        pass
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(address)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
+def join_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+# -- KEY=VALUE ---------------------------------------------------------------------------
+# Portable variable names: what POSIX shells, env(1) and Kubernetes all accept.
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+def parse_env_pair(text: str) -> tuple[str, str]:
+    """``--env KEY=VALUE``: ValueError unless KEY is a plain variable name."""
+    key, sep, value = text.partition("=")
+    if not sep or not _ENV_NAME.fullmatch(key):
+        raise ValueError(f"{text!r} is not KEY=VALUE")
+    return key, value
+
+
+# -- tables -------------------------------------------------------------------------------
+def align_columns(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Rows of cells as text lines, each column as wide as its widest cell."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]

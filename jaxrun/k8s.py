@@ -22,7 +22,6 @@ from typing import Mapping
 import click
 
 from jaxrun import contract
-from jaxrun.plan import substitute
 
 JOB = "workers"
 CONTAINER = "jax"
@@ -59,15 +58,9 @@ def container_args(opts: K8sOptions) -> list[str]:
     """The shim's command line.  Placeholders become Kubernetes' own $(VAR)
     references, which the kubelet expands per pod; a literal "$(" in the
     user's arguments is escaped so that it stays literal."""
-    values = {
-        "process_id": f"$({contract.PROCESS_ID})",
-        "num_processes": opts.num_processes,
-        "local_process_id": 0,
-        "coordinator": coordinator_address(opts),
-    }
-    args = [substitute(a.replace("$(", "$$("), values) for a in opts.args]
-    head = ["-m", opts.script] if opts.is_module else ["--", opts.script]
-    return [opts.python, "-m", "jaxrun.shim", *head, *args]
+    values = contract.placeholder_values(f"$({contract.PROCESS_ID})", opts.num_processes, 0, coordinator_address(opts))
+    args = [contract.substitute(a.replace("$(", "$$("), values) for a in opts.args]
+    return list(contract.shim_argv(opts.python, contract.target_args(opts.script, args, opts.is_module)))
 
 
 def _field(path: str) -> dict:
@@ -75,23 +68,19 @@ def _field(path: str) -> dict:
 
 
 def container_env(opts: K8sOptions) -> list[dict]:
-    address = coordinator_address(opts)
-    env = [
-        {"name": contract.PROCESS_ID, **_field(f"metadata.annotations['{INDEX_ANNOTATION}']")},
-        {"name": contract.NUM_PROCESSES, "value": str(opts.num_processes)},
-        {"name": contract.LOCAL_PROCESS_ID, "value": "0"},
-        {"name": contract.LOCAL_PROCESS_COUNT, "value": "1"},
-        {"name": contract.COORDINATOR_ADDRESS, "value": address},
-        {"name": contract.JAX_COORDINATOR_ADDRESS, "value": address},
-        {"name": contract.RUN_ID, "value": opts.name},
-        {"name": contract.RESTART_COUNT, **_field(f"metadata.labels['{RESTART_LABEL}']")},
-        {"name": "PYTHONUNBUFFERED", "value": "1"},
-    ]
+    values = contract.process_env(
+        coordinator=coordinator_address(opts), num_processes=opts.num_processes, process_id="",
+        local_process_id=0, local_process_count=1, run_id=opts.name,
+    )
     if opts.cpu_devices is not None:
-        env += [
-            {"name": contract.JAX_PLATFORMS, "value": "cpu"},
-            {"name": contract.JAX_NUM_CPU_DEVICES, "value": str(opts.cpu_devices)},
-        ]
+        values.update(contract.cpu_env(opts.cpu_devices))
+    # Per pod, from the downward API: the rank is the completion index, and
+    # the restart count is JobSet's attempt label.
+    fields = {
+        contract.PROCESS_ID: f"metadata.annotations['{INDEX_ANNOTATION}']",
+        contract.RESTART_COUNT: f"metadata.labels['{RESTART_LABEL}']",
+    }
+    env = [{"name": k, **_field(fields[k])} if k in fields else {"name": k, "value": v} for k, v in values.items()]
     ours = {e["name"] for e in env}  # jaxrun's values win over --env
     return [{"name": k, "value": v} for k, v in opts.env.items() if k not in ours] + env
 
@@ -239,9 +228,10 @@ def command(image, num_processes, name, cpu, memory, gpus, gpu_resource, cpu_dev
     script, rest = (args[1], args[2:]) if is_module else (args[0], args[1:])
     env = {}
     for pair in env_pairs:
-        key, sep, val = pair.partition("=")
-        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--env")
+        try:
+            key, val = contract.parse_env_pair(pair)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--env") from None
         env[key] = val
     opts = K8sOptions(
         name=name, image=image, script=script, args=tuple(rest), is_module=is_module,

@@ -24,7 +24,7 @@ CPU devices per controller), ``mesh`` (jaxrun's ``--mesh`` spec) and
 of a marked test are set up in the parent and again in each controller, so
 keep them cheap and free of device work.
 
-Inside a controller (``JAXRUN_PROCESS_ID`` is set) marked tests run inline, so
+Inside a controller (``contract.PROCESS_ID`` is set) marked tests run inline, so
 ``jaxrun -n 4 -m pytest tests/`` also works.
 """
 
@@ -62,7 +62,7 @@ class JaxrunMark:
     timeout: float | None = None
 
 
-WORKDIR_ENV = "JAXRUN_PYTEST_WORKDIR"
+WORKDIR_ENV = contract.PYTEST_WORKDIR
 
 
 def mark_options(args: tuple, kwargs: dict) -> JaxrunMark:
@@ -110,7 +110,7 @@ def jaxrun_command(opts: JaxrunMark, config: pytest.Config, nodeid: str, workdir
         "--log-dir", os.path.join(workdir, "logs"),
         "--report", os.path.join(workdir, "report.json"),
         "--env", f"{WORKDIR_ENV}={workdir}",  # where controllers note a skip
-        "-m", "jaxrun.pytest_plugin",
+        "-m", contract.PYTEST_CONTROLLER_MODULE,
     ]
     return cmd + controller_pytest_args(config, nodeid, workdir)
 
@@ -214,75 +214,3 @@ def failure_text(code: int, report: dict | None, console: str, n: int, workdir: 
         lines = [f"jaxrun exited with code {code}", ""] + console.splitlines()[-30:]
     lines.append(f"jaxrun's logs and report: {workdir}")
     return "\n".join(lines)
-
-
-# -- controller side --------------------------------------------------------
-
-
-class Controller:
-    """Registered only by this module's runner, inside each controller.
-
-    A failed test must end its process at once: otherwise pytest moves on and
-    exits normally, and JAX's shutdown barrier holds the process for up to
-    300 s waiting for peers that may be stuck in a collective with it.  The
-    failure goes to the error file jaxrun's shim uses, so the launcher's
-    summary, report and JUnit output show it like any uncaught exception.
-    """
-
-    def __init__(self) -> None:
-        self.exceptions: dict[tuple[str, str], BaseException] = {}
-
-    def pytest_configure(self, config: pytest.Config) -> None:
-        config.addinivalue_line("markers", MARKER_HELP)
-
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_makereport(self, item, call):
-        yield
-        if call.excinfo is not None:
-            self.exceptions[(item.nodeid, call.when)] = call.excinfo.value
-
-    def pytest_runtest_logreport(self, report) -> None:
-        if report.skipped:
-            self.note_skip(report)
-        if report.failed:
-            exc = self.exceptions.get((report.nodeid, report.when))
-            self.fail_now(f"{report.nodeid} failed in {report.when}", report.longreprtext, exc)
-
-    def pytest_collectreport(self, report) -> None:
-        if report.failed:
-            self.fail_now(f"collecting {report.nodeid} failed", report.longreprtext, None)
-
-    @staticmethod
-    def note_skip(report) -> None:
-        """Tell the parent, which would otherwise see a clean exit and call it a pass."""
-        workdir = os.environ.get(WORKDIR_ENV)
-        if not workdir:
-            return
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        rank = os.environ.get("JAXRUN_PROCESS_ID", "0")
-        with open(os.path.join(workdir, f"skipped-{rank}"), "w") as f:
-            f.write(reason.removeprefix("Skipped: "))
-
-    @staticmethod
-    def fail_now(what: str, text: str, exc: BaseException | None) -> None:
-        from jaxrun import shim
-
-        sys.stderr.write(f"{text}\njaxrun: {what}\n")
-        if exc is None:
-            exc = RuntimeError(what)
-        shim.record_error(exc, text + "\n")
-        shim.exit_now(1)
-
-
-def main(argv: list[str]) -> None:
-    """``python -m jaxrun.pytest_plugin PYTEST_ARGS``: one controller's pytest."""
-    from jaxrun import pytest_plugin, shim  # this file runs as __main__; use the real module
-
-    code = pytest.main(argv, plugins=[pytest_plugin.Controller()])
-    if code != 0:
-        # e.g. nothing collected (5): leave now, not after the shutdown barrier.
-        shim.exit_now(int(code))
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

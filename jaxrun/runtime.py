@@ -19,6 +19,9 @@ from typing import Any, Callable, NamedTuple, Sequence
 import jax
 import numpy as np
 
+from jaxrun.child import mesh as child_mesh
+from jaxrun.child.bootstrap import allgather_json
+
 # How long a collective helper waits for the slowest process before giving up.
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -57,11 +60,9 @@ def mesh() -> jax.sharding.Mesh:
 
     Raises RuntimeError when the job was started without ``--mesh``.
     """
-    from jaxrun import _mesh_setup
-
-    if _mesh_setup.installed is None:
+    if child_mesh.installed is None:
         raise RuntimeError("no global mesh: start the job with jaxrun --mesh SPEC (e.g. --mesh data=-1)")
-    return _mesh_setup.installed
+    return child_mesh.installed
 
 
 # --- which data this process loads ------------------------------------------
@@ -232,38 +233,6 @@ class ReplicaMismatchError(AssertionError):
 
 class ProcessMismatchError(AssertionError):
     """Processes that should agree on a value do not."""
-
-
-_rounds = itertools.count()
-
-
-def allgather_json(tag: str, payload: Any, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[int, Any]:
-    """*Collective*: every process's JSON-able ``payload``, keyed by process id.
-
-    Goes through the coordination service's key-value store, so it needs no
-    device and works before any mesh exists.  One set, one barrier and one
-    directory read per process.
-    """
-    from jax._src import distributed
-
-    client = distributed.global_state.client
-    me = jax.process_index()
-    if client is None or jax.process_count() == 1:
-        return {me: payload}
-    # Every process numbers its calls the same way, as collectives require.
-    prefix = f"jaxrun/{tag}/{next(_rounds)}"
-    client.key_value_set(f"{prefix}/{me}", json.dumps(payload))
-    client.wait_at_barrier(prefix, int(timeout_s * 1000))
-    found = {int(k.rsplit("/", 1)[1]): json.loads(v) for k, v in client.key_value_dir_get(prefix + "/")}
-    # Past this barrier every process has read the previous round, so its key
-    # can go: a helper called every step must not grow the store forever.
-    if _previous_key:
-        client.key_value_delete(_previous_key.pop())
-    _previous_key.append(f"{prefix}/{me}")
-    return found
-
-
-_previous_key: list[str] = []
 
 
 def _digest(data: bytes) -> str:

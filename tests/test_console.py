@@ -13,8 +13,9 @@ import time
 
 import pytest
 
-from jaxrun import output
-from jaxrun.events import Stream, StreamClosed
+from jaxrun.launcher import filewatch
+from jaxrun.launcher import pump as pump_module
+from jaxrun.launcher.events import Stream, StreamClosed
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -189,14 +190,14 @@ def inotify_watched_inodes() -> set[int]:
 @pytest.mark.parametrize("inotify", [True, False], ids=["inotify", "polling"])
 def test_the_pump_follows_growing_files(tmp_path, monkeypatch, inotify):
     if not inotify:  # as on a system without inotify: a 10 Hz tick
-        monkeypatch.setattr(output._FileWatch, "arm", lambda self, paths: None)
+        monkeypatch.setattr(filewatch.FileWatch, "arm", lambda self, paths: None)
     import queue
 
     events = queue.SimpleQueue()
     shown = Collector()
     # With inotify a quiet file is watched, not polled: a poll interval far
     # longer than the wait below shows that the watch, not a tick, woke the pump.
-    pump = output.OutputPump(events, shown.show, coalesce=60.0 if inotify else output.COALESCE)
+    pump = pump_module.OutputPump(events, shown.show, coalesce=60.0 if inotify else pump_module.COALESCE)
     paths = [tmp_path / f"p{r}.log" for r in range(2)]
     writers = [os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND) for p in paths]
     try:
@@ -211,7 +212,7 @@ def test_the_pump_follows_growing_files(tmp_path, monkeypatch, inotify):
             assert inodes <= inotify_watched_inodes(), "the quiet files are not watched"
         os.write(writers[1], b"first line\npartial")
         assert shown.wait_for(1, b"first line\n", within=5.0)
-        pump.coalesce = output.COALESCE  # else the pump's stop would wait out a 60 s pause
+        pump.coalesce = pump_module.COALESCE  # else the pump's stop would wait out a 60 s pause
         assert b"partial" not in shown.shown[1]  # held until its line ends, or the file ends
         for i in range(50):  # then steady output
             os.write(writers[0], b"step %d\n" % i)
@@ -233,7 +234,7 @@ def test_an_endless_line_is_shown_in_pieces_not_hoarded(tmp_path):
     import queue
 
     shown = Collector()
-    pump = output.OutputPump(queue.SimpleQueue(), shown.show)
+    pump = pump_module.OutputPump(queue.SimpleQueue(), shown.show)
     path = tmp_path / "bar.log"
     writer = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     try:
@@ -241,7 +242,7 @@ def test_an_endless_line_is_shown_in_pieces_not_hoarded(tmp_path):
         for i in range(400):  # a progress bar redrawn with \r, never a newline
             os.write(writer, b"\rstep %06d of 400 [" % i + b"#" * 300 + b"]")
         assert shown.wait_for(0, b"\rstep 000")  # shown while the line goes on
-        assert len(shown.shown[0]) > output.LONGEST_LINE
+        assert len(shown.shown[0]) > pump_module.LONGEST_LINE
     finally:
         pump.stop()
         os.close(writer)

@@ -20,7 +20,8 @@ import yaml
 from conftest import EXAMPLES, ROOT
 from examples_expectations import CHECKS, Layout, per_rank
 
-from jaxrun import bootstrap, contract
+from jaxrun import contract
+from jaxrun.child import bootstrap
 
 README = EXAMPLES / "README.md"
 DEPLOY = EXAMPLES / "deploy"
@@ -159,4 +160,4 @@ def test_deploy_scripts_are_valid_bash():
     assert "export JAXRUN_RANK_SOURCE=slurm" in slurm
     assert "python -m jaxrun.shim --" in slurm
     # The variables the shim reads for a Slurm rank are the ones srun sets.
-    assert bootstrap.RANK_SOURCES["slurm"] == ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")
+    assert contract.RANK_SOURCES["slurm"] == ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")

@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 from conftest import EXAMPLES
-from jaxrun import ci, junit
+from jaxrun.reporting import github, junit, stacks
 from jaxrun.cli import main as cli_main
-from jaxrun.plan import LOCAL_HOST, ProcessSpec
-from jaxrun.supervisor import Outcome, ProcessRecord, StopReason, Verdict
+from jaxrun.launcher.plan import LOCAL_HOST, ProcessSpec
+from jaxrun.launcher.outcome import Outcome, ProcessRecord, StopReason, Verdict
 
 FAILS_IN_PROCESS_1 = """\
 import os
@@ -131,7 +131,7 @@ def outcome(tmp_path, verdicts, reason, root_cause=None, signum=None, stderr=Non
             f.write(f"[Gloo] Rank {rank} is connected to 3 peer ranks. Expected number of connected peer ranks is : 3\nout {rank}\n")
         with open(err, "w") as f:
             f.write((stderr or {}).get(rank, ""))
-        spec = ProcessSpec(rank, rank, LOCAL_HOST, ("python",), {})
+        spec = ProcessSpec(rank, rank, LOCAL_HOST, "python", (), {})
         code = {Verdict.OK: 0, Verdict.ROOT_CAUSE: 3, Verdict.CONSEQUENCE: 1, Verdict.STOPPED: -9}[verdict]
         records.append(ProcessRecord(spec, out, err, f"{base}.error.json", 100 + rank, 10.0, 12.5, code, verdict))
     return Outcome(records, 0, reason, signum, root_cause)
@@ -183,18 +183,18 @@ def test_annotation_escapes_and_points_at_the_users_file(tmp_path):
     error = {"type": "RuntimeError", "message": "50% done,\nthen: boom", "traceback": tb}
     (tmp_path / "process-0.error.json").write_text(json.dumps(error))
     run = outcome(tmp_path, [Verdict.ROOT_CAUSE], StopReason.FAILURE, root_cause=0)
-    assert ci.error_annotation(run, str(tmp_path)) == (
+    assert github.error_annotation(run, str(tmp_path)) == (
         "::error title=jaxrun%3A process 0 failed first (exit code 3),file=src/train.py,line=12"
         "::RuntimeError: 50%25 done,%0Athen: boom"
     )
     # Outside a checkout there is no file to point at.
-    assert ",file=" not in ci.error_annotation(run, None)
+    assert ",file=" not in github.error_annotation(run, None)
 
 
 def test_annotation_for_pytest_failures_and_quiet_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # pytest prints paths relative to where it runs
     text = "    assert x == 1\nE   assert 2 == 1\n\ntests/test_m.py:7: AssertionError\n"
-    assert ci.user_location(text, str(tmp_path)) == ("tests/test_m.py", 7)
+    assert stacks.user_location(text, str(tmp_path)) == ("tests/test_m.py", 7)
     ok = outcome(tmp_path, [Verdict.OK], None)
-    assert ci.error_annotation(ok) is None
-    assert ci.on_github_actions({"GITHUB_ACTIONS": "true"}) and not ci.on_github_actions({})
+    assert github.error_annotation(ok) is None
+    assert github.on_github_actions({"GITHUB_ACTIONS": "true"}) and not github.on_github_actions({})

@@ -193,7 +193,7 @@ def test_each_process_is_forked_by_the_preload_server_or_started_by_jaxrun(launc
     else:
         (pid, cmd, grandparent), other = found
         assert other[0] == pid != job.proc.pid  # one server forked both
-        assert cmd[1:3] == ["-m", "jaxrun.zygote"], cmd
+        assert cmd[1:3] == ["-m", "jaxrun.backends.forkserver_agent"], cmd
         assert grandparent == job.proc.pid
 
 

@@ -11,7 +11,7 @@ import click
 import pytest
 
 from jaxrun import cli
-from jaxrun.bootstrap import check_versions
+from jaxrun.child.bootstrap import check_versions
 from jaxrun.meshspec import MeshSpec, MeshSpecError, parse, resolve, split_across_processes
 
 
@@ -108,7 +108,7 @@ def test_versions_agree():
 
 
 def test_version_mismatch_names_processes():
-    from jaxrun.bootstrap import BootstrapError
+    from jaxrun.child.bootstrap import BootstrapError
 
     rows = [_row(0), _row(1, jaxlib="0.9.0"), _row(2), _row(3, jaxlib="0.9.0")]
     with pytest.raises(BootstrapError, match=r"jaxlib versions differ across processes: "
@@ -129,9 +129,10 @@ def test_every_cli_axis_type_builds_a_mesh_of_that_type():
     assert choices
     code = (
         "import json, sys\n"
-        "from jaxrun import _mesh_setup, meshspec\n"
+        "from jaxrun import meshspec\n"
+        "from jaxrun.child import mesh\n"
         "spec = meshspec.parse('i=2,j=-1')\n"
-        "print(json.dumps({str(t): [str(a) for a in _mesh_setup.build_mesh(spec, t, multi_host=False).axis_types]\n"
+        "print(json.dumps({str(t): [str(a) for a in mesh.build_mesh(spec, t, multi_host=False).axis_types]\n"
         "                  for t in json.loads(sys.argv[1])}))\n"
     )
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "4"}

@@ -5,7 +5,9 @@ import shutil
 
 import pytest
 
-from jaxrun import engines
+from jaxrun.backends import scheduler as engines
+from jaxrun.launcher.config import SchedulerOptions
+from jaxrun.launcher.plan import Target
 
 # Its asserts explain themselves like a test module's.
 pytest.register_assert_rewrite("engine_checks")
@@ -65,13 +67,13 @@ def test_logs_hold_every_byte(run_jaxrun, tmp_path):
 
 
 def test_mpirun_command_forwards_variables_by_name():
-    engine = engines.EngineOptions("mpirun", tasks_per_node=2, scheduler_args=("--oversubscribe",))
+    engine = SchedulerOptions("mpirun", tasks_per_node=2, scheduler_args=("--oversubscribe",))
     env = {"PATH": "/bin", "JAXRUN_TASK_SECRET": "s3cret", "JAX_PLATFORMS": "cpu", "HOME": "/root"}
-    argv = engines.mpirun_command(engine, 4, ["python", "-m", "jaxrun.task"], env, is_root=True)
+    argv = engines.mpirun_command(engine, 4, ["python", "-m", "jaxrun.backends.scheduler_agent"], env, is_root=True)
     assert argv[:7] == ["mpirun", "-n", "4", "--map-by", "ppr:2:node", "--allow-run-as-root", "-x"]
     assert "s3cret" not in " ".join(argv)  # values travel in the environment, not argv
     exported = {argv[i + 1] for i, a in enumerate(argv) if a == "-x"}
     assert exported == {"PATH", "JAXRUN_TASK_SECRET", "JAX_PLATFORMS"}
-    assert argv[-4:] == ["--oversubscribe", "python", "-m", "jaxrun.task"]
-    with pytest.raises(engines.EngineError):
-        engines.mpirun_command(engines.EngineOptions("mpirun", nodes=2), 4, [], {}, is_root=False)
+    assert argv[-4:] == ["--oversubscribe", "python", "-m", "jaxrun.backends.scheduler_agent"]
+    with pytest.raises(engines.SchedulerError):
+        engines.mpirun_command(SchedulerOptions("mpirun", nodes=2), 4, [], {}, is_root=False)

@@ -3,8 +3,8 @@
 import io
 from pathlib import Path
 
-from jaxrun.events import Stream
-from jaxrun.output import ConsolePrinter
+from jaxrun.launcher.events import Stream
+from jaxrun.launcher.console import ConsolePrinter
 
 
 def printer(**kw):
@@ -46,17 +46,18 @@ def test_grouped_mode_prints_nothing_live():
 
 
 def test_user_frames_in_a_folder_named_jaxrun_still_count(tmp_path):
-    from jaxrun import report
+    from jaxrun.child import shim
+    from jaxrun.reporting import stacks
 
     checkout = tmp_path / "jaxrun" / "examples"
     checkout.mkdir(parents=True)
     script = checkout / "hang.py"
     script.write_text("import time\ntime.sleep(60)\n")
-    own = str(Path(report.__file__).with_name("shim.py"))
+    own = shim.__file__
     log = tmp_path / "p.stderr"
     log.write_text(
         "Current thread 0x00007f (most recent call first):\n"
         f'  File "{script}", line 2 in <module>\n'
         f'  File "{own}", line 120 in run_target\n'
     )
-    assert report.innermost_user_frame(str(log)) == (str(script), 2, "<module>", "time.sleep(60)")
+    assert stacks.innermost_user_frame(str(log)) == (str(script), 2, "<module>", "time.sleep(60)")

@@ -5,7 +5,8 @@ import sys
 import pytest
 
 from jaxrun import contract
-from jaxrun.plan import Host, LaunchOptions, PlanError, Target, assign_hosts, local_device_ids, plan, substitute
+from jaxrun.launcher.plan import Host, LaunchOptions, PlanError, Target, assign_hosts, local_device_ids, plan
+from jaxrun.contract import substitute
 
 
 def options(**kw):

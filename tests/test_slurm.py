@@ -12,7 +12,9 @@ import time
 
 import pytest
 
-from jaxrun import engines
+from jaxrun.backends import scheduler as engines
+from jaxrun.launcher.config import SchedulerOptions
+from jaxrun.launcher.plan import Target
 
 from conftest import ROOT
 
@@ -121,11 +123,11 @@ def test_batch_recipe_runs_the_toy_under_sbatch(slurm_cluster, tmp_path):
 
 
 def test_srun_command_is_one_step_that_dies_with_any_task():
-    engine = engines.EngineOptions("slurm", nodes=2, tasks_per_node=4, scheduler_args=("--overcommit",))
-    task = engines.task_argv("python3", engines.planning.Target("t.py", ("{process_id}",)))
+    engine = SchedulerOptions("slurm", nodes=2, tasks_per_node=4, scheduler_args=("--overcommit",))
+    task = engines.task_argv("python3", ("--", "t.py", "{process_id}"))
     assert engines.srun_command(engine, 8, task) == [
         "srun", "--kill-on-bad-exit=1", "--ntasks=8", "--nodes=2", "--ntasks-per-node=4", "--overcommit",
-        "python3", "-m", "jaxrun.task", "--", "python3", "-m", "jaxrun.shim", "--", "t.py", "{process_id}",
+        "python3", "-m", "jaxrun.backends.scheduler_agent", "--", "python3", "-m", "jaxrun.shim", "--", "t.py", "{process_id}",
     ]
 
 

@@ -22,8 +22,10 @@ pytest.register_assert_rewrite("engine_checks")
 from engine_checks import check_logs_hold_every_byte, run_jaxrun  # noqa: F401 - run_jaxrun is a fixture
 from sshd_fixture import sshd_hosts  # noqa: F401 - a fixture
 
-from jaxrun import __version__, ssh
-from jaxrun.plan import Host, ProcessSpec
+from jaxrun import __version__, contract
+from jaxrun.backends import ssh_commands as ssh
+from jaxrun.launcher.config import SshOptions
+from jaxrun.launcher.plan import Host, ProcessSpec
 
 TOY = ROOT / "examples" / "toy.py"
 RESULT = "got result: -0.12398731708526611"
@@ -92,7 +94,7 @@ def wait_for_lines(job, needle: str, count: int, within: float = 30.0) -> list[s
 
 # -- pure parts: no sshd needed ----------------------------------------------
 
-SETTINGS = ssh.SshSettings(python="/opt/py", chdir="/w", config_file="cfg", options=("Compression=yes",))
+SETTINGS = SshOptions(python="/opt/py", chdir="/w", config_file="cfg", options=("Compression=yes",))
 
 
 def test_ssh_args_order():
@@ -117,11 +119,11 @@ def test_master_does_not_persist():
 def test_remote_command_quotes_every_word():
     import shlex
 
-    spec = ProcessSpec(0, 0, Host("n1"), ("/opt/py", "-m", "jaxrun.shim", "--", "t.py", "a b", "$X", "'"), {"A": "x y"})
+    spec = ProcessSpec(0, 0, Host("n1"), "/opt/py", ("--", "t.py", "a b", "$X", "'"), {"A": "x y"})
     words = ssh.process_words(spec, "/my dir", "/opt/py", {"JAXRUN_ERROR_FILE": "/l/e.json", "JAXRUN_LIFELINE_FD": "5"})
     assert words == [
         "env", "A=x y", "JAXRUN_ERROR_FILE=/l/e.json",
-        "/opt/py", "-m", "jaxrun.remote", "--chdir", "/my dir", "--",
+        "/opt/py", "-m", "jaxrun.backends.ssh_agent", "--chdir", "/my dir", "--",
         "/opt/py", "-m", "jaxrun.shim", "--", "t.py", "a b", "$X", "'",
     ]
     assert shlex.split(ssh.remote_command(words)) == words
@@ -129,12 +131,12 @@ def test_remote_command_quotes_every_word():
 
 @pytest.mark.parametrize("code, status", [(0, 0), (1, 1), (128, 128), (130, -2), (137, -9), (255, 255), (-9, -9)])
 def test_remote_status(code, status):
-    assert ssh.remote_status(code) == status
+    assert contract.returncode_from_status(code) == status
 
 
 def test_join_address():
-    assert ssh.join_address("10.0.0.1", 5) == "10.0.0.1:5"
-    assert ssh.join_address("fe80::1", 5) == "[fe80::1]:5"
+    assert contract.join_address("10.0.0.1", 5) == "10.0.0.1:5"
+    assert contract.join_address("fe80::1", 5) == "[fe80::1]:5"
 
 
 def _info(**kw):
@@ -344,7 +346,7 @@ def start_ready_job(launch, sshd_hosts, tmp_path):
     job = launch("-H", "hostA,hostB", *ssh_flags(sshd_hosts), "--log-dir", tmp_path / "logs", script, cwd=tmp_path)
     wait_for_lines(job, "ready", 2)
     mine = [(p, cmdline_of(p)) for p in processes_with_token(os.environ[TOKEN])]
-    remote = [p for p, cmd in mine if cmd[1:3] == ["-m", "jaxrun.remote"]]
+    remote = [p for p, cmd in mine if cmd[1:3] == ["-m", "jaxrun.backends.ssh_agent"]]
     assert len(remote) == 2
     # Process 0's coordination service listens on hostA's address only.
     rank0 = next(p for p, cmd in mine if "jaxrun.shim" in cmd and p.environ().get("JAXRUN_PROCESS_ID") == "0")

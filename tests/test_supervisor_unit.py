@@ -10,10 +10,12 @@ import threading
 
 import pytest
 
-from jaxrun import report
-from jaxrun.output import ConsolePrinter
-from jaxrun.plan import LOCAL_HOST, ProcessSpec
-from jaxrun.supervisor import StopReason, Supervisor, Verdict
+from jaxrun.backends.base import Backend
+from jaxrun.launcher.console import ConsolePrinter
+from jaxrun.reporting import summary as reporting_summary
+from jaxrun.launcher.plan import LOCAL_HOST, ProcessSpec
+from jaxrun.launcher.outcome import StopReason, Verdict
+from jaxrun.launcher.supervisor import Supervisor
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -46,13 +48,16 @@ class FakeChild:
         return self.code
 
 
-class FakeSpawner:
+class FakeSpawner(Backend):
     def __init__(self, ignores=()):
         self.children = {}
         self.ignores = ignores
         self.started = threading.Event()
 
-    def spawn(self, spec, lifeline_fd, extra_env):
+    def choose_coordinator(self, fixed):
+        return "127.0.0.1:1", None
+
+    def spawn(self, spec, lifeline_fd, extra_env, log_fds):
         child = FakeChild(spec.rank, self.ignores)
         self.children[spec.rank] = child
         if len(self.children) == 4:
@@ -61,7 +66,7 @@ class FakeSpawner:
 
 
 def specs(n=4):
-    return [ProcessSpec(r, r, LOCAL_HOST, ("python",), {}) for r in range(n)]
+    return [ProcessSpec(r, r, LOCAL_HOST, "python", (), {}) for r in range(n)]
 
 
 def supervise(tmp_path, spawner, **kw):
@@ -85,7 +90,7 @@ def test_first_failure_is_the_root_cause_and_the_rest_are_stopped(tmp_path):
     assert [r.verdict for r in outcome.records] == [Verdict.STOPPED, Verdict.STOPPED, Verdict.ROOT_CAUSE, Verdict.STOPPED]
     for rank in (0, 1, 3):  # a stack dump first, then the kill
         assert spawner.children[rank].signals[:2] == [signal.SIGUSR1, signal.SIGKILL]
-    summary = report.summary_lines(outcome, str(tmp_path))
+    summary = reporting_summary.summary_lines(outcome, str(tmp_path))
     assert "jaxrun: process 2 failed first: exit code 7 (pid 100002)" in summary
     assert "jaxrun: processes 0, 1, 3 stopped by jaxrun" in summary
 
@@ -101,7 +106,7 @@ def test_a_failure_after_the_root_cause_is_a_consequence(tmp_path):
     verdicts = [r.verdict for r in result["outcome"].records]
     assert verdicts[0] is Verdict.ROOT_CAUSE and verdicts[3] is Verdict.CONSEQUENCE
     assert result["outcome"].exit_code == 1
-    summary = report.summary_lines(result["outcome"], str(tmp_path))
+    summary = reporting_summary.summary_lines(result["outcome"], str(tmp_path))
     assert "jaxrun: process 3 failed after the root cause" in summary
 
 

@@ -15,8 +15,6 @@ the SIGKILL is what actually ends a stuck job.
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import os
 import queue
 import signal
@@ -25,10 +23,12 @@ import time
 from typing import Callable, Mapping, Sequence
 
 from jaxrun import contract
-from jaxrun.events import Exited, SignalReceived, Stream, StreamClosed
-from jaxrun.output import ConsolePrinter, OutputPump, enlarge_pipe
-from jaxrun.plan import ProcessSpec
-from jaxrun.spawn import Child, Spawner
+from jaxrun.backends.base import Backend, Child
+from jaxrun.launcher.console import ConsolePrinter
+from jaxrun.launcher.events import Exited, SignalReceived, Stream, StreamClosed
+from jaxrun.launcher.outcome import Outcome, ProcessRecord, StopReason, Verdict
+from jaxrun.launcher.plan import ProcessSpec
+from jaxrun.launcher.pump import OutputPump, enlarge_pipe
 
 # After a failure or a timeout, how long survivors get to write their stack dumps.
 DUMP_WAIT = 0.5
@@ -36,48 +36,6 @@ TIMEOUT_DUMP_WAIT = 1.5
 # How long pumps may keep reading after every process is gone (grandchildren
 # holding a pipe open are killed with their group before this).
 DRAIN_WAIT = 5.0
-
-
-class Verdict(enum.Enum):
-    OK = "ok"  # exited 0
-    ROOT_CAUSE = "failed first"
-    CONSEQUENCE = "failed after the root cause"
-    STOPPED = "stopped by jaxrun"
-
-
-class StopReason(enum.Enum):
-    FAILURE = "failure"
-    SIGNAL = "signal"
-    TIMEOUT = "timeout"
-
-
-@dataclasses.dataclass
-class ProcessRecord:
-    spec: ProcessSpec
-    stdout_log: str
-    stderr_log: str
-    error_file: str
-    pid: int | None = None
-    started_at: float | None = None  # wall clock, for the report
-    ended_at: float | None = None
-    returncode: int | None = None
-    verdict: Verdict | None = None
-
-    @property
-    def exit_status(self) -> int | None:
-        """Shell convention: 128+N for a signal."""
-        if self.returncode is None:
-            return None
-        return 128 - self.returncode if self.returncode < 0 else self.returncode
-
-
-@dataclasses.dataclass
-class Outcome:
-    records: list[ProcessRecord]
-    exit_code: int
-    reason: StopReason | None
-    signum: int | None = None
-    root_cause: int | None = None  # rank
 
 
 def open_log(path: str) -> int:
@@ -95,7 +53,7 @@ class Supervisor:
     def __init__(
         self,
         specs: Sequence[ProcessSpec],
-        spawner: Spawner,
+        backend: Backend,
         printer: ConsolePrinter,
         log_dir: str,
         *,
@@ -105,7 +63,7 @@ class Supervisor:
         events: queue.SimpleQueue | None = None,
     ):
         self.specs = list(specs)
-        self.spawner = spawner
+        self.backend = backend
         self.printer = printer
         self.log_dir = log_dir
         self.grace = grace
@@ -149,9 +107,9 @@ class Supervisor:
     def _start_all(self, lifeline_r: int) -> None:
         start = self.clock()
         self.deadline = start + self.timeout if self.timeout else None
-        # Local spawners let each child write its own log files: no byte of a
+        # Local backends let each child write its own log files: no byte of a
         # flood passes through jaxrun unless the console shows it.
-        direct = getattr(self.spawner, "writes_log_files", False)
+        direct = self.backend.writes_log_files
         for spec in self.specs:
             out, err, error_file = log_paths(self.log_dir, spec.rank)
             record = ProcessRecord(spec, out, err, error_file)
@@ -160,9 +118,9 @@ class Supervisor:
                 os.unlink(error_file)
             env = {contract.ERROR_FILE: error_file}
             if direct:
-                fds = [open_log(out), open_log(err)]
+                fds = (open_log(out), open_log(err))
                 try:
-                    child = self.spawner.spawn(spec, lifeline_r, env, log_fds=fds)
+                    child = self.backend.spawn(spec, lifeline_r, env, fds)
                 finally:
                     for fd in fds:
                         os.close(fd)
@@ -171,7 +129,7 @@ class Supervisor:
                         self.open_streams += 1
                         self.pump.follow(path, spec.rank, stream)
             else:
-                child = self.spawner.spawn(spec, lifeline_r, env)
+                child = self.backend.spawn(spec, lifeline_r, env, None)
                 for pipe, path, stream in ((child.stdout, out, Stream.STDOUT), (child.stderr, err, Stream.STDERR)):
                     self._start_pump(pipe, path, spec.rank, stream)
             record.pid, record.started_at = child.pid, time.time()

@@ -15,6 +15,10 @@ from jaxrun import contract, meshspec
 installed = None
 
 
+class MeshSetupError(RuntimeError):
+    """The mesh asked for cannot be built here; the message says why."""
+
+
 def spans_hosts(environ=os.environ, hosts=()) -> bool:
     """True when the job's processes run on more than one host.
 
@@ -29,18 +33,16 @@ def spans_hosts(environ=os.environ, hosts=()) -> bool:
 
 
 def build_mesh(spec: meshspec.MeshSpec, axis_types: str | None, multi_host: bool):
-    """The global mesh over every device of the job, or BootstrapError."""
+    """The global mesh over every device of the job, or MeshSetupError."""
     import jax
     from jax.sharding import AxisType
-
-    from jaxrun.bootstrap import BootstrapError
 
     devices = jax.devices()
     try:
         sizes = meshspec.resolve(spec, len(devices))
     except meshspec.MeshSpecError as e:
         where = f"{jax.process_count()} processes x {jax.local_device_count()} local devices"
-        raise BootstrapError(f"--mesh: {e} ({where})") from None
+        raise MeshSetupError(f"--mesh: {e} ({where})") from None
     # Explicit by default, as jax.make_mesh does; jax.sharding.Mesh alone
     # would default to Auto, and the hybrid path must not differ.
     kind = {"auto": AxisType.Auto, "explicit": AxisType.Explicit}[axis_types or "explicit"]
@@ -56,23 +58,22 @@ def build_mesh(spec: meshspec.MeshSpec, axis_types: str | None, multi_host: bool
     try:
         inner, outer = meshspec.split_across_processes(sizes, jax.process_count())
     except meshspec.MeshSpecError as e:
-        raise BootstrapError(f"--mesh: {e}") from None
+        raise MeshSetupError(f"--mesh: {e}") from None
     grid = mesh_utils.create_hybrid_device_mesh(inner, outer, devices, process_is_granule=True)
     return jax.sharding.Mesh(grid, spec.names, axis_types=types)
 
 
 def install_from_env(environ=os.environ, hosts=()) -> None:
-    """Build the mesh named by JAXRUN_MESH, if any, and make it the default."""
+    """Build the mesh named by ``contract.MESH``, if any, and make it the default."""
     global installed
     text = environ.get(contract.MESH)
     if not text:
         return
-    from jaxrun.bootstrap import BootstrapError
 
     try:
         spec = meshspec.parse(text)
     except meshspec.MeshSpecError as e:
-        raise BootstrapError(f"--mesh: {e}") from None
+        raise MeshSetupError(f"--mesh: {e}") from None
     mesh = build_mesh(spec, environ.get(contract.MESH_AXIS_TYPES), spans_hosts(environ, hosts))
     import jax
 

@@ -8,34 +8,35 @@ the end, or closed by the kernel if jaxrun is SIGKILLed.  Every process
 session and the coordinator's port probe ride on that master, so N processes
 on a host cost one handshake.
 
-Each process runs ``python -m jaxrun.remote`` (see there), which relays the
-signal names we write to the ssh client's stdin, and kills the shim's group
-when that stdin reaches EOF.  So ``SshChild.send`` works like a local
+Each process runs the host agent (:mod:`jaxrun.backends.ssh_agent`), which
+relays the signals we write to the ssh client's stdin, and kills the shim's
+group when that stdin reaches EOF.  So ``SshChild.send`` works like a local
 ``killpg``, and a dropped connection or a dead jaxrun ends the remote job.
 
-Every remote word is ``shlex.quote``d; the remote shell sees plain words only.
+Every remote word is ``shlex.quote``d (see :mod:`jaxrun.backends.ssh_commands`);
+the remote shell sees plain words only.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import ipaddress
 import json
 import os
-import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from typing import Mapping, Sequence, TextIO
 
-from jaxrun import __version__, contract
-from jaxrun import launch
-from jaxrun.launch import LaunchError, RunConfig
-from jaxrun.plan import Host, ProcessSpec
+from jaxrun import contract, wire
+from jaxrun.backends.base import Backend
+from jaxrun.backends.ssh_commands import (
+    ANSWER, check_preflight, master_control, port_probe_words, preflight_table, preflight_words, process_words,
+    remote_command, session_control, ssh_args,
+)
+from jaxrun.launcher.config import LaunchError, SshOptions
+from jaxrun.launcher.plan import Host, ProcessSpec
 
 # A server's default MaxSessions is 10 per connection; the master's own session
 # takes one.  Processes beyond this many on one host get a connection of their own.
@@ -46,169 +47,6 @@ CLIENT_KILL_WAIT = 3.0
 # Python start-up and metadata reads on top of the connect timeout.
 PREFLIGHT_SLACK = 20.0
 MASTER_CLOSE_WAIT = 3.0
-# Marks the preflight answer: a login shell may print its own lines first.
-ANSWER = b"jaxrun-preflight "
-
-# Runs as the master's own session: report, then hold the connection until EOF.
-PREFLIGHT = r"""
-import json, os, platform, sys
-info = {"python": platform.python_version(), "executable": sys.executable}
-conn = os.environ.get("SSH_CONNECTION", "").split()
-info["address"] = conn[2] if len(conn) == 4 else None
-try:
-    from importlib import metadata
-    for name in ("jax", "jaxlib"):
-        try:
-            info[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            info[name] = None
-except ImportError:
-    info["jax"] = info["jaxlib"] = None
-try:
-    import jaxrun, jaxrun.remote
-    info["jaxrun"] = jaxrun.__version__
-    info["jaxrun_path"] = os.path.dirname(jaxrun.__file__)
-except Exception as e:
-    info["jaxrun"] = None
-    info["jaxrun_error"] = "%s: %s" % (type(e).__name__, e)
-if sys.argv[1]:
-    try:
-        os.chdir(sys.argv[1])
-    except OSError as e:
-        info["chdir_error"] = "cannot change to %r: %s" % (sys.argv[1], e.strerror)
-print("jaxrun-preflight " + json.dumps(info), flush=True)
-sys.stdin.buffer.read()
-"""
-
-# Prints a port that is free on the given address (0: any free port).
-PORT_PROBE = r"""
-import socket, sys
-host, port = sys.argv[1], int(sys.argv[2])
-with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        s.bind((host, port))
-    except OSError as e:
-        sys.exit(e.strerror or str(e))
-    print(s.getsockname()[1])
-"""
-
-
-@dataclasses.dataclass(frozen=True)
-class SshSettings:
-    python: str
-    chdir: str
-    config_file: str | None = None
-    options: tuple[str, ...] = ()
-    connect_timeout: float = 10.0
-    env: Mapping[str, str] = dataclasses.field(default_factory=dict)  # --env/-x, for preflight
-
-
-# -- pure: command lines ------------------------------------------------------
-
-def ssh_args(settings: SshSettings, host: Host, control: Sequence[str]) -> list[str]:
-    """``ssh ... -- [user@]host``: ours first where it must win (ssh keeps the
-    first value of an option), the user's next, overridable defaults last."""
-    args = ["ssh"]
-    if settings.config_file:
-        args += ["-F", settings.config_file]
-    args += ["-o", "BatchMode=yes", *control]
-    for opt in settings.options:
-        args += ["-o", opt]
-    args += ["-o", f"ConnectTimeout={max(1, round(settings.connect_timeout))}", "-T"]
-    if host.port:
-        args += ["-p", str(host.port)]
-    return args + ["--", host.ssh_target]
-
-
-def master_control(path: str) -> list[str]:
-    return ["-o", "ControlMaster=yes", "-o", f"ControlPath={path}", "-o", "ControlPersist=no"]
-
-
-def session_control(path: str | None) -> list[str]:
-    # LogLevel=ERROR keeps ssh's own warnings out of the process's stderr log.
-    return ["-o", "ControlMaster=no", "-o", f"ControlPath={path or 'none'}", "-o", "LogLevel=ERROR"]
-
-
-def env_words(env: Mapping[str, str]) -> list[str]:
-    return ["env"] + [f"{k}={v}" for k, v in sorted(env.items())] if env else []
-
-
-def remote_command(words: Sequence[str]) -> str:
-    """The one string ssh hands to the remote shell: every word quoted."""
-    return " ".join(shlex.quote(w) for w in words)
-
-
-def process_words(spec: ProcessSpec, chdir: str, python: str, extra_env: Mapping[str, str]) -> list[str]:
-    env = dict(spec.env)
-    env.update(extra_env)
-    env.pop(contract.LIFELINE_FD, None)  # jaxrun.remote makes its own
-    return env_words(env) + [python, "-m", "jaxrun.remote", "--chdir", chdir, "--", *spec.argv]
-
-
-def preflight_words(settings: SshSettings) -> list[str]:
-    return env_words(settings.env) + [settings.python, "-c", PREFLIGHT, settings.chdir]
-
-
-def port_probe_words(python: str, address: str, port: int) -> list[str]:
-    return [python, "-c", PORT_PROBE, address, str(port)]
-
-
-def join_address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def remote_status(code: int) -> int:
-    """ssh's exit status back to Popen style: jaxrun.remote reports a death by
-    signal N as 128+N; 255 is ssh's own failure and stays as it is."""
-    if 128 < code < 128 + signal.NSIG:
-        return -(code - 128)
-    return code
-
-
-def check_preflight(results: Mapping[str, dict], python: str) -> list[str]:
-    """Problems found in the preflight answers, one line each, host first."""
-    problems = []
-    for name, info in results.items():
-        if info.get("jaxrun") is None:
-            problems.append(f"{name}: cannot import jaxrun with {python} ({info.get('jaxrun_error')})")
-        elif info["jaxrun"] != __version__:
-            problems.append(f"{name}: jaxrun {info['jaxrun']} there, {__version__} here")
-        if info.get("jax") is None:
-            problems.append(f"{name}: jax is not installed for {python}")
-        if info.get("chdir_error"):
-            problems.append(f"{name}: {info['chdir_error']}")
-    for key, shown in (("python", "python"), ("jax", "jax"), ("jaxlib", "jaxlib")):
-        values = {name: _version_key(key, info.get(key)) for name, info in results.items()}
-        if len(set(values.values())) > 1:
-            listed = ", ".join(f"{name} has {results[name].get(key)}" for name in values)
-            problems.append(f"hosts disagree on the {shown} version: {listed}")
-    return problems
-
-
-def _version_key(key: str, value: str | None) -> str | None:
-    # Patch releases of python may differ; jax and jaxlib must match exactly.
-    if key == "python" and value:
-        return ".".join(value.split(".")[:2])
-    return value
-
-
-def preflight_table(results: Mapping[str, dict]) -> list[str]:
-    rows = [("host", "address", "python", "jax", "jaxlib", "jaxrun")]
-    for name, info in results.items():
-        rows.append((name, *(str(info.get(k) or "-") for k in ("address", "python", "jax", "jaxlib", "jaxrun"))))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["jaxrun: " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-
-
-def is_loopback(address: str | None) -> bool:
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except (TypeError, ValueError):
-        return False
-
-
-# -- impure: connections, processes -------------------------------------------
 
 def last_line(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
@@ -227,7 +65,7 @@ def read_answer(stdout, answers: dict[str, bytes], name: str) -> None:
 class Connections:
     """One ControlMaster per host, in a private folder removed at the end."""
 
-    def __init__(self, settings: SshSettings, hosts: Sequence[Host]):
+    def __init__(self, settings: SshOptions, hosts: Sequence[Host]):
         self.settings = settings
         self.hosts = list(hosts)
         self.dir = tempfile.mkdtemp(prefix="jaxrun-ssh-")  # mode 0700: sockets stay private
@@ -337,14 +175,14 @@ class Connections:
         address = self.results[first.name].get("address")
         if not address:
             raise LaunchError(f"{first.name}: SSH_CONNECTION is not set there; pass --coordinator HOST:PORT")
-        remote_peers = [h.name for h in self.hosts[1:] if not is_loopback(self.results[h.name].get("address"))]
-        if is_loopback(address) and remote_peers:
+        remote_peers = [h.name for h in self.hosts[1:] if not contract.is_loopback(self.results[h.name].get("address"))]
+        if contract.is_loopback(address) and remote_peers:
             raise LaunchError(
                 f"{first.name} was reached over loopback ({address}), which {remote_peers[0]} cannot "
                 "connect to; list a routable host first or pass --coordinator HOST:PORT"
             )
         port = self._probe_port(first, address, 0, f"{first.name}")
-        where = join_address(address, port)
+        where = contract.join_address(address, port)
         return where, where
 
     def _probe_port(self, host: Host, address: str, port: int, what: str) -> int:
@@ -398,9 +236,9 @@ class SshChild:
             if stdin.closed:
                 return
             try:
-                stdin.write(f"{signal.Signals(signum).name}\n".encode())
+                stdin.write(wire.Signal.of(signum).line())
                 if signum == signal.SIGKILL:
-                    stdin.close()  # EOF: jaxrun.remote kills the group
+                    stdin.close()  # EOF: the agent kills the group
             except OSError:
                 stdin.close()
                 return
@@ -411,36 +249,45 @@ class SshChild:
 
     def _kill_client(self) -> None:
         # The channel did not close in time (a hung connection): closing the
-        # client ends the session, and sshd then closes jaxrun.remote's stdin.
+        # client ends the session, and sshd then closes the agent's stdin.
         if self.popen.poll() is None:
             self.popen.kill()
 
     def wait(self) -> int:
-        return remote_status(self.popen.wait())
+        return contract.returncode_from_status(self.popen.wait())
 
 
-class SshSpawner:
-    def __init__(self, settings: SshSettings, connections: Connections):
+class SshBackend(Backend):
+    """Controllers on the hosts of a hosts file, over the system's ssh client."""
+
+    name = "ssh"
+
+    def __init__(self, settings: SshOptions, hosts: Sequence[Host], console: TextIO, verbose: bool = False):
         self.settings = settings
-        self.connections = connections
+        self.hosts = list(hosts)
+        self.console = console
+        self.verbose = verbose
+        self.connections: Connections | None = None
 
-    def spawn(self, spec: ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str]) -> SshChild:
+    def open(self) -> None:
+        self.connections = Connections(self.settings, self.hosts)
+        results = self.connections.preflight()
+        if self.verbose:
+            for line in preflight_table(results):
+                print(line, file=self.console, flush=True)
+
+    def choose_coordinator(self, fixed: str | None) -> tuple[str, str]:
+        return self.connections.choose_coordinator(fixed)
+
+    def dry_run_coordinator(self, fixed: str | None) -> tuple[str, str | None]:
+        return fixed or f"{self.hosts[0].name}:PORT", None  # no host is contacted
+
+    def spawn(self, spec: ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str],
+              log_fds: tuple[int, int] | None) -> SshChild:
         del lifeline_fd  # the remote side's lifeline is the ssh channel itself
         words = process_words(spec, self.settings.chdir, self.settings.python, extra_env)
-        popen = self.connections.start_session(spec.host, remote_command(words))
-        return SshChild(popen)
+        return SshChild(self.connections.start_session(spec.host, remote_command(words)))
 
-
-def run_over_ssh(config: RunConfig, settings: SshSettings, console: TextIO | None = None) -> int:
-    """Preflight every host, then run the job there; exit status as launch.run."""
-    console = console or sys.stderr
-    hosts = config.options.hosts
-    if config.dry_run:  # show the plan without contacting any host
-        first = hosts[0].name
-        return launch.run(config, choose_coordinator=lambda fixed: (fixed or f"{first}:PORT", None))
-    with Connections(settings, hosts) as connections:
-        results = connections.preflight()
-        if config.verbose:
-            for line in preflight_table(results):
-                print(line, file=console, flush=True)
-        return launch.run(config, SshSpawner(settings, connections), connections.choose_coordinator, console)
+    def close(self) -> None:
+        if self.connections is not None:
+            self.connections.close()

@@ -9,7 +9,6 @@ to unit-test exhaustively.
 from __future__ import annotations
 
 import dataclasses
-import re
 import sys
 from typing import Mapping, Sequence
 
@@ -72,16 +71,17 @@ class ProcessSpec:
     rank: int
     local_rank: int
     host: Host
-    argv: tuple[str, ...]
-    env: Mapping[str, str]  # only what jaxrun sets; the spawner adds the rest
+    python: str
+    shim_args: tuple[str, ...]  # after ``python -m jaxrun.shim``: the user's target
+    env: Mapping[str, str]  # only what jaxrun sets; the backend adds the rest
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        return contract.shim_argv(self.python, self.shim_args)
 
 
-def shim_argv(python: str, target: Target) -> tuple[str, ...]:
-    """The child command line: the shim first, then the user's target."""
-    head = (python, "-m", "jaxrun.shim")
-    if target.is_module:
-        return head + ("-m", target.name) + target.args
-    return head + ("--", target.name) + target.args
+def shim_args(target: Target) -> tuple[str, ...]:
+    return contract.target_args(target.name, target.args, target.is_module)
 
 
 def assign_hosts(hosts: Sequence[Host], num_processes: int) -> list[tuple[Host, int]]:
@@ -100,14 +100,6 @@ def assign_hosts(hosts: Sequence[Host], num_processes: int) -> list[tuple[Host, 
                 return placement
             placement.append((host, local))
     return placement
-
-
-_PLACEHOLDER = re.compile(r"\{(" + "|".join(contract.PLACEHOLDERS) + r")\}")
-
-
-def substitute(arg: str, values: Mapping[str, object]) -> str:
-    """Replace {process_id}-style placeholders; other braces are left alone."""
-    return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), arg)
 
 
 def local_device_ids(
@@ -151,14 +143,9 @@ def plan(opts: LaunchOptions) -> list[ProcessSpec]:
         per_host[host.name] = per_host.get(host.name, 0) + 1
     specs = []
     for rank, (host, local_rank) in enumerate(placement):
-        values = {
-            "process_id": rank,
-            "num_processes": opts.num_processes,
-            "local_process_id": local_rank,
-            "coordinator": opts.coordinator,
-        }
+        values = contract.placeholder_values(rank, opts.num_processes, local_rank, opts.coordinator)
         target = dataclasses.replace(
-            opts.target, args=tuple(substitute(a, values) for a in opts.target.args)
+            opts.target, args=tuple(contract.substitute(a, values) for a in opts.target.args)
         )
         env = dict(opts.extra_env)
         env.update(contract_env(opts, rank, local_rank, per_host[host.name]))
@@ -172,7 +159,8 @@ def plan(opts: LaunchOptions) -> list[ProcessSpec]:
                 rank=rank,
                 local_rank=local_rank,
                 host=host,
-                argv=shim_argv(opts.python, target),
+                python=opts.python,
+                shim_args=shim_args(target),
                 env=env,
             )
         )
@@ -180,23 +168,15 @@ def plan(opts: LaunchOptions) -> list[ProcessSpec]:
 
 
 def contract_env(opts: LaunchOptions, rank: int, local_rank: int, local_count: int) -> dict[str, str]:
-    env = {
-        contract.COORDINATOR_ADDRESS: opts.coordinator,
-        contract.JAX_COORDINATOR_ADDRESS: opts.coordinator,
-        contract.NUM_PROCESSES: str(opts.num_processes),
-        contract.PROCESS_ID: str(rank),
-        contract.LOCAL_PROCESS_ID: str(local_rank),
-        contract.LOCAL_PROCESS_COUNT: str(local_count),
-        contract.RUN_ID: opts.run_id,
-        contract.RESTART_COUNT: str(opts.restart_count),
-        "PYTHONUNBUFFERED": "1",
-    }
+    env = contract.process_env(
+        coordinator=opts.coordinator, num_processes=opts.num_processes, process_id=rank,
+        local_process_id=local_rank, local_process_count=local_count, run_id=opts.run_id,
+        restart_count=opts.restart_count,
+    )
     if opts.bind_address and rank == 0:
-        env[contract.COORDINATOR_BIND_ADDRESS] = opts.bind_address
-        env[contract.JAX_COORDINATOR_BIND_ADDRESS] = opts.bind_address
+        env.update(contract.bind_env(opts.bind_address))
     if opts.cpu_devices is not None:
-        env[contract.JAX_PLATFORMS] = "cpu"
-        env[contract.JAX_NUM_CPU_DEVICES] = str(opts.cpu_devices)
+        env.update(contract.cpu_env(opts.cpu_devices))
     if opts.mesh:
         env[contract.MESH] = opts.mesh
     if opts.mesh_axis_types:

@@ -1,19 +1,19 @@
-"""Child side: the preloading fork server for local runs.
+"""The far end of the fork server backend: the preloading server itself.
 
-Started by :class:`jaxrun.preload.PreloadSpawner` as
-``python -m jaxrun.zygote SOCKET_FD [MODULE...]``.  It imports jax (and any
+Started by :class:`jaxrun.backends.forkserver.ForkServer` as
+``python -m jaxrun.backends.forkserver_agent SOCKET_FD [MODULE...]``.  It imports jax (and any
 ``--preload`` modules) once, without touching a backend, then forks one
 controller per request.  Each controller skips the ~0.5 s of CPU that
 ``import jax`` costs, which on a small machine is most of a short job's wall
 time.
 
-Protocol, over a SOCK_SEQPACKET socket (one message per packet):
+Messages (:mod:`jaxrun.wire`), over a SOCK_SEQPACKET socket, one per packet:
 
-- request (launcher -> server): JSON ``{"argv": [...], "env": {...}}`` with
-  three file descriptors attached: the child's stdout and stderr (its log
-  files) and the launcher's lifeline.
-- ``started PID`` (server -> launcher) once the child is forked;
-- ``exit PID RETURNCODE`` (Popen-style, negative for a signal) when it ends.
+- ``ForkRequest`` (launcher -> server): the shim's arguments and the whole
+  environment, with three file descriptors attached: the child's stdout and
+  stderr (its log files) and the launcher's lifeline;
+- ``Started`` (server -> launcher) once the child is forked;
+- ``ChildExited`` (Popen-style returncode) when it ends.
 
 Single-threaded on purpose: forking is only safe while no other thread
 exists.  EOF on the socket means the launcher is gone; the server exits and
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import atexit
 import importlib
-import json
 import os
 import select
 import signal
@@ -32,9 +31,7 @@ import socket
 import sys
 import threading
 
-from jaxrun import contract
-
-MAX_MESSAGE = 1 << 20
+from jaxrun import contract, wire
 
 
 def serve(sock: socket.socket) -> None:
@@ -49,20 +46,20 @@ def serve(sock: socket.socket) -> None:
         if wake_r in readable:
             os.read(wake_r, 4096)
         for pid, code in reap(children):
-            sock.send(f"exit {pid} {code}".encode())
+            sock.send(wire.ChildExited(pid, code).encode())
         if sock in readable:
-            message, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 3)
+            message, fds, _, _ = socket.recv_fds(sock, wire.MAX_PACKET, 3)
             if not message:
                 return
             pid = os.fork()
             if pid == 0:
                 os.close(wake_r)
                 os.close(wake_w)
-                become_controller(sock, json.loads(message), fds)
+                become_controller(sock, wire.decode(message), fds)
             for fd in fds:
                 os.close(fd)
             children.add(pid)
-            sock.send(f"started {pid}".encode())
+            sock.send(wire.Started(pid).encode())
 
 
 def reap(children: set[int]):
@@ -73,7 +70,7 @@ def reap(children: set[int]):
             yield pid, os.waitstatus_to_exitcode(status)
 
 
-def become_controller(sock: socket.socket, request: dict, fds: list[int]) -> None:
+def become_controller(sock: socket.socket, request: wire.ForkRequest, fds: list[int]) -> None:
     """In the forked child: look exactly like a freshly started shim, then run it."""
     code = 1
     try:
@@ -88,12 +85,12 @@ def become_controller(sock: socket.socket, request: dict, fds: list[int]) -> Non
             os.dup2(src, dst)
             os.close(src)
         os.environ.clear()
-        os.environ.update(request["env"])
+        os.environ.update(request.env)
         os.environ[contract.LIFELINE_FD] = str(lifeline)
-        from jaxrun import shim
+        from jaxrun.child import shim
 
         try:
-            shim.main(request["argv"])
+            shim.main(request.shim_args)
             code = 0
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -106,7 +103,7 @@ def become_controller(sock: socket.socket, request: dict, fds: list[int]) -> Non
 
         traceback.print_exc()
     finally:
-        from jaxrun.shim import exit_now
+        from jaxrun.child.shim import exit_now
 
         exit_now(code)
 
@@ -117,9 +114,8 @@ def main(argv: list[str]) -> None:
 
     for name in argv[1:]:
         importlib.import_module(name)
-    from jaxrun import bootstrap, shim  # noqa: F401 - warm the shim's imports too
+    from jaxrun.child import bootstrap, shim  # noqa: F401 - warm the shim's imports too
 
-    sock.send(b"ready")
     serve(sock)
 
 

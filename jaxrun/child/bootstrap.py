@@ -6,23 +6,20 @@ place.  This is the one place where jax is imported on purpose.
 
 from __future__ import annotations
 
-import ipaddress
+import itertools
+import json
 import os
 import socket
 import sys
+from typing import Any
 
 from jaxrun import contract
+from jaxrun.child import mesh
 
 
 class BootstrapError(RuntimeError):
     """The process cannot join the job; the message says why."""
 
-
-# (rank, count, local rank) variables of the schedulers the shim can ride on.
-RANK_SOURCES = {
-    "slurm": ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
-    "mpi": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
-}
 
 _launched: dict[str, object] = {}
 
@@ -30,9 +27,7 @@ _launched: dict[str, object] = {}
 def identity_from_env(environ=os.environ) -> tuple[int, int, int]:
     """(process id, process count, local process id) from the launcher or scheduler."""
     source = environ.get(contract.RANK_SOURCE, "jaxrun")
-    names = RANK_SOURCES.get(
-        source, (contract.PROCESS_ID, contract.NUM_PROCESSES, contract.LOCAL_PROCESS_ID)
-    )
+    names = contract.RANK_SOURCES.get(source, contract.LAUNCHER_RANK_NAMES)
     try:
         rank, count, local = (int(environ[n]) for n in names)
     except KeyError as e:
@@ -42,17 +37,10 @@ def identity_from_env(environ=os.environ) -> tuple[int, int, int]:
     return rank, count, local
 
 
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
-    except (OSError, ValueError):
-        return False
-
-
 def _transfer_address(coordinator: str) -> str:
     """A free address of our own for cross-process device_put, reachable by peers."""
     host = coordinator.rsplit(":", 1)[0]
-    if _is_loopback(host):
+    if contract.is_loopback(host):
         ip = "127.0.0.1"
     else:
         # The local address that routes towards the coordinator's host.
@@ -62,9 +50,7 @@ def _transfer_address(coordinator: str) -> str:
             ip = probe.getsockname()[0]
         finally:
             probe.close()
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((ip, 0))
-        return f"{ip}:{s.getsockname()[1]}"
+    return contract.join_address(ip, contract.free_port(ip))
 
 
 def initialize_from_env() -> None:
@@ -101,10 +87,10 @@ def initialize_from_env() -> None:
     jax.distributed.initialize = _checked_initialize
 
     rows = preflight(verbose=environ.get(contract.VERBOSE) == "1")
-
-    from jaxrun import _mesh_setup
-
-    _mesh_setup.install_from_env(environ, hosts={r["host"] for r in rows})
+    try:
+        mesh.install_from_env(environ, hosts={r["host"] for r in rows})
+    except mesh.MeshSetupError as e:
+        raise BootstrapError(str(e)) from None
 
 
 # Every process must run the same jax and jaxlib: mixed versions fail later in
@@ -121,8 +107,6 @@ def preflight(verbose: bool = False) -> list[dict]:
     import jax
     import jaxlib
 
-    from jaxrun import runtime
-
     me = {
         "host": socket.gethostname(),
         "pid": os.getpid(),
@@ -131,7 +115,7 @@ def preflight(verbose: bool = False) -> list[dict]:
         "jaxlib": jaxlib.__version__,
         "python": sys.version.split()[0],
     }
-    everyone = runtime.allgather_json("preflight", me, timeout_s=120)
+    everyone = allgather_json("preflight", me, timeout_s=120)
     rows = [dict(everyone[p], process=p) for p in sorted(everyone)]
     if verbose and jax.process_index() == 0:
         print(format_preflight(rows), file=sys.stderr, flush=True)
@@ -158,9 +142,7 @@ def format_preflight(rows: list[dict]) -> str:
         (str(r["process"]), r["host"], str(r["pid"]), ",".join(r["devices"]), r["jax"], r["jaxlib"], r["python"])
         for r in rows
     ]
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table]
-    return "jaxrun: preflight\n" + "\n".join("  " + line for line in lines)
+    return "jaxrun: preflight\n" + "\n".join("  " + line for line in contract.align_columns(table))
 
 
 _noted_address = False
@@ -183,3 +165,37 @@ def _checked_initialize(coordinator_address=None, num_processes=None, process_id
             f"jax.distributed.initialize(); using jaxrun's {_launched['coordinator']}",
             file=sys.stderr,
         )
+
+
+_rounds = itertools.count()
+
+
+def allgather_json(tag: str, payload: Any, timeout_s: float = 300.0) -> dict[int, Any]:
+    """*Collective*: every process's JSON-able ``payload``, keyed by process id.
+
+    Goes through the coordination service's key-value store, so it needs no
+    device and works before any mesh exists.  One set, one barrier and one
+    directory read per process.
+    """
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    import jax
+
+    me = jax.process_index()
+    if client is None or jax.process_count() == 1:
+        return {me: payload}
+    # Every process numbers its calls the same way, as collectives require.
+    prefix = f"jaxrun/{tag}/{next(_rounds)}"
+    client.key_value_set(f"{prefix}/{me}", json.dumps(payload))
+    client.wait_at_barrier(prefix, int(timeout_s * 1000))
+    found = {int(k.rsplit("/", 1)[1]): json.loads(v) for k, v in client.key_value_dir_get(prefix + "/")}
+    # Past this barrier every process has read the previous round, so its key
+    # can go: a helper called every step must not grow the store forever.
+    if _previous_key:
+        client.key_value_delete(_previous_key.pop())
+    _previous_key.append(f"{prefix}/{me}")
+    return found
+
+
+_previous_key: list[str] = []

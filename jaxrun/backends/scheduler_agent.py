@@ -1,19 +1,20 @@
-"""Task side of a scheduler launch: what ``srun``/``mpirun`` start on each node.
+"""The far end of the scheduler backend: what ``srun``/``mpirun`` start on each node.
 
-Started as ``python -m jaxrun.task -- python -m jaxrun.shim ...``.  The
-scheduler gives us a rank; we give the launcher back what a local child would:
+Started as ``python -m jaxrun.backends.scheduler_agent -- python -m jaxrun.shim ...``.
+The scheduler gives us a rank; we give the launcher back what a local child
+would:
 
 - three TCP connections to the launcher's task channel (see
-  :mod:`jaxrun.taskchannel`): the child's stdout and stderr go straight into
-  two of them, byte for byte, so per-process logs stay exact; the third is
-  for control lines in both directions;
+  :mod:`jaxrun.backends.scheduler_channel`): the child's stdout and stderr go
+  straight into two of them, byte for byte, so per-process logs stay exact;
+  the third carries :mod:`jaxrun.wire` messages both ways;
 - task 0 picks the coordinator's port on its own node and reports it; every
-  task waits for the launcher's ``start ADDRESS`` before starting the shim;
-- ``signal N`` lines are delivered to the child's process group, so the
+  task waits for the launcher's ``Start`` before starting the shim;
+- ``Signal`` messages are delivered to the child's process group, so the
   supervisor can dump stacks or kill one rank like a local child;
 - the child's exit code (Popen style) and its error record come back as
-  ``error JSON`` and ``exit CODE``, and this wrapper exits with the same
-  status, so the scheduler's own fail-fast (``--kill-on-bad-exit``) fires too.
+  ``Error`` and ``Exit``, and this wrapper exits with the same status, so the
+  scheduler's own fail-fast (``--kill-on-bad-exit``) fires too.
 
 When the control connection drops (the launcher died), the child's group is
 killed; when this wrapper dies, the shim's lifeline pipe kills the child.
@@ -22,7 +23,6 @@ This module never imports jax.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -31,12 +31,10 @@ import sys
 import tempfile
 import threading
 
-from jaxrun import contract
-from jaxrun.bootstrap import BootstrapError, identity_from_env
-from jaxrun.plan import substitute
+from jaxrun import contract, wire
+from jaxrun.child.bootstrap import BootstrapError, identity_from_env
 
-CHANNEL = "JAXRUN_TASK_CHANNEL"  # host:port of the launcher's task channel
-SECRET = "JAXRUN_TASK_SECRET"  # proves a connection belongs to this run
+USAGE = f"usage: python -m {contract.SCHEDULER_AGENT_MODULE} -- COMMAND..."
 CONNECT_TIMEOUT = 30.0
 ACK_TIMEOUT = 5.0
 # Signals a scheduler may send the task; the child gets them instead of us.
@@ -46,7 +44,7 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signa
 def local_count_from_env(environ=os.environ) -> int:
     """How many tasks of this step share our node."""
     source = environ.get(contract.RANK_SOURCE)
-    if source == "mpi":
+    if source in ("mpirun", "mpi"):
         return int(environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1"))
     if source == "slurm":
         return tasks_on_node(environ.get("SLURM_STEP_TASKS_PER_NODE", ""), int(environ.get("SLURM_NODEID", "0")))
@@ -75,37 +73,41 @@ class Channel:
     def connect(self, kind: str) -> socket.socket:
         sock = socket.create_connection(self.address, timeout=CONNECT_TIMEOUT)
         sock.settimeout(None)
-        sock.sendall(f"{self.secret} {self.rank} {kind}\n".encode())
+        sock.sendall(wire.Hello(self.secret, self.rank, kind).line())
         return sock
 
-    def send(self, line: str) -> None:
+    def send(self, msg: wire.Message) -> None:
         with self.send_lock:
-            self.ctrl.sendall(line.encode() + b"\n")
+            self.ctrl.sendall(msg.line())
 
-    def read(self) -> list[str] | None:
-        """The next control line as words; None when the launcher is gone."""
-        try:
-            line = self.ctrl_file.readline()
-        except OSError:
-            line = b""
-        return line.decode().split() if line else None
+    def read(self) -> wire.Message | None:
+        """The next control message; None when the launcher is gone."""
+        while True:
+            try:
+                line = self.ctrl_file.readline()
+            except OSError:
+                line = b""
+            if not line:
+                return None
+            try:
+                return wire.decode(line)
+            except wire.WireError:
+                continue  # from a newer launcher: not ours to act on
 
 
 def pick_coordinator(channel: Channel) -> str:
     """A free port on this node, on the address that reaches the launcher:
     that interface is the one the other nodes can reach too."""
     ip = channel.ctrl.getsockname()[0]
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((ip, 0))
-        return f"{ip}:{s.getsockname()[1]}"
+    return contract.join_address(ip, contract.free_port(ip))
 
 
 def child_env(coordinator: str, rank: int, error_file: str, lifeline: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in (SECRET, CHANNEL)}
+    env = {k: v for k, v in os.environ.items() if k not in (contract.TASK_SECRET, contract.TASK_CHANNEL)}
     env[contract.COORDINATOR_ADDRESS] = env[contract.JAX_COORDINATOR_ADDRESS] = coordinator
     if rank == 0:
         # Bind exactly the address we advertise, never all interfaces.
-        env[contract.COORDINATOR_BIND_ADDRESS] = env[contract.JAX_COORDINATOR_BIND_ADDRESS] = coordinator
+        env.update(contract.bind_env(coordinator))
     env[contract.LOCAL_PROCESS_COUNT] = str(local_count_from_env())
     env[contract.ERROR_FILE] = error_file
     env[contract.LIFELINE_FD] = str(lifeline)
@@ -114,7 +116,7 @@ def child_env(coordinator: str, rank: int, error_file: str, lifeline: int) -> di
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] != "--" or len(argv) < 2:
-        print("usage: python -m jaxrun.task -- COMMAND...", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
     try:
         rank, count, local = identity_from_env()
@@ -132,18 +134,18 @@ def main(argv: list[str]) -> int:
     for signum in FORWARDED:
         signal.signal(signum, forward)
     try:
-        channel = Channel(os.environ[CHANNEL], os.environ[SECRET], rank)
+        channel = Channel(os.environ[contract.TASK_CHANNEL], os.environ[contract.TASK_SECRET], rank)
         out, err = channel.connect("stdout"), channel.connect("stderr")
     except (KeyError, OSError) as e:
         print(f"jaxrun task {rank}: cannot reach the launcher's task channel: {e}", file=sys.stderr)
         return 1
     if rank == 0:
-        channel.send(f"coordinator {pick_coordinator(channel)}")
+        channel.send(wire.Coordinator(pick_coordinator(channel)))
     coordinator = wait_for_start(channel)
     if coordinator is None:
         return 1
-    values = {"process_id": rank, "num_processes": count, "local_process_id": local, "coordinator": coordinator}
-    command = [substitute(a, values) for a in argv[1:]]
+    values = contract.placeholder_values(rank, count, local, coordinator)
+    command = [contract.substitute(a, values) for a in argv[1:]]
     error_file = os.path.join(tempfile.mkdtemp(prefix="jaxrun-task-"), "error.json")
     lifeline_r, lifeline_w = os.pipe()
     try:
@@ -154,7 +156,7 @@ def main(argv: list[str]) -> int:
         ))
     except OSError as e:
         err.sendall(f"jaxrun task {rank}: cannot start {command[0]}: {e}\n".encode())
-        channel.send("exit 127")
+        channel.send(wire.Exit(127))
         return 127
     finally:
         os.close(lifeline_r)
@@ -169,47 +171,48 @@ def main(argv: list[str]) -> int:
     # the other tasks, and their losses must not reach the launcher first.
     acked.wait(ACK_TIMEOUT)
     os.close(lifeline_w)
-    return code if code >= 0 else 128 - code
+    return contract.exit_status(code)
 
 
 def wait_for_start(channel: Channel) -> str | None:
     while True:
-        words = channel.read()
-        if words is None:
+        msg = channel.read()
+        if msg is None:
             return None
-        if words[0] == "start":
-            return words[1]
-        if words[0] == "signal" and int(words[1]) != signal.SIGUSR1:
-            os._exit(128 + int(words[1]))
+        if isinstance(msg, wire.Start):
+            return msg.address
+        if isinstance(msg, wire.Signal) and msg.signum != signal.SIGUSR1:
+            os._exit(128 + msg.signum)
 
 
 def obey(channel: Channel, child: subprocess.Popen, acked: threading.Event) -> None:
     """Deliver the launcher's signals; a lost launcher means SIGKILL."""
     while True:
-        words = channel.read()
-        if words is None:
+        msg = channel.read()
+        if msg is None:
             _killpg(child.pid, signal.SIGKILL)
             break
-        if words[0] == "signal":
-            _killpg(child.pid, int(words[1]))
-        elif words[0] == "ack":
+        if isinstance(msg, wire.Signal):
+            _killpg(child.pid, msg.signum)
+        elif isinstance(msg, wire.Ack):
             break
     acked.set()
 
 
 def report_exit(channel: Channel, code: int, error_file: str) -> None:
+    record = contract.ErrorRecord.load(error_file)
     try:
-        with open(error_file) as f:
-            channel.send("error " + json.dumps(json.load(f)))
+        if record is not None:
+            channel.send(wire.Error(record.to_json()))
         os.unlink(error_file)
-    except (OSError, ValueError):
+    except OSError:
         pass
     try:
         os.rmdir(os.path.dirname(error_file))
     except OSError:
         pass
     try:
-        channel.send(f"exit {code}")
+        channel.send(wire.Exit(code))
     except OSError:
         pass
 

@@ -1,17 +1,16 @@
-"""Child side, on a remote host: a tiny supervisor between ``ssh`` and the shim.
+"""The far end of the SSH backend: a tiny supervisor between ``ssh`` and the shim.
 
 Started by the launcher over SSH as::
 
-    python -m jaxrun.remote [--chdir DIR] -- PYTHON -m jaxrun.shim ...
+    python -m jaxrun.backends.ssh_agent [--chdir DIR] -- PYTHON -m jaxrun.shim ...
 
 Killing the local ``ssh`` client does not signal anything on the remote host,
 so this module gives the launcher a handle on the remote process:
 
 - The shim runs in a process group of its own, with stdout and stderr passed
   straight through (the bytes are never touched here).
-- Each line on stdin names a signal (``SIGUSR1``, ``SIGTERM``, ...), which is
-  sent to the whole group.  Names, not numbers: the numbers differ between
-  operating systems.
+- Each line on stdin is a :class:`jaxrun.wire.Signal`, which is sent to the
+  whole group.
 - EOF on stdin means the launcher closed the channel, died, or the connection
   dropped: the group is SIGKILLed at once.
 - The shim holds the read end of a lifeline pipe whose write end only this
@@ -29,9 +28,9 @@ import subprocess
 import sys
 import threading
 
-from jaxrun import contract
+from jaxrun import contract, wire
 
-USAGE = "usage: python -m jaxrun.remote [--chdir DIR] -- COMMAND..."
+USAGE = f"usage: python -m {contract.SSH_AGENT_MODULE} [--chdir DIR] -- COMMAND..."
 
 
 def kill_group(pgid: int, signum: int) -> None:
@@ -57,10 +56,12 @@ def relay_signals(fd: int, pgid: int) -> None:
         *lines, pending = (pending + data).split(b"\n")
         for raw in lines:
             try:
-                signum = signal.Signals[raw.decode("ascii", "replace").strip()]
-            except KeyError:
-                continue  # an unknown name is not worth a crash mid-run
-            kill_group(pgid, signum)
+                msg = wire.decode(raw)
+                signum = msg.signum if isinstance(msg, wire.Signal) else None
+            except wire.WireError:
+                signum = None  # an unknown line is not worth a crash mid-run
+            if signum is not None:
+                kill_group(pgid, signum)
     kill_group(pgid, signal.SIGKILL)
 
 
@@ -105,7 +106,7 @@ def main(argv: list[str]) -> int:
     code = child.wait()
     kill_group(child.pid, signal.SIGKILL)  # grandchildren left behind by the shim
     os.close(lifeline_w)
-    return 128 - code if code < 0 else code
+    return contract.exit_status(code)
 
 
 if __name__ == "__main__":

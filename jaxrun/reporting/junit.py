@@ -14,10 +14,11 @@ import datetime
 import re
 import xml.etree.ElementTree as ET
 
-from jaxrun import report
-from jaxrun.output import is_noise
-from jaxrun.spawn import signal_name
-from jaxrun.supervisor import Outcome, ProcessRecord, StopReason, Verdict
+from jaxrun.contract import signal_name
+from jaxrun.launcher.console import is_noise
+from jaxrun.launcher.outcome import Outcome, ProcessRecord, StopReason, Verdict
+from jaxrun.reporting import summary
+from jaxrun.reporting.stacks import innermost_user_frame
 
 # Characters XML 1.0 cannot hold at all, even escaped.  Child output may contain
 # them (terminal escapes, NUL), and one of them would make the whole file unreadable.
@@ -28,7 +29,7 @@ def clean(text: str) -> str:
     return _NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
-def render(outcome: Outcome, suite: str = "jaxrun", tail_lines: int = report.TAIL_LINES) -> str:
+def render(outcome: Outcome, suite: str = "jaxrun", tail_lines: int = summary.TAIL_LINES) -> str:
     """The whole document as text; pure apart from reading the run's log files."""
     suite_el = ET.Element("testsuite", name=suite)
     counts = {"failure": 0, "error": 0, "skipped": 0}
@@ -65,7 +66,7 @@ def render(outcome: Outcome, suite: str = "jaxrun", tail_lines: int = report.TAI
 
 def _output_tail(path: str, n: int) -> list[str]:
     """The end of a log as the console shows it: without JAX's per-run noise."""
-    lines = [line for line in report.tail(path, 4 * n) if not is_noise(line.encode())]
+    lines = [line for line in summary.tail(path, 4 * n) if not is_noise(line.encode())]
     return lines[-n:]
 
 
@@ -74,23 +75,23 @@ def _result(outcome: Outcome, rec: ProcessRecord) -> tuple[str, str, str] | None
     if rec.verdict is Verdict.OK:
         return None
     if rec.verdict is Verdict.ROOT_CAUSE:
-        err = report.error_info(rec)
+        err = summary.error_info(rec)
         if err:
-            return "failure", f"{err['type']}: {err['message']}", err.get("traceback", "")
-        tail = report.tail(rec.stderr_log) or report.tail(rec.stdout_log)
-        return "failure", f"{report.describe_exit(rec)}", "\n".join(tail)
+            return "failure", err.headline, err.traceback
+        _, tail = summary.last_output(rec)
+        return "failure", f"{summary.describe_exit(rec)}", "\n".join(tail)
     if outcome.reason is StopReason.FAILURE and outcome.root_cause is not None:
-        cause = report.where(outcome.records[outcome.root_cause])
+        cause = summary.where(outcome.records[outcome.root_cause])
         if rec.verdict is Verdict.CONSEQUENCE:
-            return "skipped", f"{report.describe_exit(rec)} after {cause} failed first", ""
+            return "skipped", f"{summary.describe_exit(rec)} after {cause} failed first", ""
         return "skipped", f"stopped by jaxrun after {cause} failed", ""
     if outcome.reason is StopReason.TIMEOUT:
-        frame = report.innermost_user_frame(rec.stderr_log)
+        frame = innermost_user_frame(rec.stderr_log)
         where = f" at {frame[0]}:{frame[1]} in {frame[2]}: {frame[3]}" if frame else ""
         return "failure", f"still running when --timeout expired{where}", ""
     if outcome.reason is StopReason.SIGNAL and outcome.signum:
         return "error", f"stopped when jaxrun received {signal_name(outcome.signum)}", ""
-    return "error", report.describe_exit(rec), ""
+    return "error", summary.describe_exit(rec), ""
 
 
 def write(path: str, outcome: Outcome, suite: str = "jaxrun") -> None:

@@ -1,4 +1,4 @@
-"""Moving children's bytes: into per-process log files, and onto the console.
+"""Moving children's bytes: into per-process log files, and to the console printer.
 
 Local children write straight into their log files (the file is the record;
 the console is a view), so a flood of output costs them no more than writing
@@ -19,20 +19,18 @@ from __future__ import annotations
 import fcntl
 import os
 import queue
-import re
 import select
 import selectors
-import sys
 import threading
 import time
 from typing import BinaryIO, Callable
 
-from jaxrun.events import Stream, StreamClosed
+from jaxrun.launcher.events import Stream, StreamClosed
+from jaxrun.launcher.filewatch import FileWatch
 
 CHUNK = 1 << 18
 FILE_CHUNK = 1 << 16  # one look at a followed file; small enough for malloc's heap
 LONGEST_LINE = 1 << 16  # an unfinished line longer than this is shown as it is
-FLUSH_AT = 1 << 20  # console bytes gathered before a write, at most
 CONSOLE_NICE = 19  # the output thread's niceness while it follows files
 PIPE_SIZE = 1 << 20  # bigger pipes: fewer, larger reads under a flood
 TRICKLE = 1 << 14  # a read smaller than this is a trickle, worth coalescing
@@ -42,21 +40,6 @@ COALESCE = 0.1  # seconds; the most a trickling console line is held back
 # second, at a fraction of the cost.  A quiet file is watched, so the first
 # line after a pause still shows at once.
 MAX_BATCH = 0.5
-
-# Lines JAX and its collectives print on every run; hidden on the console only.
-# Gloo's "[Gloo] Rank 0 is connected to 3 peer ranks. ..." is written in
-# pieces from several threads, so a piece can land at the start of a line.
-_NOISE = re.compile(rb"is connected to \d+ peer ranks")
-# A faulthandler dump: a thread header, then frame lines and blank lines.
-_DUMP_HEAD = re.compile(rb"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
-# (faulthandler writes "  Garbage-collecting" above the frames when the GC was running.)
-_DUMP_BODY = re.compile(rb"^(  File \"|  <no Python frame>|  Garbage-collecting|\s*$)")
-# Substrings that mark a chunk as possibly holding a line to hide.  Plain
-# substring tests run at memchr speed; a regex alternation over megabytes doesn't.
-# One marker per stream keeps the scan of a flood cheap: Gloo's noise is on
-# stdout, faulthandler's dumps on stderr.
-_HIDDEN_MARK = {Stream.STDOUT: b"peer ranks", Stream.STDERR: b"most recent call first"}
-
 
 class _Source:
     """One pipe being pumped, or one log file being followed: where its bytes
@@ -68,50 +51,6 @@ class _Source:
         self.path = path  # a followed file's name
         self.show = show  # False: keep the log only, send nothing to the console
         self.partial = b""
-
-
-class _FileWatch:
-    """Wakes the pump when a quiet followed file grows (inotify, Linux only).
-
-    Armed only while the files are quiet: a job that prints steadily is polled
-    instead (10 Hz, backing off to 2 Hz), since inotify would queue (and the
-    kernel would allocate and free) one event per write.  ``arm`` returns a
-    descriptor that becomes readable after the next write to any of the
-    files, or None where there is no inotify; then the pump keeps ticking.
-    """
-
-    IN_MODIFY = 0x2
-
-    def __init__(self) -> None:
-        self.fd: int | None = None
-        self._init = self._add_watch = None
-        try:
-            import ctypes
-
-            libc = ctypes.CDLL(None, use_errno=True)
-            self._init, self._add_watch = libc.inotify_init1, libc.inotify_add_watch
-        except (OSError, AttributeError):  # not Linux
-            pass
-
-    def arm(self, paths: list[str]) -> int | None:
-        if self._init is None:
-            return None
-        if self.fd is None:
-            fd = self._init(os.O_NONBLOCK | os.O_CLOEXEC)
-            if fd < 0:
-                return None
-            self.fd = fd
-            for path in paths:
-                if self._add_watch(fd, os.fsencode(path), self.IN_MODIFY) < 0:
-                    self.disarm()  # out of watches: keep ticking
-                    return None
-        return self.fd
-
-    def disarm(self) -> None:
-        """Closing the descriptor drops its watches and any queued events at once."""
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
 
 
 class OutputPump:
@@ -135,7 +74,7 @@ class OutputPump:
         self.selector.register(self.wake_r, selectors.EVENT_READ, None)
         self.pending: list[_Source] = []
         self.files: list[_Source] = []
-        self.watch: _FileWatch | None = None
+        self.watch: FileWatch | None = None
         self.finishing = False  # every writer of the followed files is gone
         self.lock = threading.Lock()
         self.stopped = False
@@ -225,7 +164,7 @@ class OutputPump:
 
     def _arm(self) -> bool:
         if self.watch is None:
-            self.watch = _FileWatch()
+            self.watch = FileWatch()
         fd = self.watch.arm([src.path for src in self.files])
         if fd is None:
             return False
@@ -315,127 +254,3 @@ def enlarge_pipe(fd: int) -> None:
         fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
     except (OSError, AttributeError):
         pass  # not Linux, or over /proc/sys/fs/pipe-max-size: keep the default
-
-
-def is_noise(line: bytes) -> bool:
-    return bool(_NOISE.search(line))
-
-
-class ConsolePrinter:
-    """Shows output live with a rank prefix (``stream``) or per process at the end
-    (``grouped``, in the block format of the guide's bash loop).
-
-    ``ranks`` limits the console to those processes (None: all of them); the
-    others' output is in their log files only.
-    """
-
-    def __init__(
-        self,
-        mode: str = "stream",
-        show_noise: bool = False,
-        stdout: BinaryIO | None = None,
-        stderr: BinaryIO | None = None,
-        group_markers: tuple[Callable[[int], str], str] | None = None,
-        ranks: frozenset[int] | None = None,
-    ):
-        self.mode = mode
-        self.ranks = ranks
-        self.show_noise = show_noise
-        self.out = stdout or sys.stdout.buffer
-        self.err = stderr or sys.stderr.buffer
-        self.group_markers = group_markers
-        self.in_dump: set[int] = set()  # ranks whose stderr is inside a stack dump
-        self.pending: dict[Stream, list] = {Stream.STDOUT: [], Stream.STDERR: []}
-        self.pending_bytes = 0
-
-    def shows(self, rank: int) -> bool:
-        """Whether this process's output is shown live."""
-        return self.mode == "stream" and (self.ranks is None or rank in self.ranks)
-
-    def _visible(self, rank: int, stream: Stream, line: bytes) -> bool:
-        """Stack dumps and noise stay in the log files; the summary points at them."""
-        if self.show_noise:
-            return True
-        if stream is Stream.STDERR:
-            if _DUMP_HEAD.match(line):
-                self.in_dump.add(rank)
-                return False
-            if rank in self.in_dump:
-                if _DUMP_BODY.match(line):
-                    return False
-                self.in_dump.discard(rank)
-        return not is_noise(line)
-
-    def render(self, rank: int, stream: Stream, data: bytes, prefix: bytes = b"") -> bytes:
-        """Complete lines (or a final partial one) as the console shows them.
-
-        With a prefix, the result starts without it and ends with it: the
-        caller writes the prefix first and drops the trailing one, which saves
-        copying a whole chunk twice more under a flood.
-        """
-        if not data.endswith(b"\n"):
-            data += b"\n"
-        if self.show_noise or (rank not in self.in_dump and _HIDDEN_MARK[stream] not in data):
-            # The common case, done in C: prefix every line of the chunk at once.
-            return data.replace(b"\n", b"\n" + prefix) if prefix else data
-        kept = [line for line in data.splitlines(keepends=True) if self._visible(rank, stream, line)]
-        return b"".join(line + prefix for line in kept) if prefix else b"".join(kept)
-
-    def write(self, rank: int, stream: Stream, data: bytes) -> None:
-        """Live output (stream mode): every line prefixed with its rank."""
-        if not self.shows(rank):
-            return
-        prefix = f"[{rank}] ".encode()
-        text = self.render(rank, stream, data, prefix)
-        if text:
-            pending = self.pending[stream]
-            pending.append(prefix)
-            pending.append(memoryview(text)[: -len(prefix)])
-            self.pending_bytes += len(text)
-            if self.pending_bytes > FLUSH_AT:
-                self.flush()
-
-    def flush(self) -> None:
-        """Write what ``write`` gathered: the pump calls this once a round, so
-        a round costs one write per console stream, not two per chunk."""
-        for stream, sink in ((Stream.STDOUT, self.out), (Stream.STDERR, self.err)):
-            pending = self.pending[stream]
-            if pending:
-                sink.write(b"".join(pending))
-                sink.flush()
-                pending.clear()
-        self.pending_bytes = 0
-
-    def grouped(self, rank: int, stdout_path: str, stderr_path: str) -> None:
-        """Print one process's whole output, as the bash loop's final ``cat`` does."""
-        if self.mode != "grouped" or (self.ranks is not None and rank not in self.ranks):
-            return
-        head, tail = self.group_markers or (
-            lambda r: f"=================== process {r} output ===================",
-            "",
-        )
-        self.out.write(head(rank).encode() + b"\n")
-        for path, sink, stream in ((stdout_path, self.out, Stream.STDOUT), (stderr_path, self.err, Stream.STDERR)):
-            sink.flush()
-            with open(path, "rb") as f:
-                for chunk in read_lines_in_chunks(f):
-                    sink.write(self.render(rank, stream, chunk))
-            sink.flush()
-        self.out.write(tail.encode() + b"\n")
-        self.out.flush()
-
-
-def read_lines_in_chunks(f: BinaryIO, size: int = CHUNK):
-    """Yield runs of complete lines (the last may lack its newline)."""
-    partial = b""
-    while True:
-        data = f.read(size)
-        if not data:
-            break
-        data = partial + data
-        cut = data.rfind(b"\n") + 1
-        partial = data[cut:]
-        if cut:
-            yield data[:cut]
-    if partial:
-        yield partial

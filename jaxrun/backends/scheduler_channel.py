@@ -1,15 +1,16 @@
 """Launcher side of a scheduler launch: one ``srun``/``mpirun`` step, one Child per rank.
 
-``StepSpawner`` satisfies the ``Spawner`` protocol, so the supervisor, the
-summary, the report and the per-process logs work unchanged.  The first
-``spawn`` starts the whole step; each call returns the ``RankChild`` for its
-rank.  The tasks (:mod:`jaxrun.task`) connect back to a TCP listener here,
-authenticated by a per-run secret, with three connections each:
+A ``Step`` hands the supervisor one ``RankChild`` per rank, so the summary,
+the report and the per-process logs work as for any backend.  The first
+``spawn`` starts the whole step.  The task agents
+(:mod:`jaxrun.backends.scheduler_agent`) connect back to a TCP listener here,
+each connection opened by a ``wire.Hello`` that carries the per-run secret,
+three connections per task:
 
 - ``stdout`` and ``stderr`` carry the child's bytes unchanged; a forwarder
   thread copies them into the pipe the supervisor's pump already reads;
-- ``ctrl`` carries the coordinator address, ``signal N`` to the task, and the
-  task's ``error JSON`` and ``exit CODE`` back.
+- ``ctrl`` carries ``wire`` messages: the coordinator address, signals to
+  the task, and the task's error record and exit code back.
 
 Why a channel instead of demultiplexing ``srun --label`` / ``mpirun
 --tag-output``: those prefix whole lines only, so partial last lines, bytes
@@ -23,7 +24,6 @@ notes) goes to ``engine.log`` in the log folder and to the console.
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import signal
@@ -33,9 +33,8 @@ import threading
 import time
 from typing import Callable, Mapping, Sequence, TextIO
 
-from jaxrun import contract
-from jaxrun.plan import ProcessSpec
-from jaxrun.task import CHANNEL, SECRET
+from jaxrun import contract, wire
+from jaxrun.launcher.plan import ProcessSpec
 
 CHUNK = 1 << 16
 # After the step exits, how long ranks may still report their exit codes.
@@ -46,7 +45,7 @@ HEADER_TIMEOUT = 10.0
 class RankChild:
     """One rank of the step, seen through its task's channel connections."""
 
-    def __init__(self, rank: int, step: "StepSpawner"):
+    def __init__(self, rank: int, step: "Step"):
         self.rank = rank
         self.step = step
         out_r, out_w = os.pipe()
@@ -75,7 +74,7 @@ class RankChild:
             else:
                 never_started = False
         if not never_started:
-            self._send_line(f"signal {signum}")
+            self.tell(wire.Signal.of(signum))
         elif signum == signal.SIGKILL:
             # The task has not reached us (still queued or starting): only
             # ending the whole step can stop it.
@@ -114,19 +113,21 @@ class RankChild:
             self._ctrl = sock
             pending, self._pending = self._pending, []
         for signum in pending:
-            self._send_line(f"signal {signum}")
+            self.tell(wire.Signal.of(signum))
         self.step.ctrl_connected(self)
         lines = sock.makefile("rb")
         try:
             for raw in lines:
-                word, _, rest = raw.decode(errors="replace").rstrip("\n").partition(" ")
-                if word == "coordinator":
-                    self.step.set_coordinator(rest.strip())
-                elif word == "error" and self.error_file:
-                    self._write_error(rest)
-                elif word == "exit":
-                    self.finish(int(rest))
-                    self._send_line("ack")
+                msg = wire.decode(raw)
+                if isinstance(msg, wire.Coordinator):
+                    self.step.set_coordinator(msg.address)
+                elif isinstance(msg, wire.Error) and self.error_file:
+                    record = contract.ErrorRecord.from_json(msg.record)
+                    if record:
+                        record.dump(self.error_file)
+                elif isinstance(msg, wire.Exit):
+                    self.finish(msg.returncode)
+                    self.tell(wire.Ack())
         except (OSError, ValueError):
             pass
         # No exit line: the task wrapper itself was killed (usually by the
@@ -134,19 +135,22 @@ class RankChild:
         self.finish(-signal.SIGKILL)
         sock.close()
 
-    def _write_error(self, text: str) -> None:
+    def tell(self, msg: wire.Message) -> None:
         try:
-            info = json.loads(text)
-            with open(self.error_file, "w") as f:
-                json.dump(info, f)
-        except (OSError, ValueError):
-            pass
-
-    def _send_line(self, line: str) -> None:
-        try:
-            self._ctrl.sendall(line.encode() + b"\n")
+            self._ctrl.sendall(msg.line())
         except OSError:
             pass
+
+    def wait_reported(self, timeout: float) -> None:
+        self._done.wait(timeout)
+
+    def hang_up(self) -> None:
+        """Close the control connection: the task then kills its child."""
+        if self._ctrl is not None:
+            try:
+                self._ctrl.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def finish(self, code: int, note: str | None = None) -> None:
         with self._lock:
@@ -164,12 +168,12 @@ class RankChild:
             os.close(fd)
 
 
-class StepSpawner:
-    """Starts one scheduler step for all ranks; see the module docstring."""
+class Step:
+    """One scheduler step for all ranks; see the module docstring."""
 
     def __init__(
         self,
-        engine: str,
+        command: str,
         specs: Sequence[ProcessSpec],
         build_command: Callable[[Mapping[str, str]], list[str]],
         step_env: Mapping[str, str],
@@ -178,7 +182,7 @@ class StepSpawner:
         fixed_coordinator: str | None = None,
         channel_host: str | None = None,
     ):
-        self.engine = engine
+        self.command = command  # srun or mpirun, as messages name it
         self.build_command = build_command
         self.step_env = dict(step_env)
         self.log_dir = log_dir
@@ -189,7 +193,6 @@ class StepSpawner:
         self.lock = threading.Lock()
         self.connected: list[RankChild] = []
         self.popen: subprocess.Popen | None = None
-        self.closed = False
         # All interfaces: the tasks may run on other nodes.  The secret keeps
         # strangers' connections out of the run.
         self.listener = socket.create_server(("0.0.0.0", 0), backlog=max(16, 3 * len(specs)))
@@ -200,7 +203,7 @@ class StepSpawner:
     def pid(self) -> int:
         return self.popen.pid if self.popen else 0
 
-    def spawn(self, spec: ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str]) -> RankChild:
+    def spawn(self, spec: ProcessSpec, extra_env: Mapping[str, str]) -> RankChild:
         child = self.children[spec.rank]
         child.error_file = extra_env.get(contract.ERROR_FILE)
         if self.popen is None:
@@ -209,8 +212,8 @@ class StepSpawner:
 
     def _start_step(self) -> None:
         env = dict(self.step_env)
-        env[CHANNEL] = self.channel
-        env[SECRET] = self.secret
+        env[contract.TASK_CHANNEL] = self.channel
+        env[contract.TASK_SECRET] = self.secret
         os.makedirs(self.log_dir, exist_ok=True)
         self.popen = subprocess.Popen(
             self.build_command(env),
@@ -228,13 +231,13 @@ class StepSpawner:
             for line in self.popen.stdout:
                 log.write(line)
                 log.flush()
-                print(f"[{self.engine}] {line.decode(errors='replace').rstrip()}", file=self.console, flush=True)
+                print(f"[{self.command}] {line.decode(errors='replace').rstrip()}", file=self.console, flush=True)
         code = self.popen.wait()
         deadline = time.monotonic() + LATE_REPORT_WAIT
         for child in self.children.values():
-            child._done.wait(max(0.0, deadline - time.monotonic()))
+            child.wait_reported(max(0.0, deadline - time.monotonic()))
         for child in self.children.values():
-            note = f"jaxrun: this task never reported back; {self.engine} exited with code {code} (see {log_path})\n"
+            note = f"jaxrun: this task never reported back; {self.command} exited with code {code} (see {log_path})\n"
             child.finish(code or 1, note)
 
     # -- the channel ---------------------------------------------------------
@@ -250,31 +253,33 @@ class StepSpawner:
         sock.settimeout(HEADER_TIMEOUT)
         header = b""
         try:
-            while not header.endswith(b"\n") and len(header) < 256:
+            while not header.endswith(b"\n") and len(header) < 512:
                 byte = sock.recv(1)
                 if not byte:
                     break
                 header += byte
-            secret, rank, kind = header.decode().split()
-            child = self.children[int(rank)]
-        except (OSError, ValueError, KeyError, UnicodeDecodeError):
+            hello = wire.decode(header)
+            if not isinstance(hello, wire.Hello) or not secrets.compare_digest(str(hello.secret), self.secret):
+                raise ValueError("not a task of this run")
+            child = self.children[int(hello.rank)]
+        except (OSError, ValueError, KeyError):
             sock.close()
             return
-        if not secrets.compare_digest(secret, self.secret) or kind not in ("ctrl", "stdout", "stderr"):
+        if hello.kind not in wire.Hello.STREAM_KINDS:
             sock.close()
             return
         sock.settimeout(None)
-        if kind == "ctrl":
+        if hello.kind == "ctrl":
             child.attach_ctrl(sock)
         else:
-            child.attach_stream(kind, sock)
+            child.attach_stream(hello.kind, sock)
 
     def ctrl_connected(self, child: RankChild) -> None:
         with self.lock:
             self.connected.append(child)
             coordinator = self.coordinator
         if coordinator:
-            child._send_line(f"start {coordinator}")
+            child.tell(wire.Start(coordinator))
 
     def set_coordinator(self, address: str) -> None:
         with self.lock:
@@ -283,7 +288,7 @@ class StepSpawner:
             self.coordinator = address
             ready = list(self.connected)
         for child in ready:
-            child._send_line(f"start {address}")
+            child.tell(wire.Start(address))
 
     # -- stopping --------------------------------------------------------------
     def kill(self) -> None:
@@ -297,11 +302,7 @@ class StepSpawner:
         """Closing the channel makes every task kill its child; then the step ends."""
         self.listener.close()
         for child in self.children.values():
-            if child._ctrl is not None:
-                try:
-                    child._ctrl.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            child.hang_up()
         if self.popen:
             try:
                 self.popen.wait(timeout=10)

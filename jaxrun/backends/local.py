@@ -1,0 +1,92 @@
+"""Local controllers, one fresh interpreter each (``--no-preload``).
+
+Every local child starts in a process group of its own, so one ``killpg``
+reaches the grandchildren it starts too.  (A group, not a session: the
+children stay in the user's session, so that the kernel's per-session CPU
+shares, "autogroups", weigh jaxrun and its processes together, as they do for
+a shell's background jobs.  A terminal's Ctrl-C reaches only the foreground
+group, jaxrun's, either way.)  The child writes its own log files.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from typing import Mapping
+
+from jaxrun import contract
+from jaxrun.backends.base import Backend
+from jaxrun.launcher.config import LaunchError
+from jaxrun.launcher.plan import ProcessSpec
+
+
+def check_port_free(host: str, port: int) -> None:
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+    except OSError as e:
+        raise LaunchError(f"--coordinator {host}:{port}: cannot listen there ({e.strerror})") from None
+
+
+def local_coordinator(fixed: str | None) -> tuple[str, str]:
+    """(address to connect to, address to bind) for a run on this machine only:
+    a free loopback port, unless --coordinator names one (which must be free)."""
+    if fixed:
+        host, port = fixed.rsplit(":", 1)
+        check_port_free(host, int(port))
+        return fixed, fixed
+    address = contract.join_address("127.0.0.1", contract.free_port("127.0.0.1"))
+    return address, address
+
+
+def child_env(base: Mapping[str, str], spec: ProcessSpec, extra_env: Mapping[str, str], lifeline_fd: int) -> dict[str, str]:
+    env = dict(base)
+    env.update(spec.env)
+    env.update(extra_env)
+    env[contract.LIFELINE_FD] = str(lifeline_fd)
+    return env
+
+
+class LocalChild:
+    """A local controller: the leader of its own process group."""
+
+    stdout = stderr = None  # it writes its log files itself
+
+    def __init__(self, popen: subprocess.Popen):
+        self.popen = popen
+        self.pid = popen.pid
+
+    def send(self, signum: int) -> None:
+        try:
+            os.killpg(self.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def wait(self) -> int:
+        return self.popen.wait()
+
+
+class LocalBackend(Backend):
+    name = "local"
+    writes_log_files = True
+
+    def __init__(self, base_env: Mapping[str, str] | None = None):
+        self.base_env = dict(os.environ if base_env is None else base_env)
+
+    def choose_coordinator(self, fixed: str | None) -> tuple[str, str]:
+        return local_coordinator(fixed)
+
+    def spawn(self, spec: ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str],
+              log_fds: tuple[int, int] | None) -> LocalChild:
+        popen = subprocess.Popen(
+            list(spec.argv),
+            env=child_env(self.base_env, spec, extra_env, lifeline_fd),
+            stdin=subprocess.DEVNULL,
+            stdout=log_fds[0],
+            stderr=log_fds[1],
+            pass_fds=(lifeline_fd,),
+            process_group=0,
+        )
+        return LocalChild(popen)

@@ -1,0 +1,122 @@
+"""Existing schedulers as backends: Slurm (``srun``) and Open MPI (``mpirun``).
+
+One attempt is one scheduler step.  Building the scheduler's command line is
+pure and lives here; running it and turning its tasks back into one Child
+per rank is :mod:`jaxrun.backends.scheduler_channel`.  Each task runs the
+task agent (:mod:`jaxrun.backends.scheduler_agent`), which starts the shim
+with ``contract.RANK_SOURCE`` telling it to take its rank from the scheduler.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Mapping, Sequence, TextIO
+
+from jaxrun import contract
+from jaxrun.backends.base import Backend
+from jaxrun.launcher import plan as planning
+from jaxrun.launcher.config import SchedulerOptions
+
+if TYPE_CHECKING:  # the channel is loaded only when a step is started
+    from jaxrun.backends.scheduler_channel import Step
+
+# What mpirun must carry to remote nodes besides jaxrun's own variables; it
+# forwards nothing by default (srun forwards everything).
+MPI_FORWARD = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV")
+MPI_FORWARD_PREFIXES = contract.CONTRACT_PREFIXES + ("XLA_",)
+
+
+class SchedulerError(planning.PlanError):
+    """The scheduler options cannot work together; the message says why."""
+
+
+def task_argv(python: str, shim_args: Sequence[str]) -> list[str]:
+    """What every task runs.  Placeholders stay in: the task fills them in from
+    its scheduler-given rank, since one command line serves every rank."""
+    return [python, "-m", contract.SCHEDULER_AGENT_MODULE, "--", *contract.shim_argv(python, shim_args)]
+
+
+def srun_command(options: SchedulerOptions, num_processes: int, task: Sequence[str]) -> list[str]:
+    # One step.  Inside an allocation (SLURM_JOB_ID set) srun uses it; outside,
+    # srun asks for one.  --kill-on-bad-exit ends every task once one fails,
+    # even if jaxrun itself cannot reach them.
+    argv = ["srun", "--kill-on-bad-exit=1", f"--ntasks={num_processes}"]
+    if options.nodes:
+        argv.append(f"--nodes={options.nodes}")
+    if options.tasks_per_node:
+        argv.append(f"--ntasks-per-node={options.tasks_per_node}")
+    return argv + list(options.scheduler_args) + list(task)
+
+
+def mpirun_command(options: SchedulerOptions, num_processes: int, task: Sequence[str], env: Mapping[str, str],
+                   is_root: bool) -> list[str]:
+    if options.nodes:
+        raise SchedulerError("--nodes works with --launcher slurm only; give mpirun its hosts with --scheduler-arg")
+    argv = ["mpirun", "-n", str(num_processes)]
+    if options.tasks_per_node:
+        argv += ["--map-by", f"ppr:{options.tasks_per_node}:node"]
+    if is_root:
+        argv.append("--allow-run-as-root")  # mpirun refuses root without it
+    for name in sorted(env):
+        if name in MPI_FORWARD or name.startswith(MPI_FORWARD_PREFIXES):
+            argv += ["-x", name]  # by name: values (the channel secret) stay off the command line
+    return argv + list(options.scheduler_args) + list(task)
+
+
+def step_env(options: SchedulerOptions, specs: Sequence[planning.ProcessSpec], base: Mapping[str, str]) -> dict[str, str]:
+    """One environment for every task: what all specs share, plus the rank source.
+    Per-rank values (process id, local id) come from the scheduler instead."""
+    first = dict(specs[0].env)
+    common = {k: v for k, v in first.items() if all(s.env.get(k) == v for s in specs[1:])}
+    for name in (contract.PROCESS_ID, contract.LOCAL_PROCESS_ID, contract.LOCAL_PROCESS_COUNT):
+        common.pop(name, None)
+    env = dict(base)
+    env.update(common)
+    env[contract.RANK_SOURCE] = options.launcher
+    return env
+
+
+class SchedulerBackend(Backend):
+    """Every attempt is one srun or mpirun step; each rank is a Child."""
+
+    writes_log_files = False
+
+    def __init__(self, options: SchedulerOptions, launch: planning.LaunchOptions, console: TextIO,
+                 base_env: Mapping[str, str] | None = None):
+        self.options = options
+        self.name = options.launcher
+        self.launch = launch
+        self.console = console
+        self.base_env = dict(os.environ if base_env is None else base_env)
+        self.fixed: str | None = None
+        self.step: Step | None = None
+
+    def choose_coordinator(self, fixed: str | None) -> tuple[str, None]:
+        # Task 0 picks a free port on its own node at start (see the task
+        # agent), unless --coordinator fixed one.
+        self.fixed = fixed
+        return fixed or "", None
+
+    def command_builder(self):
+        task = task_argv(self.launch.python, planning.shim_args(self.launch.target))
+        if self.options.launcher == "slurm":
+            return lambda env: srun_command(self.options, self.launch.num_processes, task)
+        is_root = os.geteuid() == 0
+        return lambda env: mpirun_command(self.options, self.launch.num_processes, task, env, is_root)
+
+    def begin(self, specs: Sequence[planning.ProcessSpec], log_dir: str) -> None:
+        env = step_env(self.options, specs, self.base_env)
+        build = self.command_builder()
+        build(env)  # bad combinations fail here, before anything starts
+        from jaxrun.backends.scheduler_channel import Step
+
+        self.step = Step(self.options.command, specs, build, env, log_dir, self.console, self.fixed)
+
+    def spawn(self, spec: planning.ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str],
+              log_fds: tuple[int, int] | None):
+        return self.step.spawn(spec, extra_env)
+
+    def end(self) -> None:
+        if self.step is not None:
+            self.step.close()
+            self.step = None

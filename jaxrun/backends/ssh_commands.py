@@ -1,0 +1,147 @@
+"""The SSH backend's command lines and preflight checks: pure, unit-tested.
+
+What runs where: the ssh client's arguments, the one quoted string each
+session hands to the remote shell, and the small Python programs the
+preflight and the port probe run on a host before anything starts.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Mapping, Sequence
+
+from jaxrun import __version__, contract
+from jaxrun.launcher.config import SshOptions
+from jaxrun.launcher.plan import Host, ProcessSpec
+
+# Marks the preflight answer: a login shell may print its own lines first.
+ANSWER = b"jaxrun-preflight "
+
+# Runs as the master's own session: report, then hold the connection until EOF.
+PREFLIGHT = r"""
+import json, os, platform, sys
+info = {"python": platform.python_version(), "executable": sys.executable}
+conn = os.environ.get("SSH_CONNECTION", "").split()
+info["address"] = conn[2] if len(conn) == 4 else None
+try:
+    from importlib import metadata
+    for name in ("jax", "jaxlib"):
+        try:
+            info[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            info[name] = None
+except ImportError:
+    info["jax"] = info["jaxlib"] = None
+try:
+    import importlib, jaxrun
+    importlib.import_module(sys.argv[2])  # the agent every process will run
+    info["jaxrun"] = jaxrun.__version__
+    info["jaxrun_path"] = os.path.dirname(jaxrun.__file__)
+except Exception as e:
+    info["jaxrun"] = None
+    info["jaxrun_error"] = "%s: %s" % (type(e).__name__, e)
+if sys.argv[1]:
+    try:
+        os.chdir(sys.argv[1])
+    except OSError as e:
+        info["chdir_error"] = "cannot change to %r: %s" % (sys.argv[1], e.strerror)
+print("jaxrun-preflight " + json.dumps(info), flush=True)
+sys.stdin.buffer.read()
+"""
+
+# Prints a port that is free on the given address (0: any free port).
+PORT_PROBE = r"""
+import socket, sys
+host, port = sys.argv[1], int(sys.argv[2])
+with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind((host, port))
+    except OSError as e:
+        sys.exit(e.strerror or str(e))
+    print(s.getsockname()[1])
+"""
+
+
+# -- pure: command lines ------------------------------------------------------
+
+def ssh_args(settings: SshOptions, host: Host, control: Sequence[str]) -> list[str]:
+    """``ssh ... -- [user@]host``: ours first where it must win (ssh keeps the
+    first value of an option), the user's next, overridable defaults last."""
+    args = ["ssh"]
+    if settings.config_file:
+        args += ["-F", settings.config_file]
+    args += ["-o", "BatchMode=yes", *control]
+    for opt in settings.options:
+        args += ["-o", opt]
+    args += ["-o", f"ConnectTimeout={max(1, round(settings.connect_timeout))}", "-T"]
+    if host.port:
+        args += ["-p", str(host.port)]
+    return args + ["--", host.ssh_target]
+
+
+def master_control(path: str) -> list[str]:
+    return ["-o", "ControlMaster=yes", "-o", f"ControlPath={path}", "-o", "ControlPersist=no"]
+
+
+def session_control(path: str | None) -> list[str]:
+    # LogLevel=ERROR keeps ssh's own warnings out of the process's stderr log.
+    return ["-o", "ControlMaster=no", "-o", f"ControlPath={path or 'none'}", "-o", "LogLevel=ERROR"]
+
+
+def env_words(env: Mapping[str, str]) -> list[str]:
+    return ["env"] + [f"{k}={v}" for k, v in sorted(env.items())] if env else []
+
+
+def remote_command(words: Sequence[str]) -> str:
+    """The one string ssh hands to the remote shell: every word quoted."""
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def process_words(spec: ProcessSpec, chdir: str, python: str, extra_env: Mapping[str, str]) -> list[str]:
+    env = dict(spec.env)
+    env.update(extra_env)
+    env.pop(contract.LIFELINE_FD, None)  # the agent makes its own
+    return env_words(env) + [python, "-m", contract.SSH_AGENT_MODULE, "--chdir", chdir, "--", *spec.argv]
+
+
+def preflight_words(settings: SshOptions) -> list[str]:
+    return env_words(settings.env) + [settings.python, "-c", PREFLIGHT, settings.chdir, contract.SSH_AGENT_MODULE]
+
+
+def port_probe_words(python: str, address: str, port: int) -> list[str]:
+    return [python, "-c", PORT_PROBE, address, str(port)]
+
+
+def check_preflight(results: Mapping[str, dict], python: str) -> list[str]:
+    """Problems found in the preflight answers, one line each, host first."""
+    problems = []
+    for name, info in results.items():
+        if info.get("jaxrun") is None:
+            problems.append(f"{name}: cannot import jaxrun with {python} ({info.get('jaxrun_error')})")
+        elif info["jaxrun"] != __version__:
+            problems.append(f"{name}: jaxrun {info['jaxrun']} there, {__version__} here")
+        if info.get("jax") is None:
+            problems.append(f"{name}: jax is not installed for {python}")
+        if info.get("chdir_error"):
+            problems.append(f"{name}: {info['chdir_error']}")
+    for key, shown in (("python", "python"), ("jax", "jax"), ("jaxlib", "jaxlib")):
+        values = {name: _version_key(key, info.get(key)) for name, info in results.items()}
+        if len(set(values.values())) > 1:
+            listed = ", ".join(f"{name} has {results[name].get(key)}" for name in values)
+            problems.append(f"hosts disagree on the {shown} version: {listed}")
+    return problems
+
+
+def _version_key(key: str, value: str | None) -> str | None:
+    # Patch releases of python may differ; jax and jaxlib must match exactly.
+    if key == "python" and value:
+        return ".".join(value.split(".")[:2])
+    return value
+
+
+def preflight_table(results: Mapping[str, dict]) -> list[str]:
+    rows = [("host", "address", "python", "jax", "jaxlib", "jaxrun")]
+    for name, info in results.items():
+        rows.append((name, *(str(info.get(k) or "-") for k in ("address", "python", "jax", "jaxlib", "jaxrun"))))
+    return ["jaxrun: " + line for line in contract.align_columns(rows)]

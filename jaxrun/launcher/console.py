@@ -1,0 +1,147 @@
+"""The console view of the job: rank-prefixed live lines, or one block per
+process at the end, with JAX's per-run noise and stack dumps left to the logs."""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import BinaryIO, Callable
+
+from jaxrun.launcher.events import Stream
+from jaxrun.reporting import stacks
+
+FLUSH_AT = 1 << 20  # console bytes gathered before a write, at most
+
+# Lines JAX and its collectives print on every run; hidden on the console only.
+# Gloo's "[Gloo] Rank 0 is connected to 3 peer ranks. ..." is written in
+# pieces from several threads, so a piece can land at the start of a line.
+_NOISE = re.compile(rb"is connected to \d+ peer ranks")
+# Substrings that mark a chunk as possibly holding a line to hide.  Plain
+# substring tests run at memchr speed; a regex alternation over megabytes doesn't.
+# One marker per stream keeps the scan of a flood cheap: Gloo's noise is on
+# stdout, faulthandler's dumps on stderr.
+_HIDDEN_MARK = {Stream.STDOUT: b"peer ranks", Stream.STDERR: b"most recent call first"}
+
+
+def is_noise(line: bytes) -> bool:
+    return bool(_NOISE.search(line))
+
+
+class ConsolePrinter:
+    """Shows output live with a rank prefix (``stream``) or per process at the end
+    (``grouped``, in the block format of the guide's bash loop).
+
+    ``ranks`` limits the console to those processes (None: all of them); the
+    others' output is in their log files only.
+    """
+
+    def __init__(
+        self,
+        mode: str = "stream",
+        show_noise: bool = False,
+        stdout: BinaryIO | None = None,
+        stderr: BinaryIO | None = None,
+        group_markers: tuple[Callable[[int], str], str] | None = None,
+        ranks: frozenset[int] | None = None,
+    ):
+        self.mode = mode
+        self.ranks = ranks
+        self.show_noise = show_noise
+        self.out = stdout or sys.stdout.buffer
+        self.err = stderr or sys.stderr.buffer
+        self.group_markers = group_markers
+        self.in_dump: set[int] = set()  # ranks whose stderr is inside a stack dump
+        self.pending: dict[Stream, list] = {Stream.STDOUT: [], Stream.STDERR: []}
+        self.pending_bytes = 0
+
+    def shows(self, rank: int) -> bool:
+        """Whether this process's output is shown live."""
+        return self.mode == "stream" and (self.ranks is None or rank in self.ranks)
+
+    def _visible(self, rank: int, stream: Stream, line: bytes) -> bool:
+        """Stack dumps and noise stay in the log files; the summary points at them."""
+        if self.show_noise:
+            return True
+        if stream is Stream.STDERR:
+            if stacks.DUMP_HEAD.match(line):
+                self.in_dump.add(rank)
+                return False
+            if rank in self.in_dump:
+                if stacks.DUMP_BODY.match(line):
+                    return False
+                self.in_dump.discard(rank)
+        return not is_noise(line)
+
+    def render(self, rank: int, stream: Stream, data: bytes, prefix: bytes = b"") -> bytes:
+        """Complete lines (or a final partial one) as the console shows them.
+
+        With a prefix, the result starts without it and ends with it: the
+        caller writes the prefix first and drops the trailing one, which saves
+        copying a whole chunk twice more under a flood.
+        """
+        if not data.endswith(b"\n"):
+            data += b"\n"
+        if self.show_noise or (rank not in self.in_dump and _HIDDEN_MARK[stream] not in data):
+            # The common case, done in C: prefix every line of the chunk at once.
+            return data.replace(b"\n", b"\n" + prefix) if prefix else data
+        kept = [line for line in data.splitlines(keepends=True) if self._visible(rank, stream, line)]
+        return b"".join(line + prefix for line in kept) if prefix else b"".join(kept)
+
+    def write(self, rank: int, stream: Stream, data: bytes) -> None:
+        """Live output (stream mode): every line prefixed with its rank."""
+        if not self.shows(rank):
+            return
+        prefix = f"[{rank}] ".encode()
+        text = self.render(rank, stream, data, prefix)
+        if text:
+            pending = self.pending[stream]
+            pending.append(prefix)
+            pending.append(memoryview(text)[: -len(prefix)])
+            self.pending_bytes += len(text)
+            if self.pending_bytes > FLUSH_AT:
+                self.flush()
+
+    def flush(self) -> None:
+        """Write what ``write`` gathered: the pump calls this once a round, so
+        a round costs one write per console stream, not two per chunk."""
+        for stream, sink in ((Stream.STDOUT, self.out), (Stream.STDERR, self.err)):
+            pending = self.pending[stream]
+            if pending:
+                sink.write(b"".join(pending))
+                sink.flush()
+                pending.clear()
+        self.pending_bytes = 0
+
+    def grouped(self, rank: int, stdout_path: str, stderr_path: str) -> None:
+        """Print one process's whole output, as the bash loop's final ``cat`` does."""
+        if self.mode != "grouped" or (self.ranks is not None and rank not in self.ranks):
+            return
+        head, tail = self.group_markers or (
+            lambda r: f"=================== process {r} output ===================",
+            "",
+        )
+        self.out.write(head(rank).encode() + b"\n")
+        for path, sink, stream in ((stdout_path, self.out, Stream.STDOUT), (stderr_path, self.err, Stream.STDERR)):
+            sink.flush()
+            with open(path, "rb") as f:
+                for chunk in read_lines_in_chunks(f):
+                    sink.write(self.render(rank, stream, chunk))
+            sink.flush()
+        self.out.write(tail.encode() + b"\n")
+        self.out.flush()
+
+
+def read_lines_in_chunks(f: BinaryIO, size: int = 1 << 18):
+    """Yield runs of complete lines (the last may lack its newline)."""
+    partial = b""
+    while True:
+        data = f.read(size)
+        if not data:
+            break
+        data = partial + data
+        cut = data.rfind(b"\n") + 1
+        partial = data[cut:]
+        if cut:
+            yield data[:cut]
+    if partial:
+        yield partial

@@ -1,0 +1,53 @@
+"""What one attempt of a job came to: a record per process and the verdicts.
+
+The supervisor fills these in; the summary, the JSON report, JUnit and the
+GitHub annotations read them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from jaxrun import contract
+from jaxrun.launcher.plan import ProcessSpec
+
+
+class Verdict(enum.Enum):
+    OK = "ok"  # exited 0
+    ROOT_CAUSE = "failed first"
+    CONSEQUENCE = "failed after the root cause"
+    STOPPED = "stopped by jaxrun"
+
+
+class StopReason(enum.Enum):
+    FAILURE = "failure"
+    SIGNAL = "signal"
+    TIMEOUT = "timeout"
+
+
+@dataclasses.dataclass
+class ProcessRecord:
+    spec: ProcessSpec
+    stdout_log: str
+    stderr_log: str
+    error_file: str
+    pid: int | None = None
+    started_at: float | None = None  # wall clock, for the report
+    ended_at: float | None = None
+    returncode: int | None = None
+    verdict: Verdict | None = None
+
+    @property
+    def exit_status(self) -> int | None:
+        """Shell convention: 128+N for a signal."""
+        return None if self.returncode is None else contract.exit_status(self.returncode)
+
+
+@dataclasses.dataclass
+class Outcome:
+    records: list[ProcessRecord]
+    exit_code: int
+    reason: StopReason | None
+    signum: int | None = None
+    root_cause: int | None = None  # rank

@@ -1,0 +1,73 @@
+"""The JSON run report (``--report FILE.json``): every attempt, every process."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+from jaxrun.contract import signal_name
+from jaxrun.launcher.outcome import Outcome, ProcessRecord
+from jaxrun.reporting.summary import describe_exit, error_info, tail
+
+
+def report_dict(outcomes: list[Outcome], run_id: str, log_dirs: list[str]) -> dict:
+    attempts = []
+    for outcome, log_dir in zip(outcomes, log_dirs):
+        attempts.append(
+            {
+                "log_dir": log_dir,
+                "exit_code": outcome.exit_code,
+                "stop_reason": outcome.reason.value if outcome.reason else None,
+                "signal": signal_name(outcome.signum) if outcome.signum else None,
+                "root_cause": _root_cause(outcome),
+                "processes": [_process_dict(r) for r in outcome.records],
+            }
+        )
+    last = attempts[-1]
+    return {
+        "run_id": run_id,
+        "exit_code": last["exit_code"],
+        "restarts": len(attempts) - 1,
+        "root_cause": last["root_cause"],
+        "processes": last["processes"],
+        "attempts": attempts,
+    }
+
+
+def _root_cause(outcome: Outcome) -> dict | None:
+    if outcome.root_cause is None:
+        return None
+    rec = outcome.records[outcome.root_cause]
+    err = error_info(rec)
+    return {
+        "process_id": rec.spec.rank,
+        "host": rec.spec.host.name,
+        "exit": describe_exit(rec),
+        "exception": dataclasses.asdict(err) if err else None,
+        "stderr_tail": tail(rec.stderr_log),
+    }
+
+
+def _process_dict(r: ProcessRecord) -> dict:
+    code = r.returncode
+    return {
+        "process_id": r.spec.rank,
+        "local_process_id": r.spec.local_rank,
+        "host": r.spec.host.name,
+        "pid": r.pid,
+        "exit_code": code if code is not None and code >= 0 else None,
+        "signal": signal_name(-code) if code is not None and code < 0 else None,
+        "verdict": r.verdict.value if r.verdict else None,
+        "started_at": r.started_at,
+        "ended_at": r.ended_at,
+        "stdout_log": r.stdout_log,
+        "stderr_log": r.stderr_log,
+    }
+
+
+def write_report(path: str, data: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2)
+    os.replace(tmp, path)

@@ -1,0 +1,71 @@
+"""Reading Python tracebacks and faulthandler stack dumps out of log text.
+
+One set of patterns for every reader: the console hides dumps, the summary
+and JUnit show where each process was, the GitHub annotation links the
+innermost frame of the user's own code.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import re
+
+# A frame line, in a traceback (`File "f", line 3, in g`) or in a
+# faulthandler dump (`File "f", line 3 in g`).
+FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+),? in (?P<func>\S+)', re.M)
+# The location line that ends a pytest failure report: `path.py:12: Error`.
+PYTEST_LOCATION = re.compile(r"^(?P<file>[^\s:][^:\n]*\.py):(?P<line>\d+): \w", re.M)
+# A faulthandler dump: a thread header, then frame lines and blank lines.
+THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+")
+DUMP_HEAD = re.compile(rb"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
+# (faulthandler writes "  Garbage-collecting" above the frames when the GC was running.)
+DUMP_BODY = re.compile(rb"^(  File \"|  <no Python frame>|  Garbage-collecting|\s*$)")
+
+_LIBRARY_PARTS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+_INSTALLED = re.compile(r"(^|/)(site-packages|dist-packages|\.venv|venv)/")
+# jaxrun's own package folder (not any folder that happens to be called jaxrun,
+# such as a checkout of this repository holding the user's script).
+_OWN_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def is_user_file(path: str) -> bool:
+    return (
+        not path.startswith(("<", _OWN_PACKAGE))
+        and not any(p in path for p in _LIBRARY_PARTS)
+        and "/lib/python" not in path
+    )
+
+
+def innermost_user_frame(stderr_path: str) -> tuple[str, int, str, str] | None:
+    """From the last faulthandler dump in a log: the main thread's innermost frame
+    in the user's own code, as (file, line, function, source text)."""
+    try:
+        with open(stderr_path, "rb") as f:
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    start = text.rfind("Current thread 0x")
+    if start < 0:
+        return None
+    for line in text[start:].splitlines()[1:]:
+        if THREAD.match(line) or not line.strip():
+            break
+        m = FRAME.match(line)
+        if m and is_user_file(m["file"]):
+            source = linecache.getline(m["file"], int(m["line"])).strip()
+            return m["file"], int(m["line"]), m["func"], source
+    return None
+
+
+def user_location(traceback_text: str, workspace: str | None) -> tuple[str, int] | None:
+    """The innermost frame inside the checkout ``workspace``, as a relative
+    path.  Installed packages do not count."""
+    if not workspace:
+        return None
+    hits = list(FRAME.finditer(traceback_text)) + list(PYTEST_LOCATION.finditer(traceback_text))
+    for m in sorted(hits, key=lambda m: m.start(), reverse=True):
+        rel = os.path.relpath(os.path.abspath(m["file"]), workspace)
+        if not rel.startswith("..") and not _INSTALLED.search(rel):
+            return rel, int(m["line"])
+    return None

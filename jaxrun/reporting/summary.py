@@ -1,0 +1,89 @@
+"""After each attempt: the lines the console shows, and the facts that the
+JSON report, JUnit and GitHub annotations share with it."""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable
+
+from jaxrun.contract import ErrorRecord, signal_name
+from jaxrun.launcher.outcome import Outcome, ProcessRecord, StopReason, Verdict
+from jaxrun.reporting.stacks import innermost_user_frame
+
+TAIL_LINES = 15
+
+
+def describe_exit(record: ProcessRecord) -> str:
+    code = record.returncode
+    if code is None:
+        return "still running"
+    if code < 0:
+        return f"killed by {signal_name(-code)}"
+    return f"exit code {code}"
+
+
+def tail(path: str, n: int = TAIL_LINES) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            data = f.read()
+    except OSError:
+        return []
+    return data.decode("utf-8", "replace").splitlines()[-n:]
+
+
+def error_info(record: ProcessRecord) -> ErrorRecord | None:
+    return ErrorRecord.load(record.error_file)
+
+
+def where(record: ProcessRecord) -> str:
+    host = record.spec.host.name
+    return f"process {record.spec.rank}" + ("" if host == "localhost" else f" on {host}")
+
+
+def last_output(record: ProcessRecord) -> tuple[str, list[str]]:
+    """The end of what a process printed: its stderr log, or its stdout log
+    when stderr is empty.  (path, lines)."""
+    for path in (record.stderr_log, record.stdout_log):
+        lines = tail(path)
+        if lines:
+            return path, lines
+    return record.stderr_log, []
+
+
+def summary_lines(outcome: Outcome, log_dir: str) -> list[str]:
+    lines: list[str] = []
+    if outcome.reason is StopReason.TIMEOUT:
+        lines.append("jaxrun: --timeout expired; stack dumps are in each process's stderr log")
+    elif outcome.reason is StopReason.SIGNAL:
+        lines.append(f"jaxrun: received {signal_name(outcome.signum)}; stopped every process")
+    if outcome.root_cause is not None:
+        rec = outcome.records[outcome.root_cause]
+        lines.append(f"jaxrun: {where(rec)} failed first: {describe_exit(rec)} (pid {rec.pid})")
+        err = error_info(rec)
+        if err:
+            lines.append(f"jaxrun:   {err.headline}")
+        path, body = last_output(rec)
+        if body:
+            lines.append(f"jaxrun:   last lines of {path}:")
+            lines.extend(f"    {line}" for line in body)
+    others = _group(r for r in outcome.records if r.verdict in (Verdict.STOPPED, Verdict.CONSEQUENCE))
+    for verdict, ranks in others.items():
+        noun = "processes" if "," in ranks else "process"
+        lines.append(f"jaxrun: {noun} {ranks} {verdict.value}")
+    if outcome.reason is not None:
+        for rec in outcome.records:
+            frame = innermost_user_frame(rec.stderr_log)
+            if frame:
+                file, line, func, source = frame
+                lines.append(f"jaxrun:   {where(rec)} was at {file}:{line} in {func}: {source}")
+    lines.append(f"jaxrun: logs in {log_dir}")
+    return lines
+
+
+def _group(records: Iterable[ProcessRecord]) -> dict[Verdict, str]:
+    groups: dict[Verdict, list[str]] = {}
+    for r in records:
+        groups.setdefault(r.verdict, []).append(str(r.spec.rank))
+    return {v: ", ".join(ranks) for v, ranks in groups.items()}

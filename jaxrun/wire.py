@@ -1,0 +1,148 @@
+"""The messages that cross a socket or a pipe between jaxrun's parts.
+
+Both ends of every channel import this module, so a message is spelled once:
+
+- the fork server (``backends/forkserver.py`` and its agent): ``ForkRequest``
+  one way; ``Started`` and ``ChildExited`` back;
+- the SSH agent (``backends/ssh_agent.py``): ``Signal`` lines on its stdin;
+- the scheduler task channel (``backends/scheduler_channel.py`` and
+  ``scheduler_agent.py``): a ``Hello`` opens each connection, then
+  ``Coordinator``, ``Error``, ``Exit`` from the task and ``Start``, ``Signal``,
+  ``Ack`` from the launcher.
+
+A message is one line: a word, a space, and its fields as a JSON array, so a
+field may hold spaces, newlines or any bytes of text.  Signals travel by name,
+since their numbers differ between operating systems.
+"""
+
+import dataclasses
+import json
+import signal
+from typing import ClassVar
+
+
+# The largest fork-server packet: a whole environment fits many times over.
+MAX_PACKET = 1 << 20
+
+
+class WireError(ValueError):
+    """A line that is not a message this version of jaxrun knows."""
+
+
+_BY_WORD: dict[str, type] = {}
+
+
+def message(word: str):
+    """Register a frozen dataclass as the message spelled ``word``."""
+
+    def register(cls):
+        cls = dataclasses.dataclass(frozen=True)(cls)
+        cls.WORD = word
+        _BY_WORD[word] = cls
+        return cls
+
+    return register
+
+
+class Message:
+    WORD: ClassVar[str]
+
+    def encode(self) -> bytes:
+        """The message as one line, without its newline."""
+        fields = [getattr(self, f.name) for f in dataclasses.fields(self)]
+        return f"{self.WORD} {json.dumps(fields, separators=(',', ':'))}".encode()
+
+    def line(self) -> bytes:
+        return self.encode() + b"\n"
+
+
+def decode(data: bytes) -> Message:
+    word, _, rest = data.decode("utf-8", "replace").strip().partition(" ")
+    cls = _BY_WORD.get(word)
+    if cls is None:
+        raise WireError(f"unknown message {word[:40]!r}")
+    try:
+        values = json.loads(rest or "[]")
+        return cls(*values)
+    except (ValueError, TypeError) as e:
+        raise WireError(f"malformed {word} message: {e}") from None
+
+
+# -- the fork server ------------------------------------------------------------
+@message("fork")
+class ForkRequest(Message):
+    """Fork one controller; its stdout, stderr and lifeline travel as fds."""
+
+    shim_args: list
+    env: dict
+
+
+@message("started")
+class Started(Message):
+    pid: int
+
+
+@message("exited")
+class ChildExited(Message):
+    pid: int
+    returncode: int  # Popen style: negative for a signal
+
+
+# -- signals (SSH agent and task channel) ------------------------------------------
+@message("signal")
+class Signal(Message):
+    name: str
+
+    @classmethod
+    def of(cls, signum: int) -> "Signal":
+        return cls(signal.Signals(signum).name)
+
+    @property
+    def signum(self) -> int:
+        try:
+            return signal.Signals[self.name]
+        except KeyError:
+            raise WireError(f"unknown signal {self.name!r}") from None
+
+
+# -- the scheduler task channel -----------------------------------------------------
+@message("hello")
+class Hello(Message):
+    """First line of each task connection: which run, which rank, which stream."""
+
+    secret: str
+    rank: int
+    kind: str  # one of STREAM_KINDS
+
+    STREAM_KINDS: ClassVar[tuple[str, ...]] = ("ctrl", "stdout", "stderr")
+
+
+@message("coordinator")
+class Coordinator(Message):
+    """Task 0's choice of coordinator address, on its own node."""
+
+    address: str
+
+
+@message("start")
+class Start(Message):
+    """Every task may start its controller, which joins ``address``."""
+
+    address: str
+
+
+@message("error")
+class Error(Message):
+    """The controller's error record (``contract.ErrorRecord.to_json``)."""
+
+    record: str
+
+
+@message("exit")
+class Exit(Message):
+    returncode: int  # Popen style
+
+
+@message("ack")
+class Ack(Message):
+    """The launcher has the exit code; the task may end."""
