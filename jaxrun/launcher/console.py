@@ -13,9 +13,13 @@ from jaxrun.reporting import stacks
 FLUSH_AT = 1 << 20  # console bytes gathered before a write, at most
 
 # Lines JAX and its collectives print on every run; hidden on the console only.
-# Gloo's "[Gloo] Rank 0 is connected to 3 peer ranks. ..." is written in
-# pieces from several threads, so a piece can land at the start of a line.
+# Gloo's "[Gloo] Rank 0 is connected to 3 peer ranks. ..." is written from
+# C++ threads, so it can land in the middle of a line the script prints:
+# only the notice is cut out, the script's text stays.
 _NOISE = re.compile(rb"is connected to \d+ peer ranks")
+_NOISE_TEXT = re.compile(
+    rb"(\[Gloo\] )?(Rank \d+ )?is connected to \d+ peer ranks\.?( Expected number of connected peer ranks is : \d+)?"
+)
 # Substrings that mark a chunk as possibly holding a line to hide.  Plain
 # substring tests run at memchr speed; a regex alternation over megabytes doesn't.
 # One marker per stream keeps the scan of a flood cheap: Gloo's noise is on
@@ -25,6 +29,12 @@ _HIDDEN_MARK = {Stream.STDOUT: b"peer ranks", Stream.STDERR: b"most recent call 
 
 def is_noise(line: bytes) -> bool:
     return bool(_NOISE.search(line))
+
+
+def without_noise(line: bytes) -> bytes | None:
+    """The line with JAX's notices cut out; None when nothing else was on it."""
+    rest = _NOISE_TEXT.sub(b"", line)
+    return rest if rest.strip() else None
 
 
 class ConsolePrinter:
@@ -58,19 +68,18 @@ class ConsolePrinter:
         """Whether this process's output is shown live."""
         return self.mode == "stream" and (self.ranks is None or rank in self.ranks)
 
-    def _visible(self, rank: int, stream: Stream, line: bytes) -> bool:
-        """Stack dumps and noise stay in the log files; the summary points at them."""
-        if self.show_noise:
-            return True
+    def _visible(self, rank: int, stream: Stream, line: bytes) -> bytes | None:
+        """The line as the console shows it, or None: stack dumps and noise stay
+        in the log files; the summary points at them."""
         if stream is Stream.STDERR:
             if stacks.DUMP_HEAD.match(line):
                 self.in_dump.add(rank)
-                return False
+                return None
             if rank in self.in_dump:
                 if stacks.DUMP_BODY.match(line):
-                    return False
+                    return None
                 self.in_dump.discard(rank)
-        return not is_noise(line)
+        return without_noise(line) if is_noise(line) else line
 
     def render(self, rank: int, stream: Stream, data: bytes, prefix: bytes = b"") -> bytes:
         """Complete lines (or a final partial one) as the console shows them.
@@ -84,7 +93,8 @@ class ConsolePrinter:
         if self.show_noise or (rank not in self.in_dump and _HIDDEN_MARK[stream] not in data):
             # The common case, done in C: prefix every line of the chunk at once.
             return data.replace(b"\n", b"\n" + prefix) if prefix else data
-        kept = [line for line in data.splitlines(keepends=True) if self._visible(rank, stream, line)]
+        lines = (self._visible(rank, stream, line) for line in data.splitlines(keepends=True))
+        kept = [line for line in lines if line is not None]
         return b"".join(line + prefix for line in kept) if prefix else b"".join(kept)
 
     def write(self, rank: int, stream: Stream, data: bytes) -> None:

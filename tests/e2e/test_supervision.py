@@ -1,17 +1,16 @@
 """Failure handling with real JAX processes: fail fast, signals, orphans, hangs, restarts."""
 
 import hashlib
-import re
 import json
 import os
+import re
 import signal
 import textwrap
 import time
 
 import psutil
 import pytest
-
-from conftest import wait_gone
+from fixtures.jobs import wait_gone
 
 pytestmark = pytest.mark.timeout(90)
 

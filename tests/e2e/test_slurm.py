@@ -11,26 +11,15 @@ import sys
 import time
 
 import pytest
-
-from jaxrun.backends import scheduler as engines
-from jaxrun.launcher.config import SchedulerOptions
-from jaxrun.launcher.plan import Target
-
-from conftest import ROOT
-
-# Its asserts explain themselves like a test module's.
-pytest.register_assert_rewrite("engine_checks")
-
-from engine_checks import (  # noqa: F401 - run_jaxrun is a fixture
+from fixtures.engines import (
     check_crash_in_task_3,
     check_logs_hold_every_byte,
     check_ranks_come_from_the_scheduler,
     check_timeout_stops_the_step,
     check_toy,
-    run_jaxrun,
 )
-from slurm_fixture import slurm_cluster  # noqa: F401 - session fixture
-from test_local import GUIDE_SHARDS, RESULT
+from fixtures.guide import GUIDE_SHARDS, RESULT
+from fixtures.jobs import ROOT
 
 # This machine has fewer CPUs than processes.
 SLURM = ["--launcher", "slurm"]
@@ -120,24 +109,3 @@ def test_batch_recipe_runs_the_toy_under_sbatch(slurm_cluster, tmp_path):
         # between a print's text and its newline when the machine is busy.
         for expected in [*shards, f"process={rank} {RESULT}"]:
             assert expected in mine, (rank, expected, out)
-
-
-def test_srun_command_is_one_step_that_dies_with_any_task():
-    engine = SchedulerOptions("slurm", nodes=2, tasks_per_node=4, scheduler_args=("--overcommit",))
-    task = engines.task_argv("python3", ("--", "t.py", "{process_id}"))
-    assert engines.srun_command(engine, 8, task) == [
-        "srun", "--kill-on-bad-exit=1", "--ntasks=8", "--nodes=2", "--ntasks-per-node=4", "--overcommit",
-        "python3", "-m", "jaxrun.backends.scheduler_agent", "--", "python3", "-m", "jaxrun.shim", "--", "t.py", "{process_id}",
-    ]
-
-
-def test_launcher_usage_errors(tmp_path):
-    import subprocess
-    import sys
-
-    script = tmp_path / "s.py"
-    script.write_text("")
-    for bad in (["--nodes", "2"], ["--launcher", "mpirun", "--nodes", "2"], ["--launcher", "ssh"],
-                ["--launcher", "slurm", "-H", "a"]):
-        proc = subprocess.run([sys.executable, "-m", "jaxrun", *bad, str(script)], capture_output=True, text=True)
-        assert proc.returncode == 2 and proc.stderr.startswith("jaxrun: error:"), (bad, proc.stderr)

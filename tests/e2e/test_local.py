@@ -9,37 +9,15 @@ from pathlib import Path
 
 import psutil
 import pytest
-
-from conftest import EXAMPLES, processes_with_token
+from fixtures.guide import GUIDE_SHARDS, RESULT, check_guide_output
+from fixtures.jobs import DATA, EXAMPLES, processes_with_token
 
 pytestmark = pytest.mark.timeout(120)
-
-DATA = Path(__file__).parent / "data"
-RESULT = "got result: -0.12398731708526611"
-GUIDE_SHARDS = {
-    0: ["device cpu:0 has local data [[0 1 2 3]]", "device cpu:1 has local data [[4 5 6 7]]"],
-    1: ["device cpu:2048 has local data [[ 8  9 10 11]]", "device cpu:2049 has local data [[12 13 14 15]]"],
-    2: ["device cpu:4096 has local data [[16 17 18 19]]", "device cpu:4097 has local data [[20 21 22 23]]"],
-    3: ["device cpu:6144 has local data [[24 25 26 27]]", "device cpu:6145 has local data [[28 29 30 31]]"],
-}
-
 
 def is_loopback(ip: str) -> bool:
     addr = ipaddress.ip_address(ip)
     mapped = getattr(addr, "ipv4_mapped", None)
     return addr.is_loopback or bool(mapped and mapped.is_loopback)
-
-
-def lines_of(out: str, rank: int) -> list[str]:
-    prefix = f"[{rank}] "
-    return [line[len(prefix):] for line in out.splitlines() if line.startswith(prefix)]
-
-
-def check_guide_output(out: str) -> None:
-    for rank, shards in GUIDE_SHARDS.items():
-        mine = lines_of(out, rank)
-        assert [line for line in mine if line.startswith("device ")] == shards, out
-        assert f"process={rank} {RESULT}" in mine
 
 
 def test_toy_four_by_two_matches_the_guide(jaxrun, tmp_path):
@@ -126,8 +104,9 @@ def test_coordinator_listens_on_loopback_only(launch, tmp_path, no_leftover_proc
     script = tmp_path / "wait.py"
     script.write_text(
         "import os, time, jax, jax.numpy as jnp\n"
+        "n = jax.device_count()  # the first device use joins the job: the coordinator is up\n"
         f"while not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
-        "print(jnp.sum(jnp.ones(jax.device_count())))\n"
+        "print(jnp.sum(jnp.ones(n)))\n"
     )
     job = launch("-n", 4, "--cpu-devices", 2, script)
     try:

@@ -12,7 +12,13 @@ import pytest
 
 from jaxrun import cli
 from jaxrun.child.bootstrap import check_versions
-from jaxrun.meshspec import MeshSpec, MeshSpecError, parse, resolve, split_across_processes
+from jaxrun.meshspec import (
+    MeshSpec,
+    MeshSpecError,
+    parse,
+    resolve,
+    split_across_processes,
+)
 
 
 @pytest.mark.parametrize("text, names, sizes", [

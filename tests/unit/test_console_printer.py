@@ -1,10 +1,9 @@
 """The console view of children's output (unit tests; the log files are tested end to end)."""
 
 import io
-from pathlib import Path
 
-from jaxrun.launcher.events import Stream
 from jaxrun.launcher.console import ConsolePrinter
+from jaxrun.launcher.events import Stream
 
 
 def printer(**kw):
@@ -29,6 +28,16 @@ def test_noise_and_stack_dumps_are_hidden_on_the_console_only():
     p.flush()
     assert out.getvalue() == b"[0] real\n"
     assert err.getvalue() == b"[1] warning\n[1] Traceback (most recent call last):\n"
+
+
+def test_a_notice_written_into_a_printed_line_hides_only_itself():
+    # Gloo's C++ thread can write between a print's text and its newline.
+    p, out, _ = printer()
+    p.write(2, Stream.STDOUT, b"device cpu:4097 has local data [[20 21 22 23]]"
+                              b"[Gloo] Rank 2 is connected to 3 peer ranks. Expected number of connected peer ranks is : 3\n"
+                              b"\nafter\n")
+    p.flush()
+    assert out.getvalue() == b"[2] device cpu:4097 has local data [[20 21 22 23]]\n[2] \n[2] after\n"
 
 
 def test_verbose_shows_everything():

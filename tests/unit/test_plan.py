@@ -5,8 +5,16 @@ import sys
 import pytest
 
 from jaxrun import contract
-from jaxrun.launcher.plan import Host, LaunchOptions, PlanError, Target, assign_hosts, local_device_ids, plan
 from jaxrun.contract import substitute
+from jaxrun.launcher.plan import (
+    Host,
+    LaunchOptions,
+    PlanError,
+    Target,
+    assign_hosts,
+    local_device_ids,
+    plan,
+)
 
 
 def options(**kw):

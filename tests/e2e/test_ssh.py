@@ -15,23 +15,16 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import ROOT, TOKEN, Launch, processes_with_token, wait_gone
-
-# Its asserts explain themselves like a test module's.
-pytest.register_assert_rewrite("engine_checks")
-from engine_checks import check_logs_hold_every_byte, run_jaxrun  # noqa: F401 - run_jaxrun is a fixture
-from sshd_fixture import sshd_hosts  # noqa: F401 - a fixture
-
-from jaxrun import __version__, contract
-from jaxrun.backends import ssh_commands as ssh
-from jaxrun.launcher.config import SshOptions
-from jaxrun.launcher.plan import Host, ProcessSpec
+from fixtures.engines import check_logs_hold_every_byte
+from fixtures.jobs import ROOT, TOKEN, Launch, processes_with_token, wait_gone
 
 TOY = ROOT / "examples" / "toy.py"
 RESULT = "got result: -0.12398731708526611"
 
 READY_SCRIPT = """\
 import os, sys, time
+import jax
+jax.devices()  # the first device use joins the job: process 0's coordinator is up
 print("ready", os.environ["JAXRUN_PROCESS_ID"], flush=True)
 time.sleep(120)
 """
@@ -39,7 +32,7 @@ time.sleep(120)
 
 @pytest.fixture
 def launch():
-    """Replaces conftest's ``launch`` here: that one runs every test twice,
+    """Replaces the shared ``launch`` fixture here: that one runs every test twice,
     with and without the preloading fork server, which SSH runs never use."""
     started: list[Launch] = []
 
@@ -90,88 +83,6 @@ def wait_for_lines(job, needle: str, count: int, within: float = 30.0) -> list[s
     threading.Thread(target=read, daemon=True).start()
     assert done.wait(within), f"only saw {seen}"
     return seen
-
-
-# -- pure parts: no sshd needed ----------------------------------------------
-
-SETTINGS = SshOptions(python="/opt/py", chdir="/w", config_file="cfg", options=("Compression=yes",))
-
-
-def test_ssh_args_order():
-    args = ssh.ssh_args(SETTINGS, Host("n1", user="bob", port=2222), ssh.session_control("/c/m0"))
-    assert args == [
-        "ssh", "-F", "cfg", "-o", "BatchMode=yes",
-        "-o", "ControlMaster=no", "-o", "ControlPath=/c/m0", "-o", "LogLevel=ERROR",
-        "-o", "Compression=yes", "-o", "ConnectTimeout=10", "-T", "-p", "2222", "--", "bob@n1",
-    ]
-
-
-def test_session_without_master_connects_directly():
-    assert "ControlPath=none" in ssh.session_control(None)
-
-
-def test_master_does_not_persist():
-    assert ssh.master_control("/c/m0") == [
-        "-o", "ControlMaster=yes", "-o", "ControlPath=/c/m0", "-o", "ControlPersist=no",
-    ]
-
-
-def test_remote_command_quotes_every_word():
-    import shlex
-
-    spec = ProcessSpec(0, 0, Host("n1"), "/opt/py", ("--", "t.py", "a b", "$X", "'"), {"A": "x y"})
-    words = ssh.process_words(spec, "/my dir", "/opt/py", {"JAXRUN_ERROR_FILE": "/l/e.json", "JAXRUN_LIFELINE_FD": "5"})
-    assert words == [
-        "env", "A=x y", "JAXRUN_ERROR_FILE=/l/e.json",
-        "/opt/py", "-m", "jaxrun.backends.ssh_agent", "--chdir", "/my dir", "--",
-        "/opt/py", "-m", "jaxrun.shim", "--", "t.py", "a b", "$X", "'",
-    ]
-    assert shlex.split(ssh.remote_command(words)) == words
-
-
-@pytest.mark.parametrize("code, status", [(0, 0), (1, 1), (128, 128), (130, -2), (137, -9), (255, 255), (-9, -9)])
-def test_remote_status(code, status):
-    assert contract.returncode_from_status(code) == status
-
-
-def test_join_address():
-    assert contract.join_address("10.0.0.1", 5) == "10.0.0.1:5"
-    assert contract.join_address("fe80::1", 5) == "[fe80::1]:5"
-
-
-def _info(**kw):
-    info = {"python": "3.11.7", "jax": "0.10.2", "jaxlib": "0.10.2", "jaxrun": __version__, "address": "10.0.0.1"}
-    info.update(kw)
-    return info
-
-
-def test_preflight_all_good():
-    assert ssh.check_preflight({"a": _info(), "b": _info(python="3.11.9")}, "py") == []
-
-
-def test_preflight_problems_name_hosts():
-    problems = ssh.check_preflight(
-        {
-            "a": _info(),
-            "b": _info(jax="0.4.1"),
-            "c": _info(jaxrun=None, jaxrun_error="ModuleNotFoundError: No module named 'jaxrun'"),
-            "d": _info(jaxrun="9.9"),
-            "e": _info(chdir_error="cannot change to '/w': No such file or directory"),
-        },
-        "py",
-    )
-    assert problems == [
-        "c: cannot import jaxrun with py (ModuleNotFoundError: No module named 'jaxrun')",
-        f"d: jaxrun 9.9 there, {__version__} here",
-        "e: cannot change to '/w': No such file or directory",
-        "hosts disagree on the jax version: a has 0.10.2, b has 0.4.1, c has 0.10.2, d has 0.10.2, e has 0.10.2",
-    ]
-
-
-def test_preflight_table():
-    lines = ssh.preflight_table({"hostA": _info(), "b": _info(jaxlib=None)})
-    assert lines[0].split() == ["jaxrun:", "host", "address", "python", "jax", "jaxlib", "jaxrun"]
-    assert lines[2].split() == ["jaxrun:", "b", "10.0.0.1", "3.11.7", "0.10.2", "-", __version__]
 
 
 # -- real sshd ---------------------------------------------------------------

@@ -6,8 +6,7 @@ import subprocess
 import sys
 
 import pytest
-
-from conftest import JAXRUN
+from fixtures.jobs import JAXRUN
 
 
 def run_cli(*args, env=None, cwd=None):

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from jaxrun.launcher.hosts import HostsError, merge_host_options, parse_host_option, parse_hosts_file, parse_line, total_slots
+from jaxrun.launcher.hosts import (
+    HostsError,
+    merge_host_options,
+    parse_host_option,
+    parse_hosts_file,
+    parse_line,
+    total_slots,
+)
 from jaxrun.launcher.plan import Host, PlanError, assign_hosts
 
 

@@ -10,17 +10,20 @@ import xml.etree.ElementTree as ET
 
 import pytest
 import yaml
+from fixtures.jobs import EXAMPLES
 
-from conftest import EXAMPLES
-from jaxrun.reporting import github, junit, stacks
 from jaxrun.cli import main as cli_main
-from jaxrun.launcher.plan import LOCAL_HOST, ProcessSpec
 from jaxrun.launcher.outcome import Outcome, ProcessRecord, StopReason, Verdict
+from jaxrun.launcher.plan import LOCAL_HOST, ProcessSpec
+from jaxrun.reporting import github, junit, stacks
 
 FAILS_IN_PROCESS_1 = """\
 import os
 import time
 
+import jax
+
+jax.devices()  # joining the job waits for every process: each greets before process 1 fails
 print("hello from", os.environ["JAXRUN_PROCESS_ID"])
 if os.environ["JAXRUN_PROCESS_ID"] == "1":
     raise ValueError("process 1 cannot go on")
@@ -61,7 +64,7 @@ def test_github_actions_run_with_junit_xml(jaxrun, tmp_path):
     assert "ValueError: process 1 cannot go on" in groups[1][1]
     errors = [line for line in err.splitlines() if line.startswith("::error")]
     assert errors == [
-        "::error title=jaxrun%3A process 1 failed first (exit code 1),file=job.py,line=6"
+        "::error title=jaxrun%3A process 1 failed first (exit code 1),file=job.py,line=9"
         "::ValueError: process 1 cannot go on"
     ]
 

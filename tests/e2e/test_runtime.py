@@ -13,12 +13,11 @@ import re
 import subprocess
 import sys
 import uuid
-from pathlib import Path
 
 import pytest
-from conftest import JAXRUN, TOKEN, wait_gone
+from fixtures.jobs import DATA, JAXRUN, TOKEN, wait_gone
 
-CHECKS = Path(__file__).resolve().parent / "runtime_checks.py"
+CHECKS = DATA / "runtime_checks.py"
 
 
 def parse_checks(stdout: str) -> dict[str, dict[int, dict]]:
@@ -135,11 +134,14 @@ def test_mesh_flag_installs_global_mesh(jaxrun):
         assert record["axis_types"] == ["AxisType.Explicit"] * 2  # the default, as jax.make_mesh's
         assert record["sum"] == pytest.approx(-0.12398731708526611)  # the guide's printed result
         assert record["shards"] == [[list(range(8 * p, 8 * p + 4))], [list(range(8 * p + 4, 8 * p + 8))]]
-    # -v: process 0 prints the preflight table, one row per process.
+    # -v: process 0 prints the preflight table, one row per process (devices
+    # are not listed: that would create jax's backend before the script could
+    # configure it).
     assert "jaxrun: preflight" in err
-    table = err[err.index("jaxrun: preflight"):]
-    for p, dev in enumerate((0, 2048, 4096, 6144)):
-        assert f"cpu:{dev},cpu:{dev + 1}" in table
+    rows = [line.split()[1:] for line in err[err.index("jaxrun: preflight"):].splitlines()[1:6]]
+    assert rows[0] == ["process", "host", "pid", "jax", "jaxlib", "python"]
+    assert [row[0] for row in rows[1:]] == ["0", "1", "2", "3"]
+    assert len({int(row[2]) for row in rows[1:]}) == 4  # four processes, four pids
 
 
 @pytest.mark.timeout(90)

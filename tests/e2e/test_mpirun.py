@@ -1,24 +1,14 @@
 """--launcher mpirun: one real Open MPI step on this machine."""
 
-import os
 import shutil
 
 import pytest
-
-from jaxrun.backends import scheduler as engines
-from jaxrun.launcher.config import SchedulerOptions
-from jaxrun.launcher.plan import Target
-
-# Its asserts explain themselves like a test module's.
-pytest.register_assert_rewrite("engine_checks")
-
-from engine_checks import (  # noqa: F401 - run_jaxrun is a fixture
+from fixtures.engines import (
     check_crash_in_task_3,
     check_logs_hold_every_byte,
     check_ranks_come_from_the_scheduler,
     check_timeout_stops_the_step,
     check_toy,
-    run_jaxrun,
 )
 
 # Only the tests that start a step need Open MPI; building its command line does not.
@@ -64,16 +54,3 @@ def test_each_task_takes_its_rank_from_mpirun(run_jaxrun, tmp_path):
 @pytest.mark.timeout(60)
 def test_logs_hold_every_byte(run_jaxrun, tmp_path):
     check_logs_hold_every_byte(run_jaxrun, MPIRUN, tmp_path)
-
-
-def test_mpirun_command_forwards_variables_by_name():
-    engine = SchedulerOptions("mpirun", tasks_per_node=2, scheduler_args=("--oversubscribe",))
-    env = {"PATH": "/bin", "JAXRUN_TASK_SECRET": "s3cret", "JAX_PLATFORMS": "cpu", "HOME": "/root"}
-    argv = engines.mpirun_command(engine, 4, ["python", "-m", "jaxrun.backends.scheduler_agent"], env, is_root=True)
-    assert argv[:7] == ["mpirun", "-n", "4", "--map-by", "ppr:2:node", "--allow-run-as-root", "-x"]
-    assert "s3cret" not in " ".join(argv)  # values travel in the environment, not argv
-    exported = {argv[i + 1] for i, a in enumerate(argv) if a == "-x"}
-    assert exported == {"PATH", "JAXRUN_TASK_SECRET", "JAX_PLATFORMS"}
-    assert argv[-4:] == ["--oversubscribe", "python", "-m", "jaxrun.backends.scheduler_agent"]
-    with pytest.raises(engines.SchedulerError):
-        engines.mpirun_command(SchedulerOptions("mpirun", nodes=2), 4, [], {}, is_root=False)

@@ -7,8 +7,8 @@ import sys
 import textwrap
 
 import pytest
+from fixtures.jobs import ROOT
 
-from conftest import ROOT
 from jaxrun import pytest_plugin
 
 pytest_plugins = ["pytester"]

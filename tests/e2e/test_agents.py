@@ -1,0 +1,88 @@
+"""The far-end agents driven directly over their real channels, as the backends drive them."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from jaxrun import contract, wire
+
+pytestmark = pytest.mark.timeout(60)
+
+# Records each signal it gets (by name) on stdout, then keeps running.
+RECORDER = """
+import signal, sys, time
+def note(signum, frame):
+    print(signal.Signals(signum).name, flush=True)
+for s in (signal.SIGTERM, signal.SIGUSR2):
+    signal.signal(s, note)
+print("ready", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def read_line(stream, within: float = 20.0) -> str:
+    deadline = time.monotonic() + within
+    line = stream.readline()
+    assert time.monotonic() < deadline
+    return line.decode().strip()
+
+
+def test_ssh_agent_relays_signals_to_the_group_and_kills_it_at_eof():
+    agent = subprocess.Popen(
+        [sys.executable, "-m", contract.SSH_AGENT_MODULE, "--", sys.executable, "-c", RECORDER],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
+    )
+    try:
+        assert read_line(agent.stdout) == "ready"
+        for signum in (15, 12):  # SIGTERM, SIGUSR2: the agent must pass on each by name
+            agent.stdin.write(wire.Signal.of(signum).line())
+            agent.stdin.flush()
+            assert read_line(agent.stdout) == wire.Signal.of(signum).name
+        agent.stdin.write(b"a line from a newer launcher\n")  # ignored, not fatal
+        agent.stdin.close()  # the connection dropped: the whole group dies
+        assert agent.wait(timeout=20) == contract.exit_status(-9)
+    finally:
+        if agent.poll() is None:
+            os.killpg(agent.pid, 9)
+            agent.wait()
+
+
+def test_fork_server_forks_on_request_and_reports_the_exit(tmp_path):
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    server = subprocess.Popen(
+        [sys.executable, "-m", contract.FORKSERVER_AGENT_MODULE, str(theirs.fileno())],
+        pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True,
+    )
+    theirs.close()
+    script = tmp_path / "s.py"
+    script.write_text("import os, sys\nprint('hello from', os.getpid(), sys.argv[1:])\nsys.exit(3)\n")
+    out = os.open(tmp_path / "out", os.O_WRONLY | os.O_CREAT)
+    err = os.open(tmp_path / "err", os.O_WRONLY | os.O_CREAT)
+    lifeline_r, lifeline_w = os.pipe()
+    try:
+        # A child without a coordinator stops at the shim's bootstrap: enough to
+        # see the server fork it with our fds and report its exit status.
+        env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+        request = wire.ForkRequest(["--", str(script), "x y"], env)
+        socket.send_fds(ours, [request.encode()], [out, err, lifeline_r])
+        started = wire.decode(ours.recv(wire.MAX_PACKET))
+        assert isinstance(started, wire.Started) and started.pid > 0
+        ours.settimeout(30)
+        exited = wire.decode(ours.recv(wire.MAX_PACKET))
+        assert exited == wire.ChildExited(started.pid, 1)
+        assert f"{contract.COORDINATOR_ADDRESS} is not set" in (tmp_path / "err").read_text()
+    finally:
+        ours.close()  # EOF: the server exits
+        for fd in (out, err, lifeline_r, lifeline_w):
+            os.close(fd)
+        try:
+            server.wait(timeout=20)
+        finally:
+            if server.poll() is None:
+                os.killpg(server.pid, 9)
+                server.wait()

@@ -1,0 +1,180 @@
+"""Break named behaviours on purpose, in a copy, and see which tests notice.
+
+    python tests/mutations.py             # every mutation
+    python tests/mutations.py --list      # their names and what they break
+    python tests/mutations.py pump-drops-partial-line sighup-unhandled
+    python tests/mutations.py --whole-files   # run each mutation's whole test files, not just -k
+
+Each mutation copies the repository (without .git) to a temporary folder,
+edits the copy's package, and runs the tests that claim the behaviour there,
+with the copy first on PYTHONPATH (children, scheduler tasks and SSH hosts
+inherit it).  A mutation that no test catches is a test that claims more
+than it checks.  Run it by hand before a large refactor; CI does not.
+A mutation whose text is no longer found is reported, so this file has to
+follow the code it mutates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutation:
+    name: str
+    breaks: str
+    edits: tuple[tuple[str, str, str], ...]  # (file, old text, new text)
+    tests: tuple[str, ...]
+    keyword: str = ""  # pytest -k, to run only the tests that claim it
+
+
+MUTATIONS = [
+    Mutation(
+        "scheduler-runs-local",
+        "--launcher slurm/mpirun quietly start local processes instead",
+        (("jaxrun/backends/__init__.py", "if config.scheduler is not None:", "if False:"),),
+        ("tests/e2e/test_slurm.py", "tests/e2e/test_mpirun.py"),
+        "toy or rank",
+    ),
+    Mutation(
+        "scheduler-rank-zero",
+        "under a scheduler, {process_id} is always 0 and JAXRUN_PROCESS_ID is unset",
+        (
+            ("jaxrun/backends/scheduler_agent.py", "contract.placeholder_values(rank, count,",
+             "contract.placeholder_values(0, count,"),
+            ("jaxrun/child/bootstrap.py", "    environ[contract.PROCESS_ID] = str(rank)\n",
+             "    environ.pop(contract.PROCESS_ID, None)\n"),
+        ),
+        ("tests/e2e/test_slurm.py", "tests/e2e/test_mpirun.py"),
+        "rank",
+    ),
+    Mutation(
+        "pump-drops-partial-line",
+        "the pumped log writer (SSH, srun, mpirun) drops an unfinished last line",
+        (("jaxrun/launcher/pump.py", "        src.log.write(data)\n",
+          "        held = getattr(src, 'held', b'') + data\n"
+          "        src.log.write(held[:held.rfind(b'\\n') + 1])\n"
+          "        src.held = held[held.rfind(b'\\n') + 1:]\n"),),
+        ("tests/e2e/test_ssh.py", "tests/e2e/test_slurm.py", "tests/e2e/test_mpirun.py"),
+        "every_byte",
+    ),
+    Mutation(
+        "sighup-unhandled",
+        "SIGHUP is no longer handled: jaxrun dies of it without a summary",
+        (("jaxrun/launcher/supervisor.py", "(signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)",
+          "(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)"),),
+        ("tests/e2e/test_supervision.py",),
+        "forwarded",
+    ),
+    Mutation(
+        "signals-not-forwarded",
+        "SIGINT/SIGTERM/SIGHUP stop the job without reaching the children",
+        (("jaxrun/launcher/supervisor.py", "self._begin_stop(StopReason.SIGNAL, self.grace, signum)",
+          "self._begin_stop(StopReason.SIGNAL, self.grace, 0)"),),
+        ("tests/e2e/test_supervision.py",),
+        "forwarded",
+    ),
+    Mutation(
+        "preload-unused",
+        "the preloading fork server is never used",
+        (("jaxrun/backends/__init__.py", "if config.preload:", "if False:"),),
+        ("tests/e2e/test_local.py",),
+        "forked",
+    ),
+    Mutation(
+        "inotify-never-armed",
+        "quiet log files are never watched with inotify",
+        (("jaxrun/launcher/filewatch.py", "        if self._init is None:\n            return None",
+          "        if True:\n            return None"),),
+        ("tests/e2e/test_console.py",),
+        "follows",
+    ),
+    Mutation(
+        "shape-check-disabled",
+        "make_global_array no longer checks what load() returned",
+        (("jaxrun/runtime.py", "if data.shape != want:", "if False:"),),
+        ("tests/e2e/test_runtime.py",),
+        "general or inferred",
+    ),
+]
+
+
+def copy_repo(dest: str) -> None:
+    shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", ".pytest_cache"))
+
+
+def apply(mutation: Mutation, copy: str) -> str | None:
+    """Edit the copy; the problem, if an edit's text is not found exactly once."""
+    for rel, old, new in mutation.edits:
+        path = os.path.join(copy, rel)
+        with open(path) as f:
+            text = f.read()
+        if text.count(old) != 1:
+            return f"{rel}: expected text found {text.count(old)} times"
+        with open(path, "w") as f:
+            f.write(text.replace(old, new))
+    return None
+
+
+def run(mutation: Mutation, whole_files: bool) -> tuple[str, list[str], float]:
+    copy = tempfile.mkdtemp(prefix=f"jaxrun-mutation-{mutation.name}-")
+    start = time.monotonic()
+    try:
+        copy_repo(copy)
+        problem = apply(mutation, copy)
+        if problem:
+            return f"NOT APPLIED ({problem})", [], 0.0
+        cmd = [sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider", *mutation.tests]
+        if mutation.keyword and not whole_files:
+            cmd += ["-k", mutation.keyword]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [copy, os.environ.get("PYTHONPATH")])))
+        proc = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True)
+        failed = re.findall(r"^FAILED (\S+)", proc.stdout, re.M)
+        if proc.returncode == 0:
+            verdict = "SURVIVED"
+        elif failed:
+            verdict = "caught"
+        else:
+            verdict = f"pytest exited {proc.returncode} without a failed test"
+        return verdict, failed, time.monotonic() - start
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="mutations to run (default: all)")
+    parser.add_argument("--list", action="store_true", help="list the mutations and exit")
+    parser.add_argument("--whole-files", action="store_true", help="run each mutation's test files whole")
+    args = parser.parse_args(argv)
+    if args.list:
+        for m in MUTATIONS:
+            print(f"{m.name:26} {m.breaks}")
+        return 0
+    by_name = {m.name: m for m in MUTATIONS}
+    unknown = [n for n in args.names if n not in by_name]
+    if unknown:
+        parser.error(f"unknown mutation {unknown[0]!r}; see --list")
+    chosen = [by_name[n] for n in args.names] or MUTATIONS
+    survived = 0
+    for mutation in chosen:
+        verdict, failed, seconds = run(mutation, args.whole_files)
+        survived += verdict != "caught"
+        print(f"{mutation.name}: {verdict} ({seconds:.0f} s)", flush=True)
+        for test in failed:
+            print(f"    {test}", flush=True)
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

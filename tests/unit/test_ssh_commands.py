@@ -1,0 +1,89 @@
+"""The SSH backend's pure parts: command lines, quoting, preflight checks (no sshd)."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from jaxrun import __version__, contract
+from jaxrun.backends import ssh_commands as ssh
+from jaxrun.launcher.config import SshOptions
+from jaxrun.launcher.plan import Host, ProcessSpec
+
+SETTINGS = SshOptions(python="/opt/py", chdir="/w", config_file="cfg", options=("Compression=yes",))
+
+
+def test_ssh_args_order():
+    args = ssh.ssh_args(SETTINGS, Host("n1", user="bob", port=2222), ssh.session_control("/c/m0"))
+    assert args == [
+        "ssh", "-F", "cfg", "-o", "BatchMode=yes",
+        "-o", "ControlMaster=no", "-o", "ControlPath=/c/m0", "-o", "LogLevel=ERROR",
+        "-o", "Compression=yes", "-o", "ConnectTimeout=10", "-T", "-p", "2222", "--", "bob@n1",
+    ]
+
+
+def test_session_without_master_connects_directly():
+    assert "ControlPath=none" in ssh.session_control(None)
+
+
+def test_master_does_not_persist():
+    assert ssh.master_control("/c/m0") == [
+        "-o", "ControlMaster=yes", "-o", "ControlPath=/c/m0", "-o", "ControlPersist=no",
+    ]
+
+
+def test_remote_command_quotes_every_word():
+    spec = ProcessSpec(0, 0, Host("n1"), "/opt/py", ("--", "t.py", "a b", "$X", "'"), {"A": "x y"})
+    words = ssh.process_words(spec, "/my dir", "/opt/py", {"JAXRUN_ERROR_FILE": "/l/e.json", "JAXRUN_LIFELINE_FD": "5"})
+    assert words == [
+        "env", "A=x y", "JAXRUN_ERROR_FILE=/l/e.json",
+        "/opt/py", "-m", "jaxrun.backends.ssh_agent", "--chdir", "/my dir", "--",
+        "/opt/py", "-m", "jaxrun.shim", "--", "t.py", "a b", "$X", "'",
+    ]
+    assert shlex.split(ssh.remote_command(words)) == words
+
+
+@pytest.mark.parametrize("code, status", [(0, 0), (1, 1), (128, 128), (130, -2), (137, -9), (255, 255), (-9, -9)])
+def test_remote_status(code, status):
+    assert contract.returncode_from_status(code) == status
+
+
+def test_join_address():
+    assert contract.join_address("10.0.0.1", 5) == "10.0.0.1:5"
+    assert contract.join_address("fe80::1", 5) == "[fe80::1]:5"
+
+
+def _info(**kw):
+    info = {"python": "3.11.7", "jax": "0.10.2", "jaxlib": "0.10.2", "jaxrun": __version__, "address": "10.0.0.1"}
+    info.update(kw)
+    return info
+
+
+def test_preflight_all_good():
+    assert ssh.check_preflight({"a": _info(), "b": _info(python="3.11.9")}, "py") == []
+
+
+def test_preflight_problems_name_hosts():
+    problems = ssh.check_preflight(
+        {
+            "a": _info(),
+            "b": _info(jax="0.4.1"),
+            "c": _info(jaxrun=None, jaxrun_error="ModuleNotFoundError: No module named 'jaxrun'"),
+            "d": _info(jaxrun="9.9"),
+            "e": _info(chdir_error="cannot change to '/w': No such file or directory"),
+        },
+        "py",
+    )
+    assert problems == [
+        "c: cannot import jaxrun with py (ModuleNotFoundError: No module named 'jaxrun')",
+        f"d: jaxrun 9.9 there, {__version__} here",
+        "e: cannot change to '/w': No such file or directory",
+        "hosts disagree on the jax version: a has 0.10.2, b has 0.4.1, c has 0.10.2, d has 0.10.2, e has 0.10.2",
+    ]
+
+
+def test_preflight_table():
+    lines = ssh.preflight_table({"hostA": _info(), "b": _info(jaxlib=None)})
+    assert lines[0].split() == ["jaxrun:", "host", "address", "python", "jax", "jaxlib", "jaxrun"]
+    assert lines[2].split() == ["jaxrun:", "b", "10.0.0.1", "3.11.7", "0.10.2", "-", __version__]

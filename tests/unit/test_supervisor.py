@@ -1,0 +1,396 @@
+"""The supervisor's decisions, replayed on a fake clock with scripted events.
+
+No real process starts and no real deadline is waited out.  The supervisor
+runs in the test's own thread with a ``FakeClock`` and a ``ScriptedEvents``
+queue.  A test writes a timeline ("at t=1 process 2 exits with 7", "at t=2
+the launcher gets SIGTERM"); whenever the supervisor would sleep, the queue
+plays the next scripted step due before its deadline, or else moves the
+clock straight to the deadline.  So grace periods and dump waits take no real
+time, and the test can assert the fake time at which every signal went out.
+
+The supervisor's own threads still run for real: each fake child's exit
+reaches the loop through the supervisor's waiter thread, and pipe ends through
+the output pump.  The queue knows how many of those events a fake child owes
+it, and waits for them in real time instead of moving the clock past them, so
+the order of events never depends on thread scheduling.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import heapq
+import io
+import itertools
+import os
+import queue
+import signal
+import threading
+
+import pytest
+
+from jaxrun import contract
+from jaxrun.backends.base import Backend
+from jaxrun.launcher.console import ConsolePrinter
+from jaxrun.launcher.events import Exited, StreamClosed
+from jaxrun.launcher.outcome import StopReason, Verdict
+from jaxrun.launcher.plan import LOCAL_HOST, ProcessSpec
+from jaxrun.launcher.supervisor import DUMP_WAIT, TIMEOUT_DUMP_WAIT, Supervisor
+from jaxrun.reporting.summary import summary_lines
+
+pytestmark = pytest.mark.timeout(30)
+
+# Not zero: a supervisor that mixed up absolute and relative times would
+# still pass with a clock starting at zero.
+START = 1000.0
+# Fake time no test needs; a supervisor still waiting by then would never end.
+HORIZON = 24 * 3600.0
+# Real seconds a supervisor thread may take to pass on an event it owes
+# (a waiter thread's hop, the pump reading an EOF): far more than needed.
+OWED_WITHIN = 5.0
+
+
+class FakeClock:
+    def __init__(self, now: float = START):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class ScriptedEvents:
+    """The supervisor's event queue, with a timeline of scripted steps."""
+
+    def __init__(self, clock: FakeClock):
+        self.clock = clock
+        self.cond = threading.Condition()
+        self.items: collections.deque = collections.deque()
+        self.owed = 0  # events a fake child's end will make a supervisor thread put
+        self.script: list = []  # heap of (fake time, order written, step)
+        self.order = itertools.count()
+
+    def at(self, t: float, step, *args) -> None:
+        """Play ``step(*args)`` at START + t, when the supervisor waits past it."""
+        heapq.heappush(self.script, (START + t, next(self.order), functools.partial(step, *args)))
+
+    def owe(self, n: int) -> None:
+        with self.cond:
+            self.owed += n
+
+    def put(self, event) -> None:
+        with self.cond:
+            if isinstance(event, (Exited, StreamClosed)):
+                self.owed -= 1
+            self.items.append(event)
+            self.cond.notify_all()
+
+    def get(self, timeout: float | None = None):
+        while True:
+            with self.cond:
+                if self.items:
+                    return self.items.popleft()
+                if self.owed > 0:
+                    # Moving the clock now would let a deadline pass before
+                    # the supervisor hears of an exit that came first.
+                    if not self.cond.wait_for(lambda: self.items, OWED_WITHIN):
+                        raise AssertionError(f"{self.owed} owed event(s) never reached the supervisor")
+                    continue
+                if self.script and (timeout is None or self.script[0][0] <= self.clock.now + timeout):
+                    due, _, step = heapq.heappop(self.script)
+                    self.clock.now = max(self.clock.now, due)
+                else:
+                    step = None
+            if step is not None:
+                step()  # outside the lock: a step makes other threads put events
+                continue
+            if timeout is None:
+                # A real supervisor would block forever here: fail instead of hanging.
+                raise AssertionError("the supervisor waits with no deadline, and nothing more is scripted")
+            if self.clock.now + timeout > START + HORIZON:
+                # Else a loop that keeps renewing its deadline spins until pytest's timeout.
+                raise AssertionError("a day of fake time passed and the job has not ended")
+            self.clock.now += timeout
+            raise queue.Empty
+
+
+class FakeChild:
+    """A controller whose end is scripted; it records every signal it is sent.
+
+    It dies of SIGKILL and of the signals in ``dies_on``; every other signal
+    is only recorded, like a JAX process that treats SIGTERM as a preemption
+    notice, or one blocked in a collective.  With ``grandchild``, its pipes
+    stay open after it exits, held by a grandchild that writes one last line
+    when the group's SIGKILL reaches it.
+    """
+
+    def __init__(self, rank: int, events: ScriptedEvents, clock: FakeClock, dies_on, pipes: bool,
+                 grandchild: bool = False):
+        self.rank, self.events, self.clock = rank, events, clock
+        self.dies_on = set(dies_on) | {signal.SIGKILL}
+        self.pid = 40000 + rank
+        self.signals: list[tuple[float, int, bool]] = []  # (fake time, signum, still running)
+        self.returncode: int | None = None
+        self.done = threading.Event()
+        self.pipes = pipes
+        self.grandchild = grandchild and pipes
+        if pipes:
+            out_r, self.out_w = os.pipe()
+            err_r, self.err_w = os.pipe()
+            self.stdout, self.stderr = os.fdopen(out_r, "rb", 0), os.fdopen(err_r, "rb", 0)
+        else:
+            self.stdout = self.stderr = None
+        self.spawned_with: tuple | None = None  # (extra_env, log_fds)
+
+    @property
+    def live_signals(self) -> list[tuple[float, int]]:
+        """What it was sent while running (the rest is the sweep of its dead group)."""
+        return [(t, s) for t, s, running in self.signals if running]
+
+    def send(self, signum: int) -> None:
+        running = self.returncode is None
+        self.signals.append((self.clock.now, signum, running))
+        if running and signum in self.dies_on:
+            self.exit(-signum)
+        if self.grandchild and signum == signal.SIGKILL:  # sent to the whole group
+            self.grandchild = False
+            os.write(self.err_w, b"grandchild's last line\n")
+            self.events.owe(2)
+            os.close(self.out_w)
+            os.close(self.err_w)
+
+    def write_stderr(self, data: bytes) -> None:
+        os.write(self.err_w, data)
+
+    def exit(self, returncode: int) -> None:
+        assert self.returncode is None, f"process {self.rank} scripted to end twice"
+        # Owed before the end is visible, so that no thread can put it first.
+        closes = self.pipes and not self.grandchild
+        self.events.owe(3 if closes else 1)  # Exited, and each pipe's StreamClosed
+        self.returncode = returncode
+        if closes:
+            os.close(self.out_w)
+            os.close(self.err_w)
+        self.done.set()
+
+    def wait(self) -> int:
+        self.done.wait()
+        return self.returncode
+
+
+class FakeBackend(Backend):
+    name = "fake"
+
+    def __init__(self, n: int, events: ScriptedEvents, clock: FakeClock, dies_on, pipes: bool, grandchildren=()):
+        self.writes_log_files = not pipes
+        # Built before the run, so that a test can script them by rank.
+        self.children = {r: FakeChild(r, events, clock, dies_on, pipes, r in grandchildren) for r in range(n)}
+
+    def choose_coordinator(self, fixed):
+        return fixed or "127.0.0.1:1", None
+
+    def spawn(self, spec, lifeline_fd, extra_env, log_fds):
+        child = self.children[spec.rank]
+        assert (log_fds is not None) == self.writes_log_files
+        child.spawned_with = (dict(extra_env), log_fds)
+        if log_fds is not None:  # as a local child would, into the files it was given
+            os.write(log_fds[0], b"out %d\n" % spec.rank)
+            os.write(log_fds[1], b"err %d\n" % spec.rank)
+        return child
+
+
+class Harness:
+    def __init__(self, tmp_path, n: int = 4, dies_on=(), pipes: bool = False, grandchildren=(), **options):
+        self.clock = FakeClock()
+        self.events = ScriptedEvents(self.clock)
+        self.backend = FakeBackend(n, self.events, self.clock, dies_on, pipes, grandchildren)
+        self.kids = self.backend.children
+        self.log_dir = str(tmp_path / "logs")
+        # Grouped: nothing is followed live, so only the children's ends make events.
+        printer = ConsolePrinter(mode="grouped", stdout=io.BytesIO(), stderr=io.BytesIO())
+        specs = [ProcessSpec(r, r, LOCAL_HOST, "python", (), {}) for r in range(n)]
+        self.sup = Supervisor(specs, self.backend, printer, self.log_dir,
+                              clock=self.clock, events=self.events, **options)
+
+    def at(self, t: float, step, *args) -> None:
+        self.events.at(t, step, *args)
+
+    def signal_at(self, t: float, signum: int) -> None:
+        self.at(t, self.sup.post_signal, signum)
+
+    def run(self):
+        outcome = self.sup.run()
+        # A step left over means the scenario the test describes never happened.
+        assert not self.events.script, "the run ended before every scripted step"
+        # Returning with an event unheard of means returning with, say, a log
+        # whose last bytes are still in a pipe.
+        assert self.events.owed == 0 and not self.events.items, "run() returned before handling every event"
+        return outcome
+
+
+def verdicts(outcome):
+    return [r.verdict for r in outcome.records]
+
+
+# -- failures -----------------------------------------------------------------
+
+def test_first_failure_is_the_root_cause_and_the_rest_dump_then_die(tmp_path):
+    h = Harness(tmp_path)
+    h.at(1, h.kids[2].exit, 7)
+    outcome = h.run()
+    assert (outcome.exit_code, outcome.reason, outcome.root_cause) == (7, StopReason.FAILURE, 2)
+    assert verdicts(outcome) == [Verdict.STOPPED, Verdict.STOPPED, Verdict.ROOT_CAUSE, Verdict.STOPPED]
+    for rank in (0, 1, 3):
+        assert h.kids[rank].live_signals == [
+            (START + 1, signal.SIGUSR1),  # a stack dump, at once
+            (START + 1 + DUMP_WAIT, signal.SIGKILL),  # after the dump wait, not before
+        ]
+    assert h.kids[2].live_signals == []
+    summary = summary_lines(outcome, h.log_dir)
+    assert "jaxrun: process 2 failed first: exit code 7 (pid 40002)" in summary
+    assert "jaxrun: processes 0, 1, 3 stopped by jaxrun" in summary
+
+
+def test_a_failure_after_the_root_cause_is_a_consequence(tmp_path):
+    h = Harness(tmp_path)
+    h.at(1, h.kids[0].exit, 1)
+    h.at(1 + DUMP_WAIT / 4, h.kids[1].exit, 0)
+    h.at(1 + DUMP_WAIT / 2, h.kids[3].exit, 134)  # its own abort, before jaxrun's SIGKILL
+    outcome = h.run()
+    assert verdicts(outcome) == [Verdict.ROOT_CAUSE, Verdict.OK, Verdict.STOPPED, Verdict.CONSEQUENCE]
+    assert outcome.exit_code == 1 and outcome.root_cause == 0  # the root cause's code, not the last one's
+    assert h.kids[2].live_signals == [(START + 1, signal.SIGUSR1), (START + 1 + DUMP_WAIT, signal.SIGKILL)]
+    assert "jaxrun: process 3 failed after the root cause" in summary_lines(outcome, h.log_dir)
+
+
+@pytest.mark.parametrize("returncode, status", [(-signal.SIGKILL, 137), (-signal.SIGSEGV, 139)], ids=["SIGKILL", "SIGSEGV"])
+def test_a_child_killed_from_outside_exits_with_128_plus_the_signal(tmp_path, returncode, status):
+    h = Harness(tmp_path)
+    h.at(1, h.kids[1].exit, returncode)
+    outcome = h.run()
+    assert outcome.exit_code == status and outcome.root_cause == 1
+    assert outcome.records[1].exit_status == status and outcome.records[1].verdict is Verdict.ROOT_CAUSE
+
+
+# -- clean runs ---------------------------------------------------------------
+
+def test_clean_exits_are_ok_exit_zero_and_nothing_is_signalled(tmp_path):
+    h = Harness(tmp_path)
+    for rank, kid in h.kids.items():
+        h.at(1 + rank, kid.exit, 0)
+    outcome = h.run()
+    assert (outcome.exit_code, outcome.reason, outcome.root_cause) == (0, None, None)
+    assert all(v is Verdict.OK for v in verdicts(outcome))
+    for kid in h.kids.values():
+        assert kid.live_signals == []
+        # Once it is gone its group is still swept: grandchildren must not outlive the job.
+        assert kid.signals and {s for _, s, _ in kid.signals} == {signal.SIGKILL}
+
+
+def test_each_child_gets_its_own_log_files_and_error_file(tmp_path):
+    h = Harness(tmp_path, n=2)
+    os.makedirs(h.log_dir)
+    stale = os.path.join(h.log_dir, "process-1.error.json")
+    with open(stale, "w") as f:
+        f.write("{}")  # from an earlier attempt: must not be blamed on this one
+    for kid in h.kids.values():
+        h.at(1, kid.exit, 0)
+    outcome = h.run()
+    assert not os.path.exists(stale)
+    for record, kid in zip(outcome.records, h.kids.values()):
+        env, _ = kid.spawned_with
+        assert env[contract.ERROR_FILE] == record.error_file
+        assert record.pid == kid.pid
+        with open(record.stdout_log, "rb") as out, open(record.stderr_log, "rb") as err:
+            assert (out.read(), err.read()) == (b"out %d\n" % kid.rank, b"err %d\n" % kid.rank)
+
+
+def test_piped_output_is_drained_into_the_log_before_the_run_ends(tmp_path):
+    h = Harness(tmp_path, pipes=True)
+
+    def last_words_then_fail():
+        h.kids[2].write_stderr(b"Traceback: boom\n")
+        h.kids[2].exit(3)
+
+    h.at(1, last_words_then_fail)
+    outcome = h.run()
+    assert outcome.exit_code == 3 and outcome.root_cause == 2
+    with open(outcome.records[2].stderr_log, "rb") as f:
+        assert f.read() == b"Traceback: boom\n"
+
+
+def test_a_grandchild_holding_the_pipes_is_killed_and_its_output_kept(tmp_path):
+    h = Harness(tmp_path, n=2, pipes=True, grandchildren={0})
+    for kid in h.kids.values():
+        h.at(1, kid.exit, 0)
+    outcome = h.run()
+    assert outcome.exit_code == 0
+    assert h.kids[0].grandchild is False, "the group of a child that exited was never killed"
+    with open(outcome.records[0].stderr_log, "rb") as f:
+        assert f.read() == b"grandchild's last line\n"
+
+
+# -- signals to the launcher --------------------------------------------------
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name)
+def test_a_signal_is_forwarded_then_killed_exactly_after_grace(tmp_path, signum):
+    grace = 7.5  # not the default: the supervisor must use the one it was given
+    h = Harness(tmp_path, grace=grace)  # the children ignore it, as JAX does SIGTERM
+    h.signal_at(2, signum)
+    outcome = h.run()
+    assert (outcome.exit_code, outcome.reason, outcome.signum) == (128 + signum, StopReason.SIGNAL, signum)
+    assert all(v is Verdict.STOPPED for v in verdicts(outcome))
+    for kid in h.kids.values():
+        assert kid.live_signals == [(START + 2, signum), (START + 2 + grace, signal.SIGKILL)]
+
+
+def test_sighup_gives_129_and_children_that_obey_are_not_killed(tmp_path):
+    h = Harness(tmp_path, dies_on={signal.SIGHUP}, grace=5)
+    h.signal_at(2, signal.SIGHUP)
+    outcome = h.run()
+    assert outcome.exit_code == 129 and outcome.root_cause is None
+    # Ending on the launcher's own signal is being stopped, not failing.
+    assert all(v is Verdict.STOPPED for v in verdicts(outcome))
+    for kid in h.kids.values():
+        assert kid.live_signals == [(START + 2, signal.SIGHUP)]
+
+
+def test_a_second_sigint_kills_at_once(tmp_path):
+    h = Harness(tmp_path, grace=60)
+    h.signal_at(2, signal.SIGINT)
+    h.signal_at(3, signal.SIGINT)
+    outcome = h.run()
+    assert outcome.exit_code == 130
+    for kid in h.kids.values():
+        assert kid.live_signals == [(START + 2, signal.SIGINT), (START + 3, signal.SIGKILL)]
+
+
+def test_sigusr1_to_the_launcher_only_asks_for_stacks(tmp_path):
+    h = Harness(tmp_path, grace=1)
+    h.signal_at(1, signal.SIGUSR1)
+    for rank, kid in h.kids.items():
+        h.at(10 + rank, kid.exit, 0)  # long after any grace or dump wait would have ended
+    outcome = h.run()
+    assert (outcome.exit_code, outcome.reason) == (0, None)
+    assert all(v is Verdict.OK for v in verdicts(outcome))
+    for kid in h.kids.values():
+        assert kid.live_signals == [(START + 1, signal.SIGUSR1)]
+
+
+# -- --timeout ----------------------------------------------------------------
+
+def test_timeout_asks_for_stacks_then_kills_with_124(tmp_path):
+    h = Harness(tmp_path, timeout=100)
+    outcome = h.run()
+    assert (outcome.exit_code, outcome.reason, outcome.root_cause) == (124, StopReason.TIMEOUT, None)
+    assert all(v is Verdict.STOPPED for v in verdicts(outcome))
+    for kid in h.kids.values():
+        assert kid.live_signals == [(START + 100, signal.SIGUSR1), (START + 100 + TIMEOUT_DUMP_WAIT, signal.SIGKILL)]
+
+
+def test_a_job_that_ends_before_its_timeout_is_untouched(tmp_path):
+    h = Harness(tmp_path, timeout=100)
+    for kid in h.kids.values():
+        h.at(50, kid.exit, 0)
+    outcome = h.run()
+    assert (outcome.exit_code, outcome.reason) == (0, None)
+    assert all(kid.live_signals == [] for kid in h.kids.values())
