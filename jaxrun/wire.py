@@ -20,7 +20,6 @@ import json
 import signal
 from typing import ClassVar
 
-
 # The largest fork-server packet: a whole environment fits many times over.
 MAX_PACKET = 1 << 20
 

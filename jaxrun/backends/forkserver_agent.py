@@ -23,6 +23,7 @@ the controllers' lifelines take them down.
 from __future__ import annotations
 
 import atexit
+import gc
 import importlib
 import os
 import select
@@ -87,29 +88,39 @@ def become_controller(sock: socket.socket, request: wire.ForkRequest, fds: list[
         os.environ.clear()
         os.environ.update(request.env)
         os.environ[contract.LIFELINE_FD] = str(lifeline)
-        from jaxrun.child import shim
+        from jaxrun.child import bootstrap, shim
 
+        bootstrap.note_preloaded_jax(IMPORT_ENV)
         try:
             shim.main(request.shim_args)
             code = 0
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        # What interpreter shutdown would do: join threads, then atexit hooks
-        # (JAX's distributed shutdown among them).
+        # What interpreter shutdown would do: join threads, run the atexit
+        # hooks (JAX's distributed shutdown among them), then let go of the
+        # script's module, so that what it left open (a file) is finalized.
         threading._shutdown()
         atexit._run_exitfuncs()
+        sys.modules["__main__"].__dict__.clear()
+        gc.collect()
     except BaseException:  # noqa: BLE001 - a forked child must never return into the server
         import traceback
 
         traceback.print_exc()
     finally:
-        from jaxrun.child.shim import exit_now
+        from jaxrun.child.ending import exit_now
 
         exit_now(code)
 
 
+# The JAX_* values jax read at import here; a controller's script may set
+# others before its own ``import jax`` (see bootstrap.sync_preloaded_config).
+IMPORT_ENV: dict[str, str] = {}
+
+
 def main(argv: list[str]) -> None:
     sock = socket.socket(fileno=int(argv[0]))
+    IMPORT_ENV.update((k, v) for k, v in os.environ.items() if k.startswith("JAX_"))
     import jax  # noqa: F401 - the point of this process
 
     for name in argv[1:]:

@@ -1,27 +1,63 @@
-"""Child side: join the distributed system from the launcher's environment.
+"""Child side: join the distributed system, at the moment a plain launch would.
 
-Imported by the shim only, after its lifeline and stack-dump hooks are in
-place.  This is the one place where jax is imported on purpose.
+``prepare`` runs in the shim before the user's script and imports no jax.
+It checks the launcher's environment and arranges that the process joins the
+job exactly once, before jax creates a backend:
+
+- when the script calls ``initialize(...)`` itself, through
+  ``jax.distributed`` or ``jax._src.distributed``, the call reaches jax with
+  jaxrun's coordinator, process count and id, and with the script's other
+  arguments intact (timeouts, ``local_device_ids``, ...); a conflicting id or
+  count stops the script with an error naming both values;
+- when it never does, jaxrun initializes right before the first backend is
+  created (``jax._src.xla_bridge.backends``);
+- ``--mesh`` is the exception: its mesh must exist before the script runs,
+  so then jaxrun initializes before it.
+
+Until then the script may change ``os.environ``, ``XLA_FLAGS`` and
+``jax.config`` as it would under a plain launch.  A controller forked from
+the preloading server found jax imported already; ``note_preloaded_jax``
+makes the script's own ``JAX_*`` settings reach ``jax.config`` at its first
+``import jax``, as jax would have read them there.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
 import itertools
 import json
 import os
 import socket
 import sys
-from typing import Any
+from typing import Any, Mapping
 
 from jaxrun import contract
-from jaxrun.child import mesh
+from jaxrun.child import ending, hooks, mesh
 
 
 class BootstrapError(RuntimeError):
     """The process cannot join the job; the message says why."""
 
 
-_launched: dict[str, object] = {}
+@dataclasses.dataclass
+class Launch:
+    coordinator: str
+    count: int
+    rank: int
+    local: int
+    bind: str | None
+    verbose: bool
+    initialized: bool = False
+    busy: bool = False  # inside jaxrun's own initialize: the backend hook stands back
+    noted_address: bool = False
+
+
+_launch: Launch | None = None
+# The JAX_* variables the preloading server imported jax with; None when this
+# process imported nothing before the script.
+_preloaded_env: dict[str, str] | None = None
 
 
 def identity_from_env(environ=os.environ) -> tuple[int, int, int]:
@@ -53,8 +89,9 @@ def _transfer_address(coordinator: str) -> str:
     return contract.join_address(ip, contract.free_port(ip))
 
 
-def initialize_from_env() -> None:
-    environ = os.environ
+def prepare(environ=os.environ) -> None:
+    """Check the launcher's environment and hook jax's initialization; no jax import."""
+    global _launch
     coordinator = environ.get(contract.COORDINATOR_ADDRESS)
     if not coordinator:
         raise BootstrapError(f"{contract.COORDINATOR_ADDRESS} is not set; start this process with jaxrun")
@@ -63,46 +100,174 @@ def initialize_from_env() -> None:
     environ[contract.PROCESS_ID] = str(rank)
     environ[contract.NUM_PROCESSES] = str(count)
     environ[contract.LOCAL_PROCESS_ID] = str(local)
+    bind = environ.get(contract.COORDINATOR_BIND_ADDRESS) if rank == 0 else None
+    _launch = Launch(coordinator, count, rank, local, bind, environ.get(contract.VERBOSE) == "1")
+    hooks.after_import("jax._src.distributed", _patch_distributed)
+    hooks.after_import("jax._src.xla_bridge", _patch_xla_bridge)
+    if environ.get(contract.MESH):
+        initialize_now(environ)
+    elif _preloaded_env is not None:
+        hooks.on_first_import("jax", sync_preloaded_config)
 
-    import jax
 
+def initialize_now(environ=os.environ) -> None:
+    """Join before the script runs (``--mesh``) and install the mesh."""
+    import jax  # noqa: F401 - the mesh needs it now
+
+    rows = ensure_initialized()
     try:
-        jax.config.update("jax_cross_host_transfer_socket_address", _transfer_address(coordinator))
-    except (AttributeError, OSError):
-        pass  # older jax without the option, or no route: transfers stay unavailable
-    kwargs = dict(
-        coordinator_address=coordinator,
-        num_processes=count,
-        process_id=rank,
-        cluster_detection_method="deactivate",
-    )
-    device_ids = environ.get(contract.JAX_LOCAL_DEVICE_IDS)
-    if device_ids:
-        kwargs["local_device_ids"] = [int(i) for i in device_ids.split(",")]
-    bind = environ.get(contract.COORDINATOR_BIND_ADDRESS)
-    if bind and rank == 0:
-        kwargs["coordinator_bind_address"] = bind
-    jax.distributed.initialize(**kwargs)
-    _launched.update(coordinator=coordinator, num_processes=count, process_id=rank)
-    jax.distributed.initialize = _checked_initialize
-
-    rows = preflight(verbose=environ.get(contract.VERBOSE) == "1")
-    try:
-        mesh.install_from_env(environ, hosts={r["host"] for r in rows})
+        mesh.install_from_env(environ, hosts={r["host"] for r in rows or ()})
     except mesh.MeshSetupError as e:
         raise BootstrapError(str(e)) from None
 
 
-# Every process must run the same jax and jaxlib: mixed versions fail later in
-# obscure ways (mismatched HLO, hangs in collectives).
-_MUST_MATCH = ("jax", "jaxlib")
+# -- the hooks ---------------------------------------------------------------
+
+def _patch_distributed(module) -> None:
+    real = module.initialize
+
+    @functools.wraps(real)
+    def initialize(*args, **kwargs):
+        return _script_initialize(real, args, kwargs)
+
+    module._jaxrun_real_initialize = real
+    module.initialize = initialize
+    public = sys.modules.get("jax.distributed")  # bound the original when it was imported
+    if public is not None and getattr(public, "initialize", None) is real:
+        public.initialize = initialize
 
 
-def preflight(verbose: bool = False) -> list[dict]:
-    """Exchange host, pid, devices and versions; fail fast on mismatched versions.
+def _patch_xla_bridge(module) -> None:
+    real = module.backends
 
-    One key-value set, one barrier and one directory read per process, so it
-    is cheap enough to run on every launch.
+    @functools.wraps(real)
+    def backends(*args, **kwargs):
+        if _launch is not None and not _launch.initialized and not _launch.busy:
+            ensure_initialized()
+            module.backends = real  # joined: nothing left to do on later calls
+        return real(*args, **kwargs)
+
+    module.backends = backends
+
+
+def _script_initialize(real, args: tuple, kwargs: dict) -> None:
+    given = dict(inspect.signature(real).bind(*args, **kwargs).arguments)
+    for name, expected in (("process_id", _launch.rank), ("num_processes", _launch.count)):
+        value = given.get(name)
+        if value is not None and int(value) != expected:
+            raise RuntimeError(
+                f"jax.distributed.initialize({name}={value}) disagrees with jaxrun, "
+                f"which started this process with {name}={expected}"
+            )
+    address = given.get("coordinator_address")
+    if address and address != _launch.coordinator and not _launch.noted_address:
+        _launch.noted_address = True
+        print(
+            f"jaxrun: ignoring coordinator_address={address!r} in "
+            f"jax.distributed.initialize(); using jaxrun's {_launch.coordinator}",
+            file=sys.stderr,
+        )
+    if _launch.initialized:
+        return  # jaxrun joined already (--mesh): the script's call is a checked no-op
+    _join(real, given)
+
+
+def ensure_initialized() -> list[dict] | None:
+    """Join the job now, unless this process has already; the preflight rows."""
+    if _launch is None or _launch.initialized or _launch.busy:
+        return None
+    from jax._src import distributed
+
+    if distributed.global_state.client is not None:  # joined by other means
+        _launch.initialized = True
+        return None
+    return _join(getattr(distributed, "_jaxrun_real_initialize", distributed.initialize), {})
+
+
+def _join(real, given: dict) -> list[dict]:
+    import jax
+
+    sync_preloaded_config()
+    params = inspect.signature(real).parameters
+    kwargs = dict(given)
+    kwargs.update(coordinator_address=_launch.coordinator, num_processes=_launch.count, process_id=_launch.rank)
+    if "cluster_detection_method" in params:
+        # Our values are complete: no Slurm/MPI detection may fill in parts.
+        kwargs.setdefault("cluster_detection_method", "deactivate")
+    if _launch.bind and "coordinator_bind_address" in params:
+        kwargs["coordinator_bind_address"] = _launch.bind  # never all interfaces
+    device_ids = os.environ.get(contract.JAX_LOCAL_DEVICE_IDS)
+    if device_ids and kwargs.get("local_device_ids") is None:
+        kwargs["local_device_ids"] = [int(i) for i in device_ids.split(",")]
+    from jax._src import config
+
+    # Cross-process device_put on CPU, unless the script chose an address itself.
+    transfer = config.config._value_holders.get("jax_cross_host_transfer_socket_address")
+    if transfer is not None and not transfer.value:  # older jax has no such option
+        try:
+            jax.config.update("jax_cross_host_transfer_socket_address", _transfer_address(_launch.coordinator))
+        except OSError:
+            pass  # no route: transfers stay unavailable
+    _launch.busy = True
+    try:
+        real(**kwargs)
+    finally:
+        _launch.busy = False
+    _launch.initialized = True
+    return preflight()
+
+
+def note_preloaded_jax(import_env: Mapping[str, str]) -> None:
+    """Called in a forked controller: jax was imported with these JAX_* values."""
+    global _preloaded_env
+    _preloaded_env = dict(import_env)
+
+
+def sync_preloaded_config() -> None:
+    """What jax reads from JAX_* variables at import, read again now: the
+    script may have set them before its ``import jax``.  Once only."""
+    global _preloaded_env
+    if _preloaded_env is None:
+        return
+    before, _preloaded_env = _preloaded_env, None
+    from jax._src import config
+
+    for name, (kind, _, _) in list(config.config.meta.items()):
+        var = name.upper()
+        value = os.environ.get(var)
+        if value is None or value == before.get(var):
+            continue
+        config.config.update(name, _parse_env(var, value, kind))
+
+
+def _parse_env(var: str, value: str, kind) -> object:
+    """As jax's config parses a variable at import, with its error messages."""
+    if kind is bool:
+        text = value.lower()
+        if text in ("y", "yes", "t", "true", "on", "1"):
+            return True
+        if text in ("n", "no", "f", "false", "off", "0"):
+            return False
+        raise ValueError(f"invalid truth value {text!r} for environment {var!r}")
+    if kind is int:
+        try:
+            return int(value)
+        except ValueError:
+            raise ValueError(f"invalid integer value {value} for environment variable {var}") from None
+    if kind is float:
+        try:
+            return float(value)
+        except ValueError:
+            raise ValueError(f"invalid float value {value} for environment variable {var}") from None
+    return value
+
+
+def preflight() -> list[dict]:
+    """Exchange host, pid and versions; fail fast on mismatched versions.
+
+    Through the coordination service only: no device is listed, so the
+    backend is still the script's to create.  One key-value set, one barrier
+    and one directory read per process, cheap enough for every launch.
     """
     import jax
     import jaxlib
@@ -110,17 +275,24 @@ def preflight(verbose: bool = False) -> list[dict]:
     me = {
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "devices": [str(d) for d in jax.local_devices()],
         "jax": jax.__version__,
         "jaxlib": jaxlib.__version__,
         "python": sys.version.split()[0],
     }
     everyone = allgather_json("preflight", me, timeout_s=120)
     rows = [dict(everyone[p], process=p) for p in sorted(everyone)]
-    if verbose and jax.process_index() == 0:
+    if _launch.verbose and _launch.rank == 0:
         print(format_preflight(rows), file=sys.stderr, flush=True)
-    check_versions(rows)
+    try:
+        check_versions(rows)
+    except BootstrapError as e:
+        ending.fail(e)  # mixed versions: nothing the script does can go right
     return rows
+
+
+# Every process must run the same jax and jaxlib: mixed versions fail later in
+# obscure ways (mismatched HLO, hangs in collectives).
+_MUST_MATCH = ("jax", "jaxlib")
 
 
 def check_versions(rows: list[dict]) -> None:
@@ -137,34 +309,9 @@ def check_versions(rows: list[dict]) -> None:
 
 
 def format_preflight(rows: list[dict]) -> str:
-    header = ("process", "host", "pid", "devices", "jax", "jaxlib", "python")
-    table = [header] + [
-        (str(r["process"]), r["host"], str(r["pid"]), ",".join(r["devices"]), r["jax"], r["jaxlib"], r["python"])
-        for r in rows
-    ]
+    header = ("process", "host", "pid", "jax", "jaxlib", "python")
+    table = [header] + [(str(r["process"]), r["host"], str(r["pid"]), r["jax"], r["jaxlib"], r["python"]) for r in rows]
     return "jaxrun: preflight\n" + "\n".join("  " + line for line in contract.align_columns(table))
-
-
-_noted_address = False
-
-
-def _checked_initialize(coordinator_address=None, num_processes=None, process_id=None, *args, **kwargs):
-    """Stands in for jax.distributed.initialize once jaxrun has initialized."""
-    global _noted_address
-    for name, given in (("process_id", process_id), ("num_processes", num_processes)):
-        expected = _launched[name]
-        if given is not None and int(given) != expected:
-            raise RuntimeError(
-                f"jax.distributed.initialize({name}={given}) disagrees with jaxrun, "
-                f"which started this process with {name}={expected}"
-            )
-    if coordinator_address and coordinator_address != _launched["coordinator"] and not _noted_address:
-        _noted_address = True
-        print(
-            f"jaxrun: ignoring coordinator_address={coordinator_address!r} in "
-            f"jax.distributed.initialize(); using jaxrun's {_launched['coordinator']}",
-            file=sys.stderr,
-        )
 
 
 _rounds = itertools.count()
@@ -174,16 +321,20 @@ def allgather_json(tag: str, payload: Any, timeout_s: float = 300.0) -> dict[int
     """*Collective*: every process's JSON-able ``payload``, keyed by process id.
 
     Goes through the coordination service's key-value store, so it needs no
-    device and works before any mesh exists.  One set, one barrier and one
-    directory read per process.
+    device (it never creates jax's backend) and works before any mesh exists.
+    One set, one barrier and one directory read per process.
     """
+    ensure_initialized()
     from jax._src import distributed
 
     client = distributed.global_state.client
-    import jax
+    if _launch is not None:
+        me, count = _launch.rank, _launch.count
+    else:  # the runtime helpers, in a job jaxrun did not start
+        import jax
 
-    me = jax.process_index()
-    if client is None or jax.process_count() == 1:
+        me, count = jax.process_index(), jax.process_count()
+    if client is None or count == 1:
         return {me: payload}
     # Every process numbers its calls the same way, as collectives require.
     prefix = f"jaxrun/{tag}/{next(_rounds)}"

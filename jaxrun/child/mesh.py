@@ -1,6 +1,6 @@
 """Child side: build and install the global mesh named by ``jaxrun --mesh``.
 
-Runs inside ``bootstrap.initialize_from_env`` right after
+Runs inside ``bootstrap.initialize_now`` (``--mesh``) right after
 ``jax.distributed.initialize``, so the user's script starts with the mesh
 already installed (``jax.set_mesh``) and available as ``jaxrun.mesh()``.
 """

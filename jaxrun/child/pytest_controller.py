@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from jaxrun import contract
-from jaxrun.child import shim
+from jaxrun.child import ending
 from jaxrun.pytest_plugin import MARKER_HELP
 
 
@@ -66,8 +66,8 @@ class Controller:
         sys.stderr.write(f"{text}\njaxrun: {what}\n")
         if exc is None:
             exc = RuntimeError(what)
-        shim.record_error(exc, text + "\n")
-        shim.exit_now(1)
+        ending.record_error(exc, text + "\n")
+        ending.exit_now(1)
 
 
 def main(argv: list[str]) -> None:
@@ -75,7 +75,7 @@ def main(argv: list[str]) -> None:
     code = pytest.main(argv, plugins=[Controller()])
     if code != 0:
         # e.g. nothing collected (5): leave now, not after the shutdown barrier.
-        shim.exit_now(int(code))
+        ending.exit_now(int(code))
 
 
 if __name__ == "__main__":

@@ -1,33 +1,36 @@
 """Child side: runs first in every controller, before the user's code.
 
 Started as ``python -m jaxrun.shim -- SCRIPT ARGS...`` or
-``python -m jaxrun.shim -m MODULE ARGS...``.  In order, it:
+``python -m jaxrun.shim -m MODULE ARGS...`` (the stable name; see
+``jaxrun/shim.py``).  In order, it:
 
 1. watches the launcher's lifeline pipe, so the whole process group dies if
    the launcher does (even by SIGKILL);
 2. registers ``faulthandler`` on SIGUSR1, so the launcher can ask for a stack
    dump of every thread at any time;
-3. calls ``jax.distributed.initialize`` with the launcher's values and makes a
-   later call from the user's script a checked no-op;
-4. builds the global mesh when one was asked for;
-5. runs the user's script or module as ``__main__``, exactly as ``python``
-   would, and on an uncaught exception prints a traceback of the user's frames
-   only and exits at once instead of waiting in JAX's shutdown barrier.
+3. arranges, without importing jax, that the process joins the job before
+   jax creates a backend (see :mod:`jaxrun.child.bootstrap`);
+4. runs the user's script or module as the real ``__main__``, as ``python``
+   would, and on an uncaught exception prints a traceback of the user's
+   frames only and exits at once instead of waiting in JAX's shutdown barrier.
 
-It reads only the environment contract in :mod:`jaxrun.contract`.  Its
-stable command-line name is ``jaxrun.shim`` (see ``jaxrun/shim.py``).
+It reads only the environment contract in :mod:`jaxrun.contract`.
 """
 
 from __future__ import annotations
 
+import builtins
 import faulthandler
+import importlib.machinery
 import os
 import signal
 import sys
 import threading
 import traceback
+import types
 
 from jaxrun import contract
+from jaxrun.child.ending import exit_now, fail, record_error
 
 USAGE = f"usage: python -m {contract.SHIM_MODULE} (-- SCRIPT | -m MODULE) [ARGS...]"
 
@@ -49,22 +52,6 @@ def watch_lifeline() -> None:
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
     threading.Thread(target=wait_for_eof, name="jaxrun-lifeline", daemon=True).start()
-
-
-def exit_now(code: int) -> None:
-    """Flush and leave without running atexit hooks (JAX's shutdown barrier)."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
-    os._exit(code)
-
-
-def record_error(exc: BaseException, text: str) -> None:
-    path = os.environ.get(contract.ERROR_FILE)
-    if path:
-        contract.ErrorRecord.of(exc, text).dump(path)
 
 
 def user_traceback(exc: BaseException) -> str:
@@ -95,26 +82,28 @@ def main(argv: list[str]) -> None:
     from jaxrun.child import bootstrap
 
     try:
-        bootstrap.initialize_from_env()
+        bootstrap.prepare()
     except bootstrap.BootstrapError as e:
-        print(f"jaxrun: {e}", file=sys.stderr)
-        record_error(e, f"{type(e).__name__}: {e}\n")
-        exit_now(1)
+        fail(e)
     run_target(is_module, name, args)
 
 
-def run_target(is_module: bool, name: str, args: list[str]) -> None:
-    import runpy
+def fresh_main() -> types.ModuleType:
+    """A new ``__main__`` that stays in ``sys.modules`` until the interpreter
+    ends, as python's own does: module-level objects (an unclosed file) are
+    finalized at exit, and pickle finds what the script defines."""
+    module = types.ModuleType("__main__")
+    module.__dict__["__builtins__"] = builtins
+    sys.modules["__main__"] = module
+    return module
 
+
+def run_target(is_module: bool, name: str, args: list[str]) -> None:
     try:
         if is_module:
-            sys.argv = [name] + args  # runpy replaces argv[0] with the module's path
-            sys.path[0] = os.getcwd()
-            runpy.run_module(name, run_name="__main__", alter_sys=True)
+            run_module(name, args)
         else:
-            sys.argv = [name] + args
-            sys.path[0] = os.path.dirname(os.path.abspath(name))
-            runpy.run_path(name, run_name="__main__")
+            run_script(name, args)
     except SystemExit as e:
         code = _exit_code(e)
         if code != 0:
@@ -125,6 +114,42 @@ def run_target(is_module: bool, name: str, args: list[str]) -> None:
         sys.stderr.write(text)
         record_error(e, text)
         exit_now(130 if isinstance(e, KeyboardInterrupt) else 1)
+
+
+def run_script(name: str, args: list[str]) -> None:
+    """As ``python SCRIPT ARGS``: ``__file__`` absolute (cwd joined as python
+    joins it), ``sys.path[0]`` the script's real folder, a real loader."""
+    sys.argv = [name] + args
+    path = name if os.path.isabs(name) else os.getcwd() + os.sep + name
+    if not os.path.isfile(path):  # a folder or a zip with __main__.py: python hands those to runpy too
+        import runpy
+
+        sys.path[0] = name
+        runpy.run_path(name, run_name="__main__")
+        return
+    sys.path[0] = os.path.dirname(os.path.realpath(path))
+    with open(path, "rb") as f:
+        source = f.read()
+    code = compile(source, path, "exec", dont_inherit=True)  # the shim's __future__ flags stay here
+    module = fresh_main()
+    module.__dict__.update(
+        __file__=path,
+        __cached__=None,
+        __loader__=importlib.machinery.SourceFileLoader("__main__", path),
+        __spec__=None,
+        __package__=None,
+    )
+    exec(code, module.__dict__)
+
+
+def run_module(name: str, args: list[str]) -> None:
+    """As ``python -m MODULE ARGS``: runpy's own entry for ``-m``, in a real ``__main__``."""
+    import runpy
+
+    sys.argv = [name] + args  # runpy replaces argv[0] with the module's path
+    sys.path[0] = os.getcwd()
+    fresh_main()
+    runpy._run_module_as_main(name, alter_argv=True)
 
 
 def _exit_code(e: SystemExit) -> int:
