@@ -90,7 +90,7 @@ def become_controller(sock: socket.socket, request: wire.ForkRequest, fds: list[
         os.environ[contract.LIFELINE_FD] = str(lifeline)
         from jaxrun.child import bootstrap, shim
 
-        bootstrap.note_preloaded_jax(IMPORT_ENV)
+        bootstrap.note_preloaded_jax(IMPORT_ENV, IMPORT_EXIT_HOOKS)
         try:
             shim.main(request.shim_args)
             code = 0
@@ -113,18 +113,34 @@ def become_controller(sock: socket.socket, request: wire.ForkRequest, fds: list[
         exit_now(code)
 
 
-# The JAX_* values jax read at import here; a controller's script may set
-# others before its own ``import jax`` (see bootstrap.sync_preloaded_config).
+# The JAX_* values jax read at import here, and the atexit hooks the imports
+# registered: a controller's script may set variables and register hooks of
+# its own before its ``import jax`` (see bootstrap.note_preloaded_jax).
 IMPORT_ENV: dict[str, str] = {}
+IMPORT_EXIT_HOOKS: list[tuple] = []
+
+
+def preload(modules: list[str]) -> None:
+    IMPORT_ENV.update((k, v) for k, v in os.environ.items() if k.startswith("JAX_"))
+    register = atexit.register
+
+    def recording(func, *args, **kwargs):
+        IMPORT_EXIT_HOOKS.append((func, args, kwargs))
+        return register(func, *args, **kwargs)
+
+    atexit.register = recording
+    try:
+        import jax  # noqa: F401 - the point of this process
+
+        for name in modules:
+            importlib.import_module(name)
+    finally:
+        atexit.register = register
 
 
 def main(argv: list[str]) -> None:
     sock = socket.socket(fileno=int(argv[0]))
-    IMPORT_ENV.update((k, v) for k, v in os.environ.items() if k.startswith("JAX_"))
-    import jax  # noqa: F401 - the point of this process
-
-    for name in argv[1:]:
-        importlib.import_module(name)
+    preload(argv[1:])
     from jaxrun.child import bootstrap, shim  # noqa: F401 - warm the shim's imports too
 
     serve(sock)

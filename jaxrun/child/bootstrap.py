@@ -23,6 +23,7 @@ makes the script's own ``JAX_*`` settings reach ``jax.config`` at its first
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
 import inspect
@@ -58,6 +59,7 @@ _launch: Launch | None = None
 # The JAX_* variables the preloading server imported jax with; None when this
 # process imported nothing before the script.
 _preloaded_env: dict[str, str] | None = None
+_preloaded_exit_hooks: list[tuple] = []
 
 
 def identity_from_env(environ=os.environ) -> tuple[int, int, int]:
@@ -217,19 +219,29 @@ def _join(real, given: dict) -> list[dict]:
     return preflight()
 
 
-def note_preloaded_jax(import_env: Mapping[str, str]) -> None:
-    """Called in a forked controller: jax was imported with these JAX_* values."""
-    global _preloaded_env
+def note_preloaded_jax(import_env: Mapping[str, str], exit_hooks: list[tuple]) -> None:
+    """Called in a forked controller: jax was imported with these JAX_* values
+    and registered these atexit hooks.  The hooks are taken back until the
+    script imports jax, so that they run in the order a plain import gives
+    them relative to the script's own hooks."""
+    global _preloaded_env, _preloaded_exit_hooks
     _preloaded_env = dict(import_env)
+    _preloaded_exit_hooks = list(exit_hooks)
+    for func, _, _ in _preloaded_exit_hooks:
+        atexit.unregister(func)
 
 
 def sync_preloaded_config() -> None:
-    """What jax reads from JAX_* variables at import, read again now: the
-    script may have set them before its ``import jax``.  Once only."""
-    global _preloaded_env
+    """What importing jax does that the preloading server did too early for
+    this script, done now: read the JAX_* variables the script may have set
+    before its ``import jax``, and register jax's atexit hooks.  Once only."""
+    global _preloaded_env, _preloaded_exit_hooks
     if _preloaded_env is None:
         return
     before, _preloaded_env = _preloaded_env, None
+    hooks_back, _preloaded_exit_hooks = _preloaded_exit_hooks, []
+    for func, args, kwargs in hooks_back:
+        atexit.register(func, *args, **kwargs)
     from jax._src import config
 
     for name, (kind, _, _) in list(config.config.meta.items()):

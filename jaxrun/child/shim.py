@@ -94,6 +94,8 @@ def fresh_main() -> types.ModuleType:
     finalized at exit, and pickle finds what the script defines."""
     module = types.ModuleType("__main__")
     module.__dict__["__builtins__"] = builtins
+    if "__annotations__" in vars(sys.modules["__main__"]):
+        module.__dict__["__annotations__"] = {}  # as this python gives every __main__
     sys.modules["__main__"] = module
     return module
 

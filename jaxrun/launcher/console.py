@@ -13,18 +13,16 @@ from jaxrun.reporting import stacks
 FLUSH_AT = 1 << 20  # console bytes gathered before a write, at most
 
 # Lines JAX and its collectives print on every run; hidden on the console only.
-# Gloo's "[Gloo] Rank 0 is connected to 3 peer ranks. ..." is written from
-# C++ threads, so it can land in the middle of a line the script prints:
-# only the notice is cut out, the script's text stays.
-_NOISE = re.compile(rb"is connected to \d+ peer ranks")
-_NOISE_TEXT = re.compile(
-    rb"(\[Gloo\] )?(Rank \d+ )?is connected to \d+ peer ranks\.?( Expected number of connected peer ranks is : \d+)?"
-)
+# Gloo's "[Gloo] Rank 0 is connected to 3 peer ranks. Expected number of
+# connected peer ranks is : 3" is written in pieces from C++ threads: pieces
+# of two notices interleave, and a piece can land in the middle of a line the
+# script prints.  So the pieces are cut out wherever they are, and what the
+# script wrote around them stays.
+_NOISE = re.compile(rb"\[Gloo\] Rank ?\d* ?|is connected to \d+ peer ranks\.? ?|Expected number of connected peer ranks is : \d+")
 # Substrings that mark a chunk as possibly holding a line to hide.  Plain
 # substring tests run at memchr speed; a regex alternation over megabytes doesn't.
-# One marker per stream keeps the scan of a flood cheap: Gloo's noise is on
-# stdout, faulthandler's dumps on stderr.
-_HIDDEN_MARK = {Stream.STDOUT: b"peer ranks", Stream.STDERR: b"most recent call first"}
+# Gloo's noise is on stdout, faulthandler's dumps on stderr.
+_HIDDEN_MARKS = {Stream.STDOUT: (b"peer ranks", b"[Gloo]"), Stream.STDERR: (b"most recent call first",)}
 
 
 def is_noise(line: bytes) -> bool:
@@ -33,7 +31,7 @@ def is_noise(line: bytes) -> bool:
 
 def without_noise(line: bytes) -> bytes | None:
     """The line with JAX's notices cut out; None when nothing else was on it."""
-    rest = _NOISE_TEXT.sub(b"", line)
+    rest = _NOISE.sub(b"", line)
     return rest if rest.strip() else None
 
 
@@ -90,7 +88,7 @@ class ConsolePrinter:
         """
         if not data.endswith(b"\n"):
             data += b"\n"
-        if self.show_noise or (rank not in self.in_dump and _HIDDEN_MARK[stream] not in data):
+        if self.show_noise or (rank not in self.in_dump and not any(m in data for m in _HIDDEN_MARKS[stream])):
             # The common case, done in C: prefix every line of the chunk at once.
             return data.replace(b"\n", b"\n" + prefix) if prefix else data
         lines = (self._visible(rank, stream, line) for line in data.splitlines(keepends=True))

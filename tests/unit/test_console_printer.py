@@ -40,6 +40,16 @@ def test_a_notice_written_into_a_printed_line_hides_only_itself():
     assert out.getvalue() == b"[2] device cpu:4097 has local data [[20 21 22 23]]\n[2] \n[2] after\n"
 
 
+def test_interleaved_pieces_of_two_notices_are_all_hidden():
+    # Seen in real logs: two of Gloo's threads writing at once.
+    p, out, _ = printer()
+    p.write(3, Stream.STDOUT, b"[Gloo] Rank [Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer "
+                              b"ranks is : 1 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1\n"
+                              b"Expected number of connected peer ranks is : 1\n[Gloo] Rank 0\nRank 0 is fine\n")
+    p.flush()
+    assert out.getvalue() == b"[3] Rank 0 is fine\n"
+
+
 def test_verbose_shows_everything():
     p, out, _ = printer(show_noise=True)
     p.write(0, Stream.STDOUT, b"[Gloo] Rank 0\n")
