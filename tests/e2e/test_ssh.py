@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 from fixtures.engines import check_logs_hold_every_byte
-from fixtures.jobs import ROOT, TOKEN, Launch, processes_with_token, wait_gone
+from fixtures.jobs import ROOT, TOKEN, processes_with_token, wait_gone
 
 TOY = ROOT / "examples" / "toy.py"
 RESULT = "got result: -0.12398731708526611"
@@ -31,31 +31,10 @@ time.sleep(120)
 
 
 @pytest.fixture
-def launch():
-    """Replaces the shared ``launch`` fixture here: that one runs every test twice,
-    with and without the preloading fork server, which SSH runs never use."""
-    started: list[Launch] = []
-
-    def start(*args, **kw) -> Launch:
-        job = Launch(list(args), **kw)
-        started.append(job)
-        return job
-
-    yield start
-    for job in started:
-        job.kill()
-
-
-@pytest.fixture
-def jaxrun(launch):
-    """Run jaxrun to completion: returns (returncode, stdout, stderr)."""
-
-    def run(*args, timeout=120, **kw):
-        job = launch(*args, **kw)
-        code = job.wait(timeout=timeout)
-        return code, job.stdout, job.stderr
-
-    return run
+def launch(start_job):
+    """Overrides the shared ``launch``, which runs every test once per launch
+    mode: SSH runs never use the preloading fork server."""
+    return start_job
 
 
 def ssh_flags(hosts) -> list[str]:
