@@ -1,0 +1,1 @@
+VALUE = "helper found next to the real script"
