@@ -127,7 +127,8 @@ def apply(mutation: Mutation, copy: str) -> str | None:
 
 
 def run(mutation: Mutation, whole_files: bool) -> tuple[str, list[str], float]:
-    copy = tempfile.mkdtemp(prefix=f"jaxrun-mutation-{mutation.name}-")
+    scratch = tempfile.mkdtemp(prefix=f"jaxrun-mutation-{mutation.name}-")
+    copy = os.path.join(scratch, "repo")
     start = time.monotonic()
     try:
         copy_repo(copy)
@@ -148,7 +149,7 @@ def run(mutation: Mutation, whole_files: bool) -> tuple[str, list[str], float]:
             verdict = f"pytest exited {proc.returncode} without a failed test"
         return verdict, failed, time.monotonic() - start
     finally:
-        shutil.rmtree(copy, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def main(argv: list[str]) -> int:
