@@ -1,6 +1,6 @@
 """A test in the style of JAX's own multi-process tests, launched JAX's way and by jaxrun.
 
-``tests/data/jax_style_test.py`` uses ``jax._src.test_multiprocess``: run as
+``tests/data/jax_style_suite.py`` uses ``jax._src.test_multiprocess``: run as
 ``python FILE --num_processes=4`` it starts four workers itself, each with
 ``--multiprocess_test_worker_id=I --multiprocess_test_controller_address=...``,
 and writes their output to ``$TEST_UNDECLARED_OUTPUTS_DIR/jax_I_std{out,err}.log``.
@@ -23,7 +23,7 @@ from fixtures.jobs import DATA
 
 pytestmark = pytest.mark.timeout(180)
 
-SCRIPT = DATA / "jax_style_test.py"
+SCRIPT = DATA / "jax_style_suite.py"
 N = 4
 
 # jax._src.test_multiprocess falls back to the fixed port 9876 without
