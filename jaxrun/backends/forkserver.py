@@ -21,7 +21,7 @@ from typing import Mapping, Sequence, TextIO
 
 from jaxrun import contract, wire
 from jaxrun.backends.local import LocalBackend, child_env
-from jaxrun.launcher.plan import ProcessSpec
+from jaxrun.launcher.plan import ProcessSpec, common_env
 
 # Variables that jax reads when it is imported: the server is started with the
 # values common to every process, so they must not differ between processes.
@@ -56,12 +56,6 @@ class ForkedChild:
     def finish(self, code: int) -> None:
         self._code = code
         self._done.set()
-
-
-def common_env(specs: Sequence[ProcessSpec]) -> dict[str, str]:
-    """The variables every process gets with the same value."""
-    first = dict(specs[0].env)
-    return {k: v for k, v in first.items() if all(s.env.get(k) == v for s in specs[1:])}
 
 
 def differing_import_time_vars(specs: Sequence[ProcessSpec]) -> list[str]:

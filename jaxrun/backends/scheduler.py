@@ -66,8 +66,7 @@ def mpirun_command(options: SchedulerOptions, num_processes: int, task: Sequence
 def step_env(options: SchedulerOptions, specs: Sequence[planning.ProcessSpec], base: Mapping[str, str]) -> dict[str, str]:
     """One environment for every task: what all specs share, plus the rank source.
     Per-rank values (process id, local id) come from the scheduler instead."""
-    first = dict(specs[0].env)
-    common = {k: v for k, v in first.items() if all(s.env.get(k) == v for s in specs[1:])}
+    common = planning.common_env(specs)
     for name in (contract.PROCESS_ID, contract.LOCAL_PROCESS_ID, contract.LOCAL_PROCESS_COUNT):
         common.pop(name, None)
     env = dict(base)

@@ -84,6 +84,12 @@ def shim_args(target: Target) -> tuple[str, ...]:
     return contract.target_args(target.name, target.args, target.is_module)
 
 
+def common_env(specs: Sequence[ProcessSpec]) -> dict[str, str]:
+    """The variables every process gets with the same value."""
+    first = dict(specs[0].env)
+    return {k: v for k, v in first.items() if all(s.env.get(k) == v for s in specs[1:])}
+
+
 def assign_hosts(hosts: Sequence[Host], num_processes: int) -> list[tuple[Host, int]]:
     """Fill slots in host order: returns (host, local_rank) for each rank."""
     if num_processes < 1:
