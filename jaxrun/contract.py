@@ -58,6 +58,9 @@ TASK_CHANNEL = "JAXRUN_TASK_CHANNEL"
 TASK_SECRET = "JAXRUN_TASK_SECRET"
 # The pytest plugin's private folder for one marked test's controllers.
 PYTEST_WORKDIR = "JAXRUN_PYTEST_WORKDIR"
+# Failure injection for jaxrun's own tests: comma-separated names of launcher
+# threads that raise at once when they start (see backends.base.start_thread).
+INJECT_THREAD_FAULT = "JAXRUN_INJECT_THREAD_FAULT"
 
 # JAX's own variables, set for code that reads them directly.
 JAX_COORDINATOR_ADDRESS = "JAX_COORDINATOR_ADDRESS"

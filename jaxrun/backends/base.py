@@ -19,14 +19,74 @@ Other backends hand back pipes, and the supervisor writes the logs.
 Each backend lives beside its far-end agent, if it has one: the program it
 starts on the other side (the fork server, the SSH host agent, the scheduler
 task agent).  They talk in :mod:`jaxrun.wire` messages.
+
+The run loop gives every backend its ``RunHooks``: threads a backend starts go
+through ``start_thread``, so that a thread that dies is reported instead of
+leaving the run waiting for it, and every wait during start-up goes through
+``wait_until``, so that a signal or ``--timeout`` cuts it short.
 """
 
 from __future__ import annotations
 
 import abc
-from typing import BinaryIO, Mapping, Protocol, Sequence
+import dataclasses
+import os
+import threading
+import time
+from typing import BinaryIO, Callable, Mapping, Protocol, Sequence
 
+from jaxrun import contract
 from jaxrun.launcher.plan import ProcessSpec
+
+POLL = 0.1  # seconds between looks at the stop flag while waiting
+
+
+class Interrupted(Exception):
+    """A wait was cut short: jaxrun is stopping (a signal, --timeout, or a
+    dead internal thread).  The run loop decides what to report."""
+
+
+@dataclasses.dataclass
+class RunHooks:
+    """What every part of the launcher needs from the run loop."""
+
+    stopping: Callable[[], bool] = lambda: False  # give up waiting, now
+    thread_died: Callable[[str, BaseException], None] = lambda name, error: None
+
+
+def start_thread(name: str, target: Callable, *args, hooks: RunHooks) -> threading.Thread:
+    """A daemon thread whose unexpected death is reported through ``hooks``
+    (the run then stops and names it), instead of leaving others waiting."""
+
+    def guarded() -> None:
+        try:
+            if name.split(":")[0] in _injected_faults():
+                raise RuntimeError(f"fault injected by {contract.INJECT_THREAD_FAULT}")
+            target(*args)
+        except BaseException as error:  # noqa: B036 -- anything that ends the thread
+            hooks.thread_died(name, error)
+
+    thread = threading.Thread(target=guarded, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+def _injected_faults() -> set[str]:
+    return set(filter(None, os.environ.get(contract.INJECT_THREAD_FAULT, "").split(",")))
+
+
+def wait_until(ready: Callable[[], bool], hooks: RunHooks, timeout: float | None = None) -> bool:
+    """Poll ``ready`` until it holds (True) or ``timeout`` passes (False);
+    raises Interrupted as soon as the run is stopping."""
+    end = None if timeout is None else time.monotonic() + timeout
+    while not ready():
+        if hooks.stopping():
+            raise Interrupted()
+        left = POLL if end is None else min(POLL, end - time.monotonic())
+        if left <= 0:
+            return False
+        time.sleep(left)
+    return True
 
 
 class Child(Protocol):
@@ -46,6 +106,10 @@ class Child(Protocol):
 class Backend(abc.ABC):
     name: str = ""
     writes_log_files: bool = False
+    hooks: RunHooks = RunHooks()  # the run loop sets its own before open()
+
+    def start_thread(self, name: str, target: Callable, *args) -> threading.Thread:
+        return start_thread(name, target, *args, hooks=self.hooks)
 
     def open(self) -> None:
         """Before the first attempt: connections and checks that span the run."""
@@ -73,6 +137,11 @@ class Backend(abc.ABC):
 
     def close(self) -> None:
         """After the last attempt, or when the run is abandoned."""
+
+    def abort(self) -> None:
+        """Last resort, from the watchdog thread while other threads may be
+        stuck: end whatever this backend started (remote processes, a pending
+        scheduler step) without waiting on anything.  Must not block."""
 
     def __enter__(self) -> "Backend":
         self.open()

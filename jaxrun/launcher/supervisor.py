@@ -26,6 +26,7 @@ from jaxrun import contract
 from jaxrun.backends.base import Backend, Child
 from jaxrun.launcher.console import ConsolePrinter
 from jaxrun.launcher.events import Exited, SignalReceived, Stream, StreamClosed
+from jaxrun.launcher.logfiles import log_paths, open_log, open_pumped_log, prepare_log_dir
 from jaxrun.launcher.outcome import Outcome, ProcessRecord, StopReason, Verdict
 from jaxrun.launcher.plan import ProcessSpec
 from jaxrun.launcher.pump import OutputPump, enlarge_pipe
@@ -36,17 +37,6 @@ TIMEOUT_DUMP_WAIT = 1.5
 # How long pumps may keep reading after every process is gone (grandchildren
 # holding a pipe open are killed with their group before this).
 DRAIN_WAIT = 5.0
-
-
-def open_log(path: str) -> int:
-    """A log file for a child to write itself.  O_APPEND: grandchildren that
-    share it interleave their writes instead of overwriting each other's."""
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o644)
-
-
-def log_paths(log_dir: str, rank: int) -> tuple[str, str, str]:
-    base = os.path.join(log_dir, f"process-{rank}")
-    return base + ".stdout", base + ".stderr", base + ".error.json"
 
 
 class Supervisor:
@@ -87,7 +77,7 @@ class Supervisor:
 
     # -- main loop ---------------------------------------------------------
     def run(self) -> Outcome:
-        os.makedirs(self.log_dir, exist_ok=True)
+        prepare_log_dir(self.log_dir)
         self.pump = OutputPump(self.events, self.printer.write, self.printer.flush)
         lifeline_r, lifeline_w = os.pipe()
         try:
@@ -137,7 +127,7 @@ class Supervisor:
             threading.Thread(target=self._wait, args=(spec.rank, child), daemon=True).start()
 
     def _start_pump(self, pipe, path: str, rank: int, stream: Stream) -> None:
-        log = open(path, "wb", buffering=0)
+        log = open_pumped_log(path)
         enlarge_pipe(pipe.fileno())
 
         def close() -> None:
