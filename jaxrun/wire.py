@@ -76,6 +76,14 @@ class ForkRequest(Message):
     env: dict
 
 
+@message("ready")
+class Ready(Message):
+    """The server has imported jax and the preload modules (``error`` empty),
+    or could not (``error`` says why, and the server exits)."""
+
+    error: str
+
+
 @message("started")
 class Started(Message):
     pid: int

@@ -52,6 +52,7 @@ class RunHooks:
 
     stopping: Callable[[], bool] = lambda: False  # give up waiting, now
     thread_died: Callable[[str, BaseException], None] = lambda name, error: None
+    stop_begun: Callable[[float], None] = lambda wait: None  # the job is being stopped; it may take ``wait`` s
 
 
 def start_thread(name: str, target: Callable, *args, hooks: RunHooks) -> threading.Thread:
@@ -144,7 +145,11 @@ class Backend(abc.ABC):
         scheduler step) without waiting on anything.  Must not block."""
 
     def __enter__(self) -> "Backend":
-        self.open()
+        try:
+            self.open()
+        except BaseException:  # half-open (a failed preflight, a signal): undo what started
+            self.close()
+            raise
         return self
 
     def __exit__(self, *exc) -> None:

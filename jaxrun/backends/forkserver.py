@@ -8,10 +8,17 @@ server forks it, so exits arrive as messages instead of through ``waitpid``.
 
 When variables that jax reads at import differ between processes, one
 server cannot serve them all: that attempt starts fresh interpreters instead.
+So does a process whose request is too big for one packet (an environment
+of a few hundred KiB), and the console says so.
+
+``begin`` waits for the server's ``Ready``, so a module that cannot be
+imported is bad input (exit 2, nothing started), and that wait, like every
+wait for the server, gives way to a signal or ``--timeout``.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import socket
@@ -20,7 +27,9 @@ import threading
 from typing import Mapping, Sequence, TextIO
 
 from jaxrun import contract, wire
+from jaxrun.backends.base import POLL, Interrupted, RunHooks, start_thread
 from jaxrun.backends.local import LocalBackend, child_env
+from jaxrun.launcher.config import LaunchError
 from jaxrun.launcher.plan import ProcessSpec, common_env
 
 # Variables that jax reads when it is imported: the server is started with the
@@ -28,8 +37,12 @@ from jaxrun.launcher.plan import ProcessSpec, common_env
 IMPORT_TIME_PREFIXES = ("JAX_", "XLA_", "TF_CPP_")
 
 
-class PreloadError(RuntimeError):
-    pass
+class PreloadError(LaunchError):
+    """The preloading server cannot serve this run; the message says why."""
+
+
+class TooLarge(PreloadError):
+    """One request does not fit in a packet of the server's socket."""
 
 
 class ForkedChild:
@@ -68,7 +81,9 @@ def differing_import_time_vars(specs: Sequence[ProcessSpec]) -> list[str]:
 class ForkServer:
     """One running server and the reader thread that hears its messages."""
 
-    def __init__(self, specs: Sequence[ProcessSpec], preload: Sequence[str], base_env: Mapping[str, str]):
+    def __init__(self, specs: Sequence[ProcessSpec], preload: Sequence[str], base_env: Mapping[str, str],
+                 hooks: RunHooks | None = None):
+        self.hooks = hooks or RunHooks()
         env = dict(base_env)
         env.update(common_env(specs))
         env["PYTHONUNBUFFERED"] = "1"
@@ -88,9 +103,9 @@ class ForkServer:
         self.cond = threading.Condition()
         self.children: dict[int, ForkedChild] = {}
         self.early_exits: dict[int, int] = {}
+        self.ready: str | None = None  # "" once ready; else why it could not be
         self.alive = True
-        self.reader = threading.Thread(target=self._read, name="forkserver-reader", daemon=True)
-        self.reader.start()
+        self.reader = start_thread("forkserver-reader", self._read, hooks=self.hooks)
 
     def _read(self) -> None:
         while True:
@@ -102,7 +117,9 @@ class ForkServer:
                 break
             msg = wire.decode(data)
             with self.cond:
-                if isinstance(msg, wire.Started):
+                if isinstance(msg, wire.Ready):
+                    self.ready = msg.error
+                elif isinstance(msg, wire.Started):
                     self.started.append(msg.pid)
                 elif isinstance(msg, wire.ChildExited):
                     if msg.pid in self.children:
@@ -119,15 +136,33 @@ class ForkServer:
                     child.finish(-signal.SIGKILL)
             self.cond.notify_all()
 
+    def _wait(self, ready) -> None:
+        """Wait on the reader's news, giving way to a signal or --timeout."""
+        with self.cond:
+            while not self.cond.wait_for(ready, timeout=POLL):
+                if self.hooks.stopping():
+                    raise Interrupted()
+
+    def wait_ready(self, modules: Sequence[str]) -> None:
+        self._wait(lambda: self.ready is not None or not self.alive)
+        if self.ready:
+            what = "jax" if not modules else "jax and " + ", ".join(modules)
+            raise LaunchError(f"the preloading server could not import {what}: {self.ready} (or use --no-preload)")
+        if self.ready is None:
+            code = self.process.wait()
+            raise LaunchError(f"the preloading server exited with status {code} before it was ready; try --no-preload")
+
     def fork(self, spec: ProcessSpec, env: Mapping[str, str], fds: Sequence[int]) -> ForkedChild:
         request = wire.ForkRequest(list(spec.shim_args), dict(env)).encode()
         with self.lock:
             try:
                 socket.send_fds(self.sock, [request], list(fds))
             except OSError as e:
+                if e.errno == errno.EMSGSIZE:
+                    raise TooLarge(f"{len(request)} bytes") from None
                 raise PreloadError(f"the preloading server is gone ({e})") from None
+            self._wait(lambda: self.started or not self.alive)
             with self.cond:
-                self.cond.wait_for(lambda: self.started or not self.alive)
                 if not self.started:
                     raise PreloadError("the preloading server exited; try --no-preload")
                 pid = self.started.pop(0)
@@ -171,7 +206,8 @@ class ForkServerBackend(LocalBackend):
             if self.console is not None:
                 print(f"jaxrun: not preloading jax: {', '.join(differing)} differ between processes", file=self.console)
             return
-        self.server = ForkServer(specs, self.preload, self.base_env)
+        self.server = ForkServer(specs, self.preload, self.base_env, self.hooks)
+        self.server.wait_ready(self.preload)
 
     def spawn(self, spec: ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str],
               log_fds: tuple[int, int] | None):
@@ -179,7 +215,23 @@ class ForkServerBackend(LocalBackend):
             return super().spawn(spec, lifeline_fd, extra_env, log_fds)
         env = child_env(self.base_env, spec, extra_env, lifeline_fd)
         del env[contract.LIFELINE_FD]  # the fd number is the server's to give
-        return self.server.fork(spec, env, [*log_fds, lifeline_fd])
+        try:
+            child = self.server.fork(spec, env, [*log_fds, lifeline_fd])
+        except TooLarge as e:
+            if self.console is not None:
+                print(f"jaxrun: process {spec.rank}'s environment is too large for the preloading server "
+                      f"({e}); starting it without preload", file=self.console, flush=True)
+            return super().spawn(spec, lifeline_fd, extra_env, log_fds)
+        self.started.append(child)
+        return child
+
+    def abort(self) -> None:
+        super().abort()
+        if self.server is not None:
+            try:
+                os.killpg(self.server.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def end(self) -> None:
         if self.server is not None:

@@ -9,6 +9,8 @@ time.
 
 Messages (:mod:`jaxrun.wire`), over a SOCK_SEQPACKET socket, one per packet:
 
+- ``Ready`` (server -> launcher) once the imports are done, or with the
+  reason they failed;
 - ``ForkRequest`` (launcher -> server): the shim's arguments and the whole
   environment, with three file descriptors attached: the child's stdout and
   stderr (its log files) and the launcher's lifeline;
@@ -140,9 +142,13 @@ def preload(modules: list[str]) -> None:
 
 def main(argv: list[str]) -> None:
     sock = socket.socket(fileno=int(argv[0]))
-    preload(argv[1:])
-    from jaxrun.child import bootstrap, shim  # noqa: F401 - warm the shim's imports too
-
+    try:
+        preload(argv[1:])
+        from jaxrun.child import bootstrap, shim  # noqa: F401 - warm the shim's imports too
+    except BaseException as e:  # noqa: BLE001 - whatever the imports raise is the launcher's to report
+        sock.send(wire.Ready(f"{type(e).__name__}: {e}").encode())
+        sys.exit(1)
+    sock.send(wire.Ready("").encode())
     serve(sock)
 
 

@@ -11,6 +11,7 @@ group, jaxrun's, either way.)  The child writes its own log files.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 from typing import Mapping
@@ -74,6 +75,7 @@ class LocalBackend(Backend):
 
     def __init__(self, base_env: Mapping[str, str] | None = None):
         self.base_env = dict(os.environ if base_env is None else base_env)
+        self.started: list = []  # every child of the run, for abort()
 
     def choose_coordinator(self, fixed: str | None) -> tuple[str, str]:
         return local_coordinator(fixed)
@@ -89,4 +91,10 @@ class LocalBackend(Backend):
             pass_fds=(lifeline_fd,),
             process_group=0,
         )
-        return LocalChild(popen)
+        child = LocalChild(popen)
+        self.started.append(child)
+        return child
+
+    def abort(self) -> None:
+        for child in self.started:
+            child.send(signal.SIGKILL)

@@ -30,7 +30,7 @@ import time
 from typing import Mapping, Sequence, TextIO
 
 from jaxrun import contract, wire
-from jaxrun.backends.base import Backend
+from jaxrun.backends.base import Backend, RunHooks, start_thread, wait_until
 from jaxrun.backends.ssh_commands import (
     ANSWER, check_preflight, master_control, port_probe_words, preflight_table, preflight_words, process_words,
     remote_command, session_control, ssh_args,
@@ -65,7 +65,8 @@ def read_answer(stdout, answers: dict[str, bytes], name: str) -> None:
 class Connections:
     """One ControlMaster per host, in a private folder removed at the end."""
 
-    def __init__(self, settings: SshOptions, hosts: Sequence[Host]):
+    def __init__(self, settings: SshOptions, hosts: Sequence[Host], hooks: RunHooks | None = None):
+        self.hooks = hooks or RunHooks()
         self.settings = settings
         self.hosts = list(hosts)
         self.dir = tempfile.mkdtemp(prefix="jaxrun-ssh-")  # mode 0700: sockets stay private
@@ -110,12 +111,11 @@ class Connections:
         readers = []
         for host in self.hosts:
             master = self.masters[host.name] = self._start_master(host, command)
-            reader = threading.Thread(target=read_answer, args=(master.stdout, answers, host.name), daemon=True)
-            reader.start()
-            readers.append(reader)
-        deadline = time.monotonic() + self.settings.connect_timeout + PREFLIGHT_SLACK
-        for reader in readers:
-            reader.join(max(0.0, deadline - time.monotonic()))
+            readers.append(start_thread(f"ssh-preflight:{host.name}", read_answer, master.stdout, answers,
+                                        host.name, hooks=self.hooks))
+        # A signal or --timeout ends this wait (Interrupted); close() then ends the masters.
+        wait_until(lambda: not any(r.is_alive() for r in readers), self.hooks,
+                   self.settings.connect_timeout + PREFLIGHT_SLACK)
         problems = []
         for host in self.hosts:
             try:
@@ -187,21 +187,36 @@ class Connections:
 
     def _probe_port(self, host: Host, address: str, port: int, what: str) -> int:
         command = remote_command(port_probe_words(self.settings.python, address, port))
-        try:
-            done = subprocess.run(
-                self.session_args(host) + [command],
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                timeout=self.settings.connect_timeout + PREFLIGHT_SLACK,
-            )
-        except subprocess.TimeoutExpired:
-            raise LaunchError(f"{what}: no answer from {host.name} while looking for a free port") from None
-        if done.returncode != 0 or not done.stdout.strip().isdigit():
-            reason = last_line(done.stderr.decode(errors="replace")) or f"status {done.returncode}"
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            probe = subprocess.Popen(self.session_args(host) + [command], stdin=subprocess.DEVNULL,
+                                     stdout=out, stderr=err, start_new_session=True)
+            try:
+                answered = wait_until(lambda: probe.poll() is not None, self.hooks,
+                                      self.settings.connect_timeout + PREFLIGHT_SLACK)
+            finally:
+                if probe.poll() is None:
+                    probe.kill()
+                    probe.wait()
+            if not answered:
+                raise LaunchError(f"{what}: no answer from {host.name} while looking for a free port")
+            out.seek(0)
+            err.seek(0)
+            stdout, stderr = out.read(), err.read()
+        if probe.returncode != 0 or not stdout.strip().isdigit():
+            reason = last_line(stderr.decode(errors="replace")) or f"status {probe.returncode}"
             raise LaunchError(f"{what}: cannot listen on {address}:{port} on {host.name} ({reason})")
-        return int(done.stdout)
+        return int(stdout)
 
     # -- the end -------------------------------------------------------------
+    def abort(self) -> None:
+        """Kill every local ssh client: each remote agent sees EOF and kills its group."""
+        for popen in [*self.masters.values(), *(p for ps in self.sessions.values() for p in ps)]:
+            if popen.poll() is None:
+                try:
+                    popen.kill()
+                except OSError:
+                    pass
+
     def close(self) -> None:
         """EOF to every master's session; it exits once its sessions are done."""
         for master in self.masters.values():
@@ -270,7 +285,7 @@ class SshBackend(Backend):
         self.connections: Connections | None = None
 
     def open(self) -> None:
-        self.connections = Connections(self.settings, self.hosts)
+        self.connections = Connections(self.settings, self.hosts, self.hooks)
         results = self.connections.preflight()
         if self.verbose:
             for line in preflight_table(results):
@@ -291,3 +306,7 @@ class SshBackend(Backend):
     def close(self) -> None:
         if self.connections is not None:
             self.connections.close()
+
+    def abort(self) -> None:
+        if self.connections is not None:
+            self.connections.abort()

@@ -1,11 +1,19 @@
 """The console view of the job: rank-prefixed live lines, or one block per
-process at the end, with JAX's per-run noise and stack dumps left to the logs."""
+process at the end, with JAX's per-run noise and stack dumps left to the logs.
+
+The console is a view; the log files are the record.  When the console's
+reader goes away (``jaxrun ... | head -1``) or it fails otherwise, jaxrun stops
+writing to it, points it at /dev/null so that nothing later trips over it
+either, and the job goes on and ends as it would have.
+"""
 
 from __future__ import annotations
 
+import io
+import os
 import re
 import sys
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, TextIO
 
 from jaxrun.launcher.events import Stream
 from jaxrun.reporting import stacks
@@ -61,6 +69,7 @@ class ConsolePrinter:
         self.in_dump: set[int] = set()  # ranks whose stderr is inside a stack dump
         self.pending: dict[Stream, list] = {Stream.STDOUT: [], Stream.STDERR: []}
         self.pending_bytes = 0
+        self.gone: set[int] = set()  # ids of sinks whose reader went away
 
     def shows(self, rank: int) -> bool:
         """Whether this process's output is shown live."""
@@ -115,10 +124,24 @@ class ConsolePrinter:
         for stream, sink in ((Stream.STDOUT, self.out), (Stream.STDERR, self.err)):
             pending = self.pending[stream]
             if pending:
-                sink.write(b"".join(pending))
-                sink.flush()
+                self._emit(sink, b"".join(pending))
                 pending.clear()
         self.pending_bytes = 0
+
+    def note(self, line: str) -> None:
+        """One line of jaxrun's own, on stderr at once, after what is pending."""
+        self.flush()
+        self._emit(self.err, line.encode(errors="replace") + b"\n")
+
+    def _emit(self, sink: BinaryIO, data: bytes) -> None:
+        if id(sink) in self.gone:
+            return
+        try:
+            sink.write(data)
+            sink.flush()
+        except (OSError, ValueError):  # BrokenPipeError above all; ValueError: closed
+            self.gone.add(id(sink))
+            silence(sink)
 
     def grouped(self, rank: int, stdout_path: str, stderr_path: str) -> None:
         """Print one process's whole output, as the bash loop's final ``cat`` does."""
@@ -128,15 +151,15 @@ class ConsolePrinter:
             lambda r: f"=================== process {r} output ===================",
             "",
         )
-        self.out.write(head(rank).encode() + b"\n")
+        self._emit(self.out, head(rank).encode() + b"\n")
         for path, sink, stream in ((stdout_path, self.out, Stream.STDOUT), (stderr_path, self.err, Stream.STDERR)):
-            sink.flush()
-            with open(path, "rb") as f:
-                for chunk in read_lines_in_chunks(f):
-                    sink.write(self.render(rank, stream, chunk))
-            sink.flush()
-        self.out.write(tail.encode() + b"\n")
-        self.out.flush()
+            try:
+                with open(path, "rb") as f:
+                    for chunk in read_lines_in_chunks(f):
+                        self._emit(sink, self.render(rank, stream, chunk))
+            except OSError:
+                pass  # never written (the process did not start); the summary says why
+        self._emit(self.out, tail.encode() + b"\n")
 
 
 def read_lines_in_chunks(f: BinaryIO, size: int = 1 << 18):
@@ -153,3 +176,39 @@ def read_lines_in_chunks(f: BinaryIO, size: int = 1 << 18):
             yield data[:cut]
     if partial:
         yield partial
+
+
+def silence(stream) -> None:
+    """Point a console stream whose reader went away at /dev/null, so that
+    later writes (and the interpreter's flush at exit) succeed quietly."""
+    try:
+        fd = stream.fileno()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+class SafeConsole(io.TextIOBase):
+    """jaxrun's own text lines: a console that went away is silenced, never
+    an error (the job and its logs do not depend on it)."""
+
+    def __init__(self, stream: TextIO):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            self.stream.write(text)
+        except (OSError, ValueError):
+            silence(self.stream)
+        return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except (OSError, ValueError):
+            silence(self.stream)
+
+    def fileno(self) -> int:
+        return self.stream.fileno()

@@ -27,3 +27,20 @@ class Exited:
 @dataclasses.dataclass(frozen=True)
 class SignalReceived:
     signum: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ThreadDied:
+    """A launcher thread ended with an exception: a bug in jaxrun."""
+
+    name: str
+    error: str  # "TypeName: message"
+
+
+@dataclasses.dataclass(frozen=True)
+class LogWriteFailed:
+    """jaxrun could not write a log file it keeps for a remote process."""
+
+    rank: int
+    path: str
+    error: str  # strerror

@@ -18,12 +18,14 @@ class Verdict(enum.Enum):
     ROOT_CAUSE = "failed first"
     CONSEQUENCE = "failed after the root cause"
     STOPPED = "stopped by jaxrun"
+    NOT_STARTED = "never started"
 
 
 class StopReason(enum.Enum):
     FAILURE = "failure"
     SIGNAL = "signal"
     TIMEOUT = "timeout"
+    INTERNAL = "internal error"  # a launcher thread died: jaxrun's bug, not the job's
 
 
 @dataclasses.dataclass
@@ -51,3 +53,6 @@ class Outcome:
     reason: StopReason | None
     signum: int | None = None
     root_cause: int | None = None  # rank
+    fault: str | None = None  # which launcher thread died, and how
+    log_errors: list[str] = dataclasses.field(default_factory=list)  # "path: error" per log jaxrun could not write
+    lost: list[int] = dataclasses.field(default_factory=list)  # ranks whose end was never confirmed

@@ -12,6 +12,11 @@ lines to the console printer itself, one call per read, so a slow console
 holds back the view, never memory.  While it follows files the thread runs at
 the lowest CPU priority: on a busy machine the processes get the CPU first,
 and the console catches up from the files.
+
+The pump never stops reading a pipe, whatever goes wrong downstream: a remote
+process blocks once its pipe is full.  A log file that cannot be written (a
+full disk) is reported once, as an event, and its later bytes still reach the
+console; a console that went away is the printer's business.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ import threading
 import time
 from typing import BinaryIO, Callable
 
-from jaxrun.launcher.events import Stream, StreamClosed
+from jaxrun.backends.base import RunHooks, start_thread
+from jaxrun.launcher.events import LogWriteFailed, Stream, StreamClosed
 from jaxrun.launcher.filewatch import FileWatch
 
 CHUNK = 1 << 18
@@ -48,7 +54,8 @@ class _Source:
     def __init__(self, fd: int, log: BinaryIO | None, rank: int, stream: Stream,
                  on_close: Callable[[], None] = lambda: None, show: bool = True, path: str = ""):
         self.fd, self.log, self.rank, self.stream, self.on_close = fd, log, rank, stream, on_close
-        self.path = path  # a followed file's name
+        self.path = path  # the log file's name
+        self.log_failed = False  # a write to ``log`` failed: it is given up on
         self.show = show  # False: keep the log only, send nothing to the console
         self.partial = b""
 
@@ -67,7 +74,8 @@ class OutputPump:
     """
 
     def __init__(self, events: queue.SimpleQueue, show: Callable[[int, Stream, bytes], None],
-                 flush: Callable[[], None] = lambda: None, coalesce: float = COALESCE):
+                 flush: Callable[[], None] = lambda: None, coalesce: float = COALESCE,
+                 hooks: RunHooks | None = None):
         self.events, self.show, self.flush, self.coalesce = events, show, flush, coalesce
         self.selector = selectors.DefaultSelector()
         self.wake_r, self.wake_w = os.pipe()
@@ -78,14 +86,13 @@ class OutputPump:
         self.finishing = False  # every writer of the followed files is gone
         self.lock = threading.Lock()
         self.stopped = False
-        self.thread = threading.Thread(target=self._run, name="jaxrun-output", daemon=True)
-        self.thread.start()
+        self.thread = start_thread("jaxrun-output", self._run, hooks=hooks or RunHooks())
 
     def add(self, fd: int, log: BinaryIO, rank: int, stream: Stream, on_close: Callable[[], None],
-            show: bool = True) -> None:
-        """Pump a pipe into ``log``."""
+            show: bool = True, path: str = "") -> None:
+        """Pump a pipe into ``log`` (the file at ``path``)."""
         with self.lock:
-            self.pending.append(_Source(fd, log, rank, stream, on_close, show))
+            self.pending.append(_Source(fd, log, rank, stream, on_close, show, path))
         os.write(self.wake_w, b"+")
 
     def follow(self, path: str, rank: int, stream: Stream) -> None:
@@ -207,9 +214,21 @@ class OutputPump:
             self.selector.unregister(src.fd)
             self._end(src)
             return True
-        src.log.write(data)
+        self._keep(src, data)
         self._lines(src, data)
         return len(data) < TRICKLE
+
+    def _keep(self, src: _Source, data: bytes) -> None:
+        """Write every byte to the log, however many writes it takes."""
+        if src.log_failed:
+            return
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[src.log.write(view):]
+        except OSError as e:
+            src.log_failed = True
+            self.events.put(LogWriteFailed(src.rank, src.path, e.strerror or str(e)))
 
     def _read_files(self) -> tuple[bool, bool]:
         """Read what each followed file gained, a chunk at most.  Returns

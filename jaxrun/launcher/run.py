@@ -1,21 +1,36 @@
-"""The programmatic entry point: run a planned job, with restarts, and report."""
+"""The programmatic entry point: run a planned job, with restarts, and report.
+
+One ``RunControl`` spans the whole run, from opening the backend to the last
+report: signals, ``--timeout`` and a dead launcher thread stop whatever stage
+the run is in, and its watchdog ends a run that does not stop in time.  jaxrun
+claims its orphaned descendants (``backends.reaper``), and kills whatever of
+them is left after each attempt.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 import shlex
+import signal
 import sys
+import time
 from typing import TextIO
 
-from jaxrun.backends import create_backend
-from jaxrun.backends.base import Backend
+from jaxrun.backends import create_backend, reaper
+from jaxrun.backends.base import Backend, Interrupted
 from jaxrun.launcher import plan as planning
 from jaxrun.launcher.config import RunConfig
-from jaxrun.launcher.console import ConsolePrinter
+from jaxrun.launcher.console import ConsolePrinter, SafeConsole
+from jaxrun.launcher.control import BUG_REPORT, RunControl
 from jaxrun.launcher.outcome import Outcome, StopReason
-from jaxrun.launcher.supervisor import Supervisor, install_signal_handlers, restore_signal_handlers
+from jaxrun.launcher.supervisor import Supervisor
 from jaxrun.reporting import github, report, summary
+
+
+def supervisor_deadline(config: RunConfig) -> float | None:
+    """--timeout for start-up waits (the supervisor keeps its own clock)."""
+    return time.monotonic() + config.timeout if config.timeout else None
 
 
 def attempt_dir(log_dir: str, attempt: int) -> str:
@@ -40,19 +55,52 @@ def plan_attempt(config: RunConfig, coordinator: tuple[str, str | None], attempt
 
 
 def run(config: RunConfig, backend: Backend | None = None, console: TextIO | None = None) -> int:
-    console = console or sys.stderr
+    console = SafeConsole(console or sys.stderr)
     backend = backend or create_backend(config, console)
     if config.dry_run:
         _, specs = plan_attempt(config, backend.dry_run_coordinator(config.fixed_coordinator), 0)
         print(dry_run_text(specs))
         return 0
+    running: list[Supervisor] = []  # the current attempt's, for the watchdog
+
+    def emergency(why: str, code: int) -> None:
+        """The watchdog's last resort, from its own thread: kill, tell, exit."""
+        for supervisor in running:
+            for child in supervisor.children.values():
+                child.send(signal.SIGKILL)
+        backend.abort()
+        reaper.kill_descendants()
+        last_words(f"jaxrun: {why}; killed every process it started ({BUG_REPORT})")
+        os._exit(code)
+
+    control = RunControl(config.grace, emergency)
+    backend.hooks = control.hooks
+    control.install()
+    control.start_watchdog()
+    reaper.become_subreaper()
+    try:
+        return run_attempts(config, backend, control, console, running)
+    except Interrupted:  # stopped while connecting, before any process started
+        what = signal.Signals(control.signum).name if control.signum else "--timeout"
+        if control.fault:
+            what = f"internal error: thread {control.fault.name} died: {control.fault.error} ({BUG_REPORT})"
+        print(f"jaxrun: stopped during start-up: {what}; no process was started", file=console, flush=True)
+        return control.exit_status() or 1
+    finally:
+        reaper.kill_descendants()  # daemons of the last attempt, and anything a backend left
+        control.restore()
+        control.close()
+
+
+def run_attempts(config: RunConfig, backend: Backend, control: RunControl, console: TextIO,
+                 running: list) -> int:
     outcomes: list[Outcome] = []
     dirs: list[str] = []
     with backend:
         for attempt in range(config.max_restarts + 1):
             opts, specs = plan_attempt(config, backend.choose_coordinator(config.fixed_coordinator), attempt)
             log_dir = attempt_dir(config.log_dir, attempt)
-            outcome = run_attempt(config, specs, backend, log_dir, console)
+            outcome = run_attempt(config, specs, backend, log_dir, console, control, running)
             outcomes.append(outcome)
             dirs.append(log_dir)
             report_attempt(config, outcomes, dirs, opts, console)
@@ -60,6 +108,16 @@ def run(config: RunConfig, backend: Backend | None = None, console: TextIO | Non
                 break
             print(f"jaxrun: restarting the whole job (restart {attempt + 1} of {config.max_restarts})", file=console)
     return outcomes[-1].exit_code
+
+
+def last_words(line: str) -> None:
+    """One line on stderr that never blocks: a stuck console must not keep
+    the watchdog from exiting."""
+    try:
+        os.set_blocking(2, False)
+        os.write(2, line.encode() + b"\n")
+    except OSError:
+        pass
 
 
 def report_attempt(config: RunConfig, outcomes: list[Outcome], dirs: list[str], opts: planning.LaunchOptions,
@@ -79,19 +137,25 @@ def report_attempt(config: RunConfig, outcomes: list[Outcome], dirs: list[str], 
         junit.write(config.junit_path, outcome, suite=f"jaxrun {opts.target.name}")
 
 
-def run_attempt(config: RunConfig, specs, backend: Backend, log_dir: str, console: TextIO) -> Outcome:
+def run_attempt(config: RunConfig, specs, backend: Backend, log_dir: str, console: TextIO,
+                control: RunControl | None = None, running: list | None = None) -> Outcome:
     github_options = github.printer_options() if config.github_actions else {}
     printer = ConsolePrinter(config.output, show_noise=config.verbose, ranks=config.console_ranks, **github_options)
-    backend.begin(specs, log_dir)
+    control = control or RunControl(config.grace)
+    running = running if running is not None else []
+    before = reaper.descendants()  # what the backend holds across attempts (ssh masters)
+    supervisor = Supervisor(specs, backend, printer, log_dir, grace=config.grace, timeout=config.timeout,
+                            events=control.events, hooks=control.hooks)
+    running[:] = [supervisor]
+    control.deadline = supervisor_deadline(config)
     try:
-        supervisor = Supervisor(specs, backend, printer, log_dir, grace=config.grace, timeout=config.timeout)
-        previous = install_signal_handlers(supervisor)
-        try:
-            outcome = supervisor.run()
-        finally:
-            restore_signal_handlers(previous)
+        outcome = supervisor.run()
     finally:
+        control.deadline = None
         backend.end()
+        reaper.kill_descendants(spare=before)
+        if control.signum is None and control.fault is None:
+            control.reset()  # a failure or --timeout ended this attempt; a restart may follow
     for rec in outcome.records:
         printer.grouped(rec.spec.rank, rec.stdout_log, rec.stderr_log)
     return outcome

@@ -11,6 +11,13 @@ the survivors for a stack dump or forward the signal, wait out a deadline
 shared by all of them, then SIGKILL their process groups.  JAX catches SIGTERM
 as a preemption notice and a process blocked in a collective ignores it, so
 the SIGKILL is what actually ends a stuck job.
+
+Nothing here waits without a bound.  Start-up waits poll the run's stop flag
+(a signal, ``--timeout``, a dead launcher thread: ``backends.base.Interrupted``).
+After SIGKILL, a process whose end is not confirmed within
+``KILL_CONFIRM_WAIT`` (its waiter thread died, a remote host vanished) is
+given up on.  A launcher thread that dies is an event like any other: the job
+is stopped and the summary names the thread.
 """
 
 from __future__ import annotations
@@ -18,14 +25,14 @@ from __future__ import annotations
 import os
 import queue
 import signal
-import threading
 import time
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
 from jaxrun import contract
-from jaxrun.backends.base import Backend, Child
+from jaxrun.backends.base import Backend, Child, Interrupted, RunHooks, start_thread
 from jaxrun.launcher.console import ConsolePrinter
-from jaxrun.launcher.events import Exited, SignalReceived, Stream, StreamClosed
+from jaxrun.launcher.control import INTERNAL_ERROR
+from jaxrun.launcher.events import Exited, LogWriteFailed, SignalReceived, Stream, StreamClosed, ThreadDied
 from jaxrun.launcher.logfiles import log_paths, open_log, open_pumped_log, prepare_log_dir
 from jaxrun.launcher.outcome import Outcome, ProcessRecord, StopReason, Verdict
 from jaxrun.launcher.plan import ProcessSpec
@@ -37,6 +44,9 @@ TIMEOUT_DUMP_WAIT = 1.5
 # How long pumps may keep reading after every process is gone (grandchildren
 # holding a pipe open are killed with their group before this).
 DRAIN_WAIT = 5.0
+# After SIGKILL, how long a process's end may take to be confirmed before it
+# is given up on (a local one ends at once; a remote one's host may be gone).
+KILL_CONFIRM_WAIT = 5.0
 
 
 class Supervisor:
@@ -51,6 +61,7 @@ class Supervisor:
         timeout: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         events: queue.SimpleQueue | None = None,
+        hooks: RunHooks | None = None,
     ):
         self.specs = list(specs)
         self.backend = backend
@@ -60,6 +71,13 @@ class Supervisor:
         self.timeout = timeout
         self.clock = clock
         self.events = events if events is not None else queue.SimpleQueue()
+        # A thread that dies reports here; the run loop's hooks also let
+        # start-up waits give up on a signal or --timeout.
+        self.hooks = hooks or RunHooks(thread_died=lambda name, error: self.events.put(
+            ThreadDied(name, f"{type(error).__name__}: {error}")))
+        self.fault: ThreadDied | None = None
+        self.log_errors: list[LogWriteFailed] = []
+        self.lost: list[int] = []  # ranks given up on after SIGKILL
         self.children: dict[int, Child] = {}
         self.records: dict[int, ProcessRecord] = {}
         self.reason: StopReason | None = None
@@ -77,12 +95,14 @@ class Supervisor:
 
     # -- main loop ---------------------------------------------------------
     def run(self) -> Outcome:
-        prepare_log_dir(self.log_dir)
-        self.pump = OutputPump(self.events, self.printer.write, self.printer.flush)
+        """Start every process, watch them to the end; the backend's ``begin``
+        is part of the start, and ``end`` is the caller's."""
+        self.pump = OutputPump(self.events, self.printer.write, self.printer.flush, hooks=self.hooks)
         lifeline_r, lifeline_w = os.pipe()
+        self.records = {spec.rank: ProcessRecord(spec, *log_paths(self.log_dir, spec.rank)) for spec in self.specs}
         try:
             try:
-                self._start_all(lifeline_r)
+                self._start(lifeline_r)
             finally:
                 os.close(lifeline_r)
             self._loop()
@@ -94,16 +114,32 @@ class Supervisor:
             self.pump.stop()
         return self._outcome()
 
+    def _start(self, lifeline_r: int) -> None:
+        self.deadline = self.clock() + self.timeout if self.timeout else None
+        try:
+            self.backend.begin(self.specs, self.log_dir)  # bad input raises before any file is made
+            prepare_log_dir(self.log_dir)
+            self._start_all(lifeline_r)
+        except Interrupted:
+            # A signal, --timeout or a dead thread cut the start short: act on
+            # it now (the loop below only runs while processes do).
+            while True:
+                try:
+                    self._handle(self.events.get_nowait())
+                except queue.Empty:
+                    break
+            if self.reason is None:
+                self._begin_stop(StopReason.TIMEOUT, TIMEOUT_DUMP_WAIT, signal.SIGUSR1)
+
     def _start_all(self, lifeline_r: int) -> None:
-        start = self.clock()
-        self.deadline = start + self.timeout if self.timeout else None
         # Local backends let each child write its own log files: no byte of a
         # flood passes through jaxrun unless the console shows it.
         direct = self.backend.writes_log_files
         for spec in self.specs:
-            out, err, error_file = log_paths(self.log_dir, spec.rank)
-            record = ProcessRecord(spec, out, err, error_file)
-            self.records[spec.rank] = record
+            if self.hooks.stopping():
+                raise Interrupted()
+            record = self.records[spec.rank]
+            out, err, error_file = record.stdout_log, record.stderr_log, record.error_file
             if os.path.exists(error_file):
                 os.unlink(error_file)
             env = {contract.ERROR_FILE: error_file}
@@ -124,7 +160,7 @@ class Supervisor:
                     self._start_pump(pipe, path, spec.rank, stream)
             record.pid, record.started_at = child.pid, time.time()
             self.children[spec.rank] = child
-            threading.Thread(target=self._wait, args=(spec.rank, child), daemon=True).start()
+            start_thread(f"process-waiter:{spec.rank}", self._wait, spec.rank, child, hooks=self.hooks)
 
     def _start_pump(self, pipe, path: str, rank: int, stream: Stream) -> None:
         log = open_pumped_log(path)
@@ -135,21 +171,23 @@ class Supervisor:
             pipe.close()
 
         self.open_streams += 1
-        self.pump.add(pipe.fileno(), log, rank, stream, close, show=self.printer.shows(rank))
+        self.pump.add(pipe.fileno(), log, rank, stream, close, show=self.printer.shows(rank), path=path)
 
     def _wait(self, rank: int, child: Child) -> None:
         code = child.wait()
         self.events.put(Exited(rank, code, self.clock()))
 
     def _running(self) -> list[int]:
-        return [r for r, rec in self.records.items() if rec.returncode is None]
+        return [r for r, rec in self.records.items() if rec.returncode is None and rec.pid is not None]
 
     def _loop(self) -> None:
         while self._running():
             now = self.clock()
             if self.kill_at is not None and now >= self.kill_at:
+                if self.kill_sent:
+                    self._give_up()
+                    break
                 self._kill_survivors()
-                self.kill_at = now + 3600  # killed; just wait for the exits now
             if self.deadline is not None and now >= self.deadline and self.reason is None:
                 self._begin_stop(StopReason.TIMEOUT, TIMEOUT_DUMP_WAIT, signal.SIGUSR1)
             wake = [t for t in (self.kill_at, self.deadline if self.reason is None else None) if t is not None]
@@ -167,6 +205,12 @@ class Supervisor:
             self._on_signal(event.signum)
         elif isinstance(event, StreamClosed):
             self.open_streams -= 1
+        elif isinstance(event, ThreadDied):
+            self._on_fault(event)
+        elif isinstance(event, LogWriteFailed):
+            self.log_errors.append(event)
+            self.printer.note(f"jaxrun: cannot write {event.path}: {event.error}; "
+                              f"process {event.rank}'s later output there is lost")
 
     def _on_exit(self, event: Exited) -> None:
         self.pump.wake()
@@ -192,8 +236,21 @@ class Supervisor:
             self.signum = signum
             self._begin_stop(StopReason.SIGNAL, self.grace, signum)
 
+    def _on_fault(self, event: ThreadDied) -> None:
+        """A launcher thread died: nothing it was doing can be trusted to
+        finish (an exit never reported, a pipe never read), so the job stops."""
+        if self.fault is None:
+            self.fault = event
+            self.printer.note(f"jaxrun: internal error: thread {event.name} died: {event.error}")
+        if self.reason is None or self.reason is StopReason.FAILURE:
+            self.reason = StopReason.INTERNAL
+            self.hooks.stop_begun(DUMP_WAIT)
+            self._send_all(signal.SIGUSR1)
+            self.kill_at = min(self.kill_at or float("inf"), self.clock() + DUMP_WAIT)
+
     def _begin_stop(self, reason: StopReason, wait: float, signum: int) -> None:
         self.reason = reason
+        self.hooks.stop_begun(wait)
         self._send_all(signum)
         self.kill_at = self.clock() + wait
 
@@ -204,23 +261,35 @@ class Supervisor:
     def _kill_survivors(self) -> None:
         self.kill_sent = True
         self._send_all(signal.SIGKILL)
+        self.kill_at = self.clock() + KILL_CONFIRM_WAIT
+
+    def _give_up(self) -> None:
+        """SIGKILL went out long ago and these never confirmed their end."""
+        self.lost = self._running()
+        for rank in self.lost:
+            record = self.records[rank]
+            record.returncode, record.ended_at, record.verdict = -signal.SIGKILL, time.time(), Verdict.STOPPED
+        ranks = ",".join(map(str, self.lost))
+        self.printer.note(f"jaxrun: gave up waiting for process {ranks} {KILL_CONFIRM_WAIT:g} s after SIGKILL")
 
     def _drain(self) -> None:
         """Print what the pumps still hold; pipes close once the groups are dead."""
         for child in self.children.values():
             child.send(signal.SIGKILL)
         self.pump.finish()  # nobody is left to write the followed files
-        end = self.clock() + DRAIN_WAIT
-        while self.open_streams > 0:
+        end = time.monotonic() + DRAIN_WAIT  # real time: the pump runs in real time
+        while self.open_streams > 0 and not self.fault:
             try:
-                event = self.events.get(timeout=max(0.0, end - self.clock()))
+                event = self.events.get(timeout=max(0.0, end - time.monotonic()))
             except queue.Empty:
                 break
             self._handle(event)
 
     def _outcome(self) -> Outcome:
         records = [self.records[s.rank] for s in self.specs]
-        if self.reason is StopReason.SIGNAL:
+        if self.reason is StopReason.INTERNAL:
+            code = INTERNAL_ERROR
+        elif self.reason is StopReason.SIGNAL:
             code = 128 + self.signum
         elif self.reason is StopReason.TIMEOUT:
             code = 124
@@ -228,17 +297,9 @@ class Supervisor:
             code = self.records[self.root_cause].exit_status
         else:
             code = 0
-        return Outcome(records, code, self.reason, self.signum, self.root_cause)
-
-
-def install_signal_handlers(supervisor: Supervisor) -> Mapping[int, object]:
-    """Route SIGINT/SIGTERM/SIGHUP/SIGUSR1 into the supervisor's queue."""
-    previous = {}
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
-        previous[signum] = signal.signal(signum, lambda s, _f: supervisor.post_signal(s))
-    return previous
-
-
-def restore_signal_handlers(previous: Mapping[int, object]) -> None:
-    for signum, handler in previous.items():
-        signal.signal(signum, handler)
+        for rec in records:
+            if rec.pid is None:
+                rec.verdict = Verdict.NOT_STARTED
+        fault = f"thread {self.fault.name} died: {self.fault.error}" if self.fault else None
+        return Outcome(records, code, self.reason, self.signum, self.root_cause, fault=fault,
+                       log_errors=[f"{e.path}: {e.error}" for e in self.log_errors], lost=self.lost)
