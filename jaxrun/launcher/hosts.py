@@ -29,15 +29,19 @@ class HostsError(ValueError):
 _USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
 _IPV6 = re.compile(r"[0-9A-Fa-f:.%A-Za-z]+\Z")
+# ASCII digits only: str.isdigit() also accepts "²", which int() refuses.
+_DIGITS = re.compile(r"[0-9]+\Z")
+# The most processes one host may be given: jaxrun holds a few file
+# descriptors and a thread for each, and no machine runs more controllers.
+MAX_SLOTS = 4096
 
 
-def _number(text: str, what: str, low: int, high: int | None = None) -> int:
-    if not text.isdigit():
+def _number(text: str, what: str, low: int, high: int) -> int:
+    if not _DIGITS.match(text):
         raise HostsError(f"{what} must be a whole number, got {text!r}")
-    value = int(text)
-    if value < low or (high is not None and value > high):
-        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-        raise HostsError(f"{what} must be {bound}, got {value}")
+    value = int(text) if len(text) <= len(str(high)) else high + 1  # no 5000-digit int() (ValueError)
+    if not low <= value <= high:
+        raise HostsError(f"{what} must be between {low} and {high}, got {text}")
     return value
 
 
@@ -81,7 +85,7 @@ def parse_line(line: str) -> Host | None:
             raise HostsError(f"unknown field {word!r} (expected slots=N)")
         if seen_slots:
             raise HostsError("slots= given twice")
-        slots, seen_slots = _number(value, "slots", 1), True
+        slots, seen_slots = _number(value, "slots", 1, MAX_SLOTS), True
     return Host(name, slots=slots, user=user, port=port)
 
 
@@ -115,7 +119,7 @@ def parse_host_option(value: str) -> list[Host]:
             raise HostsError(f"empty host in {value!r}")
         try:
             user, name, slots_text = split_address(item)
-            slots = 1 if slots_text is None else _number(slots_text, "slots", 1)
+            slots = 1 if slots_text is None else _number(slots_text, "slots", 1, MAX_SLOTS)
         except HostsError as e:
             raise HostsError(f"-H {item}: {e}") from None
         hosts.append(Host(name, slots=slots, user=user))

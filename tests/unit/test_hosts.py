@@ -44,7 +44,11 @@ def test_blank_and_comment_lines(line):
 @pytest.mark.parametrize(
     "line, reason",
     [
-        ("node1 slots=0", "slots must be at least 1, got 0"),
+        ("node1 slots=0", "slots must be between 1 and 4096, got 0"),
+        ("node1 slots=100000000", "slots must be between 1 and 4096, got 100000000"),
+        ("node1 slots=" + "9" * 5000, "slots must be between 1 and 4096"),  # int() refuses 5000 digits
+        ("node1 slots=²", "slots must be a whole number, got '²'"),  # isdigit() says yes, int() no
+        ("node1:²", "ssh port must be a whole number"),
         ("node1 slots=-1", "slots must be a whole number"),
         ("node1 slots=two", "slots must be a whole number"),
         ("node1 slots=", "slots must be a whole number"),
@@ -94,6 +98,12 @@ def test_file_error_names_file_and_line():
     assert str(e.value) == "conf/hosts.txt:4: slots must be a whole number, got 'zero'"
 
 
+def test_file_error_names_the_line_with_too_many_slots():
+    with pytest.raises(HostsError) as e:
+        parse_hosts_file("nodeA\nnodeB slots=100000000\n", "hosts.txt")
+    assert str(e.value) == "hosts.txt:2: slots must be between 1 and 4096, got 100000000"
+
+
 def test_file_duplicate_host():
     with pytest.raises(HostsError, match=r"^h:3: nodeA is already listed on line 1$"):
         parse_hosts_file("nodeA\nnodeB\nbob@nodeA:22\n", "h")
@@ -126,7 +136,9 @@ def test_host_option(value, hosts):
 @pytest.mark.parametrize(
     "value, reason",
     [
-        ("nodeA:0", "-H nodeA:0: slots must be at least 1"),
+        ("nodeA:0", "-H nodeA:0: slots must be between 1 and 4096"),
+        ("nodeA:100000000", "-H nodeA:100000000: slots must be between 1 and 4096, got 100000000"),
+        ("nodeA:²", "-H nodeA:²: slots must be a whole number"),
         ("nodeA:x", "-H nodeA:x: slots must be a whole number"),
         ("nodeA,,nodeB", "empty host in"),
         ("nodeA,", "empty host in"),
