@@ -5,17 +5,53 @@ the factory picks from it."""
 from __future__ import annotations
 
 import datetime
+import math
 import os
+import re
+import resource
+import shutil
 import sys
-import tempfile
 
 import click
 
 from jaxrun import __version__, contract, meshspec
+from jaxrun.launcher import logfiles
 from jaxrun.launcher import plan as planning
 from jaxrun.launcher.config import LAUNCHERS, SCHEDULERS, LaunchError, RunConfig, SchedulerOptions, SshOptions
 from jaxrun.launcher.run import run
 from jaxrun.reporting import github
+
+
+# The longest wait any option may ask for (about 31 years).  Beyond it the
+# event loop's waits overflow (threading.TIMEOUT_MAX is about 292 years).
+MAX_SECONDS = 1e9
+# The most accelerators one process may own when jaxrun cannot count them
+# (remote hosts, TPUs): more than any one host has.
+MAX_DEVICES_PER_PROCESS = 256
+# File descriptors jaxrun itself holds for each process while it runs, by how
+# the processes start: locally, the two log files it follows for the console
+# (each child writes its own); over SSH, the ssh session's three pipes and the
+# two log files it pumps into; under a scheduler, the two pipes (both ends),
+# the task's three sockets and the two log files.
+FDS_PER_PROCESS = {"local": 2, "ssh": 5, "scheduler": 9}
+# And for itself: standard streams, the lifeline pipe, the pump's selector and
+# inotify, the fork server's socket, a process being started.
+FDS_RESERVED = 64
+_DIGITS = re.compile(r"[0-9]{1,18}\Z")  # ASCII only: str.isdigit() accepts "²", which int() refuses
+
+
+class Seconds(click.FloatRange):
+    """A finite number of seconds.  FloatRange takes "nan" and "inf": every
+    comparison with nan is false, so a nan deadline never fires and the loop
+    spins, and an infinite one overflows the first wait."""
+
+    name = "SECONDS"
+
+    def convert(self, value, param, ctx):
+        seconds = super().convert(value, param, ctx)
+        if not math.isfinite(seconds) or seconds > MAX_SECONDS:
+            self.fail(f"{value!r} is not a finite number of seconds up to {MAX_SECONDS:.0f}", param, ctx)
+        return seconds
 
 
 class HostPort(click.ParamType):
@@ -23,7 +59,7 @@ class HostPort(click.ParamType):
 
     def convert(self, value, param, ctx):
         host, sep, port = str(value).rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not sep or not host or not _DIGITS.match(port) or not 0 < int(port) < 65536:
             self.fail(f"{value!r} is not HOST:PORT with a port between 1 and 65535", param, ctx)
         return f"{host}:{int(port)}"
 
@@ -53,27 +89,41 @@ class MeshSpecType(click.ParamType):
 
 
 class RankList(click.ParamType):
-    """0 | 0,2 | 0-3,6 | all | none, checked against -n once that is known."""
+    """0 | 0,2 | 0-3,6 | all | none, checked against -n once that is known.
+
+    Kept as ranges until then: "0-100000000000" is one range object, where a
+    set of its members would exhaust memory before -n could refuse it."""
 
     name = "RANKS"
 
     def convert(self, value, param, ctx):
         text = str(value).strip().lower()
         if text in ("all", "none"):
-            return None if text == "all" else frozenset()
-        ranks = set()
+            return None if text == "all" else ()
+        ranges = []
         for part in text.split(","):
             first, dash, last = part.strip().partition("-")
-            if not first.isdigit() or (dash and not last.isdigit()) or (dash and int(last) < int(first)):
+            if not _DIGITS.match(first) or (dash and not _DIGITS.match(last)) or (dash and int(last) < int(first)):
                 self.fail(f"{value!r} is not a list of ranks like 0 or 0,2-3 (or all, or none)", param, ctx)
-            ranks.update(range(int(first), int(last or first) + 1))
-        return frozenset(ranks)
+            ranges.append(range(int(first), int(last or first) + 1))
+        return tuple(ranges)
+
+
+def console_rank_set(ranges: tuple[range, ...] | None, num_processes: int) -> frozenset[int] | None:
+    """--console-ranks as the set the printer asks, once every rank in it is known to exist."""
+    if ranges is None:
+        return None
+    highest = max((r[-1] for r in ranges), default=-1)
+    if highest >= num_processes:
+        raise click.UsageError(f"--console-ranks: there is no process {highest} among {num_processes}")
+    return frozenset(rank for r in ranges for rank in r)
 
 
 def default_log_dir(run_id: str) -> str:
-    # Not "$TMPDIR/jaxrun": a folder of that name in the working directory
-    # would shadow the package for "python -m jaxrun" in an editable install.
-    return os.path.join(tempfile.gettempdir(), "jaxrun-logs", run_id)
+    """RUN_ID's folder in the user's private base, ``$TMPDIR/jaxrun-logs-UID``.
+    (Not "$TMPDIR/jaxrun...": a folder of that name in the working directory
+    would shadow the package for "python -m jaxrun" in an editable install.)"""
+    return os.path.join(logfiles.default_base(), run_id)
 
 
 def new_run_id() -> str:
@@ -93,11 +143,11 @@ CONTEXT = {
 @click.option("--cpu-devices", type=click.IntRange(min=1), metavar="D", help="Simulate D CPU devices per process (JAX_PLATFORMS=cpu).")
 @click.option("--devices-per-process", type=click.IntRange(min=1), metavar="K", help="GPU/TPU hosts: each local process owns K devices (default: split each host's devices evenly).")
 @click.option("--coordinator", type=HostPort(), help="Coordinator address (default: a free loopback port; over SSH, a free port on the first host).")
-@click.option("--log-dir", type=click.Path(file_okay=False), help="Folder for per-process logs (default: $TMPDIR/jaxrun-logs/RUN_ID).")
+@click.option("--log-dir", type=click.Path(file_okay=False), help="Folder for per-process logs (default: $TMPDIR/jaxrun-logs-UID/RUN_ID).")
 @click.option("--output", type=click.Choice(["stream", "grouped"]), help="Live, rank-prefixed lines, or one block per process at the end (default: stream; grouped on GitHub Actions).")
 @click.option("--console-ranks", type=RankList(), metavar="RANKS", help="Show only these processes' output on the console, e.g. 0 or 0,2-3, or none (default: all; the logs always hold everything).")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS", help="Dump every stack and stop the job after this long (exit 124).")
-@click.option("--grace", type=click.FloatRange(min=0), default=30.0, show_default=True, metavar="SECONDS", help="After forwarding SIGINT/SIGTERM/SIGHUP, wait this long before SIGKILL.")
+@click.option("--timeout", type=Seconds(min=0, min_open=True), metavar="SECONDS", help="Dump every stack and stop the job after this long (exit 124).")
+@click.option("--grace", type=Seconds(min=0), default=30.0, show_default=True, metavar="SECONDS", help="After forwarding SIGINT/SIGTERM/SIGHUP, wait this long before SIGKILL.")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True, help="Restart the whole job this many times after a failure.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), metavar="FILE.json", help="Write a JSON run report.")
 @click.option("--junit-xml", "junit_path", type=click.Path(dir_okay=False), metavar="FILE.xml", help="Write a JUnit XML report: one testcase per process.")
@@ -111,7 +161,7 @@ CONTEXT = {
 @click.option("-H", "--host", "host_opts", multiple=True, metavar="HOST[:SLOTS]", help="Run over SSH on HOST (repeatable or comma-separated).")
 @click.option("--ssh-config", type=click.Path(exists=True, dir_okay=False), metavar="FILE", help="ssh client configuration file (ssh -F).")
 @click.option("--ssh-option", "ssh_options", multiple=True, metavar="OPT", help="Extra ssh -o option, e.g. Port=2222 (repeatable).")
-@click.option("--connect-timeout", type=click.FloatRange(min=1), default=10.0, show_default=True, metavar="SECONDS", help="ssh connect timeout per host.")
+@click.option("--connect-timeout", type=Seconds(min=1), default=10.0, show_default=True, metavar="SECONDS", help="ssh connect timeout per host.")
 @click.option("--python", "python", metavar="PATH", help="Python interpreter for every process, here or on the hosts (default: this one's path).")
 @click.option("--chdir", metavar="DIR", help="Working directory on the hosts (default: the current one).")
 @click.option("--launcher", type=click.Choice(LAUNCHERS), help="How to start the controllers (default: local, or ssh when hosts are given).")
@@ -142,22 +192,32 @@ def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, 
     if cpu_devices is not None and devices_per_process is not None:
         raise click.UsageError("--cpu-devices and --devices-per-process cannot be used together")
     hosts = read_hosts(hosts_file, host_opts)
+    scheduler = scheduler_options(launcher, bool(hosts), nodes, tasks_per_node, scheduler_args)
     if hosts:
         from jaxrun.launcher.hosts import total_slots
 
         num_processes = num_processes or total_slots(hosts)
+    if scheduler and not num_processes and scheduler.launcher == "slurm" and _DIGITS.match(os.environ.get("SLURM_NTASKS", "")):
+        num_processes = int(os.environ["SLURM_NTASKS"])  # inside sbatch/salloc: the allocation's task count
+    num_processes = num_processes or 1
+    check_scale(num_processes, "ssh" if hosts else "scheduler" if scheduler else "local")
+    if hosts:
         planning.assign_hosts(hosts, num_processes)  # too few slots: exit 2 before any ssh
+    console_ranks = console_rank_set(console_ranks, num_processes)
+    devices_per_host = local_device_count(cpu_devices, devices_per_process, num_processes, hosts or scheduler)
+    check_devices_per_process(devices_per_process, devices_per_host)
     github_actions = github.on_github_actions()
     run_id = new_run_id()
+    if not dry_run:
+        check_engine(scheduler, bool(hosts), python)
+        for option, path in (("--report", report_path), ("--junit-xml", junit_path)):
+            if path:
+                logfiles.check_writable_file(option, path)
+        log_dir = prepared_log_dir(log_dir, run_id)  # last: it may create the private base folder
     python = python or sys.executable
-    scheduler = scheduler_options(launcher, bool(hosts), nodes, tasks_per_node, scheduler_args)
-    if scheduler and not num_processes and scheduler.launcher == "slurm" and os.environ.get("SLURM_NTASKS", "").isdigit():
-        num_processes = int(os.environ["SLURM_NTASKS"])  # inside sbatch/salloc: the allocation's task count
-    if console_ranks and max(console_ranks) >= (num_processes or 1):
-        raise click.UsageError(f"--console-ranks: there is no process {max(console_ranks)} among {num_processes or 1}")
     options = planning.LaunchOptions(
         target=target,
-        num_processes=num_processes or 1,
+        num_processes=num_processes,
         coordinator="",
         run_id=run_id,
         cpu_devices=cpu_devices,
@@ -168,11 +228,11 @@ def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, 
         mesh_axis_types=mesh_axis_types,
         verbose=verbose,
         devices_per_process=devices_per_process,
-        devices_per_host=local_device_count(cpu_devices, devices_per_process, num_processes or 1, hosts or scheduler),
+        devices_per_host=devices_per_host,
     )
     config = RunConfig(
         options=options,
-        log_dir=os.path.abspath(log_dir) if log_dir else default_log_dir(run_id),
+        log_dir=log_dir or default_log_dir(run_id),
         output=output or ("grouped" if github_actions else "stream"),
         console_ranks=console_ranks,
         grace=grace,
@@ -199,6 +259,88 @@ def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, 
     sys.exit(run(config))
 
 
+def prepared_log_dir(log_dir: str | None, run_id: str) -> str:
+    """The run's log folder, checked before anything starts: an explicit one
+    must be usable or creatable; the default one's base must be private."""
+    if log_dir:
+        log_dir = os.path.abspath(log_dir)
+        logfiles.check_log_dir(log_dir)
+        return log_dir
+    logfiles.ensure_private_base(logfiles.default_base())
+    return default_log_dir(run_id)
+
+
+def check_scale(num_processes: int, kind: str) -> None:
+    """Refuse a job this machine cannot hold, naming the limit, before a plan
+    of that size is even built.  When the soft open-file limit is too low for
+    it, raise it to the hard one, as other launchers do (the processes inherit it)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    problem = scale_problem(num_processes, kind, hard, read_pid_max())
+    if problem:
+        raise LaunchError(problem)
+    if soft != resource.RLIM_INFINITY and fds_needed(num_processes, kind) > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def fds_needed(num_processes: int, kind: str) -> int:
+    return FDS_RESERVED + FDS_PER_PROCESS[kind] * num_processes
+
+
+def scale_problem(num_processes: int, kind: str, nofile_hard: int, pid_max: int) -> str | None:
+    """Why ``num_processes`` processes started ``kind``-wise do not fit here, or None."""
+    if num_processes > pid_max // 2:  # each process, and jaxrun's thread waiting for it, takes a pid here
+        return (f"-n {num_processes}: this machine numbers at most {pid_max} processes and threads "
+                f"(kernel.pid_max), and jaxrun needs two for each process")
+    need = fds_needed(num_processes, kind)
+    if nofile_hard != resource.RLIM_INFINITY and need > nofile_hard:
+        most = max(0, (nofile_hard - FDS_RESERVED) // FDS_PER_PROCESS[kind])
+        return (f"-n {num_processes}: jaxrun needs about {need} open files for that many processes "
+                f"({FDS_PER_PROCESS[kind]} each, {kind} run), but the open-file limit is {nofile_hard} "
+                f"(ulimit -Hn); at most {most} processes")
+    return None
+
+
+def read_pid_max() -> int:
+    try:
+        with open("/proc/sys/kernel/pid_max") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 32768  # the kernel's default
+
+
+def check_devices_per_process(per_process: int | None, local_gpus: int | None) -> None:
+    """Bound --devices-per-process by what exists: this machine's GPUs when
+    jaxrun counted them, else MAX_DEVICES_PER_PROCESS.  (Each process gets
+    the list of its device ids in its environment.)"""
+    if per_process is None:
+        return
+    if local_gpus is not None and per_process > local_gpus:
+        raise click.UsageError(f"--devices-per-process {per_process}: this machine has {local_gpus} GPUs")
+    if per_process > MAX_DEVICES_PER_PROCESS:
+        raise click.UsageError(f"--devices-per-process {per_process}: at most {MAX_DEVICES_PER_PROCESS} devices "
+                               f"per process (no host has more)")
+
+
+def check_engine(scheduler: SchedulerOptions | None, has_hosts: bool, python: str | None) -> None:
+    """The programs a run starts must exist here: srun or mpirun, ssh, and the
+    --python of a local or scheduler run.  (Over SSH the preflight checks the
+    hosts' python.)"""
+    if scheduler and not shutil.which(scheduler.command):
+        raise LaunchError(f"--launcher {scheduler.launcher}: {scheduler.command} is not on PATH")
+    if has_hosts and not shutil.which("ssh"):
+        raise LaunchError("--hosts/-H: ssh (the OpenSSH client) is not on PATH")
+    if python and not has_hosts:
+        check_python(python)
+
+
+def check_python(python: str) -> None:
+    path = python if os.sep in python else shutil.which(python)
+    if not path or not os.path.exists(path):
+        raise LaunchError(f"--python {python}: " + ("no such file" if os.sep in python else "not found on PATH"))
+    if not os.path.isfile(path) or not os.access(path, os.X_OK):
+        raise LaunchError(f"--python {python}: not an executable file")
+
+
 def local_device_count(cpu_devices, devices_per_process, num_processes: int, elsewhere) -> int | None:
     """This machine's GPUs, only when the plan needs them: to split them among
     several local processes, or to check --devices-per-process against them.
@@ -223,15 +365,25 @@ def read_hosts(hosts_file: str | None, host_opts: tuple[str, ...]) -> list[plann
         raise click.UsageError("--hosts and -H cannot be used together")
     try:
         if hosts_file:
-            try:
-                with open(hosts_file, encoding="utf-8") as f:
-                    text = f.read()
-            except (OSError, UnicodeDecodeError) as e:
-                raise LaunchError(f"{hosts_file}: cannot read it ({e})") from None
-            return hostfile.parse_hosts_file(text, hosts_file)
+            return hostfile.parse_hosts_file(read_hosts_text(hosts_file), hosts_file)
         return hostfile.merge_host_options(host_opts)
     except hostfile.HostsError as e:
         raise LaunchError(str(e)) from None
+
+
+# A hosts file lists hosts; more than this is not one (--hosts /dev/zero).
+MAX_HOSTS_FILE = 1 << 20
+
+
+def read_hosts_text(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_HOSTS_FILE + 1)
+        if len(data) > MAX_HOSTS_FILE:
+            raise LaunchError(f"{path}: more than {MAX_HOSTS_FILE >> 20} MiB; is it a hosts file?")
+        return data.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise LaunchError(f"{path}: cannot read it ({e})") from None
 
 
 def exported_env(exports: tuple[str, ...], env_pairs: tuple[tuple[str, str], ...]) -> dict[str, str]:

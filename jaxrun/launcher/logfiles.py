@@ -1,14 +1,34 @@
 """Where a run's files live, and how they are created.
 
 Every file a run writes into its log folder is made here, so that the rules
-for a folder other users may share (ownership, modes, no symlinks followed)
-live in one place.
+for a folder other users may share live in one place:
+
+- The default logs go under a base folder of the user's own,
+  ``$TMPDIR/jaxrun-logs-UID``, mode 0700.  A folder every user shares would be
+  created by the first one, and the second could then neither write into it
+  nor keep the first from reading their tracebacks.
+- A run's folder is created, never taken over: mode 0700, and a folder that
+  already exists is reused only when it is a real directory of the user's own
+  (an explicit ``--log-dir`` of an earlier run, as users expect).
+- Files are opened ``O_NOFOLLOW | O_EXCL`` with mode 0600.  A file left by an
+  earlier run is unlinked first, so a symlink planted in its place is removed,
+  never followed: nothing outside the folder can be clobbered.
+- Reports go through a unique temporary name in the target folder and
+  ``os.replace``: a reader never sees half a report, and no fixed temporary
+  name can be planted in advance.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import stat
+import tempfile
 from typing import BinaryIO
+
+from jaxrun.launcher.config import LaunchError
+
+_ERROR_RECORD = re.compile(r"process-\d+\.error\.json\Z")
 
 
 def log_paths(log_dir: str, rank: int) -> tuple[str, str, str]:
@@ -16,17 +36,152 @@ def log_paths(log_dir: str, rank: int) -> tuple[str, str, str]:
     return base + ".stdout", base + ".stderr", base + ".error.json"
 
 
+# -- folders -----------------------------------------------------------------
+
+
+def default_base(tmpdir: str | None = None) -> str:
+    """The per-user folder that holds every run's default log folder."""
+    return os.path.join(tmpdir or tempfile.gettempdir(), f"jaxrun-logs-{os.geteuid()}")
+
+
+def ensure_private_base(path: str) -> None:
+    """Create the per-user base 0700, or check that the one there is ours alone.
+
+    Checked with lstat: a symlink, another user's folder, or one that others
+    may read or write is refused, never repaired (changing the mode of another
+    user's folder is not ours to do)."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise LaunchError(f"cannot create the log folder {path} ({e.strerror}); pass --log-dir DIR") from None
+    st = os.lstat(path)
+    problem = None
+    if not stat.S_ISDIR(st.st_mode):
+        problem = "it is not a folder (a symlink or a file)"
+    elif st.st_uid != os.geteuid():
+        problem = f"it belongs to uid {st.st_uid}"
+    elif st.st_mode & 0o077:
+        problem = f"other users have access to it (mode {stat.S_IMODE(st.st_mode):04o})"
+    if problem:
+        raise LaunchError(f"the default log folder {path} is not private: {problem}; remove it or pass --log-dir DIR")
+
+
+def check_log_dir(path: str) -> None:
+    """Before anything starts: the folder can be used, or created where it is
+    asked for.  Nothing is created here."""
+    if os.path.lexists(path):
+        _check_reusable(path)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise LaunchError(f"--log-dir {path}: cannot write there (permission denied)")
+        return
+    parent = nearest_existing(path)
+    if not os.path.isdir(parent):
+        raise LaunchError(f"--log-dir {path}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise LaunchError(f"--log-dir {path}: cannot create folders in {parent} (permission denied)")
+
+
+def nearest_existing(path: str) -> str:
+    """``path`` itself or the closest of its parents that exists."""
+    path = os.path.abspath(path)
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
+
+
 def prepare_log_dir(path: str) -> None:
-    """The attempt's folder, before any process starts."""
-    os.makedirs(path, exist_ok=True)
+    """The attempt's folder, before any process starts: created 0700, or, when
+    the user's own folder is there already, reused after removing the error
+    records an earlier run left.  (The children write those themselves, and
+    a stale one would be taken for this run's, or followed if it were a link.)"""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.mkdir(path, 0o700)
+        return
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise LaunchError(f"cannot create the log folder {path} ({e.strerror})") from None
+    _check_reusable(path)
+    for name in os.listdir(path):
+        if _ERROR_RECORD.match(name):
+            _unlink(os.path.join(path, name))
+
+
+def _check_reusable(path: str) -> None:
+    """An existing log folder must be a folder that belongs to the user.  A
+    symlink to one is fine only when the user made the link too."""
+    me = os.geteuid()
+    link = os.lstat(path)
+    if stat.S_ISLNK(link.st_mode) and link.st_uid != me:
+        raise LaunchError(f"log folder {path} is a symlink that uid {link.st_uid} made; pass a folder of your own")
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise LaunchError(f"log folder {path}: {e.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise LaunchError(f"log folder {path} is not a folder")
+    if st.st_uid != me:
+        raise LaunchError(f"log folder {path} belongs to uid {st.st_uid}; pass a folder of your own")
+
+
+# -- files -------------------------------------------------------------------
+
+
+def create_private(path: str, flags: int = os.O_WRONLY) -> int:
+    """A new file only the user can read, at exactly ``path``: a file left
+    there (by an earlier run of an explicit --log-dir) is unlinked first, and
+    whatever appears there meanwhile, symlink included, is refused, not opened."""
+    flags |= os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(path, flags, 0o600)
+    except FileExistsError:
+        _unlink(path)
+        return os.open(path, flags, 0o600)
 
 
 def open_log(path: str) -> int:
     """A log file for a child to write itself.  O_APPEND: grandchildren that
     share it interleave their writes instead of overwriting each other's."""
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o644)
+    return create_private(path, os.O_WRONLY | os.O_APPEND)
 
 
 def open_pumped_log(path: str) -> BinaryIO:
     """A log file jaxrun writes itself, from a remote process's pipe."""
-    return open(path, "wb", buffering=0)
+    return os.fdopen(create_private(path), "wb", buffering=0)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)  # a symlink itself, never what it points at
+    except FileNotFoundError:
+        pass
+
+
+# -- reports -----------------------------------------------------------------
+
+
+def check_writable_file(option: str, path: str) -> None:
+    """Before anything starts: ``path`` can be written when the run ends."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        what = "does not exist" if not os.path.lexists(folder) else "is not a folder"
+        raise LaunchError(f"{option} {path}: the folder {folder} {what}")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise LaunchError(f"{option} {path}: cannot write in {folder} (permission denied)")
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    """Replace ``path`` with ``data`` in one step, through a temporary file of
+    a unique name in the same folder (mkstemp: O_EXCL, mode 0600)."""
+    folder, name = os.path.split(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink(tmp)
+        raise

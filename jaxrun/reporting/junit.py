@@ -17,7 +17,7 @@ import xml.etree.ElementTree as ET
 from jaxrun.contract import signal_name
 from jaxrun.launcher.console import is_noise
 from jaxrun.launcher.outcome import Outcome, ProcessRecord, StopReason, Verdict
-from jaxrun.reporting import summary
+from jaxrun.reporting import report, summary
 from jaxrun.reporting.stacks import innermost_user_frame
 
 # Characters XML 1.0 cannot hold at all, even escaped.  Child output may contain
@@ -95,5 +95,4 @@ def _result(outcome: Outcome, rec: ProcessRecord) -> tuple[str, str, str] | None
 
 
 def write(path: str, outcome: Outcome, suite: str = "jaxrun") -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(render(outcome, suite))
+    report.write_or_warn("--junit-xml", path, render(outcome, suite).encode("utf-8"))

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
+import sys
 
 from jaxrun.contract import signal_name
+from jaxrun.launcher.logfiles import write_atomically
 from jaxrun.launcher.outcome import Outcome, ProcessRecord
 from jaxrun.reporting.summary import describe_exit, error_info, tail
 
@@ -67,7 +68,14 @@ def _process_dict(r: ProcessRecord) -> dict:
 
 
 def write_report(path: str, data: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2)
-    os.replace(tmp, path)
+    """Atomically (a reader never sees half a report).  The folder was checked
+    before the run; if it has gone since, say so in one line and carry on, so
+    that the job's exit status and its remaining restarts are kept."""
+    write_or_warn("--report", path, json.dumps(data, indent=2).encode())
+
+
+def write_or_warn(option: str, path: str, data: bytes) -> None:
+    try:
+        write_atomically(path, data)
+    except OSError as e:
+        print(f"jaxrun: {option} {path}: cannot write it ({e.strerror or e})", file=sys.stderr, flush=True)

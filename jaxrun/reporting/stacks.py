@@ -10,6 +10,7 @@ from __future__ import annotations
 import linecache
 import os
 import re
+import stat
 
 # A frame line, in a traceback (`File "f", line 3, in g`) or in a
 # faulthandler dump (`File "f", line 3 in g`).
@@ -24,6 +25,11 @@ DUMP_BODY = re.compile(rb"^(  File \"|  <no Python frame>|  Garbage-collecting|\
 
 _LIBRARY_PARTS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 _INSTALLED = re.compile(r"(^|/)(site-packages|dist-packages|\.venv|venv)/")
+# How much of the end of a log the stack-dump reader looks at.  A dump is the
+# last thing a stopped process writes, and even one of a hundred threads at
+# faulthandler's hundred frames each fits; a log may be many gigabytes.
+DUMP_TAIL = 1 << 20
+
 # jaxrun's own package folder (not any folder that happens to be called jaxrun,
 # such as a checkout of this repository holding the user's script).
 _OWN_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -37,14 +43,34 @@ def is_user_file(path: str) -> bool:
     )
 
 
-def innermost_user_frame(stderr_path: str) -> tuple[str, int, str, str] | None:
-    """From the last faulthandler dump in a log: the main thread's innermost frame
-    in the user's own code, as (file, line, function, source text)."""
+def read_tail(path: str, size: int) -> bytes | None:
+    """The last ``size`` bytes of a log file (all of a shorter one); None if it
+    cannot be read.  Reports read logs only through this, so a huge log costs
+    neither memory nor time, and only a regular file is read: a FIFO or a
+    device put in a log's place can neither block the report nor fill it."""
     try:
-        with open(stderr_path, "rb") as f:
-            text = f.read().decode("utf-8", "replace")
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
+    with os.fdopen(fd, "rb") as f:
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return None
+            f.seek(max(0, st.st_size - size))
+            return f.read(size)
+        except OSError:
+            return None
+
+
+def innermost_user_frame(stderr_path: str) -> tuple[str, int, str, str] | None:
+    """From the last faulthandler dump in a log: the main thread's innermost frame
+    in the user's own code, as (file, line, function, source text).  Only the
+    log's last DUMP_TAIL bytes are read."""
+    data = read_tail(stderr_path, DUMP_TAIL)
+    if data is None:
+        return None
+    text = data.decode("utf-8", "replace")
     start = text.rfind("Current thread 0x")
     if start < 0:
         return None
