@@ -80,9 +80,11 @@ def wait_until(ready: Callable[[], bool], hooks: RunHooks, timeout: float | None
     """Poll ``ready`` until it holds (True) or ``timeout`` passes (False);
     raises Interrupted as soon as the run is stopping."""
     end = None if timeout is None else time.monotonic() + timeout
-    while not ready():
-        if hooks.stopping():
+    while True:
+        if hooks.stopping():  # first: what made ``ready`` true may be the reason to stop
             raise Interrupted()
+        if ready():
+            break
         left = POLL if end is None else min(POLL, end - time.monotonic())
         if left <= 0:
             return False

@@ -39,8 +39,9 @@ BUG_REPORT = "this is a bug in jaxrun; please report it with the log folder"
 
 
 class RunControl:
-    def __init__(self, grace: float, emergency: Callable[[str, int], None] | None = None):
-        self.grace = grace
+    def __init__(self, grace: float, emergency: Callable[[str, int], None] | None = None,
+                 slack: float = WATCHDOG_SLACK):
+        self.grace, self.slack = grace, slack
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.signum: int | None = None  # the first stop signal
         self.fault: ThreadDied | None = None  # the first launcher thread that died
@@ -70,10 +71,10 @@ class RunControl:
 
     def thread_died(self, name: str, error: BaseException) -> None:
         event = ThreadDied(name, f"{type(error).__name__}: {error}".rstrip(": "))
+        self.events.put(event)  # first: whoever sees the flag finds the event queued
         if self.fault is None:
             self.fault = event
             self.arm(0.0)
-        self.events.put(event)
 
     # -- signals ------------------------------------------------------------------
     def install(self) -> None:
@@ -86,10 +87,10 @@ class RunControl:
         self._previous.clear()
 
     def _on_signal(self, signum: int, _frame) -> None:
+        self.events.put(SignalReceived(signum))
         if signum in STOP_SIGNALS and self.signum is None:
             self.signum = signum
             self.arm(self.grace)
-        self.events.put(SignalReceived(signum))
 
     # -- the watchdog -----------------------------------------------------------------
     def start_watchdog(self) -> None:
@@ -129,7 +130,7 @@ class RunControl:
                 return
             if line == "reset":
                 continue
-            allowed = float(line) + WATCHDOG_SLACK
+            allowed = float(line) + self.slack
             deadline = time.monotonic() + allowed
             while line is not None:  # later armings (a timeout, then a signal) do not move it
                 line = self._read_line(max(0.0, deadline - time.monotonic()))

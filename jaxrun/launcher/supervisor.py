@@ -22,6 +22,7 @@ is stopped and the summary names the thread.
 
 from __future__ import annotations
 
+import errno
 import os
 import queue
 import signal
@@ -301,5 +302,18 @@ class Supervisor:
             if rec.pid is None:
                 rec.verdict = Verdict.NOT_STARTED
         fault = f"thread {self.fault.name} died: {self.fault.error}" if self.fault else None
+        problems = [f"{e.path}: {e.error}" for e in self.log_errors]
+        if folder_is_full(self.log_dir):  # a local process's own writes failed there
+            problems.append(f"the log folder {self.log_dir} is full ({os.strerror(errno.ENOSPC)})")
         return Outcome(records, code, self.reason, self.signum, self.root_cause, fault=fault,
-                       log_errors=[f"{e.path}: {e.error}" for e in self.log_errors], lost=self.lost)
+                       log_errors=problems, lost=self.lost)
+
+
+def folder_is_full(path: str) -> bool:
+    """No block left for an unprivileged writer: the processes' own log
+    writes may have failed (and so may the processes themselves)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_bavail == 0

@@ -7,6 +7,7 @@ import os
 from typing import Iterable
 
 from jaxrun.contract import ErrorRecord, signal_name
+from jaxrun.launcher.control import BUG_REPORT
 from jaxrun.launcher.outcome import Outcome, ProcessRecord, StopReason, Verdict
 from jaxrun.reporting.stacks import innermost_user_frame
 
@@ -54,10 +55,17 @@ def last_output(record: ProcessRecord) -> tuple[str, list[str]]:
 
 def summary_lines(outcome: Outcome, log_dir: str) -> list[str]:
     lines: list[str] = []
+    started = any(r.pid is not None for r in outcome.records)
     if outcome.reason is StopReason.TIMEOUT:
         lines.append("jaxrun: --timeout expired; stack dumps are in each process's stderr log")
     elif outcome.reason is StopReason.SIGNAL:
-        lines.append(f"jaxrun: received {signal_name(outcome.signum)}; stopped every process")
+        stopped = "stopped every process" if started else "no process had started"
+        lines.append(f"jaxrun: received {signal_name(outcome.signum)}; {stopped}")
+    elif outcome.reason is StopReason.INTERNAL:
+        lines.append(f"jaxrun: internal error: {outcome.fault}; stopped every process")
+        lines.append(f"jaxrun:   {BUG_REPORT}")
+    for problem in outcome.log_errors:
+        lines.append(f"jaxrun: logs incomplete: {problem}")
     if outcome.root_cause is not None:
         rec = outcome.records[outcome.root_cause]
         lines.append(f"jaxrun: {where(rec)} failed first: {describe_exit(rec)} (pid {rec.pid})")
@@ -68,7 +76,8 @@ def summary_lines(outcome: Outcome, log_dir: str) -> list[str]:
         if body:
             lines.append(f"jaxrun:   last lines of {path}:")
             lines.extend(f"    {line}" for line in body)
-    others = _group(r for r in outcome.records if r.verdict in (Verdict.STOPPED, Verdict.CONSEQUENCE))
+    others = _group(r for r in outcome.records
+                    if r.verdict in (Verdict.STOPPED, Verdict.CONSEQUENCE, Verdict.NOT_STARTED))
     for verdict, ranks in others.items():
         noun = "processes" if "," in ranks else "process"
         lines.append(f"jaxrun: {noun} {ranks} {verdict.value}")

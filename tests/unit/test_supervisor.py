@@ -35,7 +35,8 @@ from jaxrun.launcher.console import ConsolePrinter
 from jaxrun.launcher.events import Exited, StreamClosed
 from jaxrun.launcher.outcome import StopReason, Verdict
 from jaxrun.launcher.plan import LOCAL_HOST, ProcessSpec
-from jaxrun.launcher.supervisor import DUMP_WAIT, TIMEOUT_DUMP_WAIT, Supervisor
+from jaxrun.launcher.control import INTERNAL_ERROR
+from jaxrun.launcher.supervisor import DUMP_WAIT, KILL_CONFIRM_WAIT, TIMEOUT_DUMP_WAIT, Supervisor
 from jaxrun.reporting.summary import summary_lines
 
 pytestmark = pytest.mark.timeout(30)
@@ -394,3 +395,31 @@ def test_a_job_that_ends_before_its_timeout_is_untouched(tmp_path):
     outcome = h.run()
     assert (outcome.exit_code, outcome.reason) == (0, None)
     assert all(kid.live_signals == [] for kid in h.kids.values())
+
+
+# -- nothing waits without a bound ---------------------------------------------
+
+def test_a_process_whose_end_is_never_confirmed_is_given_up_on(tmp_path):
+    """Its waiter thread died, or its host vanished: after SIGKILL the run
+    waits KILL_CONFIRM_WAIT for it, then ends anyway."""
+    h = Harness(tmp_path, n=2)
+    h.kids[1].dies_on.discard(signal.SIGKILL)
+    h.at(1, h.kids[0].exit, 3)
+    outcome = h.run()
+    assert outcome.lost == [1] and outcome.exit_code == 3
+    assert outcome.records[1].verdict is Verdict.STOPPED and outcome.records[1].returncode == -signal.SIGKILL
+    assert h.clock.now == START + 1 + DUMP_WAIT + KILL_CONFIRM_WAIT
+    h.kids[1].exit(-signal.SIGKILL)  # let its waiter thread go
+
+
+def test_a_dead_launcher_thread_stops_the_job_and_is_named(tmp_path):
+    h = Harness(tmp_path, n=2)
+    h.at(1, h.sup.hooks.thread_died, "jaxrun-output", OSError(28, "No space left on device"))
+    outcome = h.run()
+    assert (outcome.reason, outcome.exit_code) == (StopReason.INTERNAL, INTERNAL_ERROR)
+    assert outcome.fault == "thread jaxrun-output died: OSError: [Errno 28] No space left on device"
+    for kid in h.kids.values():
+        assert kid.live_signals == [(START + 1, signal.SIGUSR1), (START + 1 + DUMP_WAIT, signal.SIGKILL)]
+    summary = summary_lines(outcome, h.log_dir)
+    assert summary[0] == f"jaxrun: internal error: {outcome.fault}; stopped every process"
+    assert "please report it" in summary[1]
