@@ -288,15 +288,15 @@ def fds_needed(num_processes: int, kind: str) -> int:
 
 def scale_problem(num_processes: int, kind: str, nofile_hard: int, pid_max: int) -> str | None:
     """Why ``num_processes`` processes started ``kind``-wise do not fit here, or None."""
-    if num_processes > pid_max // 2:  # each process, and jaxrun's thread waiting for it, takes a pid here
-        return (f"-n {num_processes}: this machine numbers at most {pid_max} processes and threads "
-                f"(kernel.pid_max), and jaxrun needs two for each process")
     need = fds_needed(num_processes, kind)
     if nofile_hard != resource.RLIM_INFINITY and need > nofile_hard:
         most = max(0, (nofile_hard - FDS_RESERVED) // FDS_PER_PROCESS[kind])
         return (f"-n {num_processes}: jaxrun needs about {need} open files for that many processes "
                 f"({FDS_PER_PROCESS[kind]} each, {kind} run), but the open-file limit is {nofile_hard} "
                 f"(ulimit -Hn); at most {most} processes")
+    if num_processes > pid_max // 2:  # each process, and jaxrun's thread waiting for it, takes a pid here
+        return (f"-n {num_processes}: this machine numbers at most {pid_max} processes and threads "
+                f"(kernel.pid_max), and jaxrun needs two for each process; at most {pid_max // 2} processes")
     return None
 
 

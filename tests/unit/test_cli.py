@@ -5,8 +5,12 @@ import socket
 import subprocess
 import sys
 
+import click
 import pytest
 from fixtures.jobs import JAXRUN
+
+from jaxrun import cli
+from jaxrun.launcher.config import LaunchError
 
 
 def run_cli(*args, env=None, cwd=None):
@@ -111,3 +115,91 @@ def test_dry_run_shows_device_ids_per_process(script):
 def test_bad_device_layouts_are_rejected(script, args, env, message):
     code, _, err = run_cli(*args, script, env=env)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+# -- pure checks behind the bad-input errors (#16) ---------------------------
+
+@pytest.mark.parametrize("text", ["nan", "NaN", "inf", "infinity", "1e300", "1000000001"])
+def test_seconds_must_be_finite_and_bounded(text):
+    # FloatRange lets nan through (every comparison is false) and inf overflows the loop's waits.
+    with pytest.raises(click.BadParameter, match="is not a finite number of seconds up to 1000000000"):
+        cli.Seconds(min=0).convert(text, None, None)
+
+
+def test_seconds_keep_the_range_and_ordinary_values():
+    assert cli.Seconds(min=0, min_open=True).convert("2.5", None, None) == 2.5
+    with pytest.raises(click.BadParameter):
+        cli.Seconds(min=0, min_open=True).convert("0", None, None)
+
+
+def test_huge_console_rank_range_stays_compact_and_is_checked_against_n():
+    ranges = cli.RankList().convert("0-100000000000", None, None)  # a set of these would be a MemoryError
+    with pytest.raises(click.UsageError, match="there is no process 100000000000 among 4"):
+        cli.console_rank_set(ranges, 4)
+
+
+@pytest.mark.parametrize("text, n, ranks", [("0,2-3", 4, {0, 2, 3}), ("none", 1, set()), ("1-1", 2, {1})])
+def test_console_ranks_become_the_set_the_printer_asks(text, n, ranks):
+    assert cli.console_rank_set(cli.RankList().convert(text, None, None), n) == frozenset(ranks)
+    assert cli.console_rank_set(cli.RankList().convert("all", None, None), n) is None
+
+
+@pytest.mark.parametrize("text", ["²", "0-²", "1" * 19, "3-1", "-1", "a"])
+def test_bad_rank_lists_fail_cleanly(text):
+    # "²".isdigit() is True but int("²") raises ValueError: a traceback, not a usage error.
+    with pytest.raises(click.BadParameter, match="is not a list of ranks"):
+        cli.RankList().convert(text, None, None)
+
+
+@pytest.mark.parametrize("value", ["h:²", "h:" + "9" * 5000, "h:0", "h:65536", "h:", ":80"])
+def test_bad_coordinator_fails_cleanly(value):
+    with pytest.raises(click.BadParameter, match="is not HOST:PORT"):
+        cli.HostPort().convert(value, None, None)
+
+
+def test_scale_names_the_open_file_limit():
+    problem = cli.scale_problem(100_000_000, "local", nofile_hard=20000, pid_max=4194304)
+    assert problem == ("-n 100000000: jaxrun needs about 200000064 open files for that many processes "
+                       "(2 each, local run), but the open-file limit is 20000 (ulimit -Hn); at most 9968 processes")
+    assert "(9 each, scheduler run)" in cli.scale_problem(3000, "scheduler", nofile_hard=20000, pid_max=4194304)
+    assert cli.scale_problem(9968, "local", nofile_hard=20000, pid_max=4194304) is None
+
+
+def test_scale_names_the_pid_limit_when_files_are_plenty():
+    problem = cli.scale_problem(100_000, "local", nofile_hard=1 << 30, pid_max=32768)
+    assert problem.startswith("-n 100000: this machine numbers at most 32768 processes and threads (kernel.pid_max)")
+    assert problem.endswith("at most 16384 processes")
+
+
+def test_devices_per_process_is_bounded():
+    with pytest.raises(click.UsageError, match="--devices-per-process 1000000000: at most 256 devices per process"):
+        cli.check_devices_per_process(1_000_000_000, None)
+    with pytest.raises(click.UsageError, match="--devices-per-process 4: this machine has 2 GPUs"):
+        cli.check_devices_per_process(4, 2)
+    cli.check_devices_per_process(8, None)
+    cli.check_devices_per_process(None, None)
+
+
+def test_python_must_be_an_executable_file(tmp_path):
+    plain = tmp_path / "python"
+    plain.write_text("")
+    for value, message in [
+        ("/nonexistent/python", "--python /nonexistent/python: no such file"),
+        ("no-such-python-here", "--python no-such-python-here: not found on PATH"),
+        (str(tmp_path), f"--python {tmp_path}: not an executable file"),
+        (str(plain), f"--python {plain}: not an executable file"),
+    ]:
+        with pytest.raises(LaunchError) as e:
+            cli.check_python(value)
+        assert str(e.value) == message
+    cli.check_python(sys.executable)
+    cli.check_python("sh")
+
+
+def test_hosts_file_is_read_to_a_bound(tmp_path):
+    with pytest.raises(LaunchError, match="/dev/zero: more than 1 MiB; is it a hosts file"):
+        cli.read_hosts_text("/dev/zero")
+    bad = tmp_path / "hosts"
+    bad.write_bytes(b"\xff\n")
+    with pytest.raises(LaunchError, match="cannot read it"):
+        cli.read_hosts_text(str(bad))

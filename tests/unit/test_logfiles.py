@@ -1,0 +1,274 @@
+"""Log folders, log files and reports as another user or a planted symlink
+would meet them (#16), and reports that read only the end of huge logs."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import threading
+import tracemalloc
+
+import pytest
+
+from jaxrun.launcher import logfiles
+from jaxrun.launcher.config import LaunchError
+from jaxrun.reporting import report, stacks, summary
+
+NOBODY = 65534
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user needs root")
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+@pytest.fixture
+def victim(tmp_path):
+    """A file of the user's own that a planted symlink points at."""
+    path = tmp_path / "precious"
+    path.write_text("keep me\n")
+    return path
+
+
+# -- the per-user base folder ------------------------------------------------
+
+
+def test_default_base_is_per_user(tmp_path):
+    assert logfiles.default_base(str(tmp_path)) == str(tmp_path / f"jaxrun-logs-{os.geteuid()}")
+
+
+def test_private_base_is_created_0700(tmp_path):
+    base = tmp_path / "base"
+    old = os.umask(0)  # even with a permissive umask
+    try:
+        logfiles.ensure_private_base(str(base))
+    finally:
+        os.umask(old)
+    assert mode(base) == 0o700
+    logfiles.ensure_private_base(str(base))  # and found again
+
+
+def test_base_others_may_read_is_refused_not_repaired(tmp_path):
+    base = tmp_path / "base"
+    base.mkdir(mode=0o755)
+    os.chmod(base, 0o755)
+    with pytest.raises(LaunchError, match=r"is not private: other users have access to it \(mode 0755\)"):
+        logfiles.ensure_private_base(str(base))
+    assert mode(base) == 0o755
+
+
+def test_base_that_is_a_symlink_is_refused(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    (tmp_path / "base").symlink_to(real)
+    with pytest.raises(LaunchError, match="it is not a folder"):
+        logfiles.ensure_private_base(str(tmp_path / "base"))
+
+
+@as_root
+def test_base_of_another_user_is_refused(tmp_path):
+    # The issue's case: the first user made the shared folder; now it is someone else's.
+    base = tmp_path / "base"
+    base.mkdir(mode=0o700)
+    os.chown(base, NOBODY, NOBODY)
+    with pytest.raises(LaunchError) as e:
+        logfiles.ensure_private_base(str(base))
+    assert str(e.value) == (f"the default log folder {base} is not private: it belongs to uid {NOBODY}; "
+                            f"remove it or pass --log-dir DIR")
+
+
+# -- --log-dir before the start --------------------------------------------
+
+
+def test_log_dir_under_a_file_is_refused(tmp_path):
+    (tmp_path / "f").write_text("")
+    with pytest.raises(LaunchError, match=f"--log-dir {tmp_path}/f/a/b: {tmp_path}/f is a file, not a folder"):
+        logfiles.check_log_dir(str(tmp_path / "f" / "a" / "b"))
+
+
+def test_log_dir_check_creates_nothing(tmp_path):
+    logfiles.check_log_dir(str(tmp_path / "a" / "b"))
+    assert list(tmp_path.iterdir()) == []
+
+
+@as_root
+def test_log_dir_of_another_user_is_refused(tmp_path):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    with pytest.raises(LaunchError, match=f"log folder {theirs} belongs to uid {NOBODY}"):
+        logfiles.check_log_dir(str(theirs))
+
+
+@as_root
+def test_log_dir_symlink_made_by_another_user_is_refused(tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(mine)
+    os.lchown(link, NOBODY, NOBODY)
+    with pytest.raises(LaunchError, match=f"is a symlink that uid {NOBODY} made"):
+        logfiles.check_log_dir(str(link))
+
+
+# -- the run's folder -----------------------------------------------------------
+
+
+def test_run_folder_is_created_0700_with_its_parents(tmp_path):
+    path = tmp_path / "a" / "b"
+    logfiles.prepare_log_dir(str(path))
+    assert mode(path) == 0o700
+
+
+def test_reused_folder_loses_stale_error_records_even_dangling_links(tmp_path, victim):
+    (tmp_path / "process-0.error.json").write_text('{"type": "Old", "message": "stale"}')
+    (tmp_path / "process-1.error.json").symlink_to(tmp_path / "absent")
+    (tmp_path / "process-2.error.json").symlink_to(victim)
+    (tmp_path / "notes.txt").write_text("mine")
+    logfiles.prepare_log_dir(str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "precious"]
+    assert victim.read_text() == "keep me\n" and not (tmp_path / "absent").exists()
+
+
+def test_a_file_where_the_run_folder_goes_is_refused(tmp_path):
+    (tmp_path / "f").write_text("")
+    with pytest.raises(LaunchError, match="is not a folder"):
+        logfiles.prepare_log_dir(str(tmp_path / "f"))
+
+
+# -- files ------------------------------------------------------------------------
+
+
+def test_log_files_are_0600_whatever_the_umask(tmp_path):
+    old = os.umask(0)
+    try:
+        os.close(logfiles.open_log(str(tmp_path / "p.stdout")))
+        logfiles.open_pumped_log(str(tmp_path / "p.stderr")).close()
+    finally:
+        os.umask(old)
+    assert mode(tmp_path / "p.stdout") == mode(tmp_path / "p.stderr") == 0o600
+
+
+@pytest.mark.parametrize("opener", ["open_log", "open_pumped_log"])
+def test_planted_symlink_is_replaced_never_followed(tmp_path, victim, opener):
+    log = tmp_path / "process-0.stdout"
+    log.symlink_to(victim)
+    opened = getattr(logfiles, opener)(str(log))
+    if isinstance(opened, int):
+        os.write(opened, b"new\n")
+        os.close(opened)
+    else:
+        opened.write(b"new\n")
+        opened.close()
+    assert victim.read_text() == "keep me\n"
+    assert not log.is_symlink() and log.read_bytes() == b"new\n" and mode(log) == 0o600
+
+
+def test_earlier_log_is_replaced_not_appended_to(tmp_path):
+    log = tmp_path / "process-0.stderr"
+    log.write_text("earlier run\n")
+    fd = logfiles.open_log(str(log))
+    os.write(fd, b"this run\n")
+    os.close(fd)
+    assert log.read_text() == "this run\n"
+
+
+def test_appends_from_two_writers_interleave(tmp_path):
+    log = tmp_path / "p"
+    fd = logfiles.open_log(str(log))
+    other = os.dup(fd)  # a grandchild sharing the file
+    os.write(fd, b"a")
+    os.write(other, b"b")
+    os.close(fd)
+    os.close(other)
+    assert log.read_bytes() == b"ab"
+
+
+# -- reports ------------------------------------------------------------------------
+
+
+def test_report_folder_must_exist_before_the_start(tmp_path):
+    with pytest.raises(LaunchError) as e:
+        logfiles.check_writable_file("--report", str(tmp_path / "missing" / "r.json"))
+    assert str(e.value) == f"--report {tmp_path}/missing/r.json: the folder {tmp_path}/missing does not exist"
+    (tmp_path / "f").write_text("")
+    with pytest.raises(LaunchError, match=f"the folder {tmp_path}/f is not a folder"):
+        logfiles.check_writable_file("--junit-xml", str(tmp_path / "f" / "j.xml"))
+    logfiles.check_writable_file("--report", str(tmp_path / "r.json"))
+
+
+def test_report_is_written_atomically_through_a_unique_name(tmp_path, victim):
+    target = tmp_path / "r.json"
+    (tmp_path / "r.json.tmp").symlink_to(victim)  # the old fixed temporary name, planted
+    target.symlink_to(victim)
+    report.write_report(str(target), {"exit_code": 3})
+    assert json.loads(target.read_text()) == {"exit_code": 3} and not target.is_symlink()
+    assert victim.read_text() == "keep me\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["precious", "r.json", "r.json.tmp"]
+
+
+def test_report_into_a_folder_gone_since_the_start_is_one_line_not_a_crash(tmp_path, capsys):
+    report.write_report(str(tmp_path / "gone" / "r.json"), {})
+    err = capsys.readouterr().err
+    assert err.startswith(f"jaxrun: --report {tmp_path}/gone/r.json: cannot write it (No such file or directory)")
+    assert len(err.splitlines()) == 1
+
+
+# -- bounded reads ---------------------------------------------------------------------
+
+
+DUMP = "Current thread 0x00007f (most recent call first):\n  File \"{script}\", line 2 in <module>\n"
+
+
+@pytest.fixture
+def huge_log(tmp_path):
+    """A 32 MiB stderr log that ends with a stack dump."""
+    script = tmp_path / "hang.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    log = tmp_path / "process-0.stderr"
+    with open(log, "wb") as f:
+        f.write((b"y" * 99 + b"\n") * (32 << 20 // 100))
+        f.write(DUMP.format(script=script).encode())
+    return log, script
+
+
+def test_stack_dump_reader_reads_only_the_end_of_a_huge_log(huge_log):
+    log, script = huge_log
+    tracemalloc.start()
+    try:
+        frame = stacks.innermost_user_frame(str(log))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert frame == (str(script), 2, "<module>", "time.sleep(60)")
+    assert peak < 8 * stacks.DUMP_TAIL, peak  # the whole log would be 32 MiB, twice (bytes and text)
+
+
+def test_summary_tail_reads_only_the_end_of_a_huge_log(huge_log):
+    log, _ = huge_log
+    tracemalloc.start()
+    try:
+        lines = summary.tail(str(log))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert lines[-1] == '  File "' + str(huge_log[1]) + '", line 2 in <module>'
+    assert peak < 1 << 20, peak
+
+
+def test_a_fifo_in_a_logs_place_neither_blocks_nor_counts(tmp_path):
+    fifo = tmp_path / "process-0.stderr"
+    os.mkfifo(fifo)
+    result = []
+    reader = threading.Thread(target=lambda: result.append(stacks.read_tail(str(fifo), 100)), daemon=True)
+    reader.start()
+    reader.join(timeout=5)
+    assert result == [None]
+
+
+def test_read_tail_of_missing_or_short_files(tmp_path):
+    assert stacks.read_tail(str(tmp_path / "absent"), 10) is None
+    (tmp_path / "short").write_bytes(b"abc")
+    assert stacks.read_tail(str(tmp_path / "short"), 10) == b"abc"
+    assert stacks.read_tail(str(tmp_path / "short"), 2) == b"bc"
