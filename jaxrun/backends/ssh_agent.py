@@ -16,6 +16,10 @@ so this module gives the launcher a handle on the remote process:
 - The shim holds the read end of a lifeline pipe whose write end only this
   process holds, so if this process is killed, the shim kills its group too.
 
+The agent is a child subreaper (see :mod:`jaxrun.backends.reaper`): a
+daemon the script starts with ``setsid()`` stays its descendant, and is killed
+with whatever else is left once the shim ends.
+
 The exit status is the shim's, or 128+N when it died of signal N, since SSH
 has no way to pass a signal death back.
 """
@@ -29,6 +33,7 @@ import sys
 import threading
 
 from jaxrun import contract, wire
+from jaxrun.backends import reaper
 
 USAGE = f"usage: python -m {contract.SSH_AGENT_MODULE} [--chdir DIR] -- COMMAND..."
 
@@ -86,6 +91,7 @@ def main(argv: list[str]) -> int:
         except OSError as e:
             print(f"jaxrun: cannot change to {chdir!r} on this host: {e.strerror}", file=sys.stderr)
             return 2
+    reaper.become_subreaper()
     lifeline_r, lifeline_w = os.pipe()
     env = dict(os.environ)
     env[contract.LIFELINE_FD] = str(lifeline_r)
@@ -105,6 +111,7 @@ def main(argv: list[str]) -> int:
     relay.start()
     code = child.wait()
     kill_group(child.pid, signal.SIGKILL)  # grandchildren left behind by the shim
+    reaper.kill_descendants()  # and those that left its group
     os.close(lifeline_w)
     return contract.exit_status(code)
 

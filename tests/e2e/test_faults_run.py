@@ -191,6 +191,25 @@ def test_setsid_daemons_do_not_survive(launch_mode, started, tmp_path):
     assert not alive, f"daemons outlived jaxrun: {alive}"
 
 
+@pytest.mark.timeout(90)
+def test_setsid_daemons_do_not_survive_over_ssh(sshd_hosts, started, tmp_path):
+    """The host agent claims its orphans too, so remote daemons end with the job."""
+    script = write(tmp_path, "daemon.py", DAEMON)
+    proc = start(["-H", "hostA,hostB", "--ssh-config", sshd_hosts.config, "--env", f"PYTHONPATH={ROOT}",
+                  "-x", TOKEN, "--log-dir", tmp_path / "logs", script, tmp_path / "daemon"])
+    started.append(proc)
+    code, took, err = finish(proc, 60)
+    assert code == 0, err[-2000:]
+    pids = [int((tmp_path / f"daemon.{rank}").read_text()) for rank in range(2)]
+    deadline = time.monotonic() + 5  # the agent's kill follows the session's end by a moment
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in pids):
+        time.sleep(0.1)
+    alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, f"remote daemons outlived jaxrun: {alive}"
+
+
 # -- start-up that hangs gives way to signals and --timeout ------------------------------------
 
 SLOW_IMPORT = "import time\ntime.sleep(60)\n"
