@@ -45,9 +45,20 @@ def is_user_file(path: str) -> bool:
 
 def read_tail(path: str, size: int) -> bytes | None:
     """The last ``size`` bytes of a log file (all of a shorter one); None if it
-    cannot be read.  Reports read logs only through this, so a huge log costs
-    neither memory nor time, and only a regular file is read: a FIFO or a
-    device put in a log's place can neither block the report nor fill it."""
+    cannot be read.  Reports read logs only through this or ``read_small``,
+    so a huge log costs neither memory nor time."""
+    return _read_regular(path, size, from_end=True)
+
+
+def read_small(path: str, limit: int) -> bytes | None:
+    """A whole file of at most ``limit`` bytes; None if it is larger or cannot be read."""
+    data = _read_regular(path, limit + 1, from_end=False)
+    return None if data is None or len(data) > limit else data
+
+
+def _read_regular(path: str, size: int, from_end: bool) -> bytes | None:
+    # Only a regular file is read, and never through a symlink: a FIFO or a
+    # device put in a log's place can neither block the report nor fill it.
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
@@ -57,7 +68,8 @@ def read_tail(path: str, size: int) -> bytes | None:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 return None
-            f.seek(max(0, st.st_size - size))
+            if from_end:
+                f.seek(max(0, st.st_size - size))
             return f.read(size)
         except OSError:
             return None

@@ -3,15 +3,21 @@ JSON report, JUnit and GitHub annotations share with it."""
 
 from __future__ import annotations
 
-import os
 from typing import Iterable
 
 from jaxrun.contract import ErrorRecord, signal_name
 from jaxrun.launcher.control import BUG_REPORT
 from jaxrun.launcher.outcome import Outcome, ProcessRecord, StopReason, Verdict
-from jaxrun.reporting.stacks import innermost_user_frame
+from jaxrun.reporting.stacks import innermost_user_frame, read_small, read_tail
 
 TAIL_LINES = 15
+# How much of the end of a log the summary and the reports take their lines
+# from: logs may be many gigabytes.
+LOG_TAIL = 64 * 1024
+# An error record is one exception's headline and traceback.  A larger one
+# (an exception with a giant message) is not read: the summary then shows the
+# end of the log instead.
+ERROR_RECORD_MAX = 1 << 20
 
 
 def describe_exit(record: ProcessRecord) -> str:
@@ -24,18 +30,13 @@ def describe_exit(record: ProcessRecord) -> str:
 
 
 def tail(path: str, n: int = TAIL_LINES) -> list[str]:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 64 * 1024))
-            data = f.read()
-    except OSError:
-        return []
-    return data.decode("utf-8", "replace").splitlines()[-n:]
+    data = read_tail(path, LOG_TAIL)
+    return [] if data is None else data.decode("utf-8", "replace").splitlines()[-n:]
 
 
 def error_info(record: ProcessRecord) -> ErrorRecord | None:
-    return ErrorRecord.load(record.error_file)
+    data = read_small(record.error_file, ERROR_RECORD_MAX) if record.error_file else None
+    return None if data is None else ErrorRecord.from_json(data.decode("utf-8", "replace"))
 
 
 def where(record: ProcessRecord) -> str:

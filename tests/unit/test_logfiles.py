@@ -8,9 +8,11 @@ import os
 import stat
 import threading
 import tracemalloc
+import types
 
 import pytest
 
+from jaxrun.contract import ErrorRecord
 from jaxrun.launcher import logfiles
 from jaxrun.launcher.config import LaunchError
 from jaxrun.reporting import report, stacks, summary
@@ -272,3 +274,19 @@ def test_read_tail_of_missing_or_short_files(tmp_path):
     (tmp_path / "short").write_bytes(b"abc")
     assert stacks.read_tail(str(tmp_path / "short"), 10) == b"abc"
     assert stacks.read_tail(str(tmp_path / "short"), 2) == b"bc"
+
+
+def test_error_record_is_read_only_up_to_a_bound(tmp_path):
+    path = tmp_path / "process-0.error.json"
+    record = types.SimpleNamespace(error_file=str(path))
+    path.write_text(ErrorRecord("ValueError", "bad", "Traceback ...").to_json())
+    assert summary.error_info(record) == ErrorRecord("ValueError", "bad", "Traceback ...")
+    path.write_text(ErrorRecord("ValueError", "x" * (2 << 20)).to_json())
+    tracemalloc.start()
+    try:
+        assert summary.error_info(record) is None  # the summary shows the log's end instead
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * summary.ERROR_RECORD_MAX + (1 << 20), peak
+    assert summary.error_info(types.SimpleNamespace(error_file=None)) is None
