@@ -56,6 +56,14 @@ NO_PRELOAD = "JAXRUN_NO_PRELOAD"  # "1": --no-preload by default
 # per-run secret that proves a connection belongs to the run.
 TASK_CHANNEL = "JAXRUN_TASK_CHANNEL"
 TASK_SECRET = "JAXRUN_TASK_SECRET"
+# Optional, read by the launcher: the address (or name) the task channel binds
+# and tells the tasks, for a launcher host whose name resolves to an address
+# the compute nodes cannot reach (a loopback alias, the wrong network).
+TASK_CHANNEL_HOST = "JAXRUN_TASK_CHANNEL_HOST"
+# --devices-per-process K under a scheduler: which tasks share a node is known
+# only once the step starts, so each task's agent turns its local rank r into
+# JAX_LOCAL_DEVICE_IDS r*K ... r*K+K-1 itself.
+TASK_DEVICES_PER_PROCESS = "JAXRUN_TASK_DEVICES_PER_PROCESS"
 # The pytest plugin's private folder for one marked test's controllers.
 PYTEST_WORKDIR = "JAXRUN_PYTEST_WORKDIR"
 # Failure injection for jaxrun's own tests: comma-separated names of launcher

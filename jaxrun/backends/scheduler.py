@@ -10,7 +10,7 @@ with ``contract.RANK_SOURCE`` telling it to take its rank from the scheduler.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Mapping, Sequence, TextIO
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence, TextIO
 
 from jaxrun import contract
 from jaxrun.backends.base import Backend
@@ -20,8 +20,10 @@ from jaxrun.launcher.config import SchedulerOptions
 if TYPE_CHECKING:  # the channel is loaded only when a step is started
     from jaxrun.backends.scheduler_channel import Step
 
-# What mpirun must carry to remote nodes besides jaxrun's own variables; it
-# forwards nothing by default (srun forwards everything).
+# What mpirun must carry to remote nodes besides what the plan sets (jaxrun's
+# variables, the user's --env/-x, PYTHONUNBUFFERED); it forwards nothing by
+# default (srun forwards everything).  Local ranks inherit mpirun's whole
+# environment, so a missing name shows only on other nodes.
 MPI_FORWARD = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV")
 MPI_FORWARD_PREFIXES = contract.CONTRACT_PREFIXES + ("XLA_",)
 
@@ -49,7 +51,9 @@ def srun_command(options: SchedulerOptions, num_processes: int, task: Sequence[s
 
 
 def mpirun_command(options: SchedulerOptions, num_processes: int, task: Sequence[str], env: Mapping[str, str],
-                   is_root: bool) -> list[str]:
+                   is_root: bool, planned: Iterable[str] = ()) -> list[str]:
+    """``planned``: the names the plan set for every process, which must reach
+    every node whatever they are called."""
     if options.nodes:
         raise SchedulerError("--nodes works with --launcher slurm only; give mpirun its hosts with --scheduler-arg")
     argv = ["mpirun", "-n", str(num_processes)]
@@ -57,21 +61,28 @@ def mpirun_command(options: SchedulerOptions, num_processes: int, task: Sequence
         argv += ["--map-by", f"ppr:{options.tasks_per_node}:node"]
     if is_root:
         argv.append("--allow-run-as-root")  # mpirun refuses root without it
+    planned = set(planned)
     for name in sorted(env):
-        if name in MPI_FORWARD or name.startswith(MPI_FORWARD_PREFIXES):
+        if name in MPI_FORWARD or name in planned or name.startswith(MPI_FORWARD_PREFIXES):
             argv += ["-x", name]  # by name: values (the channel secret) stay off the command line
     return argv + list(options.scheduler_args) + list(task)
 
 
-def step_env(options: SchedulerOptions, specs: Sequence[planning.ProcessSpec], base: Mapping[str, str]) -> dict[str, str]:
+def step_env(options: SchedulerOptions, specs: Sequence[planning.ProcessSpec], base: Mapping[str, str],
+             devices_per_process: int | None = None) -> dict[str, str]:
     """One environment for every task: what all specs share, plus the rank source.
-    Per-rank values (process id, local id) come from the scheduler instead."""
+    Per-rank values (process id, local id, device ids) come from the scheduler
+    instead: with --devices-per-process each task derives its devices from its
+    local rank (see the task agent)."""
     common = planning.common_env(specs)
-    for name in (contract.PROCESS_ID, contract.LOCAL_PROCESS_ID, contract.LOCAL_PROCESS_COUNT):
+    for name in (contract.PROCESS_ID, contract.LOCAL_PROCESS_ID, contract.LOCAL_PROCESS_COUNT,
+                 contract.JAX_LOCAL_DEVICE_IDS):
         common.pop(name, None)
     env = dict(base)
     env.update(common)
     env[contract.RANK_SOURCE] = options.launcher
+    if devices_per_process is not None:
+        env[contract.TASK_DEVICES_PER_PROCESS] = str(devices_per_process)
     return env
 
 
@@ -96,20 +107,22 @@ class SchedulerBackend(Backend):
         self.fixed = fixed
         return fixed or "", None
 
-    def command_builder(self):
+    def command_builder(self, planned: Iterable[str] = ()):
         task = task_argv(self.launch.python, planning.shim_args(self.launch.target))
         if self.options.launcher == "slurm":
             return lambda env: srun_command(self.options, self.launch.num_processes, task)
         is_root = os.geteuid() == 0
-        return lambda env: mpirun_command(self.options, self.launch.num_processes, task, env, is_root)
+        planned = tuple(planned)
+        return lambda env: mpirun_command(self.options, self.launch.num_processes, task, env, is_root, planned)
 
     def begin(self, specs: Sequence[planning.ProcessSpec], log_dir: str) -> None:
-        env = step_env(self.options, specs, self.base_env)
-        build = self.command_builder()
+        env = step_env(self.options, specs, self.base_env, self.launch.devices_per_process)
+        build = self.command_builder(planning.common_env(specs))
         build(env)  # bad combinations fail here, before anything starts
         from jaxrun.backends.scheduler_channel import Step
 
-        self.step = Step(self.options.command, specs, build, env, log_dir, self.console, self.fixed)
+        self.step = Step(self.options.command, specs, build, env, log_dir, self.console, self.fixed,
+                         hooks=self.hooks)
 
     def spawn(self, spec: planning.ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str],
               log_fds: tuple[int, int] | None):
@@ -119,3 +132,9 @@ class SchedulerBackend(Backend):
         if self.step is not None:
             self.step.close()
             self.step = None
+
+    def abort(self) -> None:
+        # Read once: end() may clear it from another thread meanwhile.
+        step = self.step
+        if step is not None:
+            step.abort()

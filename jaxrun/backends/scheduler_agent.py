@@ -7,7 +7,11 @@ would:
 - three TCP connections to the launcher's task channel (see
   :mod:`jaxrun.backends.scheduler_channel`): the child's stdout and stderr go
   straight into two of them, byte for byte, so per-process logs stay exact;
-  the third carries :mod:`jaxrun.wire` messages both ways;
+  the third carries :mod:`jaxrun.wire` messages both ways.  Each connection
+  counts once the launcher has answered its ``Hello`` with an ``Ack``; one
+  it closed instead (too many strangers connecting at once) is made again;
+- with ``--devices-per-process K``, the child's ``JAX_LOCAL_DEVICE_IDS``,
+  from the local rank the scheduler gave us;
 - task 0 picks the coordinator's port on its own node and reports it; every
   task waits for the launcher's ``Start`` before starting the shim;
 - ``Signal`` messages are delivered to the child's process group, so the
@@ -30,12 +34,15 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 from jaxrun import contract, wire
 from jaxrun.child.bootstrap import BootstrapError, identity_from_env
+from jaxrun.launcher.plan import local_device_ids
 
 USAGE = f"usage: python -m {contract.SCHEDULER_AGENT_MODULE} -- COMMAND..."
-CONNECT_TIMEOUT = 30.0
+CONNECT_TIMEOUT = 30.0  # per connection, retries included
+RETRY_PAUSE = (0.05, 1.0)  # first and longest pause between tries
 ACK_TIMEOUT = 5.0
 # Signals a scheduler may send the task; the child gets them instead of us.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -63,7 +70,7 @@ def tasks_on_node(per_node: str, node_index: int) -> int:
 class Channel:
     def __init__(self, address: str, secret: str, rank: int):
         host, port = address.rsplit(":", 1)
-        self.address = (host, int(port))
+        self.address = (host.strip("[]"), int(port))  # an IPv6 address comes in brackets
         self.secret = secret
         self.rank = rank
         self.send_lock = threading.Lock()
@@ -71,9 +78,30 @@ class Channel:
         self.ctrl_file = self.ctrl.makefile("rb")
 
     def connect(self, kind: str) -> socket.socket:
-        sock = socket.create_connection(self.address, timeout=CONNECT_TIMEOUT)
+        """A connection the launcher has accepted as ours (it sent its Ack).
+        The launcher closes connections it cannot take yet, so try again
+        until CONNECT_TIMEOUT has passed."""
+        deadline = time.monotonic() + CONNECT_TIMEOUT
+        pause = RETRY_PAUSE[0]
+        while True:
+            try:
+                return self._try_connect(kind, deadline)
+            except OSError:
+                if time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(2 * pause, RETRY_PAUSE[1])
+
+    def _try_connect(self, kind: str, deadline: float) -> socket.socket:
+        sock = socket.create_connection(self.address, timeout=max(0.1, deadline - time.monotonic()))
+        try:
+            sock.sendall(wire.Hello(self.secret, self.rank, kind).line())
+            if _read_line(sock) != wire.Ack().line():
+                raise ConnectionResetError("the launcher closed the connection")
+        except BaseException:
+            sock.close()
+            raise
         sock.settimeout(None)
-        sock.sendall(wire.Hello(self.secret, self.rank, kind).line())
         return sock
 
     def send(self, msg: wire.Message) -> None:
@@ -95,6 +123,18 @@ class Channel:
                 continue  # from a newer launcher: not ours to act on
 
 
+def _read_line(sock: socket.socket, limit: int = 64) -> bytes:
+    """One short line, byte by byte: nothing after it may be taken from the
+    socket (on ``ctrl``, the launcher's next message may follow at once)."""
+    line = b""
+    while not line.endswith(b"\n") and len(line) < limit:
+        byte = sock.recv(1)
+        if not byte:
+            break
+        line += byte
+    return line
+
+
 def pick_coordinator(channel: Channel) -> str:
     """A free port on this node, on the address that reaches the launcher:
     that interface is the one the other nodes can reach too."""
@@ -102,13 +142,28 @@ def pick_coordinator(channel: Channel) -> str:
     return contract.join_address(ip, contract.free_port(ip))
 
 
-def child_env(coordinator: str, rank: int, error_file: str, lifeline: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in (contract.TASK_SECRET, contract.TASK_CHANNEL)}
+def device_env(local: int, local_count: int, environ=os.environ) -> dict[str, str]:
+    """--devices-per-process K: local task r owns devices r*K ... r*K+K-1."""
+    per_process = environ.get(contract.TASK_DEVICES_PER_PROCESS)
+    if not per_process:
+        return {}
+    ids = local_device_ids(local, local_count, int(per_process), None)
+    return {contract.JAX_LOCAL_DEVICE_IDS: ",".join(map(str, ids))}
+
+
+# The launcher's words to this agent: the child runs as it would under a plain launch.
+AGENT_ONLY = (contract.TASK_SECRET, contract.TASK_CHANNEL, contract.TASK_DEVICES_PER_PROCESS)
+
+
+def child_env(coordinator: str, rank: int, error_file: str, lifeline: int, local: int = 0) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in AGENT_ONLY}
     env[contract.COORDINATOR_ADDRESS] = env[contract.JAX_COORDINATOR_ADDRESS] = coordinator
     if rank == 0:
         # Bind exactly the address we advertise, never all interfaces.
         env.update(contract.bind_env(coordinator))
-    env[contract.LOCAL_PROCESS_COUNT] = str(local_count_from_env())
+    local_count = local_count_from_env()
+    env[contract.LOCAL_PROCESS_COUNT] = str(local_count)
+    env.update(device_env(local, local_count))
     env[contract.ERROR_FILE] = error_file
     env[contract.LIFELINE_FD] = str(lifeline)
     return env
@@ -150,7 +205,7 @@ def main(argv: list[str]) -> int:
     lifeline_r, lifeline_w = os.pipe()
     try:
         child.append(subprocess.Popen(
-            command, env=child_env(coordinator, rank, error_file, lifeline_r),
+            command, env=child_env(coordinator, rank, error_file, lifeline_r, local),
             stdin=subprocess.DEVNULL, stdout=out, stderr=err,
             pass_fds=(lifeline_r,), start_new_session=True,
         ))

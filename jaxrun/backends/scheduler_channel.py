@@ -4,8 +4,8 @@ A ``Step`` hands the supervisor one ``RankChild`` per rank, so the summary,
 the report and the per-process logs work as for any backend.  The first
 ``spawn`` starts the whole step.  The task agents
 (:mod:`jaxrun.backends.scheduler_agent`) connect back to a TCP listener here,
-each connection opened by a ``wire.Hello`` that carries the per-run secret,
-three connections per task:
+each connection opened by a ``wire.Hello`` that carries the per-run secret
+and answered by a ``wire.Ack``, three connections per task:
 
 - ``stdout`` and ``stderr`` carry the child's bytes unchanged; a forwarder
   thread copies them into the pipe the supervisor's pump already reads;
@@ -20,12 +20,42 @@ one TCP listener per run: compute nodes must be able to reach the launcher's
 host (which ``srun`` and ``mpirun`` already require for their own I/O).
 Whatever the scheduler itself prints (allocation errors, its own failure
 notes) goes to ``engine.log`` in the log folder and to the console.
+
+The listener faces the network, so ``TaskListener`` trusts nothing that has
+not shown the secret:
+
+- it binds the one address the tasks are told (``channel_address``), never
+  a wildcard;
+- one thread reads every header, without blocking, against one deadline for
+  the whole line: a client that sends a byte a second holds nothing;
+- at most ``MAX_UNAUTHENTICATED`` connections wait for their header at a
+  time; more are closed at once.  A task whose connection was closed gets no
+  ``Ack`` and connects again (see the agent), so a flood delays it, no more;
+- running out of file descriptors (EMFILE, ENFILE) pauses accepting for a
+  moment; it never ends the listener;
+- once every rank has attached its three connections, it stops listening.
+
+Only connections that showed the secret get a thread: the three per rank.
+Every thread is started through ``base.start_thread``, so one that dies is
+reported to the run instead of leaving ranks that never end; their names
+(what ``contract.INJECT_THREAD_FAULT`` matches) are ``task-channel``,
+``step-watcher``, ``step-kill``, and ``rank-N-ctrl``, ``rank-N-stdout``,
+``rank-N-stderr`` for rank N.
+
+Stopping a step that Slurm still queues needs care: ``srun`` withdraws its
+pending job on SIGTERM or SIGINT, but after SIGKILL the job stays in the
+queue.  ``Step.kill`` therefore sends SIGTERM first while no task has reached
+us, and the job id ``srun`` reported as queued is cancelled with ``scancel``
+if ``srun`` ended without withdrawing it.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import secrets
+import selectors
 import signal
 import socket
 import subprocess
@@ -34,12 +64,28 @@ import time
 from typing import Callable, Mapping, Sequence, TextIO
 
 from jaxrun import contract, wire
+from jaxrun.backends.base import RunHooks, start_thread
 from jaxrun.launcher.plan import ProcessSpec
 
 CHUNK = 1 << 16
 # After the step exits, how long ranks may still report their exit codes.
 LATE_REPORT_WAIT = 3.0
+# One deadline for a connection's whole Hello line, from its accept.
 HEADER_TIMEOUT = 10.0
+MAX_HEADER = 512  # a Hello is about 80 bytes
+MAX_UNAUTHENTICATED = 64
+ACCEPT_BATCH = 256  # accepts per wake-up, so a flood cannot starve the headers already in
+ACCEPT_PAUSE = 0.1  # after EMFILE/ENFILE: no accepts for this long, then try again
+OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+# How long srun gets after SIGTERM to withdraw its pending job before SIGKILL.
+SRUN_WITHDRAW_WAIT = 2.0
+# After the task channel closes, how long the tasks get to end their step.
+CLOSE_WAIT = 10.0
+SCANCEL_TIMEOUT = 10.0
+# What srun prints (at its default verbosity) when its job must wait, and once it runs.
+QUEUED = re.compile(rb"srun: job (\d+) queued and waiting for resources")
+ALLOCATED = re.compile(rb"srun: job (\d+) has been allocated resources")
+ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL)
 
 
 class RankChild:
@@ -68,29 +114,46 @@ class RankChild:
         with self._lock:
             if self._done.is_set():
                 return
-            if self._ctrl is None:
+            attached = self._ctrl is not None
+            if not attached:
                 self._pending.append(signum)
-                never_started = True
-            else:
-                never_started = False
-        if not never_started:
+        if attached:
             self.tell(wire.Signal.of(signum))
-        elif signum == signal.SIGKILL:
+        elif signum == signal.SIGKILL or (signum in ENDING_SIGNALS and not self.step.reached):
             # The task has not reached us (still queued or starting): only
-            # ending the whole step can stop it.
+            # ending the whole step can stop it.  A step no task has reached
+            # yet has nothing to stop gracefully, and may be queued: end it now.
             self.step.kill()
 
     def wait(self) -> int:
         self._done.wait()
         return self._code
 
-    # -- called from the channel's connection threads --------------------
-    def attach_stream(self, kind: str, sock: socket.socket) -> None:
+    # -- connections, offered by the listener's thread ----------------------
+    def wants(self, kind: str) -> bool:
         with self._lock:
-            fd = self._unattached.pop(kind, None)
-        if fd is None:  # a duplicate, or the rank was already given up
+            if self._done.is_set():
+                return False
+            return self._ctrl is None if kind == "ctrl" else kind in self._unattached
+
+    def attach(self, kind: str, sock: socket.socket, hooks: RunHooks) -> None:
+        """Take a connection that showed the secret; serve it in its own thread."""
+        with self._lock:
+            if self._done.is_set():
+                target = None
+            elif kind == "ctrl":
+                target = None if self._ctrl is not None else self._serve_ctrl
+                if target:
+                    self._ctrl = sock
+            else:
+                fd = self._unattached.pop(kind, None)
+                target = None if fd is None else (lambda: self._forward(fd, sock))
+        if target is None:  # a duplicate, or the rank was given up meanwhile
             sock.close()
             return
+        start_thread(f"rank-{self.rank}-{kind}", target, hooks=hooks)
+
+    def _forward(self, fd: int, sock: socket.socket) -> None:
         try:
             while True:
                 data = sock.recv(CHUNK)
@@ -105,16 +168,23 @@ class RankChild:
             os.close(fd)
             sock.close()
 
-    def attach_ctrl(self, sock: socket.socket) -> None:
-        with self._lock:
-            if self._ctrl is not None or self._done.is_set():
-                sock.close()
-                return
-            self._ctrl = sock
-            pending, self._pending = self._pending, []
-        for signum in pending:
-            self.tell(wire.Signal.of(signum))
-        self.step.ctrl_connected(self)
+    def _serve_ctrl(self) -> None:
+        sock = self._ctrl
+        try:
+            with self._lock:
+                pending, self._pending = self._pending, []
+            for signum in pending:
+                self.tell(wire.Signal.of(signum))
+            self.step.ctrl_connected(self)
+            self._read_ctrl(sock)
+        finally:
+            # No exit line: the task wrapper itself was killed (usually by the
+            # scheduler ending the step after another task failed).  Also when
+            # this thread fails: the rank must end either way.
+            self.finish(-signal.SIGKILL)
+            sock.close()
+
+    def _read_ctrl(self, sock: socket.socket) -> None:
         lines = sock.makefile("rb")
         try:
             for raw in lines:
@@ -130,10 +200,6 @@ class RankChild:
                     self.tell(wire.Ack())
         except (OSError, ValueError):
             pass
-        # No exit line: the task wrapper itself was killed (usually by the
-        # scheduler ending the step after another task failed).
-        self.finish(-signal.SIGKILL)
-        sock.close()
 
     def tell(self, msg: wire.Message) -> None:
         try:
@@ -145,7 +211,8 @@ class RankChild:
         self._done.wait(timeout)
 
     def hang_up(self) -> None:
-        """Close the control connection: the task then kills its child."""
+        """Close the control connection: the task then kills its child.
+        Never blocks (the watchdog calls it through ``abort``)."""
         if self._ctrl is not None:
             try:
                 self._ctrl.shutdown(socket.SHUT_RDWR)
@@ -168,6 +235,166 @@ class RankChild:
             os.close(fd)
 
 
+class TaskListener:
+    """The channel's one listening socket, and the one thread (``task-channel``)
+    that accepts and reads headers; see the module docstring.
+
+    ``attach(hello, sock)`` is called for each connection that showed the
+    secret and that ``wanted(hello)`` accepted, after its ``Ack`` went out.
+    The listener closes once ``expected`` connections were attached, or at
+    ``close()``.
+    """
+
+    def __init__(self, host: str, secret: str, expected: int, wanted: Callable[[wire.Hello], bool],
+                 attach: Callable[[wire.Hello, socket.socket], None], hooks: RunHooks):
+        self.secret = secret.encode()
+        self.expected = expected
+        self.wanted = wanted
+        self.attach = attach
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        # The backlog absorbs a burst (every task at once, or a flood) while
+        # this thread drains it; the kernel caps it at somaxconn.
+        self.sock = socket.create_server((host, 0), family=family, backlog=max(1024, 3 * expected))
+        self.sock.setblocking(False)
+        self.port = self.sock.getsockname()[1]
+        self._closing = False
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_w.setblocking(False)
+        self._waiting: dict[socket.socket, tuple[float, bytearray]] = {}  # deadline, bytes so far
+        self.thread = start_thread("task-channel", self._serve, hooks=hooks)
+
+    def stop(self) -> None:
+        """Stop listening soon; never blocks.  The thread closes what it holds."""
+        self._closing = True
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        """Stop listening, and wait (briefly) until the thread has."""
+        self.stop()
+        if threading.current_thread() is not self.thread:
+            self.thread.join(timeout=1.0)
+        if not self.thread.is_alive():  # ended, or died early: nobody else closes these
+            self.sock.close()
+            self._wake_r.close()
+            self._wake_w.close()
+
+    def _serve(self) -> None:
+        selector = selectors.DefaultSelector()
+        selector.register(self._wake_r, selectors.EVENT_READ)
+        selector.register(self.sock, selectors.EVENT_READ)
+        resume_at: float | None = None  # accepting paused until then (out of descriptors)
+        try:
+            while not self._closing and self.expected > 0:
+                now = time.monotonic()
+                if resume_at is not None and now >= resume_at:
+                    selector.register(self.sock, selectors.EVENT_READ)
+                    resume_at = None
+                wake = [deadline for deadline, _ in self._waiting.values()]
+                if resume_at is not None:
+                    wake.append(resume_at)
+                for key, _ in selector.select(max(0.0, min(wake) - now) if wake else None):
+                    if key.fileobj is self._wake_r:
+                        self._wake_r.recv(64)
+                    elif key.fileobj is self.sock:
+                        if not self._accept_some(selector):
+                            selector.unregister(self.sock)
+                            resume_at = time.monotonic() + ACCEPT_PAUSE
+                    elif key.fileobj in self._waiting:
+                        self._read_header(key.fileobj, selector)
+                now = time.monotonic()
+                for sock in [s for s, (deadline, _) in self._waiting.items() if deadline <= now]:
+                    self._drop(sock, selector)
+        finally:
+            # Every rank attached, or the step is closing: nobody else may come in.
+            for sock in list(self._waiting):
+                self._drop(sock, selector)
+            selector.close()
+            self.sock.close()
+            self._wake_r.close()
+            self._wake_w.close()
+
+    def _accept_some(self, selector: selectors.BaseSelector) -> bool:
+        """Accept what the backlog holds; False when out of file descriptors."""
+        for _ in range(ACCEPT_BATCH):
+            try:
+                sock, _ = self.sock.accept()
+            except BlockingIOError:
+                return True
+            except OSError as e:
+                if e.errno in OUT_OF_RESOURCES:
+                    return False
+                continue  # that one connection failed (ECONNABORTED and the like)
+            sock.setblocking(False)
+            self._waiting[sock] = (time.monotonic() + HEADER_TIMEOUT, bytearray())
+            # A task sends its Hello with the connection: it is usually here
+            # already, and then the connection never counts against the cap.
+            if self._read_header(sock, None) and len(self._waiting) > MAX_UNAUTHENTICATED:
+                self._drop(sock, None)
+            elif sock in self._waiting:
+                selector.register(sock, selectors.EVENT_READ)
+        return True
+
+    def _read_header(self, sock: socket.socket, selector: selectors.BaseSelector | None) -> bool:
+        """Read what has arrived; True while the header is still incomplete."""
+        _, data = self._waiting[sock]
+        try:
+            chunk = sock.recv(MAX_HEADER - len(data))
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError:
+            chunk = b""
+        data += chunk
+        if chunk and b"\n" not in data and len(data) < MAX_HEADER:
+            return True
+        line, newline, rest = bytes(data).partition(b"\n")
+        hello = self._authenticate(line) if newline and not rest else None  # a task sends nothing before its Ack
+        if hello is None:
+            self._drop(sock, selector)
+            return False
+        self._forget(sock, selector)
+        try:
+            sent = sock.send(wire.Ack().line())
+        except OSError:
+            sent = 0
+        if sent != len(wire.Ack().line()):
+            sock.close()
+            return False
+        sock.setblocking(True)
+        self.expected -= 1
+        self.attach(hello, sock)
+        return False
+
+    def _authenticate(self, line: bytes) -> wire.Hello | None:
+        try:
+            hello = wire.decode(line)
+        except (ValueError, RecursionError):  # WireError is a ValueError
+            return None
+        if not isinstance(hello, wire.Hello) or not isinstance(hello.secret, str):
+            return None
+        # Bytes, compared in constant time; any text (non-ASCII, lone
+        # surrogates from a JSON escape) encodes under surrogatepass.
+        if not secrets.compare_digest(hello.secret.encode("utf-8", "surrogatepass"), self.secret):
+            return None
+        if type(hello.rank) is not int or hello.kind not in wire.Hello.STREAM_KINDS:
+            return None
+        return hello if self.wanted(hello) else None
+
+    def _forget(self, sock: socket.socket, selector: selectors.BaseSelector | None) -> None:
+        del self._waiting[sock]
+        if selector is not None:
+            try:
+                selector.unregister(sock)
+            except (KeyError, ValueError):
+                pass  # accepted in this round and not registered yet
+
+    def _drop(self, sock: socket.socket, selector: selectors.BaseSelector | None) -> None:
+        self._forget(sock, selector)
+        sock.close()
+
+
 class Step:
     """One scheduler step for all ranks; see the module docstring."""
 
@@ -181,23 +408,27 @@ class Step:
         console: TextIO,
         fixed_coordinator: str | None = None,
         channel_host: str | None = None,
+        hooks: RunHooks | None = None,
     ):
         self.command = command  # srun or mpirun, as messages name it
         self.build_command = build_command
         self.step_env = dict(step_env)
         self.log_dir = log_dir
         self.console = console
+        self.hooks = hooks or RunHooks()
         self.secret = secrets.token_hex(16)
         self.children = {s.rank: RankChild(s.rank, self) for s in specs}
         self.coordinator = fixed_coordinator
         self.lock = threading.Lock()
         self.connected: list[RankChild] = []
+        self.reached = False  # a task has attached: the step runs, it is not queued
+        self.queued_job: str | None = None  # the job srun said it waits for, until it runs
         self.popen: subprocess.Popen | None = None
-        # All interfaces: the tasks may run on other nodes.  The secret keeps
-        # strangers' connections out of the run.
-        self.listener = socket.create_server(("0.0.0.0", 0), backlog=max(16, 3 * len(specs)))
-        self.channel = f"{channel_host or advertised_host()}:{self.listener.getsockname()[1]}"
-        threading.Thread(target=self._accept, name="task-channel", daemon=True).start()
+        self._killing = False
+        self._withdraw_lock = threading.Lock()
+        host = channel_host or channel_address()
+        self.listener = TaskListener(host, self.secret, 3 * len(self.children), self._wanted, self._attach, self.hooks)
+        self.channel = contract.join_address(host, self.listener.port)
 
     @property
     def pid(self) -> int:
@@ -223,56 +454,94 @@ class Step:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        threading.Thread(target=self._watch_step, name="step-watcher", daemon=True).start()
+        start_thread("step-watcher", self._watch_step, hooks=self.hooks)
 
+    # -- the step process ------------------------------------------------------
     def _watch_step(self) -> None:
         log_path = os.path.join(self.log_dir, "engine.log")
-        with open(log_path, "wb") as log:
-            for line in self.popen.stdout:
-                log.write(line)
-                log.flush()
-                print(f"[{self.command}] {line.decode(errors='replace').rstrip()}", file=self.console, flush=True)
-        code = self.popen.wait()
-        deadline = time.monotonic() + LATE_REPORT_WAIT
-        for child in self.children.values():
-            child.wait_reported(max(0.0, deadline - time.monotonic()))
-        for child in self.children.values():
-            note = f"jaxrun: this task never reported back; {self.command} exited with code {code} (see {log_path})\n"
-            child.finish(code or 1, note)
-
-    # -- the channel ---------------------------------------------------------
-    def _accept(self) -> None:
-        while True:
-            try:
-                sock, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._route, args=(sock,), daemon=True).start()
-
-    def _route(self, sock: socket.socket) -> None:
-        sock.settimeout(HEADER_TIMEOUT)
-        header = b""
         try:
-            while not header.endswith(b"\n") and len(header) < 512:
-                byte = sock.recv(1)
-                if not byte:
-                    break
-                header += byte
-            hello = wire.decode(header)
-            if not isinstance(hello, wire.Hello) or not secrets.compare_digest(str(hello.secret), self.secret):
-                raise ValueError("not a task of this run")
-            child = self.children[int(hello.rank)]
-        except (OSError, ValueError, KeyError):
-            sock.close()
+            self._copy_engine_output(log_path)
+        finally:
+            # Whatever happened above, every rank ends once the step has.
+            self.popen.stdout.close()  # nobody reads it any more: srun must not block on it
+            code = self.popen.wait()
+            self._withdraw_queued_job()
+            deadline = time.monotonic() + LATE_REPORT_WAIT
+            for child in self.children.values():
+                child.wait_reported(max(0.0, deadline - time.monotonic()))
+            if self.reached:
+                note = f"jaxrun: this task never reported back; {self.command} exited with code {code} (see {log_path})\n"
+            else:
+                note = f"jaxrun: {self.command} ended (code {code}) before any task started (see {log_path})\n"
+            for child in self.children.values():
+                child.finish(code or 1, note)
+
+    def _copy_engine_output(self, log_path: str) -> None:
+        """What srun/mpirun print goes to engine.log and the console; neither
+        a full disk nor a console that went away stops the copying (srun
+        would block on its output)."""
+        try:
+            log = open(log_path, "wb")
+        except OSError as e:
+            log = None
+            self._say(f"[{self.command}] jaxrun: cannot write {log_path}: {e}")
+        console = True
+        try:
+            for line in self.popen.stdout:
+                self._note_scheduler_line(line)
+                if log is not None:
+                    try:
+                        log.write(line)
+                        log.flush()
+                    except OSError:
+                        log.close()
+                        log = None
+                if console:
+                    console = self._say(f"[{self.command}] {line.decode(errors='replace').rstrip()}")
+        finally:
+            if log is not None:
+                try:
+                    log.close()
+                except OSError:
+                    pass
+
+    def _say(self, text: str) -> bool:
+        try:
+            print(text, file=self.console, flush=True)
+            return True
+        except (OSError, ValueError):
+            return False
+
+    def _note_scheduler_line(self, line: bytes) -> None:
+        if self.command != "srun":
             return
-        if hello.kind not in wire.Hello.STREAM_KINDS:
-            sock.close()
-            return
-        sock.settimeout(None)
-        if hello.kind == "ctrl":
-            child.attach_ctrl(sock)
-        else:
-            child.attach_stream(hello.kind, sock)
+        queued = QUEUED.search(line)
+        if queued:
+            self.queued_job = queued.group(1).decode()
+        elif ALLOCATED.search(line):
+            self.queued_job = None
+
+    def _withdraw_queued_job(self) -> None:
+        """srun ended while its job was still queued (it was SIGKILLed before
+        it could withdraw it): cancel that job, or it would run later."""
+        with self._withdraw_lock:
+            job, self.queued_job = self.queued_job, None
+            if job is None:
+                return
+            try:
+                subprocess.run(["scancel", job], env=self.step_env, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=SCANCEL_TIMEOUT)
+            except (OSError, subprocess.SubprocessError):
+                self._say(f"[{self.command}] jaxrun: could not cancel the queued job {job}; run: scancel {job}")
+
+    # -- the channel -------------------------------------------------------------
+    def _wanted(self, hello: wire.Hello) -> bool:
+        child = self.children.get(hello.rank)
+        return child is not None and child.wants(hello.kind)
+
+    def _attach(self, hello: wire.Hello, sock: socket.socket) -> None:
+        self.reached = True
+        self.children[hello.rank].attach(hello.kind, sock, self.hooks)
 
     def ctrl_connected(self, child: RankChild) -> None:
         with self.lock:
@@ -292,32 +561,77 @@ class Step:
 
     # -- stopping --------------------------------------------------------------
     def kill(self) -> None:
-        if self.popen and self.popen.poll() is None:
+        """End the step now, from any thread, without waiting.  An srun that
+        no task has reached may still wait for its allocation: it gets
+        SIGTERM, on which it withdraws its job (SIGKILL would leave the job
+        queued), and SIGKILL only ``SRUN_WITHDRAW_WAIT`` later."""
+        popen = self.popen
+        if popen is None or popen.returncode is not None:
+            return
+        if self.command != "srun" or self.reached:
+            self._signal(signal.SIGKILL)
+            return
+        self._signal(signal.SIGTERM)
+        with self.lock:
+            if self._killing:
+                return
+            self._killing = True
+        start_thread("step-kill", self._kill_later, hooks=self.hooks)
+
+    def _kill_later(self) -> None:
+        deadline = time.monotonic() + SRUN_WITHDRAW_WAIT
+        while self.popen.returncode is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._signal(signal.SIGKILL)
+
+    def _signal(self, signum: int) -> None:
+        if self.popen is not None and self.popen.returncode is None:
             try:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-            except ProcessLookupError:
+                os.killpg(self.popen.pid, signum)
+            except (ProcessLookupError, PermissionError):
                 pass
 
     def close(self) -> None:
-        """Closing the channel makes every task kill its child; then the step ends."""
+        """Closing the channel makes every task kill its child; then the step
+        ends.  A step no task has reached is withdrawn from the queue."""
         self.listener.close()
         for child in self.children.values():
             child.hang_up()
         if self.popen:
-            try:
-                self.popen.wait(timeout=10)
-            except subprocess.TimeoutExpired:
+            if not self.reached:
                 self.kill()
+            try:
+                self.popen.wait(timeout=CLOSE_WAIT)
+            except subprocess.TimeoutExpired:
+                self._signal(signal.SIGKILL)
                 self.popen.wait()
+            self._withdraw_queued_job()
         for child in self.children.values():
             child.finish(-signal.SIGKILL)
 
+    def abort(self) -> None:
+        """The watchdog's last resort: hang up on every task and end the step,
+        waiting for nothing (``kill`` leaves the SIGKILL to a thread)."""
+        self.listener.stop()
+        for child in self.children.values():
+            child.hang_up()
+        self.kill()
 
-def advertised_host() -> str:
-    """The name tasks use to reach us: our hostname when it resolves, else loopback."""
-    name = socket.gethostname()
+
+def channel_address() -> str:
+    """The one address the channel binds and tells the tasks.
+
+    ``contract.TASK_CHANNEL_HOST`` if set, else this host's name, resolved
+    here: tasks connect to exactly the address we listen on (binding a
+    wildcard would expose the channel on every interface).  A name that
+    resolves to nothing gives loopback, as does a name that resolves to a
+    loopback address, which then only serves tasks on this node.
+    """
+    name = os.environ.get(contract.TASK_CHANNEL_HOST) or socket.gethostname()
     try:
-        socket.gethostbyname(name)
-        return name
-    except OSError:
+        found = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
         return "127.0.0.1"
+    # IPv4 first: what tasks on most clusters resolve and route.
+    found.sort(key=lambda info: info[0] != socket.AF_INET)
+    return found[0][4][0] if found else "127.0.0.1"

@@ -62,6 +62,9 @@ class LaunchOptions:
     verbose: bool = False
     devices_per_process: int | None = None  # accelerator devices per controller
     devices_per_host: int | None = None  # accelerators seen on each host, if known
+    # Slurm or Open MPI places the processes: a process's local rank (and so
+    # its devices) is the scheduler's to give, when the step starts.
+    scheduled: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,6 +143,24 @@ def local_device_ids(
     return list(range(local_rank * per_process, (local_rank + 1) * per_process))
 
 
+def device_env(opts: LaunchOptions, local_rank: int, local_count: int, host: str) -> dict[str, str]:
+    """The variables that give a controller its accelerators.
+
+    Under a scheduler the placement above is only a guess (every rank on one
+    "localhost"): which tasks share a node is decided when the step starts.
+    So the plan claims no device ids there; it passes K on, and each task's
+    agent derives its ids from the local rank the scheduler gave it.
+    """
+    if opts.scheduled:
+        if opts.devices_per_process is None:
+            return {}
+        if opts.devices_per_process < 1:
+            raise PlanError(f"--devices-per-process must be at least 1, got {opts.devices_per_process}")
+        return {contract.TASK_DEVICES_PER_PROCESS: str(opts.devices_per_process)}
+    ids = local_device_ids(local_rank, local_count, opts.devices_per_process, opts.devices_per_host, host)
+    return {} if ids is None else {contract.JAX_LOCAL_DEVICE_IDS: ",".join(map(str, ids))}
+
+
 def plan(opts: LaunchOptions) -> list[ProcessSpec]:
     if opts.cpu_devices is not None and opts.devices_per_process is not None:
         raise PlanError("--cpu-devices and --devices-per-process cannot be used together")
@@ -155,11 +176,7 @@ def plan(opts: LaunchOptions) -> list[ProcessSpec]:
         )
         env = dict(opts.extra_env)
         env.update(contract_env(opts, rank, local_rank, per_host[host.name]))
-        ids = local_device_ids(
-            local_rank, per_host[host.name], opts.devices_per_process, opts.devices_per_host, host.name
-        )
-        if ids is not None:
-            env[contract.JAX_LOCAL_DEVICE_IDS] = ",".join(map(str, ids))
+        env.update(device_env(opts, local_rank, per_host[host.name], host.name))
         specs.append(
             ProcessSpec(
                 rank=rank,
