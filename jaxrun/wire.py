@@ -67,6 +67,40 @@ def decode(data: bytes) -> Message:
         raise WireError(f"malformed {word} message: {e}") from None
 
 
+# -- the SSH host agent ------------------------------------------------------------
+# The environment travels to a host on the session's stdin, never on a command
+# line: ten ASCII digits (the length), then that many bytes of JSON.
+ENV_FRAME_DIGITS = 10
+# The agent's last bytes on stderr, after the controller and everything it
+# started are gone: this marker, the error record's JSON, a newline.  The
+# launcher takes them off the stream; they never reach the log.  (NUL and ESC
+# first: a marker no text output contains by chance.)
+RECORD_TRAILER = b"\x00\x1bjaxrun-error-record "
+MAX_TRAILER = 1 << 20  # a longer "trailer" is the process's own bytes after all
+
+
+def env_frame(env: dict) -> bytes:
+    payload = json.dumps(env).encode()
+    return b"%0*d" % (ENV_FRAME_DIGITS, len(payload)) + payload
+
+
+def record_trailer(record_json: str) -> bytes:
+    return RECORD_TRAILER + record_json.encode() + b"\n"
+
+
+def parse_record_trailer(tail: bytes) -> str | None:
+    """The record's JSON if ``tail`` (from the marker to the end of the
+    stream) is exactly one trailer; None if it is the process's own bytes."""
+    if not tail.startswith(RECORD_TRAILER) or not tail.endswith(b"\n") or tail.count(b"\n") != 1:
+        return None
+    text = tail[len(RECORD_TRAILER):-1].decode(errors="replace")
+    try:
+        json.loads(text)
+    except ValueError:
+        return None
+    return text
+
+
 # -- the fork server ------------------------------------------------------------
 @message("fork")
 class ForkRequest(Message):

@@ -98,6 +98,9 @@ class Child(Protocol):
     pid: int
     stdout: BinaryIO | None  # None: it writes its log file itself
     stderr: BinaryIO | None
+    # Optional, False when absent: the error record arrives as the last bytes
+    # of ``stderr`` (``wire.record_trailer``), not in the error file.
+    sends_error_record: bool
 
     def send(self, signum: int) -> None:
         """Signal the controller's whole process group (grandchildren too)."""

@@ -19,6 +19,7 @@ the remote shell sees plain words only.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -32,7 +33,8 @@ from typing import Mapping, Sequence, TextIO
 from jaxrun import contract, wire
 from jaxrun.backends.base import Backend, RunHooks, start_thread, wait_until
 from jaxrun.backends.ssh_commands import (
-    ANSWER, check_preflight, master_control, port_probe_words, preflight_table, preflight_words, process_words,
+    ANSWER, check_preflight, master_control, port_probe_words, preflight_table, preflight_words, process_env,
+    process_words,
     remote_command, session_control, ssh_args,
 )
 from jaxrun.launcher.config import LaunchError, SshOptions
@@ -62,6 +64,22 @@ def read_answer(stdout, answers: dict[str, bytes], name: str) -> None:
     answers[name] = b""
 
 
+def send_env(popen: subprocess.Popen, env: Mapping[str, str]) -> None:
+    """The environment, first thing on the session's stdin.  The pipe is made
+    big enough to take it at once, so this never waits on the network."""
+    frame = wire.env_frame(dict(env))
+    try:
+        fcntl.fcntl(popen.stdin.fileno(), fcntl.F_SETPIPE_SZ, max(len(frame) + 4096, 1 << 16))
+    except OSError:
+        pass  # over the system's limit: the write below may wait for ssh to read
+    view = memoryview(frame)
+    try:
+        while view:
+            view = view[popen.stdin.write(view):]
+    except OSError:
+        pass  # the client is already gone; its exit status says why
+
+
 class Connections:
     """One ControlMaster per host, in a private folder removed at the end."""
 
@@ -87,7 +105,7 @@ class Connections:
         path = self.control_path(host) if host.name in self.masters and not direct else None
         return ssh_args(self.settings, host, session_control(path))
 
-    def start_session(self, host: Host, command: str) -> subprocess.Popen:
+    def start_session(self, host: Host, command: str, env: Mapping[str, str]) -> subprocess.Popen:
         """A process's own ssh session, over the host's master while it has
         sessions to spare (counting only those still running, for restarts)."""
         live = [p for p in self.sessions.get(host.name, []) if p.poll() is None]
@@ -100,6 +118,7 @@ class Connections:
             bufsize=0,
         )
         self.sessions[host.name] = live + [popen]
+        send_env(popen, env)
         return popen
 
     # -- preflight ---------------------------------------------------------
@@ -130,13 +149,16 @@ class Connections:
 
     def _start_master(self, host: Host, command: str) -> subprocess.Popen:
         with open(self._stderr_path(host), "wb") as stderr:
-            return subprocess.Popen(
+            master = subprocess.Popen(
                 ssh_args(self.settings, host, master_control(self.control_path(host))) + [command],
                 stdin=subprocess.PIPE,  # held until close(): EOF ends the master
                 stdout=subprocess.PIPE,
                 stderr=stderr,
                 start_new_session=True,
+                bufsize=0,
             )
+        send_env(master, self.settings.env)
+        return master
 
     def _stderr_path(self, host: Host) -> str:
         return self.control_path(host) + ".stderr"
@@ -238,6 +260,8 @@ class Connections:
 class SshChild:
     """A remote controller, seen through its local ssh client."""
 
+    sends_error_record = True  # as the last bytes of stderr: see ssh_agent
+
     def __init__(self, popen: subprocess.Popen):
         self.popen = popen
         self.pid = popen.pid  # the local ssh client's; the remote pid is not known here
@@ -300,8 +324,9 @@ class SshBackend(Backend):
     def spawn(self, spec: ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str],
               log_fds: tuple[int, int] | None) -> SshChild:
         del lifeline_fd  # the remote side's lifeline is the ssh channel itself
-        words = process_words(spec, self.settings.chdir, self.settings.python, extra_env)
-        return SshChild(self.connections.start_session(spec.host, remote_command(words)))
+        words = process_words(spec, self.settings.chdir, self.settings.python)
+        env = process_env(spec, extra_env)
+        return SshChild(self.connections.start_session(spec.host, remote_command(words), env))
 
     def close(self) -> None:
         if self.connections is not None:

@@ -1,6 +1,7 @@
 """The far end of the SSH backend: a tiny supervisor between ``ssh`` and the shim.
 
-Started by the launcher over SSH as::
+Started by the launcher over SSH, after its environment has arrived on stdin
+(see ``ssh_commands.AGENT_MAIN``), as if by::
 
     python -m jaxrun.backends.ssh_agent [--chdir DIR] -- PYTHON -m jaxrun.shim ...
 
@@ -20,6 +21,10 @@ The agent is a child subreaper (see :mod:`jaxrun.backends.reaper`): a
 daemon the script starts with ``setsid()`` stays its descendant, and is killed
 with whatever else is left once the shim ends.
 
+The shim's error record goes to a private file on this host; once the shim
+and everything it started are gone, the agent sends it home as the last bytes
+on stderr (``wire.record_trailer``), which the launcher takes off the stream.
+
 The exit status is the shim's, or 128+N when it died of signal N, since SSH
 has no way to pass a signal death back.
 """
@@ -30,6 +35,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 
 from jaxrun import contract, wire
@@ -95,6 +101,9 @@ def main(argv: list[str]) -> int:
     lifeline_r, lifeline_w = os.pipe()
     env = dict(os.environ)
     env[contract.LIFELINE_FD] = str(lifeline_r)
+    record_fd, record_path = tempfile.mkstemp(prefix="jaxrun-error-", suffix=".json")  # 0600
+    os.close(record_fd)
+    env[contract.ERROR_FILE] = record_path
     try:
         child = subprocess.Popen(
             command,
@@ -104,6 +113,7 @@ def main(argv: list[str]) -> int:
             start_new_session=True,
         )
     except OSError as e:
+        os.unlink(record_path)
         print(f"jaxrun: cannot start {command[0]!r} on this host: {e.strerror}", file=sys.stderr)
         return 127
     os.close(lifeline_r)
@@ -113,10 +123,27 @@ def main(argv: list[str]) -> int:
     kill_group(child.pid, signal.SIGKILL)  # grandchildren left behind by the shim
     reaper.kill_descendants()  # and those that left its group
     os.close(lifeline_w)
+    send_record_home(record_path)
     return contract.exit_status(code)
 
 
-if __name__ == "__main__":
-    code = main(sys.argv[1:])
+def send_record_home(path: str) -> None:
+    record = contract.ErrorRecord.load(path)
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    if record is not None:
+        sys.stderr.flush()
+        os.write(2, wire.record_trailer(record.to_json()))
+
+
+def run(argv: list[str]) -> None:
+    """Run and exit: the relay thread may still be blocked reading stdin."""
+    code = main(argv)
     sys.stderr.flush()
-    os._exit(code)  # the relay thread may still be blocked reading stdin
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    run(sys.argv[1:])

@@ -10,15 +10,41 @@ from __future__ import annotations
 import shlex
 from typing import Mapping, Sequence
 
-from jaxrun import __version__, contract
+from jaxrun import __version__, contract, wire
 from jaxrun.launcher.config import SshOptions
 from jaxrun.launcher.plan import Host, ProcessSpec
 
 # Marks the preflight answer: a login shell may print its own lines first.
 ANSWER = b"jaxrun-preflight "
 
+# The first lines of every program a session runs with an environment: read
+# the environment from stdin (``wire.env_frame``), so that no value (a token
+# given with --env) ever appears on a command line, where any local user's
+# ``ps`` can read it.  PYTHONPATH is applied to this interpreter too, since it
+# may be what makes jaxrun importable there.
+ENV_STUB = r"""
+import json, os, sys
+def _exact(n):
+    data = b""
+    while len(data) < n:
+        chunk = os.read(0, n - len(data))
+        if not chunk:
+            sys.exit("jaxrun: the session ended before the environment arrived")
+        data += chunk
+    return data
+_env = json.loads(_exact(int(_exact(%d))))
+os.environ.update(_env)
+sys.path[1:1] = [p for p in _env.get("PYTHONPATH", "").split(os.pathsep) if p]
+""" % wire.ENV_FRAME_DIGITS
+
+# A process's session: the environment, then the host agent.
+AGENT_MAIN = ENV_STUB + r"""
+from jaxrun.backends import ssh_agent
+ssh_agent.run(sys.argv[1:])
+"""
+
 # Runs as the master's own session: report, then hold the connection until EOF.
-PREFLIGHT = r"""
+PREFLIGHT = ENV_STUB + r"""
 import json, os, platform, sys
 info = {"python": platform.python_version(), "executable": sys.executable}
 conn = os.environ.get("SSH_CONNECTION", "").split()
@@ -89,24 +115,29 @@ def session_control(path: str | None) -> list[str]:
     return ["-o", "ControlMaster=no", "-o", f"ControlPath={path or 'none'}", "-o", "LogLevel=ERROR"]
 
 
-def env_words(env: Mapping[str, str]) -> list[str]:
-    return ["env"] + [f"{k}={v}" for k, v in sorted(env.items())] if env else []
-
-
 def remote_command(words: Sequence[str]) -> str:
     """The one string ssh hands to the remote shell: every word quoted."""
     return " ".join(shlex.quote(w) for w in words)
 
 
-def process_words(spec: ProcessSpec, chdir: str, python: str, extra_env: Mapping[str, str]) -> list[str]:
+def process_env(spec: ProcessSpec, extra_env: Mapping[str, str]) -> dict[str, str]:
+    """What a remote process's environment adds to the host's; sent on stdin."""
     env = dict(spec.env)
     env.update(extra_env)
-    env.pop(contract.LIFELINE_FD, None)  # the agent makes its own
-    return env_words(env) + [python, "-m", contract.SSH_AGENT_MODULE, "--chdir", chdir, "--", *spec.argv]
+    # The agent makes its own lifeline, and its own private error record file
+    # on the host: a path of the launching machine means nothing there.
+    env.pop(contract.LIFELINE_FD, None)
+    env.pop(contract.ERROR_FILE, None)
+    return env
+
+
+def process_words(spec: ProcessSpec, chdir: str, python: str) -> list[str]:
+    """Only harmless words: the environment travels on stdin."""
+    return [python, "-c", AGENT_MAIN, "--chdir", chdir, "--", *spec.argv]
 
 
 def preflight_words(settings: SshOptions) -> list[str]:
-    return env_words(settings.env) + [settings.python, "-c", PREFLIGHT, settings.chdir, contract.SSH_AGENT_MODULE]
+    return [settings.python, "-c", PREFLIGHT, settings.chdir, contract.SSH_AGENT_MODULE]
 
 
 def port_probe_words(python: str, address: str, port: int) -> list[str]:

@@ -30,6 +30,7 @@ import threading
 import time
 from typing import BinaryIO, Callable
 
+from jaxrun import wire
 from jaxrun.backends.base import RunHooks, start_thread
 from jaxrun.launcher.events import LogWriteFailed, Stream, StreamClosed
 from jaxrun.launcher.filewatch import FileWatch
@@ -56,6 +57,12 @@ class _Source:
         self.fd, self.log, self.rank, self.stream, self.on_close = fd, log, rank, stream, on_close
         self.path = path  # the log file's name
         self.log_failed = False  # a write to ``log`` failed: it is given up on
+        # Where the stream may end in a record trailer (wire.RECORD_TRAILER):
+        # what receives the record, the bytes that may start the marker, and
+        # everything from the marker on, held until the end.
+        self.trailer: Callable[[str], None] | None = None
+        self.held = b""
+        self.tail: bytearray | None = None
         self.show = show  # False: keep the log only, send nothing to the console
         self.partial = b""
 
@@ -89,10 +96,13 @@ class OutputPump:
         self.thread = start_thread("jaxrun-output", self._run, hooks=hooks or RunHooks())
 
     def add(self, fd: int, log: BinaryIO, rank: int, stream: Stream, on_close: Callable[[], None],
-            show: bool = True, path: str = "") -> None:
-        """Pump a pipe into ``log`` (the file at ``path``)."""
+            show: bool = True, path: str = "", trailer: Callable[[str], None] | None = None) -> None:
+        """Pump a pipe into ``log`` (the file at ``path``).  With ``trailer``,
+        a record trailer at the very end is passed to it instead of the log."""
+        src = _Source(fd, log, rank, stream, on_close, show, path)
+        src.trailer = trailer
         with self.lock:
-            self.pending.append(_Source(fd, log, rank, stream, on_close, show, path))
+            self.pending.append(src)
         os.write(self.wake_w, b"+")
 
     def follow(self, path: str, rank: int, stream: Stream) -> None:
@@ -210,6 +220,16 @@ class OutputPump:
             data = os.read(src.fd, CHUNK)
         except OSError:
             data = b""
+        if src.trailer is not None:
+            if data:
+                data = self._hold_trailer(src, data)
+                if not data:
+                    return True  # held back for now
+            else:
+                rest = self._release_trailer(src)
+                if rest:
+                    self._keep(src, rest)
+                    self._lines(src, rest)
         if not data:
             self.selector.unregister(src.fd)
             self._end(src)
@@ -217,6 +237,41 @@ class OutputPump:
         self._keep(src, data)
         self._lines(src, data)
         return len(data) < TRICKLE
+
+    @staticmethod
+    def _hold_trailer(src: _Source, data: bytes) -> bytes:
+        """The bytes that are surely the process's own; a possible trailer is held."""
+        marker = wire.RECORD_TRAILER
+        if src.tail is not None:
+            src.tail += data
+            if len(src.tail) <= wire.MAX_TRAILER:
+                return b""
+            data, src.tail = bytes(src.tail), None  # too long for a trailer: the process's bytes
+            return data
+        data, src.held = src.held + data, b""
+        at = data.find(marker)
+        if at >= 0:
+            src.tail = bytearray(data[at:])
+            return data[:at]
+        for k in range(min(len(marker) - 1, len(data)), 0, -1):
+            if data.endswith(marker[:k]):
+                src.held = data[-k:]
+                return data[:-k]
+        return data
+
+    @staticmethod
+    def _release_trailer(src: _Source) -> bytes:
+        """At the end of the stream: hand over a real trailer; anything else
+        held back was the process's own and goes to the log after all."""
+        rest, src.held = src.held, b""
+        if src.tail is not None:
+            record = wire.parse_record_trailer(bytes(src.tail))
+            if record is None:
+                rest += bytes(src.tail)
+            else:
+                src.trailer(record)
+            src.tail = None
+        return rest
 
     def _keep(self, src: _Source, data: bytes) -> None:
         """Write every byte to the log, however many writes it takes."""

@@ -157,13 +157,16 @@ class Supervisor:
                         self.pump.follow(path, spec.rank, stream)
             else:
                 child = self.backend.spawn(spec, lifeline_r, env, None)
+                record_home = getattr(child, "sends_error_record", False)
                 for pipe, path, stream in ((child.stdout, out, Stream.STDOUT), (child.stderr, err, Stream.STDERR)):
-                    self._start_pump(pipe, path, spec.rank, stream)
+                    trailer = (lambda text, to=error_file: save_record(text, to)) \
+                        if record_home and stream is Stream.STDERR else None
+                    self._start_pump(pipe, path, spec.rank, stream, trailer)
             record.pid, record.started_at = child.pid, time.time()
             self.children[spec.rank] = child
             start_thread(f"process-waiter:{spec.rank}", self._wait, spec.rank, child, hooks=self.hooks)
 
-    def _start_pump(self, pipe, path: str, rank: int, stream: Stream) -> None:
+    def _start_pump(self, pipe, path: str, rank: int, stream: Stream, trailer=None) -> None:
         log = open_pumped_log(path)
         enlarge_pipe(pipe.fileno())
 
@@ -172,7 +175,8 @@ class Supervisor:
             pipe.close()
 
         self.open_streams += 1
-        self.pump.add(pipe.fileno(), log, rank, stream, close, show=self.printer.shows(rank), path=path)
+        self.pump.add(pipe.fileno(), log, rank, stream, close, show=self.printer.shows(rank), path=path,
+                      trailer=trailer)
 
     def _wait(self, rank: int, child: Child) -> None:
         code = child.wait()
@@ -317,3 +321,10 @@ def folder_is_full(path: str) -> bool:
     except OSError:
         return False
     return st.f_bavail == 0
+
+
+def save_record(text: str, path: str) -> None:
+    """An error record that came home with a remote process's output."""
+    record = contract.ErrorRecord.from_json(text)
+    if record is not None:
+        record.dump(path)

@@ -33,15 +33,36 @@ def test_master_does_not_persist():
     ]
 
 
-def test_remote_command_quotes_every_word():
-    spec = ProcessSpec(0, 0, Host("n1"), "/opt/py", ("--", "t.py", "a b", "$X", "'"), {"A": "x y"})
-    words = ssh.process_words(spec, "/my dir", "/opt/py", {"JAXRUN_ERROR_FILE": "/l/e.json", "JAXRUN_LIFELINE_FD": "5"})
+def test_remote_command_quotes_every_word_and_holds_no_value():
+    spec = ProcessSpec(0, 0, Host("n1"), "/opt/py", ("--", "t.py", "a b", "$X", "'"), {"A": "secret y"})
+    words = ssh.process_words(spec, "/my dir", "/opt/py")
     assert words == [
-        "env", "A=x y", "JAXRUN_ERROR_FILE=/l/e.json",
-        "/opt/py", "-m", "jaxrun.backends.ssh_agent", "--chdir", "/my dir", "--",
+        "/opt/py", "-c", ssh.AGENT_MAIN, "--chdir", "/my dir", "--",
         "/opt/py", "-m", "jaxrun.shim", "--", "t.py", "a b", "$X", "'",
     ]
     assert shlex.split(ssh.remote_command(words)) == words
+    assert not any("secret" in w for w in words)
+
+
+def test_remote_env_is_the_specs_without_launcher_paths():
+    spec = ProcessSpec(0, 0, Host("n1"), "/opt/py", ("t.py",), {"A": "x y"})
+    env = ssh.process_env(spec, {"JAXRUN_ERROR_FILE": "/l/e.json", "JAXRUN_LIFELINE_FD": "5", "B": "1"})
+    assert env == {"A": "x y", "B": "1"}
+
+
+def test_env_stub_reads_exactly_one_frame(tmp_path):
+    """The stub every session program starts with, run for real: it takes the
+    frame off stdin and leaves the rest (the signal lines) unread."""
+    import subprocess
+    import sys
+
+    from jaxrun import wire
+
+    program = ssh.ENV_STUB + "import sys\nprint(os.environ['SECRET'], sys.path[1], sys.stdin.read(), end='')\n"
+    frame = wire.env_frame({"SECRET": "tok 1", "PYTHONPATH": "/x/y"})
+    done = subprocess.run([sys.executable, "-c", program], input=frame + b"signal [\"SIGTERM\"]\n",
+                          capture_output=True, check=True)
+    assert done.stdout.decode() == 'tok 1 /x/y signal ["SIGTERM"]\n'
 
 
 @pytest.mark.parametrize("code, status", [(0, 0), (1, 1), (128, 128), (130, -2), (137, -9), (255, 255), (-9, -9)])

@@ -1,0 +1,108 @@
+"""Over SSH, what a host keeps to itself: its own /tmp, its own processes.
+
+The error record of a failed remote process must come home over the session
+(a path of the launching machine means nothing on a host), and the values
+given with ``--env`` must never appear on a command line, where any local
+user's ``ps`` reads them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+import xml.etree.ElementTree as ET
+
+import psutil
+import pytest
+from fixtures.jobs import ROOT, TOKEN
+
+
+@pytest.fixture
+def launch(start_job):
+    return start_job  # SSH runs never use the preloading fork server: one mode
+
+
+def ssh_flags(hosts) -> list:
+    return ["--ssh-config", hosts.config, "--env", f"PYTHONPATH={ROOT}", "-x", TOKEN]
+
+
+def script_dir(request, tmp_path):
+    """A folder every host sees at the same path (a shared home)."""
+    try:
+        return request.getfixturevalue("shared_dir")
+    except pytest.FixtureLookupError:
+        return tmp_path
+
+
+FAILS_ON_1 = """\
+import os, time
+if os.environ["JAXRUN_PROCESS_ID"] == "1":
+    raise ValueError("bad shard 7")
+time.sleep(30)
+"""
+
+
+@pytest.mark.timeout(90)
+def test_a_remote_exception_comes_home(sshd_hosts, launch, tmp_path, request):
+    folder = script_dir(request, tmp_path)
+    script = folder / "fails.py"
+    script.write_text(FAILS_ON_1)
+    report, junit = tmp_path / "report.json", tmp_path / "junit.xml"
+    job = launch("-H", "hostA,hostB", *ssh_flags(sshd_hosts), "--log-dir", tmp_path / "logs",
+                 "--report", report, "--junit-xml", junit, script)
+    assert job.wait(60) == 1, job.stderr[-3000:]
+    assert "jaxrun: process 1 on hostB failed first: exit code 1" in job.stderr
+    assert "jaxrun:   ValueError: bad shard 7" in job.stderr
+    root = json.loads(report.read_text())["attempts"][-1]["root_cause"]
+    assert root["exception"]["type"] == "ValueError" and root["exception"]["message"] == "bad shard 7"
+    failure = ET.parse(junit).getroot().find(".//testcase[@name='process 1']/failure")
+    assert failure is not None and "ValueError: bad shard 7" in failure.get("message", "")
+    # The trailer that carried the record is not in the log.
+    assert b"jaxrun-error-record" not in (tmp_path / "logs" / "process-1.stderr").read_bytes()
+
+
+READS_TOKEN = """\
+import os, sys, time
+print("token", os.environ["API_TOKEN"], flush=True)
+time.sleep(float(sys.argv[1]))
+"""
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("how", ["-x", "--env"])
+def test_env_values_never_appear_on_a_command_line(sshd_hosts, launch, tmp_path, request, how):
+    """With ``-x API_TOKEN`` no command line on the machine holds the value;
+    with ``--env API_TOKEN=...`` only the user's own jaxrun command does."""
+    folder = script_dir(request, tmp_path)
+    script = folder / "token.py"
+    script.write_text(READS_TOKEN)
+    secret = f"tok-{uuid.uuid4().hex}"
+    given = ["-x", "API_TOKEN"] if how == "-x" else ["--env", f"API_TOKEN={secret}"]
+    job = launch("-H", "hostA:2,hostB:2", *ssh_flags(sshd_hosts), *given,
+                 "--log-dir", tmp_path / "logs", script, "6", env={"API_TOKEN": secret})
+    ours = job.proc.pid if how == "--env" else None
+    seen: list[str] = []
+    reader = threading.Thread(target=lambda: seen.extend(line.decode() for line in job.proc.stdout), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 40
+    scans = 0
+    while time.monotonic() < deadline and sum("token" in line for line in seen) < 4:
+        scans += 1
+        leaks = []
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            if proc.info["pid"] != ours and any(secret in word for word in proc.info["cmdline"] or []):
+                leaks.append((proc.info["pid"], proc.info["cmdline"]))
+        assert not leaks, leaks
+        time.sleep(0.05)
+    # The scan ran while every process was up (they print, then sleep 6 s).
+    for _ in range(20):
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            assert proc.info["pid"] == ours or not any(secret in word for word in proc.info["cmdline"] or [])
+        time.sleep(0.1)
+    assert job.proc.wait(60) == 0
+    reader.join(5)
+    assert sorted(line.split("] ")[1].strip() for line in seen if "token" in line) == [f"token {secret}"] * 4
+    assert scans > 0
