@@ -164,6 +164,7 @@ CONTEXT = {
 @click.option("--connect-timeout", type=Seconds(min=1), default=10.0, show_default=True, metavar="SECONDS", help="ssh connect timeout per host.")
 @click.option("--python", "python", metavar="PATH", help="Python interpreter for every process, here or on the hosts (default: this one's path).")
 @click.option("--chdir", metavar="DIR", help="Working directory on the hosts (default: the current one).")
+@click.option("--sync", is_flag=True, help="Copy the working directory (--chdir) to the same path on every host first (rsync, else tar; .git and git-ignored files stay behind).")
 @click.option("--launcher", type=click.Choice(LAUNCHERS), help="How to start the controllers (default: local, or ssh when hosts are given).")
 @click.option("--nodes", type=click.IntRange(min=1), help="slurm: spread the processes over this many nodes (srun -N).")
 @click.option("--ntasks-per-node", "tasks_per_node", type=click.IntRange(min=1), help="slurm/mpirun: processes per node.")
@@ -175,7 +176,7 @@ CONTEXT = {
 def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, output, console_ranks, timeout, grace, max_restarts,
          report_path, junit_path, mesh, mesh_axis_types, env_pairs, exports, hosts_file, host_opts, ssh_config,
          ssh_options, connect_timeout, python, chdir, preload, preload_modules,
-         launcher, nodes, tasks_per_node, scheduler_args, dry_run, verbose, args):
+         launcher, nodes, tasks_per_node, scheduler_args, dry_run, verbose, args, sync=False):
     """Start N JAX controllers that join one distributed job.
 
     \b
@@ -192,6 +193,10 @@ def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, 
     if cpu_devices is not None and devices_per_process is not None:
         raise click.UsageError("--cpu-devices and --devices-per-process cannot be used together")
     hosts = read_hosts(hosts_file, host_opts)
+    if sync and not hosts:
+        raise click.UsageError("--sync copies the working directory to SSH hosts: it needs --hosts or -H")
+    if sync and not os.path.isdir(chdir or os.getcwd()):
+        raise click.UsageError(f"--sync: {chdir} is not a folder here, so there is nothing to copy")
     scheduler = scheduler_options(launcher, bool(hosts), nodes, tasks_per_node, scheduler_args)
     if hosts:
         from jaxrun.launcher.hosts import total_slots
@@ -254,6 +259,8 @@ def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, 
             options=tuple(ssh_options),
             connect_timeout=connect_timeout,
             env=options.extra_env,
+            script=None if target.is_module else target.name,
+            sync=sync,
         ) if hosts else None,
     )
     sys.exit(run(config))

@@ -314,6 +314,14 @@ class SshBackend(Backend):
         if self.verbose:
             for line in preflight_table(results):
                 print(line, file=self.console, flush=True)
+        if self.settings.sync:
+            from jaxrun.backends import ssh_sync
+
+            copied = ssh_sync.sync(self.settings.chdir, self.hosts, self.connections.session_args,
+                                   lambda host: bool(results[host.name].get("rsync")), self.hooks)
+            if self.verbose:
+                print(f"jaxrun: --sync copied {self.settings.chdir} to {len(copied)} host(s)",
+                      file=self.console, flush=True)
 
     def choose_coordinator(self, fixed: str | None) -> tuple[str, str]:
         return self.connections.choose_coordinator(fixed)

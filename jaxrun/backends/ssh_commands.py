@@ -66,11 +66,31 @@ try:
 except Exception as e:
     info["jaxrun"] = None
     info["jaxrun_error"] = "%s: %s" % (type(e).__name__, e)
-if sys.argv[1]:
+import shutil
+info["rsync"] = shutil.which("rsync") is not None
+host = platform.node()
+try:
+    with open("/etc/machine-id") as f:
+        host += "/" + f.read().strip()
+except OSError:
+    pass
+info["machine"] = host
+if shutil.which("nvidia-smi"):
+    import subprocess
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=20).stdout
+        info["gpus"] = sum(line.startswith(b"GPU ") for line in listed.splitlines())
+    except (OSError, subprocess.SubprocessError):
+        pass
+syncing = sys.argv[4] == "sync"
+if sys.argv[1] and not syncing:  # with --sync, the copy creates it
     try:
         os.chdir(sys.argv[1])
     except OSError as e:
         info["chdir_error"] = "cannot change to %r: %s" % (sys.argv[1], e.strerror)
+    else:
+        if sys.argv[3] and not os.path.isfile(sys.argv[3]):
+            info["script_missing"] = os.path.join(sys.argv[1], sys.argv[3])
 print("jaxrun-preflight " + json.dumps(info), flush=True)
 sys.stdin.buffer.read()
 """
@@ -137,7 +157,8 @@ def process_words(spec: ProcessSpec, chdir: str, python: str) -> list[str]:
 
 
 def preflight_words(settings: SshOptions) -> list[str]:
-    return [settings.python, "-c", PREFLIGHT, settings.chdir, contract.SSH_AGENT_MODULE]
+    return [settings.python, "-c", PREFLIGHT, settings.chdir, contract.SSH_AGENT_MODULE, settings.script or "",
+            "sync" if settings.sync else ""]
 
 
 def port_probe_words(python: str, address: str, port: int) -> list[str]:
@@ -156,6 +177,9 @@ def check_preflight(results: Mapping[str, dict], python: str) -> list[str]:
             problems.append(f"{name}: jax is not installed for {python}")
         if info.get("chdir_error"):
             problems.append(f"{name}: {info['chdir_error']}")
+        if info.get("script_missing"):
+            problems.append(f"{name}: {info['script_missing']} does not exist there (--sync copies the working "
+                            "directory to every host)")
     for key, shown in (("python", "python"), ("jax", "jax"), ("jaxlib", "jaxlib")):
         values = {name: _version_key(key, info.get(key)) for name, info in results.items()}
         if len(set(values.values())) > 1:

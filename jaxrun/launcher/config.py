@@ -38,6 +38,8 @@ class SshOptions:
     options: tuple[str, ...] = ()
     connect_timeout: float = 10.0
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)  # --env/-x, for preflight
+    script: str | None = None  # the script's path as given (None for -m): checked on every host
+    sync: bool = False  # --sync: copy chdir to every host first
 
 
 @dataclasses.dataclass

@@ -106,3 +106,48 @@ def test_env_values_never_appear_on_a_command_line(sshd_hosts, launch, tmp_path,
     reader.join(5)
     assert sorted(line.split("] ")[1].strip() for line in seen if "token" in line) == [f"token {secret}"] * 4
     assert scans > 0
+
+
+MAIN = """\
+import os
+import helper
+print("sum", helper.total(), sorted(os.listdir(".")), flush=True)
+"""
+
+
+def local_only_project(tmp_path):
+    """A project under the launching machine's own /tmp: no host has it."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "main.py").write_text(MAIN)
+    (project / "helper.py").write_text("def total():\n    return 42\n")
+    (project / ".git").mkdir()  # never copied
+    (project / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    return project
+
+
+@pytest.mark.timeout(90)
+def test_a_script_only_here_is_refused_without_sync(sshd_hosts, launch, tmp_path):
+    project = local_only_project(tmp_path)
+    job = launch("-H", "hostA,hostB", *ssh_flags(sshd_hosts), "--log-dir", tmp_path / "logs", "main.py",
+                 cwd=project)
+    t0 = time.monotonic()
+    assert job.wait(60) == 2, job.stderr[-3000:]
+    assert time.monotonic() - t0 < 20
+    line = job.stderr.strip().splitlines()
+    assert len(line) == 1 and line[0].startswith("jaxrun: error: hostA: ")
+    # The folder itself is missing there (a folder that exists without the script is named the same way).
+    assert str(project) in line[0] and "hostB" in line[0]
+    assert not (tmp_path / "logs").exists()
+
+
+@pytest.mark.timeout(120)
+def test_sync_copies_the_working_directory(sshd_hosts, launch, tmp_path):
+    project = local_only_project(tmp_path)
+    job = launch("-H", "hostA,hostB", *ssh_flags(sshd_hosts), "--sync", "--log-dir", tmp_path / "logs", "main.py",
+                 cwd=project)
+    assert job.wait(90) == 0, job.stderr[-3000:]
+    # A sibling module imports; .git stayed behind; the sync marker is gone everywhere.
+    want = "sum 42 ['__pycache__', 'helper.py', 'main.py']"
+    assert sorted(line for line in job.stdout.splitlines() if "sum" in line) == [f"[0] {want}", f"[1] {want}"]
+    assert not [p for p in os.listdir(project) if p.startswith(".jaxrun-sync")]

@@ -108,3 +108,17 @@ def test_preflight_table():
     lines = ssh.preflight_table({"hostA": _info(), "b": _info(jaxlib=None)})
     assert lines[0].split() == ["jaxrun:", "host", "address", "python", "jax", "jaxlib", "jaxrun"]
     assert lines[2].split() == ["jaxrun:", "b", "10.0.0.1", "3.11.7", "0.10.2", "-", __version__]
+
+
+def test_a_script_missing_on_a_host_is_named_with_the_way_out():
+    problems = ssh.check_preflight({"n1": _info(), "n2": _info(script_missing="/w/main.py")}, "/opt/py")
+    assert problems == ["n2: /w/main.py does not exist there (--sync copies the working directory to every host)"]
+
+
+def test_preflight_words_carry_the_script_and_sync_but_no_env():
+    from jaxrun.launcher.config import SshOptions
+
+    words = ssh.preflight_words(SshOptions(python="/opt/py", chdir="/w", env={"TOKEN": "s3cret"},
+                                           script="main.py", sync=True))
+    assert words[-3:] == [contract.SSH_AGENT_MODULE, "main.py", "sync"]
+    assert not any("s3cret" in w for w in words)
