@@ -125,6 +125,11 @@ class Backend(abc.ABC):
         """(address every process connects to, address process 0 binds, or
         None when the backend's far end decides), honouring --coordinator."""
 
+    def plan_facts(self) -> dict:
+        """What the backend learned that the plan needs (``LaunchOptions``
+        fields), e.g. each SSH host's GPUs and which names are one machine."""
+        return {}
+
     def dry_run_coordinator(self, fixed: str | None) -> tuple[str, str | None]:
         """What --dry-run shows; it must not start or contact anything."""
         return self.choose_coordinator(fixed)

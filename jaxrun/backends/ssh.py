@@ -314,6 +314,13 @@ class SshBackend(Backend):
         if self.verbose:
             for line in preflight_table(results):
                 print(line, file=self.console, flush=True)
+        by_machine: dict[str, list[str]] = {}
+        for name, info in results.items():
+            by_machine.setdefault(info.get("machine") or name, []).append(name)
+        for names in by_machine.values():
+            if len(names) > 1:
+                print(f"jaxrun: {' and '.join(names)} are one machine (same hostname and machine-id): "
+                      "their processes share its local ranks and devices", file=self.console, flush=True)
         if self.settings.sync:
             from jaxrun.backends import ssh_sync
 
@@ -325,6 +332,12 @@ class SshBackend(Backend):
 
     def choose_coordinator(self, fixed: str | None) -> tuple[str, str]:
         return self.connections.choose_coordinator(fixed)
+
+    def plan_facts(self) -> dict:
+        results = self.connections.results
+        gpus = {name: info["gpus"] for name, info in results.items() if info.get("gpus")}
+        machines = {name: info["machine"] for name, info in results.items() if info.get("machine")}
+        return {"host_devices": gpus, "host_machines": machines}
 
     def dry_run_coordinator(self, fixed: str | None) -> tuple[str, str | None]:
         return fixed or f"{self.hosts[0].name}:PORT", None  # no host is contacted

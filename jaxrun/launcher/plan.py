@@ -65,6 +65,11 @@ class LaunchOptions:
     # Slurm or Open MPI places the processes: a process's local rank (and so
     # its devices) is the scheduler's to give, when the step starts.
     scheduled: bool = False
+    # Learned by the SSH preflight, by host name: the GPUs each host has, and
+    # which machine it is (two names of one machine share local ranks and
+    # devices, as processes on one machine must).
+    host_devices: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    host_machines: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,7 +162,8 @@ def device_env(opts: LaunchOptions, local_rank: int, local_count: int, host: str
         if opts.devices_per_process < 1:
             raise PlanError(f"--devices-per-process must be at least 1, got {opts.devices_per_process}")
         return {contract.TASK_DEVICES_PER_PROCESS: str(opts.devices_per_process)}
-    ids = local_device_ids(local_rank, local_count, opts.devices_per_process, opts.devices_per_host, host)
+    per_host = opts.host_devices.get(host, opts.devices_per_host)
+    ids = local_device_ids(local_rank, local_count, opts.devices_per_process, per_host, host)
     return {} if ids is None else {contract.JAX_LOCAL_DEVICE_IDS: ",".join(map(str, ids))}
 
 
@@ -165,18 +171,25 @@ def plan(opts: LaunchOptions) -> list[ProcessSpec]:
     if opts.cpu_devices is not None and opts.devices_per_process is not None:
         raise PlanError("--cpu-devices and --devices-per-process cannot be used together")
     placement = assign_hosts(opts.hosts, opts.num_processes)
-    per_host: dict[str, int] = {}
+
+    def machine(host: Host) -> str:
+        return opts.host_machines.get(host.name, host.name)
+
+    per_machine: dict[str, int] = {}
     for host, _ in placement:
-        per_host[host.name] = per_host.get(host.name, 0) + 1
+        per_machine[machine(host)] = per_machine.get(machine(host), 0) + 1
+    local_of: dict[str, int] = {}
     specs = []
-    for rank, (host, local_rank) in enumerate(placement):
+    for rank, (host, _) in enumerate(placement):
+        local_rank = local_of[machine(host)] = local_of.get(machine(host), -1) + 1
+        local_count = per_machine[machine(host)]
         values = contract.placeholder_values(rank, opts.num_processes, local_rank, opts.coordinator)
         target = dataclasses.replace(
             opts.target, args=tuple(contract.substitute(a, values) for a in opts.target.args)
         )
         env = dict(opts.extra_env)
-        env.update(contract_env(opts, rank, local_rank, per_host[host.name]))
-        env.update(device_env(opts, local_rank, per_host[host.name], host.name))
+        env.update(contract_env(opts, rank, local_rank, local_count))
+        env.update(device_env(opts, local_rank, local_count, host.name))
         specs.append(
             ProcessSpec(
                 rank=rank,

@@ -48,9 +48,10 @@ def dry_run_text(specs: list[planning.ProcessSpec]) -> str:
     return "\n".join(lines)
 
 
-def plan_attempt(config: RunConfig, coordinator: tuple[str, str | None], attempt: int):
+def plan_attempt(config: RunConfig, coordinator: tuple[str, str | None], attempt: int, facts: dict | None = None):
     address, bind = coordinator
-    opts = dataclasses.replace(config.options, coordinator=address, bind_address=bind, restart_count=attempt)
+    opts = dataclasses.replace(config.options, coordinator=address, bind_address=bind, restart_count=attempt,
+                               **(facts or {}))
     return opts, planning.plan(opts)
 
 
@@ -98,7 +99,8 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
     dirs: list[str] = []
     with backend:
         for attempt in range(config.max_restarts + 1):
-            opts, specs = plan_attempt(config, backend.choose_coordinator(config.fixed_coordinator), attempt)
+            opts, specs = plan_attempt(config, backend.choose_coordinator(config.fixed_coordinator), attempt,
+                                       backend.plan_facts())
             log_dir = attempt_dir(config.log_dir, attempt)
             outcome = run_attempt(config, specs, backend, log_dir, console, control, running)
             outcomes.append(outcome)

@@ -179,3 +179,26 @@ def test_plan_puts_device_ids_in_the_environment():
 def test_cpu_devices_and_devices_per_process_are_exclusive():
     with pytest.raises(PlanError, match="cannot be used together"):
         plan(options(cpu_devices=2, devices_per_process=1))
+
+
+def test_two_names_of_one_machine_share_local_ranks_and_devices():
+    """An alias and its IP in one hosts file: the preflight says they are one
+    machine, so their processes count local ranks, and split GPUs, together."""
+    hosts = (Host("alias", slots=2), Host("10.0.0.5", slots=2), Host("other", slots=2))
+    opts = LaunchOptions(
+        target=Target("t.py"), num_processes=6, coordinator="alias:1234", run_id="r", hosts=hosts,
+        host_machines={"alias": "n5/abc", "10.0.0.5": "n5/abc", "other": "n6/def"},
+        host_devices={"alias": 8, "10.0.0.5": 8, "other": 4},
+    )
+    specs = plan(opts)
+    assert [s.local_rank for s in specs] == [0, 1, 2, 3, 0, 1]
+    assert [s.env["JAXRUN_LOCAL_PROCESS_COUNT"] for s in specs] == ["4", "4", "4", "4", "2", "2"]
+    assert [s.env["JAX_LOCAL_DEVICE_IDS"] for s in specs] == ["0,1", "2,3", "4,5", "6,7", "0,1", "2,3"]
+
+
+def test_gpus_counted_on_a_host_that_cannot_be_split_evenly():
+    hosts = (Host("n1", slots=3),)
+    opts = LaunchOptions(target=Target("t.py"), num_processes=3, coordinator="n1:1", run_id="r", hosts=hosts,
+                         host_devices={"n1": 8})
+    with pytest.raises(PlanError, match="8 devices on n1 cannot be split evenly among 3 processes"):
+        plan(opts)
