@@ -98,10 +98,10 @@ def test_console_reader_goes_away_locally(launch_mode, started, tmp_path):
 
 
 @pytest.mark.timeout(180)
-def test_console_reader_goes_away_over_ssh(sshd_hosts, started, tmp_path):
+def test_console_reader_goes_away_over_ssh(sshd_hosts, started, tmp_path, shared_dir):
     """The hang in the issue: the pump died on EPIPE, the remote pipes filled,
     and the remote processes blocked forever with empty logs."""
-    script = write(tmp_path, "many.py", MANY_LINES)
+    script = write(shared_dir, "many.py", MANY_LINES)  # shared_dir: on every host
     logs = tmp_path / "logs"
     proc = start(["-H", "hostA,hostB", "--ssh-config", sshd_hosts.config, "--env", f"PYTHONPATH={ROOT}",
                   "-x", TOKEN, "--log-dir", logs, script])
@@ -142,11 +142,11 @@ def test_full_log_folder_is_named_locally(launch_mode, small_disk, started, tmp_
 
 
 @pytest.mark.timeout(180)
-def test_full_log_folder_over_ssh_keeps_the_job(sshd_hosts, small_disk, started, tmp_path):
+def test_full_log_folder_over_ssh_keeps_the_job(sshd_hosts, small_disk, started, tmp_path, shared_dir):
     """Pumped logs: jaxrun's own writes fail.  It says which file and why,
     keeps reading the pipes (the remote processes never block), and the job's
     status stays the job's."""
-    script = write(tmp_path, "many.py", MANY_LINES * 2)
+    script = write(shared_dir, "many.py", MANY_LINES * 2)
     logs = small_disk / "logs"
     proc = start(["-H", "hostA,hostB", "--ssh-config", sshd_hosts.config, "--env", f"PYTHONPATH={ROOT}",
                   "-x", TOKEN, "--log-dir", logs, script], stdout=subprocess.DEVNULL)
@@ -192,15 +192,15 @@ def test_setsid_daemons_do_not_survive(launch_mode, started, tmp_path):
 
 
 @pytest.mark.timeout(90)
-def test_setsid_daemons_do_not_survive_over_ssh(sshd_hosts, started, tmp_path):
+def test_setsid_daemons_do_not_survive_over_ssh(sshd_hosts, started, tmp_path, shared_dir):
     """The host agent claims its orphans too, so remote daemons end with the job."""
-    script = write(tmp_path, "daemon.py", DAEMON)
+    script = write(shared_dir, "daemon.py", DAEMON)
     proc = start(["-H", "hostA,hostB", "--ssh-config", sshd_hosts.config, "--env", f"PYTHONPATH={ROOT}",
-                  "-x", TOKEN, "--log-dir", tmp_path / "logs", script, tmp_path / "daemon"])
+                  "-x", TOKEN, "--log-dir", tmp_path / "logs", script, shared_dir / "daemon"])
     started.append(proc)
     code, took, err = finish(proc, 60)
     assert code == 0, err[-2000:]
-    pids = [int((tmp_path / f"daemon.{rank}").read_text()) for rank in range(2)]
+    pids = [int((shared_dir / f"daemon.{rank}").read_text()) for rank in range(2)]
     deadline = time.monotonic() + 5  # the agent's kill follows the session's end by a moment
     while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in pids):
         time.sleep(0.1)
@@ -262,12 +262,12 @@ def test_preload_module_that_cannot_import_is_bad_input(started, tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_sigterm_while_ssh_preflight_hangs(sshd_hosts, started, tmp_path):
+def test_sigterm_while_ssh_preflight_hangs(sshd_hosts, started, tmp_path, shared_dir):
     """The remote interpreter never answers the preflight (a hung NFS mount,
     say): SIGTERM still ends jaxrun at once."""
-    slow_python = write(tmp_path, "slow-python", "#!/bin/sh\nsleep 20\nexec python3 \"$@\"\n")
+    slow_python = write(shared_dir, "slow-python", "#!/bin/sh\nsleep 20\nexec python3 \"$@\"\n")
     slow_python.chmod(0o755)
-    script = write(tmp_path, "hello.py", "print('hello')\n")
+    script = write(shared_dir, "hello.py", "print('hello')\n")
     proc = start(["-H", "hostA,hostB", "--ssh-config", sshd_hosts.config, "--python", slow_python,
                   "--log-dir", tmp_path / "logs", script])
     started.append(proc)
@@ -300,8 +300,8 @@ def test_a_dying_launcher_thread_ends_the_run(thread, started, tmp_path):
 
 
 @pytest.mark.timeout(90)
-def test_a_dying_ssh_thread_ends_the_run(sshd_hosts, started, tmp_path):
-    script = write(tmp_path, "hello.py", "print('hello')\n")
+def test_a_dying_ssh_thread_ends_the_run(sshd_hosts, started, tmp_path, shared_dir):
+    script = write(shared_dir, "hello.py", "print('hello')\n")
     proc = start(["-H", "hostA,hostB", "--ssh-config", sshd_hosts.config, "--env", f"PYTHONPATH={ROOT}",
                   "-x", TOKEN, "--log-dir", tmp_path / "logs", script],
                  env={"JAXRUN_INJECT_THREAD_FAULT": "ssh-preflight"})
