@@ -1,7 +1,10 @@
 """Multi-host runs over real SSH: two sshd servers on 127.0.0.2 and 127.0.0.3.
 
 sshd gives each session a fresh environment, so every run forwards PYTHONPATH
-(this checkout's jaxrun) and the leak guard's token explicitly.
+(this checkout's jaxrun) and the leak guard's token explicitly.  Each host
+has a private /tmp (``fixtures.sshd``), so a script every host must run lives
+in ``shared_dir``, seen at the same path everywhere; logs, reports and hosts
+files, which only jaxrun reads, stay in ``tmp_path``.
 """
 
 from __future__ import annotations
@@ -86,14 +89,14 @@ def test_toy_on_two_hosts(sshd_hosts, jaxrun, tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_down_host_is_named_and_nothing_runs(sshd_hosts, jaxrun, tmp_path):
-    marker = tmp_path / "ran"
-    script = write(tmp_path, "mark.py", f"open({str(marker)!r}, 'a').write('x')\n")
+def test_down_host_is_named_and_nothing_runs(sshd_hosts, jaxrun, tmp_path, shared_dir):
+    marker = shared_dir / "ran"
+    script = write(shared_dir, "mark.py", f"open({str(marker)!r}, 'a').write('x')\n")
     hosts = write(tmp_path, "hosts.txt", "hostA\nhostDown\n")
     start = time.monotonic()
     code, _, err = jaxrun(
         "--hosts", hosts, *ssh_flags(sshd_hosts), "--connect-timeout", "5", "--log-dir", tmp_path / "logs", script,
-        cwd=tmp_path,
+        cwd=shared_dir,
     )
     assert code == 2
     assert time.monotonic() - start < 15
@@ -104,10 +107,10 @@ def test_down_host_is_named_and_nothing_runs(sshd_hosts, jaxrun, tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_missing_interpreter_is_named(sshd_hosts, jaxrun, tmp_path):
-    script = write(tmp_path, "s.py", "print('never')\n")
+def test_missing_interpreter_is_named(sshd_hosts, jaxrun, tmp_path, shared_dir):
+    script = write(shared_dir, "s.py", "print('never')\n")
     code, out, err = jaxrun("-H", "hostA,hostB", *ssh_flags(sshd_hosts), "--python", "/no/such/python",
-                            "--log-dir", tmp_path / "logs", script, cwd=tmp_path)
+                            "--log-dir", tmp_path / "logs", script, cwd=shared_dir)
     assert code == 2
     line = err.strip().splitlines()[-1]
     assert line.startswith("jaxrun: error: hostA: /no/such/python exited with status 127:"), err
@@ -116,17 +119,17 @@ def test_missing_interpreter_is_named(sshd_hosts, jaxrun, tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_taken_coordinator_port_on_first_host(sshd_hosts, jaxrun, tmp_path):
+def test_taken_coordinator_port_on_first_host(sshd_hosts, jaxrun, tmp_path, shared_dir):
     import socket
 
-    script = write(tmp_path, "s.py", "print('never')\n")
+    script = write(shared_dir, "s.py", "print('never')\n")
     with socket.socket() as taken:
         taken.bind(("127.0.0.2", 0))
         taken.listen()
         port = taken.getsockname()[1]
         code, out, err = jaxrun(
             "-H", "hostA,hostB", *ssh_flags(sshd_hosts), "--coordinator", f"127.0.0.2:{port}",
-            "--log-dir", tmp_path / "logs", script, cwd=tmp_path,
+            "--log-dir", tmp_path / "logs", script, cwd=shared_dir,
         )
     assert code == 2
     assert f"jaxrun: error: --coordinator 127.0.0.2:{port}: cannot listen on 127.0.0.2:{port} on hostA" in err
@@ -162,9 +165,9 @@ def test_more_processes_than_slots(jaxrun, tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_arguments_and_env_arrive_verbatim(sshd_hosts, jaxrun, tmp_path, monkeypatch):
+def test_arguments_and_env_arrive_verbatim(sshd_hosts, jaxrun, tmp_path, shared_dir, monkeypatch):
     script = write(
-        tmp_path,
+        shared_dir,
         "show.py",
         "import json, os, sys\n"
         "print(json.dumps({'argv': sys.argv[1:], 'cwd': os.getcwd(),"
@@ -175,20 +178,20 @@ def test_arguments_and_env_arrive_verbatim(sshd_hosts, jaxrun, tmp_path, monkeyp
     logs = tmp_path / "logs"
     code, _, err = jaxrun(
         "-H", "hostA,hostB", *ssh_flags(sshd_hosts), "--env", "FROM_ENV=a b $HOME", "-x", "FROM_X",
-        "--log-dir", logs, script, *tricky, cwd=tmp_path,
+        "--log-dir", logs, script, *tricky, cwd=shared_dir,
     )
     assert code == 0, err
     for rank in (0, 1):
         seen = json.loads((logs / f"process-{rank}.stdout").read_text())
         assert seen["argv"] == tricky[:-2] + [str(rank), ""]
-        assert seen["cwd"] == str(tmp_path)
+        assert seen["cwd"] == str(shared_dir)
         assert seen["env"] == {"FROM_ENV": "a b $HOME", "FROM_X": "it's $HOME; `id`", "JAXRUN_PROCESS_ID": str(rank)}
 
 
 @pytest.mark.timeout(60)
-def test_crash_on_host_b_fails_fast(sshd_hosts, jaxrun, tmp_path):
+def test_crash_on_host_b_fails_fast(sshd_hosts, jaxrun, tmp_path, shared_dir):
     script = write(
-        tmp_path,
+        shared_dir,
         "crash.py",
         "import os, sys, time\n"
         "if os.environ['JAXRUN_PROCESS_ID'] == '3':\n"
@@ -199,7 +202,7 @@ def test_crash_on_host_b_fails_fast(sshd_hosts, jaxrun, tmp_path):
     )
     start = time.monotonic()
     code, _, err = jaxrun("-H", "hostA:2,hostB:2", *ssh_flags(sshd_hosts), "--log-dir", tmp_path / "logs", script,
-                          cwd=tmp_path)
+                          cwd=shared_dir)
     assert code == 1, err
     assert time.monotonic() - start < 30
     assert "jaxrun: process 3 on hostB failed first: exit code 1" in err
@@ -208,11 +211,11 @@ def test_crash_on_host_b_fails_fast(sshd_hosts, jaxrun, tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_timeout_dumps_remote_stacks(sshd_hosts, jaxrun, tmp_path):
-    script = write(tmp_path, "hang.py", "import time\ndef stuck():\n    time.sleep(120)\nstuck()\n")
+def test_timeout_dumps_remote_stacks(sshd_hosts, jaxrun, tmp_path, shared_dir):
+    script = write(shared_dir, "hang.py", "import time\ndef stuck():\n    time.sleep(120)\nstuck()\n")
     logs = tmp_path / "logs"
     code, _, err = jaxrun(
-        "-H", "hostA,hostB", *ssh_flags(sshd_hosts), "--timeout", "4", "--log-dir", logs, script, cwd=tmp_path
+        "-H", "hostA,hostB", *ssh_flags(sshd_hosts), "--timeout", "4", "--log-dir", logs, script, cwd=shared_dir
     )
     assert code == 124, err
     for rank in (0, 1):
@@ -231,9 +234,9 @@ def cmdline_of(proc: psutil.Process) -> list[str]:
         return []
 
 
-def start_ready_job(launch, sshd_hosts, tmp_path):
-    script = write(tmp_path, "ready.py", READY_SCRIPT)
-    job = launch("-H", "hostA,hostB", *ssh_flags(sshd_hosts), "--log-dir", tmp_path / "logs", script, cwd=tmp_path)
+def start_ready_job(launch, sshd_hosts, tmp_path, shared_dir):
+    script = write(shared_dir, "ready.py", READY_SCRIPT)
+    job = launch("-H", "hostA,hostB", *ssh_flags(sshd_hosts), "--log-dir", tmp_path / "logs", script, cwd=shared_dir)
     wait_for_lines(job, "ready", 2)
     mine = [(p, cmdline_of(p)) for p in processes_with_token(os.environ[TOKEN])]
     remote = [p for p, cmd in mine if cmd[1:3] == ["-m", "jaxrun.backends.ssh_agent"]]
@@ -248,8 +251,8 @@ def start_ready_job(launch, sshd_hosts, tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_sigkill_to_jaxrun_leaves_nothing(sshd_hosts, launch, tmp_path):
-    job = start_ready_job(launch, sshd_hosts, tmp_path)
+def test_sigkill_to_jaxrun_leaves_nothing(sshd_hosts, launch, tmp_path, shared_dir):
+    job = start_ready_job(launch, sshd_hosts, tmp_path, shared_dir)
     os.kill(job.proc.pid, signal.SIGKILL)
     job.proc.wait()
     assert wait_gone(os.environ[TOKEN], within=5.0) == []
@@ -264,9 +267,9 @@ def is_ssh_client(proc: psutil.Process, which: str) -> bool:
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("which", ["ControlMaster=", "ControlMaster=no"])
-def test_killed_ssh_clients_leave_nothing(sshd_hosts, launch, tmp_path, which):
+def test_killed_ssh_clients_leave_nothing(sshd_hosts, launch, tmp_path, shared_dir, which):
     """Every ssh client (masters too), or only the per-process sessions."""
-    job = start_ready_job(launch, sshd_hosts, tmp_path)
+    job = start_ready_job(launch, sshd_hosts, tmp_path, shared_dir)
     clients = [p for p in processes_with_token(os.environ[TOKEN]) if is_ssh_client(p, which)]
     assert clients
     for proc in clients:
