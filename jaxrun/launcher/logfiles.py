@@ -107,24 +107,20 @@ def prepare_log_dir(path: str) -> None:
     _check_reusable(path)
     for name in os.listdir(path):
         if _ERROR_RECORD.match(name):
-            _unlink(os.path.join(path, name))
+            _replaceable(os.path.join(path, name))
 
 
 def _check_reusable(path: str) -> None:
-    """An existing log folder must be a folder that belongs to the user.  A
-    symlink to one is fine only when the user made the link too."""
-    me = os.geteuid()
+    """An existing log folder must be a folder.  A symlink to one counts only
+    when the user or root made the link: one that another user planted where
+    the user asked for logs could lead them anywhere.  (A folder someone else
+    owns is fine if the user may write in it, such as a team's: every file
+    jaxrun puts there is new, and its own.)"""
     link = os.lstat(path)
-    if stat.S_ISLNK(link.st_mode) and link.st_uid != me:
+    if stat.S_ISLNK(link.st_mode) and link.st_uid not in (os.geteuid(), 0):
         raise LaunchError(f"log folder {path} is a symlink that uid {link.st_uid} made; pass a folder of your own")
-    try:
-        st = os.stat(path)
-    except OSError as e:
-        raise LaunchError(f"log folder {path}: {e.strerror}") from None
-    if not stat.S_ISDIR(st.st_mode):
+    if not os.path.isdir(path):
         raise LaunchError(f"log folder {path} is not a folder")
-    if st.st_uid != me:
-        raise LaunchError(f"log folder {path} belongs to uid {st.st_uid}; pass a folder of your own")
 
 
 # -- files -------------------------------------------------------------------
@@ -138,7 +134,7 @@ def create_private(path: str, flags: int = os.O_WRONLY) -> int:
     try:
         return os.open(path, flags, 0o600)
     except FileExistsError:
-        _unlink(path)
+        _replaceable(path)
         return os.open(path, flags, 0o600)
 
 
@@ -158,6 +154,16 @@ def _unlink(path: str) -> None:
         os.unlink(path)  # a symlink itself, never what it points at
     except FileNotFoundError:
         pass
+
+
+def _replaceable(path: str) -> None:
+    """Remove what an earlier run left at ``path``; refuse to go on when that
+    is impossible (another user's file in a sticky folder such as /tmp),
+    since jaxrun's own file could then not take its place."""
+    try:
+        _unlink(path)
+    except OSError as e:
+        raise LaunchError(f"cannot replace {path}, left there before this run ({e.strerror})") from None
 
 
 # -- reports -----------------------------------------------------------------
