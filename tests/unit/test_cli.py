@@ -1,13 +1,15 @@
 """The command line: parsing, --dry-run, --help cost, and bad input (exit 2, nothing started)."""
 
+import importlib.metadata
 import os
+import re
 import socket
 import subprocess
 import sys
 
 import click
 import pytest
-from fixtures.jobs import JAXRUN
+from fixtures.jobs import JAXRUN, ROOT
 
 from jaxrun import cli
 from jaxrun.launcher.config import LaunchError
@@ -203,3 +205,18 @@ def test_hosts_file_is_read_to_a_bound(tmp_path):
     bad.write_bytes(b"\xff\n")
     with pytest.raises(LaunchError, match="cannot read it"):
         cli.read_hosts_text(str(bad))
+
+
+def test_declared_python_is_what_jax_and_jaxrun_need():
+    # Popen(process_group=...) needs 3.11, and so does jax itself: a ">=3.10"
+    # install failed with a TypeError at the first local run.
+    import tomllib
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    jax_needs = importlib.metadata.metadata("jax")["Requires-Python"]
+
+    def lowest(spec: str) -> tuple[int, ...]:
+        major, minor = re.search(r">=\s*(\d+)\.(\d+)", spec).groups()
+        return int(major), int(minor)
+
+    assert lowest(declared) >= max(lowest(jax_needs), (3, 11)), (declared, jax_needs)
