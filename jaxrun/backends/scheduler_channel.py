@@ -31,8 +31,9 @@ not shown the secret:
 - at most ``MAX_UNAUTHENTICATED`` connections wait for their header at a
   time; more are closed at once.  A task whose connection was closed gets no
   ``Ack`` and connects again (see the agent), so a flood delays it, no more;
-- running out of file descriptors (EMFILE, ENFILE) pauses accepting for a
-  moment; it never ends the listener;
+- running out of file descriptors (EMFILE, ENFILE) closes the stranger that
+  has waited longest, or pauses accepting for a moment when there is none;
+  it never ends the listener;
 - once every rank has attached its three connections, it stops listening.
 
 Only connections that showed the secret get a thread: the three per rank.
@@ -82,9 +83,10 @@ SRUN_WITHDRAW_WAIT = 2.0
 # After the task channel closes, how long the tasks get to end their step.
 CLOSE_WAIT = 10.0
 SCANCEL_TIMEOUT = 10.0
-# What srun prints (at its default verbosity) when its job must wait, and once it runs.
+# What srun prints (at its default verbosity) when its job must wait, and once it
+# runs or srun itself withdrew it.
 QUEUED = re.compile(rb"srun: job (\d+) queued and waiting for resources")
-ALLOCATED = re.compile(rb"srun: job (\d+) has been allocated resources")
+ALLOCATED = re.compile(rb"srun: job (\d+) has been allocated resources|Job allocation (\d+) has been revoked")
 ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL)
 
 
@@ -324,9 +326,15 @@ class TaskListener:
             except BlockingIOError:
                 return True
             except OSError as e:
-                if e.errno in OUT_OF_RESOURCES:
+                if e.errno not in OUT_OF_RESOURCES:
+                    continue  # that one connection failed (ECONNABORTED and the like)
+                if not self._waiting:
                     return False
-                continue  # that one connection failed (ECONNABORTED and the like)
+                # Out of descriptors: the stranger that has waited longest
+                # makes room.  A task's Hello comes with its connection, so
+                # it passes at accept time and never waits to be evicted.
+                self._drop(next(iter(self._waiting)), selector)
+                continue
             sock.setblocking(False)
             self._waiting[sock] = (time.monotonic() + HEADER_TIMEOUT, bytearray())
             # A task sends its Hello with the connection: it is usually here
