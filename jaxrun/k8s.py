@@ -10,12 +10,20 @@ failed pod fail the Job, and JobSet then stops every other pod.
 
 ``render`` is pure: options in, a manifest (plain dicts) out.  ``to_yaml``
 writes it without a YAML library, so the launcher gains no dependency.
+
+Two layers rewrite what the user typed, and both are undone here:
+
+- the kubelet expands ``$(VAR)`` in a container's command and env values,
+  and turns ``$$`` into ``$``: every ``$`` of the user's words is doubled,
+  and only jaxrun's own references (the process id) stay single;
+- YAML: every string is a double-quoted scalar in plain ASCII, with JSON's
+  escapes (``\\uXXXX``; ``\\UXXXXXXXX`` beyond the BMP), so that no control
+  character, no non-ASCII text and no word like ``yes`` changes the manifest.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from typing import Mapping
 
@@ -54,13 +62,20 @@ def coordinator_address(opts: K8sOptions) -> str:
     return f"{opts.name}-{JOB}-0-0.{opts.name}:{opts.port}"
 
 
+def kubelet_literal(text: str) -> str:
+    """``text`` as the kubelet must read it to pass it on unchanged: it
+    expands ``$(VAR)`` and reads ``$$`` as one ``$``."""
+    return text.replace("$", "$$")
+
+
 def container_args(opts: K8sOptions) -> list[str]:
     """The shim's command line.  Placeholders become Kubernetes' own $(VAR)
-    references, which the kubelet expands per pod; a literal "$(" in the
-    user's arguments is escaped so that it stays literal."""
+    references, which the kubelet expands per pod; every other "$" the user
+    wrote stays literal."""
     values = contract.placeholder_values(f"$({contract.PROCESS_ID})", opts.num_processes, 0, coordinator_address(opts))
-    args = [contract.substitute(a.replace("$(", "$$("), values) for a in opts.args]
-    return list(contract.shim_argv(opts.python, contract.target_args(opts.script, args, opts.is_module)))
+    args = [contract.substitute(kubelet_literal(a), values) for a in opts.args]
+    target = contract.target_args(kubelet_literal(opts.script), args, opts.is_module)
+    return list(contract.shim_argv(kubelet_literal(opts.python), target))
 
 
 def _field(path: str) -> dict:
@@ -80,9 +95,10 @@ def container_env(opts: K8sOptions) -> list[dict]:
         contract.PROCESS_ID: f"metadata.annotations['{INDEX_ANNOTATION}']",
         contract.RESTART_COUNT: f"metadata.labels['{RESTART_LABEL}']",
     }
-    env = [{"name": k, **_field(fields[k])} if k in fields else {"name": k, "value": v} for k, v in values.items()]
+    env = [{"name": k, **_field(fields[k])} if k in fields else {"name": k, "value": kubelet_literal(v)}
+           for k, v in values.items()]
     ours = {e["name"] for e in env}  # jaxrun's values win over --env
-    return [{"name": k, "value": v} for k, v in opts.env.items() if k not in ours] + env
+    return [{"name": k, "value": kubelet_literal(v)} for k, v in opts.env.items() if k not in ours] + env
 
 
 def resources(opts: K8sOptions) -> dict:
@@ -133,10 +149,36 @@ _PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-/]*$")
 
 
 def to_yaml(value, indent: int = 0) -> str:
-    """Block-style YAML.  Every string is double-quoted with JSON escapes (a
-    JSON string is a valid YAML double-quoted scalar), so "yes", "1" or "a: b"
-    can never change type or meaning."""
+    """Block-style YAML in plain ASCII.  Every string is double-quoted (see
+    ``quoted``), so "yes", "1" or "a: b" can never change type or meaning."""
     return "\n".join(_lines(value, indent)) + "\n"
+
+
+_SHORT_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r", "\b": "\\b", "\f": "\\f"}
+
+
+def quoted(text: str) -> str:
+    """A YAML double-quoted scalar that is also a JSON string, but for
+    characters beyond the BMP: JSON writes those as a surrogate pair, which
+    YAML decoders read as two lone surrogates (go-yaml, in kubectl, rejects
+    them), so they get YAML's ``\\UXXXXXXXX``.  Everything else that is not
+    printable ASCII is ``\\uXXXX``.  Lone surrogates (bytes that were not
+    UTF-8) cannot be written at all: ValueError."""
+    out = ['"']
+    for char in text:
+        code = ord(char)
+        if char in _SHORT_ESCAPES:
+            out.append(_SHORT_ESCAPES[char])
+        elif 0x20 <= code < 0x7F:
+            out.append(char)
+        elif 0xD800 <= code < 0xE000:
+            raise ValueError(f"{text!r} is not valid text (bytes that are not UTF-8?)")
+        elif code > 0xFFFF:
+            out.append(f"\\U{code:08x}")
+        else:
+            out.append(f"\\u{code:04x}")
+    out.append('"')
+    return "".join(out)
 
 
 def _scalar(value) -> str:
@@ -146,11 +188,11 @@ def _scalar(value) -> str:
         return "null"
     if isinstance(value, int):
         return str(value)
-    return json.dumps(str(value), ensure_ascii=False)
+    return quoted(str(value))
 
 
 def _key(key: str) -> str:
-    return key if _PLAIN_KEY.match(key) and key not in ("true", "false", "null", "yes", "no", "on", "off") else json.dumps(key)
+    return key if _PLAIN_KEY.match(key) and key not in ("true", "false", "null", "yes", "no", "on", "off") else quoted(key)
 
 
 def _lines(value, indent: int) -> list[str]:
@@ -233,6 +275,11 @@ def command(image, num_processes, name, cpu, memory, gpus, gpu_resource, cpu_dev
         except ValueError as e:
             raise click.BadParameter(str(e), param_hint="--env") from None
         env[key] = val
+    for word in (image, python, script, *rest, *env.values()):
+        try:
+            quoted(word)
+        except ValueError:
+            raise click.UsageError(f"{word!r} is not valid UTF-8; a manifest holds text only") from None
     opts = K8sOptions(
         name=name, image=image, script=script, args=tuple(rest), is_module=is_module,
         num_processes=num_processes, port=port, python=python, cpu=cpu, memory=memory,
