@@ -286,7 +286,10 @@ def check_scale(num_processes: int, kind: str) -> None:
     if problem:
         raise LaunchError(problem)
     if soft != resource.RLIM_INFINITY and fds_needed(num_processes, kind) > soft:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass  # an unlimited hard limit the kernel will not grant: carry on with the soft one
 
 
 def fds_needed(num_processes: int, kind: str) -> int:
