@@ -209,6 +209,7 @@ def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, 
     if hosts:
         planning.assign_hosts(hosts, num_processes)  # too few slots: exit 2 before any ssh
     console_ranks = console_rank_set(console_ranks, num_processes)
+    check_devices_per_process(devices_per_process)  # before counting GPUs, which may run nvidia-smi
     devices_per_host = local_device_count(cpu_devices, devices_per_process, num_processes, hosts or scheduler)
     check_devices_per_process(devices_per_process, devices_per_host)
     github_actions = github.on_github_actions()
@@ -318,17 +319,17 @@ def read_pid_max() -> int:
         return 32768  # the kernel's default
 
 
-def check_devices_per_process(per_process: int | None, local_gpus: int | None) -> None:
-    """Bound --devices-per-process by what exists: this machine's GPUs when
-    jaxrun counted them, else MAX_DEVICES_PER_PROCESS.  (Each process gets
-    the list of its device ids in its environment.)"""
+def check_devices_per_process(per_process: int | None, local_gpus: int | None = None) -> None:
+    """Bound --devices-per-process by what exists: MAX_DEVICES_PER_PROCESS,
+    and this machine's GPUs when jaxrun counted them.  (Each process gets the
+    list of its device ids in its environment.)"""
     if per_process is None:
         return
-    if local_gpus is not None and per_process > local_gpus:
-        raise click.UsageError(f"--devices-per-process {per_process}: this machine has {local_gpus} GPUs")
     if per_process > MAX_DEVICES_PER_PROCESS:
         raise click.UsageError(f"--devices-per-process {per_process}: at most {MAX_DEVICES_PER_PROCESS} devices "
                                f"per process (no host has more)")
+    if local_gpus is not None and per_process > local_gpus:
+        raise click.UsageError(f"--devices-per-process {per_process}: this machine has {local_gpus} GPUs")
 
 
 def check_engine(scheduler: SchedulerOptions | None, has_hosts: bool, python: str | None) -> None:
