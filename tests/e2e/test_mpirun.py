@@ -1,5 +1,12 @@
-"""--launcher mpirun: one real Open MPI step on this machine."""
+"""--launcher mpirun: one real Open MPI step on this machine.
 
+mpirun hands its own environment to the ranks it starts on this machine, but
+only the variables named with ``-x`` to ranks on other nodes.  To see what
+other nodes get, one test starts its ranks through the SSH fixture's sshd on
+127.0.0.2, as mpirun reaches a remote node.
+"""
+
+import json
 import shutil
 
 import pytest
@@ -54,3 +61,54 @@ def test_each_task_takes_its_rank_from_mpirun(run_jaxrun, tmp_path):
 @pytest.mark.timeout(60)
 def test_logs_hold_every_byte(run_jaxrun, tmp_path):
     check_logs_hold_every_byte(run_jaxrun, MPIRUN, tmp_path)
+
+
+# What a task saw, as one marked JSON line: the variables under test, and
+# whether an sshd is among its ancestors (it ran on the "other node").
+ENV_PROBE = """\
+import json, os, psutil
+names = ("FOO", "BAZ", "PYTHONUNBUFFERED", "JAX_LOCAL_DEVICE_IDS", "JAXRUN_LOCAL_PROCESS_ID", "OMPI_COMM_WORLD_RANK")
+seen = {n: os.environ.get(n) for n in names}
+seen["via_sshd"] = any(p.name() == "sshd" for p in psutil.Process().parents())
+print("env-probe " + json.dumps(seen))
+"""
+
+
+def probe_lines(logs, ranks: int) -> dict[int, dict]:
+    seen = {}
+    for rank in range(ranks):
+        text = (logs / f"process-{rank}.stdout").read_text()
+        (line,) = [line for line in text.splitlines() if line.startswith("env-probe ")]
+        seen[rank] = json.loads(line.removeprefix("env-probe "))
+    return seen
+
+
+@needs_mpirun
+@pytest.mark.timeout(90)
+def test_env_and_x_reach_ranks_on_another_node(sshd_hosts, shared_dir, run_jaxrun, tmp_path, monkeypatch):
+    script = shared_dir / "env_probe.py"  # the test hosts have their own /tmp
+    script.write_text(ENV_PROBE)
+    logs = tmp_path / "logs"
+    monkeypatch.setenv("BAZ", "from -x")
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
+    # mpirun reaches hostA through the fixture's sshd, as it would a remote node.
+    remote = ["--scheduler-arg=--mca", "--scheduler-arg=plm_rsh_agent", f"--scheduler-arg=ssh -F {sshd_hosts.config}",
+              "--scheduler-arg=--host", "--scheduler-arg=hostA:2"]
+    code, _, err, _ = run_jaxrun(*MPIRUN, *remote, "-n", 2, "--env", "FOO=bar $HOME 'q'", "-x", "BAZ",
+                                 "--log-dir", logs, script)
+    assert code == 0, err
+    for rank, seen in probe_lines(logs, 2).items():
+        assert seen["via_sshd"], f"rank {rank} did not run through sshd: {seen}"
+        assert (seen["FOO"], seen["BAZ"], seen["PYTHONUNBUFFERED"]) == ("bar $HOME 'q'", "from -x", "1"), seen
+
+
+@needs_mpirun
+@pytest.mark.timeout(60)
+def test_devices_per_process_come_from_the_local_rank_mpirun_gives(run_jaxrun, tmp_path):
+    script = tmp_path / "env_probe.py"
+    script.write_text(ENV_PROBE)
+    logs = tmp_path / "logs"
+    code, _, err, _ = run_jaxrun(*MPIRUN, "-n", 2, "--devices-per-process", 2, "--log-dir", logs, script)
+    assert code == 0, err
+    seen = probe_lines(logs, 2)
+    assert {s["JAXRUN_LOCAL_PROCESS_ID"]: s["JAX_LOCAL_DEVICE_IDS"] for s in seen.values()} == {"0": "0,1", "1": "2,3"}

@@ -3,6 +3,7 @@
 Also the batch recipe examples/deploy/slurm.sbatch, submitted with sbatch.
 """
 
+import json
 import os
 import shlex
 import socket
@@ -109,3 +110,45 @@ def test_batch_recipe_runs_the_toy_under_sbatch(slurm_cluster, tmp_path):
         # between a print's text and its newline when the machine is busy.
         for expected in [*shards, f"process={rank} {RESULT}"]:
             assert expected in mine, (rank, expected, out)
+
+
+# What each task was told about its devices, as one marked JSON line; it
+# imports no jax (this machine has no accelerator: the variable is the check).
+DEVICE_PROBE = """\
+import json, os
+names = ("JAX_LOCAL_DEVICE_IDS", "JAXRUN_PROCESS_ID", "JAXRUN_LOCAL_PROCESS_ID", "JAXRUN_TASK_DEVICES_PER_PROCESS")
+print("device-probe " + json.dumps({n: os.environ.get(n) for n in names}))
+"""
+
+
+def devices_seen(logs, ranks: int) -> dict[int, dict]:
+    seen = {}
+    for rank in range(ranks):
+        text = (logs / f"process-{rank}.stdout").read_text()
+        (line,) = [line for line in text.splitlines() if line.startswith("device-probe ")]
+        seen[rank] = json.loads(line.removeprefix("device-probe "))
+    return seen
+
+
+@pytest.mark.timeout(60)
+def test_devices_per_process_come_from_the_local_rank_srun_gives(slurm_cluster, run_jaxrun, tmp_path):
+    script = tmp_path / "devices.py"
+    script.write_text(DEVICE_PROBE)
+    logs = tmp_path / "logs"
+    code, _, err, _ = run_jaxrun(*SLURM, "-n", 2, "--devices-per-process", 3, "--log-dir", logs, script)
+    assert code == 0, err
+    seen = devices_seen(logs, 2)
+    # One node: srun's local ranks are 0 and 1, so each task owns its own three devices.
+    assert {seen[r]["JAXRUN_LOCAL_PROCESS_ID"]: seen[r]["JAX_LOCAL_DEVICE_IDS"] for r in seen} == {"0": "0,1,2", "1": "3,4,5"}
+    assert all(s["JAXRUN_TASK_DEVICES_PER_PROCESS"] is None for s in seen.values())  # the agent's, not the script's
+
+
+@pytest.mark.timeout(30)
+def test_dry_run_claims_no_device_ids_the_scheduler_decides(tmp_path):
+    script = tmp_path / "t.py"
+    script.write_text("")
+    proc = subprocess.run([sys.executable, "-m", "jaxrun", *SLURM, "-n", "2", "--devices-per-process", "2", "--dry-run",
+                           str(script)], capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 0, proc.stderr
+    assert "JAX_LOCAL_DEVICE_IDS" not in proc.stdout, proc.stdout
+    assert proc.stdout.count("JAXRUN_TASK_DEVICES_PER_PROCESS=2") == 2, proc.stdout

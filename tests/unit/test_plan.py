@@ -176,6 +176,19 @@ def test_plan_puts_device_ids_in_the_environment():
     assert contract.JAX_LOCAL_DEVICE_IDS not in plan(options(num_processes=1, devices_per_host=8))[0].env
 
 
+def test_under_a_scheduler_the_plan_claims_no_device_ids():
+    """srun/mpirun decide which tasks share a node when the step starts: the
+    plan passes K on instead of ids computed from its own placement guess."""
+    specs = plan(options(num_processes=4, devices_per_process=2, scheduled=True))
+    for s in specs:
+        assert contract.JAX_LOCAL_DEVICE_IDS not in s.env
+        assert s.env[contract.TASK_DEVICES_PER_PROCESS] == "2"
+    for s in plan(options(num_processes=4, devices_per_host=8, scheduled=True)):
+        assert contract.JAX_LOCAL_DEVICE_IDS not in s.env and contract.TASK_DEVICES_PER_PROCESS not in s.env
+    with pytest.raises(PlanError, match="at least 1"):
+        plan(options(devices_per_process=0, scheduled=True))
+
+
 def test_cpu_devices_and_devices_per_process_are_exclusive():
     with pytest.raises(PlanError, match="cannot be used together"):
         plan(options(cpu_devices=2, devices_per_process=1))

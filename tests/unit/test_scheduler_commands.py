@@ -5,7 +5,10 @@ import sys
 
 import pytest
 
+from jaxrun import contract
 from jaxrun.backends import scheduler as engines
+from jaxrun.backends import scheduler_agent
+from jaxrun.launcher import plan
 from jaxrun.launcher.config import SchedulerOptions
 
 
@@ -38,3 +41,42 @@ def test_mpirun_command_forwards_variables_by_name():
     assert argv[-4:] == ["--oversubscribe", "python", "-m", "jaxrun.backends.scheduler_agent"]
     with pytest.raises(engines.SchedulerError):
         engines.mpirun_command(SchedulerOptions("mpirun", nodes=2), 4, [], {}, is_root=False)
+
+
+def test_mpirun_forwards_what_the_plan_set_whatever_its_name():
+    """--env/-x names and PYTHONUNBUFFERED reach other nodes too; mpirun
+    forwards only what -x names, and the values stay off the command line."""
+    launch = plan.LaunchOptions(target=plan.Target("t.py"), num_processes=2, coordinator="", run_id="r",
+                                extra_env={"FOO": "s3cret value", "lower_case": "x"}, scheduled=True)
+    specs = plan.plan(launch)
+    options = SchedulerOptions("mpirun")
+    env = engines.step_env(options, specs, {"PATH": "/bin", "HOME": "/root", "UNRELATED": "1"})
+    argv = engines.mpirun_command(options, 2, ["t"], env, is_root=False, planned=plan.common_env(specs))
+    exported = {argv[i + 1] for i, a in enumerate(argv) if a == "-x"}
+    assert {"FOO", "lower_case", "PYTHONUNBUFFERED", "PATH", contract.RANK_SOURCE} <= exported
+    assert not exported & {"HOME", "UNRELATED"}
+    assert "s3cret value" not in argv
+
+
+def test_step_env_leaves_devices_to_each_task():
+    """Per-rank device ids never travel in the one environment every task
+    shares; with --devices-per-process the count does, for the task agent."""
+    launch = plan.LaunchOptions(target=plan.Target("t.py"), num_processes=1, coordinator="", run_id="r",
+                                devices_per_process=2)
+    specs = plan.plan(launch)  # not marked scheduled: one process gets ids [0, 1] from the plan
+    assert specs[0].env[contract.JAX_LOCAL_DEVICE_IDS] == "0,1"
+    env = engines.step_env(SchedulerOptions("slurm"), specs, {}, devices_per_process=2)
+    assert contract.JAX_LOCAL_DEVICE_IDS not in env
+    assert env[contract.TASK_DEVICES_PER_PROCESS] == "2"
+    assert contract.TASK_DEVICES_PER_PROCESS not in engines.step_env(SchedulerOptions("slurm"), specs, {})
+
+
+@pytest.mark.parametrize("local, count, environ, expected", [
+    (0, 2, {contract.TASK_DEVICES_PER_PROCESS: "3"}, "0,1,2"),
+    (1, 2, {contract.TASK_DEVICES_PER_PROCESS: "3"}, "3,4,5"),
+    (5, 8, {contract.TASK_DEVICES_PER_PROCESS: "1"}, "5"),
+    (1, 2, {}, None),
+])
+def test_task_agent_derives_its_devices_from_its_local_rank(local, count, environ, expected):
+    got = scheduler_agent.device_env(local, count, environ).get(contract.JAX_LOCAL_DEVICE_IDS)
+    assert got == expected
