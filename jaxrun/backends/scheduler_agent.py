@@ -22,7 +22,9 @@ would:
 
 When the control connection drops (the launcher died), the child's group is
 killed; when this wrapper dies, the shim's lifeline pipe kills the child.
-This module never imports jax.
+The agent is a child subreaper (see :mod:`jaxrun.backends.reaper`): a daemon
+the script starts with ``setsid()`` stays its descendant, and is killed with
+whatever else is left once the shim ends.  This module never imports jax.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import threading
 import time
 
 from jaxrun import contract, wire
+from jaxrun.backends import reaper
 from jaxrun.child.bootstrap import BootstrapError, identity_from_env
 from jaxrun.launcher.plan import local_device_ids
 
@@ -202,6 +205,7 @@ def main(argv: list[str]) -> int:
     values = contract.placeholder_values(rank, count, local, coordinator)
     command = [contract.substitute(a, values) for a in argv[1:]]
     error_file = os.path.join(tempfile.mkdtemp(prefix="jaxrun-task-"), "error.json")
+    reaper.become_subreaper()
     lifeline_r, lifeline_w = os.pipe()
     try:
         child.append(subprocess.Popen(
@@ -221,6 +225,7 @@ def main(argv: list[str]) -> int:
     threading.Thread(target=obey, args=(channel, child[0], acked), daemon=True).start()
     code = child[0].wait()
     _killpg(child[0].pid, signal.SIGKILL)  # grandchildren left in its group
+    reaper.kill_descendants()  # and those that left it
     report_exit(channel, code, error_file)
     # Wait until the launcher has the code: once we exit, the scheduler kills
     # the other tasks, and their losses must not reach the launcher first.

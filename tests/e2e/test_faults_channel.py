@@ -398,3 +398,30 @@ if how == "abort":
     step.popen.wait(10)  # what the process does after abort() is not abort()'s business
 print(json.dumps({{"queued": queued, "seconds": seconds}}))
 """
+
+
+DAEMON = """\
+import os, subprocess, sys
+# A daemon: its own session, its parent gone at once (a double fork).
+subprocess.Popen([sys.executable, "-c", "import os, time\\nif os.fork(): os._exit(0)\\n"
+                  "open(os.environ['PIDS'] + '/' + str(os.getpid()), 'w').close()\\ntime.sleep(120)"],
+                 start_new_session=True).wait()
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("launcher", ["slurm", "mpirun"])
+def test_daemons_a_task_starts_end_with_it(request, launcher, start_job, tmp_path, monkeypatch):
+    if launcher == "slurm":
+        request.getfixturevalue("slurm_cluster")
+    elif not shutil.which("mpirun"):
+        pytest.skip("Open MPI is not installed (apt-get install openmpi-bin)")
+    monkeypatch.setenv("OMPI_MCA_rmaps_base_oversubscribe", "1")
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    script = write(tmp_path / "daemon.py", DAEMON)
+    job = start_job("--launcher", launcher, "-n", 2, "--log-dir", tmp_path / "logs", script, env={"PIDS": str(pids)})
+    assert job.wait(timeout=40) == 0, job.stderr[-3000:]
+    started = [int(p.name) for p in pids.iterdir()]
+    assert len(started) == 2, started
+    assert wait_for(lambda: not any(psutil.pid_exists(p) for p in started), within=5), started
