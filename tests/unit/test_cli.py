@@ -1,6 +1,5 @@
 """The command line: parsing, --dry-run, --help cost, and bad input (exit 2, nothing started)."""
 
-import importlib.metadata
 import os
 import re
 import socket
@@ -207,16 +206,12 @@ def test_hosts_file_is_read_to_a_bound(tmp_path):
         cli.read_hosts_text(str(bad))
 
 
-def test_declared_python_is_what_jax_and_jaxrun_need():
-    # Popen(process_group=...) needs 3.11, and so does jax itself: a ">=3.10"
-    # install failed with a TypeError at the first local run.
+def test_declared_python_is_one_jaxrun_runs_on():
+    # Popen(process_group=...) is new in 3.11 (and jax 0.10 requires 3.11 too;
+    # newer jax asks for more, which pip resolves): a ">=3.10" install failed
+    # with a TypeError at the first local run.
     import tomllib
 
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
-    jax_needs = importlib.metadata.metadata("jax")["Requires-Python"]
-
-    def lowest(spec: str) -> tuple[int, ...]:
-        major, minor = re.search(r">=\s*(\d+)\.(\d+)", spec).groups()
-        return int(major), int(minor)
-
-    assert lowest(declared) >= max(lowest(jax_needs), (3, 11)), (declared, jax_needs)
+    major, minor = re.fullmatch(r">=\s*(\d+)\.(\d+)", declared).groups()
+    assert (int(major), int(minor)) >= (3, 11), declared
