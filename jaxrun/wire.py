@@ -108,6 +108,7 @@ class ForkRequest(Message):
 
     shim_args: list
     env: dict
+    cwd: str = ""  # where the controller runs; "" for the server's own folder
 
 
 @message("ready")

@@ -18,7 +18,8 @@ def create_backend(config: RunConfig, console: TextIO) -> Backend:
     if config.ssh is not None:
         from jaxrun.backends.ssh import SshBackend
 
-        return SshBackend(config.ssh, config.options.hosts, console, verbose=config.verbose)
+        return SshBackend(config.ssh, config.options.hosts, console, verbose=config.verbose,
+                          preload=config.preload, preload_modules=config.preload_modules)
     if config.scheduler is not None:
         from jaxrun.backends.scheduler import SchedulerBackend
 

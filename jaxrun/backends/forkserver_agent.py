@@ -20,6 +20,13 @@ Messages (:mod:`jaxrun.wire`), over a SOCK_SEQPACKET socket, one per packet:
 Single-threaded on purpose: forking is only safe while no other thread
 exists.  EOF on the socket means the launcher is gone; the server exits and
 the controllers' lifelines take them down.
+
+On an SSH host the same server runs as ``... forkserver_agent --listen NAME``
+in a session of its own (see ``ssh_commands.server_words``): it listens on the
+abstract Unix socket NAME, and each process's host agent connects, sends its
+``ForkRequest`` with the session's stdout and stderr, and hears ``Started``
+and ``ChildExited`` on its own connection.  Only processes of the same user
+may connect (``SO_PEERCRED``).  EOF on stdin (the session closed) ends it.
 """
 
 from __future__ import annotations
@@ -30,45 +37,91 @@ import os
 import select
 import signal
 import socket
+import struct
 import sys
 import threading
 
 from jaxrun import contract, wire
 
 
-def serve(sock: socket.socket) -> None:
+def serve(sock: socket.socket | None, listener: socket.socket | None = None) -> None:
+    """Fork a controller per request: from the launcher's one connection
+    (``sock``; its EOF ends the server), or from any number of connections
+    accepted on ``listener`` (stdin's EOF ends the server)."""
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides about signals
-    children: set[int] = set()
+    children: dict[int, socket.socket] = {}  # pid -> the connection that asked for it
+    conns = [sock] if sock is not None else []
+    ends = [0] if listener is not None else []  # stdin: its EOF is the session's end
     while True:
-        readable, _, _ = select.select([sock, wake_r], [], [])
+        waiting = [wake_r, *conns, *ends, *([listener] if listener is not None else [])]
+        readable, _, _ = select.select(waiting, [], [])
         if wake_r in readable:
             os.read(wake_r, 4096)
         for pid, code in reap(children):
-            sock.send(wire.ChildExited(pid, code).encode())
-        if sock in readable:
-            message, fds, _, _ = socket.recv_fds(sock, wire.MAX_PACKET, 3)
+            tell(children.pop(pid), wire.ChildExited(pid, code))
+        if 0 in readable and not os.read(0, 4096):
+            return
+        if listener is not None and listener in readable:
+            conn = accept_own_user(listener)
+            if conn is not None:
+                conns.append(conn)
+        for conn in [c for c in conns if c in readable]:
+            try:
+                message, fds, _, _ = socket.recv_fds(conn, wire.MAX_PACKET, 3)
+            except OSError:
+                message, fds = b"", []
             if not message:
-                return
+                if conn is sock:
+                    return
+                conns.remove(conn)
+                conn.close()
+                continue
             pid = os.fork()
             if pid == 0:
                 os.close(wake_r)
                 os.close(wake_w)
-                become_controller(sock, wire.decode(message), fds)
+                for other in conns:
+                    if other is not conn:
+                        other.close()
+                if listener is not None:
+                    listener.close()
+                become_controller(conn, wire.decode(message), fds)
             for fd in fds:
                 os.close(fd)
-            children.add(pid)
-            sock.send(wire.Started(pid).encode())
+            children[pid] = conn
+            tell(conn, wire.Started(pid))
 
 
-def reap(children: set[int]):
+def tell(conn: socket.socket, msg: wire.Message) -> None:
+    try:
+        conn.send(msg.encode())
+    except OSError:
+        pass  # that agent is gone; its controller's lifeline ends it
+
+
+def accept_own_user(listener: socket.socket) -> socket.socket | None:
+    """A connection from a process of this user; anyone else is hung up on
+    (an abstract socket has no file permissions to keep them out)."""
+    try:
+        conn, _ = listener.accept()
+    except OSError:
+        return None
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _, uid, _ = struct.unpack("3i", creds)
+    if uid != os.getuid():
+        conn.close()
+        return None
+    return conn
+
+
+def reap(children):
     for pid in list(children):
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
-            children.discard(pid)
             yield pid, os.waitstatus_to_exitcode(status)
 
 
@@ -86,6 +139,8 @@ def become_controller(sock: socket.socket, request: wire.ForkRequest, fds: list[
         for src, dst in ((devnull, 0), (out, 1), (err, 2)):
             os.dup2(src, dst)
             os.close(src)
+        if request.cwd:
+            os.chdir(request.cwd)
         os.environ.clear()
         os.environ.update(request.env)
         os.environ[contract.LIFELINE_FD] = str(lifeline)
@@ -141,6 +196,9 @@ def preload(modules: list[str]) -> None:
 
 
 def main(argv: list[str]) -> None:
+    if argv[:1] == ["--listen"]:
+        listen(argv[1], argv[2:])
+        return
     sock = socket.socket(fileno=int(argv[0]))
     try:
         preload(argv[1:])
@@ -150,6 +208,29 @@ def main(argv: list[str]) -> None:
         sys.exit(1)
     sock.send(wire.Ready("").encode())
     serve(sock)
+
+
+def listen(name: str, modules: list[str]) -> None:
+    """The server of one SSH host.  It listens before it imports, so agents
+    that connect early wait in the backlog instead of failing; if the imports
+    fail, it exits, and they start their controllers themselves."""
+    from jaxrun.backends import reaper
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind("\0" + name)
+    listener.listen(256)
+    reaper.become_subreaper()  # the controllers' daemons stay ours, and die with us
+    try:
+        preload(modules)
+        from jaxrun.child import bootstrap, shim  # noqa: F401
+    except BaseException as e:  # noqa: BLE001
+        print(f"jaxrun: the preloading server on this host could not import: {type(e).__name__}: {e}",
+              file=sys.stderr, flush=True)
+        sys.exit(1)
+    try:
+        serve(None, listener)
+    finally:
+        reaper.kill_descendants()
 
 
 if __name__ == "__main__":

@@ -28,13 +28,14 @@ import subprocess
 import tempfile
 import threading
 import time
+import uuid
 from typing import Mapping, Sequence, TextIO
 
 from jaxrun import contract, wire
 from jaxrun.backends.base import Backend, RunHooks, start_thread, wait_until
 from jaxrun.backends.ssh_commands import (
     ANSWER, check_preflight, master_control, port_probe_words, preflight_table, preflight_words, process_env,
-    process_words,
+    process_words, server_words,
     remote_command, session_control, ssh_args,
 )
 from jaxrun.launcher.config import LaunchError, SshOptions
@@ -105,15 +106,16 @@ class Connections:
         path = self.control_path(host) if host.name in self.masters and not direct else None
         return ssh_args(self.settings, host, session_control(path))
 
-    def start_session(self, host: Host, command: str, env: Mapping[str, str]) -> subprocess.Popen:
+    def start_session(self, host: Host, command: str, env: Mapping[str, str],
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE) -> subprocess.Popen:
         """A process's own ssh session, over the host's master while it has
         sessions to spare (counting only those still running, for restarts)."""
         live = [p for p in self.sessions.get(host.name, []) if p.poll() is None]
         popen = subprocess.Popen(
             self.session_args(host, direct=len(live) >= SESSIONS_PER_MASTER) + [command],
             stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stdout=stdout,
+            stderr=stderr,
             start_new_session=True,  # a Ctrl-C in the terminal is jaxrun's to handle
             bufsize=0,
         )
@@ -301,12 +303,16 @@ class SshBackend(Backend):
 
     name = "ssh"
 
-    def __init__(self, settings: SshOptions, hosts: Sequence[Host], console: TextIO, verbose: bool = False):
+    def __init__(self, settings: SshOptions, hosts: Sequence[Host], console: TextIO, verbose: bool = False,
+                 preload: bool = False, preload_modules: Sequence[str] = ()):
         self.settings = settings
         self.hosts = list(hosts)
         self.console = console
         self.verbose = verbose
+        self.preload = preload
+        self.preload_modules = tuple(preload_modules)
         self.connections: Connections | None = None
+        self.servers: dict[str, tuple[str, subprocess.Popen]] = {}  # host name -> (socket name, session)
 
     def open(self) -> None:
         self.connections = Connections(self.settings, self.hosts, self.hooks)
@@ -333,6 +339,52 @@ class SshBackend(Backend):
     def choose_coordinator(self, fixed: str | None) -> tuple[str, str]:
         return self.connections.choose_coordinator(fixed)
 
+    def begin(self, specs: Sequence[ProcessSpec], log_dir: str) -> None:
+        """One preloading server per host for this attempt: the host's
+        processes then pay for one ``import jax`` between them.  A host whose
+        processes differ in what jax reads at import starts them fresh."""
+        if not self.preload:
+            return
+        from jaxrun.backends.forkserver import differing_import_time_vars
+        from jaxrun.launcher.logfiles import open_log, prepare_log_dir
+        from jaxrun.launcher.plan import common_env
+
+        prepare_log_dir(log_dir)
+        by_host: dict[str, list[ProcessSpec]] = {}
+        for spec in specs:
+            by_host.setdefault(spec.host.name, []).append(spec)
+        for name, host_specs in by_host.items():
+            if differing_import_time_vars(host_specs):
+                continue
+            socket_name = f"jaxrun-{os.getpid()}-{uuid.uuid4().hex}"
+            env = {k: v for k, v in common_env(host_specs).items()
+                   if k not in (contract.ERROR_FILE, contract.LIFELINE_FD)}
+            env["PYTHONUNBUFFERED"] = "1"
+            words = server_words(self.settings.python, self.settings.chdir, socket_name, self.preload_modules)
+            log = open_log(os.path.join(log_dir, f"preload-{name}.log"))
+            try:
+                session = self.connections.start_session(host_specs[0].host, remote_command(words), env,
+                                                         stdout=subprocess.DEVNULL, stderr=log)
+            finally:
+                os.close(log)
+            self.servers[name] = (socket_name, session)
+
+    def end(self) -> None:
+        """EOF ends each host's server (and whatever its controllers left)."""
+        servers, self.servers = list(self.servers.values()), {}
+        for _, session in servers:
+            try:
+                session.stdin.close()
+            except OSError:
+                pass
+        deadline = time.monotonic() + MASTER_CLOSE_WAIT
+        for _, session in servers:
+            try:
+                session.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                session.kill()
+                session.wait()
+
     def plan_facts(self) -> dict:
         results = self.connections.results
         gpus = {name: info["gpus"] for name, info in results.items() if info.get("gpus")}
@@ -345,7 +397,8 @@ class SshBackend(Backend):
     def spawn(self, spec: ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str],
               log_fds: tuple[int, int] | None) -> SshChild:
         del lifeline_fd  # the remote side's lifeline is the ssh channel itself
-        words = process_words(spec, self.settings.chdir, self.settings.python)
+        server = self.servers.get(spec.host.name)
+        words = process_words(spec, self.settings.chdir, self.settings.python, server[0] if server else None)
         env = process_env(spec, extra_env)
         return SshChild(self.connections.start_session(spec.host, remote_command(words), env))
 

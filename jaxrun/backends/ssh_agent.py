@@ -1,7 +1,7 @@
 """The far end of the SSH backend: a tiny supervisor between ``ssh`` and the shim.
 
-Started by the launcher over SSH, after its environment has arrived on stdin
-(see ``ssh_commands.AGENT_MAIN``), as if by::
+Started by the launcher over SSH, once its environment has arrived on stdin
+(see ``ssh_commands.EXEC_MODULE``), as::
 
     python -m jaxrun.backends.ssh_agent [--chdir DIR] -- PYTHON -m jaxrun.shim ...
 
@@ -33,15 +33,18 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 from jaxrun import contract, wire
 from jaxrun.backends import reaper
 
-USAGE = f"usage: python -m {contract.SSH_AGENT_MODULE} [--chdir DIR] -- COMMAND..."
+USAGE = f"usage: python -m {contract.SSH_AGENT_MODULE} [--chdir DIR] [--forkserver NAME] -- COMMAND..."
+SERVER_WAIT = 10.0  # for the host's server to listen; its session starts just before ours
 
 
 def kill_group(pgid: int, signum: int) -> None:
@@ -76,18 +79,72 @@ def relay_signals(fd: int, pgid: int) -> None:
     kill_group(pgid, signal.SIGKILL)
 
 
-def parse_args(argv: list[str]) -> tuple[str | None, list[str]]:
-    chdir = None
-    if argv[:1] == ["--chdir"] and len(argv) >= 2:
-        chdir, argv = argv[1], argv[2:]
+def parse_args(argv: list[str]) -> tuple[str | None, str | None, list[str]]:
+    chdir = server = None
+    while argv[:1] in (["--chdir"], ["--forkserver"]) and len(argv) >= 2:
+        if argv[0] == "--chdir":
+            chdir = argv[1]
+        else:
+            server = argv[1]
+        argv = argv[2:]
     if argv[:1] != ["--"] or len(argv) < 2:
         raise ValueError(USAGE)
-    return chdir, argv[1:]
+    return chdir, server, argv[1:]
+
+
+class ServedChild:
+    """A controller forked by this host's preloading server (see
+    ``forkserver_agent.listen``), seen like a Popen: a pid and its end."""
+
+    def __init__(self, conn: socket.socket, pid: int):
+        self.conn, self.pid = conn, pid
+
+    def wait(self) -> int:
+        while True:
+            try:
+                data = self.conn.recv(wire.MAX_PACKET)
+            except OSError:
+                data = b""
+            if not data:  # the server is gone, and the controller's end with it
+                kill_group(self.pid, signal.SIGKILL)
+                return -signal.SIGKILL
+            msg = wire.decode(data)
+            if isinstance(msg, wire.ChildExited) and msg.pid == self.pid:
+                return msg.returncode
+
+
+def fork_by_server(name: str, command: list[str], env: dict, lifeline_r: int) -> ServedChild | None:
+    """Ask the host's server for the controller; None: start it ourselves
+    (no server, or it could not import, or the command is not the shim)."""
+    if command[1:3] != ["-m", contract.SHIM_MODULE]:
+        return None
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    deadline = time.monotonic() + SERVER_WAIT
+    while True:
+        try:
+            conn.connect("\0" + name)
+            break
+        except (ConnectionRefusedError, FileNotFoundError):
+            if time.monotonic() > deadline:  # it never started listening
+                conn.close()
+                return None
+            time.sleep(0.02)
+    request = wire.ForkRequest(command[3:], env, os.getcwd()).encode()
+    try:
+        socket.send_fds(conn, [request], [1, 2, lifeline_r])
+        data = conn.recv(wire.MAX_PACKET)  # waits out the server's imports
+    except OSError:
+        data = b""
+    msg = wire.decode(data) if data else None
+    if not isinstance(msg, wire.Started):
+        conn.close()
+        return None
+    return ServedChild(conn, msg.pid)
 
 
 def main(argv: list[str]) -> int:
     try:
-        chdir, command = parse_args(argv)
+        chdir, server, command = parse_args(argv)
     except ValueError as e:
         print(e, file=sys.stderr)
         return 2
@@ -104,8 +161,9 @@ def main(argv: list[str]) -> int:
     record_fd, record_path = tempfile.mkstemp(prefix="jaxrun-error-", suffix=".json")  # 0600
     os.close(record_fd)
     env[contract.ERROR_FILE] = record_path
+    child = fork_by_server(server, command, env, lifeline_r) if server else None
     try:
-        child = subprocess.Popen(
+        child = child or subprocess.Popen(
             command,
             env=env,
             stdin=subprocess.DEVNULL,

@@ -37,10 +37,12 @@ os.environ.update(_env)
 sys.path[1:1] = [p for p in _env.get("PYTHONPATH", "").split(os.pathsep) if p]
 """ % wire.ENV_FRAME_DIGITS
 
-# A process's session: the environment, then the host agent.
-AGENT_MAIN = ENV_STUB + r"""
-from jaxrun.backends import ssh_agent
-ssh_agent.run(sys.argv[1:])
+# A process's session, and a host's preloading server: the environment, then
+# ``python -m MODULE ARGS`` in its place.  The exec puts the environment where
+# a process's environment belongs (/proc/PID/environ, readable by its own user
+# only), so children inherit it the usual way.
+EXEC_MODULE = ENV_STUB + r"""
+os.execv(sys.executable, [sys.executable, "-m", *sys.argv[1:]])
 """
 
 # Runs as the master's own session: report, then hold the connection until EOF.
@@ -151,9 +153,14 @@ def process_env(spec: ProcessSpec, extra_env: Mapping[str, str]) -> dict[str, st
     return env
 
 
-def process_words(spec: ProcessSpec, chdir: str, python: str) -> list[str]:
+def process_words(spec: ProcessSpec, chdir: str, python: str, server: str | None = None) -> list[str]:
     """Only harmless words: the environment travels on stdin."""
-    return [python, "-c", AGENT_MAIN, "--chdir", chdir, "--", *spec.argv]
+    via = ["--forkserver", server] if server else []
+    return [python, "-c", EXEC_MODULE, contract.SSH_AGENT_MODULE, "--chdir", chdir, *via, "--", *spec.argv]
+
+
+def server_words(python: str, chdir: str, name: str, modules: Sequence[str]) -> list[str]:
+    return [python, "-c", EXEC_MODULE, contract.FORKSERVER_AGENT_MODULE, "--listen", name, *modules]
 
 
 def preflight_words(settings: SshOptions) -> list[str]:

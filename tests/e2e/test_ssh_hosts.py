@@ -151,3 +151,26 @@ def test_sync_copies_the_working_directory(sshd_hosts, launch, tmp_path):
     want = "sum 42 ['__pycache__', 'helper.py', 'main.py']"
     assert sorted(line for line in job.stdout.splitlines() if "sum" in line) == [f"[0] {want}", f"[1] {want}"]
     assert not [p for p in os.listdir(project) if p.startswith(".jaxrun-sync")]
+
+
+PARENT = """\
+import os
+with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+    parent = f.read().split(b"\\0")
+print("parent", b" ".join(parent[1:3]).decode(), os.getcwd() == os.environ["EXPECT_CWD"], flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode, parent", [("preload", "-m jaxrun.backends.forkserver_agent"),
+                                          ("no-preload", "-m jaxrun.backends.ssh_agent")])
+def test_each_host_forks_its_processes_from_one_preloaded_server(sshd_hosts, launch, tmp_path, request,
+                                                                 mode, parent):
+    folder = script_dir(request, tmp_path)
+    script = folder / "parent.py"
+    script.write_text(PARENT)
+    job = launch("-H", "hostA:2,hostB:2", *ssh_flags(sshd_hosts), f"--{mode}", "--env", f"EXPECT_CWD={folder}",
+                 "--log-dir", tmp_path / "logs", script, cwd=folder)
+    assert job.wait(90) == 0, job.stderr[-3000:]
+    lines = sorted(line.split("] ", 1)[1] for line in job.stdout.splitlines() if "parent" in line)
+    assert lines == [f"parent {parent} True"] * 4
