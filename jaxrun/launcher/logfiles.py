@@ -7,9 +7,9 @@ for a folder other users may share live in one place:
   ``$TMPDIR/jaxrun-logs-UID``, mode 0700.  A folder every user shares would be
   created by the first one, and the second could then neither write into it
   nor keep the first from reading their tracebacks.
-- A run's folder is created, never taken over: mode 0700, and a folder that
-  already exists is reused only when it is a real directory of the user's own
-  (an explicit ``--log-dir`` of an earlier run, as users expect).
+- A run's folder is created new, mode 0700.  An explicit ``--log-dir`` that
+  exists already is reused, as users expect, when it is a folder they may
+  write (and not a symlink another user planted).
 - Files are opened ``O_NOFOLLOW | O_EXCL`` with mode 0600.  A file left by an
   earlier run is unlinked first, so a symlink planted in its place is removed,
   never followed: nothing outside the folder can be clobbered.
@@ -93,11 +93,14 @@ def nearest_existing(path: str) -> str:
 
 def prepare_log_dir(path: str) -> None:
     """The attempt's folder, before any process starts: created 0700, or, when
-    the user's own folder is there already, reused after removing the error
-    records an earlier run left.  (The children write those themselves, and
-    a stale one would be taken for this run's, or followed if it were a link.)"""
+    a usable folder is there already, reused after removing the error records
+    an earlier run left.  (The children write those themselves, and a stale
+    one would be taken for this run's, or followed if it were a link.)"""
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
+    except OSError as e:
+        raise LaunchError(f"cannot create the log folder {path} ({e.strerror or e})") from None
+    try:
         os.mkdir(path, 0o700)
         return
     except FileExistsError:

@@ -138,6 +138,8 @@ def test_a_file_where_the_run_folder_goes_is_refused(tmp_path):
     (tmp_path / "f").write_text("")
     with pytest.raises(LaunchError, match="is not a folder"):
         logfiles.prepare_log_dir(str(tmp_path / "f"))
+    with pytest.raises(LaunchError, match=f"cannot create the log folder {tmp_path}/f/a/b"):
+        logfiles.prepare_log_dir(str(tmp_path / "f" / "a" / "b"))
 
 
 # -- files ------------------------------------------------------------------------
