@@ -80,6 +80,7 @@ ACCEPT_PAUSE = 0.1  # after EMFILE/ENFILE: no accepts for this long, then try ag
 OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 # How long srun gets after SIGTERM to withdraw its pending job before SIGKILL.
 SRUN_WITHDRAW_WAIT = 2.0
+SRUN_ABORT_WAIT = 1.0  # the most abort() waits for that
 # After the task channel closes, how long the tasks get to end their step.
 CLOSE_WAIT = 10.0
 SCANCEL_TIMEOUT = 10.0
@@ -618,12 +619,27 @@ class Step:
             child.finish(-signal.SIGKILL)
 
     def abort(self) -> None:
-        """The watchdog's last resort: hang up on every task and end the step,
-        waiting for nothing (``kill`` leaves the SIGKILL to a thread)."""
+        """The watchdog's last resort: hang up on every task and end the step.
+        It waits for one thing only, and briefly: an srun whose job is queued
+        withdrawing it (a few ms), since the caller SIGKILLs what is left next,
+        and a SIGKILL that came first would leave the job in the queue."""
         self.listener.stop()
         for child in self.children.values():
             child.hang_up()
         self.kill()
+        if self.queued_job is not None and self.popen is not None:
+            deadline = time.monotonic() + SRUN_ABORT_WAIT
+            while not _has_exited(self.popen.pid) and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+
+def _has_exited(pid: int) -> bool:
+    """Whether our child ``pid`` has exited, without reaping it (the
+    step watcher's ``Popen.wait`` does that)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True  # reaped already
 
 
 def channel_address() -> str:
