@@ -313,6 +313,7 @@ class SshBackend(Backend):
         self.preload_modules = tuple(preload_modules)
         self.connections: Connections | None = None
         self.servers: dict[str, tuple[str, subprocess.Popen]] = {}  # host name -> (socket name, session)
+        self.serving: set[str] = set()  # hosts whose server this attempt uses
 
     def open(self) -> None:
         self.connections = Connections(self.settings, self.hosts, self.hooks)
@@ -333,43 +334,51 @@ class SshBackend(Backend):
             copied = ssh_sync.sync(self.settings.chdir, self.hosts, self.connections.session_args,
                                    lambda host: bool(results[host.name].get("rsync")), self.hooks)
             if self.verbose:
-                print(f"jaxrun: --sync copied {self.settings.chdir} to {len(copied)} host(s)",
+                print(f"jaxrun: --sync: {self.settings.chdir} is on {len(copied)} host(s)",
                       file=self.console, flush=True)
+        if self.preload:
+            self._start_servers()
 
     def choose_coordinator(self, fixed: str | None) -> tuple[str, str]:
         return self.connections.choose_coordinator(fixed)
 
-    def begin(self, specs: Sequence[ProcessSpec], log_dir: str) -> None:
-        """One preloading server per host for this attempt: the host's
-        processes then pay for one ``import jax`` between them.  A host whose
-        processes differ in what jax reads at import starts them fresh."""
-        if not self.preload:
-            return
-        from jaxrun.backends.forkserver import differing_import_time_vars
-        from jaxrun.launcher.logfiles import open_log, prepare_log_dir
-        from jaxrun.launcher.plan import common_env
+    def _start_servers(self) -> None:
+        """One preloading server per host, started as soon as the hosts are
+        known good (and synced), so that its ``import jax`` overlaps the rest
+        of the start.  It serves every attempt; a controller reads the JAX_*
+        values of its own environment again after the fork (see
+        ``child.bootstrap.sync_preloaded_config``), so the server needs only
+        what every process gets: the user's --env/-x."""
+        env = dict(self.settings.env)
+        env["PYTHONUNBUFFERED"] = "1"
+        for host in self.hosts:
+            if host.name in self.servers:
+                continue  # one host listed twice
+            socket_name = f"jaxrun-{os.getpid()}-{uuid.uuid4().hex}"
+            words = server_words(self.settings.python, self.settings.chdir, socket_name, self.preload_modules)
+            session = self.connections.start_session(host, remote_command(words), env,
+                                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            self.start_thread(f"ssh-preload-log:{host.name}", self._relay_server_stderr, host.name, session.stderr)
+            self.servers[host.name] = (socket_name, session)
 
-        prepare_log_dir(log_dir)
+    def _relay_server_stderr(self, name: str, stderr) -> None:
+        """What a host's server says (an import that failed) goes to the console."""
+        for line in iter(stderr.readline, b""):
+            print(f"jaxrun: {name}: {line.decode(errors='replace').rstrip()}", file=self.console, flush=True)
+        stderr.close()
+
+    def begin(self, specs: Sequence[ProcessSpec], log_dir: str) -> None:
+        """A host whose processes differ in what jax reads at import starts
+        them fresh this attempt; the others use the host's server."""
+        from jaxrun.backends.forkserver import differing_import_time_vars
+
         by_host: dict[str, list[ProcessSpec]] = {}
         for spec in specs:
             by_host.setdefault(spec.host.name, []).append(spec)
-        for name, host_specs in by_host.items():
-            if differing_import_time_vars(host_specs):
-                continue
-            socket_name = f"jaxrun-{os.getpid()}-{uuid.uuid4().hex}"
-            env = {k: v for k, v in common_env(host_specs).items()
-                   if k not in (contract.ERROR_FILE, contract.LIFELINE_FD)}
-            env["PYTHONUNBUFFERED"] = "1"
-            words = server_words(self.settings.python, self.settings.chdir, socket_name, self.preload_modules)
-            log = open_log(os.path.join(log_dir, f"preload-{name}.log"))
-            try:
-                session = self.connections.start_session(host_specs[0].host, remote_command(words), env,
-                                                         stdout=subprocess.DEVNULL, stderr=log)
-            finally:
-                os.close(log)
-            self.servers[name] = (socket_name, session)
+        self.serving = {name for name, host_specs in by_host.items()
+                        if name in self.servers and not differing_import_time_vars(host_specs)}
 
-    def end(self) -> None:
+    def _stop_servers(self) -> None:
         """EOF ends each host's server (and whatever its controllers left)."""
         servers, self.servers = list(self.servers.values()), {}
         for _, session in servers:
@@ -397,12 +406,13 @@ class SshBackend(Backend):
     def spawn(self, spec: ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str],
               log_fds: tuple[int, int] | None) -> SshChild:
         del lifeline_fd  # the remote side's lifeline is the ssh channel itself
-        server = self.servers.get(spec.host.name)
-        words = process_words(spec, self.settings.chdir, self.settings.python, server[0] if server else None)
+        server = self.servers[spec.host.name][0] if spec.host.name in self.serving else None
+        words = process_words(spec, self.settings.chdir, self.settings.python, server)
         env = process_env(spec, extra_env)
         return SshChild(self.connections.start_session(spec.host, remote_command(words), env))
 
     def close(self) -> None:
+        self._stop_servers()
         if self.connections is not None:
             self.connections.close()
 
