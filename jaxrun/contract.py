@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import json
+import os
 import re
 import signal
 import socket
@@ -196,8 +197,15 @@ class ErrorRecord:
             return None
 
     def dump(self, path: str) -> None:
+        """Written 0600, as a new file that is never a symlink planted in a
+        shared log folder (an old record is replaced, not written through)."""
         try:
-            with open(path, "w") as f:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "w") as f:
                 f.write(self.to_json())
         except OSError:
             pass

@@ -158,8 +158,7 @@ def main(argv: list[str]) -> int:
     lifeline_r, lifeline_w = os.pipe()
     env = dict(os.environ)
     env[contract.LIFELINE_FD] = str(lifeline_r)
-    record_fd, record_path = tempfile.mkstemp(prefix="jaxrun-error-", suffix=".json")  # 0600
-    os.close(record_fd)
+    record_path = os.path.join(tempfile.mkdtemp(prefix="jaxrun-agent-"), "error.json")  # a 0700 folder
     env[contract.ERROR_FILE] = record_path
     child = fork_by_server(server, command, env, lifeline_r) if server else None
     try:
@@ -171,7 +170,7 @@ def main(argv: list[str]) -> int:
             start_new_session=True,
         )
     except OSError as e:
-        os.unlink(record_path)
+        os.rmdir(os.path.dirname(record_path))
         print(f"jaxrun: cannot start {command[0]!r} on this host: {e.strerror}", file=sys.stderr)
         return 127
     os.close(lifeline_r)
@@ -189,6 +188,10 @@ def send_record_home(path: str) -> None:
     record = contract.ErrorRecord.load(path)
     try:
         os.unlink(path)
+    except OSError:
+        pass
+    try:
+        os.rmdir(os.path.dirname(path))
     except OSError:
         pass
     if record is not None:

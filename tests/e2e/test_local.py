@@ -186,5 +186,5 @@ def test_default_log_dir_is_under_tmpdir(jaxrun, tmp_path):
     assert code == 0, err
     assert out.count(f"] TMP {tmpdir}\n") == 2, out
     (logs,) = re.findall(r"jaxrun: logs in (\S+)", err)
-    assert Path(logs).parent == Path(tmpdir) / "jaxrun-logs"
+    assert Path(logs).parent == Path(tmpdir) / f"jaxrun-logs-{os.geteuid()}"  # private to this user
     assert (Path(logs) / "process-1.stdout").read_text() == f"TMP {tmpdir}\n"
