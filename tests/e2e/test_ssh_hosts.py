@@ -174,3 +174,47 @@ def test_each_host_forks_its_processes_from_one_preloaded_server(sshd_hosts, lau
     assert job.wait(90) == 0, job.stderr[-3000:]
     lines = sorted(line.split("] ", 1)[1] for line in job.stdout.splitlines() if "parent" in line)
     assert lines == [f"parent {parent} True"] * 4
+
+
+# -- scale: 8 hosts x 2 slots ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def eight_hosts():
+    """Eight namespaced sshd hosts (127.0.0.10-17), each with its own /tmp and hostname."""
+    from fixtures import sshd
+
+    sshd.require_hosts()
+    plans = [sshd.HostPlan(f"node{i}", f"127.0.0.{10 + i}", sshd.free_port(f"127.0.0.{10 + i}"), f"node-{i}",
+                           hostname_address=f"127.0.0.{10 + i}") for i in range(8)]
+    with sshd.running_hosts(plans, ("nodeDown", "127.0.0.9", sshd.free_port("127.0.0.9"))) as hosts:
+        yield hosts
+
+
+SIXTEEN = """\
+import os, sys, time
+import jax
+jax.devices()  # joins the job: all 16 are in
+rank = int(os.environ["JAXRUN_PROCESS_ID"])
+print("ready", rank, os.environ["JAXRUN_LOCAL_PROCESS_ID"], flush=True)
+if rank == 13:
+    time.sleep(1)
+    sys.exit(3)
+time.sleep(120)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_sixteen_processes_on_eight_hosts_start_and_fail_fast(eight_hosts, launch, tmp_path, request):
+    folder = script_dir(request, tmp_path)
+    script = folder / "sixteen.py"
+    script.write_text(SIXTEEN)
+    hosts = ",".join(f"node{i}:2" for i in range(8))
+    t0 = time.monotonic()
+    job = launch("-H", hosts, *ssh_flags(eight_hosts), "--cpu-devices", "1", "--log-dir", tmp_path / "logs", script)
+    assert job.wait(150) == 3, job.stderr[-3000:]
+    took = time.monotonic() - t0
+    ready = sorted(line.split("] ", 1)[1] for line in job.stdout.splitlines() if "ready" in line)
+    assert ready == sorted(f"ready {r} {r % 2}" for r in range(16)), job.stdout[-3000:]
+    assert "jaxrun: process 13 on node6 failed first: exit code 3" in job.stderr
+    assert "jaxrun: processes 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 15 stopped by jaxrun" in job.stderr
+    print(f"16 processes on 8 hosts: started, failed fast and ended in {took:.1f} s")
