@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 import threading
 import uuid
@@ -32,6 +33,7 @@ except OSError as e:
 
 RESOLVE = """\
 import socket
+import subprocess
 name = socket.gethostname()
 print(name, socket.gethostbyname(name), socket.gethostbyname("hostA"), socket.gethostbyname("hostB"))
 """
@@ -174,3 +176,9 @@ def test_block_tcp_to_an_address_blocks_every_port(netns_hosts):
         assert connect_from(netns_hosts, "hostA", b, 22).startswith("failed ConnectionRefusedError")
         assert connect_from(netns_hosts, "hostA", netns_hosts.addresses["hostA"], 22).startswith("connected SSH-2.0")
     assert connect_from(netns_hosts, "hostA", b, 22).startswith("connected SSH-2.0")
+
+
+@pytest.mark.timeout(60)
+def test_host_down_refuses_ssh_at_once(hosts):
+    done = subprocess.run(hosts.ssh_args("hostDown") + ["true"], capture_output=True, text=True, timeout=20)
+    assert done.returncode == 255 and "Connection refused" in done.stderr, done.stderr
