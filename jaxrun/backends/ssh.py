@@ -22,6 +22,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -35,7 +36,7 @@ from jaxrun import contract, wire
 from jaxrun.backends.base import Backend, RunHooks, start_thread, wait_until
 from jaxrun.backends.ssh_commands import (
     ANSWER, check_preflight, master_control, port_probe_words, preflight_table, preflight_words, process_env,
-    process_words, server_words,
+    process_words, server_words, REACH_CONNECT, REACH_LISTEN, reach_words,
     remote_command, session_control, ssh_args,
 )
 from jaxrun.launcher.config import LaunchError, SshOptions
@@ -195,6 +196,7 @@ class Connections:
             address, port = fixed.rsplit(":", 1)
             address = address.strip("[]")
             self._probe_port(first, address, int(port), f"--coordinator {fixed}")
+            self._check_reachable(first, address, int(port))
             return fixed, fixed
         address = self.results[first.name].get("address")
         if not address:
@@ -206,8 +208,56 @@ class Connections:
                 "connect to; list a routable host first or pass --coordinator HOST:PORT"
             )
         port = self._probe_port(first, address, 0, f"{first.name}")
+        self._check_reachable(first, address, port)
         where = contract.join_address(address, port)
         return where, where
+
+    def _check_reachable(self, first: Host, address: str, port: int) -> None:
+        """Every other host connects to the coordinator's address and port
+        while a listener holds it on the first host: a firewall or a wrong
+        interface is named now, not after JAX's five-minute initialization
+        timeout."""
+        others = [h for h in self.hosts if h.name != first.name]
+        if not others:
+            return
+        python, limit = self.settings.python, self.settings.connect_timeout
+        listener = subprocess.Popen(
+            self.session_args(first) + [remote_command(reach_words(python, REACH_LISTEN, address, port))],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        tries: dict[str, subprocess.Popen] = {}
+        try:
+            said = wait_until(lambda: bool(select.select([listener.stdout], [], [], 0)[0]), self.hooks,
+                              limit + PREFLIGHT_SLACK)
+            ready = listener.stdout.readline() if said else b""
+            if not ready.startswith(b"listening"):
+                listener.kill()
+                listener.wait()
+                reason = last_line(listener.stderr.read().decode(errors="replace")) or f"status {listener.returncode}"
+                raise LaunchError(f"{first.name}: cannot listen on {address}:{port} ({reason})")
+            for host in others:
+                words = reach_words(python, REACH_CONNECT, address, port, f"{limit:g}")
+                tries[host.name] = subprocess.Popen(self.session_args(host) + [remote_command(words)],
+                                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                                    stderr=subprocess.PIPE, start_new_session=True)
+            wait_until(lambda: all(p.poll() is not None for p in tries.values()), self.hooks, limit + PREFLIGHT_SLACK)
+            problems = []
+            for name, popen in tries.items():
+                if popen.poll() is None:
+                    problems.append(f"{name}: no answer while checking that it reaches the coordinator")
+                elif popen.returncode != 0:
+                    reason = last_line(popen.stderr.read().decode(errors="replace")) or f"status {popen.returncode}"
+                    problems.append(f"{name}: cannot reach the coordinator at {address}:{port} on {first.name} "
+                                    f"({reason}); check firewalls, or pass --coordinator HOST:PORT")
+            if problems:
+                raise LaunchError("; ".join(problems))
+        finally:
+            for popen in [listener, *tries.values()]:
+                if popen.poll() is None:
+                    popen.kill()
+                popen.wait()
+                for stream in (popen.stdin, popen.stdout, popen.stderr):
+                    if stream:
+                        stream.close()
 
     def _probe_port(self, host: Host, address: str, port: int, what: str) -> int:
         command = remote_command(port_probe_words(self.settings.python, address, port))

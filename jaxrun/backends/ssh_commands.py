@@ -111,6 +111,32 @@ with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
 """
 
 
+# Listens on the coordinator's address and port until stdin closes, so that
+# the other hosts can try to reach it before anything starts.
+REACH_LISTEN = r"""
+import socket, sys
+host, port = sys.argv[1], int(sys.argv[2])
+with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind((host, port))
+    except OSError as e:
+        sys.exit(e.strerror or str(e))
+    s.listen(64)
+    print("listening", flush=True)
+    sys.stdin.buffer.read()
+"""
+
+# Tries to reach the coordinator's address and port; the reason on failure.
+REACH_CONNECT = r"""
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=float(sys.argv[3])).close()
+except OSError as e:
+    sys.exit(e.strerror or str(e) or type(e).__name__)
+"""
+
+
 # -- pure: command lines ------------------------------------------------------
 
 def ssh_args(settings: SshOptions, host: Host, control: Sequence[str]) -> list[str]:
@@ -166,6 +192,10 @@ def server_words(python: str, chdir: str, name: str, modules: Sequence[str]) -> 
 def preflight_words(settings: SshOptions) -> list[str]:
     return [settings.python, "-c", PREFLIGHT, settings.chdir, contract.SSH_AGENT_MODULE, settings.script or "",
             "sync" if settings.sync else ""]
+
+
+def reach_words(python: str, program: str, address: str, port: int, *extra: str) -> list[str]:
+    return [python, "-c", program, address, str(port), *extra]
 
 
 def port_probe_words(python: str, address: str, port: int) -> list[str]:

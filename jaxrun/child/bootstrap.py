@@ -75,20 +75,61 @@ def identity_from_env(environ=os.environ) -> tuple[int, int, int]:
     return rank, count, local
 
 
-def _transfer_address(coordinator: str) -> str:
-    """A free address of our own for cross-process device_put, reachable by peers."""
-    host = coordinator.rsplit(":", 1)[0]
+def reachable_address(coordinator: str) -> str:
+    """This process's one address for every listener JAX opens (collectives,
+    transfers): loopback when the job is on this machine only, else the local
+    address that routes towards the coordinator's host.  Never a wildcard,
+    and never what the hostname resolves to, which is often 127.0.1.1."""
+    host = coordinator.rsplit(":", 1)[0].strip("[]")
     if contract.is_loopback(host):
-        ip = "127.0.0.1"
-    else:
-        # The local address that routes towards the coordinator's host.
-        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        try:
-            probe.connect((host, 9))
-            ip = probe.getsockname()[0]
-        finally:
-            probe.close()
+        return "127.0.0.1"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    probe = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        probe.connect((host, 9))  # no packet is sent: this only picks the route
+        return probe.getsockname()[0]
+    finally:
+        probe.close()
+
+
+def _transfer_address(ip: str) -> str:
+    """A free address of our own for cross-process device_put, reachable by peers."""
     return contract.join_address(ip, contract.free_port(ip))
+
+
+# The bulk transport's default is four listeners on 0.0.0.0:0.
+TRANSPORT_LISTENERS = 4
+
+
+def _advertise_for_collectives(ip: str) -> None:
+    """Gloo, jax's CPU collectives, is created without a hostname, so it
+    listens on and advertises what the hostname resolves to: loopback on
+    many machines, where peers on other hosts get "connection refused".  The
+    narrowest hook: only the module jax creates its default CPU client in
+    sees a ``make_gloo_tcp_collectives`` that fills in ``hostname``, and only
+    when the caller gave none."""
+    from jax._src import xla_bridge
+
+    real_module = xla_bridge._jax
+    real = getattr(real_module, "make_gloo_tcp_collectives", None)
+    if real is None or isinstance(real_module, _GlooHostname):
+        return
+    xla_bridge._jax = _GlooHostname(real_module, real, ip)
+
+
+class _GlooHostname:
+    """``xla_bridge``'s view of jaxlib's ``_jax`` module, but for one function."""
+
+    def __init__(self, module, real, hostname: str):
+        self._module, self._real, self._hostname = module, real, hostname
+
+    def make_gloo_tcp_collectives(self, distributed_client, hostname=None, interface=None):
+        if hostname is None and interface is None:
+            hostname = self._hostname
+        return self._real(distributed_client=distributed_client, hostname=hostname, interface=interface)
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
 
 
 def prepare(environ=os.environ) -> None:
@@ -203,13 +244,20 @@ def _join(real, given: dict) -> list[dict]:
         kwargs["local_device_ids"] = [int(i) for i in device_ids.split(",")]
     from jax._src import config
 
-    # Cross-process device_put on CPU, unless the script chose an address itself.
-    transfer = config.config._value_holders.get("jax_cross_host_transfer_socket_address")
-    if transfer is not None and not transfer.value:  # older jax has no such option
-        try:
-            jax.config.update("jax_cross_host_transfer_socket_address", _transfer_address(_launch.coordinator))
-        except OSError:
-            pass  # no route: transfers stay unavailable
+    # Every listener on one reachable address, unless the script chose its own.
+    try:
+        ip = reachable_address(_launch.coordinator)
+    except OSError:
+        ip = None  # no route to the coordinator: initialize() will say so
+    if ip is not None:
+        _advertise_for_collectives(ip)
+        transfer = config.config._value_holders.get("jax_cross_host_transfer_socket_address")
+        if transfer is not None and not transfer.value:  # older jax has no such option
+            jax.config.update("jax_cross_host_transfer_socket_address", _transfer_address(ip))
+        transport = config.config._value_holders.get("jax_cross_host_transport_addresses")
+        if transport is not None and not transport.value:
+            jax.config.update("jax_cross_host_transport_addresses",
+                              ",".join([contract.join_address(ip, 0)] * TRANSPORT_LISTENERS))
     _launch.busy = True
     try:
         real(**kwargs)
