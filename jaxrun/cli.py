@@ -138,7 +138,54 @@ CONTEXT = {
 }
 
 
-@click.command(context_settings=CONTEXT)
+# --help shows the options in these sections, in this order; an option not
+# listed lands in the last one.  (Only the listing: parsing is click's.)
+HELP_SECTIONS = {
+    "Processes": ("num_processes", "cpu_devices", "devices_per_process", "coordinator", "env_pairs", "exports",
+                  "python", "preload", "preload_modules"),
+    "Output": ("log_dir", "output", "console_ranks", "timestamps", "report_path", "junit_path", "verbose"),
+    "Failures": ("timeout", "grace", "max_restarts", "flight_recorder", "check_divergence"),
+    "Across hosts (SSH)": ("hosts_file", "host_opts", "ssh_config", "ssh_options", "connect_timeout", "chdir",
+                           "sync"),
+    "Engines (Slurm, Open MPI)": ("launcher", "nodes", "tasks_per_node", "scheduler_args"),
+    "Runtime": ("mesh", "mesh_axis_types"),
+    "Other": (),
+}
+
+
+class SectionedCommand(click.Command):
+    """The one command, with --help in sections and close matches suggested
+    for a mistyped option (which, since unknown options pass through to the
+    script, click never sees)."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows: dict[str, list] = {title: [] for title in HELP_SECTIONS}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            title = next((t for t, names in HELP_SECTIONS.items() if param.name in names), "Other")
+            rows[title].append(record)
+        for title, records in rows.items():
+            if records:
+                with formatter.section(title):
+                    formatter.write_dl(records)
+
+    def option_names(self) -> list[str]:
+        return [name for param in self.params if isinstance(param, click.Option)
+                for name in (*param.opts, *param.secondary_opts) if name.startswith("--")]
+
+
+def no_such_option(word: str) -> click.UsageError:
+    import difflib
+
+    given = word.split("=", 1)[0]
+    close = difflib.get_close_matches(given, main.option_names(), n=3, cutoff=0.6)
+    hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+    return click.UsageError(f"no such option: {given}{hint}")
+
+
+@click.command(cls=SectionedCommand, context_settings=CONTEXT)
 @click.option("-n", "--num-processes", type=click.IntRange(min=1), help="Number of controllers (default: 1, or every host slot).")
 @click.option("--cpu-devices", type=click.IntRange(min=1), metavar="D", help="Simulate D CPU devices per process (JAX_PLATFORMS=cpu).")
 @click.option("--devices-per-process", type=click.IntRange(min=1), metavar="K", help="GPU/TPU hosts: each local process owns K devices (default: split each host's devices evenly).")
@@ -430,7 +477,7 @@ def parse_target(args: tuple[str, ...]) -> planning.Target:
             raise click.UsageError("-m needs a MODULE")
         return planning.Target(args[1], tuple(args[2:]), is_module=True)
     if args[0].startswith("-"):
-        raise click.UsageError(f"no such option: {args[0]}")
+        raise no_such_option(args[0])
     script = args[0]
     if not os.path.isfile(script):
         raise click.UsageError(f"script not found: {script}")

@@ -215,3 +215,25 @@ def test_declared_python_is_one_jaxrun_runs_on():
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
     major, minor = re.fullmatch(r">=\s*(\d+)\.(\d+)", declared).groups()
     assert (int(major), int(minor)) >= (3, 11), declared
+
+
+def test_a_mistyped_option_gets_the_close_match():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "jaxrun", "--cpu-device", "2", "toy.py"], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr == "jaxrun: error: no such option: --cpu-device (did you mean --cpu-devices?)\n"
+
+
+def test_help_comes_in_sections_without_importing_jax():
+    import subprocess
+    import sys
+
+    program = ("import sys\nfrom jaxrun import cli\ntry:\n    cli.main.main(['--help'], prog_name='jaxrun')\n"
+               "except SystemExit:\n    pass\nprint('JAX', 'jax' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
+    titles = [line[:-1] for line in done.stdout.splitlines() if line.endswith(":") and not line.startswith(" ")]
+    assert titles[:6] == ["Processes", "Output", "Failures", "Across hosts (SSH)", "Engines (Slurm, Open MPI)",
+                          "Runtime"]
+    assert done.stdout.rstrip().endswith("JAX False")
