@@ -193,6 +193,23 @@ def preload(modules: list[str]) -> None:
             importlib.import_module(name)
     finally:
         atexit.register = register
+    claim_title_area()
+
+
+def claim_title_area() -> None:
+    """Let controllers set their process titles (see child.shim.set_title).
+    setproctitle finds the argv area when a title is first set, and gives up
+    if the environment was replaced by then, as a controller's is right after
+    the fork: so find it here, once, leaving the environment block alone."""
+    try:
+        import setproctitle
+    except ImportError:
+        return
+    os.environ["SPT_NOENV"] = "1"
+    try:
+        setproctitle.setproctitle(setproctitle.getproctitle())
+    finally:
+        del os.environ["SPT_NOENV"]
 
 
 def main(argv: list[str]) -> None:

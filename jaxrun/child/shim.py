@@ -85,7 +85,30 @@ def main(argv: list[str]) -> None:
         bootstrap.prepare()
     except bootstrap.BootstrapError as e:
         fail(e)
+    set_title(is_module, name, args)
     run_target(is_module, name, args)
+
+
+def set_title(is_module: bool, name: str, args: list[str]) -> None:
+    """What ps, top, htop and py-spy show: "jaxrun: process 2/4 train.py
+    --lr 3e-4", not a forked server's command line or the shim's.  Within
+    the original argv area only (SPT_NOENV): the environment block stays
+    where /proc/PID/environ shows it."""
+    rank, count = os.environ.get(contract.PROCESS_ID), os.environ.get(contract.NUM_PROCESSES)
+    if rank is None or count is None:
+        return
+    try:
+        import setproctitle
+    except ImportError:
+        return
+    target = f"-m {name}" if is_module else os.path.basename(name)
+    ours = "SPT_NOENV" not in os.environ
+    os.environ["SPT_NOENV"] = "1"  # read when the title is first set, not at import
+    try:
+        setproctitle.setproctitle(" ".join([f"jaxrun: process {rank}/{count}", target, *args]))
+    finally:
+        if ours:
+            del os.environ["SPT_NOENV"]  # not the script's business
 
 
 def fresh_main() -> types.ModuleType:
