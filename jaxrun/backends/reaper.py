@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import time
+from typing import Sequence
 
 import psutil
 
@@ -76,3 +77,40 @@ def kill_descendants(spare: set[tuple[int, float]] = frozenset()) -> list[int]:
         except (psutil.Error, ChildProcessError, OSError):
             pass
     return [p.pid for p in targets]
+
+
+def kill_holders(fds: Sequence[int], within: int) -> list[int]:
+    """SIGKILL every descendant of process ``within`` that holds one of the
+    pipes or sockets ``fds`` are open on.  For a controller forked by a host's
+    preloading server: its daemons are the server's orphans, not ours, but
+    they hold the session's stdout and stderr, and the session (so the job)
+    would not end while they live."""
+    targets = set()
+    for fd in fds:
+        try:
+            st = os.fstat(fd)
+            targets.add((st.st_dev, st.st_ino))
+        except OSError:
+            pass
+    killed = []
+    try:
+        candidates = psutil.Process(within).children(recursive=True)
+    except psutil.Error:
+        return killed
+    for proc in candidates:
+        folder = f"/proc/{proc.pid}/fd"
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            try:
+                st = os.stat(os.path.join(folder, name))
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) in targets:
+                with contextlib.suppress(psutil.Error):
+                    proc.send_signal(signal.SIGKILL)
+                    killed.append(proc.pid)
+                break
+    return killed

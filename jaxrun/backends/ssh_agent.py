@@ -34,6 +34,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -98,6 +99,8 @@ class ServedChild:
 
     def __init__(self, conn: socket.socket, pid: int):
         self.conn, self.pid = conn, pid
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        self.server_pid = struct.unpack("3i", creds)[0]
 
     def wait(self) -> int:
         while True:
@@ -179,6 +182,8 @@ def main(argv: list[str]) -> int:
     code = child.wait()
     kill_group(child.pid, signal.SIGKILL)  # grandchildren left behind by the shim
     reaper.kill_descendants()  # and those that left its group
+    if isinstance(child, ServedChild):
+        reaper.kill_holders([1, 2], within=child.server_pid)  # its orphans, holding our session open
     os.close(lifeline_w)
     send_record_home(record_path)
     return contract.exit_status(code)
