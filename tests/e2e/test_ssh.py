@@ -28,7 +28,7 @@ READY_SCRIPT = """\
 import os, sys, time
 import jax
 jax.devices()  # the first device use joins the job: process 0's coordinator is up
-print("ready", os.environ["JAXRUN_PROCESS_ID"], flush=True)
+print("ready", os.environ["JAXRUN_PROCESS_ID"], os.environ["JAXRUN_COORDINATOR_ADDRESS"], flush=True)
 time.sleep(120)
 """
 
@@ -237,13 +237,13 @@ def cmdline_of(proc: psutil.Process) -> list[str]:
 def start_ready_job(launch, sshd_hosts, tmp_path, shared_dir):
     script = write(shared_dir, "ready.py", READY_SCRIPT)
     job = launch("-H", "hostA,hostB", *ssh_flags(sshd_hosts), "--log-dir", tmp_path / "logs", script, cwd=shared_dir)
-    wait_for_lines(job, "ready", 2)
+    lines = wait_for_lines(job, "ready", 2)
     mine = [(p, cmdline_of(p)) for p in processes_with_token(os.environ[TOKEN])]
     remote = [p for p, cmd in mine if cmd[1:3] == ["-m", "jaxrun.backends.ssh_agent"]]
     assert len(remote) == 2
     # Process 0's coordination service listens on hostA's address only.
-    rank0 = next(p for p, cmd in mine if "jaxrun.shim" in cmd and p.environ().get("JAXRUN_PROCESS_ID") == "0")
-    address, port = rank0.environ()["JAXRUN_COORDINATOR_ADDRESS"].rsplit(":", 1)
+    coordinator = next(line.split()[-1] for line in lines if line.startswith("[0] ready"))
+    address, port = coordinator.rsplit(":", 1)
     assert address == "127.0.0.2"
     listening = {c.laddr.ip.removeprefix("::ffff:") for c in psutil.net_connections("inet") if c.status == "LISTEN" and c.laddr.port == int(port)}
     assert listening == {"127.0.0.2"}
