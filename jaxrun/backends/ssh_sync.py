@@ -108,7 +108,10 @@ def _start_copy(folder: str, host: Host, ssh: list[str], files: list[str] | None
     if use_rsync:
         # rsync opens its own session through the same ssh arguments (the master).
         shell = shlex.join(ssh[:-1])  # without the host: rsync adds it
-        argv = ["rsync", "-a", "--exclude=/.git", "-e", shell]
+        # The folder may not exist there yet, parents included: the remote rsync is started by a shell
+        # that makes it first.
+        argv = ["rsync", "-a", "--exclude=/.git", "-e", shell,
+                f"--rsync-path=mkdir -p {shlex.quote(folder)} && rsync"]
         if listing is not None:
             argv += ["--from0", "--files-from=-"]
         argv += [folder.rstrip("/") + "/", f"{ssh[-1]}:{folder.rstrip('/')}/"]

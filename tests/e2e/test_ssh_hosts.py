@@ -141,11 +141,30 @@ def test_a_script_only_here_is_refused_without_sync(sshd_hosts, launch, tmp_path
     assert not (tmp_path / "logs").exists()
 
 
+def path_without_rsync(tmp_path) -> str:
+    """A PATH with the tools --sync may use here, but no rsync: the tar way."""
+    import shutil
+
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    for tool in ("ssh", "tar", "git", "true"):
+        found = shutil.which(tool)
+        if found:
+            (folder / tool).symlink_to(found)
+    return str(folder)
+
+
 @pytest.mark.timeout(120)
-def test_sync_copies_the_working_directory(sshd_hosts, launch, tmp_path):
+@pytest.mark.parametrize("way", ["rsync", "tar"])
+def test_sync_copies_the_working_directory(sshd_hosts, launch, tmp_path, way):
+    import shutil
+
+    if way == "rsync" and not shutil.which("rsync"):
+        pytest.skip("rsync is not installed here (apt-get install rsync)")
     project = local_only_project(tmp_path)
+    env = {"PATH": path_without_rsync(tmp_path)} if way == "tar" else None
     job = launch("-H", "hostA,hostB", *ssh_flags(sshd_hosts), "--sync", "--log-dir", tmp_path / "logs", "main.py",
-                 cwd=project)
+                 cwd=project, env=env)
     assert job.wait(90) == 0, job.stderr[-3000:]
     # A sibling module imports; .git stayed behind; the sync marker is gone everywhere.
     want = "sum 42 ['__pycache__', 'helper.py', 'main.py']"
