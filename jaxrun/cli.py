@@ -17,6 +17,7 @@ import click
 from jaxrun import __version__, contract, meshspec
 from jaxrun.launcher import logfiles
 from jaxrun.launcher import plan as planning
+from jaxrun.launcher.ranks import DIGITS, RankList, console_rank_set
 from jaxrun.launcher.config import LAUNCHERS, SCHEDULERS, LaunchError, RunConfig, SchedulerOptions, SshOptions
 from jaxrun.launcher.run import run
 from jaxrun.reporting import github
@@ -37,7 +38,6 @@ FDS_PER_PROCESS = {"local": 2, "ssh": 5, "scheduler": 9}
 # And for itself: standard streams, the lifeline pipe, the pump's selector and
 # inotify, the fork server's socket, a process being started.
 FDS_RESERVED = 64
-_DIGITS = re.compile(r"[0-9]{1,18}\Z")  # ASCII only: str.isdigit() accepts "²", which int() refuses
 
 
 class Seconds(click.FloatRange):
@@ -59,7 +59,7 @@ class HostPort(click.ParamType):
 
     def convert(self, value, param, ctx):
         host, sep, port = str(value).rpartition(":")
-        if not sep or not host or not _DIGITS.match(port) or not 0 < int(port) < 65536:
+        if not sep or not host or not DIGITS.match(port) or not 0 < int(port) < 65536:
             self.fail(f"{value!r} is not HOST:PORT with a port between 1 and 65535", param, ctx)
         return f"{host}:{int(port)}"
 
@@ -86,37 +86,6 @@ class MeshSpecType(click.ParamType):
             self.fail(str(e), param, ctx)
         # Children parse the text again; pass it on normalized.
         return str(spec)
-
-
-class RankList(click.ParamType):
-    """0 | 0,2 | 0-3,6 | all | none, checked against -n once that is known.
-
-    Kept as ranges until then: "0-100000000000" is one range object, where a
-    set of its members would exhaust memory before -n could refuse it."""
-
-    name = "RANKS"
-
-    def convert(self, value, param, ctx):
-        text = str(value).strip().lower()
-        if text in ("all", "none"):
-            return None if text == "all" else ()
-        ranges = []
-        for part in text.split(","):
-            first, dash, last = part.strip().partition("-")
-            if not _DIGITS.match(first) or (dash and not _DIGITS.match(last)) or (dash and int(last) < int(first)):
-                self.fail(f"{value!r} is not a list of ranks like 0 or 0,2-3 (or all, or none)", param, ctx)
-            ranges.append(range(int(first), int(last or first) + 1))
-        return tuple(ranges)
-
-
-def console_rank_set(ranges: tuple[range, ...] | None, num_processes: int) -> frozenset[int] | None:
-    """--console-ranks as the set the printer asks, once every rank in it is known to exist."""
-    if ranges is None:
-        return None
-    highest = max((r[-1] for r in ranges), default=-1)
-    if highest >= num_processes:
-        raise click.UsageError(f"--console-ranks: there is no process {highest} among {num_processes}")
-    return frozenset(rank for r in ranges for rank in r)
 
 
 def default_log_dir(run_id: str) -> str:
@@ -196,6 +165,7 @@ def no_such_option(word: str) -> click.UsageError:
 @click.option("--timeout", type=Seconds(min=0, min_open=True), metavar="SECONDS", help="Dump every stack and stop the job after this long (exit 124).")
 @click.option("--grace", type=Seconds(min=0), default=30.0, show_default=True, metavar="SECONDS", help="After forwarding SIGINT/SIGTERM/SIGHUP, wait this long before SIGKILL.")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True, help="Restart the whole job this many times after a failure.")
+@click.option("--timestamps", is_flag=True, help="Start each console line with the wall-clock time it arrived (the logs stay byte-exact).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), metavar="FILE.json", help="Write a JSON run report.")
 @click.option("--junit-xml", "junit_path", type=click.Path(dir_okay=False), metavar="FILE.xml", help="Write a JUnit XML report: one testcase per process.")
 @click.option("--mesh", type=MeshSpecType(), help="Build a global mesh in every process, e.g. i=4,j=2 or data=-1.")
@@ -223,7 +193,7 @@ def no_such_option(word: str) -> click.UsageError:
 def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, output, console_ranks, timeout, grace, max_restarts,
          report_path, junit_path, mesh, mesh_axis_types, env_pairs, exports, hosts_file, host_opts, ssh_config,
          ssh_options, connect_timeout, python, chdir, preload, preload_modules,
-         launcher, nodes, tasks_per_node, scheduler_args, dry_run, verbose, args, sync=False):
+         launcher, nodes, tasks_per_node, scheduler_args, dry_run, verbose, args, sync=False, timestamps=False):
     """Start N JAX controllers that join one distributed job.
 
     \b
@@ -249,7 +219,7 @@ def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, 
         from jaxrun.launcher.hosts import total_slots
 
         num_processes = num_processes or total_slots(hosts)
-    if scheduler and not num_processes and scheduler.launcher == "slurm" and _DIGITS.match(os.environ.get("SLURM_NTASKS", "")):
+    if scheduler and not num_processes and scheduler.launcher == "slurm" and DIGITS.match(os.environ.get("SLURM_NTASKS", "")):
         num_processes = int(os.environ["SLURM_NTASKS"])  # inside sbatch/salloc: the allocation's task count
     num_processes = num_processes or 1
     check_scale(num_processes, "ssh" if hosts else "scheduler" if scheduler else "local")
@@ -296,6 +266,7 @@ def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, 
         verbose=verbose,
         fixed_coordinator=coordinator,
         junit_path=junit_path,
+        timestamps=timestamps,
         github_actions=github_actions,
         preload=preload if preload is not None else os.environ.get(contract.NO_PRELOAD, "") in ("", "0"),
         preload_modules=preload_modules,
@@ -492,6 +463,10 @@ def entry_point(argv: list[str] | None = None) -> None:
         from jaxrun import k8s
 
         command, prog, argv = k8s.command, "jaxrun k8s", argv[1:]
+    elif argv[:1] == ["logs"] and not os.path.isfile("logs"):  # a script named "logs" still runs
+        from jaxrun.reporting import history
+
+        command, prog, argv = history.command, "jaxrun logs", argv[1:]
     try:
         command.main(args=argv, prog_name=prog, standalone_mode=False)
     except click.exceptions.Exit as e:

@@ -61,3 +61,4 @@ class RunConfig:
     preload_modules: tuple[str, ...] = ()
     scheduler: SchedulerOptions | None = None  # --launcher slurm|mpirun: one scheduler step
     ssh: SshOptions | None = None  # --hosts/-H: over SSH
+    timestamps: bool = False  # --timestamps: console lines start with their arrival time

@@ -13,6 +13,7 @@ import io
 import os
 import re
 import sys
+import time
 from typing import BinaryIO, Callable, TextIO
 
 from jaxrun.launcher.events import Stream
@@ -59,8 +60,10 @@ class ConsolePrinter:
         stderr: BinaryIO | None = None,
         group_markers: tuple[Callable[[int], str], str] | None = None,
         ranks: frozenset[int] | None = None,
+        timestamps: bool = False,
     ):
         self.mode = mode
+        self.timestamps = timestamps  # each live line starts with the wall-clock time it arrived
         self.ranks = ranks
         self.show_noise = show_noise
         self.out = stdout or sys.stdout.buffer
@@ -109,6 +112,9 @@ class ConsolePrinter:
         if not self.shows(rank):
             return
         prefix = f"[{rank}] ".encode()
+        if self.timestamps:
+            now = time.time()
+            prefix = time.strftime("%H:%M:%S", time.localtime(now)).encode() + b".%03d " % (now % 1 * 1000) + prefix
         text = self.render(rank, stream, data, prefix)
         if text:
             pending = self.pending[stream]

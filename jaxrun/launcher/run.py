@@ -25,7 +25,7 @@ from jaxrun.launcher.console import ConsolePrinter, SafeConsole
 from jaxrun.launcher.control import BUG_REPORT, RunControl
 from jaxrun.launcher.outcome import Outcome, StopReason
 from jaxrun.launcher.supervisor import Supervisor
-from jaxrun.reporting import github, report, summary
+from jaxrun.reporting import github, history, report, summary
 
 
 def supervisor_deadline(config: RunConfig) -> float | None:
@@ -74,20 +74,26 @@ def run(config: RunConfig, backend: Backend | None = None, console: TextIO | Non
         last_words(f"jaxrun: {why}; killed every process it started ({BUG_REPORT})")
         os._exit(code)
 
+    started = time.time()
     control = RunControl(config.grace, emergency)
     backend.hooks = control.hooks
     control.install()
     control.start_watchdog()
     reaper.become_subreaper()
+    code = 1
     try:
-        return run_attempts(config, backend, control, console, running)
+        code = run_attempts(config, backend, control, console, running)
+        return code
     except Interrupted:  # stopped while connecting, before any process started
         what = signal.Signals(control.signum).name if control.signum else "--timeout"
         if control.fault:
             what = f"internal error: thread {control.fault.name} died: {control.fault.error} ({BUG_REPORT})"
         print(f"jaxrun: stopped during start-up: {what}; no process was started", file=console, flush=True)
-        return control.exit_status() or 1
+        code = control.exit_status() or 1
+        return code
     finally:
+        if os.path.isdir(config.log_dir):
+            history.record_run(config.log_dir, ["jaxrun", *sys.argv[1:]], code, started)
         reaper.kill_descendants()  # daemons of the last attempt, and anything a backend left
         control.restore()
         control.close()
@@ -142,7 +148,8 @@ def report_attempt(config: RunConfig, outcomes: list[Outcome], dirs: list[str], 
 def run_attempt(config: RunConfig, specs, backend: Backend, log_dir: str, console: TextIO,
                 control: RunControl | None = None, running: list | None = None) -> Outcome:
     github_options = github.printer_options() if config.github_actions else {}
-    printer = ConsolePrinter(config.output, show_noise=config.verbose, ranks=config.console_ranks, **github_options)
+    printer = ConsolePrinter(config.output, show_noise=config.verbose, ranks=config.console_ranks,
+                             timestamps=config.timestamps, **github_options)
     control = control or RunControl(config.grace)
     running = running if running is not None else []
     before = reaper.descendants()  # what the backend holds across attempts (ssh masters)
