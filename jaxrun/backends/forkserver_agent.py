@@ -207,7 +207,7 @@ def claim_title_area() -> None:
         return
     os.environ["SPT_NOENV"] = "1"
     try:
-        setproctitle.setproctitle(setproctitle.getproctitle())
+        setproctitle.getproctitle()  # finds the area; the title itself stays
     finally:
         del os.environ["SPT_NOENV"]
 

@@ -125,13 +125,14 @@ class Connections:
         return popen
 
     # -- preflight ---------------------------------------------------------
-    def preflight(self) -> dict[str, dict]:
+    def preflight(self, servers: Mapping[str, Sequence[str]] | None = None) -> dict[str, dict]:
         """Open every master at once and read each one's report, within one
-        deadline.  Raises LaunchError naming each host that failed."""
-        command = remote_command(preflight_words(self.settings))
+        deadline.  Raises LaunchError naming each host that failed.
+        ``servers``: per host, the preloading server the preflight starts there."""
         answers: dict[str, bytes] = {}
         readers = []
         for host in self.hosts:
+            command = remote_command(preflight_words(self.settings, (servers or {}).get(host.name, ())))
             master = self.masters[host.name] = self._start_master(host, command)
             readers.append(start_thread(f"ssh-preflight:{host.name}", read_answer, master.stdout, answers,
                                         host.name, hooks=self.hooks))
@@ -367,7 +368,15 @@ class SshBackend(Backend):
 
     def open(self) -> None:
         self.connections = Connections(self.settings, self.hosts, self.hooks)
-        results = self.connections.preflight()
+        # Each host's preloading server starts with its preflight, so that its
+        # import of jax overlaps the rest of the start; only a --preload-module
+        # that --sync has yet to bring waits for the copy.
+        early = self.preload and not (self.settings.sync and self.preload_modules)
+        if early:
+            for index, host in enumerate(self.hosts):
+                self.servers.setdefault(host.name, (f"jaxrun-{os.getpid()}-{uuid.uuid4().hex}-{index}", None))
+        results = self.connections.preflight(
+            {name: (socket_name, *self.preload_modules) for name, (socket_name, _) in self.servers.items()})
         if self.verbose:
             for line in preflight_table(results):
                 print(line, file=self.console, flush=True)
@@ -386,7 +395,7 @@ class SshBackend(Backend):
             if self.verbose:
                 print(f"jaxrun: --sync: {self.settings.chdir} is on {len(copied)} host(s)",
                       file=self.console, flush=True)
-        if self.preload:
+        if self.preload and not early:
             self._start_servers()
 
     def choose_coordinator(self, fixed: str | None) -> tuple[str, str]:
@@ -431,6 +440,7 @@ class SshBackend(Backend):
     def _stop_servers(self) -> None:
         """EOF ends each host's server (and whatever its controllers left)."""
         servers, self.servers = list(self.servers.values()), {}
+        servers = [(name, session) for name, session in servers if session is not None]  # the rest end with the masters
         for _, session in servers:
             try:
                 session.stdin.close()

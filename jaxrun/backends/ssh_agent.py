@@ -45,7 +45,7 @@ from jaxrun import contract, wire
 from jaxrun.backends import reaper
 
 USAGE = f"usage: python -m {contract.SSH_AGENT_MODULE} [--chdir DIR] [--forkserver NAME] -- COMMAND..."
-SERVER_WAIT = 10.0  # for the host's server to listen; its session starts just before ours
+SERVER_WAIT = 3.0  # for the host's server to listen: it started with the preflight, long before us
 
 
 def kill_group(pgid: int, signum: int) -> None:

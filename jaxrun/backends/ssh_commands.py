@@ -94,6 +94,13 @@ if sys.argv[1] and not syncing:  # with --sync, the copy creates it
         if sys.argv[3] and not os.path.isfile(sys.argv[3]):
             info["script_missing"] = os.path.join(sys.argv[1], sys.argv[3])
 print("jaxrun-preflight " + json.dumps(info), flush=True)
+if len(sys.argv) > 5 and info.get("jaxrun") and not info.get("chdir_error"):
+    # This host's preloading server, started now so that its import of jax
+    # overlaps the rest of the start.  It shares this session's stdin, whose
+    # EOF (the launcher closing the connection) ends it too.
+    import subprocess
+    subprocess.Popen([sys.executable, "-m", sys.argv[2].rsplit(".", 1)[0] + ".forkserver_agent", "--listen",
+                      *sys.argv[5:]], stdout=subprocess.DEVNULL)
 sys.stdin.buffer.read()
 """
 
@@ -189,9 +196,11 @@ def server_words(python: str, chdir: str, name: str, modules: Sequence[str]) -> 
     return [python, "-c", EXEC_MODULE, contract.FORKSERVER_AGENT_MODULE, "--listen", name, *modules]
 
 
-def preflight_words(settings: SshOptions) -> list[str]:
+def preflight_words(settings: SshOptions, server: Sequence[str] = ()) -> list[str]:
+    """``server``: the preloading server's socket name and modules, to start
+    it from the preflight session; empty for none."""
     return [settings.python, "-c", PREFLIGHT, settings.chdir, contract.SSH_AGENT_MODULE, settings.script or "",
-            "sync" if settings.sync else ""]
+            "sync" if settings.sync else "", *server]
 
 
 def reach_words(python: str, program: str, address: str, port: int, *extra: str) -> list[str]:

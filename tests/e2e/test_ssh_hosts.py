@@ -176,7 +176,8 @@ PARENT = """\
 import os
 with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
     parent = f.read().split(b"\\0")
-print("parent", b" ".join(parent[1:3]).decode(), os.getcwd() == os.environ["EXPECT_CWD"], flush=True)
+words = b" ".join(w for w in parent if w).decode().split()
+print("parent", " ".join(words[1:3]), os.getcwd() == os.environ["EXPECT_CWD"], flush=True)
 """
 
 
