@@ -70,6 +70,13 @@ PYTEST_WORKDIR = "JAXRUN_PYTEST_WORKDIR"
 # Failure injection for jaxrun's own tests: comma-separated names of launcher
 # threads that raise at once when they start (see backends.base.start_thread).
 INJECT_THREAD_FAULT = "JAXRUN_INJECT_THREAD_FAULT"
+# "1": take the portable path wherever jaxrun could use a Linux-only facility
+# (read only by jaxrun.portable), so that the tests prove those paths on Linux.
+PORTABLE = "JAXRUN_PORTABLE"
+# Where a process cannot be a child subreaper, it puts this variable with a
+# value of its own in its children's environment, so that its daemons can be
+# found once they have left its process tree (see backends.reaper).
+ORPHAN_MARK = "JAXRUN_ORPHAN_MARK"
 
 # JAX's own variables, set for code that reads them directly.
 JAX_COORDINATOR_ADDRESS = "JAX_COORDINATOR_ADDRESS"

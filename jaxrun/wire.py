@@ -3,7 +3,8 @@
 Both ends of every channel import this module, so a message is spelled once:
 
 - the fork server (``backends/forkserver.py`` and its agent): ``ForkRequest``
-  one way; ``Started`` and ``ChildExited`` back;
+  one way; ``Ready``, ``Started`` and ``ChildExited`` back, each in a frame
+  (``send_frame``) of a stream socket;
 - the SSH agent (``backends/ssh_agent.py``): ``Signal`` lines on its stdin;
 - the scheduler task channel (``backends/scheduler_channel.py`` and
   ``scheduler_agent.py``): a ``Hello`` opens each connection, then
@@ -17,11 +18,11 @@ since their numbers differ between operating systems.
 
 import dataclasses
 import json
+import os
 import signal
-from typing import ClassVar
-
-# The largest fork-server packet: a whole environment fits many times over.
-MAX_PACKET = 1 << 20
+import socket
+import struct
+from typing import ClassVar, Sequence
 
 
 class WireError(ValueError):
@@ -102,6 +103,68 @@ def parse_record_trailer(tail: bytes) -> str | None:
 
 
 # -- the fork server ------------------------------------------------------------
+# Its messages cross a SOCK_STREAM Unix socket (macOS has no SOCK_SEQPACKET
+# for AF_UNIX), one frame each: the message's length in four bytes, big
+# endian, then the message.  File descriptors ride on the frame's first byte
+# (SCM_RIGHTS), and a reader takes exactly one frame's bytes at a time, so the
+# descriptors of the next frame never come with this one.  An environment of
+# any size fits in one frame; a longer "length" is a peer speaking something
+# else.
+FRAME_HEADER = struct.Struct("!I")
+MAX_FRAME = 1 << 26  # 64 MiB
+
+
+def send_frame(sock: socket.socket, payload: bytes, fds: Sequence[int] = ()) -> None:
+    """Send one frame, with ``fds`` attached, whatever its size."""
+    data = memoryview(FRAME_HEADER.pack(len(payload)) + payload)
+    sent = socket.send_fds(sock, [data], list(fds)) if fds else 0
+    sock.sendall(data[sent:])
+
+
+def recv_frame(sock: socket.socket, max_fds: int = 0) -> tuple[bytes, list[int]] | None:
+    """One frame and the descriptors that came with it; None once the peer
+    has closed (even mid-frame).  OSError and WireError pass through."""
+    header, fds = b"", []
+    try:
+        while len(header) < FRAME_HEADER.size:
+            want = FRAME_HEADER.size - len(header)
+            if max_fds:
+                data, got, _, _ = socket.recv_fds(sock, want, max_fds)
+                fds += got
+            else:
+                data = sock.recv(want)
+            if not data:
+                break
+            header += data
+        if len(header) < FRAME_HEADER.size:
+            raise EOFError
+        (length,) = FRAME_HEADER.unpack(header)
+        if length > MAX_FRAME:
+            raise WireError(f"a frame of {length} bytes: not a jaxrun peer")
+        body = bytearray(length)
+        view, got = memoryview(body), 0
+        while got < length:
+            n = sock.recv_into(view[got:])
+            if not n:
+                raise EOFError
+            got += n
+        return bytes(body), fds
+    except EOFError:
+        close_all(fds)
+        return None
+    except BaseException:
+        close_all(fds)
+        raise
+
+
+def close_all(fds: Sequence[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
 @message("fork")
 class ForkRequest(Message):
     """Fork one controller; its stdout, stderr and lifeline travel as fds."""

@@ -8,8 +8,11 @@ server forks it, so exits arrive as messages instead of through ``waitpid``.
 
 When variables that jax reads at import differ between processes, one
 server cannot serve them all: that attempt starts fresh interpreters instead.
-So does a process whose request is too big for one packet (an environment
-of a few hundred KiB), and the console says so.
+
+The server and the launcher talk over a stream socket, one frame per message
+(``wire.send_frame``), so a request of any size (an environment of a few
+hundred KiB) is served like any other; a packet socket would cap it, and
+macOS has no Unix packet sockets at all.
 
 ``begin`` waits for the server's ``Ready``, so a module that cannot be
 imported is bad input (exit 2, nothing started), and that wait, like every
@@ -18,7 +21,6 @@ wait for the server, gives way to a signal or ``--timeout``.
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
 import socket
@@ -39,10 +41,6 @@ IMPORT_TIME_PREFIXES = ("JAX_", "XLA_", "TF_CPP_")
 
 class PreloadError(LaunchError):
     """The preloading server cannot serve this run; the message says why."""
-
-
-class TooLarge(PreloadError):
-    """One request does not fit in a packet of the server's socket."""
 
 
 class ForkedChild:
@@ -87,7 +85,7 @@ class ForkServer:
         env = dict(base_env)
         env.update(common_env(specs))
         env["PYTHONUNBUFFERED"] = "1"
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.process = subprocess.Popen(
             [specs[0].python, "-m", contract.FORKSERVER_AGENT_MODULE, str(theirs.fileno()), *preload],
             env=env,
@@ -110,12 +108,12 @@ class ForkServer:
     def _read(self) -> None:
         while True:
             try:
-                data = self.sock.recv(wire.MAX_PACKET)
-            except OSError:
-                data = b""
-            if not data:
+                frame = wire.recv_frame(self.sock)
+            except (OSError, wire.WireError):
+                frame = None
+            if frame is None:
                 break
-            msg = wire.decode(data)
+            msg = wire.decode(frame[0])
             with self.cond:
                 if isinstance(msg, wire.Ready):
                     self.ready = msg.error
@@ -156,10 +154,8 @@ class ForkServer:
         request = wire.ForkRequest(list(spec.shim_args), dict(env)).encode()
         with self.lock:
             try:
-                socket.send_fds(self.sock, [request], list(fds))
+                wire.send_frame(self.sock, request, fds)
             except OSError as e:
-                if e.errno == errno.EMSGSIZE:
-                    raise TooLarge(f"{len(request)} bytes") from None
                 raise PreloadError(f"the preloading server is gone ({e})") from None
             self._wait(lambda: self.started or not self.alive)
             with self.cond:
@@ -215,13 +211,7 @@ class ForkServerBackend(LocalBackend):
             return super().spawn(spec, lifeline_fd, extra_env, log_fds)
         env = child_env(self.base_env, spec, extra_env, lifeline_fd)
         del env[contract.LIFELINE_FD]  # the fd number is the server's to give
-        try:
-            child = self.server.fork(spec, env, [*log_fds, lifeline_fd])
-        except TooLarge as e:
-            if self.console is not None:
-                print(f"jaxrun: process {spec.rank}'s environment is too large for the preloading server "
-                      f"({e}); starting it without preload", file=self.console, flush=True)
-            return super().spawn(spec, lifeline_fd, extra_env, log_fds)
+        child = self.server.fork(spec, env, [*log_fds, lifeline_fd])
         self.started.append(child)
         return child
 

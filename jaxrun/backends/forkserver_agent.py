@@ -7,7 +7,9 @@ controller per request.  Each controller skips the ~0.5 s of CPU that
 ``import jax`` costs, which on a small machine is most of a short job's wall
 time.
 
-Messages (:mod:`jaxrun.wire`), over a SOCK_SEQPACKET socket, one per packet:
+Messages (:mod:`jaxrun.wire`), over a SOCK_STREAM socket, one per frame
+(``wire.send_frame``; a frame may be of any size, and a packet socket is not
+to be had on macOS):
 
 - ``Ready`` (server -> launcher) once the imports are done, or with the
   reason they failed;
@@ -23,10 +25,14 @@ the controllers' lifelines take them down.
 
 On an SSH host the same server runs as ``... forkserver_agent --listen NAME``
 in a session of its own (see ``ssh_commands.server_words``): it listens on the
-abstract Unix socket NAME, and each process's host agent connects, sends its
-``ForkRequest`` with the session's stdout and stderr, and hears ``Started``
-and ``ChildExited`` on its own connection.  Only processes of the same user
-may connect (``SO_PEERCRED``).  EOF on stdin (the session closed) ends it.
+Unix socket that ``portable.server_address(NAME)`` names, and each process's
+host agent connects, sends its ``ForkRequest`` with the session's stdout and
+stderr, and hears ``Started`` and ``ChildExited`` on its own connection.  Only
+processes of the same user may connect: an abstract socket (Linux) is used
+only where the peer's user id can be checked, and a socket file lies in a
+folder only this user can enter.  EOF on stdin (the session closed) ends it.
+A request is read whole once its first byte arrives: its sender is one of
+this user's agents, which writes it at once.
 """
 
 from __future__ import annotations
@@ -37,17 +43,17 @@ import os
 import select
 import signal
 import socket
-import struct
 import sys
 import threading
 
-from jaxrun import contract, wire
+from jaxrun import contract, portable, wire
 
 
-def serve(sock: socket.socket | None, listener: socket.socket | None = None) -> None:
+def serve(sock: socket.socket | None, listener: socket.socket | None = None, check_peer: bool = False) -> None:
     """Fork a controller per request: from the launcher's one connection
     (``sock``; its EOF ends the server), or from any number of connections
-    accepted on ``listener`` (stdin's EOF ends the server)."""
+    accepted on ``listener`` (stdin's EOF ends the server; with
+    ``check_peer``, a connection whose user cannot be checked is refused)."""
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -66,15 +72,15 @@ def serve(sock: socket.socket | None, listener: socket.socket | None = None) -> 
         if 0 in readable and not os.read(0, 4096):
             return
         if listener is not None and listener in readable:
-            conn = accept_own_user(listener)
+            conn = accept_own_user(listener, check_peer)
             if conn is not None:
                 conns.append(conn)
         for conn in [c for c in conns if c in readable]:
             try:
-                message, fds, _, _ = socket.recv_fds(conn, wire.MAX_PACKET, 3)
-            except OSError:
-                message, fds = b"", []
-            if not message:
+                frame = wire.recv_frame(conn, max_fds=3)
+            except (OSError, wire.WireError):
+                frame = None
+            if frame is None:
                 if conn is sock:
                     return
                 conns.remove(conn)
@@ -89,30 +95,29 @@ def serve(sock: socket.socket | None, listener: socket.socket | None = None) -> 
                         other.close()
                 if listener is not None:
                     listener.close()
-                become_controller(conn, wire.decode(message), fds)
-            for fd in fds:
-                os.close(fd)
+                become_controller(conn, wire.decode(frame[0]), frame[1])
+            wire.close_all(frame[1])
             children[pid] = conn
             tell(conn, wire.Started(pid))
 
 
 def tell(conn: socket.socket, msg: wire.Message) -> None:
     try:
-        conn.send(msg.encode())
+        wire.send_frame(conn, msg.encode())
     except OSError:
         pass  # that agent is gone; its controller's lifeline ends it
 
 
-def accept_own_user(listener: socket.socket) -> socket.socket | None:
-    """A connection from a process of this user; anyone else is hung up on
-    (an abstract socket has no file permissions to keep them out)."""
+def accept_own_user(listener: socket.socket, check_peer: bool) -> socket.socket | None:
+    """A connection from a process of this user; anyone else is hung up on.
+    With ``check_peer`` (an abstract socket: no file permissions keep others
+    out), so is a peer whose user the system does not tell."""
     try:
         conn, _ = listener.accept()
     except OSError:
         return None
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _, uid, _ = struct.unpack("3i", creds)
-    if uid != os.getuid():
+    uid = portable.peer_uid(conn)
+    if uid != os.getuid() and (uid is not None or check_peer):
         conn.close()
         return None
     return conn
@@ -221,33 +226,43 @@ def main(argv: list[str]) -> None:
         preload(argv[1:])
         from jaxrun.child import bootstrap, shim  # noqa: F401 - warm the shim's imports too
     except BaseException as e:  # noqa: BLE001 - whatever the imports raise is the launcher's to report
-        sock.send(wire.Ready(f"{type(e).__name__}: {e}").encode())
+        wire.send_frame(sock, wire.Ready(f"{type(e).__name__}: {e}").encode())
         sys.exit(1)
-    sock.send(wire.Ready("").encode())
+    wire.send_frame(sock, wire.Ready("").encode())
     serve(sock)
 
 
 def listen(name: str, modules: list[str]) -> None:
     """The server of one SSH host.  It listens before it imports, so agents
     that connect early wait in the backlog instead of failing; if the imports
-    fail, it exits, and they start their controllers themselves."""
+    fail, it exits, and they start their controllers themselves (as they do
+    where no safe place to listen exists)."""
     from jaxrun.backends import reaper
 
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind("\0" + name)
-    listener.listen(256)
-    reaper.become_subreaper()  # the controllers' daemons stay ours, and die with us
-    try:
-        preload(modules)
-        from jaxrun.child import bootstrap, shim  # noqa: F401
-    except BaseException as e:  # noqa: BLE001
-        print(f"jaxrun: the preloading server on this host could not import: {type(e).__name__}: {e}",
+    address = portable.server_address(name)
+    if address is None:
+        print("jaxrun: the preloading server on this host has no private folder for its socket",
               file=sys.stderr, flush=True)
         sys.exit(1)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(address)
     try:
-        serve(None, listener)
+        listener.listen(256)
+        reaper.become_subreaper()  # the controllers' daemons stay ours, and die with us
+        try:
+            preload(modules)
+            from jaxrun.child import bootstrap, shim  # noqa: F401
+        except BaseException as e:  # noqa: BLE001
+            print(f"jaxrun: the preloading server on this host could not import: {type(e).__name__}: {e}",
+                  file=sys.stderr, flush=True)
+            sys.exit(1)
+        try:
+            serve(None, listener, check_peer=portable.is_abstract(address))
+        finally:
+            reaper.kill_descendants()
     finally:
-        reaper.kill_descendants()
+        if not portable.is_abstract(address):
+            os.unlink(address)  # in the server only: a forked controller never returns here
 
 
 if __name__ == "__main__":

@@ -7,37 +7,51 @@ orphans instead: as a "child subreaper" (``PR_SET_CHILD_SUBREAPER``) it
 becomes their parent, so every process its children start stays among its
 descendants, and one walk over them (psutil) finds what is left at the end.
 jaxrun and its far-end agents each claim this for their own tree.
+
+Where no process can (macOS, or ``JAXRUN_PORTABLE=1``: see
+:mod:`jaxrun.portable`), a daemon's orphan goes to init, out of the tree.  So
+the process marks its environment instead (``JAXRUN_ORPHAN_MARK``, a value of
+its own), and every process it starts afterwards inherits the mark, however
+far it wanders: the walk at the end covers this user's processes that carry
+it, besides the tree.  That is why a process claims before it starts
+anything.  What the mark misses: a daemon that replaces its environment, and
+one forked (without an exec) from a controller that a host's preloading
+server forked, whose environment block is the server's.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
-import sys
 import time
+import uuid
 from typing import Sequence
 
 import psutil
 
-PR_SET_CHILD_SUBREAPER = 36
+from jaxrun import contract, portable
+
 REAP_WAIT = 2.0  # for the processes just SIGKILLed to be gone
+
+_mark: list[str] = []  # this process's orphan mark, once it has one
 
 
 def become_subreaper() -> bool:
-    """Claim this process's orphaned descendants; False where the kernel cannot."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
+    """Claim this process's orphaned descendants; where the kernel cannot,
+    mark the environment that this process's children will inherit, and
+    return False."""
+    if portable.claim_orphans():
+        return True
+    if not _mark:
+        _mark.append(f"{os.getpid()}-{uuid.uuid4().hex}")
+    os.environ[contract.ORPHAN_MARK] = _mark[0]
+    return False
 
 
 def descendants() -> set[tuple[int, float]]:
-    """(pid, start time) of every living descendant: a pid alone may be reused."""
+    """(pid, start time) of every living descendant, and of every process
+    that carries this process's orphan mark: a pid alone may be reused."""
     found = set()
     try:
         for proc in psutil.Process().children(recursive=True):
@@ -45,7 +59,30 @@ def descendants() -> set[tuple[int, float]]:
                 found.add((proc.pid, proc.create_time()))
     except psutil.Error:
         pass
+    return found | marked()
+
+
+def marked() -> set[tuple[int, float]]:
+    """(pid, start time) of every other process whose environment carries
+    this process's orphan mark (none where it has no mark)."""
+    if not _mark:
+        return set()
+    found, me = set(), os.getpid()
+    for proc in psutil.process_iter():
+        if proc.pid == me:
+            continue
+        with contextlib.suppress(psutil.Error, OSError):
+            if proc.environ().get(contract.ORPHAN_MARK) == _mark[0]:
+                found.add((proc.pid, proc.create_time()))
     return found
+
+
+def ended(proc: psutil.Process) -> bool:
+    """Gone, or dead and waiting for its parent (init, for an orphan)."""
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
 
 
 def kill_descendants(spare: set[tuple[int, float]] = frozenset()) -> list[int]:
@@ -66,8 +103,9 @@ def kill_descendants(spare: set[tuple[int, float]] = frozenset()) -> list[int]:
     end = time.monotonic() + REAP_WAIT
     for proc in targets:
         try:
-            if proc.ppid() != own:
-                proc.wait(max(0.0, end - time.monotonic()))  # a deeper one: its parent collects it
+            if proc.ppid() != own:  # a deeper one, or a marked orphan: its parent collects it
+                while not ended(proc) and time.monotonic() < end:
+                    time.sleep(0.01)
                 continue
             while time.monotonic() < end:  # ours: collect it, or it stays a zombie
                 pid, _ = os.waitpid(proc.pid, os.WNOHANG)
@@ -79,12 +117,16 @@ def kill_descendants(spare: set[tuple[int, float]] = frozenset()) -> list[int]:
     return [p.pid for p in targets]
 
 
-def kill_holders(fds: Sequence[int], within: int) -> list[int]:
+def kill_holders(fds: Sequence[int], within: int | None) -> list[int]:
     """SIGKILL every descendant of process ``within`` that holds one of the
     pipes or sockets ``fds`` are open on.  For a controller forked by a host's
     preloading server: its daemons are the server's orphans, not ours, but
     they hold the session's stdout and stderr, and the session (so the job)
-    would not end while they live."""
+    would not end while they live.  Nothing where ``within`` is unknown, or
+    where the system does not list another process's descriptors (then the
+    server has no orphans either: they went to init)."""
+    if within is None:
+        return []
     targets = set()
     for fd in fds:
         try:
@@ -98,19 +140,11 @@ def kill_holders(fds: Sequence[int], within: int) -> list[int]:
     except psutil.Error:
         return killed
     for proc in candidates:
-        folder = f"/proc/{proc.pid}/fd"
-        try:
-            names = os.listdir(folder)
-        except OSError:
-            continue
-        for name in names:
-            try:
-                st = os.stat(os.path.join(folder, name))
-            except OSError:
-                continue
-            if (st.st_dev, st.st_ino) in targets:
-                with contextlib.suppress(psutil.Error):
-                    proc.send_signal(signal.SIGKILL)
-                    killed.append(proc.pid)
-                break
+        held = portable.open_file_ids(proc.pid)
+        if held is None:
+            break
+        if held & targets:
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(signal.SIGKILL)
+                killed.append(proc.pid)
     return killed

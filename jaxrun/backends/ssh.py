@@ -19,7 +19,6 @@ the remote shell sees plain words only.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import select
@@ -32,7 +31,7 @@ import time
 import uuid
 from typing import Mapping, Sequence, TextIO
 
-from jaxrun import contract, wire
+from jaxrun import contract, portable, wire
 from jaxrun.backends.base import Backend, RunHooks, start_thread, wait_until
 from jaxrun.backends.ssh_commands import (
     ANSWER, check_preflight, master_control, port_probe_words, preflight_table, preflight_words, process_env,
@@ -70,10 +69,9 @@ def send_env(popen: subprocess.Popen, env: Mapping[str, str]) -> None:
     """The environment, first thing on the session's stdin.  The pipe is made
     big enough to take it at once, so this never waits on the network."""
     frame = wire.env_frame(dict(env))
-    try:
-        fcntl.fcntl(popen.stdin.fileno(), fcntl.F_SETPIPE_SZ, max(len(frame) + 4096, 1 << 16))
-    except OSError:
-        pass  # over the system's limit: the write below may wait for ssh to read
+    # Where pipes have a fixed size, or over the system's limit, the write
+    # below may wait for ssh to read.
+    portable.set_pipe_size(popen.stdin.fileno(), max(len(frame) + 4096, 1 << 16))
     view = memoryview(frame)
     try:
         while view:

@@ -34,14 +34,15 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 
-from jaxrun import contract, wire
+import psutil
+
+from jaxrun import contract, portable, wire
 from jaxrun.backends import reaper
 
 USAGE = f"usage: python -m {contract.SSH_AGENT_MODULE} [--chdir DIR] [--forkserver NAME] -- COMMAND..."
@@ -95,23 +96,30 @@ def parse_args(argv: list[str]) -> tuple[str | None, str | None, list[str]]:
 
 class ServedChild:
     """A controller forked by this host's preloading server (see
-    ``forkserver_agent.listen``), seen like a Popen: a pid and its end."""
+    ``forkserver_agent.listen``), seen like a Popen: a pid and its end.
+    ``server_pid`` is the server's, from the socket where the system says
+    (``portable.peer_pid``), else the controller's parent; None if neither
+    is known any more."""
 
     def __init__(self, conn: socket.socket, pid: int):
         self.conn, self.pid = conn, pid
-        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        self.server_pid = struct.unpack("3i", creds)[0]
+        self.server_pid = portable.peer_pid(conn)
+        if self.server_pid is None:
+            try:
+                self.server_pid = psutil.Process(pid).ppid()
+            except psutil.Error:
+                pass  # it has ended already
 
     def wait(self) -> int:
         while True:
             try:
-                data = self.conn.recv(wire.MAX_PACKET)
-            except OSError:
-                data = b""
-            if not data:  # the server is gone, and the controller's end with it
+                frame = wire.recv_frame(self.conn)
+            except (OSError, wire.WireError):
+                frame = None
+            if frame is None:  # the server is gone, and the controller's end with it
                 kill_group(self.pid, signal.SIGKILL)
                 return -signal.SIGKILL
-            msg = wire.decode(data)
+            msg = wire.decode(frame[0])
             if isinstance(msg, wire.ChildExited) and msg.pid == self.pid:
                 return msg.returncode
 
@@ -119,13 +127,14 @@ class ServedChild:
 def fork_by_server(name: str, command: list[str], env: dict, lifeline_r: int) -> ServedChild | None:
     """Ask the host's server for the controller; None: start it ourselves
     (no server, or it could not import, or the command is not the shim)."""
-    if command[1:3] != ["-m", contract.SHIM_MODULE]:
+    address = portable.server_address(name)
+    if command[1:3] != ["-m", contract.SHIM_MODULE] or address is None:
         return None
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     deadline = time.monotonic() + SERVER_WAIT
     while True:
         try:
-            conn.connect("\0" + name)
+            conn.connect(address)
             break
         except (ConnectionRefusedError, FileNotFoundError):
             if time.monotonic() > deadline:  # it never started listening
@@ -134,11 +143,11 @@ def fork_by_server(name: str, command: list[str], env: dict, lifeline_r: int) ->
             time.sleep(0.02)
     request = wire.ForkRequest(command[3:], env, os.getcwd()).encode()
     try:
-        socket.send_fds(conn, [request], [1, 2, lifeline_r])
-        data = conn.recv(wire.MAX_PACKET)  # waits out the server's imports
-    except OSError:
-        data = b""
-    msg = wire.decode(data) if data else None
+        wire.send_frame(conn, request, [1, 2, lifeline_r])
+        frame = wire.recv_frame(conn)  # waits out the server's imports
+    except (OSError, wire.WireError):
+        frame = None
+    msg = wire.decode(frame[0]) if frame else None
     if not isinstance(msg, wire.Started):
         conn.close()
         return None

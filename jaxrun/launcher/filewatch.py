@@ -1,15 +1,18 @@
 """Waking the output pump when a quiet log file grows: inotify, through ctypes.
 
-Linux only; elsewhere ``arm`` returns None and the pump keeps polling.
+Where there is no inotify (see :func:`jaxrun.portable.inotify`), ``arm``
+returns None and the pump keeps polling.
 """
 
 from __future__ import annotations
 
 import os
 
+from jaxrun import portable
+
 
 class FileWatch:
-    """Wakes the pump when a quiet followed file grows (inotify, Linux only).
+    """Wakes the pump when a quiet followed file grows (inotify, where it exists).
 
     Armed only while the files are quiet: a job that prints steadily is polled
     instead (10 Hz, backing off to 2 Hz), since inotify would queue (and the
@@ -22,14 +25,7 @@ class FileWatch:
 
     def __init__(self) -> None:
         self.fd: int | None = None
-        self._init = self._add_watch = None
-        try:
-            import ctypes
-
-            libc = ctypes.CDLL(None, use_errno=True)
-            self._init, self._add_watch = libc.inotify_init1, libc.inotify_add_watch
-        except (OSError, AttributeError):  # not Linux
-            pass
+        self._init, self._add_watch = portable.inotify() or (None, None)
 
     def arm(self, paths: list[str]) -> int | None:
         if self._init is None:

@@ -21,7 +21,6 @@ console; a console that went away is the printer's business.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import queue
 import select
@@ -30,7 +29,7 @@ import threading
 import time
 from typing import BinaryIO, Callable
 
-from jaxrun import wire
+from jaxrun import portable, wire
 from jaxrun.backends.base import RunHooks, start_thread
 from jaxrun.launcher.events import LogWriteFailed, Stream, StreamClosed
 from jaxrun.launcher.filewatch import FileWatch
@@ -209,10 +208,7 @@ class OutputPump:
         """Yield the CPU to the job: a followed file's writer never waits for
         the console, so the view may lag under load and catch up later.  (Not
         for pipes: a remote process blocks while its pipe is full.)"""
-        try:  # Linux: a thread id names just this thread
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), CONSOLE_NICE)
-        except (OSError, AttributeError):
-            pass
+        portable.lower_thread_priority(CONSOLE_NICE)  # where it cannot, the thread keeps its priority
 
     def _pump(self, src: _Source) -> bool:
         """Read once from a ready pipe; True if the read was small (or the end)."""
@@ -324,7 +320,4 @@ class OutputPump:
 
 
 def enlarge_pipe(fd: int) -> None:
-    try:
-        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
-    except (OSError, AttributeError):
-        pass  # not Linux, or over /proc/sys/fs/pipe-max-size: keep the default
+    portable.set_pipe_size(fd, PIPE_SIZE)  # where it cannot, the pipe keeps its default size

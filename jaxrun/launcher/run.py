@@ -17,6 +17,7 @@ import sys
 import time
 from typing import TextIO
 
+from jaxrun import portable
 from jaxrun.backends import create_backend, reaper
 from jaxrun.backends.base import Backend, Interrupted
 from jaxrun.launcher import plan as planning
@@ -57,6 +58,10 @@ def plan_attempt(config: RunConfig, coordinator: tuple[str, str | None], attempt
 
 def run(config: RunConfig, backend: Backend | None = None, console: TextIO | None = None) -> int:
     console = SafeConsole(console or sys.stderr)
+    reaper.become_subreaper()  # first: where it cannot, it marks the environment the backend copies
+    if config.verbose and not config.dry_run:
+        for line in portable.notes():  # what this system lacks, once
+            print(line, file=console, flush=True)
     backend = backend or create_backend(config, console)
     if config.dry_run:
         _, specs = plan_attempt(config, backend.dry_run_coordinator(config.fixed_coordinator), 0)
@@ -79,7 +84,6 @@ def run(config: RunConfig, backend: Backend | None = None, console: TextIO | Non
     backend.hooks = control.hooks
     control.install()
     control.start_watchdog()
-    reaper.become_subreaper()
     code = 1
     try:
         code = run_attempts(config, backend, control, console, running)

@@ -53,7 +53,7 @@ def test_ssh_agent_relays_signals_to_the_group_and_kills_it_at_eof():
 
 
 def test_fork_server_forks_on_request_and_reports_the_exit(tmp_path):
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     server = subprocess.Popen(
         [sys.executable, "-m", contract.FORKSERVER_AGENT_MODULE, str(theirs.fileno())],
         pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True,
@@ -69,11 +69,12 @@ def test_fork_server_forks_on_request_and_reports_the_exit(tmp_path):
         # see the server fork it with our fds and report its exit status.
         env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
         request = wire.ForkRequest(["--", str(script), "x y"], env)
-        socket.send_fds(ours, [request.encode()], [out, err, lifeline_r])
-        started = wire.decode(ours.recv(wire.MAX_PACKET))
+        wire.send_frame(ours, request.encode(), [out, err, lifeline_r])
+        assert isinstance(wire.decode(wire.recv_frame(ours)[0]), wire.Ready)
+        started = wire.decode(wire.recv_frame(ours)[0])
         assert isinstance(started, wire.Started) and started.pid > 0
         ours.settimeout(30)
-        exited = wire.decode(ours.recv(wire.MAX_PACKET))
+        exited = wire.decode(wire.recv_frame(ours)[0])
         assert exited == wire.ChildExited(started.pid, 1)
         assert f"{contract.COORDINATOR_ADDRESS} is not set" in (tmp_path / "err").read_text()
     finally:

@@ -3,7 +3,7 @@ status, one clear line, every byte it could write, and no process left.
 
 Each test plants one fault (the console reader going away, a full log disk, a
 daemonizing grandchild, a preload import that hangs, an SSH preflight that
-hangs, a launcher thread that dies, a request too big for the preload socket)
+hangs, a launcher thread that dies, a request bigger than a packet for the preload server)
 and checks what the issue asks of it.  The leak guard (``fixtures.jobs``)
 fails any test that leaves a process carrying its token; the daemon test
 looks for its daemon by pid as well, since a daemon is the kind of process
@@ -312,19 +312,31 @@ def test_a_dying_ssh_thread_ends_the_run(sshd_hosts, started, tmp_path, shared_d
     assert "internal error: thread ssh-preflight:host" in err, err[-2000:]
 
 
-# -- a request too big for one packet ------------------------------------------------------
+# -- a request bigger than any packet ------------------------------------------------------
+
+HUGE_ENV_SCRIPT = """\
+import os, psutil
+parent = " ".join(psutil.Process().parent().cmdline())
+print("env bytes", sum(len(v) for v in os.environ.values()), "forked" if "forkserver_agent" in parent else "fresh")
+"""
+
 
 @pytest.mark.timeout(90)
-def test_huge_environment_falls_back_to_a_plain_start(started, tmp_path):
-    """~300 KiB of environment is over the preload socket's packet limit
-    (about 208 KiB): those processes start fresh, and the console says so."""
-    script = write(tmp_path, "sizes.py", "import os\nprint('env bytes', sum(len(v) for v in os.environ.values()))\n")
+def test_huge_environment_is_served_by_the_preloading_server(started, tmp_path):
+    """~300 KiB of environment was over the old packet socket's limit (about
+    208 KiB), and those processes started fresh.  The server's messages are
+    framed over a stream now: the server forks them like any other, every
+    byte of the environment intact, and the console has nothing to say."""
+    script = write(tmp_path, "sizes.py", HUGE_ENV_SCRIPT)
     big = [arg for i in range(3) for arg in ("--env", f"BIG{i}={'x' * 100_000}")]
     proc = start(["-n", 2, *big, "--log-dir", tmp_path / "logs", script], env={"JAXRUN_NO_PRELOAD": ""})
     started.append(proc)
     out, err = proc.communicate(timeout=60)
     err = err.decode()
     assert proc.returncode == 0, err[-2000:]
+    assert [line for line in jaxrun_lines(err) if not line.startswith("jaxrun: logs in ")] == [], err[-2000:]
     for rank in range(2):
-        assert (f"jaxrun: process {rank}'s environment is too large for the preloading server") in err
-        assert f"[{rank}] env bytes" in out.decode()
+        line = next((l for l in out.decode().splitlines() if l.startswith(f"[{rank}] env bytes")), "")
+        words = line.split()
+        assert words[-1] == "forked", out.decode()
+        assert int(words[-2]) >= 300_000, line
