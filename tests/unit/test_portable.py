@@ -1,0 +1,345 @@
+"""The portability layer: Linux-only facilities stay inside jaxrun/portable.py,
+each one has a portable answer, and the fork server's framing needs none.
+
+The source check parses every module of the package and fails on a use of a
+Linux-only name, a platform check, a /proc or /sys path or an abstract socket
+name outside ``jaxrun/portable.py``; the check itself is tested on snippets,
+so that it cannot quietly stop finding them.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+
+from jaxrun import contract, portable, wire
+
+PACKAGE = Path(portable.__file__).parent
+LAYER = Path(portable.__file__)
+
+# Names that only Linux has (or that mean something else elsewhere), each
+# with where its portable answer lives.
+LINUX_ONLY = {
+    "SOCK_SEQPACKET": "frame over SOCK_STREAM (wire.send_frame)",
+    "SO_PEERCRED": "portable.peer_uid / peer_pid",
+    "LOCAL_PEERCRED": "portable.peer_uid",
+    "LOCAL_PEERPID": "portable.peer_pid",
+    "SO_PASSCRED": "portable.peer_uid",
+    "SCM_CREDENTIALS": "portable.peer_uid",
+    "F_SETPIPE_SZ": "portable.set_pipe_size",
+    "F_GETPIPE_SZ": "portable.set_pipe_size",
+    "prctl": "portable.claim_orphans",
+    "PR_SET_CHILD_SUBREAPER": "portable.claim_orphans",
+    "PR_SET_PDEATHSIG": "a lifeline pipe",
+    "inotify_init": "portable.inotify",
+    "inotify_init1": "portable.inotify",
+    "inotify_add_watch": "portable.inotify",
+    "setpriority": "portable.lower_thread_priority",
+    "CDLL": "the layer (what the C library offers differs between systems)",
+    "cdll": "the layer (what the C library offers differs between systems)",
+    "epoll": "selectors",
+    "pidfd_open": "the layer",
+    "pidfd_send_signal": "the layer",
+    "memfd_create": "the layer",
+    "eventfd": "the layer",
+    "sched_getaffinity": "the layer",
+    "sched_setaffinity": "the layer",
+    "pipe2": "os.pipe",
+    "splice": "the layer",
+    "copy_file_range": "the layer",
+    "posix_fadvise": "the layer",
+    "O_PATH": "the layer",
+    "O_TMPFILE": "the layer",
+    "SOCK_CLOEXEC": "socket.socket (its descriptors are not inheritable)",
+    "SOCK_NONBLOCK": "setblocking(False)",
+    "getxattr": "the layer",
+    "setxattr": "the layer",
+}
+# module.attribute pairs that ask which system this is.
+PLATFORM_CHECKS = {("sys", "platform"), ("os", "uname"), ("platform", "system"), ("platform", "uname"),
+                   ("platform", "mac_ver"), ("platform", "libc_ver"), ("platform", "platform"),
+                   ("platform", "release")}
+LINUX_PATHS = ("/proc", "/sys/")
+
+# Known uses outside the layer, each with its reason; the test fails when one
+# disappears too, so that this list never outlives its entries.
+KNOWN = {
+    # A read with a fallback (the kernel's default) where there is no /proc;
+    # cli.py's owner is to call portable.pid_max() instead.
+    ("jaxrun/cli.py", "path '/proc/sys/kernel/pid_max'"),
+}
+
+
+def linux_only_uses(source: str) -> list[str]:
+    """What in ``source`` is Linux-only or asks for the platform, one line each."""
+    tree = ast.parse(source)
+    bare_strings = {id(node.value) for node in ast.walk(tree)
+                    if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}  # docstrings
+    found = []
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Attribute):
+            names.append(node.attr)
+            if isinstance(node.value, ast.Name) and (node.value.id, node.attr) in PLATFORM_CHECKS:
+                found.append(f"platform check {node.value.id}.{node.attr}")
+        elif isinstance(node, ast.Name):
+            names.append(node.id)
+        elif isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                names.append(alias.name)
+                if (node.module, alias.name) in PLATFORM_CHECKS:
+                    found.append(f"platform check {node.module}.{alias.name}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in bare_strings:
+            names.append(node.value)  # getattr(socket, "SO_PEERCRED")
+            if node.value.startswith(LINUX_PATHS):
+                found.append(f"path {node.value!r}")
+            elif node.value.startswith("\0") and len(node.value) > 1:
+                found.append("abstract socket name")
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and _starts_with_nul(node.left):
+            found.append("abstract socket name")
+        elif isinstance(node, ast.JoinedStr) and node.values and _starts_with_nul(node.values[0]):
+            found.append("abstract socket name")
+        found += [f"Linux-only {name} (use {LINUX_ONLY[name]})" for name in names if name in LINUX_ONLY]
+    return found
+
+
+def _starts_with_nul(node) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("\0")
+
+
+def test_no_module_outside_the_layer_uses_a_linux_only_facility():
+    found = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path == LAYER:
+            continue
+        rel = path.relative_to(PACKAGE.parent).as_posix()
+        found |= {(rel, use) for use in linux_only_uses(path.read_text())}
+    assert found - KNOWN == set(), "Linux-only code outside jaxrun/portable.py"
+    assert KNOWN - found == set(), "KNOWN lists a use that is gone: remove it"
+
+
+@pytest.mark.parametrize("snippet, what", [
+    ("s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)", "SOCK_SEQPACKET"),
+    ("from socket import SO_PEERCRED", "SO_PEERCRED"),
+    ("opt = getattr(socket, 'SO_PEERCRED')", "SO_PEERCRED"),
+    ("fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, 1 << 20)", "F_SETPIPE_SZ"),
+    ("libc = ctypes.CDLL(None)\nlibc.prctl(36, 1, 0, 0, 0)", "prctl"),
+    ("fd = libc.inotify_init1(0)", "inotify_init1"),
+    ("os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)", "setpriority"),
+    ("if sys.platform == 'darwin':\n    pass", "platform check sys.platform"),
+    ("from sys import platform", "platform check sys.platform"),
+    ("if platform.system() == 'Linux':\n    pass", "platform check platform.system"),
+    ("open(f'/proc/{pid}/fd')", "path '/proc/'"),
+    ("open('/proc/sys/kernel/pid_max')", "path '/proc/sys/kernel/pid_max'"),
+    ("sock.bind('\\0' + name)", "abstract socket name"),
+    ("sock.connect(f'\\0{name}')", "abstract socket name"),
+    ("sock.bind('\\0jaxrun')", "abstract socket name"),
+])
+def test_the_source_check_finds(snippet, what):
+    assert any(what in use for use in linux_only_uses(snippet)), linux_only_uses(snippet)
+
+
+@pytest.mark.parametrize("snippet", [
+    '"""Reads /proc/PID/environ, says sys.platform, binds "\\0name"."""',
+    "names = '\\0'.join(files)",
+    "socket.send_fds(sock, [data], fds)",
+    "os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)",
+    "info = platform.node()",
+])
+def test_the_source_check_leaves_alone(snippet):
+    assert linux_only_uses(snippet) == []
+
+
+# -- forced: every answer is the portable one -----------------------------------------
+
+@pytest.fixture
+def forced(monkeypatch):
+    monkeypatch.setenv(contract.PORTABLE, "1")
+
+
+@pytest.mark.parametrize("value, on", [("1", True), ("yes", True), ("0", False), ("", False)])
+def test_the_switch(monkeypatch, value, on):
+    monkeypatch.setenv(contract.PORTABLE, value)
+    assert portable.forced() is on
+
+
+def test_forced_every_facility_is_off(forced):
+    r, w = os.pipe()
+    a, b = socket.socketpair()
+    try:
+        assert portable.inotify() is None
+        assert portable.set_pipe_size(w, 1 << 20) is False
+        assert portable.thread_ids_are_pids() is False
+        assert portable.lower_thread_priority(19) is False
+        assert portable.peer_uid(a) is None and portable.peer_pid(a) is None
+        assert portable.open_file_ids(os.getpid()) is None
+        assert portable.pid_max() == 32768
+    finally:
+        for fd in (r, w):
+            os.close(fd)
+        a.close()
+        b.close()
+
+
+def test_forced_notes_name_each_missing_facility(forced):
+    notes = portable.notes()
+    assert notes[0] == f"jaxrun: {contract.PORTABLE} is set: every Linux-only facility is off"
+    for what in ("no inotify", "no per-thread priority", "pipes cannot be enlarged"):
+        assert sum(what in line for line in notes) == 1, notes
+    assert all(line.startswith("jaxrun: ") for line in notes)
+
+
+@pytest.fixture
+def short_tmp(monkeypatch):
+    """A temporary folder short enough for a socket path (pytest's are long)."""
+    folder = tempfile.mkdtemp(prefix="jr-", dir="/tmp")
+    monkeypatch.setattr("tempfile.tempdir", folder)
+    yield Path(folder)
+    shutil.rmtree(folder)
+
+
+def test_forced_the_hosts_server_uses_a_socket_file_in_a_private_folder(forced, short_tmp):
+    tmp_path = short_tmp
+    address = portable.server_address("jaxrun-123-" + "f" * 32)
+    assert not portable.is_abstract(address)
+    folder = os.path.dirname(address)
+    assert folder == str(tmp_path / f"jaxrun-sockets-{os.getuid()}")
+    assert os.stat(folder).st_mode & 0o777 == 0o700
+    assert len(address) <= portable.LONGEST_SOCKET_PATH
+    assert portable.server_address("jaxrun-123-" + "f" * 32) == address  # the agents find it by the name alone
+    assert portable.server_address("another") != address
+
+
+@pytest.mark.parametrize("mode", [0o755, 0o770, 0o701])
+def test_a_socket_folder_others_can_enter_is_refused(forced, short_tmp, mode):
+    tmp_path = short_tmp
+    folder = tmp_path / f"jaxrun-sockets-{os.getuid()}"
+    folder.mkdir()
+    folder.chmod(mode)
+    assert portable.server_address("name") is None
+
+
+def test_a_symlink_for_the_socket_folder_is_refused(forced, short_tmp):
+    tmp_path = short_tmp
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    (tmp_path / f"jaxrun-sockets-{os.getuid()}").symlink_to(tmp_path / "elsewhere")
+    assert portable.server_address("name") is None
+
+
+def test_a_long_tmpdir_moves_the_socket_folder_to_tmp(forced, tmp_path, monkeypatch):
+    deep = tmp_path / ("d" * 90)
+    deep.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(deep))
+    address = portable.server_address("name")
+    assert address == os.path.join("/tmp", f"jaxrun-sockets-{os.getuid()}", os.path.basename(address))
+
+
+def test_peer_credentials_where_the_system_has_them():
+    """Where a peer's user id is known it is ours; where it is not, no
+    abstract name is offered (only a socket file's folder keeps others out)."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        uid = portable.peer_uid(a)
+        assert uid in (None, os.getuid())
+        if uid is None:
+            assert not portable.is_abstract(portable.server_address("x") or "")
+        pid = portable.peer_pid(a)
+        assert pid in (None, os.getpid())
+    finally:
+        a.close()
+        b.close()
+
+
+# -- the fork server's frames ------------------------------------------------------------
+
+@pytest.fixture
+def pair():
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    yield a, b
+    a.close()
+    b.close()
+
+
+def test_a_frame_of_any_size_arrives_whole(pair):
+    """A SOCK_SEQPACKET datagram stops at about 208 KiB; a frame does not."""
+    a, b = pair
+    payload = wire.ForkRequest(["--", "x.py"], {f"BIG{i}": "x" * 100_000 for i in range(10)}).encode()
+    sender = threading.Thread(target=wire.send_frame, args=(a, payload))
+    sender.start()
+    frame = wire.recv_frame(b)
+    sender.join()
+    assert frame is not None and frame[0] == payload and frame[1] == []
+    assert wire.decode(frame[0]).env["BIG9"] == "x" * 100_000
+
+
+def test_descriptors_travel_with_their_own_frame(pair, tmp_path):
+    a, b = pair
+    files = []
+    for name in ("one", "two"):
+        (tmp_path / name).write_text(name)
+        files.append(os.open(tmp_path / name, os.O_RDONLY))
+    try:
+        wire.send_frame(a, b"first", [files[0]])
+        wire.send_frame(a, b"second", [files[1]])
+        wire.send_frame(a, b"third")
+        got = [wire.recv_frame(b, max_fds=3) for _ in range(3)]
+        assert [g[0] for g in got] == [b"first", b"second", b"third"]
+        assert [len(g[1]) for g in got] == [1, 1, 0]
+        assert [os.read(g[1][0], 10) for g in got[:2]] == [b"one", b"two"]
+        for g in got[:2]:
+            os.close(g[1][0])
+    finally:
+        for fd in files:
+            os.close(fd)
+
+
+def test_the_peer_closing_ends_the_frames(pair):
+    a, b = pair
+    wire.send_frame(a, b"whole")
+    a.sendall(wire.FRAME_HEADER.pack(100) + b"only part of it")
+    a.close()
+    assert wire.recv_frame(b) == (b"whole", [])
+    assert wire.recv_frame(b) is None  # mid-frame
+    assert wire.recv_frame(b) is None
+
+
+def test_a_length_no_jaxrun_peer_would_send_is_refused(pair):
+    a, b = pair
+    a.sendall(b"fork [...]")
+    with pytest.raises(wire.WireError):
+        wire.recv_frame(b)
+
+
+# -- the reaper without a subreaper --------------------------------------------------------
+
+ORPHAN = """
+import os, subprocess, sys
+import psutil
+from jaxrun import contract
+from jaxrun.backends import reaper
+assert reaper.become_subreaper() is False and os.environ[contract.ORPHAN_MARK]
+# A daemon: its own session, its parent gone at once; init's, out of our tree.
+subprocess.run([sys.executable, "-c", "import subprocess, sys; subprocess.Popen("
+                "[sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True)"],
+               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+assert not psutil.Process().children(recursive=True)
+(orphan,) = reaper.marked()
+assert reaper.descendants() == {orphan}
+assert reaper.kill_descendants() == [orphan[0]]
+assert not psutil.pid_exists(orphan[0]) or reaper.ended(psutil.Process(orphan[0]))
+print("ok")
+"""
+
+
+def test_without_a_subreaper_the_mark_finds_a_daemon_outside_the_tree(forced):
+    done = subprocess.run([sys.executable, "-c", ORPHAN], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and done.stdout == "ok\n", done.stderr
