@@ -5,7 +5,7 @@ them is optional: the function here that stands for it finds out whether
 this system has it (by trying it, or by looking for the name it needs, never
 by the platform's name) and says no where it does not, and its caller then
 takes the portable path.  No other module of jaxrun touches one of these
-facilities or asks which system it runs on (``tests/unit/test_portable.py``
+facilities or asks which system it runs on (``tests/unit/test_portable_layer.py``
 checks that).
 
 =====================================  ====================================================
