@@ -31,8 +31,7 @@ stderr, and hears ``Started`` and ``ChildExited`` on its own connection.  Only
 processes of the same user may connect: an abstract socket (Linux) is used
 only where the peer's user id can be checked, and a socket file lies in a
 folder only this user can enter.  EOF on stdin (the session closed) ends it.
-A request is read whole once its first byte arrives: its sender is one of
-this user's agents, which writes it at once.
+A request is read whole once its first byte arrives (within ``FRAME_WAIT``).
 """
 
 from __future__ import annotations
@@ -47,6 +46,10 @@ import sys
 import threading
 
 from jaxrun import contract, portable, wire
+
+# An agent writes each request at once; one that stops halfway is hung up on
+# after this long, so that it cannot hold up the other agents of its host.
+FRAME_WAIT = 10.0
 
 
 def serve(sock: socket.socket | None, listener: socket.socket | None = None, check_peer: bool = False) -> None:
@@ -120,6 +123,7 @@ def accept_own_user(listener: socket.socket, check_peer: bool) -> socket.socket 
     if uid != os.getuid() and (uid is not None or check_peer):
         conn.close()
         return None
+    conn.settimeout(FRAME_WAIT)
     return conn
 
 
