@@ -54,6 +54,29 @@ class Seconds(click.FloatRange):
         return seconds
 
 
+class OptionalCount(click.Option):
+    """An option whose count may be left out: ``--flight-recorder`` or
+    ``--flight-recorder 128``.  Click would take the script that follows a
+    bare option for its count; this one takes the next word only when it is
+    a whole number, and otherwise gives it back to the command line."""
+
+    def add_to_parser(self, parser, ctx) -> None:
+        super().add_to_parser(parser, ctx)
+        for name in self.opts:
+            parsed = getattr(parser, "_long_opt", {}).get(name)
+            if parsed is not None:
+                parsed.process = self._giving_back(parsed.process)
+
+    def _giving_back(self, process):
+        def process_count(value, state):
+            if isinstance(value, str) and not DIGITS.match(value):
+                state.rargs.insert(0, value)
+                value = str(self.flag_value)
+            process(value, state)
+
+        return process_count
+
+
 class HostPort(click.ParamType):
     name = "HOST:PORT"
 
@@ -163,6 +186,8 @@ def no_such_option(word: str) -> click.UsageError:
 @click.option("--output", type=click.Choice(["stream", "grouped"]), help="Live, rank-prefixed lines, or one block per process at the end (default: stream; grouped on GitHub Actions).")
 @click.option("--console-ranks", type=RankList(), metavar="RANKS", help="Show only these processes' output on the console, e.g. 0 or 0,2-3, or none (default: all; the logs always hold everything).")
 @click.option("--timeout", type=Seconds(min=0, min_open=True), metavar="SECONDS", help="Dump every stack and stop the job after this long (exit 124).")
+@click.option("--flight-recorder", "flight_recorder", cls=OptionalCount, type=click.IntRange(1, contract.FLIGHT_RECORDER_MAX), is_flag=False, flag_value=contract.FLIGHT_RECORDER_DEFAULT, default=None, metavar="[K]", help=f"Each process keeps its last K program executions (default {contract.FLIGHT_RECORDER_DEFAULT}) and writes them to its log with every stack dump; the summary lines them up.")
+@click.option("--check-divergence", is_flag=True, help="Debug mode: before each program that spans processes, the processes agree on it; the first that differs stops the job and names the call (one key-value round trip per execution).")
 @click.option("--grace", type=Seconds(min=0), default=30.0, show_default=True, metavar="SECONDS", help="After forwarding SIGINT/SIGTERM/SIGHUP, wait this long before SIGKILL.")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True, help="Restart the whole job this many times after a failure.")
 @click.option("--timestamps", is_flag=True, help="Start each console line with the wall-clock time it arrived (the logs stay byte-exact).")
@@ -193,7 +218,8 @@ def no_such_option(word: str) -> click.UsageError:
 def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, output, console_ranks, timeout, grace, max_restarts,
          report_path, junit_path, mesh, mesh_axis_types, env_pairs, exports, hosts_file, host_opts, ssh_config,
          ssh_options, connect_timeout, python, chdir, preload, preload_modules,
-         launcher, nodes, tasks_per_node, scheduler_args, dry_run, verbose, args, sync=False, timestamps=False):
+         launcher, nodes, tasks_per_node, scheduler_args, dry_run, verbose, args, sync=False, timestamps=False,
+         flight_recorder=None, check_divergence=False):
     """Start N JAX controllers that join one distributed job.
 
     \b
@@ -252,6 +278,8 @@ def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, 
         verbose=verbose,
         devices_per_process=devices_per_process,
         devices_per_host=devices_per_host,
+        flight_recorder=flight_recorder,
+        check_divergence=check_divergence,
     )
     config = RunConfig(
         options=options,

@@ -232,6 +232,96 @@ class ErrorRecord:
         return f"{self.type}: {self.message}"
 
 
+# -- divergence: --flight-recorder and --check-divergence ------------------------------
+# "K": each controller keeps its last K executions of compiled programs and writes
+# them into its stderr log with every stack dump (the block below).  Unset: off.
+FLIGHT_RECORDER = "JAXRUN_FLIGHT_RECORDER"
+FLIGHT_RECORDER_DEFAULT = 64
+# The most entries a block may hold: the summary reads a log's last megabyte only.
+FLIGHT_RECORDER_MAX = 4096
+# "1": before each execution of a program that spans processes, the processes agree
+# on it through the coordination service; the first to differ stops the job.
+CHECK_DIVERGENCE = "JAXRUN_CHECK_DIVERGENCE"
+
+# Where a controller was when it wrote its block.  A process whose script returned
+# but which has not exited waits for its peers in JAX's shutdown barrier.
+IN_SCRIPT = "in the script"
+SCRIPT_RETURNED = "finished the script"
+IN_SHUTDOWN = "finished the script, waiting in JAX's shutdown"
+ENDING = "leaving on an error"
+
+
+@dataclasses.dataclass(frozen=True)
+class FlightEntry:
+    """One execution of a compiled program, as the flight recorder keeps it."""
+
+    seq: int  # this process's executions, from 1
+    call: int | None  # among executions that span processes, from 1; None: this process's devices only
+    function: str
+    occurrence: int  # this process's executions of this function, this one included
+    fingerprint: str
+    inputs: str  # "f32[8,4],i32[]"
+    file: str  # the innermost frame of the user's code that made the call
+    line: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.function}#{self.occurrence}"
+
+    @property
+    def where(self) -> str:
+        return f"{os.path.basename(self.file)}:{self.line}"
+
+    def to_line(self, rank: int) -> str:
+        call = "local" if self.call is None else f"call {self.call}"
+        return (f"jaxrun: flight[{rank}] #{self.seq} {call} {self.label} fp={self.fingerprint} "
+                f"in={self.inputs or '-'} at {self.file}:{self.line}")
+
+
+@dataclasses.dataclass(frozen=True)
+class FlightLog:
+    """The last block a controller wrote: where it was, and its last entries."""
+
+    rank: int
+    runs: int  # programs run in all, of which ``entries`` are the last
+    state: str
+    entries: tuple[FlightEntry, ...]
+
+
+_FLIGHT_BEGIN = re.compile(r"^jaxrun: flight\[(\d+)\] begin: the last \d+ of (\d+) programs run, "
+                           r"oldest first; (.+)$", re.M)
+_FLIGHT_ENTRY = re.compile(r"^jaxrun: flight\[(\d+)\] #(\d+) (?:call (\d+)|local) (\S+)#(\d+) fp=(\S+) "
+                           r"in=(\S+) at (.+):(\d+)$")
+
+
+def flight_block(rank: int, runs: int, state: str, entries: Sequence[FlightEntry]) -> str:
+    """The recorder's block, as a controller writes it into its stderr: a line
+    a person can read and the summary can find, then one line per entry."""
+    lines = [f"jaxrun: flight[{rank}] begin: the last {len(entries)} of {runs} programs run, oldest first; {state}"]
+    lines.extend(e.to_line(rank) for e in entries)
+    lines.append(f"jaxrun: flight[{rank}] end")
+    return "\n".join(lines) + "\n"
+
+
+def parse_flight_block(text: str) -> FlightLog | None:
+    """The last block in a log's text; None if there is none.  Lines other
+    writers put between its lines are skipped."""
+    begins = list(_FLIGHT_BEGIN.finditer(text))
+    if not begins:
+        return None
+    head = begins[-1]
+    rank = int(head[1])
+    entries = []
+    for line in text[head.end():].splitlines():
+        if line == f"jaxrun: flight[{rank}] end":
+            break
+        m = _FLIGHT_ENTRY.match(line)
+        if m and int(m[1]) == rank:
+            entries.append(FlightEntry(int(m[2]), None if m[3] is None else int(m[3]), m[4], int(m[5]), m[6],
+                                       "" if m[7] == "-" else m[7], m[8], int(m[9])))
+    return FlightLog(rank, int(head[2]), head[3], tuple(entries))
+
+
 # -- addresses -------------------------------------------------------------------------
 def free_port(host: str = "127.0.0.1") -> int:
     """A port free on ``host`` right now.  Always one address: the services

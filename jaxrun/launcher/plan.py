@@ -70,6 +70,8 @@ class LaunchOptions:
     # devices, as processes on one machine must).
     host_devices: Mapping[str, int] = dataclasses.field(default_factory=dict)
     host_machines: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    flight_recorder: int | None = None  # --flight-recorder K: entries each process keeps
+    check_divergence: bool = False  # --check-divergence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,4 +221,8 @@ def contract_env(opts: LaunchOptions, rank: int, local_rank: int, local_count: i
         env[contract.MESH_AXIS_TYPES] = opts.mesh_axis_types
     if opts.verbose:
         env[contract.VERBOSE] = "1"
+    if opts.flight_recorder:
+        env[contract.FLIGHT_RECORDER] = str(opts.flight_recorder)
+    if opts.check_divergence:
+        env[contract.CHECK_DIVERGENCE] = "1"
     return env
