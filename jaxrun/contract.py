@@ -248,7 +248,6 @@ CHECK_DIVERGENCE = "JAXRUN_CHECK_DIVERGENCE"
 IN_SCRIPT = "in the script"
 SCRIPT_RETURNED = "finished the script"
 IN_SHUTDOWN = "finished the script, waiting in JAX's shutdown"
-ENDING = "leaving on an error"
 
 
 @dataclasses.dataclass(frozen=True)

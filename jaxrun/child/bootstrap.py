@@ -35,7 +35,7 @@ import sys
 from typing import Any, Mapping
 
 from jaxrun import contract
-from jaxrun.child import ending, hooks, mesh
+from jaxrun.child import ending, flight, hooks, mesh
 
 
 class BootstrapError(RuntimeError):
@@ -147,6 +147,7 @@ def prepare(environ=os.environ) -> None:
     _launch = Launch(coordinator, count, rank, local, bind, environ.get(contract.VERBOSE) == "1")
     hooks.after_import("jax._src.distributed", _patch_distributed)
     hooks.after_import("jax._src.xla_bridge", _patch_xla_bridge)
+    flight.prepare(environ, rank, count)  # --flight-recorder, --check-divergence: before any program runs
     if environ.get(contract.MESH):
         initialize_now(environ)
     elif _preloaded_env is not None:

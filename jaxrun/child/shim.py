@@ -30,6 +30,7 @@ import traceback
 import types
 
 from jaxrun import contract
+from jaxrun.child import flight
 from jaxrun.child.ending import exit_now, fail, record_error
 
 USAGE = f"usage: python -m {contract.SHIM_MODULE} (-- SCRIPT | -m MODULE) [ARGS...]"
@@ -133,12 +134,15 @@ def run_target(is_module: bool, name: str, args: list[str]) -> None:
         code = _exit_code(e)
         if code != 0:
             exit_now(code)
+        flight.script_returned()
         raise
     except BaseException as e:  # noqa: BLE001 - every uncaught error ends the process
         text = user_traceback(e)
         sys.stderr.write(text)
         record_error(e, text)
         exit_now(130 if isinstance(e, KeyboardInterrupt) else 1)
+    else:
+        flight.script_returned()
 
 
 def run_script(name: str, args: list[str]) -> None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from jaxrun.contract import ErrorRecord, signal_name
+from jaxrun import contract
+from jaxrun.contract import ErrorRecord, FlightEntry, FlightLog, signal_name
 from jaxrun.launcher.control import BUG_REPORT
 from jaxrun.launcher.outcome import Outcome, ProcessRecord, StopReason, Verdict
-from jaxrun.reporting.stacks import innermost_user_frame, read_small, read_tail
+from jaxrun.reporting.stacks import DUMP_TAIL, FRAME, THREAD, innermost_user_frame, read_small, read_tail
 
 TAIL_LINES = 15
 # How much of the end of a log the summary and the reports take their lines
@@ -88,6 +89,7 @@ def summary_lines(outcome: Outcome, log_dir: str) -> list[str]:
             if frame:
                 file, line, func, source = frame
                 lines.append(f"jaxrun:   {where(rec)} was at {file}:{line} in {func}: {source}")
+        lines.extend(divergence_lines(outcome))
     lines.append(f"jaxrun: logs in {log_dir}")
     return lines
 
@@ -97,3 +99,137 @@ def _group(records: Iterable[ProcessRecord]) -> dict[Verdict, str]:
     for r in records:
         groups.setdefault(r.verdict, []).append(str(r.spec.rank))
     return {v: ", ".join(ranks) for v, ranks in groups.items()}
+
+
+# -- where each process was, and what it last ran ---------------------------------------
+
+def divergence_lines(outcome: Outcome) -> list[str]:
+    """After a stop: which processes had finished the script (and wait in JAX's
+    shutdown for the others) and which were still in it, and, from the flight
+    recorder's blocks (--flight-recorder), the call where the processes parted
+    and the program each one ran last.  Each log's last DUMP_TAIL bytes only."""
+    logs: dict[int, FlightLog] = {}
+    states: dict[int, str] = {}
+    for rec in outcome.records:
+        data = read_tail(rec.stderr_log, DUMP_TAIL)
+        if not data:
+            continue
+        text = data.decode("utf-8", "replace")
+        log = contract.parse_flight_block(text)
+        if log is not None and log.rank == rec.spec.rank:
+            logs[rec.spec.rank] = log
+        state = log.state if log is not None else dumped_state(text)
+        if state:
+            states[rec.spec.rank] = state
+    return state_lines(states) + line_up(logs)
+
+
+_SHIM_FILE = "/jaxrun/child/shim.py"
+_JAX_SHUTDOWN_FILE = "/jax/_src/distributed.py"
+
+
+def dumped_state(text: str) -> str | None:
+    """Where the last faulthandler dump in ``text`` found the main thread:
+    inside the shim's run of the script, or past it, in JAX's shutdown;
+    None when the dump shows neither (or there is none)."""
+    start = text.rfind("Current thread 0x")
+    if start < 0:
+        return None
+    files = []
+    for line in text[start:].splitlines()[1:]:
+        if THREAD.match(line) or not line.strip():
+            break
+        m = FRAME.match(line)
+        if m:
+            files.append(m["file"])
+    if any(f.endswith(_SHIM_FILE) for f in files):
+        return contract.IN_SCRIPT
+    if any(f.endswith(_JAX_SHUTDOWN_FILE) for f in files):
+        return contract.IN_SHUTDOWN
+    return None
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ("process " if len(ranks) == 1 else "processes ") + ", ".join(map(str, ranks))
+
+
+def state_lines(states: dict[int, str]) -> list[str]:
+    """One line, when any process had finished its script: those that had
+    apart from those still in it."""
+    if not any(s != contract.IN_SCRIPT for s in states.values()):
+        return []
+    groups: dict[str, list[int]] = {}
+    for rank in sorted(states):
+        groups.setdefault(states[rank], []).append(rank)
+    words = {
+        contract.IN_SHUTDOWN: ("had finished the script and was waiting in JAX's shutdown",
+                               "had finished the script and were waiting in JAX's shutdown"),
+        contract.SCRIPT_RETURNED: ("had finished the script", "had finished the script"),
+        contract.IN_SCRIPT: ("was still in the script", "were still in the script"),
+    }
+    parts = [f"{_ranks(groups[s])} {words[s][len(groups[s]) > 1]}"
+             for s in (contract.IN_SHUTDOWN, contract.SCRIPT_RETURNED, contract.IN_SCRIPT) if s in groups]
+    return ["jaxrun: " + "; ".join(parts)]
+
+
+def _ran(entry: FlightEntry) -> str:
+    call = "a local program" if entry.call is None else f"call {entry.call}"
+    return f"{call} {entry.label} ({entry.where})"
+
+
+def _sides(groups: dict[object, list[int]], say) -> str:
+    """"process 2 ran X; processes 0, 1, 3 ran Y": the smaller side first."""
+    order = sorted(groups, key=lambda k: (len(groups[k]), groups[k][0]))
+    return "; ".join(f"{_ranks(groups[k])} {say(k, len(groups[k]) > 1)}" for k in order)
+
+
+def line_up(logs: dict[int, FlightLog]) -> list[str]:
+    """The processes' flight records side by side: the first call (among
+    programs that span processes) where they ran different programs, if their
+    records reach back to it, and the program each one ran last."""
+    lines = []
+    calls = {r: {e.call: e for e in log.entries if e.call is not None} for r, log in sorted(logs.items())}
+    parted = first_difference(calls)
+    if parted is not None:
+        call, groups = parted
+
+        def say(key, plural):
+            if isinstance(key, int):
+                return f"{'were' if plural else 'was'} done after call {key}"
+            return f"ran {key.label} ({key.where})"
+
+        lines.append(f"jaxrun: the processes parted at call {call}: {_sides(groups, say)}")
+    last: dict[tuple, list[int]] = {}
+    shown: dict[tuple, FlightEntry] = {}
+    for rank, log in sorted(logs.items()):
+        spanning = [e for e in log.entries if e.call is not None]
+        entry = spanning[-1] if spanning else (log.entries[-1] if log.entries else None)
+        if entry is not None:
+            key = (entry.call, entry.fingerprint, entry.label, entry.file, entry.line)
+            last.setdefault(key, []).append(rank)
+            shown.setdefault(key, entry)
+    if last:
+        lines.append("jaxrun: " + _sides(last, lambda key, plural: f"last ran {_ran(shown[key])}"))
+    return lines
+
+
+def first_difference(calls: dict[int, dict[int, FlightEntry]]) -> tuple[int, dict[object, list[int]]] | None:
+    """(call, sides) at the first call where the processes' records differ.
+    A side is keyed by an entry (its program), or, for processes that made
+    no such call, by the number of their last call.  Only calls that every
+    record still holds, or that come after a record's last call, count."""
+    held = {rank: entries for rank, entries in calls.items() if entries}
+    if len(held) < 2:
+        return None
+    start = max(min(entries) for entries in held.values())
+    end = max(max(entries) for entries in held.values())
+    for call in range(start, end + 1):
+        groups: dict[object, list[int]] = {}
+        programs: dict[str, FlightEntry] = {}
+        for rank, entries in held.items():
+            entry = entries.get(call)
+            key: object = max(entries) if entry is None else programs.setdefault(entry.fingerprint, entry)
+            groups.setdefault(key, []).append(rank)
+        if len(groups) > 1:
+            return call, groups
+    return None

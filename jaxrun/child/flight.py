@@ -1,0 +1,524 @@
+"""Child side: which compiled programs this process ran (``--flight-recorder``),
+and whether every process runs the same ones (``--check-divergence``).
+
+Processes that run different programs, or the same ones in another order,
+match each other's collectives wrongly or wait for each other forever; a
+stack dump shows where each one waits, not which program it ran last or
+where the processes parted.  So, while a mode is on, every execution of a
+compiled program passes through this module first:
+
+- the flight recorder keeps the last K executions (function, program
+  fingerprint, inputs, the user's line that made the call) in a ring, and
+  writes them into stderr right after each faulthandler dump on SIGUSR1
+  (``--timeout``, fail-fast, ``kill -USR1 JAXRUN_PID``), in
+  ``contract.flight_block``'s format, for the launcher's summary;
+- the strict check has the processes agree on each program that spans
+  processes, through the coordination service's key-value store, before it
+  runs; the first process that differs stops the job, naming the call.
+
+The hook.  JAX runs a cached jitted call in C++ (``_jax.pjit``'s fast path),
+which Python never sees.  C++ takes that path only for a call whose first run
+handed it a ``MeshExecutableFastpathData``, and that is built in two places:
+``pjit._get_fastpath_data`` (``jax.jit``, and every eager operation, which jax
+runs as a jitted primitive) and ``MeshExecutable.create_cpp_call`` (an
+ahead-of-time ``Compiled``).  With both saying "no fast path", every execution
+takes JAX's Python path, and that path ends in one method that only executes:
+``pxla.ExecuteReplicated.__call__``.  That method is the hook; it sees
+exactly the executions, never a trace or a compilation.  The price is JAX's
+Python dispatch on every call (bench/divergence.py measures it).  With both
+modes off, this module patches nothing.
+
+On a jax without these three names the flag stops the process with one line
+naming the version, before the script runs any program.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import re
+import signal
+import sys
+import threading
+import time
+
+from jaxrun import contract
+from jaxrun.child import ending, hooks
+
+# The jax versions these hooks were read in and tested with.
+TESTED_JAX = ("0.10.2",)
+# (module, attribute path) of every name the hook replaces.
+HOOK_POINTS = (
+    ("jax._src.pjit", "_get_fastpath_data"),
+    ("jax._src.interpreters.pxla", "MeshExecutable.create_cpp_call"),
+    ("jax._src.interpreters.pxla", "ExecuteReplicated.__call__"),
+)
+# An entry names at most this many inputs, then how many more there were.
+MAX_INPUTS = 8
+
+
+class DivergenceError(RuntimeError):
+    """Processes were about to run different programs at the same call."""
+
+
+@dataclasses.dataclass
+class Program:
+    """What one compiled program is, worked out at its first execution."""
+
+    function: str
+    fingerprint: str
+    inputs: str
+    spans: bool  # its devices belong to more than this process
+
+
+_flight: "Flight | None" = None
+
+
+def prepare(environ, rank: int, count: int) -> None:
+    """Install the hook if a mode is on; no jax import (it patches jax when
+    the script imports it, or now if a preloading server already did)."""
+    global _flight
+    depth_text = environ.get(contract.FLIGHT_RECORDER, "")
+    check = environ.get(contract.CHECK_DIVERGENCE) == "1"
+    if not depth_text and not check:
+        return
+    depth = 0
+    if depth_text:
+        try:
+            depth = int(depth_text)
+        except ValueError:
+            depth = 0
+        if not 1 <= depth <= contract.FLIGHT_RECORDER_MAX:
+            ending.fail(ValueError(f"{contract.FLIGHT_RECORDER}={depth_text!r}: "
+                                   f"not a count from 1 to {contract.FLIGHT_RECORDER_MAX}"))
+    _flight = Flight(rank, count, depth, Checker(rank, count) if check and count > 1 else None)
+    _flight.flags = " and ".join(f for f, on in (("--flight-recorder", depth), ("--check-divergence", check)) if on)
+    if depth:
+        _flight.listen_for_dumps()
+    hooks.after_import("jax", _install)
+
+
+def script_returned() -> None:
+    """The shim's word that the script has returned (the process may still
+    wait in JAX's shutdown for its peers)."""
+    if _flight is not None:
+        _flight.script_returned()
+
+
+# -- the hook --------------------------------------------------------------------------
+
+def missing_hook_points(modules) -> list[str]:
+    """The HOOK_POINTS not found among ``modules`` (a name -> module mapping)."""
+    missing = []
+    for module_name, path in HOOK_POINTS:
+        target = modules.get(module_name)
+        for part in path.split("."):
+            target = getattr(target, part, None)
+        if not callable(target):
+            missing.append(f"{module_name}.{path}")
+    return missing
+
+
+def _install(jax_module) -> None:
+    flight = _flight
+    missing = missing_hook_points(sys.modules)
+    if missing:
+        version = getattr(jax_module, "__version__", "of unknown version")
+        ending.fail(RuntimeError(
+            f"{flight.flags} cannot hook jax {version}: {', '.join(missing)} not found "
+            f"(tested with jax {', '.join(TESTED_JAX)}); run without it"))
+    pjit = sys.modules["jax._src.pjit"]
+    pxla = sys.modules["jax._src.interpreters.pxla"]
+    flight.describe_paths(jax_module)
+    traceback_util = sys.modules.get("jax._src.traceback_util")
+    if hasattr(traceback_util, "register_exclusion"):
+        traceback_util.register_exclusion(__file__)  # JAX hides this frame as it hides its own
+    real = pxla.ExecuteReplicated.__call__
+
+    def __call__(self, *args):
+        flight.before_execution(self, args)
+        return real(self, *args)
+
+    pjit._get_fastpath_data = _no_fast_path
+    pxla.MeshExecutable.create_cpp_call = _no_cpp_call
+    pxla.ExecuteReplicated.__call__ = __call__
+
+
+def _no_fast_path(*args, **kwargs):
+    """No ``MeshExecutableFastpathData``: C++ hands every call back to Python."""
+    return None
+
+
+def _no_cpp_call(self, params):
+    """A ``Compiled`` then calls through ``MeshExecutable.call`` every time."""
+    return None
+
+
+# -- describing an execution ---------------------------------------------------------------
+
+_SKIP, _LIBRARY, _USER = 0, 1, 2
+_JIT_NAME = re.compile(r"^(?:jit|pjit|pmap|xla_pmap)\((.*)\)$")
+_DTYPE_WORDS = (("bfloat", "bf"), ("complex", "c"), ("float", "f"), ("uint", "u"), ("int", "i"))
+
+
+def function_name(executable_name: str) -> str:
+    """"jit(train_step)" -> "train_step", without spaces (the block is split on them)."""
+    m = _JIT_NAME.match(executable_name or "")
+    name = m[1] if m else executable_name
+    return re.sub(r"\s+", "_", name) or "?"
+
+
+def input_text(args) -> str:
+    """"f32[8,4],i32[],+3": shapes and dtypes of the first MAX_INPUTS inputs."""
+    parts = []
+    for a in args[:MAX_INPUTS]:
+        dtype, shape = getattr(a, "dtype", None), getattr(a, "shape", None)
+        if dtype is None or shape is None:
+            parts.append(type(a).__name__)  # a Python scalar
+            continue
+        name = str(dtype)
+        for word, short in _DTYPE_WORDS:
+            if name.startswith(word):
+                name = short + name[len(word):]
+                break
+        parts.append(f"{name}[{','.join(map(str, shape))}]")
+    if len(args) > MAX_INPUTS:
+        parts.append(f"+{len(args) - MAX_INPUTS}")
+    return ",".join(parts)
+
+
+def fingerprint(xla_executable) -> str:
+    """A short name for the compiled program, the same in every process that
+    compiled the same program.  Taken from the optimized HLO printed without
+    metadata: XLA's own ``fingerprint`` covers the source locations too, so
+    one program called from another line, or a script at another path on
+    another host, would look like a different program."""
+    import hashlib
+
+    try:
+        from jax._src.lib import hlo
+
+        options = hlo.HloPrintOptions.fingerprint()
+        text = "\n".join(_NAMELESS.sub("HloModule", m.to_string(options), count=1)
+                         for m in xla_executable.hlo_modules())
+        raw = text.encode()
+    except Exception:  # noqa: BLE001 - an older jaxlib: XLA's fingerprint, with its locations
+        raw = getattr(xla_executable, "fingerprint", None)
+        if not raw:
+            return "?"
+        if isinstance(raw, str):
+            raw = raw.encode()
+    return hashlib.blake2b(raw, digest_size=6).hexdigest()
+
+
+# The module's name (jit_train_step, perhaps with a suffix) is no part of the program.
+_NAMELESS = re.compile(r"^HloModule \S+")
+
+
+def spans_processes(executable) -> bool:
+    """Whether the program's devices belong to more than this process: only
+    such a program takes part in collectives that can hang or mismatch.
+    Unknown counts as yes."""
+    ins = getattr(getattr(executable, "in_handler", None), "in_shardings", None) or ()
+    outs = getattr(getattr(executable, "out_handler", None), "out_shardings", None) or ()
+    shardings = [*ins, *outs]
+    if not shardings:
+        return True
+    return not all(getattr(s, "is_fully_addressable", False) is True for s in shardings)
+
+
+class Flight:
+    """This process's executions: the ring, the counters, the dump."""
+
+    def __init__(self, rank: int, count: int, depth: int, checker: "Checker | None"):
+        self.rank, self.count = rank, count
+        self.ring: collections.deque | None = collections.deque(maxlen=depth) if depth else None
+        self.checker = checker
+        self.flags = ""
+        self.runs = 0  # every execution
+        self.calls = 0  # executions that span processes
+        self.per_function: dict[str, int] = {}
+        self.programs: dict[int, tuple[object, Program]] = {}  # id(executable) -> (executable, program)
+        self.kinds: dict[object, int] = {}  # code object -> _SKIP/_LIBRARY/_USER
+        self.returned = False
+        self.skip_dirs: tuple[str, ...] = ()
+        self.stdlib = ""
+
+    def describe_paths(self, jax_module) -> None:
+        """Which files are JAX's, jaxrun's or the standard library's: never the user's frame."""
+        import sysconfig
+
+        dirs = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+        for name in ("jax", "jaxlib"):
+            module = jax_module if name == "jax" else sys.modules.get(name)
+            if getattr(module, "__file__", None):
+                dirs.append(os.path.dirname(os.path.abspath(module.__file__)))
+        self.skip_dirs = tuple(d + os.sep for d in dirs)
+        self.stdlib = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
+
+    def kind(self, filename: str) -> int:
+        if filename.startswith("<") or filename.startswith(self.skip_dirs):
+            return _SKIP
+        if os.sep + "site-packages" + os.sep in filename or os.sep + "dist-packages" + os.sep in filename:
+            return _LIBRARY
+        if self.stdlib and filename.startswith(self.stdlib):
+            return _SKIP
+        return _USER
+
+    def user_frame(self, frame) -> tuple[str, int]:
+        """The innermost frame of the user's own code; else of any library but
+        JAX; else ("?", 0)."""
+        fallback = None
+        kinds = self.kinds
+        while frame is not None:
+            code = frame.f_code
+            kind = kinds.get(code)
+            if kind is None:
+                kind = kinds[code] = self.kind(code.co_filename)
+            if kind == _USER:
+                return code.co_filename, frame.f_lineno
+            if kind == _LIBRARY and fallback is None:
+                fallback = (code.co_filename, frame.f_lineno)
+            frame = frame.f_back
+        return fallback or ("?", 0)
+
+    def program(self, executable, args) -> Program:
+        known = self.programs.get(id(executable))
+        if known is not None and known[0] is executable:
+            return known[1]
+        program = Program(function_name(getattr(executable, "name", "")),
+                          fingerprint(getattr(executable, "xla_executable", None)),
+                          input_text(args), self.count > 1 and spans_processes(executable))
+        # Executables live in jax's caches for the whole run; holding them
+        # here as well keeps an id from being reused by another one.
+        self.programs[id(executable)] = (executable, program)
+        return program
+
+    def before_execution(self, executable, args) -> None:
+        program = self.program(executable, args)
+        self.runs += 1
+        occurrence = self.per_function[program.function] = self.per_function.get(program.function, 0) + 1
+        call = None
+        if program.spans:
+            self.calls += 1
+            call = self.calls
+        file, line = self.user_frame(sys._getframe(2))
+        if self.ring is not None:
+            self.ring.append((self.runs, call, program, occurrence, file, line))
+        if self.checker is not None and call is not None:
+            self.checker.agree(call, program, occurrence, file, line)
+
+    def script_returned(self) -> None:
+        self.returned = True
+        if self.checker is not None:
+            self.checker.script_returned(self.calls)
+
+    # -- the block ---------------------------------------------------------------------
+
+    def state(self) -> str:
+        if not self.returned:
+            return contract.IN_SCRIPT
+        frame = sys._current_frames().get(threading.main_thread().ident)
+        shutdown = os.path.join("jax", "_src", "distributed.py")
+        while frame is not None:
+            if frame.f_code.co_filename.endswith(shutdown):
+                return contract.IN_SHUTDOWN
+            frame = frame.f_back
+        return contract.SCRIPT_RETURNED
+
+    def block(self) -> str:
+        entries = [contract.FlightEntry(seq, call, p.function, occurrence, p.fingerprint, p.inputs, file, line)
+                   for seq, call, p, occurrence, file, line in list(self.ring)]
+        return contract.flight_block(self.rank, self.runs, self.state(), entries)
+
+    def write_block(self) -> None:
+        """Straight to fd 2, in as few writes as the kernel allows: the main
+        thread may hold sys.stderr's lock, blocked in a collective."""
+        data = self.block().encode("utf-8", "replace")
+        while data:
+            try:
+                data = data[os.write(2, data):]
+            except OSError:
+                return
+
+    def listen_for_dumps(self) -> None:
+        """Write the block after each faulthandler dump on SIGUSR1.
+
+        The dump must also come from a process whose main thread is stuck in
+        C++ (a collective, JAX's shutdown barrier), where no Python signal
+        handler runs.  So faulthandler keeps dumping from the C handler and
+        then chains to Python's, whose C half writes the signal's number to
+        the wakeup fd at once; a thread of ours reads it there and writes the
+        block (JAX releases the GIL while it blocks)."""
+        import faulthandler
+
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        faulthandler.unregister(signal.SIGUSR1)
+        signal.signal(signal.SIGUSR1, _ignore)
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=True)
+        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        threading.Thread(target=self._write_on_signal, args=(read_fd,), name="jaxrun-flight-recorder",
+                         daemon=True).start()
+
+    def _write_on_signal(self, read_fd: int) -> None:
+        while True:
+            try:
+                data = os.read(read_fd, 64)
+            except OSError:
+                return
+            if not data:
+                return
+            if signal.SIGUSR1 in data:
+                self.write_block()
+
+
+def _ignore(signum, frame) -> None:
+    """SIGUSR1's Python handler: the work is done in the recorder's thread."""
+
+
+# -- the strict check --------------------------------------------------------------------
+
+class Checker:
+    """One key-value round trip per execution that spans processes: set this
+    process's entry for the call, then wait for one peer's (process 0's; for
+    process 0, process 1's).  Everyone who differs from process 0 finds out,
+    and process 0 finds out when it is the odd one, or runs on after its peer
+    finished the script."""
+
+    PREFIX = "jaxrun/divergence"
+    BLOCK = 1024  # calls per key folder; a folder is deleted once everyone is past it
+    WAIT_SLICE_MS = 1000  # between looks at whether the peer finished the script
+    GATHER_WAIT = 3.0  # on a difference: how long to wait for everyone's entry
+
+    def __init__(self, rank: int, count: int):
+        self.rank, self.count = rank, count
+        self.peer = 1 if rank == 0 else 0
+        self.client = None
+
+    def _client(self):
+        if self.client is None:
+            from jax._src import distributed
+
+            self.client = distributed.global_state.client
+        return self.client
+
+    def _key(self, call: int, rank: int) -> str:
+        return f"{self.PREFIX}/calls/{call // self.BLOCK}/{call}/{rank}"
+
+    def agree(self, call: int, program: Program, occurrence: int, file: str, line: int) -> None:
+        import json
+
+        client = self._client()
+        if client is None:
+            return
+        if call % self.BLOCK == 0:
+            self._entered_folder(client, call // self.BLOCK)
+        mine = {"fn": program.function, "n": occurrence, "fp": program.fingerprint, "in": program.inputs,
+                "at": f"{file}:{line}"}
+        client.key_value_set(self._key(call, self.rank), json.dumps(mine))
+        theirs = self._wait_for_peer(client, call)
+        if theirs is None or theirs.get("fp") != mine["fp"]:
+            self._stop(client, call, mine)
+
+    def _wait_for_peer(self, client, call: int) -> dict | None:
+        """The peer's entry for ``call``; None once the peer finished the
+        script without making it."""
+        import json
+
+        key = self._key(call, self.peer)
+        while True:
+            try:
+                return json.loads(client.blocking_key_value_get(key, self.WAIT_SLICE_MS))
+            except Exception as e:  # noqa: BLE001 - jax's error type moves between versions
+                if "DEADLINE_EXCEEDED" not in str(e):
+                    raise
+            made = self._finished(client).get(self.peer)
+            if made is not None and made < call:
+                return None
+
+    def _finished(self, client) -> dict[int, int]:
+        """Processes that finished the script: rank -> the calls it made."""
+        return {int(k.rsplit("/", 1)[1]): int(v) for k, v in client.key_value_dir_get(f"{self.PREFIX}/end/")}
+
+    def _entered_folder(self, client, folder: int) -> None:
+        """Everyone in folder ``folder`` has read every entry of the one
+        before: the last to arrive deletes it, so that a long run does not
+        grow the coordination service's store."""
+        counter = f"{self.PREFIX}/entered/{folder}"
+        if client.key_value_increment(counter, 1) == self.count:
+            client.key_value_delete(f"{self.PREFIX}/calls/{folder - 1}")
+            client.key_value_delete(counter)
+
+    def script_returned(self, calls: int) -> None:
+        client = self._client()
+        if client is None:
+            return
+        try:
+            client.key_value_set(f"{self.PREFIX}/end/{self.rank}", str(calls))
+        except Exception:  # noqa: BLE001 - the script is done; a dead service changes nothing
+            pass
+
+    def _stop(self, client, call: int, mine: dict) -> None:
+        """Gather what every process runs at ``call``, say it, and leave."""
+        import json
+
+        folder = f"{self.PREFIX}/calls/{call // self.BLOCK}/{call}/"
+        deadline = time.monotonic() + self.GATHER_WAIT
+        while True:
+            seen = {int(k.rsplit("/", 1)[1]): json.loads(v) for k, v in client.key_value_dir_get(folder)}
+            seen[self.rank] = mine
+            finished = {r: n for r, n in self._finished(client).items() if r not in seen}
+            if len(seen) + len(finished) >= self.count or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        headline, lines = describe_difference(call, seen, finished, self.count)
+        text = "".join(f"jaxrun: {line}\n" for line in lines)
+        error = DivergenceError(headline)
+        sys.stderr.write(text)
+        ending.record_error(error, text)
+        ending.exit_now(1)
+
+
+def describe_difference(call: int, seen: dict[int, dict], finished: dict[int, int],
+                        count: int) -> tuple[str, list[str]]:
+    """(one-line message, lines for stderr) naming each side at ``call``:
+    what it runs and where, and which processes are on it.  Smaller sides
+    first: the odd one out leads."""
+    sides: dict[str, list[int]] = {}
+    said: dict[str, str] = {}
+    for rank, entry in sorted(seen.items()):
+        key = entry.get("fp", "?")
+        sides.setdefault(key, []).append(rank)
+        said[key] = (f"{entry.get('fn')}#{entry.get('n')} [program {key}] at "
+                     f"{os.path.basename(str(entry.get('at', '?')))}")
+        said[key + "/long"] = (f"{entry.get('fn')}#{entry.get('n')}, program {key}, inputs {entry.get('in') or '-'}, "
+                               f"called at {entry.get('at')}")
+    for rank, made in sorted(finished.items()):
+        key = f"finished/{made}"
+        sides.setdefault(key, []).append(rank)
+        said[key] = said[key + "/long"] = f"finished the script after {made} calls"
+    missing = [r for r in range(count) if r not in seen and r not in finished]
+    if missing:
+        sides["missing"] = missing
+        said["missing"] = said["missing/long"] = "not at this call yet"
+    order = sorted(sides, key=lambda k: (len(sides[k]), sides[k][0]))
+
+    def who(ranks: list[int]) -> str:
+        return ("process " if len(ranks) == 1 else "processes ") + ", ".join(map(str, ranks))
+
+    def verb(key: str, ranks: list[int]) -> str:
+        plural = len(ranks) > 1
+        if key.startswith("finished/"):
+            return "had " + said[key]
+        if key == "missing":
+            return ("were " if plural else "was ") + said[key]
+        return ("run " if plural else "runs ") + said[key]
+
+    headline = f"call {call} differs across processes: " + "; ".join(
+        f"{who(sides[k])} {verb(k, sides[k])}" for k in order)
+    lines = [f"--check-divergence: the processes part at call {call} (counting programs that span processes):"]
+    lines += [f"  {who(sides[k])}: {said[k + '/long']}" for k in order]
+    lines.append("  stopping the job before that call runs")
+    return headline, lines
