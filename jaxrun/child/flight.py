@@ -80,7 +80,7 @@ def prepare(environ, rank: int, count: int) -> None:
     the script imports it, or now if a preloading server already did)."""
     global _flight
     depth_text = environ.get(contract.FLIGHT_RECORDER, "")
-    check = environ.get(contract.CHECK_DIVERGENCE) == "1"
+    check = environ.get(contract.CHECK_DIVERGENCE) == "1" and count > 1  # alone, nothing to agree with
     if not depth_text and not check:
         return
     depth = 0
@@ -92,7 +92,7 @@ def prepare(environ, rank: int, count: int) -> None:
         if not 1 <= depth <= contract.FLIGHT_RECORDER_MAX:
             ending.fail(ValueError(f"{contract.FLIGHT_RECORDER}={depth_text!r}: "
                                    f"not a count from 1 to {contract.FLIGHT_RECORDER_MAX}"))
-    _flight = Flight(rank, count, depth, Checker(rank, count) if check and count > 1 else None)
+    _flight = Flight(rank, count, depth, Checker(rank, count) if check else None)
     _flight.flags = " and ".join(f for f, on in (("--flight-recorder", depth), ("--check-divergence", check)) if on)
     if depth:
         _flight.listen_for_dumps()

@@ -198,7 +198,10 @@ def line_up(logs: dict[int, FlightLog]) -> list[str]:
                 return f"{'were' if plural else 'was'} done after call {key}"
             return f"ran {key.label} ({key.where})"
 
-        lines.append(f"jaxrun: the processes parted at call {call}: {_sides(groups, say)}")
+        reach = max(min(entries) for entries in calls.values() if entries)
+        where = f"parted at call {call}" if reach == 1 else \
+            f"first differ at call {call} of the calls their records hold (from call {reach} on)"
+        lines.append(f"jaxrun: the processes {where}: {_sides(groups, say)}")
     last: dict[tuple, list[int]] = {}
     shown: dict[tuple, FlightEntry] = {}
     for rank, log in sorted(logs.items()):
