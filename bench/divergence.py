@@ -1,0 +1,117 @@
+"""The cost of --flight-recorder and --check-divergence on a small training loop.
+
+    python bench/divergence.py [--rounds 5] [--steps 100] [-n 2] [--width 384]
+
+Each process runs a data-parallel MLP step (one jitted program, a gradient
+all-reduce across processes) and waits for its loss every step, as a loop
+that logs its loss does: the worst case, where no host-side cost hides behind
+the device's work.  The script times each of its steps after a warm-up and
+reports their median, so start-up and the odd stall are not counted.
+
+Each round runs the three modes in turn.  The table shows, side by side, each
+mode's median step time, and its cost against the plain run of the same
+round (per step, and as a slowdown), as medians over the rounds.  The goal
+for the flight recorder: at most 5% on steps of 10 ms or more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import JAXRUN, median, table  # noqa: E402
+
+TRAIN = textwrap.dedent(
+    """
+    import sys, time
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    steps, width = int(sys.argv[1]), int(sys.argv[2])
+    mesh = jax.make_mesh((jax.device_count(),), ("batch",))
+    rows, replicated = NamedSharding(mesh, P("batch")), NamedSharding(mesh, P())
+    rng = np.random.default_rng(0)
+    layers = [jax.device_put(rng.standard_normal((width, width), np.float32) / width ** 0.5, replicated)
+              for _ in range(3)]
+    local = rng.standard_normal((width // 2 * jax.local_device_count(), width), np.float32)
+    x = jax.make_array_from_process_local_data(rows, local)
+
+    def loss(params, x):
+        for w in params:
+            x = jnp.tanh(x @ w)
+        return jnp.mean(x ** 2)
+
+    @jax.jit
+    def train_step(params, x):
+        value, grads = jax.value_and_grad(loss)(params, x)
+        return [w - 0.01 * g for w, g in zip(params, grads)], value
+
+    for _ in range(5):  # compile, warm up
+        layers, value = train_step(layers, x)
+        value.block_until_ready()
+    took = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        layers, value = train_step(layers, x)
+        value.block_until_ready()  # the loop logs its loss
+        took.append(time.perf_counter() - start)
+    if jax.process_index() == 0:
+        print(f"STEP_MS {np.median(took) * 1000:.3f}", flush=True)
+    """
+)
+
+MODES = {
+    "plain": (),
+    "--flight-recorder": ("--flight-recorder",),
+    "--check-divergence": ("--check-divergence",),
+}
+
+
+def step_ms(script: str, flags: tuple[str, ...], processes: int, steps: int, width: int) -> float:
+    """One run's median step time in ms, as process 0 measured it."""
+    cmd = [*JAXRUN, "-n", str(processes), "--cpu-devices", "1", *flags, script, str(steps), str(width)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, start_new_session=True)
+    found = re.search(r"STEP_MS ([\d.]+)", proc.stdout)
+    if proc.returncode != 0 or not found:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-1500:]}")
+    return float(found[1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of the three modes (default 5)")
+    parser.add_argument("--steps", type=int, default=100, help="timed steps per run (default 100)")
+    parser.add_argument("-n", "--processes", type=int, default=2, help="processes, one CPU device each (default 2)")
+    parser.add_argument("--width", type=int, default=384,
+                        help="MLP width, which sets the step time (default 384: 10-20 ms on 2 shared cores)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        script = os.path.join(tmp, "train.py")
+        with open(script, "w") as f:
+            f.write(TRAIN)
+        print(f"{args.processes} processes x 1 CPU device, {args.steps} steps per run, {args.rounds} rounds")
+        times: dict[str, list[float]] = {name: [] for name in MODES}
+        for r in range(args.rounds):  # the modes in turn, so that drift in load hits them alike
+            for name, flags in MODES.items():
+                times[name].append(step_ms(script, flags, args.processes, args.steps, args.width))
+            print(f"  round {r + 1}/{args.rounds}: " + ", ".join(f"{n} {t[-1]:.2f} ms" for n, t in times.items()),
+                  flush=True)
+    rows = []
+    for name, values in times.items():
+        # Paired with the plain run of the same round: drift in the machine's
+        # load between rounds cancels out.
+        extra = median([v - p for v, p in zip(values, times["plain"])])
+        ratio = median([v / p for v, p in zip(values, times["plain"])])
+        rows.append((name, f"{median(values):.2f}", f"{extra * 1000:+.0f}", f"{(ratio - 1) * 100:+.1f}%"))
+    print()
+    print(table(rows, ("mode", "median step (ms)", "per step (us)", "slowdown")))
+
+
+if __name__ == "__main__":
+    main()
