@@ -242,3 +242,64 @@ def test_with_both_modes_off_nothing_is_hooked(monkeypatch):
     flight.prepare({contract.CHECK_DIVERGENCE: "1"}, 0, 1)  # one process has nothing to agree with
     assert flight._flight is None
     flight.script_returned()  # and the shim's word costs nothing
+
+
+class FakeStore:
+    """The coordination service's key-value calls the check makes, in memory."""
+
+    def __init__(self):
+        self.data: dict[str, str] = {}
+        self.changed = __import__("threading").Condition()
+        self.most = 0
+
+    def key_value_set(self, key, value):
+        with self.changed:
+            assert key not in self.data, key
+            self.data[key] = value
+            self.most = max(self.most, len(self.data))
+            self.changed.notify_all()
+
+    def blocking_key_value_get(self, key, timeout_ms):
+        with self.changed:
+            if not self.changed.wait_for(lambda: key in self.data, timeout_ms / 1000):
+                raise RuntimeError(f"DEADLINE_EXCEEDED: {key}")
+            return self.data[key]
+
+    def key_value_increment(self, key, by):
+        with self.changed:
+            self.data[key] = str(int(self.data.get(key, "0")) + by)
+            return int(self.data[key])
+
+    def key_value_delete(self, key):
+        with self.changed:
+            for k in [k for k in self.data if k == key or k.startswith(key + "/")]:
+                del self.data[k]
+
+    def key_value_dir_get(self, prefix):
+        with self.changed:
+            return [(k, v) for k, v in self.data.items() if k.startswith(prefix)]
+
+
+def test_agreeing_processes_pass_every_call_and_the_store_stays_small():
+    import threading
+
+    store, calls = FakeStore(), 2 * flight.Checker.BLOCK + 500
+    program = flight.Program("train_step", "t1", "f32[8]", True)
+    done = []
+
+    def process(rank):
+        checker = flight.Checker(rank, 3)
+        checker.client = store
+        for call in range(1, calls + 1):
+            checker.agree(call, program, call, "/w/train.py", 49)
+        done.append(rank)
+
+    threads = [threading.Thread(target=process, args=(r,), daemon=True) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted(done) == [0, 1, 2]
+    # Three processes' entries for at most about two folders of calls, never the whole run.
+    assert store.most <= 3 * 2 * flight.Checker.BLOCK + 10
+    assert not [k for k in store.data if k.startswith(f"{flight.Checker.PREFIX}/calls/0/")]
