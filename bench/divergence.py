@@ -9,9 +9,13 @@ the device's work.  The script times each of its steps after a warm-up and
 reports their median, so start-up and the odd stall are not counted.
 
 Each round runs the three modes in turn.  The table shows, side by side, each
-mode's median step time, and its cost against the plain run of the same
-round (per step, and as a slowdown), as medians over the rounds.  The goal
-for the flight recorder: at most 5% on steps of 10 ms or more.
+mode's median step time and its slowdown against the plain run of the same
+round, and the time spent in the call itself (JAX's dispatch, plus the
+mode's work: every mode's cost is host time there) with what the mode adds
+to it, as a share of the plain step; medians over the rounds.  On a shared
+machine the step times wander by several percent between runs; the time in
+the call much less.  The goal for the flight recorder: at most 5% on steps
+of 10 ms or more.
 """
 
 from __future__ import annotations
@@ -55,14 +59,16 @@ TRAIN = textwrap.dedent(
     for _ in range(5):  # compile, warm up
         layers, value = train_step(layers, x)
         value.block_until_ready()
-    took = []
+    step, host = [], []
     for _ in range(steps):
         start = time.perf_counter()
         layers, value = train_step(layers, x)
+        dispatched = time.perf_counter()
         value.block_until_ready()  # the loop logs its loss
-        took.append(time.perf_counter() - start)
+        step.append(time.perf_counter() - start)
+        host.append(dispatched - start)
     if jax.process_index() == 0:
-        print(f"STEP_MS {np.median(took) * 1000:.3f}", flush=True)
+        print(f"STEP_MS {np.median(step) * 1000:.3f} {np.median(host) * 1000:.3f}", flush=True)
     """
 )
 
@@ -73,14 +79,15 @@ MODES = {
 }
 
 
-def step_ms(script: str, flags: tuple[str, ...], processes: int, steps: int, width: int) -> float:
-    """One run's median step time in ms, as process 0 measured it."""
+def step_ms(script: str, flags: tuple[str, ...], processes: int, steps: int, width: int) -> tuple[float, float]:
+    """One run's median step time and median time in the call itself (JAX's
+    dispatch, and whatever a mode adds to it), in ms, as process 0 measured them."""
     cmd = [*JAXRUN, "-n", str(processes), "--cpu-devices", "1", *flags, script, str(steps), str(width)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, start_new_session=True)
-    found = re.search(r"STEP_MS ([\d.]+)", proc.stdout)
+    found = re.search(r"STEP_MS ([\d.]+) ([\d.]+)", proc.stdout)
     if proc.returncode != 0 or not found:
         raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-1500:]}")
-    return float(found[1])
+    return float(found[1]), float(found[2])
 
 
 def main() -> None:
@@ -97,20 +104,27 @@ def main() -> None:
             f.write(TRAIN)
         print(f"{args.processes} processes x 1 CPU device, {args.steps} steps per run, {args.rounds} rounds")
         times: dict[str, list[float]] = {name: [] for name in MODES}
+        hosts: dict[str, list[float]] = {name: [] for name in MODES}
         for r in range(args.rounds):  # the modes in turn, so that drift in load hits them alike
             for name, flags in MODES.items():
-                times[name].append(step_ms(script, flags, args.processes, args.steps, args.width))
-            print(f"  round {r + 1}/{args.rounds}: " + ", ".join(f"{n} {t[-1]:.2f} ms" for n, t in times.items()),
-                  flush=True)
+                took, host = step_ms(script, flags, args.processes, args.steps, args.width)
+                times[name].append(took)
+                hosts[name].append(host)
+            print(f"  round {r + 1}/{args.rounds}: " + ", ".join(
+                f"{n} {t[-1]:.2f} ms (call {h[-1]:.2f})" for (n, t), h in zip(times.items(), hosts.values())),
+                flush=True)
+    base, base_host = median(times["plain"]), median(hosts["plain"])
     rows = []
-    for name, values in times.items():
-        # Paired with the plain run of the same round: drift in the machine's
-        # load between rounds cancels out.
-        extra = median([v - p for v, p in zip(values, times["plain"])])
-        ratio = median([v / p for v, p in zip(values, times["plain"])])
-        rows.append((name, f"{median(values):.2f}", f"{extra * 1000:+.0f}", f"{(ratio - 1) * 100:+.1f}%"))
+    for name in MODES:
+        # Paired with the plain run of the same round, so that drift in the
+        # machine's load between rounds cancels out; on a shared machine the
+        # step times still wander by several percent, the time in the call less.
+        ratio = median([v / p for v, p in zip(times[name], times["plain"])])
+        added = median(hosts[name]) - base_host
+        rows.append((name, f"{median(times[name]):.2f}", f"{(ratio - 1) * 100:+.1f}%", f"{median(hosts[name]):.3f}",
+                     f"{added * 1000:+.0f}", f"{added / base * 100:+.1f}%"))
     print()
-    print(table(rows, ("mode", "median step (ms)", "per step (us)", "slowdown")))
+    print(table(rows, ("mode", "step (ms)", "slowdown", "in the call (ms)", "added (us)", "added / plain step")))
 
 
 if __name__ == "__main__":
