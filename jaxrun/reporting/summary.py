@@ -124,7 +124,10 @@ def divergence_lines(outcome: Outcome) -> list[str]:
     return state_lines(states) + line_up(logs)
 
 
+# The shim's frames that run the script (its lifeline thread's frame is in
+# the same file), and the file of JAX's shutdown barrier.
 _SHIM_FILE = "/jaxrun/child/shim.py"
+_SCRIPT_RUNNERS = ("run_target", "run_script", "run_module")
 _JAX_SHUTDOWN_FILE = "/jax/_src/distributed.py"
 
 
@@ -135,16 +138,16 @@ def dumped_state(text: str) -> str | None:
     start = text.rfind("Current thread 0x")
     if start < 0:
         return None
-    files = []
+    frames = []
     for line in text[start:].splitlines()[1:]:
         if THREAD.match(line) or not line.strip():
             break
         m = FRAME.match(line)
         if m:
-            files.append(m["file"])
-    if any(f.endswith(_SHIM_FILE) for f in files):
+            frames.append((m["file"], m["func"]))
+    if any(file.endswith(_SHIM_FILE) and func in _SCRIPT_RUNNERS for file, func in frames):
         return contract.IN_SCRIPT
-    if any(f.endswith(_JAX_SHUTDOWN_FILE) for f in files):
+    if any(file.endswith(_JAX_SHUTDOWN_FILE) for file, _ in frames):
         return contract.IN_SHUTDOWN
     return None
 

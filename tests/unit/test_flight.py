@@ -120,6 +120,7 @@ Current thread 0x00007f0000000002 (most recent call first):
      '  File "/site/jax/_src/api.py", line 2582 in clean_up\n'
      '  File "/site/jaxrun/backends/forkserver_agent.py", line 166 in become_controller', contract.IN_SHUTDOWN),
     ('  File "/w/pytest_runner.py", line 3 in run', None),
+    ('  File "/site/jaxrun/child/shim.py", line 47 in wait_for_eof', None),  # the lifeline thread, not the script
 ])
 def test_state_from_the_main_threads_stack_in_the_last_dump(frames, state):
     assert summary.dumped_state("earlier\n" + DUMP.format(frames=frames)) == state
