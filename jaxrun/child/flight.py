@@ -46,8 +46,9 @@ import time
 from jaxrun import contract
 from jaxrun.child import ending, hooks
 
-# The jax versions these hooks were read in and tested with.
-TESTED_JAX = ("0.10.2",)
+# The jax versions these hooks were read in and tested with: 0.10.2 (what pip
+# gives Python 3.11 here) by the test suite, 0.12.0.1 (Python 3.13) by hand.
+TESTED_JAX = ("0.10.2", "0.12.0.1")
 # (module, attribute path) of every name the hook replaces.
 HOOK_POINTS = (
     ("jax._src.pjit", "_get_fastpath_data"),
@@ -197,9 +198,7 @@ def fingerprint(xla_executable) -> str:
     import hashlib
 
     try:
-        from jax._src.lib import hlo
-
-        options = hlo.HloPrintOptions.fingerprint()
+        options = _print_options().fingerprint()
         text = "\n".join(_NAMELESS.sub("HloModule", m.to_string(options), count=1)
                          for m in xla_executable.hlo_modules())
         raw = text.encode()
@@ -210,6 +209,18 @@ def fingerprint(xla_executable) -> str:
         if isinstance(raw, str):
             raw = raw.encode()
     return hashlib.blake2b(raw, digest_size=6).hexdigest()
+
+
+def _print_options():
+    """HloPrintOptions, wherever this jaxlib keeps it."""
+    try:
+        from jax._src.lib import hlo
+
+        return hlo.HloPrintOptions
+    except ImportError:
+        from jax._src.lib import xla_client
+
+        return xla_client._xla.HloPrintOptions
 
 
 # The module's name (jit_train_step, perhaps with a suffix) is no part of the program.

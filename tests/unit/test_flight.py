@@ -304,3 +304,27 @@ def test_agreeing_processes_pass_every_call_and_the_store_stays_small():
     # Three processes' entries for at most about two folders of calls, never the whole run.
     assert store.most <= 3 * 2 * flight.Checker.BLOCK + 10
     assert not [k for k in store.data if k.startswith(f"{flight.Checker.PREFIX}/calls/0/")]
+
+
+def test_a_programs_fingerprint_ignores_where_it_was_called_from(tmp_path):
+    """XLA's own fingerprint covers source locations: the same program called
+    from another line, or a script at another path on another host, must
+    still agree."""
+    import subprocess
+
+    script = ("import sys, jax, jax.numpy as jnp\n"
+              "from jaxrun.child import flight\n"
+              "def f(x): return jnp.sin(x) * 2\n"
+              "def g(x): return jnp.cos(x) * 2\n"
+              "def fp(h): return flight.fingerprint(jax.jit(h).lower(jnp.ones(4)).compile()._executable.xla_executable)\n"
+              "if sys.argv[1] == 'a':\n    print(fp(f), fp(g))\nelse:\n    print(fp(f), fp(g))\n")
+    prints = []
+    for folder, arg in (("one", "a"), ("two", "b")):
+        (tmp_path / folder).mkdir()
+        path = tmp_path / folder / "fp.py"
+        path.write_text(script)
+        prints.append(subprocess.run([sys.executable, str(path), arg], capture_output=True, text=True, check=True,
+                                     timeout=120).stdout.split())
+    (f_one, g_one), (f_two, g_two) = prints
+    assert f_one == f_two and g_one == g_two
+    assert f_one != g_one
