@@ -42,6 +42,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 
 from jaxrun import contract
 from jaxrun.child import ending, hooks
@@ -250,7 +251,8 @@ class Flight:
         self.runs = 0  # every execution
         self.calls = 0  # executions that span processes
         self.per_function: dict[str, int] = {}
-        self.programs: dict[int, tuple[object, Program]] = {}  # id(executable) -> (executable, program)
+        # Weakly: an executable jax's caches let go of must not live on here.
+        self.programs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.kinds: dict[object, int] = {}  # code object -> _SKIP/_LIBRARY/_USER
         self.returned = False
         self.skip_dirs: tuple[str, ...] = ()
@@ -295,15 +297,12 @@ class Flight:
         return fallback or ("?", 0)
 
     def program(self, executable, args) -> Program:
-        known = self.programs.get(id(executable))
-        if known is not None and known[0] is executable:
-            return known[1]
-        program = Program(function_name(getattr(executable, "name", "")),
-                          fingerprint(getattr(executable, "xla_executable", None)),
-                          input_text(args), self.count > 1 and spans_processes(executable))
-        # Executables live in jax's caches for the whole run; holding them
-        # here as well keeps an id from being reused by another one.
-        self.programs[id(executable)] = (executable, program)
+        program = self.programs.get(executable)
+        if program is None:
+            program = self.programs[executable] = Program(
+                function_name(getattr(executable, "name", "")),
+                fingerprint(getattr(executable, "xla_executable", None)),
+                input_text(args), self.count > 1 and spans_processes(executable))
         return program
 
     def before_execution(self, executable, args) -> None:
