@@ -278,6 +278,7 @@ def main(num_processes, cpu_devices, devices_per_process, coordinator, log_dir, 
         verbose=verbose,
         devices_per_process=devices_per_process,
         devices_per_host=devices_per_host,
+        scheduled=scheduler is not None,
         flight_recorder=flight_recorder,
         check_divergence=check_divergence,
     )
