@@ -359,11 +359,9 @@ def scale_problem(num_processes: int, kind: str, nofile_hard: int, pid_max: int)
 
 
 def read_pid_max() -> int:
-    try:
-        with open("/proc/sys/kernel/pid_max") as f:
-            return int(f.read())
-    except (OSError, ValueError):
-        return 32768  # the kernel's default
+    from jaxrun import portable
+
+    return portable.pid_max()
 
 
 def check_devices_per_process(per_process: int | None, local_gpus: int | None = None) -> None:

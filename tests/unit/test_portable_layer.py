@@ -72,11 +72,7 @@ LINUX_PATHS = ("/proc", "/sys/")
 
 # Known uses outside the layer, each with its reason; the test fails when one
 # disappears too, so that this list never outlives its entries.
-KNOWN = {
-    # A read with a fallback (the kernel's default) where there is no /proc;
-    # cli.py's owner is to call portable.pid_max() instead.
-    ("jaxrun/cli.py", "path '/proc/sys/kernel/pid_max'"),
-}
+KNOWN: set = set()
 
 
 def linux_only_uses(source: str) -> list[str]:
