@@ -104,35 +104,24 @@ if len(sys.argv) > 5 and info.get("jaxrun") and not info.get("chdir_error"):
 sys.stdin.buffer.read()
 """
 
-# Prints a port that is free on the given address (0: any free port).
-PORT_PROBE = r"""
+# Binds the given address and port (0: any free port), or exits with why not.
+_BIND = r"""
 import socket, sys
 host, port = sys.argv[1], int(sys.argv[2])
-with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        s.bind((host, port))
-    except OSError as e:
-        sys.exit(e.strerror or str(e))
-    print(s.getsockname()[1])
+s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    s.bind((host, port))
+except OSError as e:
+    sys.exit(e.strerror or str(e))
 """
 
+# Prints a port that is free on the given address.
+PORT_PROBE = _BIND + "print(s.getsockname()[1])\n"
 
 # Listens on the coordinator's address and port until stdin closes, so that
 # the other hosts can try to reach it before anything starts.
-REACH_LISTEN = r"""
-import socket, sys
-host, port = sys.argv[1], int(sys.argv[2])
-with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        s.bind((host, port))
-    except OSError as e:
-        sys.exit(e.strerror or str(e))
-    s.listen(64)
-    print("listening", flush=True)
-    sys.stdin.buffer.read()
-"""
+REACH_LISTEN = _BIND + 's.listen(64)\nprint("listening", flush=True)\nsys.stdin.buffer.read()\n'
 
 # Tries to reach the coordinator's address and port; the reason on failure.
 REACH_CONNECT = r"""
