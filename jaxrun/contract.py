@@ -227,6 +227,18 @@ class ErrorRecord:
         except OSError:
             return None
 
+    @classmethod
+    def take(cls, path: str) -> "ErrorRecord | None":
+        """Load a record an agent kept in a private folder of its own, and
+        remove both (the record travels home another way)."""
+        record = cls.load(path)
+        for remove, target in ((os.unlink, path), (os.rmdir, os.path.dirname(path))):
+            try:
+                remove(target)
+            except OSError:
+                pass
+        return record
+
     @property
     def headline(self) -> str:
         return f"{self.type}: {self.message}"

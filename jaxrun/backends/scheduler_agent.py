@@ -260,15 +260,10 @@ def obey(channel: Channel, child: subprocess.Popen, acked: threading.Event) -> N
 
 
 def report_exit(channel: Channel, code: int, error_file: str) -> None:
-    record = contract.ErrorRecord.load(error_file)
+    record = contract.ErrorRecord.take(error_file)
     try:
         if record is not None:
             channel.send(wire.Error(record.to_json()))
-        os.unlink(error_file)
-    except OSError:
-        pass
-    try:
-        os.rmdir(os.path.dirname(error_file))
     except OSError:
         pass
     try:

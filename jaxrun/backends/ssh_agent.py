@@ -199,15 +199,7 @@ def main(argv: list[str]) -> int:
 
 
 def send_record_home(path: str) -> None:
-    record = contract.ErrorRecord.load(path)
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-    try:
-        os.rmdir(os.path.dirname(path))
-    except OSError:
-        pass
+    record = contract.ErrorRecord.take(path)
     if record is not None:
         sys.stderr.flush()
         os.write(2, wire.record_trailer(record.to_json()))
