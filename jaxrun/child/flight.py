@@ -72,6 +72,9 @@ class Program:
     fingerprint: str
     inputs: str
     spans: bool  # its devices belong to more than this process
+    # This process's executions of ``function``, shared by every program of
+    # that name (one function compiled for several input shapes).
+    runs: list = dataclasses.field(default_factory=lambda: [0])
 
 
 _flight: "Flight | None" = None
@@ -137,9 +140,10 @@ def _install(jax_module) -> None:
     if hasattr(traceback_util, "register_exclusion"):
         traceback_util.register_exclusion(__file__)  # JAX hides this frame as it hides its own
     real = pxla.ExecuteReplicated.__call__
+    before = flight.before_execution  # looked up once: this runs on every execution
 
     def __call__(self, *args):
-        flight.before_execution(self, args)
+        before(self, args)
         return real(self, *args)
 
     pjit._get_fastpath_data = _no_fast_path
@@ -241,19 +245,33 @@ def spans_processes(executable) -> bool:
 
 
 class Flight:
-    """This process's executions: the ring, the counters, the dump."""
+    """This process's executions: the ring, the counters, the dump.
+
+    ``before_execution`` runs before every execution, on the dispatch path, so
+    it only counts and keeps references: a program's name, fingerprint and
+    inputs are worked out once per program, the caller's frame is classified
+    once per code object, and the lines are written only on a dump."""
 
     def __init__(self, rank: int, count: int, depth: int, checker: "Checker | None"):
         self.rank, self.count = rank, count
+        # A deque with a bound is a ring kept in C: appending costs no more than
+        # a list store, and ``list(ring)`` copies it under the GIL in one go.
         self.ring: collections.deque | None = collections.deque(maxlen=depth) if depth else None
         self.checker = checker
         self.flags = ""
         self.runs = 0  # every execution
         self.calls = 0  # executions that span processes
-        self.per_function: dict[str, int] = {}
-        # Weakly: an executable jax's caches let go of must not live on here.
-        self.programs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self.kinds: dict[object, int] = {}  # code object -> _SKIP/_LIBRARY/_USER
+        self.counters: dict[str, list] = {}  # function -> [its executions], shared by its programs
+        # id(executable) -> (weak reference, Program).  Weakly: an executable
+        # jax's caches let go of must not live on here, and its entry goes
+        # with it.  By id: a lookup then costs no weak reference of its own.
+        self.programs: dict[int, tuple[weakref.ref, Program]] = {}
+        # id(code object) -> _SKIP/_LIBRARY/_USER.  By id: hashing a code
+        # object hashes its bytecode and constants every time, nested code
+        # objects included, which made JAX's long dispatch functions cost
+        # microseconds each.  ``codes`` keeps each one alive, so no id is reused.
+        self.kinds: dict[int, int] = {}
+        self.codes: list = []
         self.returned = False
         self.skip_dirs: tuple[str, ...] = ()
         self.stdlib = ""
@@ -281,14 +299,17 @@ class Flight:
 
     def user_frame(self, frame) -> tuple[str, int]:
         """The innermost frame of the user's own code; else of any library but
-        JAX; else ("?", 0)."""
+        JAX; else ("?", 0).  Each code object is classified once; after that a
+        frame costs one dictionary lookup by id, and the walk stops at the
+        first user frame (a few of JAX's dispatch frames up)."""
         fallback = None
         kinds = self.kinds
         while frame is not None:
             code = frame.f_code
-            kind = kinds.get(code)
+            kind = kinds.get(id(code))
             if kind is None:
-                kind = kinds[code] = self.kind(code.co_filename)
+                self.codes.append(code)
+                kind = kinds[id(code)] = self.kind(code.co_filename)
             if kind == _USER:
                 return code.co_filename, frame.f_lineno
             if kind == _LIBRARY and fallback is None:
@@ -297,27 +318,36 @@ class Flight:
         return fallback or ("?", 0)
 
     def program(self, executable, args) -> Program:
-        program = self.programs.get(executable)
-        if program is None:
-            program = self.programs[executable] = Program(
-                function_name(getattr(executable, "name", "")),
-                fingerprint(getattr(executable, "xla_executable", None)),
-                input_text(args), self.count > 1 and spans_processes(executable))
+        found = self.programs.get(id(executable))
+        if found is not None and found[0]() is executable:
+            return found[1]
+        name = function_name(getattr(executable, "name", ""))
+        program = Program(name, fingerprint(getattr(executable, "xla_executable", None)), input_text(args),
+                          self.count > 1 and spans_processes(executable), self.counters.setdefault(name, [0]))
+        programs, key = self.programs, id(executable)
+
+        def forget(ref, key=key):
+            if programs.get(key, (None,))[0] is ref:
+                del programs[key]
+
+        programs[key] = (weakref.ref(executable, forget), program)
         return program
 
     def before_execution(self, executable, args) -> None:
-        program = self.program(executable, args)
+        found = self.programs.get(id(executable))
+        program = found[1] if found is not None and found[0]() is executable else self.program(executable, args)
         self.runs += 1
-        occurrence = self.per_function[program.function] = self.per_function.get(program.function, 0) + 1
+        counter = program.runs
+        counter[0] += 1
         call = None
         if program.spans:
             self.calls += 1
             call = self.calls
         file, line = self.user_frame(sys._getframe(2))
         if self.ring is not None:
-            self.ring.append((self.runs, call, program, occurrence, file, line))
+            self.ring.append((self.runs, call, program, counter[0], file, line))
         if self.checker is not None and call is not None:
-            self.checker.agree(call, program, occurrence, file, line)
+            self.checker.agree(call, program, counter[0], file, line)
 
     def script_returned(self) -> None:
         self.returned = True

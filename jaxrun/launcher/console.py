@@ -28,10 +28,16 @@ FLUSH_AT = 1 << 20  # console bytes gathered before a write, at most
 # script prints.  So the pieces are cut out wherever they are, and what the
 # script wrote around them stays.
 _NOISE = re.compile(rb"\[Gloo\] Rank ?\d* ?|is connected to \d+ peer ranks\.? ?|Expected number of connected peer ranks is : \d+")
+# The flight recorder's block (contract.flight_block), which a controller
+# writes into its stderr after each stack dump: like the dump, it is for the
+# log and the summary, and would flood the console (up to thousands of lines
+# per process).
+_FLIGHT_MARK = b"jaxrun: flight["
+_FLIGHT_LINE = re.compile(rb"^jaxrun: flight\[\d+\] (?:begin: |#\d+ |end\r?$)")
 # Substrings that mark a chunk as possibly holding a line to hide.  Plain
 # substring tests run at memchr speed; a regex alternation over megabytes doesn't.
-# Gloo's noise is on stdout, faulthandler's dumps on stderr.
-_HIDDEN_MARKS = {Stream.STDOUT: (b"peer ranks", b"[Gloo]"), Stream.STDERR: (b"most recent call first",)}
+# Gloo's noise is on stdout, faulthandler's dumps and the flight block on stderr.
+_HIDDEN_MARKS = {Stream.STDOUT: (b"peer ranks", b"[Gloo]"), Stream.STDERR: (b"most recent call first", _FLIGHT_MARK)}
 
 
 def is_noise(line: bytes) -> bool:
@@ -79,8 +85,8 @@ class ConsolePrinter:
         return self.mode == "stream" and (self.ranks is None or rank in self.ranks)
 
     def _visible(self, rank: int, stream: Stream, line: bytes) -> bytes | None:
-        """The line as the console shows it, or None: stack dumps and noise stay
-        in the log files; the summary points at them."""
+        """The line as the console shows it, or None: stack dumps, flight
+        blocks and noise stay in the log files; the summary points at them."""
         if stream is Stream.STDERR:
             if stacks.DUMP_HEAD.match(line):
                 self.in_dump.add(rank)
@@ -89,6 +95,8 @@ class ConsolePrinter:
                 if stacks.DUMP_BODY.match(line):
                     return None
                 self.in_dump.discard(rank)
+            if line.startswith(_FLIGHT_MARK) and _FLIGHT_LINE.match(line):
+                return None
         return without_noise(line) if is_noise(line) else line
 
     def render(self, rank: int, stream: Stream, data: bytes, prefix: bytes = b"") -> bytes:

@@ -81,6 +81,9 @@ def test_flight_recorder_lines_up_the_processes_last_programs_on_timeout(start_j
     for rank in range(4):  # each block is in its process's log, after the stack dump
         text = (logs / f"process-{rank}.stderr").read_text()
         assert text.index("most recent call first") < text.index(f"jaxrun: flight[{rank}] begin: the last ")
+        assert f"jaxrun: flight[{rank}] end\n" in text
+    # ... and only there: the console hides the blocks as it hides the dumps.
+    assert "flight[" not in job.stderr and "most recent call first" not in job.stderr
 
 
 def test_timeout_without_flags_tells_finished_processes_from_stuck_ones(start_job):

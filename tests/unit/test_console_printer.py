@@ -30,6 +30,24 @@ def test_noise_and_stack_dumps_are_hidden_on_the_console_only():
     assert err.getvalue() == b"[1] warning\n[1] Traceback (most recent call last):\n"
 
 
+def test_the_flight_recorders_block_is_hidden_on_the_console_like_a_stack_dump():
+    from jaxrun import contract
+
+    entries = [contract.FlightEntry(7, 6, "eval_step", 1, "2b139a406821", "f32[4,8]", "/w/train.py", 48),
+               contract.FlightEntry(8, None, "add", 3, "015c5f5b34e1", "", "/w/train.py", 52)]
+    block = contract.flight_block(2, 23, contract.IN_SCRIPT, entries).encode()
+    assert block.count(b"\n") == 4
+    p, _, err = printer()
+    p.write(2, Stream.STDERR, b"before\n" + block)
+    p.write(2, Stream.STDERR, b"jaxrun: flight[2] is a phrase a script may print\nafter\n")
+    p.flush()
+    assert err.getvalue() == (b"[2] before\n[2] jaxrun: flight[2] is a phrase a script may print\n"
+                              b"[2] after\n")
+    grouped, _, err = printer(mode="grouped")
+    assert grouped.render(2, Stream.STDERR, block + b"last\n") == b"last\n"
+    assert grouped.render(2, Stream.STDOUT, block) == block  # only stderr carries it
+
+
 def test_a_notice_written_into_a_printed_line_hides_only_itself():
     # Gloo's C++ thread can write between a print's text and its newline.
     p, out, _ = printer()

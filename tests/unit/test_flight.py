@@ -202,6 +202,37 @@ def test_the_user_frame_is_the_innermost_outside_jax_jaxrun_and_the_stdlib(tmp_p
     assert recorder.kind("<frozen runpy>") == flight._SKIP
 
 
+class Executable:
+    """What the hook reads of pxla.ExecuteReplicated (no program: fingerprint "?")."""
+
+    def __init__(self, name):
+        self.name = name
+
+
+def test_the_hook_counts_per_function_and_forgets_programs_jax_let_go_of(tmp_path):
+    import gc
+
+    recorder = flight.Flight(0, 1, 3, None)
+    recorder.describe_paths(types.SimpleNamespace(__file__=str(tmp_path / "jax" / "__init__.py")))
+    small, large, other = Executable("jit(step)"), Executable("jit(step)"), Executable("jit(eval)")
+
+    def execute(executable):  # as the hook's wrapper of ExecuteReplicated.__call__ does
+        recorder.before_execution(executable, (Aval((2,), "float32"),))
+
+    for executable in (small, large, small, other, small):
+        execute(executable)
+    here = sys._getframe().f_lineno - 1
+    assert [(seq, call, p.function, n, line) for seq, call, p, n, _, line in recorder.ring] == [
+        (3, None, "step", 3, here), (4, None, "eval", 1, here), (5, None, "step", 4, here)]
+    assert recorder.ring[-1][4] == __file__ and recorder.runs == 5 and recorder.calls == 0
+    # The block is made from the ring only when it is written.
+    assert recorder.block().splitlines()[-2] == f"jaxrun: flight[0] #5 local step#4 fp=? in=f32[2] at {__file__}:{here}"
+    del large, other
+    gc.collect()
+    assert [p.function for _, p in recorder.programs.values()] == ["step"]  # small's only
+    assert recorder.ring[-2][2].function == "eval"  # the ring keeps what it recorded
+
+
 # -- the options ---------------------------------------------------------------------------
 
 def parse(*args):
