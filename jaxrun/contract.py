@@ -244,6 +244,42 @@ class ErrorRecord:
         return f"{self.type}: {self.message}"
 
 
+# -- what a process used --------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Resources:
+    """What one controller used, measured where it ran, when it ended: the
+    peak resident set and the CPU time of the process and of the children it
+    waited for (``wait4``), and, where it was SIGKILLed, why jaxrun thinks the
+    kernel's OOM killer did it (None otherwise)."""
+
+    peak_rss_bytes: int
+    cpu_seconds: float
+    oom: str | None = None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: object) -> "Resources | None":
+        """None for anything but a well-formed dict (a far end of another version)."""
+        if not isinstance(data, dict):
+            return None
+        try:
+            peak, cpu, oom = int(data["peak_rss_bytes"]), float(data["cpu_seconds"]), data.get("oom")
+        except (KeyError, TypeError, ValueError):
+            return None
+        return cls(peak, cpu, None if oom is None else str(oom))
+
+
+def format_bytes(n: float) -> str:
+    """A size as every part of jaxrun prints it: "163.1 MiB"."""
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
 # -- divergence: --flight-recorder and --check-divergence ------------------------------
 # "K": each controller keeps its last K executions of compiled programs and writes
 # them into its stderr log with every stack dump (the block below).  Unset: off.

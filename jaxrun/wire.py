@@ -73,7 +73,8 @@ def decode(data: bytes) -> Message:
 # line: ten ASCII digits (the length), then that many bytes of JSON.
 ENV_FRAME_DIGITS = 10
 # The agent's last bytes on stderr, after the controller and everything it
-# started are gone: this marker, the error record's JSON, a newline.  The
+# started are gone: this marker, what comes home as JSON (``home_payload``:
+# the error record and the resources the controller used), a newline.  The
 # launcher takes them off the stream; they never reach the log.  (NUL and ESC
 # first: a marker no text output contains by chance.)
 RECORD_TRAILER = b"\x00\x1bjaxrun-error-record "
@@ -87,6 +88,25 @@ def env_frame(env: dict) -> bytes:
 
 def record_trailer(record_json: str) -> bytes:
     return RECORD_TRAILER + record_json.encode() + b"\n"
+
+
+def home_payload(error_json: str | None, resources: dict | None) -> str:
+    """A trailer's JSON: the controller's error record (``ErrorRecord.to_json``,
+    or None) and what it used (``Resources.to_dict``, or None)."""
+    return json.dumps({"error": error_json, "resources": resources})
+
+
+def read_home_payload(text: str) -> tuple[str | None, dict | None]:
+    """(error record JSON, resources dict) from ``home_payload``'s text; Nones
+    for whatever is missing or malformed."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None, None
+    if not isinstance(data, dict):
+        return None, None
+    error, resources = data.get("error"), data.get("resources")
+    return (error if isinstance(error, str) else None), (resources if isinstance(resources, dict) else None)
 
 
 def parse_record_trailer(tail: bytes) -> str | None:
@@ -191,6 +211,7 @@ class Started(Message):
 class ChildExited(Message):
     pid: int
     returncode: int  # Popen style: negative for a signal
+    resources: dict | None = None  # contract.Resources.to_dict(), measured by the server
 
 
 # -- signals (SSH agent and task channel) ------------------------------------------
@@ -246,6 +267,7 @@ class Error(Message):
 @message("exit")
 class Exit(Message):
     returncode: int  # Popen style
+    resources: dict | None = None  # contract.Resources.to_dict(), measured by the task agent
 
 
 @message("ack")

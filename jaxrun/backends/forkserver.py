@@ -29,6 +29,7 @@ import threading
 from typing import Mapping, Sequence, TextIO
 
 from jaxrun import contract, wire
+from jaxrun.backends import usage
 from jaxrun.backends.base import POLL, Interrupted, RunHooks, start_thread
 from jaxrun.backends.local import LocalBackend, child_env
 from jaxrun.launcher.config import LaunchError
@@ -46,12 +47,16 @@ class PreloadError(LaunchError):
 class ForkedChild:
     stdout = stderr = None  # it writes its log files itself
 
-    def __init__(self, pid: int):
+    def __init__(self, pid: int, watch: usage.OomWatch | None = None):
         self.pid = pid
+        self.watch = watch
+        self.resources: contract.Resources | None = None  # measured by the server when it ends
         self._done = threading.Event()
         self._code: int | None = None
 
     def send(self, signum: int) -> None:
+        if self.watch is not None:
+            self.watch.saw(signum)
         try:
             os.killpg(self.pid, signum)
         except ProcessLookupError:
@@ -64,7 +69,9 @@ class ForkedChild:
         self._done.wait()
         return self._code
 
-    def finish(self, code: int) -> None:
+    def finish(self, code: int, used: dict | None = None) -> None:
+        figures = contract.Resources.from_dict(used)
+        self.resources = self.watch.with_verdict(code, figures) if self.watch else figures
         self._code = code
         self._done.set()
 
@@ -100,7 +107,7 @@ class ForkServer:
         self.started: list[int] = []
         self.cond = threading.Condition()
         self.children: dict[int, ForkedChild] = {}
-        self.early_exits: dict[int, int] = {}
+        self.early_exits: dict[int, tuple[int, dict | None]] = {}
         self.ready: str | None = None  # "" once ready; else why it could not be
         self.alive = True
         self.reader = start_thread("forkserver-reader", self._read, hooks=self.hooks)
@@ -121,9 +128,9 @@ class ForkServer:
                     self.started.append(msg.pid)
                 elif isinstance(msg, wire.ChildExited):
                     if msg.pid in self.children:
-                        self.children[msg.pid].finish(msg.returncode)
+                        self.children[msg.pid].finish(msg.returncode, msg.resources)
                     else:
-                        self.early_exits[msg.pid] = msg.returncode
+                        self.early_exits[msg.pid] = (msg.returncode, msg.resources)
                 self.cond.notify_all()
         # The server is gone: nothing will report these exits any more.
         with self.cond:
@@ -152,6 +159,7 @@ class ForkServer:
 
     def fork(self, spec: ProcessSpec, env: Mapping[str, str], fds: Sequence[int]) -> ForkedChild:
         request = wire.ForkRequest(list(spec.shim_args), dict(env)).encode()
+        watch = usage.OomWatch()
         with self.lock:
             try:
                 wire.send_frame(self.sock, request, fds)
@@ -162,10 +170,10 @@ class ForkServer:
                 if not self.started:
                     raise PreloadError("the preloading server exited; try --no-preload")
                 pid = self.started.pop(0)
-                child = ForkedChild(pid)
+                child = ForkedChild(pid, watch)
                 self.children[pid] = child
                 if pid in self.early_exits:
-                    child.finish(self.early_exits.pop(pid))
+                    child.finish(*self.early_exits.pop(pid))
         return child
 
     def close(self) -> None:

@@ -46,6 +46,7 @@ import sys
 import threading
 
 from jaxrun import contract, portable, wire
+from jaxrun.backends import usage
 
 # An agent writes each request at once; one that stops halfway is hung up on
 # after this long, so that it cannot hold up the other agents of its host.
@@ -70,8 +71,8 @@ def serve(sock: socket.socket | None, listener: socket.socket | None = None, che
         readable, _, _ = select.select(waiting, [], [])
         if wake_r in readable:
             os.read(wake_r, 4096)
-        for pid, code in reap(children):
-            tell(children.pop(pid), wire.ChildExited(pid, code))
+        for pid, code, used in reap(children):
+            tell(children.pop(pid), wire.ChildExited(pid, code, used.to_dict() if used else None))
         if 0 in readable and not os.read(0, 4096):
             return
         if listener is not None and listener in readable:
@@ -128,10 +129,11 @@ def accept_own_user(listener: socket.socket, check_peer: bool) -> socket.socket 
 
 
 def reap(children):
+    """(pid, returncode, resources) of each ended controller."""
     for pid in list(children):
-        done, status = os.waitpid(pid, os.WNOHANG)
+        done, code, used = usage.wait4(pid, os.WNOHANG)
         if done:
-            yield pid, os.waitstatus_to_exitcode(status)
+            yield pid, code, used
 
 
 def become_controller(sock: socket.socket, request: wire.ForkRequest, fds: list[int]) -> None:

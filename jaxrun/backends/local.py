@@ -17,6 +17,7 @@ import subprocess
 from typing import Mapping
 
 from jaxrun import contract
+from jaxrun.backends import usage
 from jaxrun.backends.base import Backend
 from jaxrun.launcher.config import LaunchError
 from jaxrun.launcher.plan import ProcessSpec
@@ -55,18 +56,23 @@ class LocalChild:
 
     stdout = stderr = None  # it writes its log files itself
 
-    def __init__(self, popen: subprocess.Popen):
+    def __init__(self, popen: subprocess.Popen, watch: usage.OomWatch | None = None):
         self.popen = popen
         self.pid = popen.pid
+        self.watch = watch
+        self.resources = None  # once it has ended: what it used (contract.Resources)
 
     def send(self, signum: int) -> None:
+        if self.watch is not None:
+            self.watch.saw(signum)
         try:
             os.killpg(self.pid, signum)
         except (ProcessLookupError, PermissionError):
             pass
 
     def wait(self) -> int:
-        return self.popen.wait()
+        code, self.resources = usage.wait_popen(self.popen, self.watch)
+        return code
 
 
 class LocalBackend(Backend):
@@ -82,6 +88,7 @@ class LocalBackend(Backend):
 
     def spawn(self, spec: ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str],
               log_fds: tuple[int, int] | None) -> LocalChild:
+        watch = usage.OomWatch()
         popen = subprocess.Popen(
             list(spec.argv),
             env=child_env(self.base_env, spec, extra_env, lifeline_fd),
@@ -91,7 +98,7 @@ class LocalBackend(Backend):
             pass_fds=(lifeline_fd,),
             process_group=0,
         )
-        child = LocalChild(popen)
+        child = LocalChild(popen, watch)
         self.started.append(child)
         return child
 

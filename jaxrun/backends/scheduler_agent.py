@@ -39,7 +39,7 @@ import threading
 import time
 
 from jaxrun import contract, wire
-from jaxrun.backends import reaper
+from jaxrun.backends import reaper, usage
 from jaxrun.child.bootstrap import BootstrapError, identity_from_env
 from jaxrun.launcher.plan import local_device_ids
 
@@ -207,6 +207,7 @@ def main(argv: list[str]) -> int:
     error_file = os.path.join(tempfile.mkdtemp(prefix="jaxrun-task-"), "error.json")
     reaper.become_subreaper()
     lifeline_r, lifeline_w = os.pipe()
+    watch = usage.OomWatch()
     try:
         child.append(subprocess.Popen(
             command, env=child_env(coordinator, rank, error_file, lifeline_r, local),
@@ -222,11 +223,11 @@ def main(argv: list[str]) -> int:
         out.close()
         err.close()
     acked = threading.Event()
-    threading.Thread(target=obey, args=(channel, child[0], acked), daemon=True).start()
-    code = child[0].wait()
+    threading.Thread(target=obey, args=(channel, child[0], acked, watch), daemon=True).start()
+    code, used = usage.wait_popen(child[0], watch)
     _killpg(child[0].pid, signal.SIGKILL)  # grandchildren left in its group
     reaper.kill_descendants()  # and those that left it
-    report_exit(channel, code, error_file)
+    report_exit(channel, code, error_file, used)
     # Wait until the launcher has the code: once we exit, the scheduler kills
     # the other tasks, and their losses must not reach the launcher first.
     acked.wait(ACK_TIMEOUT)
@@ -245,21 +246,26 @@ def wait_for_start(channel: Channel) -> str | None:
             os._exit(128 + msg.signum)
 
 
-def obey(channel: Channel, child: subprocess.Popen, acked: threading.Event) -> None:
+def obey(channel: Channel, child: subprocess.Popen, acked: threading.Event,
+         watch: usage.OomWatch | None = None) -> None:
     """Deliver the launcher's signals; a lost launcher means SIGKILL."""
     while True:
         msg = channel.read()
         if msg is None:
+            if watch is not None:
+                watch.saw(signal.SIGKILL)
             _killpg(child.pid, signal.SIGKILL)
             break
         if isinstance(msg, wire.Signal):
+            if watch is not None:
+                watch.saw(msg.signum)
             _killpg(child.pid, msg.signum)
         elif isinstance(msg, wire.Ack):
             break
     acked.set()
 
 
-def report_exit(channel: Channel, code: int, error_file: str) -> None:
+def report_exit(channel: Channel, code: int, error_file: str, used: contract.Resources | None = None) -> None:
     record = contract.ErrorRecord.take(error_file)
     try:
         if record is not None:
@@ -267,7 +273,7 @@ def report_exit(channel: Channel, code: int, error_file: str) -> None:
     except OSError:
         pass
     try:
-        channel.send(wire.Exit(code))
+        channel.send(wire.Exit(code, used.to_dict() if used else None))
     except OSError:
         pass
 

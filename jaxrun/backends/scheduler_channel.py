@@ -102,6 +102,7 @@ class RankChild:
         self.stdout = os.fdopen(out_r, "rb", buffering=0)
         self.stderr = os.fdopen(err_r, "rb", buffering=0)
         self.error_file: str | None = None
+        self.resources: contract.Resources | None = None  # measured by the task agent
         self._unattached = {"stdout": out_w, "stderr": err_w}  # write ends no task holds yet
         self._ctrl: socket.socket | None = None
         self._pending: list[int] = []  # signals sent before the task connected
@@ -199,6 +200,7 @@ class RankChild:
                     if record:
                         record.dump(self.error_file)
                 elif isinstance(msg, wire.Exit):
+                    self.resources = contract.Resources.from_dict(msg.resources)
                     self.finish(msg.returncode)
                     self.tell(wire.Ack())
         except (OSError, ValueError):

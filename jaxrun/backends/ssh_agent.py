@@ -22,8 +22,9 @@ daemon the script starts with ``setsid()`` stays its descendant, and is killed
 with whatever else is left once the shim ends.
 
 The shim's error record goes to a private file on this host; once the shim
-and everything it started are gone, the agent sends it home as the last bytes
-on stderr (``wire.record_trailer``), which the launcher takes off the stream.
+and everything it started are gone, the agent sends it home, with the
+resources the shim used (``backends.usage``), as the last bytes on stderr
+(``wire.record_trailer``), which the launcher takes off the stream.
 
 The exit status is the shim's, or 128+N when it died of signal N, since SSH
 has no way to pass a signal death back.
@@ -43,7 +44,7 @@ import time
 import psutil
 
 from jaxrun import contract, portable, wire
-from jaxrun.backends import reaper
+from jaxrun.backends import reaper, usage
 
 USAGE = f"usage: python -m {contract.SSH_AGENT_MODULE} [--chdir DIR] [--forkserver NAME] -- COMMAND..."
 SERVER_WAIT = 3.0  # for the host's server to listen: it started with the preflight, long before us
@@ -56,7 +57,7 @@ def kill_group(pgid: int, signum: int) -> None:
         pass
 
 
-def relay_signals(fd: int, pgid: int) -> None:
+def relay_signals(fd: int, pgid: int, watch: usage.OomWatch | None = None) -> None:
     """Forward each named signal on stdin to the group; SIGKILL it at EOF.
 
     Reads the raw fd: a thread blocked in sys.stdin's buffered reader makes
@@ -77,7 +78,11 @@ def relay_signals(fd: int, pgid: int) -> None:
             except wire.WireError:
                 signum = None  # an unknown line is not worth a crash mid-run
             if signum is not None:
+                if watch is not None:
+                    watch.saw(signum)
                 kill_group(pgid, signum)
+    if watch is not None:
+        watch.saw(signal.SIGKILL)
     kill_group(pgid, signal.SIGKILL)
 
 
@@ -103,6 +108,7 @@ class ServedChild:
 
     def __init__(self, conn: socket.socket, pid: int):
         self.conn, self.pid = conn, pid
+        self.resources: contract.Resources | None = None
         self.server_pid = portable.peer_pid(conn)
         if self.server_pid is None:
             try:
@@ -121,6 +127,7 @@ class ServedChild:
                 return -signal.SIGKILL
             msg = wire.decode(frame[0])
             if isinstance(msg, wire.ChildExited) and msg.pid == self.pid:
+                self.resources = contract.Resources.from_dict(msg.resources)
                 return msg.returncode
 
 
@@ -172,6 +179,7 @@ def main(argv: list[str]) -> int:
     env[contract.LIFELINE_FD] = str(lifeline_r)
     record_path = os.path.join(tempfile.mkdtemp(prefix="jaxrun-agent-"), "error.json")  # a 0700 folder
     env[contract.ERROR_FILE] = record_path
+    watch = usage.OomWatch()
     child = fork_by_server(server, command, env, lifeline_r) if server else None
     try:
         child = child or subprocess.Popen(
@@ -186,23 +194,30 @@ def main(argv: list[str]) -> int:
         print(f"jaxrun: cannot start {command[0]!r} on this host: {e.strerror}", file=sys.stderr)
         return 127
     os.close(lifeline_r)
-    relay = threading.Thread(target=relay_signals, args=(0, child.pid), daemon=True)
+    relay = threading.Thread(target=relay_signals, args=(0, child.pid, watch), daemon=True)
     relay.start()
-    code = child.wait()
+    if isinstance(child, ServedChild):
+        code = child.wait()
+        used = watch.with_verdict(code, child.resources)
+    else:
+        code, used = usage.wait_popen(child, watch)
     kill_group(child.pid, signal.SIGKILL)  # grandchildren left behind by the shim
     reaper.kill_descendants()  # and those that left its group
     if isinstance(child, ServedChild):
         reaper.kill_holders([1, 2], within=child.server_pid)  # its orphans, holding our session open
     os.close(lifeline_w)
-    send_record_home(record_path)
+    send_home(record_path, used)
     return contract.exit_status(code)
 
 
-def send_record_home(path: str) -> None:
+def send_home(path: str, used: contract.Resources | None) -> None:
+    """The error record (if the shim left one) and the resources, as stderr's last bytes."""
     record = contract.ErrorRecord.take(path)
-    if record is not None:
-        sys.stderr.flush()
-        os.write(2, wire.record_trailer(record.to_json()))
+    payload = wire.home_payload(record.to_json() if record else None, used.to_dict() if used else None)
+    sys.stderr.flush()
+    data = memoryview(wire.record_trailer(payload))
+    while data:
+        data = data[os.write(2, data):]
 
 
 def run(argv: list[str]) -> None:

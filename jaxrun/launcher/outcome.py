@@ -39,6 +39,7 @@ class ProcessRecord:
     ended_at: float | None = None
     returncode: int | None = None
     verdict: Verdict | None = None
+    resources: contract.Resources | None = None  # measured where it ran, once it ended
 
     @property
     def exit_status(self) -> int | None:

@@ -29,7 +29,7 @@ import signal
 import time
 from typing import Callable, Sequence
 
-from jaxrun import contract
+from jaxrun import contract, wire
 from jaxrun.backends.base import Backend, Child, Interrupted, RunHooks, start_thread
 from jaxrun.launcher.console import ConsolePrinter
 from jaxrun.launcher.control import INTERNAL_ERROR
@@ -159,7 +159,7 @@ class Supervisor:
                 child = self.backend.spawn(spec, lifeline_r, env, None)
                 record_home = getattr(child, "sends_error_record", False)
                 for pipe, path, stream in ((child.stdout, out, Stream.STDOUT), (child.stderr, err, Stream.STDERR)):
-                    trailer = (lambda text, to=error_file: save_record(text, to)) \
+                    trailer = (lambda text, rec=record: take_home(text, rec)) \
                         if record_home and stream is Stream.STDERR else None
                     self._start_pump(pipe, path, spec.rank, stream, trailer)
             record.pid, record.started_at = child.pid, time.time()
@@ -180,6 +180,9 @@ class Supervisor:
 
     def _wait(self, rank: int, child: Child) -> None:
         code = child.wait()
+        used = getattr(child, "resources", None)  # where the backend measures it here
+        if used is not None:
+            self.records[rank].resources = used
         self.events.put(Exited(rank, code, self.clock()))
 
     def _running(self) -> list[int]:
@@ -323,8 +326,13 @@ def folder_is_full(path: str) -> bool:
     return st.f_bavail == 0
 
 
-def save_record(text: str, path: str) -> None:
-    """An error record that came home with a remote process's output."""
-    record = contract.ErrorRecord.from_json(text)
-    if record is not None:
-        record.dump(path)
+def take_home(text: str, record: ProcessRecord) -> None:
+    """What came home with a remote process's output: its error record (kept
+    in the launcher's error file) and the resources it used."""
+    error, used = wire.read_home_payload(text)
+    if error is not None:
+        found = contract.ErrorRecord.from_json(error)
+        if found is not None:
+            found.dump(record.error_file)
+    if used is not None:
+        record.resources = contract.Resources.from_dict(used)

@@ -64,6 +64,7 @@ def _process_dict(r: ProcessRecord) -> dict:
         "ended_at": r.ended_at,
         "stdout_log": r.stdout_log,
         "stderr_log": r.stderr_log,
+        "resources": r.resources.to_dict() if r.resources else None,
     }
 
 

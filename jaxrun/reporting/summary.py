@@ -74,6 +74,8 @@ def summary_lines(outcome: Outcome, log_dir: str) -> list[str]:
         err = error_info(rec)
         if err:
             lines.append(f"jaxrun:   {err.headline}")
+        if rec.resources and rec.resources.oom:
+            lines.append(f"jaxrun:   {rec.resources.oom}")
         path, body = last_output(rec)
         if body:
             lines.append(f"jaxrun:   last lines of {path}:")
@@ -90,8 +92,29 @@ def summary_lines(outcome: Outcome, log_dir: str) -> list[str]:
                 file, line, func, source = frame
                 lines.append(f"jaxrun:   {where(rec)} was at {file}:{line} in {func}: {source}")
         lines.extend(divergence_lines(outcome))
+    for rec in outcome.records:
+        if rec.resources and rec.resources.oom and rec.spec.rank != outcome.root_cause:
+            lines.append(f"jaxrun: {where(rec)}: {rec.resources.oom}")
+    lines.extend(resource_lines(outcome.records))
     lines.append(f"jaxrun: logs in {log_dir}")
     return lines
+
+
+def resource_lines(records: list[ProcessRecord]) -> list[str]:
+    """Which process peaked highest, and the CPU time of them all (from the
+    figures measured where each ran; processes without figures are left out
+    and counted)."""
+    measured = [r for r in records if r.resources is not None]
+    if not measured:
+        return []
+    top = max(measured, key=lambda r: r.resources.peak_rss_bytes)
+    low = min(r.resources.peak_rss_bytes for r in measured)
+    spread = "" if len(measured) == 1 else f" (lowest {contract.format_bytes(low)})"
+    cpu = sum(r.resources.cpu_seconds for r in measured)
+    unknown = len(records) - len(measured)
+    missing = f"; {unknown} without figures" if unknown else ""
+    return [f"jaxrun: peak memory {contract.format_bytes(top.resources.peak_rss_bytes)} in {where(top)}{spread}; "
+            f"{cpu:.1f} CPU seconds in all{missing}"]
 
 
 def _group(records: Iterable[ProcessRecord]) -> dict[Verdict, str]:

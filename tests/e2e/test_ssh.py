@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 from fixtures.engines import check_logs_hold_every_byte
-from fixtures.jobs import ROOT, TOKEN, processes_with_token, wait_gone
+from fixtures.jobs import ROOT, TOKEN, check_resources, processes_with_token, wait_gone
 
 TOY = ROOT / "examples" / "toy.py"
 RESULT = "got result: -0.12398731708526611"
@@ -72,11 +72,13 @@ def wait_for_lines(job, needle: str, count: int, within: float = 30.0) -> list[s
 @pytest.mark.timeout(60)
 def test_toy_on_two_hosts(sshd_hosts, jaxrun, tmp_path):
     hosts = write(tmp_path, "hosts.txt", "# two hosts\nhostA slots=2\nhostB slots=2\n")
-    logs = tmp_path / "logs"
+    logs, report = tmp_path / "logs", tmp_path / "report.json"
     code, out, err = jaxrun(
-        "--hosts", hosts, *ssh_flags(sshd_hosts), "--cpu-devices", "2", "--log-dir", logs, "-v", TOY, cwd=ROOT
+        "--hosts", hosts, *ssh_flags(sshd_hosts), "--cpu-devices", "2", "--log-dir", logs, "--report", report, "-v", TOY,
+        cwd=ROOT
     )
     assert code == 0, err
+    check_resources(report, 4)  # measured on each host, home with the stream's trailer
     for rank, devices in enumerate([(0, 1), (2048, 2049), (4096, 4097), (6144, 6145)]):
         log = (logs / f"process-{rank}.stdout").read_text()
         assert f"process={rank} {RESULT}" in log

@@ -10,7 +10,7 @@ import time
 
 import psutil
 import pytest
-from fixtures.jobs import wait_gone
+from fixtures.jobs import check_resources, wait_gone
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -84,6 +84,9 @@ def test_fail_fast_when_a_process_exits_after_the_mesh(jaxrun, job_script, tmp_p
     assert verdicts == {0: "stopped by jaxrun", 1: "stopped by jaxrun", 2: "stopped by jaxrun", 3: "failed first"}
     for p in data["processes"]:
         assert p["pid"] and p["started_at"] <= p["ended_at"] and os.path.exists(p["stderr_log"])
+    check_resources(report, 4)  # also of those that jaxrun killed
+    assert re.search(r"jaxrun: peak memory \d+\.\d MiB in process \d \(lowest \d+\.\d MiB\); "
+                     r"\d+\.\d CPU seconds in all\n", err), err
     # Survivors were asked for a stack dump before they were killed.
     logs = [open(p["stderr_log"]).read() for p in data["processes"][:3]]
     assert all("Current thread" in log for log in logs)

@@ -10,12 +10,14 @@ EXAMPLES = [
     wire.ForkRequest(["--", "train.py", "a b", "ünï\ncode"], {"A": "x y", "EMPTY": ""}),
     wire.Started(4242),
     wire.ChildExited(4242, -9),
+    wire.ChildExited(4242, 0, {"peak_rss_bytes": 1 << 30, "cpu_seconds": 1.5, "oom": None}),
     wire.Signal("SIGTERM"),
     wire.Hello("f" * 32, 3, "stderr"),
     wire.Coordinator("10.0.0.1:1234"),
     wire.Start("[fe80::1]:1234"),
     wire.Error(contract.ErrorRecord("ValueError", "bad\nvalue", "Traceback ...\n").to_json()),
     wire.Exit(137),
+    wire.Exit(-9, {"peak_rss_bytes": 7, "cpu_seconds": 0.0, "oom": "the kernel's OOM killer ended it"}),
     wire.Ack(),
 ]
 
@@ -28,12 +30,34 @@ def test_every_message_round_trips_on_one_line(msg):
     assert wire.decode(msg.encode()) == msg  # packet-framed: no newline
 
 
+def test_what_comes_home_with_a_remote_stream():
+    record = contract.ErrorRecord("ValueError", "bad", "Traceback ...\n").to_json()
+    used = contract.Resources(123 << 20, 4.25).to_dict()
+    text = wire.parse_record_trailer(wire.record_trailer(wire.home_payload(record, used)))
+    assert wire.read_home_payload(text) == (record, used)
+    assert wire.read_home_payload(wire.home_payload(None, None)) == (None, None)
+    for junk in ("[1]", "nonsense", '{"error": 3, "resources": "x"}'):
+        assert wire.read_home_payload(junk) == (None, None)
+
+
+@pytest.mark.parametrize("data, expected", [
+    ({"peak_rss_bytes": 5, "cpu_seconds": 1}, contract.Resources(5, 1.0)),
+    ({"peak_rss_bytes": "5", "cpu_seconds": 0.5, "oom": "why"}, contract.Resources(5, 0.5, "why")),
+    ({"peak_rss_bytes": 5}, None),
+    ({"peak_rss_bytes": "lots", "cpu_seconds": 1}, None),
+    (None, None),
+    ([5, 1], None),
+])
+def test_resources_from_the_far_end(data, expected):
+    assert contract.Resources.from_dict(data) == expected
+
+
 def test_words_are_unique():
-    words = [type(m).WORD for m in EXAMPLES]
+    words = list({type(m): type(m).WORD for m in EXAMPLES}.values())
     assert len(set(words)) == len(words)
 
 
-@pytest.mark.parametrize("data", [b"", b"nonsense", b"exit", b"exit [1, 2]", b"started [not json", b"hello [1]"])
+@pytest.mark.parametrize("data", [b"", b"nonsense", b"exit", b"exit [1, {}, 3]", b"started [not json", b"hello [1]"])
 def test_bad_lines_are_wire_errors(data):
     with pytest.raises(wire.WireError):
         wire.decode(data)
