@@ -4,9 +4,11 @@ One connection per host, opened before anything starts: a ControlMaster whose
 own session is the preflight check (versions of python, jax, jaxlib and
 jaxrun, and the address the host was reached at).  That session then waits on
 stdin, so the master lives exactly as long as jaxrun holds the pipe: closed at
-the end, or closed by the kernel if jaxrun is SIGKILLed.  Every process
-session and the coordinator's port probe ride on that master, so N processes
-on a host cost one handshake.
+the end, or closed by the kernel if jaxrun is SIGKILLed.  Meanwhile it
+answers requests written there: it holds the coordinator's port on the first
+host while every other host's session checks that it reaches it.  Every
+process session rides on that master, so N processes on a host cost one
+handshake.
 
 Each process runs the host agent (:mod:`jaxrun.backends.ssh_agent`), which
 relays the signals we write to the ssh client's stdin, and kills the shim's
@@ -21,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -34,9 +35,8 @@ from typing import Mapping, Sequence, TextIO
 from jaxrun import contract, portable, wire
 from jaxrun.backends.base import Backend, RunHooks, start_thread, wait_until
 from jaxrun.backends.ssh_commands import (
-    ANSWER, check_preflight, master_control, port_probe_words, preflight_table, preflight_words, process_env,
-    process_words, server_words, REACH_CONNECT, REACH_LISTEN, reach_words,
-    remote_command, session_control, ssh_args,
+    ANSWER, REPLY, check_preflight, master_control, preflight_table, preflight_words, process_env, process_words,
+    remote_command, server_words, session_control, ssh_args,
 )
 from jaxrun.launcher.config import LaunchError, SshOptions
 from jaxrun.launcher.plan import Host, ProcessSpec
@@ -56,13 +56,18 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def read_answer(stdout, answers: dict[str, bytes], name: str) -> None:
-    """The preflight line, or b"" if the session ended without one."""
+def read_answer(stdout, answers: dict[str, bytes], name: str, mark: bytes = ANSWER) -> None:
+    """The preflight session's next line that starts with ``mark`` (its
+    answer, or a reply), or b"" if the session ended without one."""
     for line in iter(stdout.readline, b""):
-        if line.startswith(ANSWER):
+        if line.startswith(mark):
             answers[name] = line
             return
     answers[name] = b""
+
+
+def _reason(reply: str) -> str:
+    return reply[len("error "):] if reply.startswith("error ") else reply
 
 
 def send_env(popen: subprocess.Popen, env: Mapping[str, str]) -> None:
@@ -194,7 +199,7 @@ class Connections:
         if fixed:
             address, port = fixed.rsplit(":", 1)
             address = address.strip("[]")
-            self._probe_port(first, address, int(port), f"--coordinator {fixed}")
+            self._hold_port(first, address, int(port), f"--coordinator {fixed}")
             self._check_reachable(first, address, int(port))
             return fixed, fixed
         address = self.results[first.name].get("address")
@@ -206,79 +211,63 @@ class Connections:
                 f"{first.name} was reached over loopback ({address}), which {remote_peers[0]} cannot "
                 "connect to; list a routable host first or pass --coordinator HOST:PORT"
             )
-        port = self._probe_port(first, address, 0, f"{first.name}")
+        port = self._hold_port(first, address, 0, f"{first.name}")
         self._check_reachable(first, address, port)
         where = contract.join_address(address, port)
         return where, where
 
+    def ask(self, requests: Mapping[str, Sequence[str]], within: float) -> dict[str, str | None]:
+        """Send each named host's preflight session one request (see
+        ``ssh_commands.PREFLIGHT``), all at once, and wait for the replies
+        together: {host: reply, or None for none within ``within`` seconds}."""
+        answers: dict[str, bytes] = {}
+        readers = []
+        for name, words in requests.items():
+            master = self.masters[name]
+            try:
+                master.stdin.write((" ".join(words) + "\n").encode())
+            except OSError:
+                answers[name] = b""
+                continue
+            readers.append(start_thread(f"ssh-ask:{name}", read_answer, master.stdout, answers, name, REPLY,
+                                        hooks=self.hooks))
+        wait_until(lambda: not any(r.is_alive() for r in readers), self.hooks, within)
+        return {name: answers[name][len(REPLY):].decode(errors="replace").strip() if answers.get(name) else None
+                for name in requests}
+
+    def _hold_port(self, host: Host, address: str, port: int, what: str) -> int:
+        """Listen on ``address``:``port`` on ``host`` (0: a free port) until the
+        next request to that host; the port."""
+        reply = self.ask({host.name: ["listen", address, str(port)]},
+                         self.settings.connect_timeout + PREFLIGHT_SLACK)[host.name]
+        if reply is None:
+            raise LaunchError(f"{what}: no answer from {host.name} while looking for a free port")
+        if not reply.startswith("listening "):
+            raise LaunchError(f"{what}: cannot listen on {address}:{port} on {host.name} ({_reason(reply)})")
+        return int(reply.split()[1])
+
     def _check_reachable(self, first: Host, address: str, port: int) -> None:
         """Every other host connects to the coordinator's address and port
-        while a listener holds it on the first host: a firewall or a wrong
-        interface is named now, not after JAX's five-minute initialization
-        timeout."""
-        others = [h for h in self.hosts if h.name != first.name]
-        if not others:
-            return
-        python, limit = self.settings.python, self.settings.connect_timeout
-        listener = subprocess.Popen(
-            self.session_args(first) + [remote_command(reach_words(python, REACH_LISTEN, address, port))],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-        tries: dict[str, subprocess.Popen] = {}
+        while the first host's preflight session holds it: a firewall or a
+        wrong interface is named now, not after JAX's five-minute
+        initialization timeout.  The port is let go of in the end."""
+        limit = self.settings.connect_timeout
+        others = {h.name for h in self.hosts if h.name != first.name}
         try:
-            said = wait_until(lambda: bool(select.select([listener.stdout], [], [], 0)[0]), self.hooks,
-                              limit + PREFLIGHT_SLACK)
-            ready = listener.stdout.readline() if said else b""
-            if not ready.startswith(b"listening"):
-                listener.kill()
-                listener.wait()
-                reason = last_line(listener.stderr.read().decode(errors="replace")) or f"status {listener.returncode}"
-                raise LaunchError(f"{first.name}: cannot listen on {address}:{port} ({reason})")
-            for host in others:
-                words = reach_words(python, REACH_CONNECT, address, port, f"{limit:g}")
-                tries[host.name] = subprocess.Popen(self.session_args(host) + [remote_command(words)],
-                                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                                    stderr=subprocess.PIPE, start_new_session=True)
-            wait_until(lambda: all(p.poll() is not None for p in tries.values()), self.hooks, limit + PREFLIGHT_SLACK)
-            problems = []
-            for name, popen in tries.items():
-                if popen.poll() is None:
-                    problems.append(f"{name}: no answer while checking that it reaches the coordinator")
-                elif popen.returncode != 0:
-                    reason = last_line(popen.stderr.read().decode(errors="replace")) or f"status {popen.returncode}"
-                    problems.append(f"{name}: cannot reach the coordinator at {address}:{port} on {first.name} "
-                                    f"({reason}); check firewalls, or pass --coordinator HOST:PORT")
-            if problems:
-                raise LaunchError("; ".join(problems))
+            replies = self.ask({name: ["connect", address, str(port), f"{limit:g}"] for name in others},
+                               limit + PREFLIGHT_SLACK)
         finally:
-            for popen in [listener, *tries.values()]:
-                if popen.poll() is None:
-                    popen.kill()
-                popen.wait()
-                for stream in (popen.stdin, popen.stdout, popen.stderr):
-                    if stream:
-                        stream.close()
-
-    def _probe_port(self, host: Host, address: str, port: int, what: str) -> int:
-        command = remote_command(port_probe_words(self.settings.python, address, port))
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            probe = subprocess.Popen(self.session_args(host) + [command], stdin=subprocess.DEVNULL,
-                                     stdout=out, stderr=err, start_new_session=True)
-            try:
-                answered = wait_until(lambda: probe.poll() is not None, self.hooks,
-                                      self.settings.connect_timeout + PREFLIGHT_SLACK)
-            finally:
-                if probe.poll() is None:
-                    probe.kill()
-                    probe.wait()
-            if not answered:
-                raise LaunchError(f"{what}: no answer from {host.name} while looking for a free port")
-            out.seek(0)
-            err.seek(0)
-            stdout, stderr = out.read(), err.read()
-        if probe.returncode != 0 or not stdout.strip().isdigit():
-            reason = last_line(stderr.decode(errors="replace")) or f"status {probe.returncode}"
-            raise LaunchError(f"{what}: cannot listen on {address}:{port} on {host.name} ({reason})")
-        return int(stdout)
+            self.ask({first.name: ["unlisten"]}, limit + PREFLIGHT_SLACK)
+        problems = []
+        for name in sorted(others, key=[h.name for h in self.hosts].index):
+            reply = replies[name]
+            if reply is None:
+                problems.append(f"{name}: no answer while checking that it reaches the coordinator")
+            elif reply != "reached":
+                problems.append(f"{name}: cannot reach the coordinator at {address}:{port} on {first.name} "
+                                f"({_reason(reply)}); check firewalls, or pass --coordinator HOST:PORT")
+        if problems:
+            raise LaunchError("; ".join(problems))
 
     # -- the end -------------------------------------------------------------
     def abort(self) -> None:

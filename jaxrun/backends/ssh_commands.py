@@ -1,8 +1,9 @@
 """The SSH backend's command lines and preflight checks: pure, unit-tested.
 
 What runs where: the ssh client's arguments, the one quoted string each
-session hands to the remote shell, and the small Python programs the
-preflight and the port probe run on a host before anything starts.
+session hands to the remote shell, and the small Python program the
+preflight runs on a host before anything starts (and the requests it
+answers afterwards).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from jaxrun.launcher.plan import Host, ProcessSpec
 
 # Marks the preflight answer: a login shell may print its own lines first.
 ANSWER = b"jaxrun-preflight "
+# Marks the preflight session's reply to each later request (see PREFLIGHT).
+REPLY = b"jaxrun-reply "
 
 # The first lines of every program a session runs with an environment: read
 # the environment from stdin (``wire.env_frame``), so that no value (a token
@@ -45,12 +48,48 @@ EXEC_MODULE = ENV_STUB + r"""
 os.execv(sys.executable, [sys.executable, "-m", *sys.argv[1:]])
 """
 
-# Runs as the master's own session: report, then hold the connection until EOF.
+# Runs as the master's own session: report, then hold the connection until
+# EOF, answering the launcher's requests meanwhile, one line each way, so that
+# finding the coordinator's port and checking that every host reaches it cost
+# no session and no interpreter start of their own:
+#
+#   listen ADDRESS PORT            bind and listen there (PORT 0: any free port)
+#                                  -> "listening PORT", held until the next request
+#   connect ADDRESS PORT SECONDS   -> "reached"
+#   unlisten                       -> "closed"
+#
+# A request that fails is answered "error REASON".
 PREFLIGHT = ENV_STUB + r"""
 import json, os, platform, sys
 info = {"python": platform.python_version(), "executable": sys.executable}
 conn = os.environ.get("SSH_CONNECTION", "").split()
 info["address"] = conn[2] if len(conn) == 4 else None
+try:
+    import importlib, jaxrun
+    importlib.import_module(sys.argv[2])  # the agent every process will run
+    info["jaxrun"] = jaxrun.__version__
+    info["jaxrun_path"] = os.path.dirname(jaxrun.__file__)
+except Exception as e:
+    info["jaxrun"] = None
+    info["jaxrun_error"] = "%s: %s" % (type(e).__name__, e)
+syncing = sys.argv[4] == "sync"
+if sys.argv[1] and not syncing:  # with --sync, the copy creates it
+    try:
+        os.chdir(sys.argv[1])
+    except OSError as e:
+        info["chdir_error"] = "cannot change to %r: %s" % (sys.argv[1], e.strerror)
+    else:
+        if sys.argv[3] and not os.path.isfile(sys.argv[3]):
+            info["script_missing"] = os.path.join(sys.argv[1], sys.argv[3])
+if len(sys.argv) > 5 and info.get("jaxrun") and not info.get("chdir_error"):
+    # This host's preloading server, started first of all, so that its import
+    # of jax overlaps the rest of the start.  Its stdin is a pipe this process
+    # holds open: the server ends when this session does.
+    import subprocess
+    _hold_r, _hold_w = os.pipe()
+    subprocess.Popen([sys.executable, "-m", sys.argv[2].rsplit(".", 1)[0] + ".forkserver_agent", "--listen",
+                      *sys.argv[5:]], stdin=_hold_r, stdout=subprocess.DEVNULL)
+    os.close(_hold_r)
 try:
     from importlib import metadata
     for name in ("jax", "jaxlib"):
@@ -60,14 +99,6 @@ try:
             info[name] = None
 except ImportError:
     info["jax"] = info["jaxlib"] = None
-try:
-    import importlib, jaxrun
-    importlib.import_module(sys.argv[2])  # the agent every process will run
-    info["jaxrun"] = jaxrun.__version__
-    info["jaxrun_path"] = os.path.dirname(jaxrun.__file__)
-except Exception as e:
-    info["jaxrun"] = None
-    info["jaxrun_error"] = "%s: %s" % (type(e).__name__, e)
 import shutil
 info["rsync"] = shutil.which("rsync") is not None
 host = platform.node()
@@ -84,54 +115,32 @@ if shutil.which("nvidia-smi"):
         info["gpus"] = sum(line.startswith(b"GPU ") for line in listed.splitlines())
     except (OSError, subprocess.SubprocessError):
         pass
-syncing = sys.argv[4] == "sync"
-if sys.argv[1] and not syncing:  # with --sync, the copy creates it
-    try:
-        os.chdir(sys.argv[1])
-    except OSError as e:
-        info["chdir_error"] = "cannot change to %r: %s" % (sys.argv[1], e.strerror)
-    else:
-        if sys.argv[3] and not os.path.isfile(sys.argv[3]):
-            info["script_missing"] = os.path.join(sys.argv[1], sys.argv[3])
 print("jaxrun-preflight " + json.dumps(info), flush=True)
-if len(sys.argv) > 5 and info.get("jaxrun") and not info.get("chdir_error"):
-    # This host's preloading server, started now so that its import of jax
-    # overlaps the rest of the start.  It shares this session's stdin, whose
-    # EOF (the launcher closing the connection) ends it too.
-    import subprocess
-    subprocess.Popen([sys.executable, "-m", sys.argv[2].rsplit(".", 1)[0] + ".forkserver_agent", "--listen",
-                      *sys.argv[5:]], stdout=subprocess.DEVNULL)
-sys.stdin.buffer.read()
+import socket
+held = None
+for line in sys.stdin.buffer:
+    words = line.decode(errors="replace").split()
+    try:
+        if held is not None:
+            held.close()
+            held = None
+        if words[0] == "listen":
+            held = socket.socket(socket.AF_INET6 if ":" in words[1] else socket.AF_INET)
+            held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            held.bind((words[1], int(words[2])))
+            held.listen(64)
+            reply = "listening %d" % held.getsockname()[1]
+        elif words[0] == "connect":
+            socket.create_connection((words[1], int(words[2])), timeout=float(words[3])).close()
+            reply = "reached"
+        elif words[0] == "unlisten":
+            reply = "closed"
+        else:
+            reply = "error unknown request"
+    except (OSError, ValueError, IndexError) as e:
+        reply = "error " + (getattr(e, "strerror", None) or str(e) or type(e).__name__)
+    print("jaxrun-reply " + reply, flush=True)
 """
-
-# Binds the given address and port (0: any free port), or exits with why not.
-_BIND = r"""
-import socket, sys
-host, port = sys.argv[1], int(sys.argv[2])
-s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-try:
-    s.bind((host, port))
-except OSError as e:
-    sys.exit(e.strerror or str(e))
-"""
-
-# Prints a port that is free on the given address.
-PORT_PROBE = _BIND + "print(s.getsockname()[1])\n"
-
-# Listens on the coordinator's address and port until stdin closes, so that
-# the other hosts can try to reach it before anything starts.
-REACH_LISTEN = _BIND + 's.listen(64)\nprint("listening", flush=True)\nsys.stdin.buffer.read()\n'
-
-# Tries to reach the coordinator's address and port; the reason on failure.
-REACH_CONNECT = r"""
-import socket, sys
-try:
-    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=float(sys.argv[3])).close()
-except OSError as e:
-    sys.exit(e.strerror or str(e) or type(e).__name__)
-"""
-
 
 # -- pure: command lines ------------------------------------------------------
 
@@ -190,14 +199,6 @@ def preflight_words(settings: SshOptions, server: Sequence[str] = ()) -> list[st
     it from the preflight session; empty for none."""
     return [settings.python, "-c", PREFLIGHT, settings.chdir, contract.SSH_AGENT_MODULE, settings.script or "",
             "sync" if settings.sync else "", *server]
-
-
-def reach_words(python: str, program: str, address: str, port: int, *extra: str) -> list[str]:
-    return [python, "-c", program, address, str(port), *extra]
-
-
-def port_probe_words(python: str, address: str, port: int) -> list[str]:
-    return [python, "-c", PORT_PROBE, address, str(port)]
 
 
 def check_preflight(results: Mapping[str, dict], python: str) -> list[str]:
