@@ -16,6 +16,7 @@ import sys
 import time
 from typing import BinaryIO, Callable, TextIO
 
+from jaxrun import contract
 from jaxrun.launcher.events import Stream
 from jaxrun.reporting import stacks
 
@@ -30,8 +31,11 @@ FLUSH_AT = 1 << 20  # console bytes gathered before a write, at most
 _NOISE = re.compile(rb"\[Gloo\] Rank ?\d* ?|is connected to \d+ peer ranks\.? ?|Expected number of connected peer ranks is : \d+")
 # Substrings that mark a chunk as possibly holding a line to hide.  Plain
 # substring tests run at memchr speed; a regex alternation over megabytes doesn't.
-# Gloo's noise is on stdout, faulthandler's dumps on stderr.
-_HIDDEN_MARKS = {Stream.STDOUT: (b"peer ranks", b"[Gloo]"), Stream.STDERR: (b"most recent call first",)}
+# Gloo's noise is on stdout; faulthandler's dumps and the note a scheduler step
+# leaves in each task's log when it ends under them are on stderr (the step
+# says that once on the console, for all its tasks).
+_HIDDEN_MARKS = {Stream.STDOUT: (b"peer ranks", b"[Gloo]"),
+                 Stream.STDERR: (b"most recent call first", *contract.ENGINE_NOTE_MARKS)}
 
 
 def is_noise(line: bytes) -> bool:
@@ -89,6 +93,8 @@ class ConsolePrinter:
                 if stacks.DUMP_BODY.match(line):
                     return None
                 self.in_dump.discard(rank)
+            if contract.parse_engine_note(line.decode(errors="replace")):
+                return None
         return without_noise(line) if is_noise(line) else line
 
     def render(self, rank: int, stream: Stream, data: bytes, prefix: bytes = b"") -> bytes:
