@@ -50,9 +50,11 @@ def admitted() -> list[str]:
     return [f"3.{m}" for m in MINORS if spec.contains(f"3.{m}.0")]
 
 
-def refused() -> list[str]:
+def newest_below() -> str | None:
+    """The newest version older than every admitted one: the likeliest to be tried."""
     spec = requires_python()
-    return [f"3.{m}" for m in MINORS if not spec.contains(f"3.{m}.0")]
+    first = next((m for m in MINORS if spec.contains(f"3.{m}.0")), None)
+    return None if first is None or first == MINORS[0] else f"3.{first - 1}"
 
 
 def interpreter(version: str) -> Path | None:
