@@ -6,7 +6,8 @@ names a version of its own.  CI runs the full suite on its main interpreter,
 and, for every other admitted version found (pyenv's versions, or
 ``python3.X`` on PATH), builds a venv with this checkout installed (editable,
 so it runs the code under test) and the same jax and jaxlib as the main
-interpreter:
+interpreter, in a cache folder outside the checkout (``VENVS``; set
+``JAXRUN_CI_VENVS`` to choose another), reused by the next run:
 
     python tests/pythons.py        # what .ci/run does before the tests
 
@@ -18,6 +19,7 @@ see, not a test to skip.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import os
 import re
@@ -31,7 +33,10 @@ from pathlib import Path
 from packaging.specifiers import SpecifierSet
 
 ROOT = Path(__file__).resolve().parents[1]
-VENVS = ROOT / ".ci" / "venvs"  # gitignored
+# Outside the checkout (they hold about 600 MB each), one folder per checkout:
+# each venv runs the checkout it was built for.
+VENVS = Path(os.environ.get("JAXRUN_CI_VENVS") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+             / "jaxrun-ci" / hashlib.sha256(str(ROOT).encode()).hexdigest()[:12])
 PYENV_ROOT = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
 # The minor versions of Python 3 that requires-python is checked against.
 MINORS = range(8, 16)
