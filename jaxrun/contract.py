@@ -280,6 +280,41 @@ def format_bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
+# -- a scheduler step that ended under its tasks ---------------------------------------
+# When srun or mpirun ends before a task reported its exit, that task's stderr
+# log ends with this one line.  The console leaves it out (the step says it once
+# for every such task), and the summary finds it to name the engine failure once.
+@dataclasses.dataclass(frozen=True)
+class EngineNote:
+    engine: str  # "srun", "mpirun"
+    how: str  # "exited with code 1", "was killed by SIGKILL"
+    started: bool  # whether any task of the step had reached jaxrun
+    log: str  # the engine's own output, engine.log
+
+    @classmethod
+    def of(cls, engine: str, returncode: int, started: bool, log: str) -> "EngineNote":
+        how = f"was killed by {signal_name(-returncode)}" if returncode < 0 else f"exited with code {returncode}"
+        return cls(engine, how, started, log)
+
+    @property
+    def when(self) -> str:
+        return "before this task reported back" if self.started else "before any task started"
+
+    def line(self) -> str:
+        return f"jaxrun: {self.engine} {self.how} {self.when} (see {self.log})\n"
+
+
+# Cheap to look for in a chunk of output before any line is parsed.
+ENGINE_NOTE_MARKS = (b" before this task reported back (see ", b" before any task started (see ")
+_ENGINE_NOTE = re.compile(r"jaxrun: (\S+) (exited with code -?\d+|was killed by \S+(?: \d+)?) "
+                          r"before (this task reported back|any task started) \(see (.*)\)\n?")
+
+
+def parse_engine_note(line: str) -> EngineNote | None:
+    m = _ENGINE_NOTE.fullmatch(line)
+    return None if m is None else EngineNote(m[1], m[2], m[3] == "this task reported back", m[4])
+
+
 # -- divergence: --flight-recorder and --check-divergence ------------------------------
 # "K": each controller keeps its last K executions of compiled programs and writes
 # them into its stderr log with every stack dump (the block below).  Unset: off.

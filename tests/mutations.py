@@ -106,6 +106,13 @@ MUTATIONS = [
         ("tests/e2e/test_runtime.py",),
         "general or inferred",
     ),
+    Mutation(
+        "engine-note-per-process",
+        "the console shows a scheduler step's failure once per process again",
+        (("jaxrun/launcher/console.py", "if contract.parse_engine_note(", "if False and contract.parse_engine_note("),),
+        ("tests/e2e/test_mpirun.py", "tests/unit/test_engine_note.py"),
+        "named_once or console",
+    ),
 ]
 
 

@@ -19,7 +19,10 @@ neither reports per-task exit codes or lets us signal one task.  The cost is
 one TCP listener per run: compute nodes must be able to reach the launcher's
 host (which ``srun`` and ``mpirun`` already require for their own I/O).
 Whatever the scheduler itself prints (allocation errors, its own failure
-notes) goes to ``engine.log`` in the log folder and to the console.
+notes) goes to ``engine.log`` in the log folder and to the console.  When the
+step ends before some tasks reported back, each of those ranks ends with the
+step's code and one note (``contract.EngineNote``) in its stderr log; the
+console leaves those notes out, and the summary names the failure once.
 
 The listener faces the network, so ``TaskListener`` trusts nothing that has
 not shown the secret:
@@ -480,10 +483,10 @@ class Step:
             deadline = time.monotonic() + LATE_REPORT_WAIT
             for child in self.children.values():
                 child.wait_reported(max(0.0, deadline - time.monotonic()))
-            if self.reached:
-                note = f"jaxrun: this task never reported back; {self.command} exited with code {code} (see {log_path})\n"
-            else:
-                note = f"jaxrun: {self.command} ended (code {code}) before any task started (see {log_path})\n"
+            # Every rank still unreported ends with the same engine failure.
+            # Each one's stderr log records it; the console leaves those lines
+            # out, and the summary names the failure once for all of them.
+            note = contract.EngineNote.of(self.command, code, self.reached, log_path).line()
             for child in self.children.values():
                 child.finish(code or 1, note)
 

@@ -16,6 +16,7 @@ import sys
 import time
 from typing import BinaryIO, Callable, TextIO
 
+from jaxrun import contract
 from jaxrun.launcher.events import Stream
 from jaxrun.reporting import stacks
 
@@ -36,8 +37,11 @@ _FLIGHT_MARK = b"jaxrun: flight["
 _FLIGHT_LINE = re.compile(rb"^jaxrun: flight\[\d+\] (?:begin: |#\d+ |end\r?$)")
 # Substrings that mark a chunk as possibly holding a line to hide.  Plain
 # substring tests run at memchr speed; a regex alternation over megabytes doesn't.
-# Gloo's noise is on stdout, faulthandler's dumps and the flight block on stderr.
-_HIDDEN_MARKS = {Stream.STDOUT: (b"peer ranks", b"[Gloo]"), Stream.STDERR: (b"most recent call first", _FLIGHT_MARK)}
+# Gloo's noise is on stdout; faulthandler's dumps, the flight block and the
+# note a scheduler step leaves in each task's log when it ends under them are
+# on stderr (the step says that once on the console, for all its tasks).
+_HIDDEN_MARKS = {Stream.STDOUT: (b"peer ranks", b"[Gloo]"),
+                 Stream.STDERR: (b"most recent call first", _FLIGHT_MARK, *contract.ENGINE_NOTE_MARKS)}
 
 
 def is_noise(line: bytes) -> bool:
@@ -96,6 +100,8 @@ class ConsolePrinter:
                     return None
                 self.in_dump.discard(rank)
             if line.startswith(_FLIGHT_MARK) and _FLIGHT_LINE.match(line):
+                return None
+            if contract.parse_engine_note(line.decode(errors="replace")):
                 return None
         return without_noise(line) if is_noise(line) else line
 

@@ -39,3 +39,21 @@ def console_rank_set(ranges: tuple[range, ...] | None, num_processes: int) -> fr
     if highest >= num_processes:
         raise click.UsageError(f"--console-ranks: there is no process {highest} among {num_processes}")
     return frozenset(rank for r in ranges for rank in r)
+
+
+def format_ranks(ranks) -> str:
+    """Ranks as a list users write: [0, 1, 2, 3, 6] -> "0-3,6"."""
+    parts: list[str] = []
+    run: list[int] = []
+    for rank in sorted(set(ranks)):
+        if run and rank != run[-1] + 1:
+            parts.append(_span(run))
+            run = []
+        run.append(rank)
+    if run:
+        parts.append(_span(run))
+    return ",".join(parts)
+
+
+def _span(run: list[int]) -> str:
+    return str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}"

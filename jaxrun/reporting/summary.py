@@ -8,10 +8,12 @@ from typing import Iterable
 from jaxrun import contract
 from jaxrun.contract import ErrorRecord, FlightEntry, FlightLog, signal_name
 from jaxrun.launcher.control import BUG_REPORT
+from jaxrun.launcher.ranks import format_ranks
 from jaxrun.launcher.outcome import Outcome, ProcessRecord, StopReason, Verdict
 from jaxrun.reporting.stacks import DUMP_TAIL, FRAME, THREAD, innermost_user_frame, read_small, read_tail
 
 TAIL_LINES = 15
+ENDED_BY_OTHERS = (Verdict.STOPPED, Verdict.CONSEQUENCE, Verdict.NOT_STARTED)
 # How much of the end of a log the summary and the reports take their lines
 # from: logs may be many gigabytes.
 LOG_TAIL = 64 * 1024
@@ -68,7 +70,13 @@ def summary_lines(outcome: Outcome, log_dir: str) -> list[str]:
         lines.append(f"jaxrun:   {BUG_REPORT}")
     for problem in outcome.log_errors:
         lines.append(f"jaxrun: logs incomplete: {problem}")
-    if outcome.root_cause is not None:
+    shared: set[int] = set()  # the ranks an engine failure ended, named in its line
+    note = engine_note(outcome.records[outcome.root_cause]) if outcome.root_cause is not None else None
+    if note is not None:
+        shared = {r.spec.rank for r in outcome.records if r.verdict in ENDED_BY_OTHERS + (Verdict.ROOT_CAUSE,)
+                  and engine_note(r) == note}
+        lines.extend(engine_failure_lines(note, outcome.records[outcome.root_cause], sorted(shared)))
+    elif outcome.root_cause is not None:
         rec = outcome.records[outcome.root_cause]
         lines.append(f"jaxrun: {where(rec)} failed first: {describe_exit(rec)} (pid {rec.pid})")
         err = error_info(rec)
@@ -80,8 +88,7 @@ def summary_lines(outcome: Outcome, log_dir: str) -> list[str]:
         if body:
             lines.append(f"jaxrun:   last lines of {path}:")
             lines.extend(f"    {line}" for line in body)
-    others = _group(r for r in outcome.records
-                    if r.verdict in (Verdict.STOPPED, Verdict.CONSEQUENCE, Verdict.NOT_STARTED))
+    others = _group(r for r in outcome.records if r.verdict in ENDED_BY_OTHERS and r.spec.rank not in shared)
     for verdict, ranks in others.items():
         noun = "processes" if "," in ranks else "process"
         lines.append(f"jaxrun: {noun} {ranks} {verdict.value}")
@@ -115,6 +122,29 @@ def resource_lines(records: list[ProcessRecord]) -> list[str]:
     missing = f"; {unknown} without figures" if unknown else ""
     return [f"jaxrun: peak memory {contract.format_bytes(top.resources.peak_rss_bytes)} in {where(top)}{spread}; "
             f"{cpu:.1f} CPU seconds in all{missing}"]
+
+
+def engine_note(record: ProcessRecord) -> contract.EngineNote | None:
+    """The note a scheduler step's end left as the last line of this process's
+    stderr log, if it did."""
+    last = tail(record.stderr_log, 1)
+    return contract.parse_engine_note(last[0]) if last else None
+
+
+def engine_failure_lines(note: contract.EngineNote, first: ProcessRecord, ranks: list[int]) -> list[str]:
+    """The engine failure named once, for every process it ended, with the
+    end of the engine's own output."""
+    who = ("process " if len(ranks) == 1 else "processes ") + format_ranks(ranks)
+    if note.started:
+        what = f"before {who} reported back"
+    else:
+        what = f"before any task started; {who} never ran"
+    lines = [f"jaxrun: {note.engine} failed first: it {note.how} {what} (pid {first.pid})"]
+    body = tail(note.log)
+    if body:
+        lines.append(f"jaxrun:   last lines of {note.log}:")
+        lines.extend(f"    {line}" for line in body)
+    return lines
 
 
 def _group(records: Iterable[ProcessRecord]) -> dict[Verdict, str]:

@@ -12,6 +12,7 @@ import shutil
 import pytest
 from fixtures.engines import (
     check_crash_in_task_3,
+    check_engine_failure_named_once,
     check_logs_hold_every_byte,
     check_ranks_come_from_the_scheduler,
     check_timeout_stops_the_step,
@@ -112,3 +113,12 @@ def test_devices_per_process_come_from_the_local_rank_mpirun_gives(run_jaxrun, t
     assert code == 0, err
     seen = probe_lines(logs, 2)
     assert {s["JAXRUN_LOCAL_PROCESS_ID"]: s["JAX_LOCAL_DEVICE_IDS"] for s in seen.values()} == {"0": "0,1", "1": "2,3"}
+
+
+@needs_mpirun
+@pytest.mark.timeout(60)
+def test_mpirun_failing_for_all_processes_is_named_once(run_jaxrun, tmp_path, monkeypatch):
+    # Without oversubscription, 64 processes do not fit this machine: mpirun
+    # itself refuses the job before any task starts.
+    monkeypatch.delenv("OMPI_MCA_rmaps_base_oversubscribe")
+    check_engine_failure_named_once(run_jaxrun, MPIRUN, tmp_path, "mpirun", 64, "There are not enough slots available")

@@ -14,6 +14,7 @@ import time
 import pytest
 from fixtures.engines import (
     check_crash_in_task_3,
+    check_engine_failure_named_once,
     check_logs_hold_every_byte,
     check_ranks_come_from_the_scheduler,
     check_timeout_stops_the_step,
@@ -152,3 +153,10 @@ def test_dry_run_claims_no_device_ids_the_scheduler_decides(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "JAX_LOCAL_DEVICE_IDS" not in proc.stdout, proc.stdout
     assert proc.stdout.count("JAXRUN_TASK_DEVICES_PER_PROCESS=2") == 2, proc.stdout
+
+
+@pytest.mark.timeout(60)
+def test_srun_failing_for_all_processes_is_named_once(slurm_cluster, run_jaxrun, tmp_path):
+    # A step on a node the cluster does not have: srun fails before any task starts.
+    check_engine_failure_named_once(run_jaxrun, [*SLURM, "--scheduler-arg=--nodelist=nosuchnode"], tmp_path,
+                                    "srun", 16, "Invalid node name specified")
