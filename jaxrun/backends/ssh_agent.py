@@ -25,6 +25,10 @@ The shim's error record goes to a private file on this host; once the shim
 and everything it started are gone, the agent sends it home as the last bytes
 on stderr (``wire.record_trailer``), which the launcher takes off the stream.
 
+When the controller arrives at the job's rendezvous (its joined file appears
+in the same private folder), the agent writes ``wire.JOINED_MARKER`` on stderr
+once, which the launcher also takes off the stream.
+
 The exit status is the shim's, or 128+N when it died of signal N, since SSH
 has no way to pass a signal death back.
 """
@@ -44,6 +48,7 @@ import psutil
 
 from jaxrun import contract, portable, wire
 from jaxrun.backends import reaper
+from jaxrun.backends.joinwatch import JoinWatch
 
 USAGE = f"usage: python -m {contract.SSH_AGENT_MODULE} [--chdir DIR] [--forkserver NAME] -- COMMAND..."
 SERVER_WAIT = 3.0  # for the host's server to listen: it started with the preflight, long before us
@@ -172,6 +177,8 @@ def main(argv: list[str]) -> int:
     env[contract.LIFELINE_FD] = str(lifeline_r)
     record_path = os.path.join(tempfile.mkdtemp(prefix="jaxrun-agent-"), "error.json")  # a 0700 folder
     env[contract.ERROR_FILE] = record_path
+    joined_path = os.path.join(os.path.dirname(record_path), "joined")
+    env[contract.JOINED_FILE] = joined_path
     child = fork_by_server(server, command, env, lifeline_r) if server else None
     try:
         child = child or subprocess.Popen(
@@ -188,7 +195,9 @@ def main(argv: list[str]) -> int:
     os.close(lifeline_r)
     relay = threading.Thread(target=relay_signals, args=(0, child.pid), daemon=True)
     relay.start()
+    joins = JoinWatch(joined_path, announce_joined).start()
     code = child.wait()
+    joins.stop()  # before the record: nothing may follow the trailer
     kill_group(child.pid, signal.SIGKILL)  # grandchildren left behind by the shim
     reaper.kill_descendants()  # and those that left its group
     if isinstance(child, ServedChild):
@@ -196,6 +205,12 @@ def main(argv: list[str]) -> int:
     os.close(lifeline_w)
     send_record_home(record_path)
     return contract.exit_status(code)
+
+
+def announce_joined() -> None:
+    """The marker in one write: a pipe never splits it, nor mixes it with
+    the controller's own writes to the same stderr."""
+    os.write(2, wire.JOINED_MARKER)
 
 
 def send_record_home(path: str) -> None:
