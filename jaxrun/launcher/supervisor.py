@@ -141,9 +141,12 @@ class Supervisor:
         # flood passes through jaxrun unless the console shows it.
         direct = self.backend.writes_log_files
         self.progress.begin()
+        show_at = self.clock()
         for spec in self.specs:
             if self.hooks.stopping():
                 raise Interrupted()
+            if self.clock() >= show_at:  # a long start (many processes) shows its progress too
+                show_at = self.progress.tick() or float("inf")
             record = self.records[spec.rank]
             out, err, error_file = record.stdout_log, record.stderr_log, record.error_file
             joined_file = joined_path(self.log_dir, spec.rank)
