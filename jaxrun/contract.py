@@ -42,6 +42,10 @@ RESTART_COUNT = "JAXRUN_RESTART_COUNT"
 LIFELINE_FD = "JAXRUN_LIFELINE_FD"
 # Where the shim records an uncaught exception (see ErrorRecord).
 ERROR_FILE = "JAXRUN_ERROR_FILE"
+# A path the shim creates (empty, 0600, never through a symlink) when the
+# process arrives at the job's rendezvous, right before the real
+# jax.distributed.initialize() call: how the launcher counts joined processes.
+JOINED_FILE = "JAXRUN_JOINED_FILE"
 # Optional mesh spec, e.g. "i=4,j=2", and its axis types ("auto"/"explicit").
 MESH = "JAXRUN_MESH"
 MESH_AXIS_TYPES = "JAXRUN_MESH_AXIS_TYPES"
@@ -313,6 +317,21 @@ _ENGINE_NOTE = re.compile(r"jaxrun: (\S+) (exited with code -?\d+|was killed by 
 def parse_engine_note(line: str) -> EngineNote | None:
     m = _ENGINE_NOTE.fullmatch(line)
     return None if m is None else EngineNote(m[1], m[2], m[3] == "this task reported back", m[4])
+
+
+def mark_joined(path: str | None) -> bool:
+    """Create the empty file that says "this process has joined" (see
+    JOINED_FILE): new, 0600, never a symlink followed.  False when it could
+    not be made (it is a progress hint; nothing depends on it)."""
+    if not path:
+        return False
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+    except FileExistsError:
+        return True  # an earlier join of this process (a checked no-op initialize)
+    except OSError:
+        return False
+    return True
 
 
 # -- divergence: --flight-recorder and --check-divergence ------------------------------

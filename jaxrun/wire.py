@@ -8,7 +8,7 @@ Both ends of every channel import this module, so a message is spelled once:
 - the SSH agent (``backends/ssh_agent.py``): ``Signal`` lines on its stdin;
 - the scheduler task channel (``backends/scheduler_channel.py`` and
   ``scheduler_agent.py``): a ``Hello`` opens each connection, then
-  ``Coordinator``, ``Error``, ``Exit`` from the task and ``Start``, ``Signal``,
+  ``Coordinator``, ``Joined``, ``Error``, ``Exit`` from the task and ``Start``, ``Signal``,
   ``Ack`` from the launcher.
 
 A message is one line: a word, a space, and its fields as a JSON array, so a
@@ -79,6 +79,11 @@ ENV_FRAME_DIGITS = 10
 # first: a marker no text output contains by chance.)
 RECORD_TRAILER = b"\x00\x1bjaxrun-error-record "
 MAX_TRAILER = 1 << 20  # a longer "trailer" is the process's own bytes after all
+# Written once on stderr, in one write (atomic in a pipe), when the controller
+# has arrived at the job's rendezvous (see contract.JOINED_FILE).  It may land
+# anywhere in the stream, even inside a line of the process's own; the
+# launcher cuts it out wherever it is, and it never reaches the log.
+JOINED_MARKER = b"\x00\x1bjaxrun-joined\n"
 
 
 def env_frame(env: dict) -> bytes:
@@ -255,6 +260,11 @@ class Start(Message):
     """Every task may start its controller, which joins ``address``."""
 
     address: str
+
+
+@message("joined")
+class Joined(Message):
+    """The controller has arrived at the job's rendezvous."""
 
 
 @message("error")

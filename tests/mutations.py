@@ -113,6 +113,15 @@ MUTATIONS = [
         ("tests/e2e/test_mpirun.py", "tests/unit/test_engine_note.py"),
         "named_once or console",
     ),
+    Mutation(
+        "joined-when-initialize-returns",
+        "a process counts as joined only once initialize() returns (every process at once)",
+        (("jaxrun/child/bootstrap.py",
+          "    contract.mark_joined(_launch.joined_file)\n    try:\n        real(**kwargs)\n",
+          "    try:\n        real(**kwargs)\n        contract.mark_joined(_launch.joined_file)\n"),),
+        ("tests/e2e/test_progress.py",),
+        "late",
+    ),
 ]
 
 

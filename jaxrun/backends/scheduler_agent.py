@@ -16,6 +16,8 @@ would:
   task waits for the launcher's ``Start`` before starting the shim;
 - ``Signal`` messages are delivered to the child's process group, so the
   supervisor can dump stacks or kill one rank like a local child;
+- when the child arrives at the job's rendezvous (its joined file appears in
+  our private folder), a ``Joined`` message says so, for the start-up progress;
 - the child's exit code (Popen style) and its error record come back as
   ``Error`` and ``Exit``, and this wrapper exits with the same status, so the
   scheduler's own fail-fast (``--kill-on-bad-exit``) fires too.
@@ -40,6 +42,7 @@ import time
 
 from jaxrun import contract, wire
 from jaxrun.backends import reaper, usage
+from jaxrun.backends.joinwatch import JoinWatch
 from jaxrun.child.bootstrap import BootstrapError, identity_from_env
 from jaxrun.launcher.plan import local_device_ids
 
@@ -158,7 +161,8 @@ def device_env(local: int, local_count: int, environ=os.environ) -> dict[str, st
 AGENT_ONLY = (contract.TASK_SECRET, contract.TASK_CHANNEL, contract.TASK_DEVICES_PER_PROCESS)
 
 
-def child_env(coordinator: str, rank: int, error_file: str, lifeline: int, local: int = 0) -> dict[str, str]:
+def child_env(coordinator: str, rank: int, error_file: str, lifeline: int, local: int = 0,
+              joined_file: str | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in AGENT_ONLY}
     env[contract.COORDINATOR_ADDRESS] = env[contract.JAX_COORDINATOR_ADDRESS] = coordinator
     if rank == 0:
@@ -168,6 +172,8 @@ def child_env(coordinator: str, rank: int, error_file: str, lifeline: int, local
     env[contract.LOCAL_PROCESS_COUNT] = str(local_count)
     env.update(device_env(local, local_count))
     env[contract.ERROR_FILE] = error_file
+    if joined_file:
+        env[contract.JOINED_FILE] = joined_file
     env[contract.LIFELINE_FD] = str(lifeline)
     return env
 
@@ -205,12 +211,13 @@ def main(argv: list[str]) -> int:
     values = contract.placeholder_values(rank, count, local, coordinator)
     command = [contract.substitute(a, values) for a in argv[1:]]
     error_file = os.path.join(tempfile.mkdtemp(prefix="jaxrun-task-"), "error.json")
+    joined_file = os.path.join(os.path.dirname(error_file), "joined")
     reaper.become_subreaper()
     lifeline_r, lifeline_w = os.pipe()
     watch = usage.OomWatch()
     try:
         child.append(subprocess.Popen(
-            command, env=child_env(coordinator, rank, error_file, lifeline_r, local),
+            command, env=child_env(coordinator, rank, error_file, lifeline_r, local, joined_file),
             stdin=subprocess.DEVNULL, stdout=out, stderr=err,
             pass_fds=(lifeline_r,), start_new_session=True,
         ))
@@ -224,7 +231,9 @@ def main(argv: list[str]) -> int:
         err.close()
     acked = threading.Event()
     threading.Thread(target=obey, args=(channel, child[0], acked, watch), daemon=True).start()
+    joins = JoinWatch(joined_file, lambda: channel.send(wire.Joined())).start()
     code, used = usage.wait_popen(child[0], watch)
+    joins.stop()  # and its file is gone before the record's folder is removed
     _killpg(child[0].pid, signal.SIGKILL)  # grandchildren left in its group
     reaper.kill_descendants()  # and those that left it
     report_exit(channel, code, error_file, used)

@@ -106,6 +106,7 @@ class RankChild:
         self.stderr = os.fdopen(err_r, "rb", buffering=0)
         self.error_file: str | None = None
         self.resources: contract.Resources | None = None  # measured by the task agent
+        self.joined_file: str | None = None  # made here when the task says its controller joined
         self._unattached = {"stdout": out_w, "stderr": err_w}  # write ends no task holds yet
         self._ctrl: socket.socket | None = None
         self._pending: list[int] = []  # signals sent before the task connected
@@ -198,6 +199,8 @@ class RankChild:
                 msg = wire.decode(raw)
                 if isinstance(msg, wire.Coordinator):
                     self.step.set_coordinator(msg.address)
+                elif isinstance(msg, wire.Joined):
+                    contract.mark_joined(self.joined_file)  # the supervisor looks for it
                 elif isinstance(msg, wire.Error) and self.error_file:
                     record = contract.ErrorRecord.from_json(msg.record)
                     if record:
@@ -451,6 +454,7 @@ class Step:
     def spawn(self, spec: ProcessSpec, extra_env: Mapping[str, str]) -> RankChild:
         child = self.children[spec.rank]
         child.error_file = extra_env.get(contract.ERROR_FILE)
+        child.joined_file = extra_env.get(contract.JOINED_FILE)
         if self.popen is None:
             self._start_step()
         return child

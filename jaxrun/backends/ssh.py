@@ -301,6 +301,7 @@ class SshChild:
     """A remote controller, seen through its local ssh client."""
 
     sends_error_record = True  # as the last bytes of stderr: see ssh_agent
+    reports_joins = True  # wire.JOINED_MARKER on stderr: see ssh_agent
 
     def __init__(self, popen: subprocess.Popen):
         self.popen = popen

@@ -26,6 +26,10 @@ and everything it started are gone, the agent sends it home, with the
 resources the shim used (``backends.usage``), as the last bytes on stderr
 (``wire.record_trailer``), which the launcher takes off the stream.
 
+When the controller arrives at the job's rendezvous (its joined file appears
+in the same private folder), the agent writes ``wire.JOINED_MARKER`` on stderr
+once, which the launcher also takes off the stream.
+
 The exit status is the shim's, or 128+N when it died of signal N, since SSH
 has no way to pass a signal death back.
 """
@@ -45,6 +49,7 @@ import psutil
 
 from jaxrun import contract, portable, wire
 from jaxrun.backends import reaper, usage
+from jaxrun.backends.joinwatch import JoinWatch
 
 USAGE = f"usage: python -m {contract.SSH_AGENT_MODULE} [--chdir DIR] [--forkserver NAME] -- COMMAND..."
 SERVER_WAIT = 3.0  # for the host's server to listen: it started with the preflight, long before us
@@ -180,6 +185,8 @@ def main(argv: list[str]) -> int:
     record_path = os.path.join(tempfile.mkdtemp(prefix="jaxrun-agent-"), "error.json")  # a 0700 folder
     env[contract.ERROR_FILE] = record_path
     watch = usage.OomWatch()
+    joined_path = os.path.join(os.path.dirname(record_path), "joined")
+    env[contract.JOINED_FILE] = joined_path
     child = fork_by_server(server, command, env, lifeline_r) if server else None
     try:
         child = child or subprocess.Popen(
@@ -196,11 +203,13 @@ def main(argv: list[str]) -> int:
     os.close(lifeline_r)
     relay = threading.Thread(target=relay_signals, args=(0, child.pid, watch), daemon=True)
     relay.start()
+    joins = JoinWatch(joined_path, announce_joined).start()
     if isinstance(child, ServedChild):
         code = child.wait()
         used = watch.with_verdict(code, child.resources)
     else:
         code, used = usage.wait_popen(child, watch)
+    joins.stop()  # before the record: nothing may follow the trailer
     kill_group(child.pid, signal.SIGKILL)  # grandchildren left behind by the shim
     reaper.kill_descendants()  # and those that left its group
     if isinstance(child, ServedChild):
@@ -208,6 +217,12 @@ def main(argv: list[str]) -> int:
     os.close(lifeline_w)
     send_home(record_path, used)
     return contract.exit_status(code)
+
+
+def announce_joined() -> None:
+    """The marker in one write: a pipe never splits it, nor mixes it with
+    the controller's own writes to the same stderr."""
+    os.write(2, wire.JOINED_MARKER)
 
 
 def send_home(path: str, used: contract.Resources | None) -> None:

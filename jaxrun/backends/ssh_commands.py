@@ -177,10 +177,11 @@ def process_env(spec: ProcessSpec, extra_env: Mapping[str, str]) -> dict[str, st
     """What a remote process's environment adds to the host's; sent on stdin."""
     env = dict(spec.env)
     env.update(extra_env)
-    # The agent makes its own lifeline, and its own private error record file
-    # on the host: a path of the launching machine means nothing there.
+    # The agent makes its own lifeline, and its own private error record and
+    # joined files on the host: a path of the launching machine means nothing there.
     env.pop(contract.LIFELINE_FD, None)
     env.pop(contract.ERROR_FILE, None)
+    env.pop(contract.JOINED_FILE, None)
     return env
 
 

@@ -53,6 +53,7 @@ class Launch:
     initialized: bool = False
     busy: bool = False  # inside jaxrun's own initialize: the backend hook stands back
     noted_address: bool = False
+    joined_file: str | None = None  # created on arrival at the rendezvous (contract.JOINED_FILE)
 
 
 _launch: Launch | None = None
@@ -144,7 +145,8 @@ def prepare(environ=os.environ) -> None:
     environ[contract.NUM_PROCESSES] = str(count)
     environ[contract.LOCAL_PROCESS_ID] = str(local)
     bind = environ.get(contract.COORDINATOR_BIND_ADDRESS) if rank == 0 else None
-    _launch = Launch(coordinator, count, rank, local, bind, environ.get(contract.VERBOSE) == "1")
+    _launch = Launch(coordinator, count, rank, local, bind, environ.get(contract.VERBOSE) == "1",
+                     joined_file=environ.get(contract.JOINED_FILE))
     hooks.after_import("jax._src.distributed", _patch_distributed)
     hooks.after_import("jax._src.xla_bridge", _patch_xla_bridge)
     flight.prepare(environ, rank, count)  # --flight-recorder, --check-divergence: before any program runs
@@ -224,6 +226,7 @@ def ensure_initialized() -> list[dict] | None:
 
     if distributed.global_state.client is not None:  # joined by other means
         _launch.initialized = True
+        contract.mark_joined(_launch.joined_file)
         return None
     return _join(getattr(distributed, "_jaxrun_real_initialize", distributed.initialize), {})
 
@@ -260,6 +263,9 @@ def _join(real, given: dict) -> list[dict]:
             jax.config.update("jax_cross_host_transport_addresses",
                               ",".join([contract.join_address(ip, 0)] * TRANSPORT_LISTENERS))
     _launch.busy = True
+    # Arrived: tell the launcher now, not when initialize() returns, which
+    # it does in every process at once, when the last one has arrived.
+    contract.mark_joined(_launch.joined_file)
     try:
         real(**kwargs)
     finally:

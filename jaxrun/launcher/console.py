@@ -13,6 +13,7 @@ import io
 import os
 import re
 import sys
+import threading
 import time
 from typing import BinaryIO, Callable, TextIO
 
@@ -42,6 +43,8 @@ _FLIGHT_LINE = re.compile(rb"^jaxrun: flight\[\d+\] (?:begin: |#\d+ |end\r?$)")
 # on stderr (the step says that once on the console, for all its tasks).
 _HIDDEN_MARKS = {Stream.STDOUT: (b"peer ranks", b"[Gloo]"),
                  Stream.STDERR: (b"most recent call first", _FLIGHT_MARK, *contract.ENGINE_NOTE_MARKS)}
+# Back to the start of the line and erase it: where a live status line was.
+ERASE_LINE = b"\r\x1b[K"
 
 
 def is_noise(line: bytes) -> bool:
@@ -83,6 +86,40 @@ class ConsolePrinter:
         self.pending: dict[Stream, list] = {Stream.STDOUT: [], Stream.STDERR: []}
         self.pending_bytes = 0
         self.gone: set[int] = set()  # ids of sinks whose reader went away
+        # The live status line (see ``status``), drawn last on stderr: erased
+        # before anything else is written to the console, drawn again after.
+        # The pump thread writes and the supervisor's thread notes: one lock.
+        self.live: bytes | None = None
+        self.lock = threading.RLock()
+
+    def can_show_status(self) -> bool:
+        """Whether a live line can be redrawn in place: stderr is a terminal
+        that understands the erase sequence."""
+        try:
+            return self.err.isatty() and os.environ.get("TERM", "") != "dumb"
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    def status(self, line: str | None) -> None:
+        """Draw ``line`` as the live status line in place of the last one;
+        None erases it.  Only on a terminal (``can_show_status``)."""
+        with self.lock:
+            if line is None:
+                if self.live is not None:
+                    self.live = None
+                    self._emit(self.err, ERASE_LINE)
+                return
+            self.live = self._fit(line).encode(errors="replace")
+            self._emit(self.err, ERASE_LINE + self.live)
+
+    def _fit(self, line: str) -> str:
+        """Cut to the terminal's width: a line that wraps cannot be redrawn."""
+        try:
+            width = os.get_terminal_size(self.err.fileno()).columns
+        except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+            width = 0
+        width = width or 80  # a terminal that never said its size (a bare pty)
+        return line[: max(width - 1, 1)]
 
     def shows(self, rank: int) -> bool:
         """Whether this process's output is shown live."""
@@ -131,27 +168,38 @@ class ConsolePrinter:
             prefix = time.strftime("%H:%M:%S", time.localtime(now)).encode() + b".%03d " % (now % 1 * 1000) + prefix
         text = self.render(rank, stream, data, prefix)
         if text:
-            pending = self.pending[stream]
-            pending.append(prefix)
-            pending.append(memoryview(text)[: -len(prefix)])
-            self.pending_bytes += len(text)
-            if self.pending_bytes > FLUSH_AT:
-                self.flush()
+            with self.lock:
+                pending = self.pending[stream]
+                pending.append(prefix)
+                pending.append(memoryview(text)[: -len(prefix)])
+                self.pending_bytes += len(text)
+                if self.pending_bytes > FLUSH_AT:
+                    self.flush()
 
-    def flush(self) -> None:
+    def flush(self, extra: bytes = b"") -> None:
         """Write what ``write`` gathered: the pump calls this once a round, so
-        a round costs one write per console stream, not two per chunk."""
-        for stream, sink in ((Stream.STDOUT, self.out), (Stream.STDERR, self.err)):
-            pending = self.pending[stream]
-            if pending:
-                self._emit(sink, b"".join(pending))
+        a round costs one write per console stream, not two per chunk.
+        ``extra`` goes to stderr after it, before the live line is redrawn."""
+        with self.lock:
+            chunks = [(sink, b"".join(self.pending[stream])) for stream, sink in
+                      ((Stream.STDOUT, self.out), (Stream.STDERR, self.err)) if self.pending[stream]]
+            if extra:
+                chunks.append((self.err, extra))
+            for pending in self.pending.values():
                 pending.clear()
-        self.pending_bytes = 0
+            self.pending_bytes = 0
+            if not chunks:
+                return
+            if self.live is not None:
+                self._emit(self.err, ERASE_LINE)
+            for sink, data in chunks:
+                self._emit(sink, data)
+            if self.live is not None:
+                self._emit(self.err, self.live)
 
     def note(self, line: str) -> None:
         """One line of jaxrun's own, on stderr at once, after what is pending."""
-        self.flush()
-        self._emit(self.err, line.encode(errors="replace") + b"\n")
+        self.flush(line.encode(errors="replace") + b"\n")
 
     def _emit(self, sink: BinaryIO, data: bytes) -> None:
         if id(sink) in self.gone:

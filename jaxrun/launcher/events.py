@@ -44,3 +44,10 @@ class LogWriteFailed:
     rank: int
     path: str
     error: str  # strerror
+
+
+@dataclasses.dataclass(frozen=True)
+class Joined:
+    """A remote process arrived at the job's rendezvous, as its agent reported."""
+
+    rank: int

@@ -62,6 +62,10 @@ class _Source:
         self.trailer: Callable[[str], None] | None = None
         self.held = b""
         self.tail: bytearray | None = None
+        # Where the stream may carry a joined marker (wire.JOINED_MARKER):
+        # what hears of it, and the bytes that may start one, held back.
+        self.on_join: Callable[[], None] | None = None
+        self.join_held = b""
         self.show = show  # False: keep the log only, send nothing to the console
         self.partial = b""
 
@@ -95,11 +99,15 @@ class OutputPump:
         self.thread = start_thread("jaxrun-output", self._run, hooks=hooks or RunHooks())
 
     def add(self, fd: int, log: BinaryIO, rank: int, stream: Stream, on_close: Callable[[], None],
-            show: bool = True, path: str = "", trailer: Callable[[str], None] | None = None) -> None:
+            show: bool = True, path: str = "", trailer: Callable[[str], None] | None = None,
+            on_join: Callable[[], None] | None = None) -> None:
         """Pump a pipe into ``log`` (the file at ``path``).  With ``trailer``,
-        a record trailer at the very end is passed to it instead of the log."""
+        a record trailer at the very end is passed to it instead of the log.
+        With ``on_join``, joined markers anywhere in the stream are cut out,
+        and each one calls it."""
         src = _Source(fd, log, rank, stream, on_close, show, path)
         src.trailer = trailer
+        src.on_join = on_join
         with self.lock:
             self.pending.append(src)
         os.write(self.wake_w, b"+")
@@ -216,23 +224,38 @@ class OutputPump:
             data = os.read(src.fd, CHUNK)
         except OSError:
             data = b""
+        end = not data
+        if src.on_join is not None:
+            data = self._cut_joins(src, data, end)
         if src.trailer is not None:
             if data:
                 data = self._hold_trailer(src, data)
-                if not data:
-                    return True  # held back for now
-            else:
-                rest = self._release_trailer(src)
-                if rest:
-                    self._keep(src, rest)
-                    self._lines(src, rest)
-        if not data:
+            if end:
+                data += self._release_trailer(src)
+        if data:
+            self._keep(src, data)
+            self._lines(src, data)
+        if end:
             self.selector.unregister(src.fd)
             self._end(src)
             return True
-        self._keep(src, data)
-        self._lines(src, data)
         return len(data) < TRICKLE
+
+    @staticmethod
+    def _cut_joins(src: _Source, data: bytes, end: bool) -> bytes:
+        """The bytes without joined markers; the start of a marker a read
+        cut in two is held until the next read (at the end: released)."""
+        marker = wire.JOINED_MARKER
+        data, src.join_held = src.join_held + data, b""
+        if marker in data:
+            for _ in range(data.count(marker)):
+                src.on_join()
+            data = data.replace(marker, b"")
+        if not end:
+            keep = _marker_start(data, marker)
+            if keep:
+                src.join_held, data = data[-keep:], data[:-keep]
+        return data
 
     @staticmethod
     def _hold_trailer(src: _Source, data: bytes) -> bytes:
@@ -249,10 +272,10 @@ class OutputPump:
         if at >= 0:
             src.tail = bytearray(data[at:])
             return data[:at]
-        for k in range(min(len(marker) - 1, len(data)), 0, -1):
-            if data.endswith(marker[:k]):
-                src.held = data[-k:]
-                return data[:-k]
+        keep = _marker_start(data, marker)
+        if keep:
+            src.held = data[-keep:]
+            return data[:-keep]
         return data
 
     @staticmethod
@@ -317,6 +340,16 @@ class OutputPump:
         self.flush()  # before the supervisor hears of it and prints its summary
         src.on_close()
         self.events.put(StreamClosed(src.rank, src.stream))
+
+
+def _marker_start(data: bytes, marker: bytes) -> int:
+    """How many of ``data``'s last bytes may begin ``marker`` (0: none)."""
+    if marker[0] not in data[-(len(marker) - 1):]:  # the common case, at memchr speed
+        return 0
+    for k in range(min(len(marker) - 1, len(data)), 0, -1):
+        if data.endswith(marker[:k]):
+            return k
+    return 0
 
 
 def enlarge_pipe(fd: int) -> None:

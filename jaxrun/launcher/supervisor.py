@@ -33,10 +33,11 @@ from jaxrun import contract, wire
 from jaxrun.backends.base import Backend, Child, Interrupted, RunHooks, start_thread
 from jaxrun.launcher.console import ConsolePrinter
 from jaxrun.launcher.control import INTERNAL_ERROR
-from jaxrun.launcher.events import Exited, LogWriteFailed, SignalReceived, Stream, StreamClosed, ThreadDied
+from jaxrun.launcher.events import Exited, Joined, LogWriteFailed, SignalReceived, Stream, StreamClosed, ThreadDied
 from jaxrun.launcher.logfiles import log_paths, open_log, open_pumped_log, prepare_log_dir
 from jaxrun.launcher.outcome import Outcome, ProcessRecord, StopReason, Verdict
 from jaxrun.launcher.plan import ProcessSpec
+from jaxrun.launcher.progress import JoinProgress, joined_path
 from jaxrun.launcher.pump import OutputPump, enlarge_pipe
 
 # After a failure or a timeout, how long survivors get to write their stack dumps.
@@ -99,6 +100,8 @@ class Supervisor:
         """Start every process, watch them to the end; the backend's ``begin``
         is part of the start, and ``end`` is the caller's."""
         self.pump = OutputPump(self.events, self.printer.write, self.printer.flush, hooks=self.hooks)
+        self.progress = JoinProgress(self.specs, self.printer.status, self.printer.note,
+                                     live=self.printer.can_show_status(), clock=self.clock)
         lifeline_r, lifeline_w = os.pipe()
         self.records = {spec.rank: ProcessRecord(spec, *log_paths(self.log_dir, spec.rank)) for spec in self.specs}
         try:
@@ -111,6 +114,7 @@ class Supervisor:
         finally:
             for child in self.children.values():
                 child.send(signal.SIGKILL)  # grandchildren left in a group
+            self.progress.finish()
             os.close(lifeline_w)
             self.pump.stop()
         return self._outcome()
@@ -136,14 +140,20 @@ class Supervisor:
         # Local backends let each child write its own log files: no byte of a
         # flood passes through jaxrun unless the console shows it.
         direct = self.backend.writes_log_files
+        self.progress.begin()
+        show_at = self.clock()
         for spec in self.specs:
             if self.hooks.stopping():
                 raise Interrupted()
+            if self.clock() >= show_at:  # a long start (many processes) shows its progress too
+                show_at = self.progress.tick() or float("inf")
             record = self.records[spec.rank]
             out, err, error_file = record.stdout_log, record.stderr_log, record.error_file
-            if os.path.exists(error_file):
-                os.unlink(error_file)
-            env = {contract.ERROR_FILE: error_file}
+            joined_file = joined_path(self.log_dir, spec.rank)
+            for stale in (error_file, joined_file):
+                if os.path.lexists(stale):
+                    os.unlink(stale)
+            env = {contract.ERROR_FILE: error_file, contract.JOINED_FILE: joined_file}
             if direct:
                 fds = (open_log(out), open_log(err))
                 try:
@@ -158,15 +168,20 @@ class Supervisor:
             else:
                 child = self.backend.spawn(spec, lifeline_r, env, None)
                 record_home = getattr(child, "sends_error_record", False)
+                on_join = (lambda rank=spec.rank: self.events.put(Joined(rank))) \
+                    if getattr(child, "reports_joins", False) else None
                 for pipe, path, stream in ((child.stdout, out, Stream.STDOUT), (child.stderr, err, Stream.STDERR)):
                     trailer = (lambda text, rec=record: take_home(text, rec)) \
                         if record_home and stream is Stream.STDERR else None
-                    self._start_pump(pipe, path, spec.rank, stream, trailer)
+                    self._start_pump(pipe, path, spec.rank, stream, trailer,
+                                     on_join if stream is Stream.STDERR else None)
             record.pid, record.started_at = child.pid, time.time()
             self.children[spec.rank] = child
+            if not getattr(child, "reports_joins", False):  # else the pump hears it: a Joined event
+                self.progress.watch(spec.rank, joined_file)
             start_thread(f"process-waiter:{spec.rank}", self._wait, spec.rank, child, hooks=self.hooks)
 
-    def _start_pump(self, pipe, path: str, rank: int, stream: Stream, trailer=None) -> None:
+    def _start_pump(self, pipe, path: str, rank: int, stream: Stream, trailer=None, on_join=None) -> None:
         log = open_pumped_log(path)
         enlarge_pipe(pipe.fileno())
 
@@ -176,7 +191,7 @@ class Supervisor:
 
         self.open_streams += 1
         self.pump.add(pipe.fileno(), log, rank, stream, close, show=self.printer.shows(rank), path=path,
-                      trailer=trailer)
+                      trailer=trailer, on_join=on_join)
 
     def _wait(self, rank: int, child: Child) -> None:
         code = child.wait()
@@ -190,6 +205,7 @@ class Supervisor:
 
     def _loop(self) -> None:
         while self._running():
+            show_at = self.progress.tick()
             now = self.clock()
             if self.kill_at is not None and now >= self.kill_at:
                 if self.kill_sent:
@@ -198,7 +214,8 @@ class Supervisor:
                 self._kill_survivors()
             if self.deadline is not None and now >= self.deadline and self.reason is None:
                 self._begin_stop(StopReason.TIMEOUT, TIMEOUT_DUMP_WAIT, signal.SIGUSR1)
-            wake = [t for t in (self.kill_at, self.deadline if self.reason is None else None) if t is not None]
+            wake = [t for t in (self.kill_at, self.deadline if self.reason is None else None, show_at)
+                    if t is not None]
             wait = max(0.0, min(wake) - now) if wake else None
             try:
                 event = self.events.get(timeout=wait)
@@ -213,6 +230,8 @@ class Supervisor:
             self._on_signal(event.signum)
         elif isinstance(event, StreamClosed):
             self.open_streams -= 1
+        elif isinstance(event, Joined):
+            self.progress.joined(event.rank)
         elif isinstance(event, ThreadDied):
             self._on_fault(event)
         elif isinstance(event, LogWriteFailed):
@@ -222,6 +241,7 @@ class Supervisor:
 
     def _on_exit(self, event: Exited) -> None:
         self.pump.wake()
+        self.progress.ended(event.rank)
         record = self.records[event.rank]
         record.returncode, record.ended_at = event.returncode, time.time()
         if event.returncode == 0:

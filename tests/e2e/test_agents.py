@@ -87,3 +87,35 @@ def test_fork_server_forks_on_request_and_reports_the_exit(tmp_path):
             if server.poll() is None:
                 os.killpg(server.pid, 9)
                 server.wait()
+
+
+# Marks its join as the shim does, between two lines of its own on stderr.
+JOINS = """
+import os, sys, time
+from jaxrun import contract
+path = os.environ[contract.JOINED_FILE]
+print(os.path.dirname(path), flush=True)
+sys.stderr.write("before\\n"); sys.stderr.flush()
+contract.mark_joined(path)
+time.sleep(1.0)
+sys.stderr.write("after\\n"); sys.stderr.flush()
+"""
+
+
+def test_ssh_agent_reports_the_join_once_on_stderr_and_leaves_no_file():
+    agent = subprocess.Popen(
+        [sys.executable, "-m", contract.SSH_AGENT_MODULE, "--", sys.executable, "-c", JOINS],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )
+    try:
+        agent.wait(timeout=30)  # stdin stays open: its end would mean a dropped connection
+        out, err = agent.stdout.read(), agent.stderr.read()
+        agent.stdin.close()
+    finally:
+        if agent.poll() is None:
+            os.killpg(agent.pid, 9)
+            agent.wait()
+    assert agent.returncode == 0, err
+    assert err == b"before\n" + wire.JOINED_MARKER + b"after\n"
+    folder = out.decode().strip()
+    assert folder and not os.path.exists(folder)  # the agent's private folder, removed

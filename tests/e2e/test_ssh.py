@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -86,6 +87,11 @@ def test_toy_on_two_hosts(sshd_hosts, jaxrun, tmp_path):
             assert f"device cpu:{device} has local data" in log
         assert f"[{rank}] process={rank} {RESULT}" in out
     assert "device cpu:0 has local data [[0 1 2 3]]" in out
+    # Each host's agent reported its controller's join with a marker on
+    # stderr, which jaxrun cut out: one progress line, no marker in a log.
+    assert len(re.findall(r"^jaxrun: 4/4 processes joined in [\d.]+ s$", err, re.M)) == 1, err
+    for rank in range(4):
+        assert b"jaxrun-joined" not in (logs / f"process-{rank}.stderr").read_bytes()
     # -v shows the preflight table, one row per host.
     assert "hostA  127.0.0.2" in err and "hostB  127.0.0.3" in err
 

@@ -1,0 +1,241 @@
+"""Start-up progress: the joined count and who is not yet in, drawn live on a
+terminal or as one line off it; and the joined marker a remote process's
+stderr carries, cut out of the stream wherever a read splits it."""
+
+from __future__ import annotations
+
+import io
+import os
+import queue
+import random
+import time
+
+import pytest
+
+from jaxrun import wire
+from jaxrun.launcher.console import ERASE_LINE, ConsolePrinter
+from jaxrun.launcher.events import Stream, StreamClosed
+from jaxrun.launcher.plan import LOCAL_HOST, Host, ProcessSpec
+from jaxrun.launcher.progress import (JOIN_NAMING_AFTER, MAX_NAMED, JoinProgress, done_line, live_line,
+                                      waiting_text)
+from jaxrun.launcher.pump import OutputPump, _Source
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def specs(hosts):
+    return [ProcessSpec(rank, 0, host, "python", ("x.py",), {}) for rank, host in enumerate(hosts)]
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+class Screen:
+    """What JoinProgress asked the display for, in order."""
+
+    def __init__(self):
+        self.calls: list[tuple[str, str | None]] = []
+
+    def status(self, line):
+        self.calls.append(("status", line))
+
+    def note(self, line):
+        self.calls.append(("note", line))
+
+
+def progress(hosts, live, files=None):
+    clock, screen = Clock(), Screen()
+    files = files if files is not None else set()
+    removed = []
+
+    def remove(path):
+        removed.append(path)
+        files.discard(path)
+
+    p = JoinProgress(specs(hosts), screen.status, screen.note, live=live, clock=clock,
+                     exists=files.__contains__, remove=remove)
+    return p, clock, screen, files, removed
+
+
+def test_lines_read_as_the_user_expects():
+    assert live_line(6, 8, 1.0) == "jaxrun: 6/8 processes joined"
+    assert live_line(6, 8, 12.7, [(3, "host-b"), (5, None)]) == \
+        "jaxrun: 6/8 processes joined; waiting 12 s for process 3 (host-b), process 5"
+    assert done_line(8, 2.34) == "jaxrun: 8/8 processes joined in 2.3 s"
+
+
+def test_a_long_list_of_absentees_is_bounded():
+    waiting = [(r, f"h{r}") for r in range(MAX_NAMED + 5)]
+    text = waiting_text(waiting)
+    assert text.endswith(" and 5 more")
+    assert text.count("process ") == MAX_NAMED
+
+
+def test_on_a_terminal_the_count_rises_then_names_the_late_ones_then_ends_in_one_line():
+    hosts = [LOCAL_HOST, Host("host-b"), Host("host-c")]
+    p, clock, screen, files, removed = progress(hosts, live=True)
+    p.begin()
+    for rank in range(3):
+        p.watch(rank, f"/logs/{rank}.joined")
+    assert p.tick() == pytest.approx(clock.now + 0.25)
+    files.add("/logs/0.joined")
+    clock.now += 1
+    p.tick()
+    p.joined(2)  # as an agent reports it
+    clock.now += 1
+    p.tick()
+    assert [c for c in screen.calls if c[0] == "status"] == [
+        ("status", "jaxrun: 0/3 processes joined"),
+        ("status", "jaxrun: 1/3 processes joined"),
+        ("status", "jaxrun: 2/3 processes joined"),
+    ]
+    assert removed == ["/logs/0.joined", "/logs/2.joined"]  # seen, so gone from the log folder
+    p.tick()  # nothing new: nothing redrawn
+    assert len(screen.calls) == 3
+    clock.now += JOIN_NAMING_AFTER
+    p.tick()
+    assert screen.calls[-1] == ("status", "jaxrun: 2/3 processes joined; waiting 7 s for process 1 (host-b)")
+    files.add("/logs/1.joined")
+    clock.now += 0.25
+    assert p.tick() is None
+    assert screen.calls[-2:] == [("status", None), ("note", "jaxrun: 3/3 processes joined in 7.2 s")]
+    clock.now += 1
+    assert p.tick() is None
+    p.finish()
+    assert screen.calls[-1][0] == "note"  # nothing after the final line
+
+
+def test_off_a_terminal_only_the_final_line():
+    p, clock, screen, files, _ = progress([LOCAL_HOST] * 2, live=False)
+    p.begin()
+    p.watch(0, "a")
+    p.watch(1, "b")
+    clock.now += 10
+    p.tick()
+    files.update({"a", "b"})
+    clock.now += 0.5
+    p.tick()
+    p.tick()
+    assert screen.calls == [("note", "jaxrun: 2/2 processes joined in 10.5 s")]
+
+
+def test_a_process_ending_before_it_joined_erases_the_line_and_says_no_more():
+    p, clock, screen, files, removed = progress([LOCAL_HOST] * 3, live=True)
+    p.begin()
+    for rank in range(3):
+        p.watch(rank, f"{rank}.joined")
+    files.add("0.joined")
+    p.tick()
+    p.ended(1)
+    assert screen.calls[-1] == ("status", None)
+    files.update({"1.joined", "2.joined"})
+    assert p.tick() is None
+    assert all(kind == "status" for kind, _ in screen.calls)
+    p.finish()
+    assert set(removed) == {"0.joined", "1.joined", "2.joined"}  # none left in the log folder
+
+
+def test_a_one_process_job_shows_nothing():
+    p, clock, screen, files, _ = progress([LOCAL_HOST], live=True)
+    p.begin()
+    p.watch(0, "0.joined")
+    files.add("0.joined")
+    assert p.tick() is None
+    p.finish()
+    assert screen.calls == []
+
+
+# -- the console keeps the live line apart from the output ----------------------------
+
+def test_output_and_notes_are_printed_above_the_live_line():
+    out, err = io.BytesIO(), io.BytesIO()
+    printer = ConsolePrinter(stdout=out, stderr=err)
+    printer.status("jaxrun: 1/2 processes joined")
+    printer.write(0, Stream.STDOUT, b"hello\n")
+    printer.write(1, Stream.STDERR, b"warn\n")
+    printer.flush()
+    printer.note("jaxrun: a note")
+    printer.status(None)
+    printer.flush()  # nothing pending, no live line: nothing written
+    live = b"jaxrun: 1/2 processes joined"
+    assert err.getvalue() == (ERASE_LINE + live + ERASE_LINE + b"[1] warn\n" + live
+                              + ERASE_LINE + b"jaxrun: a note\n" + live + ERASE_LINE)
+    assert out.getvalue() == b"[0] hello\n"
+
+
+def test_no_live_line_off_a_terminal():
+    assert not ConsolePrinter(stdout=io.BytesIO(), stderr=io.BytesIO()).can_show_status()
+
+
+# -- the joined marker on a remote process's stderr ----------------------------------
+
+def cut_through(stream: bytes, seed: int, trailer: bool = True) -> tuple[bytes, int, list[str]]:
+    """(bytes passed on, joins heard, records received), ``stream`` cut at random
+    and passed through both filters as the pump does."""
+    joins, records = [], []
+    src = _Source(-1, None, 0, Stream.STDERR)
+    src.on_join = lambda: joins.append(1)
+    src.trailer = records.append if trailer else None
+    rng = random.Random(seed)
+    out, at = b"", 0
+    while at < len(stream):
+        step = rng.choice([1, 2, 3, 5, 11, 4096])
+        data = OutputPump._cut_joins(src, stream[at:at + step], end=False)
+        if trailer and data:
+            data = OutputPump._hold_trailer(src, data)
+        out += data
+        at += step
+    data = OutputPump._cut_joins(src, b"", end=True)
+    if trailer:
+        if data:
+            data = OutputPump._hold_trailer(src, data)
+        data += OutputPump._release_trailer(src)
+    return out + data, len(joins), records
+
+
+RECORD = '{"type": "ValueError", "message": "bad", "traceback": ""}'
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_joined_marker_is_cut_out_wherever_a_read_splits_it(seed):
+    before, after = b"line one\npartial ", b"rest of it\n\x00 not a marker \x00\x1bjaxrun\n"
+    out, joins, records = cut_through(before + wire.JOINED_MARKER + after + wire.record_trailer(RECORD), seed)
+    assert (out, joins, records) == (before + after, 1, [RECORD])
+
+
+@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.parametrize("own", [
+    b"ends with half a marker " + wire.JOINED_MARKER[:5],
+    wire.JOINED_MARKER[:-1] + b"x and more\n",
+    b"plain bytes\n" * 40,
+])
+def test_bytes_that_only_look_like_a_marker_are_kept(seed, own):
+    assert cut_through(own, seed, trailer=False) == (own, 0, [])
+
+
+def test_a_real_pump_keeps_the_marker_out_of_the_log_and_reports_the_join(tmp_path):
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    shown: list[bytes] = []
+    pump = OutputPump(events, lambda rank, stream, data: shown.append(data))
+    read_end, write_end = os.pipe()
+    log_path = tmp_path / "process-0.stderr"
+    log = open(log_path, "wb", buffering=0)
+    joins: list[int] = []
+    pump.add(read_end, log, 0, Stream.STDERR, lambda: (log.close(), os.close(read_end)), path=str(log_path),
+             on_join=lambda: joins.append(0))
+    try:
+        os.write(write_end, b"before" + wire.JOINED_MARKER[:4])
+        time.sleep(0.2)
+        os.write(write_end, wire.JOINED_MARKER[4:] + b" after\n")
+        os.close(write_end)
+        assert events.get(timeout=10) == StreamClosed(0, Stream.STDERR)
+    finally:
+        pump.stop()
+    assert log_path.read_bytes() == b"before after\n"
+    assert b"".join(shown) == b"before after\n"
+    assert joins == [0]
