@@ -75,7 +75,9 @@ def test_fork_server_forks_on_request_and_reports_the_exit(tmp_path):
         assert isinstance(started, wire.Started) and started.pid > 0
         ours.settimeout(30)
         exited = wire.decode(wire.recv_frame(ours)[0])
-        assert exited == wire.ChildExited(started.pid, 1)
+        assert (exited.pid, exited.returncode) == (started.pid, 1)
+        used = contract.Resources.from_dict(exited.resources)  # measured by the server as it reaped it
+        assert used is not None and used.peak_rss_bytes > 1 << 20 and used.cpu_seconds > 0, exited
         assert f"{contract.COORDINATOR_ADDRESS} is not set" in (tmp_path / "err").read_text()
     finally:
         ours.close()  # EOF: the server exits
@@ -116,6 +118,10 @@ def test_ssh_agent_reports_the_join_once_on_stderr_and_leaves_no_file():
             os.killpg(agent.pid, 9)
             agent.wait()
     assert agent.returncode == 0, err
-    assert err == b"before\n" + wire.JOINED_MARKER + b"after\n"
+    # The join, once, where it happened; last, what comes home (no record, the resources).
+    assert err.startswith(b"before\n" + wire.JOINED_MARKER + b"after\n" + wire.RECORD_TRAILER), err
+    error, used = wire.read_home_payload(wire.parse_record_trailer(err[len(b"before\n" + wire.JOINED_MARKER
+                                                                             + b"after\n"):]))
+    assert error is None and contract.Resources.from_dict(used).cpu_seconds > 0, err
     folder = out.decode().strip()
     assert folder and not os.path.exists(folder)  # the agent's private folder, removed
