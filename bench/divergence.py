@@ -14,17 +14,18 @@ round, and the time spent in the call itself (JAX's dispatch, plus the
 mode's work: every mode's cost is host time there) with what the mode adds
 to it, as a share of the plain step; medians over the rounds.  On a shared
 machine the step times wander by several percent between runs; the time in
-the call much less.  So each round also runs one job with the recorder's
-hook installed by the script itself, on and off in alternate blocks of 10
-steps, and reports the ratio of the two sides' median steps: both sides
-share the load of the moment.  The goal for the flight recorder: at most 5%
+the call much less.  So each round also runs one job that installs the
+recorder's hook itself and runs plain and hooked steps in turn (the same
+step, jitted twice: once before the hook, keeping JAX's C++ fast path, once
+after), and reports the median ratio of each hooked step to the plain step
+just before: both share the load of the moment.  The goal for the flight recorder: at most 5%
 on steps of 10 ms or more.
 
 Then a probe, in one plain process with one CPU device, splits what the
 recorder adds to a call: the same step called with JAX's C++ fast path, with
 JAX's Python dispatch (the fast path off, as both modes turn it off), and with
 the recorder's hook as well, whose own time is measured in place; at width 32,
-where the call is host work only, and at the bench's width.
+where the call is nearly all host work, and at the bench's width.
 """
 
 from __future__ import annotations
@@ -69,36 +70,34 @@ TRAIN = textwrap.dedent(
         layers, value = train_step(layers, x)
         value.block_until_ready()
     if sys.argv[3:] == ["paired"]:
-        # The recorder's hook, installed here as --flight-recorder installs it,
-        # on and off in alternate blocks of steps: both sides share the
-        # machine's load of the moment, which between runs wanders by more than
-        # the difference measured.
-        from jax._src import pjit
-        from jax._src.interpreters import pxla
+        # Plain and hooked steps in turn, in this one job, so that both share
+        # the machine's load of the moment, which between runs wanders by more
+        # than the difference measured.  The recorder's hook is installed here
+        # as --flight-recorder installs it.  train_step got its C++ fast path
+        # above, before the hook, and keeps it; hooked_step, the same step
+        # jitted anew, never gets one, so every call of it goes through the hook.
         from jaxrun.child import flight
 
-        patched = ((pjit, "_get_fastpath_data"), (pxla.MeshExecutable, "create_cpp_call"),
-                   (pxla.ExecuteReplicated, "__call__"))
-        off = [getattr(owner, name) for owner, name in patched]
         flight._flight = flight.Flight(jax.process_index(), jax.process_count(), 64, None)
         flight._flight.flags = "--flight-recorder"
         flight._install(jax)
-        on = [getattr(owner, name) for owner, name in patched]
-        block, took = 10, {False: [], True: []}
-        for b in range(steps // block):
-            hooked = b % 2 == 1
-            for (owner, name), value in zip(patched, on if hooked else off):
-                setattr(owner, name, value)
-            train_step.clear_cache()  # C++ keeps a fast path it was handed
-            for i in range(block + 1):
-                start = time.perf_counter()
-                layers, value = train_step(layers, x)
-                value.block_until_ready()
-                if i:  # the first step after a switch misses C++'s cache
-                    took[hooked].append(time.perf_counter() - start)
-        assert flight._flight.runs == (steps // block // 2) * (block + 1)
+        hooked_step = jax.jit(lambda params, x: train_step.__wrapped__(params, x))
+        for _ in range(3):  # compile, warm up
+            layers, value = hooked_step(layers, x)
+            value.block_until_ready()
+        warm = flight._flight.runs
+        took = {train_step: [], hooked_step: []}
+        for i in range(steps):
+            f = hooked_step if i % 2 else train_step
+            start = time.perf_counter()
+            layers, value = f(layers, x)
+            value.block_until_ready()
+            took[f].append(time.perf_counter() - start)
+        assert flight._flight.runs - warm == steps // 2, "the plain steps must not pass the hook"
+        plain, hooked = np.array(took[train_step][: steps // 2]), np.array(took[hooked_step])
         if jax.process_index() == 0:
-            print(f"PAIRED_MS {np.median(took[False]) * 1000:.3f} {np.median(took[True]) * 1000:.3f}", flush=True)
+            print(f"PAIRED_MS {np.median(plain) * 1000:.3f} {np.median(hooked) * 1000:.3f} "
+                  f"{np.median(hooked / plain):.4f}", flush=True)
         sys.exit(0)
     step, host = [], []
     for _ in range(steps):
@@ -191,15 +190,16 @@ def step_ms(script: str, flags: tuple[str, ...], processes: int, steps: int, wid
     return float(found[1]), float(found[2])
 
 
-def paired_ms(script: str, processes: int, steps: int, width: int) -> tuple[float, float]:
-    """One job's median step time without and with the recorder's hook, in
-    alternate blocks of steps, in ms."""
+def paired_ms(script: str, processes: int, steps: int, width: int) -> tuple[float, float, float]:
+    """One job's median step time without and with the recorder's hook, the
+    steps in turn, in ms; and the median ratio of each hooked step to the
+    plain step just before it."""
     cmd = [*JAXRUN, "-n", str(processes), "--cpu-devices", "1", script, str(steps), str(width), "paired"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, start_new_session=True)
-    found = re.search(r"PAIRED_MS ([\d.]+) ([\d.]+)", proc.stdout)
+    found = re.search(r"PAIRED_MS ([\d.]+) ([\d.]+) ([\d.]+)", proc.stdout)
     if proc.returncode != 0 or not found:
         raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-1500:]}")
-    return float(found[1]), float(found[2])
+    return float(found[1]), float(found[2]), float(found[3])
 
 
 def probe_us(script: str, calls: int, width: int) -> tuple[float, float, float, float]:
@@ -232,7 +232,7 @@ def main() -> None:
         print(f"{args.processes} processes x 1 CPU device, {args.steps} steps per run, {args.rounds} rounds")
         times: dict[str, list[float]] = {name: [] for name in MODES}
         hosts: dict[str, list[float]] = {name: [] for name in MODES}
-        paired: list[tuple[float, float]] = []
+        paired: list[tuple[float, float, float]] = []
         for r in range(args.rounds):  # the modes in turn, so that drift in load hits them alike
             for name, flags in MODES.items():
                 took, host = step_ms(script, flags, args.processes, args.steps, args.width)
@@ -241,11 +241,12 @@ def main() -> None:
             paired.append(paired_ms(script, args.processes, 2 * args.steps, args.width))
             print(f"  round {r + 1}/{args.rounds}: " + ", ".join(
                 f"{n} {t[-1]:.2f} ms (call {h[-1]:.2f})" for (n, t), h in zip(times.items(), hosts.values()))
-                + f"; one job, hook off/on: {paired[-1][0]:.2f}/{paired[-1][1]:.2f} ms", flush=True)
-        # The probe at a width whose call is all host work (CPU programs this
-        # small run inline in the call), then at the bench's width, where the
-        # device's work passes through the call too and leaves the hook to run
-        # with cold caches.
+                + f"; one job, hook off/on: {paired[-1][0]:.2f}/{paired[-1][1]:.2f} ms "
+                  f"(x{paired[-1][2]:.3f} step by step)", flush=True)
+        # The probe at a width where the call is nearly all host work (the fast
+        # path's call takes some 20 us there), then at the bench's width, where
+        # part of the device's work shows in the call too, and the hook runs
+        # right after it with cold caches.
         widths = (PROBE_WIDTH, args.width) if args.probe_calls else ()
         probed = {w: [probe_us(probe, args.probe_calls, w) for _ in range(3)] for w in widths}
     base, base_host = median(times["plain"]), median(hosts["plain"])
@@ -262,10 +263,10 @@ def main() -> None:
     print(table(rows, ("mode", "step (ms)", "ratio to plain (slowdown)", "in the call (ms)", "added (us)",
                        "added / plain step")))
     plain_in_job, hooked_in_job = median([p[0] for p in paired]), median([p[1] for p in paired])
-    ratio_in_job = median([h / p for p, h in paired])
+    ratio_in_job = median([p[2] for p in paired])
     print()
-    print(f"The recorder's hook off and on in alternate blocks of 10 steps within one job ({2 * args.steps} steps "
-          f"per job, one job per round; medians over the rounds):")
+    print(f"Plain and hooked steps in turn within one job ({2 * args.steps} steps per job, one job per round; "
+          f"medians over the rounds; the ratio pairs each hooked step with the plain step just before):")
     print(table([("hook off (plain)", f"{plain_in_job:.2f}", "1.000"),
                  ("hook on (--flight-recorder)", f"{hooked_in_job:.2f}",
                   f"{ratio_in_job:.3f} ({(ratio_in_job - 1) * 100:+.1f}%)")],
