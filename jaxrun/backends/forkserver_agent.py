@@ -236,6 +236,16 @@ def main(argv: list[str]) -> None:
         sys.exit(1)
     wire.send_frame(sock, wire.Ready("").encode())
     serve(sock)
+    leave()
+
+
+def leave() -> None:
+    """The server's end, without the interpreter's teardown of everything jax
+    loaded (a quarter of a second of CPU here, on the way out of every run).
+    Nothing of the user's lives in the server: there is nothing to finalize."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def listen(name: str, modules: list[str]) -> None:
@@ -269,6 +279,7 @@ def listen(name: str, modules: list[str]) -> None:
     finally:
         if not portable.is_abstract(address):
             os.unlink(address)  # in the server only: a forked controller never returns here
+    leave()
 
 
 if __name__ == "__main__":

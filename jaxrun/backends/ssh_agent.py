@@ -1,7 +1,7 @@
 """The far end of the SSH backend: a tiny supervisor between ``ssh`` and the shim.
 
 Started by the launcher over SSH, once its environment has arrived on stdin
-(see ``ssh_commands.EXEC_MODULE``), as::
+(see ``ssh_commands.RUN_MODULE``), as::
 
     python -m jaxrun.backends.ssh_agent [--chdir DIR] -- PYTHON -m jaxrun.shim ...
 

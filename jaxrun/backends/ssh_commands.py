@@ -40,12 +40,34 @@ os.environ.update(_env)
 sys.path[1:1] = [p for p in _env.get("PYTHONPATH", "").split(os.pathsep) if p]
 """ % wire.ENV_FRAME_DIGITS
 
-# A process's session, and a host's preloading server: the environment, then
-# ``python -m MODULE ARGS`` in its place.  The exec puts the environment where
-# a process's environment belongs (/proc/PID/environ, readable by its own user
-# only), so children inherit it the usual way.
+# A host's preloading server: the environment, then ``python -m MODULE ARGS``
+# in its place.  The exec puts the environment where a process's environment
+# belongs (/proc/PID/environ, readable by its own user only), before the
+# interpreter starts, as whatever jax reads at import expects.
 EXEC_MODULE = ENV_STUB + r"""
 os.execv(sys.executable, [sys.executable, "-m", *sys.argv[1:]])
+"""
+
+# A process's session: the environment, then the host agent as ``python -m
+# MODULE ARGS`` would run it, in this interpreter.  An exec would start a
+# second interpreter per process, on the critical path of every start; the
+# agent hands the environment on explicitly to the controller it starts.  It
+# shows in ps as that command line, within this one's own argv area
+# (SPT_NOENV), not as this program.
+RUN_MODULE = ENV_STUB + r"""
+import runpy
+sys.argv = sys.argv[1:]
+try:
+    import setproctitle
+except ImportError:
+    pass
+else:
+    _ours = "SPT_NOENV" not in os.environ
+    os.environ["SPT_NOENV"] = "1"
+    setproctitle.setproctitle(" ".join([sys.executable, "-m", *sys.argv]))
+    if _ours:
+        del os.environ["SPT_NOENV"]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
 """
 
 # Runs as the master's own session: report, then hold the connection until
@@ -188,7 +210,7 @@ def process_env(spec: ProcessSpec, extra_env: Mapping[str, str]) -> dict[str, st
 def process_words(spec: ProcessSpec, chdir: str, python: str, server: str | None = None) -> list[str]:
     """Only harmless words: the environment travels on stdin."""
     via = ["--forkserver", server] if server else []
-    return [python, "-c", EXEC_MODULE, contract.SSH_AGENT_MODULE, "--chdir", chdir, *via, "--", *spec.argv]
+    return [python, "-c", RUN_MODULE, contract.SSH_AGENT_MODULE, "--chdir", chdir, *via, "--", *spec.argv]
 
 
 def server_words(python: str, chdir: str, name: str, modules: Sequence[str]) -> list[str]:

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 from fixtures.engines import check_logs_hold_every_byte
-from fixtures.jobs import ROOT, TOKEN, check_resources, processes_with_token, wait_gone
+from fixtures.jobs import ROOT, TOKEN, check_resources, is_running, processes_with_token, wait_gone
 
 TOY = ROOT / "examples" / "toy.py"
 RESULT = "got result: -0.12398731708526611"
@@ -242,12 +242,23 @@ def cmdline_of(proc: psutil.Process) -> list[str]:
         return []
 
 
+def host_agents(script) -> list[psutil.Process]:
+    """The SSH agents that run ``script``'s processes, found by their command
+    line (their environment is the session's: the job's values arrived on
+    stdin, so the test's token is not there)."""
+    agents = []
+    for proc in psutil.process_iter():
+        cmd = " ".join(word for word in cmdline_of(proc) if word).split()  # a title is one long word
+        if cmd[1:3] == ["-m", "jaxrun.backends.ssh_agent"] and str(script) in cmd:
+            agents.append(proc)
+    return agents
+
+
 def start_ready_job(launch, sshd_hosts, tmp_path, shared_dir):
     script = write(shared_dir, "ready.py", READY_SCRIPT)
     job = launch("-H", "hostA,hostB", *ssh_flags(sshd_hosts), "--log-dir", tmp_path / "logs", script, cwd=shared_dir)
     lines = wait_for_lines(job, "ready", 2)
-    mine = [(p, cmdline_of(p)) for p in processes_with_token(os.environ[TOKEN])]
-    remote = [p for p, cmd in mine if cmd[1:3] == ["-m", "jaxrun.backends.ssh_agent"]]
+    remote = host_agents(script)
     assert len(remote) == 2
     # Process 0's coordination service listens on hostA's address only.
     coordinator = next(line.split()[-1] for line in lines if line.startswith("[0] ready"))
@@ -261,9 +272,11 @@ def start_ready_job(launch, sshd_hosts, tmp_path, shared_dir):
 @pytest.mark.timeout(60)
 def test_sigkill_to_jaxrun_leaves_nothing(sshd_hosts, launch, tmp_path, shared_dir):
     job = start_ready_job(launch, sshd_hosts, tmp_path, shared_dir)
+    agents = host_agents(shared_dir / "ready.py")
     os.kill(job.proc.pid, signal.SIGKILL)
     job.proc.wait()
     assert wait_gone(os.environ[TOKEN], within=5.0) == []
+    assert not [a for a in agents if is_running(a)], agents
 
 
 def is_ssh_client(proc: psutil.Process, which: str) -> bool:

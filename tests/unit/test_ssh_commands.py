@@ -37,7 +37,7 @@ def test_remote_command_quotes_every_word_and_holds_no_value():
     spec = ProcessSpec(0, 0, Host("n1"), "/opt/py", ("--", "t.py", "a b", "$X", "'"), {"A": "secret y"})
     words = ssh.process_words(spec, "/my dir", "/opt/py")
     assert words == [
-        "/opt/py", "-c", ssh.EXEC_MODULE, "jaxrun.backends.ssh_agent", "--chdir", "/my dir", "--",
+        "/opt/py", "-c", ssh.RUN_MODULE, "jaxrun.backends.ssh_agent", "--chdir", "/my dir", "--",
         "/opt/py", "-m", "jaxrun.shim", "--", "t.py", "a b", "$X", "'",
     ]
     assert shlex.split(ssh.remote_command(words)) == words
