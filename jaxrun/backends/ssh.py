@@ -56,11 +56,14 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def read_answer(stdout, answers: dict[str, bytes], name: str, mark: bytes = ANSWER) -> None:
+def read_answer(stdout, answers: dict[str, bytes], name: str, mark: bytes = ANSWER, skip: int = 0) -> None:
     """The preflight session's next line that starts with ``mark`` (its
-    answer, or a reply), or b"" if the session ended without one."""
+    answer, or a reply) after ``skip`` such lines, or b"" if the session
+    ended without one."""
     for line in iter(stdout.readline, b""):
-        if line.startswith(mark):
+        if line.startswith(mark) and skip:
+            skip -= 1
+        elif line.startswith(mark):
             answers[name] = line
             return
     answers[name] = b""
@@ -96,6 +99,7 @@ class Connections:
         self.masters: dict[str, subprocess.Popen] = {}
         self.results: dict[str, dict] = {}
         self.sessions: dict[str, list[subprocess.Popen]] = {}
+        self.unread: dict[str, int] = {}  # per host: replies to requests sent with tell()
 
     def __enter__(self) -> "Connections":
         return self
@@ -135,7 +139,8 @@ class Connections:
         answers: dict[str, bytes] = {}
         readers = []
         for host in self.hosts:
-            command = remote_command(preflight_words(self.settings, (servers or {}).get(host.name, ())))
+            hold = host is self.hosts[0]  # the coordinator's host: it holds a free port from the start
+            command = remote_command(preflight_words(self.settings, (servers or {}).get(host.name, ()), hold))
             master = self.masters[host.name] = self._start_master(host, command)
             readers.append(start_thread(f"ssh-preflight:{host.name}", read_answer, master.stdout, answers,
                                         host.name, hooks=self.hooks))
@@ -211,7 +216,9 @@ class Connections:
                 f"{first.name} was reached over loopback ({address}), which {remote_peers[0]} cannot "
                 "connect to; list a routable host first or pass --coordinator HOST:PORT"
             )
-        port = self._hold_port(first, address, 0, f"{first.name}")
+        port = self.results[first.name].pop("port", None)  # held since the preflight (the first attempt)
+        if not isinstance(port, int):
+            port = self._hold_port(first, address, 0, f"{first.name}")
         self._check_reachable(first, address, port)
         where = contract.join_address(address, port)
         return where, where
@@ -230,10 +237,20 @@ class Connections:
                 answers[name] = b""
                 continue
             readers.append(start_thread(f"ssh-ask:{name}", read_answer, master.stdout, answers, name, REPLY,
-                                        hooks=self.hooks))
+                                        self.unread.pop(name, 0), hooks=self.hooks))
         wait_until(lambda: not any(r.is_alive() for r in readers), self.hooks, within)
         return {name: answers[name][len(REPLY):].decode(errors="replace").strip() if answers.get(name) else None
                 for name in requests}
+
+    def tell(self, name: str, words: Sequence[str]) -> None:
+        """A request whose reply nobody waits for: the next ``ask`` of that
+        host skips it (replies come in order).  "unlisten" lets the port go
+        long before process 0, still to start, binds it."""
+        try:
+            self.masters[name].stdin.write((" ".join(words) + "\n").encode())
+            self.unread[name] = self.unread.get(name, 0) + 1
+        except OSError:
+            pass
 
     def _hold_port(self, host: Host, address: str, port: int, what: str) -> int:
         """Listen on ``address``:``port`` on ``host`` (0: a free port) until the
@@ -257,7 +274,7 @@ class Connections:
             replies = self.ask({name: ["connect", address, str(port), f"{limit:g}"] for name in others},
                                limit + PREFLIGHT_SLACK)
         finally:
-            self.ask({first.name: ["unlisten"]}, limit + PREFLIGHT_SLACK)
+            self.tell(first.name, ["unlisten"])
         problems = []
         for name in sorted(others, key=[h.name for h in self.hosts].index):
             reply = replies[name]

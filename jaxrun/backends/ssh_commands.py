@@ -80,15 +80,20 @@ runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
 #   connect ADDRESS PORT SECONDS   -> "reached"
 #   unlisten                       -> "closed"
 #
-# A request that fails is answered "error REASON".
+# A request that fails is answered "error REASON".  With "hold", the first
+# host's preflight already listens on a free port of the address the launcher
+# reached it at, and says which in its answer ("port"): one request fewer.
+#
+# argv: CHDIR AGENT_MODULE SCRIPT ("sync"|"") ("hold"|"") [SERVER_NAME MODULES...]
+# The host's preloading server starts as soon as jaxrun is found and the
+# folder entered: everything else here overlaps its import of jax.
 PREFLIGHT = ENV_STUB + r"""
-import json, os, platform, sys
+import json, os, platform, socket, sys
 info = {"python": platform.python_version(), "executable": sys.executable}
 conn = os.environ.get("SSH_CONNECTION", "").split()
 info["address"] = conn[2] if len(conn) == 4 else None
 try:
-    import importlib, jaxrun
-    importlib.import_module(sys.argv[2])  # the agent every process will run
+    import jaxrun
     info["jaxrun"] = jaxrun.__version__
     info["jaxrun_path"] = os.path.dirname(jaxrun.__file__)
 except Exception as e:
@@ -103,15 +108,21 @@ if sys.argv[1] and not syncing:  # with --sync, the copy creates it
     else:
         if sys.argv[3] and not os.path.isfile(sys.argv[3]):
             info["script_missing"] = os.path.join(sys.argv[1], sys.argv[3])
-if len(sys.argv) > 5 and info.get("jaxrun") and not info.get("chdir_error"):
-    # This host's preloading server, started first of all, so that its import
-    # of jax overlaps the rest of the start.  Its stdin is a pipe this process
-    # holds open: the server ends when this session does.
+if len(sys.argv) > 6 and info.get("jaxrun") and not info.get("chdir_error"):
+    # This host's preloading server.  Its stdin is a pipe this process holds
+    # open: the server ends when this session does.
     import subprocess
     _hold_r, _hold_w = os.pipe()
     subprocess.Popen([sys.executable, "-m", sys.argv[2].rsplit(".", 1)[0] + ".forkserver_agent", "--listen",
-                      *sys.argv[5:]], stdin=_hold_r, stdout=subprocess.DEVNULL)
+                      *sys.argv[6:]], stdin=_hold_r, stdout=subprocess.DEVNULL)
     os.close(_hold_r)
+if info["jaxrun"]:
+    try:
+        import importlib
+        importlib.import_module(sys.argv[2])  # the agent every process will run
+    except Exception as e:
+        info["jaxrun"] = None
+        info["jaxrun_error"] = "%s: %s" % (type(e).__name__, e)
 try:
     from importlib import metadata
     for name in ("jax", "jaxlib"):
@@ -137,9 +148,24 @@ if shutil.which("nvidia-smi"):
         info["gpus"] = sum(line.startswith(b"GPU ") for line in listed.splitlines())
     except (OSError, subprocess.SubprocessError):
         pass
-print("jaxrun-preflight " + json.dumps(info), flush=True)
-import socket
+def listen(address, port):
+    sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address, port))
+        sock.listen(64)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 held = None
+if sys.argv[5] == "hold" and info["address"]:
+    try:
+        held = listen(info["address"], 0)
+        info["port"] = held.getsockname()[1]
+    except OSError:
+        pass  # the launcher asks again, and hears why
+print("jaxrun-preflight " + json.dumps(info), flush=True)
 for line in sys.stdin.buffer:
     words = line.decode(errors="replace").split()
     try:
@@ -147,10 +173,7 @@ for line in sys.stdin.buffer:
             held.close()
             held = None
         if words[0] == "listen":
-            held = socket.socket(socket.AF_INET6 if ":" in words[1] else socket.AF_INET)
-            held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            held.bind((words[1], int(words[2])))
-            held.listen(64)
+            held = listen(words[1], int(words[2]))
             reply = "listening %d" % held.getsockname()[1]
         elif words[0] == "connect":
             socket.create_connection((words[1], int(words[2])), timeout=float(words[3])).close()
@@ -217,11 +240,12 @@ def server_words(python: str, chdir: str, name: str, modules: Sequence[str]) -> 
     return [python, "-c", EXEC_MODULE, contract.FORKSERVER_AGENT_MODULE, "--listen", name, *modules]
 
 
-def preflight_words(settings: SshOptions, server: Sequence[str] = ()) -> list[str]:
+def preflight_words(settings: SshOptions, server: Sequence[str] = (), hold: bool = False) -> list[str]:
     """``server``: the preloading server's socket name and modules, to start
-    it from the preflight session; empty for none."""
+    it from the preflight session; empty for none.  ``hold``: listen on a free
+    port for the coordinator at once (the first host)."""
     return [settings.python, "-c", PREFLIGHT, settings.chdir, contract.SSH_AGENT_MODULE, settings.script or "",
-            "sync" if settings.sync else "", *server]
+            "sync" if settings.sync else "", "hold" if hold else "", *server]
 
 
 def check_preflight(results: Mapping[str, dict], python: str) -> list[str]:

@@ -300,3 +300,19 @@ def test_killed_ssh_clients_leave_nothing(sshd_hosts, launch, tmp_path, shared_d
             pass  # a session client goes when its master does
     assert wait_gone(os.environ[TOKEN], within=5.0) == []
     assert job.wait(timeout=10) != 0
+
+
+@pytest.mark.timeout(90)
+def test_a_restart_over_ssh_picks_its_coordinator_port_again(sshd_hosts, jaxrun, tmp_path, shared_dir):
+    """The first attempt takes the port the first host's preflight held; a
+    restart asks that host for a free port anew, and checks it is reachable."""
+    script = write(shared_dir, "twice.py", "import os, sys\n"
+                   "print('attempt', os.environ['JAXRUN_RESTART_COUNT'], os.environ['JAXRUN_COORDINATOR_ADDRESS'])\n"
+                   "sys.exit(3 if os.environ['JAXRUN_RESTART_COUNT'] == '0' else 0)\n")
+    code, out, err = jaxrun("-H", "hostA,hostB", *ssh_flags(sshd_hosts), "--max-restarts", 1,
+                            "--log-dir", tmp_path / "logs", script, cwd=shared_dir)
+    assert code == 0, err
+    seen = {line.split()[2]: line.split()[3] for line in out.splitlines() if "attempt" in line}
+    assert set(seen) == {"0", "1"}, out
+    for address in seen.values():
+        assert address.startswith("127.0.0.2:"), out

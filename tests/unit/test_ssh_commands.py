@@ -120,5 +120,7 @@ def test_preflight_words_carry_the_script_and_sync_but_no_env():
 
     words = ssh.preflight_words(SshOptions(python="/opt/py", chdir="/w", env={"TOKEN": "s3cret"},
                                            script="main.py", sync=True))
-    assert words[-3:] == [contract.SSH_AGENT_MODULE, "main.py", "sync"]
+    assert words[-4:] == [contract.SSH_AGENT_MODULE, "main.py", "sync", ""]
     assert not any("s3cret" in w for w in words)
+    first = ssh.preflight_words(SshOptions(python="/opt/py", chdir="/w"), ("sock", "mod"), hold=True)
+    assert first[-4:] == ["", "hold", "sock", "mod"]
