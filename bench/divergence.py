@@ -41,7 +41,27 @@ import textwrap
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import JAXRUN, median, table  # noqa: E402
 
-TRAIN = textwrap.dedent(
+# The step both jobs time: a small MLP's training step, jitted.
+MODEL = """
+def loss(params, x):
+    for w in params:
+        x = jnp.tanh(x @ w)
+    return jnp.mean(x ** 2)
+
+@jax.jit
+def train_step(params, x):
+    value, grads = jax.value_and_grad(loss)(params, x)
+    return [w - 0.01 * g for w, g in zip(params, grads)], value
+"""
+
+
+def with_model(template: str) -> str:
+    """A dedented job script with the model's definitions where it says {model}."""
+    assert template.count("\n{model}\n") == 1
+    return template.replace("\n{model}\n", MODEL)
+
+
+TRAIN = with_model(textwrap.dedent(
     """
     import sys, time
     import jax, jax.numpy as jnp, numpy as np
@@ -56,15 +76,7 @@ TRAIN = textwrap.dedent(
     local = rng.standard_normal((width // 2 * jax.local_device_count(), width), np.float32)
     x = jax.make_array_from_process_local_data(rows, local)
 
-    def loss(params, x):
-        for w in params:
-            x = jnp.tanh(x @ w)
-        return jnp.mean(x ** 2)
-
-    @jax.jit
-    def train_step(params, x):
-        value, grads = jax.value_and_grad(loss)(params, x)
-        return [w - 0.01 * g for w, g in zip(params, grads)], value
+    {model}
 
     for _ in range(5):  # compile, warm up
         layers, value = train_step(layers, x)
@@ -110,12 +122,12 @@ TRAIN = textwrap.dedent(
     if jax.process_index() == 0:
         print(f"STEP_MS {np.median(step) * 1000:.3f} {np.median(host) * 1000:.3f}", flush=True)
     """
-)
+))
 
 # One process, one CPU device, no jaxrun launch: the step's call with JAX's
 # C++ fast path, then through JAX's Python dispatch, then with the recorder's
 # hook installed as --flight-recorder installs it, timing the hook in place.
-PROBE = textwrap.dedent(
+PROBE = with_model(textwrap.dedent(
     """
     import statistics, sys, time
     import jax, jax.numpy as jnp, numpy as np
@@ -128,15 +140,7 @@ PROBE = textwrap.dedent(
     layers = [jnp.asarray(rng.standard_normal((width, width), np.float32) / width ** 0.5) for _ in range(3)]
     x = jnp.asarray(rng.standard_normal((width // 2, width), np.float32))
 
-    def loss(params, x):
-        for w in params:
-            x = jnp.tanh(x @ w)
-        return jnp.mean(x ** 2)
-
-    @jax.jit
-    def train_step(params, x):
-        value, grads = jax.value_and_grad(loss)(params, x)
-        return [w - 0.01 * g for w, g in zip(params, grads)], value
+    {model}
 
     def in_the_call():
         train_step.clear_cache()  # a fast path handed out before a patch would be kept
@@ -168,7 +172,7 @@ PROBE = textwrap.dedent(
     assert recorder.runs == calls + 1 and recorder.ring[-1][4] == __file__, recorder.ring[-1]
     print(f"PROBE_US {fast:.1f} {python:.1f} {hooked:.1f} {statistics.median(hook) * 1e6:.2f}", flush=True)
     """
-)
+))
 
 PROBE_WIDTH = 32
 
