@@ -26,6 +26,7 @@ import os
 import re
 import signal
 import socket
+import time
 from typing import Mapping, Sequence
 
 # -- what every child gets ---------------------------------------------------
@@ -191,10 +192,11 @@ class ErrorRecord:
     type: str
     message: str
     traceback: str = ""
+    at: float = 0.0  # the wall-clock time it was recorded (0: unknown)
 
     @classmethod
     def of(cls, exc: BaseException, text: str) -> "ErrorRecord":
-        return cls(type(exc).__qualname__, str(exc), text)
+        return cls(type(exc).__qualname__, str(exc), text, time.time())
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -203,7 +205,8 @@ class ErrorRecord:
     def from_json(cls, text: str) -> "ErrorRecord | None":
         try:
             data = json.loads(text)
-            return cls(str(data["type"]), str(data["message"]), str(data.get("traceback", "")))
+            return cls(str(data["type"]), str(data["message"]), str(data.get("traceback", "")),
+                       float(data.get("at", 0.0)))
         except (ValueError, KeyError, TypeError):
             return None
 

@@ -313,7 +313,31 @@ class Supervisor:
                 break
             self._handle(event)
 
+    def _settle_root_cause(self) -> None:
+        """Exits that reach jaxrun together (a fork server reaps them in one
+        round, in rank order) arrive in no particular order: the process
+        whose exception was recorded first, on the same host and clock as
+        the one heard of first, failed first.  (A process that left no
+        record is never moved.)"""
+        if self.reason is not StopReason.FAILURE or self.root_cause is None:
+            return
+        first = self.records[self.root_cause]
+        first_record = contract.ErrorRecord.load(first.error_file)
+        if first_record is None or not first_record.at:
+            return
+        earliest, when = first, first_record.at
+        for rec in self.records.values():
+            if rec.verdict is not Verdict.CONSEQUENCE or rec.spec.host.name != first.spec.host.name:
+                continue
+            found = contract.ErrorRecord.load(rec.error_file)
+            if found is not None and found.at and found.at < when:
+                earliest, when = rec, found.at
+        if earliest is not first:
+            first.verdict, earliest.verdict = Verdict.CONSEQUENCE, Verdict.ROOT_CAUSE
+            self.root_cause = earliest.spec.rank
+
     def _outcome(self) -> Outcome:
+        self._settle_root_cause()
         records = [self.records[s.rank] for s in self.specs]
         if self.reason is StopReason.INTERNAL:
             code = INTERNAL_ERROR

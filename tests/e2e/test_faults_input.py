@@ -271,6 +271,17 @@ def test_default_base_that_is_not_private_is_refused_untouched(kind, problem, pl
 FAILING = "import sys\nprint('to stdout')\nprint('to stderr', file=sys.stderr)\nraise ValueError('boom')\n"
 
 
+# Process 1 fails only once process 0 has printed: whichever fails first,
+# fail-fast cannot kill process 0 before its line is in its log.
+FAILING_AFTER_0_PRINTED = """\
+import os, sys, time
+if os.environ["JAXRUN_PROCESS_ID"] == "1":
+    deadline = time.monotonic() + 30
+    while not os.path.getsize(sys.argv[1]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+""" + FAILING
+
+
 @pytest.mark.timeout(120)
 def test_symlinks_planted_in_the_log_folder_are_never_followed(jaxrun, tmp_path):
     logs = tmp_path / "logs"
@@ -281,8 +292,8 @@ def test_symlinks_planted_in_the_log_folder_are_never_followed(jaxrun, tmp_path)
         (logs / name).symlink_to(victim)
     (logs / "process-1.error.json").symlink_to(tmp_path / "created-through-a-link")  # dangling
     script = tmp_path / "fail.py"
-    script.write_text(FAILING)
-    code, _, err = jaxrun("-n", 2, "--cpu-devices", 1, "--log-dir", logs, script)
+    script.write_text(FAILING_AFTER_0_PRINTED)
+    code, _, err = jaxrun("-n", 2, "--cpu-devices", 1, "--log-dir", logs, script, logs / "process-0.stdout")
     assert code == 1, err
     assert victim.read_text() == "keep me\n"
     assert not (tmp_path / "created-through-a-link").exists()

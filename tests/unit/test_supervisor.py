@@ -263,6 +263,34 @@ def test_a_failure_after_the_root_cause_is_a_consequence(tmp_path):
     assert "jaxrun: process 3 failed after the root cause" in summary_lines(outcome, h.log_dir)
 
 
+def test_exits_heard_together_are_put_in_the_order_their_errors_were_recorded(tmp_path):
+    """A fork server reaps the exits of one moment in rank order: process 2
+    stopped the job, its peers failed when it left, and rank 0's exit arrives
+    first.  The records' times put process 2 first; a process without a
+    record is never moved."""
+    h = Harness(tmp_path)
+
+    def record(rank: int, at: float) -> None:
+        contract.ErrorRecord("Boom", f"process {rank}", "", at).dump(h.sup.records[rank].error_file)
+
+    h.at(0.5, record, 2, 100.0)
+    h.at(0.5, record, 0, 100.2)
+    h.at(0.5, record, 3, 100.1)
+    h.at(1, h.kids[0].exit, 1)
+    h.at(1, h.kids[2].exit, 3)
+    h.at(1, h.kids[3].exit, 1)
+    outcome = h.run()
+    assert outcome.root_cause == 2 and outcome.exit_code == 3
+    assert verdicts(outcome) == [Verdict.CONSEQUENCE, Verdict.STOPPED, Verdict.ROOT_CAUSE, Verdict.CONSEQUENCE]
+
+    h = Harness(tmp_path / "no-record")
+    h.at(0.5, record, 2, 100.0)
+    h.at(1, h.kids[0].exit, 1)  # no record of its own: nothing to compare
+    h.at(1, h.kids[2].exit, 3)
+    outcome = h.run()
+    assert outcome.root_cause == 0 and outcome.exit_code == 1
+
+
 @pytest.mark.parametrize("returncode, status", [(-signal.SIGKILL, 137), (-signal.SIGSEGV, 139)], ids=["SIGKILL", "SIGSEGV"])
 def test_a_child_killed_from_outside_exits_with_128_plus_the_signal(tmp_path, returncode, status):
     h = Harness(tmp_path)
