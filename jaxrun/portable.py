@@ -322,18 +322,22 @@ class MemoryGroup:
 
 
 def memory_group() -> MemoryGroup:
-    """This process's memory cgroup, from /proc/self/cgroup and the mounts."""
-    if forced():
-        return MemoryGroup(None, 0)
+    """This process's memory cgroup, from /proc/self/cgroup and the mounts
+    (looked up once: every process a run starts asks)."""
+    return MemoryGroup(None, 0) if forced() else MemoryGroup(*_memory_folder())
+
+
+@functools.cache
+def _memory_folder() -> tuple[str | None, int]:
     try:
         with open("/proc/self/cgroup") as f:
             groups = [line.rstrip("\n").split(":", 2) for line in f]
         with open("/proc/self/mountinfo") as f:
             mounts = [line.split() for line in f]
     except OSError:
-        return MemoryGroup(None, 0)
+        return None, 0
     for fields in mounts:
-        if " - " not in " ".join(fields):
+        if "-" not in fields:
             continue
         dash = fields.index("-")
         fstype, options = fields[dash + 1], fields[-1].split(",")
@@ -352,8 +356,8 @@ def memory_group() -> MemoryGroup:
             folder = os.path.normpath(os.path.join(point, inside))
             marker = "memory.oom_control" if v1 else "memory.events"
             if os.path.exists(os.path.join(folder, marker)):
-                return MemoryGroup(folder, 1 if v1 else 2)
-    return MemoryGroup(None, 0)
+                return folder, 1 if v1 else 2
+    return None, 0
 
 
 # -- what -v says ----------------------------------------------------------------------

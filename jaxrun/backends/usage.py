@@ -80,11 +80,9 @@ class OomWatch:
 def wait_popen(popen: subprocess.Popen, watch: OomWatch | None = None) -> tuple[int, contract.Resources | None]:
     """Wait for a Popen child with ``wait4``; Popen learns the return code as
     if it had waited itself."""
-    while True:
-        try:
-            _, code, used = wait4(popen.pid)
-            break
-        except ChildProcessError:  # reaped elsewhere (Popen's own poll): no figures
-            return popen.wait(), None
+    try:
+        _, code, used = wait4(popen.pid)
+    except ChildProcessError:  # reaped elsewhere (Popen's own poll): no figures
+        return popen.wait(), None
     popen.returncode = code
     return code, (watch.with_verdict(code, used) if watch else used)
