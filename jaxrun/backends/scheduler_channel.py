@@ -539,7 +539,7 @@ class Step:
         elif ALLOCATED.search(line):
             self.queued_job = None
 
-    def _withdraw_queued_job(self) -> None:
+    def _withdraw_queued_job(self, timeout: float = SCANCEL_TIMEOUT) -> None:
         """srun ended while its job was still queued (it was SIGKILLed before
         it could withdraw it): cancel that job, or it would run later."""
         with self._withdraw_lock:
@@ -548,7 +548,7 @@ class Step:
                 return
             try:
                 subprocess.run(["scancel", job], env=self.step_env, stdin=subprocess.DEVNULL,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=SCANCEL_TIMEOUT)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout)
             except (OSError, subprocess.SubprocessError):
                 self._say(f"[{self.command}] jaxrun: could not cancel the queued job {job}; run: scancel {job}")
 
@@ -629,9 +629,9 @@ class Step:
 
     def abort(self) -> None:
         """The watchdog's last resort: hang up on every task and end the step.
-        It waits for one thing only, and briefly: an srun whose job is queued
-        withdrawing it (a few ms), since the caller SIGKILLs what is left next,
-        and a SIGKILL that came first would leave the job in the queue."""
+        It waits for one thing only, and briefly: a queued job withdrawn (by
+        srun, a few ms, else by scancel), since the caller SIGKILLs what is
+        left next, and a SIGKILL that came first would leave the job queued."""
         self.listener.stop()
         for child in self.children.values():
             child.hang_up()
@@ -640,6 +640,10 @@ class Step:
             deadline = time.monotonic() + SRUN_ABORT_WAIT
             while not _has_exited(self.popen.pid) and time.monotonic() < deadline:
                 time.sleep(0.01)
+            # srun may end without withdrawing it (a loaded controller), and
+            # the step watcher that would cancel it may not outlive this
+            # process: cancel it here, briefly (a job gone already is no error).
+            self._withdraw_queued_job(timeout=SRUN_ABORT_WAIT)
 
 
 def _has_exited(pid: int) -> bool:
