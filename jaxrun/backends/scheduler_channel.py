@@ -90,7 +90,10 @@ SCANCEL_TIMEOUT = 10.0
 # What srun prints (at its default verbosity) when its job must wait, and once it
 # runs or srun itself withdrew it.
 QUEUED = re.compile(rb"srun: job (\d+) queued and waiting for resources")
-ALLOCATED = re.compile(rb"srun: job (\d+) has been allocated resources|Job allocation (\d+) has been revoked")
+# Only an allocation ends the wait.  "Job allocation N has been revoked" is
+# srun asking for the withdrawal, which a loaded controller may not have done
+# yet: the job is still cancelled (a job gone already is no error).
+ALLOCATED = re.compile(rb"srun: job (\d+) has been allocated resources")
 ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL)
 
 
