@@ -236,6 +236,30 @@ class Signal(Message):
             raise WireError(f"unknown signal {self.name!r}") from None
 
 
+# -- an SSH host's channels (see backends.ssh_host) --------------------------------
+@message("channel")
+class Channel(Message):
+    """First line of each connection to a host agent: which process, which stream."""
+
+    key: str  # one process's, chosen by the launcher
+    role: str  # one of ROLES
+
+    ROLES: ClassVar[tuple[str, ...]] = ("ctrl", "stdout", "stderr", "ping")
+
+
+CHANNEL_PONG = b"pong\n"  # the answer to a "ping" channel
+
+
+@message("spawn")
+class Spawn(Message):
+    """Second line of a process's control connection: what to run, and where."""
+
+    argv: list
+    env: dict  # what the process's environment adds to the host agent's
+    cwd: str
+    server: str = ""  # the host's preloading server, "" for none
+
+
 # -- the scheduler task channel -----------------------------------------------------
 @message("hello")
 class Hello(Message):

@@ -25,6 +25,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -35,8 +36,8 @@ from typing import Mapping, Sequence, TextIO
 from jaxrun import contract, portable, wire
 from jaxrun.backends.base import Backend, RunHooks, start_thread, wait_until
 from jaxrun.backends.ssh_commands import (
-    ANSWER, REPLY, check_preflight, master_control, preflight_table, preflight_words, process_env, process_words,
-    remote_command, server_words, session_control, ssh_args,
+    ANSWER, REPLY, check_preflight, forward_args, master_control, preflight_table, preflight_words, process_env,
+    process_words, remote_command, server_words, session_control, ssh_args,
 )
 from jaxrun.launcher.config import LaunchError, SshOptions
 from jaxrun.launcher.plan import Host, ProcessSpec
@@ -50,6 +51,7 @@ CLIENT_KILL_WAIT = 3.0
 # Python start-up and metadata reads on top of the connect timeout.
 PREFLIGHT_SLACK = 20.0
 MASTER_CLOSE_WAIT = 3.0
+PING_WAIT = 5.0  # for a host agent's answer over a forwarded channel
 
 def last_line(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
@@ -286,6 +288,36 @@ class Connections:
         if problems:
             raise LaunchError("; ".join(problems))
 
+    # -- channels --------------------------------------------------------------
+    def open_channels(self) -> dict[str, str]:
+        """{host: the local socket forwarded to its agent} for every host
+        whose agent listens and whose server forwards to it (see
+        :mod:`jaxrun.backends.ssh_host`); the other hosts' processes get a
+        session each."""
+        forwards = {}
+        for host in self.hosts:
+            remote = self.results[host.name].get("channels")
+            local = self.control_path(host) + ".c"
+            if not remote or host.name in forwards or ":" in remote + local:
+                continue
+            try:
+                forwards[host.name] = (local, subprocess.Popen(
+                    forward_args(self.settings, host, self.control_path(host), local, remote),
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            except OSError:
+                pass
+        opened = {}
+        for name, (local, popen) in forwards.items():
+            try:
+                code = popen.wait(self.settings.connect_timeout)
+            except subprocess.TimeoutExpired:
+                popen.kill()
+                popen.wait()
+                continue
+            if code == 0 and ping(local):
+                opened[name] = local
+        return opened
+
     # -- the end -------------------------------------------------------------
     def abort(self) -> None:
         """Kill every local ssh client: each remote agent sees EOF and kills its group."""
@@ -312,6 +344,123 @@ class Connections:
                 master.wait()
             master.stdout.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def ping(path: str) -> bool:
+    """Whether the host agent behind the forwarded socket ``path`` answers."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(PING_WAIT)
+            sock.connect(path)
+            sock.sendall(wire.Channel("", "ping").line())
+            answer = b""
+            while len(answer) < len(wire.CHANNEL_PONG) and (data := sock.recv(64)):
+                answer += data
+            return answer == wire.CHANNEL_PONG
+    except OSError:
+        return False
+
+
+class ChannelChild:
+    """A remote controller whose stdout, stderr and control travel on three
+    channels of its host's connection, to that host's agent (see
+    :mod:`jaxrun.backends.ssh_host`)."""
+
+    sends_error_record = True  # as the last bytes of stderr
+    reports_joins = True  # wire.JOINED_MARKER on stderr
+
+    def __init__(self, path: str, spawn: wire.Spawn, pid: int, host: str):
+        self.pid = pid  # the local master's: the remote pid is not known here
+        self.resources = None  # they arrive with the error record
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._write_closed = False
+        self._killed = False
+        key = uuid.uuid4().hex
+        socks = []
+        try:
+            for role in ("stdout", "stderr", "ctrl"):
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                socks.append(sock)
+                sock.connect(path)
+                sock.sendall(wire.Channel(key, role).line())
+            socks[2].sendall(spawn.line())
+        except OSError as e:
+            for sock in socks:
+                sock.close()
+            self._fail(f"jaxrun: the connection to {host} is gone ({e.strerror or e})\n")
+            return
+        self._socks = socks
+        self._ctrl = socks[2]
+        # The pumps own (and close) these; ours stay open for hang_up().
+        self.stdout = os.fdopen(os.dup(socks[0].fileno()), "rb", buffering=0)
+        self.stderr = os.fdopen(os.dup(socks[1].fileno()), "rb", buffering=0)
+
+    def _fail(self, message: str) -> None:
+        """Never started: ends at once, with ``message`` on stderr."""
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        os.write(err_w, message.encode())
+        os.close(out_w)
+        os.close(err_w)
+        self.stdout = os.fdopen(out_r, "rb", buffering=0)
+        self.stderr = os.fdopen(err_r, "rb", buffering=0)
+        self._socks, self._ctrl = [], None
+        self._write_closed = True
+
+    def send(self, signum: int) -> None:
+        with self._lock:
+            if self._write_closed:
+                return
+            try:
+                self._ctrl.sendall(wire.Signal.of(signum).line())
+                if signum == signal.SIGKILL:
+                    self._killed = True
+                    self._write_closed = True
+                    self._ctrl.shutdown(socket.SHUT_WR)  # EOF: the agent kills the group
+            except OSError:
+                self._write_closed = True
+                return
+        if signum == signal.SIGKILL:
+            timer = threading.Timer(CLIENT_KILL_WAIT, self._hang_up)
+            timer.daemon = True
+            timer.start()
+
+    def _hang_up(self) -> None:
+        # No word from the host in time (a hung connection): end the streams
+        # and the wait here; the agent kills the group at the channels' EOF.
+        with self._lock:
+            if self._done.is_set():
+                return
+            for sock in self._socks:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def wait(self) -> int:
+        code = 255  # no Exit line: the connection is gone, as ssh's own failure
+        if self._ctrl is not None:
+            try:
+                for raw in self._ctrl.makefile("rb"):
+                    try:
+                        msg = wire.decode(raw)
+                    except wire.WireError:
+                        continue
+                    if isinstance(msg, wire.Exit):
+                        code = msg.returncode
+                        break
+                else:
+                    if self._killed:
+                        code = -signal.SIGKILL
+            except OSError:
+                pass
+        with self._lock:
+            self._done.set()
+            self._write_closed = True
+            for sock in self._socks:
+                sock.close()
+        return code
 
 
 class SshChild:
@@ -370,6 +519,7 @@ class SshBackend(Backend):
         self.connections: Connections | None = None
         self.servers: dict[str, tuple[str, subprocess.Popen]] = {}  # host name -> (socket name, session)
         self.serving: set[str] = set()  # hosts whose server this attempt uses
+        self.channels: dict[str, str] = {}  # host name -> local socket forwarded to its agent
 
     def open(self) -> None:
         self.connections = Connections(self.settings, self.hosts, self.hooks)
@@ -402,6 +552,11 @@ class SshBackend(Backend):
                       file=self.console, flush=True)
         if self.preload and not early:
             self._start_servers()
+        self.channels = self.connections.open_channels()
+        if self.verbose:
+            for name in results:
+                how = "channels of its connection" if name in self.channels else "a session each"
+                print(f"jaxrun: {name}: processes run over {how}", file=self.console, flush=True)
 
     def choose_coordinator(self, fixed: str | None) -> tuple[str, str]:
         return self.connections.choose_coordinator(fixed)
@@ -472,8 +627,13 @@ class SshBackend(Backend):
               log_fds: tuple[int, int] | None) -> SshChild:
         del lifeline_fd  # the remote side's lifeline is the ssh channel itself
         server = self.servers[spec.host.name][0] if spec.host.name in self.serving else None
-        words = process_words(spec, self.settings.chdir, self.settings.python, server)
         env = process_env(spec, extra_env)
+        channel = self.channels.get(spec.host.name)
+        if channel:
+            master = self.connections.masters[spec.host.name]
+            return ChannelChild(channel, wire.Spawn(list(spec.argv), env, self.settings.chdir, server or ""),
+                                master.pid, spec.host.name)
+        words = process_words(spec, self.settings.chdir, self.settings.python, server)
         return SshChild(self.connections.start_session(spec.host, remote_command(words), env))
 
     def close(self) -> None:

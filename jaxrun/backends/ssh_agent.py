@@ -44,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Callable
 
 import psutil
 
@@ -62,20 +63,18 @@ def kill_group(pgid: int, signum: int) -> None:
         pass
 
 
-def relay_signals(fd: int, pgid: int, watch: usage.OomWatch | None = None) -> None:
-    """Forward each named signal on stdin to the group; SIGKILL it at EOF.
+def relay_signals(fd: int, pgid: int, watch: usage.OomWatch | None = None, pending: bytes = b"",
+                  ended: "Ended | None" = None) -> None:
+    """Forward each named signal read from ``fd`` (stdin, or a host's control
+    connection) to the group; SIGKILL it at EOF.  ``pending``: bytes of that
+    stream read already.  Nothing is sent once ``ended`` is set: the group's
+    id may be another's by then.
 
     Reads the raw fd: a thread blocked in sys.stdin's buffered reader makes
     interpreter shutdown abort."""
-    pending = b""
+    ended = ended or Ended()
     while True:
-        try:
-            data = os.read(fd, 512)
-        except OSError:
-            data = b""
-        if not data:
-            break
-        *lines, pending = (pending + data).split(b"\n")
+        *lines, pending = pending.split(b"\n")
         for raw in lines:
             try:
                 msg = wire.decode(raw)
@@ -85,10 +84,34 @@ def relay_signals(fd: int, pgid: int, watch: usage.OomWatch | None = None) -> No
             if signum is not None:
                 if watch is not None:
                     watch.saw(signum)
-                kill_group(pgid, signum)
+                ended.kill_group(pgid, signum)
+        try:
+            data = os.read(fd, 512)
+        except OSError:
+            data = b""
+        if not data:
+            break
+        pending += data
     if watch is not None:
         watch.saw(signal.SIGKILL)
-    kill_group(pgid, signal.SIGKILL)
+    ended.kill_group(pgid, signal.SIGKILL)
+
+
+class Ended:
+    """Set once the controller is reaped: no signal goes to its group after."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._set = False
+
+    def set(self) -> None:
+        with self._lock:
+            self._set = True
+
+    def kill_group(self, pgid: int, signum: int) -> None:
+        with self._lock:
+            if not self._set:
+                kill_group(pgid, signum)
 
 
 def parse_args(argv: list[str]) -> tuple[str | None, str | None, list[str]]:
@@ -136,9 +159,11 @@ class ServedChild:
                 return msg.returncode
 
 
-def fork_by_server(name: str, command: list[str], env: dict, lifeline_r: int) -> ServedChild | None:
-    """Ask the host's server for the controller; None: start it ourselves
-    (no server, or it could not import, or the command is not the shim)."""
+def fork_by_server(name: str, command: list[str], env: dict, lifeline_r: int, fds: tuple[int, int] = (1, 2),
+                   cwd: str | None = None) -> ServedChild | None:
+    """Ask the host's server for the controller, with ``fds`` for its stdout
+    and stderr; None: start it ourselves (no server, or it could not import,
+    or the command is not the shim)."""
     address = portable.server_address(name)
     if command[1:3] != ["-m", contract.SHIM_MODULE] or address is None:
         return None
@@ -153,9 +178,9 @@ def fork_by_server(name: str, command: list[str], env: dict, lifeline_r: int) ->
                 conn.close()
                 return None
             time.sleep(0.02)
-    request = wire.ForkRequest(command[3:], env, os.getcwd()).encode()
+    request = wire.ForkRequest(command[3:], env, cwd or os.getcwd()).encode()
     try:
-        wire.send_frame(conn, request, [1, 2, lifeline_r])
+        wire.send_frame(conn, request, [*fds, lifeline_r])
         frame = wire.recv_frame(conn)  # waits out the server's imports
     except (OSError, wire.WireError):
         frame = None
@@ -179,31 +204,52 @@ def main(argv: list[str]) -> int:
             print(f"jaxrun: cannot change to {chdir!r} on this host: {e.strerror}", file=sys.stderr)
             return 2
     reaper.become_subreaper()
+    return contract.exit_status(supervise(command, dict(os.environ), server))
+
+
+def supervise(command: list[str], env: dict, server: str | None, *, cwd: str | None = None,
+              fds: tuple[int, int] = (1, 2), control: int = 0, pending: bytes = b"", alone: bool = True,
+              on_start: Callable[[int], None] | None = None) -> int:
+    """Run one controller with ``fds`` as its stdout and stderr, obey the
+    signals read from ``control`` until its EOF, and send the error record
+    and the resources home as stderr's last bytes; the Popen-style
+    returncode.  ``alone``: this process runs no other controller, so every
+    descendant left at the end is this one's (else only those that hold its
+    stdout or stderr are).  ``on_start``: told the controller's pid."""
+    out, err = fds
     lifeline_r, lifeline_w = os.pipe()
-    env = dict(os.environ)
+    env = dict(env)
     env[contract.LIFELINE_FD] = str(lifeline_r)
     record_path = os.path.join(tempfile.mkdtemp(prefix="jaxrun-agent-"), "error.json")  # a 0700 folder
     env[contract.ERROR_FILE] = record_path
     watch = usage.OomWatch()
     joined_path = os.path.join(os.path.dirname(record_path), "joined")
     env[contract.JOINED_FILE] = joined_path
-    child = fork_by_server(server, command, env, lifeline_r) if server else None
+    child = fork_by_server(server, command, env, lifeline_r, fds, cwd) if server else None
     try:
         child = child or subprocess.Popen(
             command,
             env=env,
+            cwd=cwd,
             stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
             pass_fds=(lifeline_r,),
             start_new_session=True,
         )
     except OSError as e:
+        os.close(lifeline_r)
+        os.close(lifeline_w)
         os.rmdir(os.path.dirname(record_path))
-        print(f"jaxrun: cannot start {command[0]!r} on this host: {e.strerror}", file=sys.stderr)
+        write_all(err, f"jaxrun: cannot start {command[0]!r} on this host: {e.strerror}\n".encode())
         return 127
     os.close(lifeline_r)
-    relay = threading.Thread(target=relay_signals, args=(0, child.pid, watch), daemon=True)
+    if on_start is not None:
+        on_start(child.pid)
+    ended = Ended()
+    relay = threading.Thread(target=relay_signals, args=(control, child.pid, watch, pending, ended), daemon=True)
     relay.start()
-    joins = JoinWatch(joined_path, announce_joined).start()
+    joins = JoinWatch(joined_path, lambda: announce_joined(err)).start()
     if isinstance(child, ServedChild):
         code = child.wait()
         used = watch.with_verdict(code, child.resources)
@@ -211,28 +257,37 @@ def main(argv: list[str]) -> int:
         code, used = usage.wait_popen(child, watch)
     joins.stop()  # before the record: nothing may follow the trailer
     kill_group(child.pid, signal.SIGKILL)  # grandchildren left behind by the shim
-    reaper.kill_descendants()  # and those that left its group
-    if isinstance(child, ServedChild):
-        reaper.kill_holders([1, 2], within=child.server_pid)  # its orphans, holding our session open
+    ended.set()
+    if alone:
+        reaper.kill_descendants()  # and those that left its group
+    # A served controller's orphans are its server's: those that hold this
+    # controller's stdout or stderr open die now, the rest with the server.
+    within = child.server_pid if isinstance(child, ServedChild) else None if alone else os.getpid()
+    reaper.kill_holders(list(fds), within=within)
     os.close(lifeline_w)
-    send_home(record_path, used)
-    return contract.exit_status(code)
+    send_home(record_path, used, err)
+    return code
 
 
-def announce_joined() -> None:
+def announce_joined(fd: int = 2) -> None:
     """The marker in one write: a pipe never splits it, nor mixes it with
     the controller's own writes to the same stderr."""
-    os.write(2, wire.JOINED_MARKER)
+    os.write(fd, wire.JOINED_MARKER)
 
 
-def send_home(path: str, used: contract.Resources | None) -> None:
-    """The error record (if the shim left one) and the resources, as stderr's last bytes."""
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def send_home(path: str, used: contract.Resources | None, fd: int = 2) -> None:
+    """The error record (if the shim left one) and the resources, as the
+    last bytes on stderr (``fd``)."""
     record = contract.ErrorRecord.take(path)
     payload = wire.home_payload(record.to_json() if record else None, used.to_dict() if used else None)
     sys.stderr.flush()
-    data = memoryview(wire.record_trailer(payload))
-    while data:
-        data = data[os.write(2, data):]
+    write_all(fd, wire.record_trailer(payload))
 
 
 def run(argv: list[str]) -> None:

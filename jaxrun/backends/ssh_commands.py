@@ -80,7 +80,9 @@ runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
 #   connect ADDRESS PORT SECONDS   -> "reached"
 #   unlisten                       -> "closed"
 #
-# A request that fails is answered "error REASON".  With "hold", the first
+# A request that fails is answered "error REASON".  Once jaxrun is found, the
+# session also runs the host's agent (``ssh_host.HostAgent``: its socket is
+# "channels" in the answer), which runs the host's processes until EOF.  With "hold", the first
 # host's preflight already listens on a free port of the address the launcher
 # reached it at, and says which in its answer ("port"): one request fewer.
 #
@@ -116,6 +118,7 @@ if len(sys.argv) > 6 and info.get("jaxrun") and not info.get("chdir_error"):
     subprocess.Popen([sys.executable, "-m", sys.argv[2].rsplit(".", 1)[0] + ".forkserver_agent", "--listen",
                       *sys.argv[6:]], stdin=_hold_r, stdout=subprocess.DEVNULL)
     os.close(_hold_r)
+agent = None
 if info["jaxrun"]:
     try:
         import importlib
@@ -123,6 +126,13 @@ if info["jaxrun"]:
     except Exception as e:
         info["jaxrun"] = None
         info["jaxrun_error"] = "%s: %s" % (type(e).__name__, e)
+if info["jaxrun"]:
+    # This host's processes, over channels of this connection.
+    try:
+        agent = importlib.import_module(sys.argv[2].rsplit(".", 1)[0] + ".ssh_host").HostAgent()
+        info["channels"] = agent.start()
+    except Exception as e:
+        info["channels_error"] = "%s: %s" % (type(e).__name__, e)
 try:
     from importlib import metadata
     for name in ("jax", "jaxlib"):
@@ -185,6 +195,8 @@ for line in sys.stdin.buffer:
     except (OSError, ValueError, IndexError) as e:
         reply = "error " + (getattr(e, "strerror", None) or str(e) or type(e).__name__)
     print("jaxrun-reply " + reply, flush=True)
+if agent is not None:
+    agent.stop()
 """
 
 # -- pure: command lines ------------------------------------------------------
@@ -211,6 +223,14 @@ def master_control(path: str) -> list[str]:
 def session_control(path: str | None) -> list[str]:
     # LogLevel=ERROR keeps ssh's own warnings out of the process's stderr log.
     return ["-o", "ControlMaster=no", "-o", f"ControlPath={path or 'none'}", "-o", "LogLevel=ERROR"]
+
+
+def forward_args(settings: SshOptions, host: Host, control_path: str, local: str, remote: str) -> list[str]:
+    """Ask the host's master to forward the Unix socket ``local`` here to
+    ``remote`` there (its agent's): every connection to it is a new channel."""
+    args = ssh_args(settings, host, ["-o", f"ControlPath={control_path}"])
+    at = args.index("--")
+    return args[:at] + ["-O", "forward", "-L", f"{local}:{remote}"] + args[at:]
 
 
 def remote_command(words: Sequence[str]) -> str:

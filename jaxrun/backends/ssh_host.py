@@ -1,0 +1,173 @@
+"""The far end of the SSH backend: one agent per host for all of its processes.
+
+The preflight session on each host (``ssh_commands.PREFLIGHT``) starts a
+:class:`HostAgent` once it has found jaxrun there.  The agent listens on a
+Unix socket in a folder of its own (mode 0700) and says where in the
+preflight's answer.  The launcher forwards a socket of its own private folder
+to it over the host's ControlMaster (``ssh -O forward -L LOCAL:REMOTE``), so
+that each connection it opens there is a new channel of the SSH connection
+that already exists: no session, no remote shell (and its rc files), no
+interpreter per process.  A process costs three connections, each opened by a
+``wire.Channel`` line with the process's key:
+
+- ``stdout`` and ``stderr`` become the controller's own stdout and stderr:
+  its bytes travel unchanged, never through this process;
+- ``ctrl`` carries a ``wire.Spawn`` line (what to run, the environment it
+  adds, the folder, the host's preloading server), then ``wire.Signal`` lines
+  for the controller's group; its EOF kills the group.  The agent answers
+  with one ``wire.Exit`` line once the controller has ended.
+
+Each controller is run by ``ssh_agent.supervise``, as a process's own agent
+runs it in a session: its error record and resources go home as the last
+bytes of its stderr, and its join as a marker there.  A ``ping`` connection
+is answered ``pong``: the launcher's check that the forwarding works (a
+server may refuse it; then each process gets a session of its own).
+
+Only this user's processes may connect (the folder, and the peer's user id
+where the system tells it).  At the end of the session (``stop``) every
+controller still running is killed, with whatever is left of what they
+started: this process is their subreaper.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+
+from jaxrun import portable, wire
+from jaxrun.backends import reaper, ssh_agent
+
+HEADER_WAIT = 10.0  # for a connection's first lines, from its accept
+MAX_LINE = 1 << 26  # a Spawn line carries an environment: as big as a frame may be
+
+
+def read_line(conn: socket.socket, buffered: bytes = b"") -> tuple[bytes, bytes]:
+    """The next line from ``conn`` and the bytes read past it."""
+    while b"\n" not in buffered:
+        if len(buffered) > MAX_LINE:
+            raise wire.WireError("line too long")
+        data = conn.recv(1 << 16)
+        if not data:
+            raise wire.WireError("connection closed before a whole line")
+        buffered += data
+    line, _, rest = buffered.partition(b"\n")
+    return line, rest
+
+
+class HostAgent:
+    def __init__(self) -> None:
+        reaper.become_subreaper()  # before the snapshot: where it marks the environment instead
+        self.env = dict(os.environ)
+        self.folder = tempfile.mkdtemp(prefix="jaxrun-host-")
+        self.path = os.path.join(self.folder, "channels")
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.listener.bind(self.path)
+            self.listener.listen(256)
+        except OSError:
+            self.listener.close()
+            shutil.rmtree(self.folder, ignore_errors=True)
+            raise
+        self.lock = threading.Lock()
+        self.waiting: dict[str, dict[str, tuple[socket.socket, bytes, wire.Spawn | None]]] = {}
+        self.running: dict[str, int] = {}  # key -> the controller's pid (its group's id)
+        self.stopped = False
+
+    def start(self) -> str:
+        threading.Thread(target=self._accept, name="host-agent", daemon=True).start()
+        return self.path
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return  # closed by stop()
+            if portable.peer_uid(conn) not in (None, os.getuid()):
+                conn.close()
+                continue
+            threading.Thread(target=self._greet, args=(conn,), name="host-agent-conn", daemon=True).start()
+
+    def _greet(self, conn: socket.socket) -> None:
+        conn.settimeout(HEADER_WAIT)
+        try:
+            line, rest = read_line(conn)
+            hello = wire.decode(line)
+            if not isinstance(hello, wire.Channel) or hello.role not in wire.Channel.ROLES:
+                raise wire.WireError("not a channel")
+            if hello.role == "ping":
+                conn.sendall(wire.CHANNEL_PONG)
+                conn.close()
+                return
+            spawn = None
+            if hello.role == "ctrl":
+                line, rest = read_line(conn, rest)
+                spawn = wire.decode(line)
+                if not isinstance(spawn, wire.Spawn):
+                    raise wire.WireError("no spawn line")
+            conn.settimeout(None)
+        except (OSError, wire.WireError):
+            conn.close()
+            return
+        self._offer(hello.key, hello.role, (conn, rest, spawn))
+
+    def _offer(self, key: str, role: str, part: tuple[socket.socket, bytes, wire.Spawn | None]) -> None:
+        """Keep a process's connection until it has all three; then run it,
+        in this thread."""
+        with self.lock:
+            parts = self.waiting.setdefault(key, {})
+            if role in parts or key in self.running or self.stopped:
+                part[0].close()
+                return
+            parts[role] = part
+            if len(parts) < 3:
+                return
+            del self.waiting[key]
+            self.running[key] = 0
+        self._run(key, parts)
+
+    def _run(self, key: str, parts: dict) -> None:
+        (out, _, _), (err, _, _), (ctrl, pending, spawn) = parts["stdout"], parts["stderr"], parts["ctrl"]
+        env = dict(self.env)
+        env.update(spawn.env)
+        code = -signal.SIGKILL
+        try:
+            code = ssh_agent.supervise(spawn.argv, env, spawn.server or None, cwd=spawn.cwd or None,
+                                       fds=(out.fileno(), err.fileno()), control=ctrl.fileno(), pending=pending,
+                                       alone=False, on_start=lambda pid: self._started(key, pid))
+        finally:
+            with self.lock:
+                self.running.pop(key, None)
+            out.close()
+            err.close()
+            try:
+                ctrl.sendall(wire.Exit(code).line())
+            except OSError:
+                pass  # the launcher is gone
+            ctrl.close()
+
+    def _started(self, key: str, pid: int) -> None:
+        with self.lock:
+            stopped = self.stopped
+            if not stopped:
+                self.running[key] = pid
+        if stopped:  # the session ended meanwhile
+            ssh_agent.kill_group(pid, signal.SIGKILL)
+
+    def stop(self) -> None:
+        """The session's end: kill every controller and what it left."""
+        with self.lock:
+            self.stopped = True
+            pids = [pid for pid in self.running.values() if pid]
+            waiting = [part[0] for parts in self.waiting.values() for part in parts.values()]
+        self.listener.close()
+        for conn in waiting:
+            conn.close()
+        for pid in pids:
+            ssh_agent.kill_group(pid, signal.SIGKILL)
+        reaper.kill_descendants()
+        shutil.rmtree(self.folder, ignore_errors=True)
