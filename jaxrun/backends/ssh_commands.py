@@ -129,8 +129,14 @@ if info["jaxrun"]:
 if info["jaxrun"]:
     # This host's processes, over channels of this connection.
     try:
-        agent = importlib.import_module(sys.argv[2].rsplit(".", 1)[0] + ".ssh_host").HostAgent()
+        _host_module = sys.argv[2].rsplit(".", 1)[0] + ".ssh_host"
+        agent = importlib.import_module(_host_module).HostAgent()
         info["channels"] = agent.start()
+        try:  # in ps, what this session now is
+            import setproctitle
+            setproctitle.setproctitle(" ".join([sys.executable, "-m", _host_module, sys.argv[1], sys.argv[3]]))
+        except ImportError:
+            pass
     except Exception as e:
         info["channels_error"] = "%s: %s" % (type(e).__name__, e)
 try:

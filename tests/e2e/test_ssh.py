@@ -71,14 +71,21 @@ def wait_for_lines(job, needle: str, count: int, within: float = 30.0) -> list[s
 # -- real sshd ---------------------------------------------------------------
 
 @pytest.mark.timeout(60)
-def test_toy_on_two_hosts(sshd_hosts, jaxrun, tmp_path):
-    hosts = write(tmp_path, "hosts.txt", "# two hosts\nhostA slots=2\nhostB slots=2\n")
+@pytest.mark.parametrize("fixture, way", [("sshd_hosts", "channels of its connection"),
+                                          ("sshd_hosts_without_forwarding", "a session each")])
+def test_toy_on_two_hosts(request, jaxrun, tmp_path, fixture, way):
+    """Where the servers forward Unix sockets, each host's processes run over
+    channels of its one connection; where they refuse, over a session each."""
+    ssh_hosts = request.getfixturevalue(fixture)
+    (first, first_address), (second, second_address) = ssh_hosts.addresses.items()
+    hosts = write(tmp_path, "hosts.txt", f"# two hosts\n{first} slots=2\n{second} slots=2\n")
     logs, report = tmp_path / "logs", tmp_path / "report.json"
     code, out, err = jaxrun(
-        "--hosts", hosts, *ssh_flags(sshd_hosts), "--cpu-devices", "2", "--log-dir", logs, "--report", report, "-v", TOY,
+        "--hosts", hosts, *ssh_flags(ssh_hosts), "--cpu-devices", "2", "--log-dir", logs, "--report", report, "-v", TOY,
         cwd=ROOT
     )
     assert code == 0, err
+    assert f"jaxrun: {first}: processes run over {way}" in err and f"jaxrun: {second}: processes run over {way}" in err
     check_resources(report, 4)  # measured on each host, home with the stream's trailer
     for rank, devices in enumerate([(0, 1), (2048, 2049), (4096, 4097), (6144, 6145)]):
         log = (logs / f"process-{rank}.stdout").read_text()
@@ -93,7 +100,7 @@ def test_toy_on_two_hosts(sshd_hosts, jaxrun, tmp_path):
     for rank in range(4):
         assert b"jaxrun-joined" not in (logs / f"process-{rank}.stderr").read_bytes()
     # -v shows the preflight table, one row per host.
-    assert "hostA  127.0.0.2" in err and "hostB  127.0.0.3" in err
+    assert f"{first}  {first_address}" in err and f"{second}  {second_address}" in err
 
 
 @pytest.mark.timeout(60)
@@ -245,27 +252,32 @@ def cmdline_of(proc: psutil.Process) -> list[str]:
 def host_agents(script) -> list[psutil.Process]:
     """The SSH agents that run ``script``'s processes, found by their command
     line (their environment is the session's: the job's values arrived on
-    stdin, so the test's token is not there)."""
+    stdin, so the test's token is not there): one per host where the
+    processes run over channels, one per process where each has a session."""
     agents = []
     for proc in psutil.process_iter():
         cmd = " ".join(word for word in cmdline_of(proc) if word).split()  # a title is one long word
-        if cmd[1:3] == ["-m", "jaxrun.backends.ssh_agent"] and str(script) in cmd:
+        if cmd[1:2] == ["-m"] and cmd[2:3] in (["jaxrun.backends.ssh_host"], ["jaxrun.backends.ssh_agent"]) \
+                and str(script) in cmd:
             agents.append(proc)
     return agents
 
 
-def start_ready_job(launch, sshd_hosts, tmp_path, shared_dir):
+def start_ready_job(launch, ssh_hosts, tmp_path, shared_dir, agents=2):
+    """``agents``: the hosts' own (one each), and one per process where each has a session."""
     script = write(shared_dir, "ready.py", READY_SCRIPT)
-    job = launch("-H", "hostA,hostB", *ssh_flags(sshd_hosts), "--log-dir", tmp_path / "logs", script, cwd=shared_dir)
+    (first, address), (second, _) = ssh_hosts.addresses.items()
+    job = launch("-H", f"{first},{second}", *ssh_flags(ssh_hosts), "--log-dir", tmp_path / "logs", script,
+                 cwd=shared_dir)
     lines = wait_for_lines(job, "ready", 2)
     remote = host_agents(script)
-    assert len(remote) == 2
-    # Process 0's coordination service listens on hostA's address only.
+    assert len(remote) == agents
+    # Process 0's coordination service listens on the first host's address only.
     coordinator = next(line.split()[-1] for line in lines if line.startswith("[0] ready"))
-    address, port = coordinator.rsplit(":", 1)
-    assert address == "127.0.0.2"
+    bound, port = coordinator.rsplit(":", 1)
+    assert bound == address
     listening = {c.laddr.ip.removeprefix("::ffff:") for c in psutil.net_connections("inet") if c.status == "LISTEN" and c.laddr.port == int(port)}
-    assert listening == {"127.0.0.2"}
+    assert listening == {address}
     return job
 
 
@@ -287,10 +299,15 @@ def is_ssh_client(proc: psutil.Process, which: str) -> bool:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("which", ["ControlMaster=", "ControlMaster=no"])
-def test_killed_ssh_clients_leave_nothing(sshd_hosts, launch, tmp_path, shared_dir, which):
-    """Every ssh client (masters too), or only the per-process sessions."""
-    job = start_ready_job(launch, sshd_hosts, tmp_path, shared_dir)
+@pytest.mark.parametrize("fixture, which", [("sshd_hosts", "ControlMaster="),
+                                            ("sshd_hosts_without_forwarding", "ControlMaster="),
+                                            ("sshd_hosts_without_forwarding", "ControlMaster=no")])
+def test_killed_ssh_clients_leave_nothing(request, launch, tmp_path, shared_dir, fixture, which):
+    """Every ssh client (the masters, which carry the channels, and any
+    sessions), or only the per-process sessions, where the hosts refuse
+    channels."""
+    sessions = fixture == "sshd_hosts_without_forwarding"
+    job = start_ready_job(launch, request.getfixturevalue(fixture), tmp_path, shared_dir, 4 if sessions else 2)
     clients = [p for p in processes_with_token(os.environ[TOKEN]) if is_ssh_client(p, which)]
     assert clients
     for proc in clients:
