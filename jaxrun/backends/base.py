@@ -39,6 +39,7 @@ from jaxrun import contract
 from jaxrun.launcher.plan import ProcessSpec
 
 POLL = 0.1  # seconds between looks at the stop flag while waiting
+FIRST_POLL = 0.005  # the first look's wait; each next one waits twice as long, up to POLL
 
 
 class Interrupted(Exception):
@@ -80,15 +81,17 @@ def wait_until(ready: Callable[[], bool], hooks: RunHooks, timeout: float | None
     """Poll ``ready`` until it holds (True) or ``timeout`` passes (False);
     raises Interrupted as soon as the run is stopping."""
     end = None if timeout is None else time.monotonic() + timeout
+    pause = FIRST_POLL
     while True:
         if hooks.stopping():  # first: what made ``ready`` true may be the reason to stop
             raise Interrupted()
         if ready():
             break
-        left = POLL if end is None else min(POLL, end - time.monotonic())
+        left = pause if end is None else min(pause, end - time.monotonic())
         if left <= 0:
             return False
         time.sleep(left)
+        pause = min(POLL, 2 * pause)  # a quick answer is heard at once, a slow one costs few looks
     return True
 
 

@@ -203,6 +203,8 @@ for line in sys.stdin.buffer:
     print("jaxrun-reply " + reply, flush=True)
 if agent is not None:
     agent.stop()
+    sys.stdout.flush()
+    os._exit(0)  # nothing here to finalize: the teardown of what it imported only delays the end
 """
 
 # -- pure: command lines ------------------------------------------------------

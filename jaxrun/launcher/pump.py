@@ -180,9 +180,10 @@ class OutputPump:
                 self.flush()
                 continue
             self.flush()
-            if trickle and now - last_round < self.coalesce:
+            if trickle and now - last_round < self.coalesce and not self.finishing:
                 # Hold back, unless woken: a process exiting means its last
-                # bytes and EOF are waiting, and the job's end should not wait.
+                # bytes and EOF are waiting, and the job's end should not wait
+                # (nor, once every process is gone, any stream's EOF).
                 select.select([self.wake_r], [], [], self.coalesce)
             last_round = now
 
