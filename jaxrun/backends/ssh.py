@@ -6,14 +6,18 @@ jaxrun, and the address the host was reached at).  That session then waits on
 stdin, so the master lives exactly as long as jaxrun holds the pipe: closed at
 the end, or closed by the kernel if jaxrun is SIGKILLed.  Meanwhile it
 answers requests written there: it holds the coordinator's port on the first
-host while every other host's session checks that it reaches it.  Every
-process session rides on that master, so N processes on a host cost one
-handshake.
+host while every other host's session checks that it reaches it.
 
-Each process runs the host agent (:mod:`jaxrun.backends.ssh_agent`), which
-relays the signals we write to the ssh client's stdin, and kills the shim's
-group when that stdin reaches EOF.  So ``SshChild.send`` works like a local
-``killpg``, and a dropped connection or a dead jaxrun ends the remote job.
+The same session is the host's agent (:mod:`jaxrun.backends.ssh_host`): it
+runs every process of its host, each over three channels of the connection
+that exists already (a local socket forwarded to the agent's with ``ssh -O
+forward``), so a process costs no session, no remote shell and no
+interpreter of its own (:class:`ChannelChild`).  Where the server refuses to
+forward, each process gets a session on the master instead, running its own
+agent (:mod:`jaxrun.backends.ssh_agent`), which relays the signals we write to
+the ssh client's stdin and kills the shim's group when that stdin reaches EOF
+(:class:`SshChild`).  Either way ``send`` works like a local ``killpg``, and a
+dropped connection or a dead jaxrun ends the remote job.
 
 Every remote word is ``shlex.quote``d (see :mod:`jaxrun.backends.ssh_commands`);
 the remote shell sees plain words only.

@@ -1,5 +1,10 @@
 """The far end of the SSH backend: a tiny supervisor between ``ssh`` and the shim.
 
+Its :func:`supervise` is what runs each process on a host: in the host's
+agent (:mod:`jaxrun.backends.ssh_host`), whose channels stand in for the
+session's stdin, stdout and stderr, and, where a server refuses channels, in
+a session of the process's own, as described here.
+
 Started by the launcher over SSH, once its environment has arrived on stdin
 (see ``ssh_commands.RUN_MODULE``), as::
 

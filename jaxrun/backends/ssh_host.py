@@ -37,11 +37,13 @@ import signal
 import socket
 import tempfile
 import threading
+import time
 
 from jaxrun import portable, wire
 from jaxrun.backends import reaper, ssh_agent
 
 HEADER_WAIT = 10.0  # for a connection's first lines, from its accept
+REPORT_WAIT = 2.0  # at the end, for the controllers just killed to be reported
 MAX_LINE = 1 << 26  # a Spawn line carries an environment: as big as a frame may be
 
 
@@ -75,6 +77,7 @@ class HostAgent:
         self.lock = threading.Lock()
         self.waiting: dict[str, dict[str, tuple[socket.socket, bytes, wire.Spawn | None]]] = {}
         self.running: dict[str, int] = {}  # key -> the controller's pid (its group's id)
+        self.threads: dict[str, threading.Thread] = {}  # key -> the thread that runs it
         self.stopped = False
 
     def start(self) -> str:
@@ -128,6 +131,7 @@ class HostAgent:
                 return
             del self.waiting[key]
             self.running[key] = 0
+            self.threads[key] = threading.current_thread()
         self._run(key, parts)
 
     def _run(self, key: str, parts: dict) -> None:
@@ -140,8 +144,6 @@ class HostAgent:
                                        fds=(out.fileno(), err.fileno()), control=ctrl.fileno(), pending=pending,
                                        alone=False, on_start=lambda pid: self._started(key, pid))
         finally:
-            with self.lock:
-                self.running.pop(key, None)
             out.close()
             err.close()
             try:
@@ -149,6 +151,9 @@ class HostAgent:
             except OSError:
                 pass  # the launcher is gone
             ctrl.close()
+            with self.lock:
+                self.running.pop(key, None)
+                self.threads.pop(key, None)
 
     def _started(self, key: str, pid: int) -> None:
         with self.lock:
@@ -163,11 +168,15 @@ class HostAgent:
         with self.lock:
             self.stopped = True
             pids = [pid for pid in self.running.values() if pid]
+            threads = list(self.threads.values())
             waiting = [part[0] for parts in self.waiting.values() for part in parts.values()]
         self.listener.close()
         for conn in waiting:
             conn.close()
         for pid in pids:
             ssh_agent.kill_group(pid, signal.SIGKILL)
+        end = time.monotonic() + REPORT_WAIT  # for each one's exit to be told, if anyone listens
+        for thread in threads:
+            thread.join(max(0.0, end - time.monotonic()))
         reaper.kill_descendants()
         shutil.rmtree(self.folder, ignore_errors=True)

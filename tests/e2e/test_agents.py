@@ -125,3 +125,75 @@ def test_ssh_agent_reports_the_join_once_on_stderr_and_leaves_no_file():
     assert error is None and contract.Resources.from_dict(used).cpu_seconds > 0, err
     folder = out.decode().strip()
     assert folder and not os.path.exists(folder)  # the agent's private folder, removed
+
+
+# -- an SSH host's agent, with the launcher's end of its channels ----------------------
+
+HOST_AGENT = """
+import sys
+from jaxrun.backends.ssh_host import HostAgent
+agent = HostAgent()
+print(agent.start(), flush=True)
+sys.stdin.read()  # the session's end
+agent.stop()
+"""
+
+
+@pytest.fixture
+def host_agent():
+    """A host agent as the preflight session runs it; its socket's path.
+    (A process of its own: it claims its descendants as their subreaper.)"""
+    proc = subprocess.Popen([sys.executable, "-c", HOST_AGENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        yield proc, read_line(proc.stdout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+
+
+def spawn(path: str, code: str, env: dict | None = None):
+    from jaxrun.backends.ssh import ChannelChild
+
+    spawn_line = wire.Spawn([sys.executable, "-c", code], env or {}, os.getcwd(), "")
+    return ChannelChild(path, spawn_line, os.getpid(), "here")
+
+
+def test_host_agent_runs_a_process_over_three_channels(host_agent):
+    from jaxrun.backends.ssh import ping
+
+    _, path = host_agent
+    assert ping(path)
+    child = spawn(path, "import os, sys\nprint('out', os.environ['SECRET_X'], sys.argv[1:], flush=True)\n"
+                        "print('to stderr', file=sys.stderr)\nsys.exit(3)", {"SECRET_X": "tok-123"})
+    assert child.wait() == 3
+    assert child.stdout.read() == b"out tok-123 []\n"
+    err = child.stderr.read()
+    assert err.startswith(b"to stderr\n")
+    text = wire.parse_record_trailer(err[err.index(wire.RECORD_TRAILER):])  # the resources came home after it
+    assert text is not None and wire.read_home_payload(text)[1]["cpu_seconds"] > 0
+
+
+def test_host_agent_relays_signals_and_kills_at_eof_and_at_its_end(host_agent):
+    proc, path = host_agent
+    first = spawn(path, RECORDER)
+    assert read_line(first.stdout) == "ready"
+    first.send(15)
+    assert read_line(first.stdout) == "SIGTERM"
+    first.send(9)  # SIGKILL, then EOF on the control channel
+    assert first.wait() == -9
+    second = spawn(path, RECORDER)
+    assert read_line(second.stdout) == "ready"
+    proc.stdin.close()  # the session ends: the agent kills what still runs
+    assert second.wait() == -9
+    assert proc.wait(timeout=20) == 0
+
+
+def test_host_agent_hangs_up_on_a_stranger(host_agent):
+    _, path = host_agent
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(20)
+        sock.connect(path)
+        sock.sendall(b"GET / HTTP/1.0\n\n")
+        assert sock.recv(64) == b""
