@@ -32,6 +32,7 @@ import json
 import os
 import socket
 import sys
+import time
 from typing import Any, Mapping
 
 from jaxrun import contract
@@ -91,6 +92,38 @@ def reachable_address(coordinator: str) -> str:
         return probe.getsockname()[0]
     finally:
         probe.close()
+
+
+# How long a process looks for process 0's coordination service before it
+# leaves the waiting to initialize() itself, as a plain launch does.
+COORDINATOR_WAIT = 60.0
+
+
+def wait_for_coordinator(coordinator: str, within: float = COORDINATOR_WAIT) -> bool:
+    """Until the coordinator accepts connections: True; False once ``within``
+    seconds have passed, or at once where its host does not answer (a
+    firewall, no route), which initialize() then reports as it would.
+
+    A process whose first connection finds nobody listening yet waits out
+    gRPC's reconnect backoff, about a second, before its second; initialize()
+    returns in every process together, so the whole job waits with it.
+    Looking first costs one connection when the service is up."""
+    host, port = coordinator.rsplit(":", 1)
+    address = (host.strip("[]"), int(port))
+    end = time.monotonic() + within
+    pause = 0.002
+    while True:
+        try:
+            socket.create_connection(address, timeout=1.0).close()
+            return True
+        except ConnectionRefusedError:
+            pass  # the host is there; the service is not, yet
+        except OSError:
+            return False
+        if time.monotonic() + pause > end:
+            return False
+        time.sleep(pause)
+        pause = min(2 * pause, 0.02)
 
 
 def _transfer_address(ip: str) -> str:
@@ -266,6 +299,8 @@ def _join(real, given: dict) -> list[dict]:
     # Arrived: tell the launcher now, not when initialize() returns, which
     # it does in every process at once, when the last one has arrived.
     contract.mark_joined(_launch.joined_file)
+    if _launch.rank != 0:
+        wait_for_coordinator(_launch.coordinator)
     try:
         real(**kwargs)
     finally:
