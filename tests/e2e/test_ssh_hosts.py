@@ -45,16 +45,24 @@ time.sleep(30)
 """
 
 
+# Where the servers forward, each host's processes run over channels of its
+# connection; where they refuse, over a session each: both ways are checked.
+BOTH_WAYS = pytest.mark.parametrize("fixture", ["sshd_hosts", "sshd_hosts_without_forwarding"])
+
+
 @pytest.mark.timeout(90)
-def test_a_remote_exception_comes_home(sshd_hosts, launch, tmp_path, request):
+@BOTH_WAYS
+def test_a_remote_exception_comes_home(launch, tmp_path, request, fixture):
+    ssh_hosts = request.getfixturevalue(fixture)
+    first, second = ssh_hosts.addresses
     folder = script_dir(request, tmp_path)
     script = folder / "fails.py"
     script.write_text(FAILS_ON_1)
     report, junit = tmp_path / "report.json", tmp_path / "junit.xml"
-    job = launch("-H", "hostA,hostB", *ssh_flags(sshd_hosts), "--log-dir", tmp_path / "logs",
+    job = launch("-H", f"{first},{second}", *ssh_flags(ssh_hosts), "--log-dir", tmp_path / "logs",
                  "--report", report, "--junit-xml", junit, script)
     assert job.wait(60) == 1, job.stderr[-3000:]
-    assert "jaxrun: process 1 on hostB failed first: exit code 1" in job.stderr
+    assert f"jaxrun: process 1 on {second} failed first: exit code 1" in job.stderr
     assert "jaxrun:   ValueError: bad shard 7" in job.stderr
     root = json.loads(report.read_text())["attempts"][-1]["root_cause"]
     assert root["exception"]["type"] == "ValueError" and root["exception"]["message"] == "bad shard 7"
@@ -85,16 +93,19 @@ def is_fork_of(cmdline: list[str] | None, pid: int) -> bool:
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("how", ["-x", "--env"])
-def test_env_values_never_appear_on_a_command_line(sshd_hosts, launch, tmp_path, request, how):
+@pytest.mark.parametrize("fixture, how", [("sshd_hosts", "-x"), ("sshd_hosts", "--env"),
+                                          ("sshd_hosts_without_forwarding", "--env")])
+def test_env_values_never_appear_on_a_command_line(launch, tmp_path, request, fixture, how):
     """With ``-x API_TOKEN`` no command line on the machine holds the value;
     with ``--env API_TOKEN=...`` only the user's own jaxrun command does."""
+    ssh_hosts = request.getfixturevalue(fixture)
+    first, second = ssh_hosts.addresses
     folder = script_dir(request, tmp_path)
     script = folder / "token.py"
     script.write_text(READS_TOKEN)
     secret = f"tok-{uuid.uuid4().hex}"
     given = ["-x", "API_TOKEN"] if how == "-x" else ["--env", f"API_TOKEN={secret}"]
-    job = launch("-H", "hostA:2,hostB:2", *ssh_flags(sshd_hosts), *given,
+    job = launch("-H", f"{first}:2,{second}:2", *ssh_flags(ssh_hosts), *given,
                  "--log-dir", tmp_path / "logs", script, "6", env={"API_TOKEN": secret})
     ours = job.proc.pid if how == "--env" else None
     seen: list[str] = []
