@@ -310,17 +310,20 @@ class Connections:
                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             except OSError:
                 pass
-        opened = {}
-        for name, (local, popen) in forwards.items():
-            try:
-                code = popen.wait(self.settings.connect_timeout)
-            except subprocess.TimeoutExpired:
-                popen.kill()
+        try:
+            wait_until(lambda: all(popen.poll() is not None for _, popen in forwards.values()), self.hooks,
+                       self.settings.connect_timeout)
+        finally:
+            for _, popen in forwards.values():
+                if popen.poll() is None:
+                    popen.kill()
                 popen.wait()
-                continue
-            if code == 0 and ping(local):
-                opened[name] = local
-        return opened
+        answered: dict[str, bool] = {}
+        pings = [start_thread(f"ssh-ping:{name}", lambda n=name, at=local: answered.update({n: ping(at)}),
+                              hooks=self.hooks)
+                 for name, (local, popen) in forwards.items() if popen.returncode == 0]
+        wait_until(lambda: not any(t.is_alive() for t in pings), self.hooks, PING_WAIT)
+        return {name: local for name, (local, _) in forwards.items() if answered.get(name)}
 
     # -- the end -------------------------------------------------------------
     def abort(self) -> None:
@@ -375,7 +378,6 @@ class ChannelChild:
 
     def __init__(self, path: str, spawn: wire.Spawn, pid: int, host: str):
         self.pid = pid  # the local master's: the remote pid is not known here
-        self.resources = None  # they arrive with the error record
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._write_closed = False
@@ -446,17 +448,18 @@ class ChannelChild:
         code = 255  # no Exit line: the connection is gone, as ssh's own failure
         if self._ctrl is not None:
             try:
-                for raw in self._ctrl.makefile("rb"):
-                    try:
-                        msg = wire.decode(raw)
-                    except wire.WireError:
-                        continue
-                    if isinstance(msg, wire.Exit):
-                        code = msg.returncode
-                        break
-                else:
-                    if self._killed:
-                        code = -signal.SIGKILL
+                with self._ctrl.makefile("rb") as lines:
+                    for raw in lines:
+                        try:
+                            msg = wire.decode(raw)
+                        except wire.WireError:
+                            continue
+                        if isinstance(msg, wire.Exit):
+                            code = msg.returncode
+                            break
+                    else:
+                        if self._killed:
+                            code = -signal.SIGKILL
             except OSError:
                 pass
         with self._lock:
@@ -628,7 +631,7 @@ class SshBackend(Backend):
         return fixed or f"{self.hosts[0].name}:PORT", None  # no host is contacted
 
     def spawn(self, spec: ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str],
-              log_fds: tuple[int, int] | None) -> SshChild:
+              log_fds: tuple[int, int] | None) -> SshChild | ChannelChild:
         del lifeline_fd  # the remote side's lifeline is the ssh channel itself
         server = self.servers[spec.host.name][0] if spec.host.name in self.serving else None
         env = process_env(spec, extra_env)
