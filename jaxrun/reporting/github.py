@@ -43,7 +43,12 @@ def escape_property(text: str) -> str:
 
 def error_annotation(outcome: Outcome, workspace: str | None = None) -> str | None:
     """The ``::error`` line for a failed or timed-out run; None when there is nothing to flag."""
-    if outcome.root_cause is not None:
+    failure = summary.engine_failure(outcome)
+    if failure is not None:
+        title = f"jaxrun: {failure.note.engine} failed first"
+        message = "\n".join([failure.headline, *summary.tail(failure.note.log)])
+        location = None
+    elif outcome.root_cause is not None:
         rec = outcome.records[outcome.root_cause]
         title = f"jaxrun: {summary.where(rec)} failed first ({summary.describe_exit(rec)})"
         err = summary.error_info(rec)

@@ -74,6 +74,11 @@ def _result(outcome: Outcome, rec: ProcessRecord) -> tuple[str, str, str] | None
     """(element, message, text) for a process that did not pass; None if it passed."""
     if rec.verdict is Verdict.OK:
         return None
+    failure = summary.engine_failure(outcome)
+    if failure is not None and rec.spec.rank in failure.ranks:  # one failure, named once
+        if rec.verdict is Verdict.ROOT_CAUSE:
+            return "failure", failure.headline, "\n".join(summary.tail(failure.note.log))
+        return "skipped", f"ended when {failure.note.engine} failed first", ""
     if rec.verdict is Verdict.ROOT_CAUSE:
         err = summary.error_info(rec)
         if err:
@@ -81,7 +86,7 @@ def _result(outcome: Outcome, rec: ProcessRecord) -> tuple[str, str, str] | None
         _, tail = summary.last_output(rec)
         return "failure", f"{summary.describe_exit(rec)}", "\n".join(tail)
     if outcome.reason is StopReason.FAILURE and outcome.root_cause is not None:
-        cause = summary.where(outcome.records[outcome.root_cause])
+        cause = failure.note.engine if failure else summary.where(outcome.records[outcome.root_cause])
         if rec.verdict is Verdict.CONSEQUENCE:
             return "skipped", f"{summary.describe_exit(rec)} after {cause} failed first", ""
         return "skipped", f"stopped by jaxrun after {cause} failed", ""

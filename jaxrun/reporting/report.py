@@ -9,7 +9,7 @@ import sys
 from jaxrun.contract import signal_name
 from jaxrun.launcher.logfiles import write_atomically
 from jaxrun.launcher.outcome import Outcome, ProcessRecord
-from jaxrun.reporting.summary import describe_exit, error_info, tail
+from jaxrun.reporting.summary import describe_exit, engine_failure, error_info, tail
 
 
 def report_dict(outcomes: list[Outcome], run_id: str, log_dirs: list[str]) -> dict:
@@ -41,12 +41,22 @@ def _root_cause(outcome: Outcome) -> dict | None:
         return None
     rec = outcome.records[outcome.root_cause]
     err = error_info(rec)
+    failure = engine_failure(outcome)
     return {
         "process_id": rec.spec.rank,
         "host": rec.spec.host.name,
         "exit": describe_exit(rec),
         "exception": dataclasses.asdict(err) if err else None,
         "stderr_tail": tail(rec.stderr_log),
+        # The scheduler step failed under its tasks: the process above is only
+        # the first of those it ended.
+        "engine": None if failure is None else {
+            "name": failure.note.engine,
+            "message": failure.headline,
+            "process_ids": list(failure.ranks),
+            "log": failure.note.log,
+            "log_tail": tail(failure.note.log),
+        },
     }
 
 

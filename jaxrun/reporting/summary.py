@@ -3,6 +3,7 @@ JSON report, JUnit and GitHub annotations share with it."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterable
 
 from jaxrun import contract
@@ -71,11 +72,10 @@ def summary_lines(outcome: Outcome, log_dir: str) -> list[str]:
     for problem in outcome.log_errors:
         lines.append(f"jaxrun: logs incomplete: {problem}")
     shared: set[int] = set()  # the ranks an engine failure ended, named in its line
-    note = engine_note(outcome.records[outcome.root_cause]) if outcome.root_cause is not None else None
-    if note is not None:
-        shared = {r.spec.rank for r in outcome.records if r.verdict in ENDED_BY_OTHERS + (Verdict.ROOT_CAUSE,)
-                  and engine_note(r) == note}
-        lines.extend(engine_failure_lines(note, outcome.records[outcome.root_cause], sorted(shared)))
+    failure = engine_failure(outcome)
+    if failure is not None:
+        shared = set(failure.ranks)
+        lines.extend(engine_failure_lines(failure, outcome.records[outcome.root_cause]))
     elif outcome.root_cause is not None:
         rec = outcome.records[outcome.root_cause]
         lines.append(f"jaxrun: {where(rec)} failed first: {describe_exit(rec)} (pid {rec.pid})")
@@ -131,18 +131,43 @@ def engine_note(record: ProcessRecord) -> contract.EngineNote | None:
     return contract.parse_engine_note(last[0]) if last else None
 
 
-def engine_failure_lines(note: contract.EngineNote, first: ProcessRecord, ranks: list[int]) -> list[str]:
+@dataclasses.dataclass(frozen=True)
+class EngineFailure:
+    """A scheduler step that failed under its tasks, and every process it ended."""
+
+    note: contract.EngineNote
+    ranks: tuple[int, ...]
+
+    @property
+    def headline(self) -> str:
+        who = ("process " if len(self.ranks) == 1 else "processes ") + format_ranks(self.ranks)
+        if self.note.started:
+            what = f"before {who} reported back"
+        else:
+            what = f"before any task started; {who} never ran"
+        return f"{self.note.engine} failed first: it {self.note.how} {what}"
+
+
+def engine_failure(outcome: Outcome) -> EngineFailure | None:
+    """The engine failure that is the run's root cause, if one is: the
+    summary, the report, JUnit and GitHub name it instead of a process."""
+    if outcome.root_cause is None:
+        return None
+    note = engine_note(outcome.records[outcome.root_cause])
+    if note is None:
+        return None
+    ranks = tuple(sorted(r.spec.rank for r in outcome.records
+                         if r.verdict in ENDED_BY_OTHERS + (Verdict.ROOT_CAUSE,) and engine_note(r) == note))
+    return EngineFailure(note, ranks)
+
+
+def engine_failure_lines(failure: EngineFailure, first: ProcessRecord) -> list[str]:
     """The engine failure named once, for every process it ended, with the
     end of the engine's own output."""
-    who = ("process " if len(ranks) == 1 else "processes ") + format_ranks(ranks)
-    if note.started:
-        what = f"before {who} reported back"
-    else:
-        what = f"before any task started; {who} never ran"
-    lines = [f"jaxrun: {note.engine} failed first: it {note.how} {what} (pid {first.pid})"]
-    body = tail(note.log)
+    lines = [f"jaxrun: {failure.headline} (pid {first.pid})"]
+    body = tail(failure.note.log)
     if body:
-        lines.append(f"jaxrun:   last lines of {note.log}:")
+        lines.append(f"jaxrun:   last lines of {failure.note.log}:")
         lines.extend(f"    {line}" for line in body)
     return lines
 

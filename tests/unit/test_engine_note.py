@@ -87,3 +87,38 @@ def test_without_the_note_the_root_cause_is_a_process_as_before(tmp_path):
     lines = summary_lines(Outcome(recs, 1, StopReason.FAILURE, root_cause=0), str(tmp_path))
     assert lines[0] == "jaxrun: process 0 failed first: exit code 1 (pid 4242)"
     assert "jaxrun: process 1 failed after the root cause" in lines
+
+
+def test_the_report_junit_and_github_name_the_engine_too(tmp_path):
+    """Not process 1, which only carries the note: the same one failure as the summary."""
+    from xml.etree import ElementTree as ET
+
+    from jaxrun.reporting import github, junit, report
+
+    engine_log = tmp_path / "engine.log"
+    engine_log.write_text("mpirun: not enough slots\n")
+    note = contract.EngineNote.of("mpirun", 1, False, str(engine_log)).line()
+    recs = records(tmp_path, 3)
+    for rank in range(3):
+        (tmp_path / f"process-{rank}.stderr").write_text(note)
+    recs[1].verdict = Verdict.ROOT_CAUSE
+    outcome = Outcome(recs, 1, StopReason.FAILURE, root_cause=1)
+    headline = "mpirun failed first: it exited with code 1 before any task started; processes 0-2 never ran"
+    named = report.report_dict([outcome], "run", [str(tmp_path)])["root_cause"]["engine"]
+    assert named == {"name": "mpirun", "message": headline, "process_ids": [0, 1, 2], "log": str(engine_log),
+                     "log_tail": ["mpirun: not enough slots"]}
+    cases = {c.get("name"): c for c in ET.fromstring(junit.render(outcome).split("\n", 1)[1]).iter("testcase")}
+    assert cases["process 1"].find("failure").get("message") == headline
+    assert cases["process 0"].find("skipped").get("message") == "ended when mpirun failed first"
+    line = github.error_annotation(outcome)
+    assert line.startswith("::error title=jaxrun%3A mpirun failed first::") and "not enough slots" in line
+
+
+def test_a_process_failure_has_no_engine_in_the_report(tmp_path):
+    from jaxrun.reporting import report
+
+    recs = records(tmp_path, 2)
+    recs[0].verdict = Verdict.ROOT_CAUSE
+    (tmp_path / "process-0.stderr").write_text("boom\n")
+    root = report.report_dict([Outcome(recs, 1, StopReason.FAILURE, root_cause=0)], "run", [str(tmp_path)])["root_cause"]
+    assert root["engine"] is None and root["process_id"] == 0
