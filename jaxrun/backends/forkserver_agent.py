@@ -37,7 +37,6 @@ A request is read whole once its first byte arrives (within ``FRAME_WAIT``).
 from __future__ import annotations
 
 import atexit
-import gc
 import importlib
 import os
 import select
@@ -208,15 +207,6 @@ def preload(modules: list[str]) -> None:
     claim_title_area()
 
 
-def freeze_heap() -> None:
-    """Move everything imported so far out of the collector's sight.  A
-    forked controller's collections then never walk jax's hundreds of
-    thousands of objects (CPU), nor write to their pages, which the kernel
-    would copy into each controller.  (No collection first: with jax loaded
-    it costs ~60 ms, on the way to the first fork, to free a little.)"""
-    gc.freeze()
-
-
 def claim_title_area() -> None:
     """Let controllers set their process titles (see child.shim.set_title).
     setproctitle finds the argv area when a title is first set, and gives up
@@ -241,7 +231,6 @@ def main(argv: list[str]) -> None:
     try:
         preload(argv[1:])
         from jaxrun.child import bootstrap, shim  # noqa: F401 - warm the shim's imports too
-        freeze_heap()
     except BaseException as e:  # noqa: BLE001 - whatever the imports raise is the launcher's to report
         wire.send_frame(sock, wire.Ready(f"{type(e).__name__}: {e}").encode())
         sys.exit(1)
@@ -279,7 +268,6 @@ def listen(name: str, modules: list[str]) -> None:
         try:
             preload(modules)
             from jaxrun.child import bootstrap, shim  # noqa: F401
-            freeze_heap()
         except BaseException as e:  # noqa: BLE001
             print(f"jaxrun: the preloading server on this host could not import: {type(e).__name__}: {e}",
                   file=sys.stderr, flush=True)
