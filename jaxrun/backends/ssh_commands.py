@@ -80,11 +80,12 @@ runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
 #   connect ADDRESS PORT SECONDS   -> "reached"
 #   unlisten                       -> "closed"
 #
-# A request that fails is answered "error REASON".  Once jaxrun is found, the
-# session also runs the host's agent (``ssh_host.HostAgent``: its socket is
-# "channels" in the answer), which runs the host's processes until EOF.  With "hold", the first
+# A request that fails is answered "error REASON".  With "hold", the first
 # host's preflight already listens on a free port of the address the launcher
 # reached it at, and says which in its answer ("port"): one request fewer.
+# Once jaxrun is found, the session also runs the host's agent
+# (``ssh_host.HostAgent``: its socket is "channels" in the answer), which runs
+# the host's processes until EOF.
 #
 # argv: CHDIR AGENT_MODULE SCRIPT ("sync"|"") ("hold"|"") [SERVER_NAME MODULES...]
 # The host's preloading server starts as soon as jaxrun is found and the

@@ -33,11 +33,12 @@ def render(outcome: Outcome, suite: str = "jaxrun", tail_lines: int = summary.TA
     """The whole document as text; pure apart from reading the run's log files."""
     suite_el = ET.Element("testsuite", name=suite)
     counts = {"failure": 0, "error": 0, "skipped": 0}
+    failure = summary.engine_failure(outcome)  # once: it reads every process's log
     for rec in outcome.records:
         case = ET.SubElement(suite_el, "testcase", classname=suite, name=f"process {rec.spec.rank}")
         if rec.started_at is not None and rec.ended_at is not None:
             case.set("time", f"{max(0.0, rec.ended_at - rec.started_at):.3f}")
-        verdict = _result(outcome, rec)
+        verdict = _result(outcome, rec, failure)
         if verdict is not None:
             kind, message, body = verdict
             counts[kind] += 1
@@ -70,11 +71,12 @@ def _output_tail(path: str, n: int) -> list[str]:
     return lines[-n:]
 
 
-def _result(outcome: Outcome, rec: ProcessRecord) -> tuple[str, str, str] | None:
-    """(element, message, text) for a process that did not pass; None if it passed."""
+def _result(outcome: Outcome, rec: ProcessRecord,
+            failure: summary.EngineFailure | None) -> tuple[str, str, str] | None:
+    """(element, message, text) for a process that did not pass; None if it
+    passed.  ``failure``: the engine failure that is the root cause, if one is."""
     if rec.verdict is Verdict.OK:
         return None
-    failure = summary.engine_failure(outcome)
     if failure is not None and rec.spec.rank in failure.ranks:  # one failure, named once
         if rec.verdict is Verdict.ROOT_CAUSE:
             return "failure", failure.headline, "\n".join(summary.tail(failure.note.log))
