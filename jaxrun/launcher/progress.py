@@ -113,8 +113,13 @@ class JoinProgress:
             self.remove(path)
 
     def ended(self, rank: int) -> None:
-        """A process exited: if it never joined, not everyone will."""
+        """A process exited: if it never joined, not everyone will.  One that
+        joined and ended between two looks left its file: it joined."""
         if rank in self.waiting and self.active:
+            path = self.waiting[rank]
+            if path is not None and self.exists(path):
+                self.tick()
+                return
             self.waiting.pop(rank)
             self._stop()
 

@@ -239,3 +239,18 @@ def test_a_real_pump_keeps_the_marker_out_of_the_log_and_reports_the_join(tmp_pa
     assert log_path.read_bytes() == b"before after\n"
     assert b"".join(shown) == b"before after\n"
     assert joins == [0]
+
+
+def test_a_process_that_joined_and_ended_between_two_looks_counts_as_joined():
+    """The last one joins and is gone within one poll: the final line is still drawn."""
+    p, clock, screen, files, _ = progress([LOCAL_HOST] * 2, live=True)
+    p.begin()
+    p.watch(0, "0.joined")
+    p.watch(1, "1.joined")
+    files.add("0.joined")
+    p.tick()
+    files.add("1.joined")
+    clock.now += 0.1
+    p.ended(1)  # before the next tick looked
+    assert screen.calls[-2:] == [("status", None), ("note", "jaxrun: 2/2 processes joined in 0.1 s")]
+    assert p.tick() is None
