@@ -15,13 +15,12 @@ import sys
 import click
 
 from jaxrun import __version__, contract, meshspec
-from jaxrun.launcher import logfiles
+from jaxrun.core import logfiles
+from jaxrun.core.config import LAUNCHERS, SCHEDULERS, LaunchError, RunConfig, SchedulerOptions, SshOptions
+from jaxrun.core.ranks import DIGITS, RankList, console_rank_set
 from jaxrun.launcher import plan as planning
-from jaxrun.launcher.ranks import DIGITS, RankList, console_rank_set
-from jaxrun.launcher.config import LAUNCHERS, SCHEDULERS, LaunchError, RunConfig, SchedulerOptions, SshOptions
 from jaxrun.launcher.run import run
 from jaxrun.reporting import github
-
 
 # The longest wait any option may ask for (about 31 years).  Beyond it the
 # event loop's waits overflow (threading.TIMEOUT_MAX is about 292 years).
@@ -491,9 +490,9 @@ def entry_point(argv: list[str] | None = None) -> None:
 
         command, prog, argv = k8s.command, "jaxrun k8s", argv[1:]
     elif argv[:1] == ["logs"] and not os.path.isfile("logs"):  # a script named "logs" still runs
-        from jaxrun.reporting import history
+        from jaxrun.launcher import logs
 
-        command, prog, argv = history.command, "jaxrun logs", argv[1:]
+        command, prog, argv = logs.command, "jaxrun logs", argv[1:]
     try:
         command.main(args=argv, prog_name=prog, standalone_mode=False)
     except click.exceptions.Exit as e:

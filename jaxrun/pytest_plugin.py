@@ -44,10 +44,7 @@ import pytest
 from jaxrun import contract
 
 MARKER = "jaxrun"
-MARKER_HELP = (
-    "jaxrun(n=2, cpu_devices=None, mesh=None, timeout=None): "
-    "run this test in n jaxrun controllers; it passes when all of them pass"
-)
+MARKER_HELP = contract.PYTEST_MARKER_HELP
 # After the parent is interrupted: jaxrun's grace for its controllers, then
 # how much longer the parent waits for jaxrun before killing it.
 CHILD_GRACE = 5.0

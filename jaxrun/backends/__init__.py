@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
-    from jaxrun.backends.base import Backend
-    from jaxrun.launcher.config import RunConfig
+    from jaxrun.core.backend import Backend
+    from jaxrun.core.config import RunConfig
 
 
 def create_backend(config: RunConfig, console: TextIO) -> Backend:

@@ -29,11 +29,11 @@ import threading
 from typing import Mapping, Sequence, TextIO
 
 from jaxrun import contract, wire
-from jaxrun.backends import usage
-from jaxrun.backends.base import POLL, Interrupted, RunHooks, start_thread
 from jaxrun.backends.local import LocalBackend, child_env
-from jaxrun.launcher.config import LaunchError
-from jaxrun.launcher.plan import ProcessSpec, common_env
+from jaxrun.core import usage
+from jaxrun.core.backend import POLL, Interrupted, RunHooks, start_thread
+from jaxrun.core.config import LaunchError
+from jaxrun.core.spec import ProcessSpec, common_env
 
 # Variables that jax reads when it is imported: the server is started with the
 # values common to every process, so they must not differ between processes.
@@ -204,7 +204,7 @@ class ForkServerBackend(LocalBackend):
         self.console = console
         self.server: ForkServer | None = None
 
-    def begin(self, specs: Sequence[ProcessSpec], log_dir: str) -> None:
+    def begin_attempt(self, specs: Sequence[ProcessSpec], log_dir: str) -> None:
         differing = differing_import_time_vars(specs)
         if differing:
             if self.console is not None:
@@ -231,7 +231,7 @@ class ForkServerBackend(LocalBackend):
             except ProcessLookupError:
                 pass
 
-    def end(self) -> None:
+    def end_attempt(self) -> None:
         if self.server is not None:
             self.server.close()
             self.server = None

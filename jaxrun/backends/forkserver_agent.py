@@ -46,7 +46,7 @@ import sys
 import threading
 
 from jaxrun import contract, portable, wire
-from jaxrun.backends import usage
+from jaxrun.core import usage
 
 # An agent writes each request at once; one that stops halfway is hung up on
 # after this long, so that it cannot hold up the other agents of its host.
@@ -253,7 +253,7 @@ def listen(name: str, modules: list[str]) -> None:
     that connect early wait in the backlog instead of failing; if the imports
     fail, it exits, and they start their controllers themselves (as they do
     where no safe place to listen exists)."""
-    from jaxrun.backends import reaper
+    from jaxrun.core import reaper
 
     address = portable.server_address(name)
     if address is None:

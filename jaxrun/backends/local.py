@@ -17,10 +17,10 @@ import subprocess
 from typing import Mapping
 
 from jaxrun import contract
-from jaxrun.backends import usage
-from jaxrun.backends.base import Backend
-from jaxrun.launcher.config import LaunchError
-from jaxrun.launcher.plan import ProcessSpec
+from jaxrun.core import usage
+from jaxrun.core.backend import Backend
+from jaxrun.core.config import LaunchError
+from jaxrun.core.spec import ProcessSpec
 
 
 def check_port_free(host: str, port: int) -> None:

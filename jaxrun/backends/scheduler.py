@@ -13,9 +13,9 @@ import os
 from typing import TYPE_CHECKING, Iterable, Mapping, Sequence, TextIO
 
 from jaxrun import contract
-from jaxrun.backends.base import Backend
-from jaxrun.launcher import plan as planning
-from jaxrun.launcher.config import SchedulerOptions
+from jaxrun.core import spec as planning
+from jaxrun.core.backend import Backend
+from jaxrun.core.config import SchedulerOptions
 
 if TYPE_CHECKING:  # the channel is loaded only when a step is started
     from jaxrun.backends.scheduler_channel import Step
@@ -115,7 +115,7 @@ class SchedulerBackend(Backend):
         planned = tuple(planned)
         return lambda env: mpirun_command(self.options, self.launch.num_processes, task, env, is_root, planned)
 
-    def begin(self, specs: Sequence[planning.ProcessSpec], log_dir: str) -> None:
+    def begin_attempt(self, specs: Sequence[planning.ProcessSpec], log_dir: str) -> None:
         env = step_env(self.options, specs, self.base_env, self.launch.devices_per_process)
         build = self.command_builder(planning.common_env(specs))
         build(env)  # bad combinations fail here, before anything starts
@@ -128,7 +128,7 @@ class SchedulerBackend(Backend):
               log_fds: tuple[int, int] | None):
         return self.step.spawn(spec, extra_env)
 
-    def end(self) -> None:
+    def end_attempt(self) -> None:
         if self.step is not None:
             self.step.close()
             self.step = None

@@ -24,7 +24,7 @@ would:
 
 When the control connection drops (the launcher died), the child's group is
 killed; when this wrapper dies, the shim's lifeline pipe kills the child.
-The agent is a child subreaper (see :mod:`jaxrun.backends.reaper`): a daemon
+The agent is a child subreaper (see :mod:`jaxrun.core.reaper`): a daemon
 the script starts with ``setsid()`` stays its descendant, and is killed with
 whatever else is left once the shim ends.  This module never imports jax.
 """
@@ -41,10 +41,9 @@ import threading
 import time
 
 from jaxrun import contract, wire
-from jaxrun.backends import reaper, usage
-from jaxrun.backends.joinwatch import JoinWatch
-from jaxrun.child.bootstrap import BootstrapError, identity_from_env
-from jaxrun.launcher.plan import local_device_ids
+from jaxrun.core import reaper, usage
+from jaxrun.core.joinwatch import JoinWatch
+from jaxrun.core.spec import local_device_ids
 
 USAGE = f"usage: python -m {contract.SCHEDULER_AGENT_MODULE} -- COMMAND..."
 CONNECT_TIMEOUT = 30.0  # per connection, retries included
@@ -183,8 +182,8 @@ def main(argv: list[str]) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     try:
-        rank, count, local = identity_from_env()
-    except BootstrapError as e:
+        rank, count, local = contract.identity_from_env()
+    except ValueError as e:
         print(f"jaxrun task: {e}", file=sys.stderr)
         return 2
     child: list[subprocess.Popen] = []

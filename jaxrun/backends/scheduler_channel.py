@@ -68,8 +68,8 @@ import time
 from typing import Callable, Mapping, Sequence, TextIO
 
 from jaxrun import contract, wire
-from jaxrun.backends.base import RunHooks, start_thread
-from jaxrun.launcher.plan import ProcessSpec
+from jaxrun.core.backend import RunHooks, start_thread
+from jaxrun.core.spec import ProcessSpec
 
 CHUNK = 1 << 16
 # After the step exits, how long ranks may still report their exit codes.

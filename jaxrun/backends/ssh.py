@@ -38,13 +38,24 @@ import uuid
 from typing import Mapping, Sequence, TextIO
 
 from jaxrun import contract, portable, wire
-from jaxrun.backends.base import Backend, RunHooks, start_thread, wait_until
 from jaxrun.backends.ssh_commands import (
-    ANSWER, REPLY, check_preflight, forward_args, master_control, preflight_table, preflight_words, process_env,
-    process_words, remote_command, server_words, session_control, ssh_args,
+    ANSWER,
+    REPLY,
+    check_preflight,
+    forward_args,
+    master_control,
+    preflight_table,
+    preflight_words,
+    process_env,
+    process_words,
+    remote_command,
+    server_words,
+    session_control,
+    ssh_args,
 )
-from jaxrun.launcher.config import LaunchError, SshOptions
-from jaxrun.launcher.plan import Host, ProcessSpec
+from jaxrun.core.backend import Backend, RunHooks, start_thread, wait_until
+from jaxrun.core.config import LaunchError, SshOptions
+from jaxrun.core.spec import Host, ProcessSpec
 
 # A server's default MaxSessions is 10 per connection; the master's own session
 # takes one.  Processes beyond this many on one host get a connection of their own.
@@ -593,7 +604,7 @@ class SshBackend(Backend):
             print(f"jaxrun: {name}: {line.decode(errors='replace').rstrip()}", file=self.console, flush=True)
         stderr.close()
 
-    def begin(self, specs: Sequence[ProcessSpec], log_dir: str) -> None:
+    def begin_attempt(self, specs: Sequence[ProcessSpec], log_dir: str) -> None:
         """A host whose processes differ in what jax reads at import starts
         them fresh this attempt; the others use the host's server."""
         from jaxrun.backends.forkserver import differing_import_time_vars

@@ -22,13 +22,13 @@ so this module gives the launcher a handle on the remote process:
 - The shim holds the read end of a lifeline pipe whose write end only this
   process holds, so if this process is killed, the shim kills its group too.
 
-The agent is a child subreaper (see :mod:`jaxrun.backends.reaper`): a
+The agent is a child subreaper (see :mod:`jaxrun.core.reaper`): a
 daemon the script starts with ``setsid()`` stays its descendant, and is killed
 with whatever else is left once the shim ends.
 
 The shim's error record goes to a private file on this host; once the shim
 and everything it started are gone, the agent sends it home, with the
-resources the shim used (``backends.usage``), as the last bytes on stderr
+resources the shim used (``core.usage``), as the last bytes on stderr
 (``wire.record_trailer``), which the launcher takes off the stream.
 
 When the controller arrives at the job's rendezvous (its joined file appears
@@ -54,8 +54,8 @@ from typing import Callable
 import psutil
 
 from jaxrun import contract, portable, wire
-from jaxrun.backends import reaper, usage
-from jaxrun.backends.joinwatch import JoinWatch
+from jaxrun.core import reaper, usage
+from jaxrun.core.joinwatch import JoinWatch
 
 USAGE = f"usage: python -m {contract.SSH_AGENT_MODULE} [--chdir DIR] [--forkserver NAME] -- COMMAND..."
 SERVER_WAIT = 3.0  # for the host's server to listen: it started with the preflight, long before us

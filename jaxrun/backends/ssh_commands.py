@@ -12,8 +12,8 @@ import shlex
 from typing import Mapping, Sequence
 
 from jaxrun import __version__, contract, wire
-from jaxrun.launcher.config import SshOptions
-from jaxrun.launcher.plan import Host, ProcessSpec
+from jaxrun.core.config import SshOptions
+from jaxrun.core.spec import Host, ProcessSpec
 
 # Marks the preflight answer: a login shell may print its own lines first.
 ANSWER = b"jaxrun-preflight "

@@ -40,7 +40,8 @@ import threading
 import time
 
 from jaxrun import portable, wire
-from jaxrun.backends import reaper, ssh_agent
+from jaxrun.backends import ssh_agent
+from jaxrun.core import reaper
 
 HEADER_WAIT = 10.0  # for a connection's first lines, from its accept
 REPORT_WAIT = 2.0  # at the end, for the controllers just killed to be reported

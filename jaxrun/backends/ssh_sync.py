@@ -23,9 +23,9 @@ import subprocess
 import uuid
 from typing import Callable, Sequence
 
-from jaxrun.backends.base import RunHooks, wait_until
-from jaxrun.launcher.config import LaunchError
-from jaxrun.launcher.plan import Host
+from jaxrun.core.backend import RunHooks, wait_until
+from jaxrun.core.config import LaunchError
+from jaxrun.core.spec import Host
 
 SYNC_TIMEOUT = 600.0  # seconds for all hosts together; a folder that big wants a shared filesystem
 

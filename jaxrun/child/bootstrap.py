@@ -66,15 +66,10 @@ _preloaded_exit_hooks: list[tuple] = []
 
 def identity_from_env(environ=os.environ) -> tuple[int, int, int]:
     """(process id, process count, local process id) from the launcher or scheduler."""
-    source = environ.get(contract.RANK_SOURCE, "jaxrun")
-    names = contract.RANK_SOURCES.get(source, contract.LAUNCHER_RANK_NAMES)
     try:
-        rank, count, local = (int(environ[n]) for n in names)
-    except KeyError as e:
-        raise BootstrapError(f"{e.args[0]} is not set; start this process with jaxrun") from None
+        return contract.identity_from_env(environ)
     except ValueError as e:
-        raise BootstrapError(f"bad rank variable: {e}") from None
-    return rank, count, local
+        raise BootstrapError(str(e)) from None
 
 
 def reachable_address(coordinator: str) -> str:

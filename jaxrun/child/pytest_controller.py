@@ -14,7 +14,6 @@ import pytest
 
 from jaxrun import contract
 from jaxrun.child import ending
-from jaxrun.pytest_plugin import MARKER_HELP
 
 
 class Controller:
@@ -31,7 +30,7 @@ class Controller:
         self.exceptions: dict[tuple[str, str], BaseException] = {}
 
     def pytest_configure(self, config: pytest.Config) -> None:
-        config.addinivalue_line("markers", MARKER_HELP)
+        config.addinivalue_line("markers", contract.PYTEST_MARKER_HELP)
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item, call):

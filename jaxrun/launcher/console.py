@@ -18,18 +18,12 @@ import time
 from typing import BinaryIO, Callable, TextIO
 
 from jaxrun import contract
-from jaxrun.launcher.events import Stream
+from jaxrun.core.events import Stream
+from jaxrun.core.noise import is_noise, read_lines_in_chunks, without_noise
 from jaxrun.reporting import stacks
 
 FLUSH_AT = 1 << 20  # console bytes gathered before a write, at most
 
-# Lines JAX and its collectives print on every run; hidden on the console only.
-# Gloo's "[Gloo] Rank 0 is connected to 3 peer ranks. Expected number of
-# connected peer ranks is : 3" is written in pieces from C++ threads: pieces
-# of two notices interleave, and a piece can land in the middle of a line the
-# script prints.  So the pieces are cut out wherever they are, and what the
-# script wrote around them stays.
-_NOISE = re.compile(rb"\[Gloo\] Rank ?\d* ?|is connected to \d+ peer ranks\.? ?|Expected number of connected peer ranks is : \d+")
 # The flight recorder's block (contract.flight_block), which a controller
 # writes into its stderr after each stack dump: like the dump, it is for the
 # log and the summary, and would flood the console (up to thousands of lines
@@ -45,16 +39,6 @@ _HIDDEN_MARKS = {Stream.STDOUT: (b"peer ranks", b"[Gloo]"),
                  Stream.STDERR: (b"most recent call first", _FLIGHT_MARK, *contract.ENGINE_NOTE_MARKS)}
 # Back to the start of the line and erase it: where a live status line was.
 ERASE_LINE = b"\r\x1b[K"
-
-
-def is_noise(line: bytes) -> bool:
-    return bool(_NOISE.search(line))
-
-
-def without_noise(line: bytes) -> bytes | None:
-    """The line with JAX's notices cut out; None when nothing else was on it."""
-    rest = _NOISE.sub(b"", line)
-    return rest if rest.strip() else None
 
 
 class ConsolePrinter:
@@ -228,22 +212,6 @@ class ConsolePrinter:
             except OSError:
                 pass  # never written (the process did not start); the summary says why
         self._emit(self.out, tail.encode() + b"\n")
-
-
-def read_lines_in_chunks(f: BinaryIO, size: int = 1 << 18):
-    """Yield runs of complete lines (the last may lack its newline)."""
-    partial = b""
-    while True:
-        data = f.read(size)
-        if not data:
-            break
-        data = partial + data
-        cut = data.rfind(b"\n") + 1
-        partial = data[cut:]
-        if cut:
-            yield data[:cut]
-    if partial:
-        yield partial
 
 
 def silence(stream) -> None:

@@ -27,15 +27,14 @@ import threading
 import time
 from typing import Callable
 
-from jaxrun.backends.base import RunHooks
-from jaxrun.launcher.events import SignalReceived, ThreadDied
+from jaxrun.core.backend import RunHooks
+from jaxrun.core.events import SignalReceived, ThreadDied
+from jaxrun.core.outcome import BUG_REPORT, INTERNAL_ERROR  # noqa: F401 -- part of this module's vocabulary
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # Beyond --grace (or a dump wait): SIGKILL, exits, the last output, a backend's
 # clean-up.  A run still alive after this is stuck in jaxrun itself.
 WATCHDOG_SLACK = 10.0
-INTERNAL_ERROR = 70  # exit status when jaxrun itself failed (sysexits' EX_SOFTWARE)
-BUG_REPORT = "this is a bug in jaxrun; please report it with the log folder"
 
 
 class RunControl:

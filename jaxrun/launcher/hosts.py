@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Iterable, Sequence
 
-from jaxrun.launcher.plan import Host
+from jaxrun.core.spec import Host
 
 
 class HostsError(ValueError):

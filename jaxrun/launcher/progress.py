@@ -35,7 +35,7 @@ from __future__ import annotations
 import os
 from typing import Callable, Iterable, Sequence
 
-from jaxrun.launcher.plan import LOCAL_HOST, ProcessSpec
+from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
 
 JOIN_POLL = 0.25  # seconds between looks at the joined files of those not yet in
 JOIN_NAMING_AFTER = 5.0  # after this long without everyone, name those not yet in

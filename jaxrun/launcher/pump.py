@@ -30,8 +30,8 @@ import time
 from typing import BinaryIO, Callable
 
 from jaxrun import portable, wire
-from jaxrun.backends.base import RunHooks, start_thread
-from jaxrun.launcher.events import LogWriteFailed, Stream, StreamClosed
+from jaxrun.core.backend import RunHooks, start_thread
+from jaxrun.core.events import LogWriteFailed, Stream, StreamClosed
 from jaxrun.launcher.filewatch import FileWatch
 
 CHUNK = 1 << 18

@@ -3,7 +3,7 @@
 One ``RunControl`` spans the whole run, from opening the backend to the last
 report: signals, ``--timeout`` and a dead launcher thread stop whatever stage
 the run is in, and its watchdog ends a run that does not stop in time.  jaxrun
-claims its orphaned descendants (``backends.reaper``), and kills whatever of
+claims its orphaned descendants (``core.reaper``), and kills whatever of
 them is left after each attempt.
 """
 
@@ -18,13 +18,14 @@ import time
 from typing import TextIO
 
 from jaxrun import portable
-from jaxrun.backends import create_backend, reaper
-from jaxrun.backends.base import Backend, Interrupted
+from jaxrun.backends import create_backend
+from jaxrun.core import reaper
+from jaxrun.core.backend import Backend, Interrupted
+from jaxrun.core.config import RunConfig
+from jaxrun.core.outcome import Outcome, StopReason
 from jaxrun.launcher import plan as planning
-from jaxrun.launcher.config import RunConfig
 from jaxrun.launcher.console import ConsolePrinter, SafeConsole
 from jaxrun.launcher.control import BUG_REPORT, RunControl
-from jaxrun.launcher.outcome import Outcome, StopReason
 from jaxrun.launcher.supervisor import Supervisor
 from jaxrun.reporting import github, history, report, summary
 
@@ -165,7 +166,7 @@ def run_attempt(config: RunConfig, specs, backend: Backend, log_dir: str, consol
         outcome = supervisor.run()
     finally:
         control.deadline = None
-        backend.end()
+        backend.end_attempt()
         reaper.kill_descendants(spare=before)
         if control.signum is None and control.fault is None:
             control.reset()  # a failure or --timeout ended this attempt; a restart may follow

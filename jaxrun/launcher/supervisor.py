@@ -13,7 +13,7 @@ as a preemption notice and a process blocked in a collective ignores it, so
 the SIGKILL is what actually ends a stuck job.
 
 Nothing here waits without a bound.  Start-up waits poll the run's stop flag
-(a signal, ``--timeout``, a dead launcher thread: ``backends.base.Interrupted``).
+(a signal, ``--timeout``, a dead launcher thread: ``core.backend.Interrupted``).
 After SIGKILL, a process whose end is not confirmed within
 ``KILL_CONFIRM_WAIT`` (its waiter thread died, a remote host vanished) is
 given up on.  A launcher thread that dies is an event like any other: the job
@@ -30,13 +30,13 @@ import time
 from typing import Callable, Sequence
 
 from jaxrun import contract, wire
-from jaxrun.backends.base import Backend, Child, Interrupted, RunHooks, start_thread
+from jaxrun.core.backend import Backend, Child, Interrupted, RunHooks, start_thread
+from jaxrun.core.events import Exited, Joined, LogWriteFailed, SignalReceived, Stream, StreamClosed, ThreadDied
+from jaxrun.core.logfiles import log_paths, open_log, open_pumped_log, prepare_log_dir
+from jaxrun.core.outcome import Outcome, ProcessRecord, StopReason, Verdict
+from jaxrun.core.spec import ProcessSpec
 from jaxrun.launcher.console import ConsolePrinter
 from jaxrun.launcher.control import INTERNAL_ERROR
-from jaxrun.launcher.events import Exited, Joined, LogWriteFailed, SignalReceived, Stream, StreamClosed, ThreadDied
-from jaxrun.launcher.logfiles import log_paths, open_log, open_pumped_log, prepare_log_dir
-from jaxrun.launcher.outcome import Outcome, ProcessRecord, StopReason, Verdict
-from jaxrun.launcher.plan import ProcessSpec
 from jaxrun.launcher.progress import JoinProgress, joined_path
 from jaxrun.launcher.pump import OutputPump, enlarge_pipe
 
@@ -122,7 +122,7 @@ class Supervisor:
     def _start(self, lifeline_r: int) -> None:
         self.deadline = self.clock() + self.timeout if self.timeout else None
         try:
-            self.backend.begin(self.specs, self.log_dir)  # bad input raises before any file is made
+            self.backend.begin_attempt(self.specs, self.log_dir)  # bad input raises before any file is made
             prepare_log_dir(self.log_dir)
             self._start_all(lifeline_r)
         except Interrupted:

@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Mapping
 
-from jaxrun.launcher.outcome import Outcome, StopReason
+from jaxrun.core.outcome import Outcome, StopReason
 from jaxrun.reporting import summary
 from jaxrun.reporting.stacks import innermost_user_frame, user_location
 

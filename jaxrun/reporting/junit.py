@@ -15,8 +15,8 @@ import re
 import xml.etree.ElementTree as ET
 
 from jaxrun.contract import signal_name
-from jaxrun.launcher.console import is_noise
-from jaxrun.launcher.outcome import Outcome, ProcessRecord, StopReason, Verdict
+from jaxrun.core.noise import is_noise
+from jaxrun.core.outcome import Outcome, ProcessRecord, StopReason, Verdict
 from jaxrun.reporting import report, summary
 from jaxrun.reporting.stacks import innermost_user_frame
 

@@ -7,8 +7,8 @@ import json
 import sys
 
 from jaxrun.contract import signal_name
-from jaxrun.launcher.logfiles import write_atomically
-from jaxrun.launcher.outcome import Outcome, ProcessRecord
+from jaxrun.core.logfiles import write_atomically
+from jaxrun.core.outcome import Outcome, ProcessRecord
 from jaxrun.reporting.summary import describe_exit, engine_failure, error_info, tail
 
 

@@ -8,9 +8,8 @@ from typing import Iterable
 
 from jaxrun import contract
 from jaxrun.contract import ErrorRecord, FlightEntry, FlightLog, signal_name
-from jaxrun.launcher.control import BUG_REPORT
-from jaxrun.launcher.ranks import format_ranks
-from jaxrun.launcher.outcome import Outcome, ProcessRecord, StopReason, Verdict
+from jaxrun.core.outcome import BUG_REPORT, Outcome, ProcessRecord, StopReason, Verdict
+from jaxrun.core.ranks import format_ranks
 from jaxrun.reporting.stacks import DUMP_TAIL, FRAME, THREAD, innermost_user_frame, read_small, read_tail
 
 TAIL_LINES = 15

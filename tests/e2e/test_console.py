@@ -13,9 +13,9 @@ import time
 
 import pytest
 
+from jaxrun.core.events import Stream, StreamClosed
 from jaxrun.launcher import filewatch
 from jaxrun.launcher import pump as pump_module
-from jaxrun.launcher.events import Stream, StreamClosed
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -374,7 +374,7 @@ import json, os, signal, subprocess, sys, time
 sys.path.insert(0, {str(ROOT)!r})
 from jaxrun.backends.scheduler import SchedulerBackend
 from jaxrun.launcher import plan
-from jaxrun.launcher.config import SchedulerOptions
+from jaxrun.core.config import SchedulerOptions
 
 how, log_dir = sys.argv[1], sys.argv[2]
 options = SchedulerOptions("slurm", nodes=2)
@@ -382,7 +382,7 @@ launch = plan.LaunchOptions(target=plan.Target("never.py"), num_processes=2, coo
 backend = SchedulerBackend(options, launch, sys.stderr)
 backend.choose_coordinator(None)
 specs = plan.plan(launch)
-backend.begin(specs, log_dir)
+backend.begin_attempt(specs, log_dir)
 for spec in specs:
     backend.spawn(spec, -1, {{}}, None)
 step = backend.step
@@ -392,7 +392,7 @@ while step.queued_job is None and time.monotonic() < deadline:
 queued = step.queued_job
 start = time.monotonic()
 if how == "close":
-    backend.end()
+    backend.end_attempt()
 else:
     backend.abort()
 seconds = time.monotonic() - start

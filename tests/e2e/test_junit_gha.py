@@ -13,8 +13,8 @@ import yaml
 from fixtures.jobs import EXAMPLES
 
 from jaxrun.cli import main as cli_main
-from jaxrun.launcher.outcome import Outcome, ProcessRecord, StopReason, Verdict
-from jaxrun.launcher.plan import LOCAL_HOST, ProcessSpec
+from jaxrun.core.outcome import Outcome, ProcessRecord, StopReason, Verdict
+from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
 from jaxrun.reporting import github, junit, stacks
 
 FAILS_IN_PROCESS_1 = """\

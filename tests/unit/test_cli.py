@@ -11,7 +11,7 @@ import pytest
 from fixtures.jobs import JAXRUN, ROOT
 
 from jaxrun import cli
-from jaxrun.launcher.config import LaunchError
+from jaxrun.core.config import LaunchError
 
 
 def run_cli(*args, env=None, cwd=None):

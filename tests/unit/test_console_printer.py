@@ -2,8 +2,8 @@
 
 import io
 
+from jaxrun.core.events import Stream
 from jaxrun.launcher.console import ConsolePrinter
-from jaxrun.launcher.events import Stream
 
 
 def printer(**kw):

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
+from jaxrun.core.events import SignalReceived, ThreadDied
 from jaxrun.launcher.control import INTERNAL_ERROR, RunControl
-from jaxrun.launcher.events import SignalReceived, ThreadDied
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -62,7 +62,7 @@ def test_a_dead_thread_stops_the_run_and_is_queued_before_the_flag(control):
     def die():
         raise RuntimeError("boom")
 
-    from jaxrun.backends.base import start_thread
+    from jaxrun.core.backend import start_thread
 
     start_thread("worker:3", die, hooks=control.hooks).join()
     assert control.stopping()

@@ -8,11 +8,11 @@ import signal
 import pytest
 
 from jaxrun import contract
+from jaxrun.core.events import Stream
+from jaxrun.core.outcome import Outcome, ProcessRecord, StopReason, Verdict
+from jaxrun.core.ranks import format_ranks
+from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
 from jaxrun.launcher.console import ConsolePrinter
-from jaxrun.launcher.events import Stream
-from jaxrun.launcher.outcome import Outcome, ProcessRecord, StopReason, Verdict
-from jaxrun.launcher.plan import LOCAL_HOST, ProcessSpec
-from jaxrun.launcher.ranks import format_ranks
 from jaxrun.reporting.summary import summary_lines
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from jaxrun.core.spec import Host, PlanError
 from jaxrun.launcher.hosts import (
     HostsError,
     merge_host_options,
@@ -12,7 +13,7 @@ from jaxrun.launcher.hosts import (
     parse_line,
     total_slots,
 )
-from jaxrun.launcher.plan import Host, PlanError, assign_hosts
+from jaxrun.launcher.plan import assign_hosts
 
 
 @pytest.mark.parametrize(

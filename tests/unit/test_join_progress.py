@@ -13,11 +13,10 @@ import time
 import pytest
 
 from jaxrun import wire
+from jaxrun.core.events import Stream, StreamClosed
+from jaxrun.core.spec import LOCAL_HOST, Host, ProcessSpec
 from jaxrun.launcher.console import ERASE_LINE, ConsolePrinter
-from jaxrun.launcher.events import Stream, StreamClosed
-from jaxrun.launcher.plan import LOCAL_HOST, Host, ProcessSpec
-from jaxrun.launcher.progress import (JOIN_NAMING_AFTER, MAX_NAMED, JoinProgress, done_line, live_line,
-                                      waiting_text)
+from jaxrun.launcher.progress import JOIN_NAMING_AFTER, MAX_NAMED, JoinProgress, done_line, live_line, waiting_text
 from jaxrun.launcher.pump import OutputPump, _Source
 
 pytestmark = pytest.mark.timeout(30)

@@ -13,8 +13,8 @@ import types
 import pytest
 
 from jaxrun.contract import ErrorRecord
-from jaxrun.launcher import logfiles
-from jaxrun.launcher.config import LaunchError
+from jaxrun.core import logfiles
+from jaxrun.core.config import LaunchError
 from jaxrun.reporting import report, stacks, summary
 
 NOBODY = 65534

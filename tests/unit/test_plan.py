@@ -6,15 +6,8 @@ import pytest
 
 from jaxrun import contract
 from jaxrun.contract import substitute
-from jaxrun.launcher.plan import (
-    Host,
-    LaunchOptions,
-    PlanError,
-    Target,
-    assign_hosts,
-    local_device_ids,
-    plan,
-)
+from jaxrun.core.spec import Host, LaunchOptions, PlanError, Target, local_device_ids
+from jaxrun.launcher.plan import assign_hosts, plan
 
 
 def options(**kw):

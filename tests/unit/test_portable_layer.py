@@ -321,7 +321,7 @@ ORPHAN = """
 import os, subprocess, sys
 import psutil
 from jaxrun import contract
-from jaxrun.backends import reaper
+from jaxrun.core import reaper
 assert reaper.become_subreaper() is False and os.environ[contract.ORPHAN_MARK]
 # A daemon: its own session, its parent gone at once; init's, out of our tree.
 subprocess.run([sys.executable, "-c", "import subprocess, sys; subprocess.Popen("

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from jaxrun import wire
-from jaxrun.launcher.events import Stream
+from jaxrun.core.events import Stream
 from jaxrun.launcher.pump import OutputPump, _Source
 
 RECORD = '{"type": "ValueError", "message": "bad", "traceback": ""}'

@@ -8,8 +8,8 @@ import pytest
 from jaxrun import contract
 from jaxrun.backends import scheduler as engines
 from jaxrun.backends import scheduler_agent
+from jaxrun.core.config import SchedulerOptions
 from jaxrun.launcher import plan
-from jaxrun.launcher.config import SchedulerOptions
 
 
 def test_srun_command_is_one_step_that_dies_with_any_task():

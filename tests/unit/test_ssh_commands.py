@@ -8,8 +8,8 @@ import pytest
 
 from jaxrun import __version__, contract
 from jaxrun.backends import ssh_commands as ssh
-from jaxrun.launcher.config import SshOptions
-from jaxrun.launcher.plan import Host, ProcessSpec
+from jaxrun.core.config import SshOptions
+from jaxrun.core.spec import Host, ProcessSpec
 
 SETTINGS = SshOptions(python="/opt/py", chdir="/w", config_file="cfg", options=("Compression=yes",))
 
@@ -116,7 +116,7 @@ def test_a_script_missing_on_a_host_is_named_with_the_way_out():
 
 
 def test_preflight_words_carry_the_script_and_sync_but_no_env():
-    from jaxrun.launcher.config import SshOptions
+    from jaxrun.core.config import SshOptions
 
     words = ssh.preflight_words(SshOptions(python="/opt/py", chdir="/w", env={"TOKEN": "s3cret"},
                                            script="main.py", sync=True))

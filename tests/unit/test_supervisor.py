@@ -30,11 +30,11 @@ import threading
 import pytest
 
 from jaxrun import contract
-from jaxrun.backends.base import Backend
+from jaxrun.core.backend import Backend
+from jaxrun.core.events import Exited, StreamClosed
+from jaxrun.core.outcome import StopReason, Verdict
+from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
 from jaxrun.launcher.console import ConsolePrinter
-from jaxrun.launcher.events import Exited, StreamClosed
-from jaxrun.launcher.outcome import StopReason, Verdict
-from jaxrun.launcher.plan import LOCAL_HOST, ProcessSpec
 from jaxrun.launcher.control import INTERNAL_ERROR
 from jaxrun.launcher.supervisor import DUMP_WAIT, KILL_CONFIRM_WAIT, TIMEOUT_DUMP_WAIT, Supervisor
 from jaxrun.reporting.summary import summary_lines

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from jaxrun import contract, portable
-from jaxrun.backends import usage
+from jaxrun.core import usage
 
 ALLOCATE_AND_SPIN = """\
 import time
@@ -25,7 +25,7 @@ while time.process_time() < end:
 
 MEASURE = """\
 import json, subprocess, sys
-from jaxrun.backends import usage
+from jaxrun.core import usage
 popen = subprocess.Popen([sys.executable, "-c", sys.argv[1]])
 code, used = usage.wait_popen(popen, usage.OomWatch())
 print(json.dumps([code, popen.returncode, used.to_dict()]))

@@ -10,7 +10,10 @@ import dataclasses
 import enum
 
 from jaxrun import contract
-from jaxrun.launcher.plan import ProcessSpec
+from jaxrun.core.spec import ProcessSpec
+
+INTERNAL_ERROR = 70  # exit status when jaxrun itself failed (sysexits' EX_SOFTWARE)
+BUG_REPORT = "this is a bug in jaxrun; please report it with the log folder"
 
 
 class Verdict(enum.Enum):

@@ -26,7 +26,7 @@ import stat
 import tempfile
 from typing import BinaryIO
 
-from jaxrun.launcher.config import LaunchError
+from jaxrun.core.config import LaunchError
 
 _ERROR_RECORD = re.compile(r"process-\d+\.error\.json\Z")
 

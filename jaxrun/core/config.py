@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping
 
-from jaxrun.launcher.plan import LaunchOptions
+from jaxrun.core.spec import LaunchOptions
 
 # The schedulers jaxrun rides on, by the name --launcher gives them.
 SCHEDULERS = ("slurm", "mpirun")

@@ -5,10 +5,10 @@ A backend is used the same way by the launcher's run loop, whatever it is:
     with backend:                                   # open(): connect, preflight
         for each attempt:
             address, bind = backend.choose_coordinator(fixed)
-            backend.begin(specs, log_dir)           # this attempt's resources
+            backend.begin_attempt(specs, log_dir)   # this attempt's resources
             child = backend.spawn(spec, ...)        # one per process, by the supervisor
             ...
-            backend.end()                           # every child is gone
+            backend.end_attempt()                   # every child is gone
                                                     # close(): disconnect
 
 A backend whose ``writes_log_files`` is true receives the two log files
@@ -36,7 +36,7 @@ import time
 from typing import BinaryIO, Callable, Mapping, Protocol, Sequence
 
 from jaxrun import contract
-from jaxrun.launcher.plan import ProcessSpec
+from jaxrun.core.spec import ProcessSpec
 
 POLL = 0.1  # seconds between looks at the stop flag while waiting
 FIRST_POLL = 0.005  # the first look's wait; each next one waits twice as long, up to POLL
@@ -137,7 +137,7 @@ class Backend(abc.ABC):
         """What --dry-run shows; it must not start or contact anything."""
         return self.choose_coordinator(fixed)
 
-    def begin(self, specs: Sequence[ProcessSpec], log_dir: str) -> None:
+    def begin_attempt(self, specs: Sequence[ProcessSpec], log_dir: str) -> None:
         """One attempt is about to start these processes."""
 
     @abc.abstractmethod
@@ -146,7 +146,7 @@ class Backend(abc.ABC):
         """Start one controller.  ``lifeline_fd`` is the read end of a pipe
         only the launcher writes to; a local child must hold it open."""
 
-    def end(self) -> None:
+    def end_attempt(self) -> None:
         """The attempt is over and every child has exited."""
 
     def close(self) -> None:

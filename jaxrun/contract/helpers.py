@@ -1,0 +1,167 @@
+"""The small rules every side applies the same way: a child's environment,
+the shim's command line, placeholders, exit statuses, the joined file, and
+how a listener picks its address."""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import json
+import os
+import re
+import signal
+import socket
+import time
+from typing import Mapping, Sequence
+
+from jaxrun.contract.names import *  # noqa: F401,F403 -- the names these rules fill in
+
+
+def process_env(*, coordinator: str, num_processes: int, process_id: int | str, local_process_id: int | str,
+                local_process_count: int | str, run_id: str, restart_count: int | str = 0) -> dict[str, str]:
+    """The variables that tell a child who it is and where to join.  Values
+    may be strings, so that a manifest can put references in them."""
+    return {
+        COORDINATOR_ADDRESS: coordinator,
+        JAX_COORDINATOR_ADDRESS: coordinator,
+        NUM_PROCESSES: str(num_processes),
+        PROCESS_ID: str(process_id),
+        LOCAL_PROCESS_ID: str(local_process_id),
+        LOCAL_PROCESS_COUNT: str(local_process_count),
+        RUN_ID: run_id,
+        RESTART_COUNT: str(restart_count),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def bind_env(address: str) -> dict[str, str]:
+    """For process 0: listen exactly there (JAX's default is every interface)."""
+    return {COORDINATOR_BIND_ADDRESS: address, JAX_COORDINATOR_BIND_ADDRESS: address}
+
+
+def cpu_env(devices: int) -> dict[str, str]:
+    return {JAX_PLATFORMS: "cpu", JAX_NUM_CPU_DEVICES: str(devices)}
+
+
+def target_args(name: str, args: Sequence[str], is_module: bool) -> tuple[str, ...]:
+    """What follows ``python -m jaxrun.shim``: ``-- SCRIPT ARGS`` or ``-m MODULE ARGS``."""
+    return ("-m" if is_module else "--", name, *args)
+
+
+def shim_argv(python: str, shim_args: Sequence[str]) -> tuple[str, ...]:
+    return (python, "-m", SHIM_MODULE, *shim_args)
+
+
+# -- placeholders ------------------------------------------------------------------
+PLACEHOLDERS = ("process_id", "num_processes", "local_process_id", "coordinator")
+_PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
+
+
+def placeholder_values(process_id: object, num_processes: object, local_process_id: object,
+                       coordinator: object) -> dict[str, object]:
+    return {"process_id": process_id, "num_processes": num_processes,
+            "local_process_id": local_process_id, "coordinator": coordinator}
+
+
+def substitute(arg: str, values: Mapping[str, object]) -> str:
+    """Replace {process_id}-style placeholders; other braces are left alone."""
+    return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), arg)
+
+
+# -- exit statuses -------------------------------------------------------------------
+def exit_status(returncode: int) -> int:
+    """Popen's returncode (negative: killed by that signal) as a shell status, 128+N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def returncode_from_status(status: int) -> int:
+    """The inverse, for an agent that reported its child's death by signal N as
+    128+N.  255 is ssh's own failure and stays as it is."""
+    if 128 < status < 128 + signal.NSIG:
+        return -(status - 128)
+    return status
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def mark_joined(path: str | None) -> bool:
+    """Create the empty file that says "this process has joined" (see
+    JOINED_FILE): new, 0600, never a symlink followed.  False when it could
+    not be made (it is a progress hint; nothing depends on it)."""
+    if not path:
+        return False
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+    except FileExistsError:
+        return True  # an earlier join of this process (a checked no-op initialize)
+    except OSError:
+        return False
+    return True
+
+
+# -- addresses -------------------------------------------------------------------------
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` right now.  Always one address: the services
+    jaxrun starts have no authentication, so nothing listens on a wildcard."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def is_loopback(address: str | None) -> bool:
+    """True for a loopback IP address, or a name that resolves to one."""
+    if not address:
+        return False
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        pass
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(address)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
+def join_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+# -- KEY=VALUE ---------------------------------------------------------------------------
+# Portable variable names: what POSIX shells, env(1) and Kubernetes all accept.
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+def parse_env_pair(text: str) -> tuple[str, str]:
+    """``--env KEY=VALUE``: ValueError unless KEY is a plain variable name."""
+    key, sep, value = text.partition("=")
+    if not sep or not _ENV_NAME.fullmatch(key):
+        raise ValueError(f"{text!r} is not KEY=VALUE")
+    return key, value
+
+
+# -- tables -------------------------------------------------------------------------------
+def align_columns(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Rows of cells as text lines, each column as wide as its widest cell."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+
+
+# -- who a process is -------------------------------------------------------------------
+def identity_from_env(environ: Mapping[str, str] = os.environ) -> tuple[int, int, int]:
+    """(process id, process count, local process id), from jaxrun's variables
+    or from the scheduler named in RANK_SOURCE; ValueError naming what is
+    missing or malformed."""
+    source = environ.get(RANK_SOURCE, "jaxrun")
+    names = RANK_SOURCES.get(source, LAUNCHER_RANK_NAMES)
+    try:
+        rank, count, local = (int(environ[n]) for n in names)
+    except KeyError as e:
+        raise ValueError(f"{e.args[0]} is not set; start this process with jaxrun") from None
+    except ValueError as e:
+        raise ValueError(f"bad rank variable: {e}") from None
+    return rank, count, local

@@ -1,0 +1,108 @@
+"""Every name the sides agree on: the environment variables jaxrun sets or
+reads (no ``JAXRUN_*`` name is spelled anywhere else) and the module names
+put on command lines."""
+
+# -- what every child gets ---------------------------------------------------
+COORDINATOR_ADDRESS = "JAXRUN_COORDINATOR_ADDRESS"
+COORDINATOR_BIND_ADDRESS = "JAXRUN_COORDINATOR_BIND_ADDRESS"
+NUM_PROCESSES = "JAXRUN_NUM_PROCESSES"
+PROCESS_ID = "JAXRUN_PROCESS_ID"
+LOCAL_PROCESS_ID = "JAXRUN_LOCAL_PROCESS_ID"
+LOCAL_PROCESS_COUNT = "JAXRUN_LOCAL_PROCESS_COUNT"
+RUN_ID = "JAXRUN_RUN_ID"
+RESTART_COUNT = "JAXRUN_RESTART_COUNT"
+# Read end of a pipe whose write end only the launcher holds.  EOF means the
+# launcher is gone, and the shim kills its own process group.
+LIFELINE_FD = "JAXRUN_LIFELINE_FD"
+# Where the shim records an uncaught exception (see ErrorRecord).
+ERROR_FILE = "JAXRUN_ERROR_FILE"
+# A path the shim creates (empty, 0600, never through a symlink) when the
+# process arrives at the job's rendezvous, right before the real
+# jax.distributed.initialize() call: how the launcher counts joined processes.
+JOINED_FILE = "JAXRUN_JOINED_FILE"
+# Optional mesh spec, e.g. "i=4,j=2", and its axis types ("auto"/"explicit").
+MESH = "JAXRUN_MESH"
+MESH_AXIS_TYPES = "JAXRUN_MESH_AXIS_TYPES"
+# "1" makes the shim print the startup preflight table from process 0.
+VERBOSE = "JAXRUN_VERBOSE"
+# Where the rank comes from: "jaxrun" (the variables above), or a scheduler
+# named in RANK_SOURCES.
+RANK_SOURCE = "JAXRUN_RANK_SOURCE"
+
+# -- read by the launcher and its helpers -------------------------------------
+NO_PRELOAD = "JAXRUN_NO_PRELOAD"  # "1": --no-preload by default
+# The scheduler task channel: host:port of the launcher's listener, and the
+# per-run secret that proves a connection belongs to the run.
+TASK_CHANNEL = "JAXRUN_TASK_CHANNEL"
+TASK_SECRET = "JAXRUN_TASK_SECRET"
+# Optional, read by the launcher: the address (or name) the task channel binds
+# and tells the tasks, for a launcher host whose name resolves to an address
+# the compute nodes cannot reach (a loopback alias, the wrong network).
+TASK_CHANNEL_HOST = "JAXRUN_TASK_CHANNEL_HOST"
+# --devices-per-process K under a scheduler: which tasks share a node is known
+# only once the step starts, so each task's agent turns its local rank r into
+# JAX_LOCAL_DEVICE_IDS r*K ... r*K+K-1 itself.
+TASK_DEVICES_PER_PROCESS = "JAXRUN_TASK_DEVICES_PER_PROCESS"
+# The pytest plugin's private folder for one marked test's controllers.
+PYTEST_WORKDIR = "JAXRUN_PYTEST_WORKDIR"
+# Failure injection for jaxrun's own tests: comma-separated names of launcher
+# threads that raise at once when they start (see core.backend.start_thread).
+INJECT_THREAD_FAULT = "JAXRUN_INJECT_THREAD_FAULT"
+# "1": take the portable path wherever jaxrun could use a Linux-only facility
+# (read only by jaxrun.portable), so that the tests prove those paths on Linux.
+PORTABLE = "JAXRUN_PORTABLE"
+# Where a process cannot be a child subreaper, it puts this variable with a
+# value of its own in its children's environment, so that its daemons can be
+# found once they have left its process tree (see core.reaper).
+ORPHAN_MARK = "JAXRUN_ORPHAN_MARK"
+
+# JAX's own variables, set for code that reads them directly.
+JAX_COORDINATOR_ADDRESS = "JAX_COORDINATOR_ADDRESS"
+JAX_COORDINATOR_BIND_ADDRESS = "JAX_COORDINATOR_BIND_ADDRESS"
+JAX_PLATFORMS = "JAX_PLATFORMS"
+JAX_NUM_CPU_DEVICES = "JAX_NUM_CPU_DEVICES"
+JAX_LOCAL_DEVICE_IDS = "JAX_LOCAL_DEVICE_IDS"
+
+# Variables forwarded to remote hosts in addition to user-chosen ones.
+CONTRACT_PREFIXES = ("JAXRUN_", "JAX_")
+
+# (rank, count, local rank) variables of the schedulers a child can take its
+# rank from; "mpi" is the older name of "mpirun", still accepted.
+RANK_SOURCES = {
+    "slurm": ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+    "mpirun": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+}
+RANK_SOURCES["mpi"] = RANK_SOURCES["mpirun"]
+LAUNCHER_RANK_NAMES = (PROCESS_ID, NUM_PROCESSES, LOCAL_PROCESS_ID)
+
+
+# -- command lines ---------------------------------------------------------------
+# The stable entry users may put in their own scripts (Slurm recipes, manifests).
+SHIM_MODULE = "jaxrun.shim"
+FORKSERVER_AGENT_MODULE = "jaxrun.backends.forkserver_agent"
+SSH_AGENT_MODULE = "jaxrun.backends.ssh_agent"
+SCHEDULER_AGENT_MODULE = "jaxrun.backends.scheduler_agent"
+PYTEST_CONTROLLER_MODULE = "jaxrun.child.pytest_controller"
+# The pytest marker, as the plugin (parent side) and each controller's pytest declare it.
+PYTEST_MARKER_HELP = (
+    "jaxrun(n=2, cpu_devices=None, mesh=None, timeout=None): "
+    "run this test in n jaxrun controllers; it passes when all of them pass"
+)
+
+
+# -- divergence: --flight-recorder and --check-divergence ------------------------------
+# "K": each controller keeps its last K executions of compiled programs and writes
+# them into its stderr log with every stack dump (the block below).  Unset: off.
+FLIGHT_RECORDER = "JAXRUN_FLIGHT_RECORDER"
+FLIGHT_RECORDER_DEFAULT = 64
+# The most entries a block may hold: the summary reads a log's last megabyte only.
+FLIGHT_RECORDER_MAX = 4096
+# "1": before each execution of a program that spans processes, the processes agree
+# on it through the coordination service; the first to differ stops the job.
+CHECK_DIVERGENCE = "JAXRUN_CHECK_DIVERGENCE"
+
+# Where a controller was when it wrote its block.  A process whose script returned
+# but which has not exited waits for its peers in JAX's shutdown barrier.
+IN_SCRIPT = "in the script"
+SCRIPT_RETURNED = "finished the script"
+IN_SHUTDOWN = "finished the script, waiting in JAX's shutdown"

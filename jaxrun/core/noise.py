@@ -1,0 +1,41 @@
+"""JAX's per-run noise, which the console hides and the logs keep, and
+reading a log a run of lines at a time."""
+
+from __future__ import annotations
+
+import re
+from typing import BinaryIO
+
+# Lines JAX and its collectives print on every run; hidden on the console only.
+# Gloo's "[Gloo] Rank 0 is connected to 3 peer ranks. Expected number of
+# connected peer ranks is : 3" is written in pieces from C++ threads: pieces
+# of two notices interleave, and a piece can land in the middle of a line the
+# script prints.  So the pieces are cut out wherever they are, and what the
+# script wrote around them stays.
+_NOISE = re.compile(rb"\[Gloo\] Rank ?\d* ?|is connected to \d+ peer ranks\.? ?|Expected number of connected peer ranks is : \d+")
+
+
+def is_noise(line: bytes) -> bool:
+    return bool(_NOISE.search(line))
+
+
+def without_noise(line: bytes) -> bytes | None:
+    """The line with JAX's notices cut out; None when nothing else was on it."""
+    rest = _NOISE.sub(b"", line)
+    return rest if rest.strip() else None
+
+
+def read_lines_in_chunks(f: BinaryIO, size: int = 1 << 18):
+    """Yield runs of complete lines (the last may lack its newline)."""
+    partial = b""
+    while True:
+        data = f.read(size)
+        if not data:
+            break
+        data = partial + data
+        cut = data.rfind(b"\n") + 1
+        partial = data[cut:]
+        if cut:
+            yield data[:cut]
+    if partial:
+        yield partial

@@ -1,0 +1,280 @@
+"""The shape of the house, checked: imports point one way, every room stays
+small, the backends are one table, and the Child contract is what it says.
+
+Each rule reads the source with ``ast`` (function-level imports count) and
+is itself tried on a snippet, so that a check that stops finding what it
+looks for fails here instead of passing quietly.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+import jaxrun
+from jaxrun.core.backend import Backend
+
+PACKAGE = Path(jaxrun.__file__).parent
+ROOT = PACKAGE.parent
+MAX_LINES = 450
+MAX_TOP_MODULES = 10
+
+# Where each part may point.  A part is a sub-package, or a module directly
+# under jaxrun/.  The arrows: cli -> launcher -> backends and reporting ->
+# core -> contract (with wire, portable and meshspec beside it).  The child
+# side stands apart: it reads the contract only.  A backend's far end may
+# run the child side (the fork server preloads it).
+BOTTOM = {"contract", "wire", "portable", "meshspec"}
+ALLOWED = {
+    "contract": set(),
+    "meshspec": set(),
+    "wire": {"contract"},
+    "portable": {"contract"},
+    "core": BOTTOM,
+    "child": BOTTOM,
+    "reporting": BOTTOM | {"core"},
+    "backends": BOTTOM | {"core", "child"},
+    "launcher": BOTTOM - {"wire"} | {"core", "backends", "reporting"},
+    "runtime": BOTTOM | {"child"},
+    "shim": {"child"},
+    "pytest_plugin": BOTTOM,
+    "k8s": BOTTOM | {"core"},
+    "cli": BOTTOM | {"core", "launcher", "reporting", "k8s"},
+    "__main__": {"cli"},
+    "__init__": {"runtime"},
+}
+# In launcher/, only the run loop picks a backend.
+BACKEND_PICKER = "jaxrun.launcher.run"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def part_of(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "__init__"
+    return parts[1]
+
+
+def imported_modules(tree: ast.AST, module: str, is_package: bool) -> set[str]:
+    """Every jaxrun module this source imports, at any depth of the code."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "jaxrun")
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = module.split(".")
+                anchor = anchor if is_package else anchor[:-1]
+                anchor = anchor[:len(anchor) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            if base.split(".")[0] != "jaxrun":
+                continue
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)  # from jaxrun import contract
+    return found
+
+
+def sources() -> dict[str, tuple[Path, ast.AST]]:
+    return {module_name(p): (p, ast.parse(p.read_text(), str(p))) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def real_modules(names: set[str], known: set[str]) -> set[str]:
+    """Names that are modules (``jaxrun.core.spec``), not things in them."""
+    out = set()
+    for name in names:
+        while name not in known and "." in name:
+            name = name.rsplit(".", 1)[0]
+        if name in known:
+            out.add(name)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    found = sources()
+    known = set(found)
+    return {m: real_modules(imported_modules(tree, m, path.name == "__init__.py"), known) - {m}
+            for m, (path, tree) in found.items()}
+
+
+def wrong_arrows(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for module, targets in graph.items():
+        here = part_of(module)
+        for target in targets:
+            there = part_of(target)
+            if there == here or target == "jaxrun":
+                continue
+            if there not in ALLOWED.get(here, set()):
+                bad.append(f"{module} imports {target} ({here} -> {there})")
+            elif here == "launcher" and there == "backends" and module != BACKEND_PICKER:
+                bad.append(f"{module} imports {target}: only {BACKEND_PICKER} picks a backend")
+    return sorted(bad)
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+# -- the rules -----------------------------------------------------------------------
+def test_imports_point_one_way():
+    assert wrong_arrows(import_graph()) == []
+
+
+def test_no_import_cycle():
+    # A package imports its own modules (``backends/__init__`` its registry's
+    # entries, lazily), which is no cycle between parts.
+    graph = {m: {t for t in ts if not (m == t.rsplit(".", 1)[0])} for m, ts in import_graph().items()}
+    assert cycles(graph) == []
+
+
+def test_every_module_is_small():
+    long = {str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}, f"over {MAX_LINES} lines: split along a seam"
+
+
+def test_few_modules_sit_directly_under_the_package():
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= MAX_TOP_MODULES, top
+
+
+def test_the_launcher_never_probes_a_child():
+    probes = re.compile(r"\b(getattr|hasattr)\(\s*child\b")
+    found = [f"{p.relative_to(ROOT)}:{n}" for p in (PACKAGE / "launcher").rglob("*.py")
+             for n, line in enumerate(p.read_text().splitlines(), 1) if probes.search(line)]
+    assert found == []
+
+
+def calls_of(name: str) -> set[str]:
+    out = set()
+    for module, (_, tree) in sources().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                f = node.func
+                called = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+                if called == name:
+                    out.add(module)
+    return out
+
+
+def test_one_join_watch_and_at_most_two_popen_waits():
+    assert len(calls_of("JoinWatch")) <= 1, calls_of("JoinWatch")
+    assert len(calls_of("wait_popen")) <= 2, calls_of("wait_popen")
+
+
+def test_wire_words_are_spelled_only_in_wire():
+    words = {"ctrl", "stdout", "stderr"}
+    found = []
+    for module, (path, tree) in sources().items():
+        if module == "jaxrun.wire":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and any(
+                    isinstance(a, ast.Constant) and a.value in words for a in [*node.args, *[k.value for k in node.keywords]]):
+                name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                if name in {"connect", "Hello", "accept", "channel", "open_channel", "Channel"}:
+                    found.append(f"{module}:{node.lineno}")
+            if isinstance(node, ast.Constant) and node.value == "ctrl":
+                found.append(f"{module}:{node.lineno}")
+    assert sorted(set(found)) == []
+
+
+def backend_name_comparisons(tree: ast.AST, names: set[str]) -> list[int]:
+    """Lines where a backend's name is compared or tested for membership."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            for side in [node.left, *node.comparators]:
+                consts = [side] if isinstance(side, ast.Constant) else \
+                    list(side.elts) if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else []
+                if any(isinstance(c, ast.Constant) and c.value in names for c in consts):
+                    lines.append(node.lineno)
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value in names:
+            lines.append(node.lineno)
+    return lines
+
+
+def test_cli_compares_no_backend_name():
+    from jaxrun.backends import BACKENDS
+
+    names = set(BACKENDS) | {"scheduler", "local", "ssh", "slurm", "mpirun"}
+    tree = ast.parse((PACKAGE / "cli.py").read_text())
+    assert backend_name_comparisons(tree, names) == []
+
+
+def test_contributing_names_every_public_backend_method():
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    public = [name for name, value in vars(Backend).items() if callable(value) and not name.startswith("_")]
+    assert len(public) >= 9
+    assert [name for name in public if f"`{name}`" not in text] == []
+
+
+# -- the checks, tried on what they must find ------------------------------------------
+def test_the_arrow_check_finds_an_upward_import():
+    graph = {"jaxrun.backends.ssh": {"jaxrun.launcher.config"}, "jaxrun.launcher.supervisor": {"jaxrun.backends.base"},
+             "jaxrun.launcher.run": {"jaxrun.backends"}, "jaxrun.launcher.pump": {"jaxrun.wire"},
+             "jaxrun.core.spec": {"jaxrun.contract"}}
+    assert wrong_arrows(graph) == [
+        "jaxrun.backends.ssh imports jaxrun.launcher.config (backends -> launcher)",
+        "jaxrun.launcher.pump imports jaxrun.wire (launcher -> wire)",
+        f"jaxrun.launcher.supervisor imports jaxrun.backends.base: only {BACKEND_PICKER} picks a backend",
+    ]
+
+
+def test_function_level_and_relative_imports_count():
+    tree = ast.parse("def f():\n    from jaxrun.launcher import plan\n    from .. import wire\n")
+    found = imported_modules(tree, "jaxrun.backends.ssh", False)
+    assert {"jaxrun.launcher.plan", "jaxrun.wire"} <= found
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_name_check_finds_comparisons():
+    tree = ast.parse("if kind == 'ssh': pass\nif x in ('local', 'slurm'): pass\ny = BUDGET['scheduler']\n")
+    assert backend_name_comparisons(tree, {"ssh", "local", "slurm", "scheduler"}) == [1, 2, 3]
+
+
+@pytest.mark.parametrize("snippet", ["getattr(child, 'resources', None)", "hasattr(child,'x')"])
+def test_the_probe_check_matches(snippet):
+    assert re.search(r"\b(getattr|hasattr)\(\s*child\b", snippet)
