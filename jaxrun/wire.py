@@ -236,6 +236,15 @@ class Signal(Message):
             raise WireError(f"unknown signal {self.name!r}") from None
 
 
+# -- the streams of one process, as both far ends name them --------------------------
+# Each process's connections (an SSH host agent's channels, a scheduler task's
+# connections) are one of these; the words are spelled here only.
+CONTROL = "ctrl"  # wire messages, both ways
+STDOUT = "stdout"  # the controller's own bytes, untouched
+STDERR = "stderr"
+PING = "ping"  # an SSH host agent's liveness probe (answered CHANNEL_PONG)
+
+
 # -- an SSH host's channels (see backends.ssh_host) --------------------------------
 @message("channel")
 class Channel(Message):
@@ -244,7 +253,7 @@ class Channel(Message):
     key: str  # one process's, chosen by the launcher
     role: str  # one of ROLES
 
-    ROLES: ClassVar[tuple[str, ...]] = ("ctrl", "stdout", "stderr", "ping")
+    ROLES: ClassVar[tuple[str, ...]] = (CONTROL, STDOUT, STDERR, PING)
 
 
 CHANNEL_PONG = b"pong\n"  # the answer to a "ping" channel
@@ -269,7 +278,7 @@ class Hello(Message):
     rank: int
     kind: str  # one of STREAM_KINDS
 
-    STREAM_KINDS: ClassVar[tuple[str, ...]] = ("ctrl", "stdout", "stderr")
+    STREAM_KINDS: ClassVar[tuple[str, ...]] = (CONTROL, STDOUT, STDERR)
 
 
 @message("coordinator")
