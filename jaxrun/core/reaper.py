@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 import time
 import uuid
 from typing import Sequence
@@ -35,6 +36,41 @@ from jaxrun import contract, portable
 REAP_WAIT = 2.0  # for the processes just SIGKILLed to be gone
 
 _mark: list[str] = []  # this process's orphan mark, once it has one
+
+
+def kill_group(pgid: int, signum: int) -> bool:
+    """Signal a whole process group; False when it is gone (or not ours)."""
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+class ProcessGroup:
+    """A controller's process group, signalled only while its leader is unreaped.
+
+    Once the leader has been reaped, its pid, and so the group's id, may be
+    given to an unrelated process: a signal sent after that could hit a
+    stranger's group.  ``reaped()`` closes the door, under the same lock
+    that every ``send`` takes, so a signal races no reap."""
+
+    def __init__(self, pgid: int):
+        self.pgid = pgid
+        self._lock = threading.Lock()
+        self._reaped = False
+
+    def send(self, signum: int) -> bool:
+        with self._lock:
+            return not self._reaped and kill_group(self.pgid, signum)
+
+    def reaped(self) -> None:
+        with self._lock:
+            self._reaped = True
+
+    @property
+    def is_reaped(self) -> bool:
+        return self._reaped
 
 
 def become_subreaper() -> bool:
