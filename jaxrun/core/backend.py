@@ -36,6 +36,7 @@ import time
 from typing import BinaryIO, Callable, Mapping, Protocol, Sequence
 
 from jaxrun import contract
+from jaxrun.core.events import Stream
 from jaxrun.core.spec import ProcessSpec
 
 POLL = 0.1  # seconds between looks at the stop flag while waiting
@@ -95,21 +96,54 @@ def wait_until(ready: Callable[[], bool], hooks: RunHooks, timeout: float | None
     return True
 
 
+@dataclasses.dataclass(frozen=True)
+class ChildExit:
+    """How a controller ended, as its reaper saw it."""
+
+    returncode: int  # Popen style: negative for a signal
+    resources: contract.Resources | None = None  # measured where it was reaped; None if unknown
+
+
+class StreamFilter(Protocol):
+    """What a backend's child takes out of one of its output streams before
+    the bytes reach the log: facts its far end sends in-band (the SSH host
+    agent's joined marker and its report home).  The supervisor and the pump
+    never read such facts themselves; the child hears them and passes each on
+    the one way every backend does (``on_join``, the error file, ``wait``)."""
+
+    def feed(self, data: bytes) -> bytes:
+        """The process's own bytes in ``data``; what may start a fact is held back."""
+
+    def close(self) -> bytes:
+        """At the end of the stream: bytes held back that were the process's after all."""
+
+
 class Child(Protocol):
-    """One running controller, as the supervisor sees it."""
+    """One running controller, as the supervisor sees it.  Every backend's
+    child has each of these; the supervisor probes for nothing.
+
+    The facts a controller leaves reach the supervisor one way, whatever the
+    backend: its error record in the error file the supervisor named in the
+    spawn's ``extra_env`` (written by the child itself locally, by the
+    backend's child when the record came home from a far end); its
+    resources with its exit (``wait``); its arrival at the rendezvous either
+    as the joined file the supervisor watches (``reports_joins`` False) or
+    through ``on_join`` (True)."""
 
     pid: int
     stdout: BinaryIO | None  # None: it writes its log file itself
     stderr: BinaryIO | None
-    # Optional, False when absent: the error record arrives as the last bytes
-    # of ``stderr`` (``wire.record_trailer``), not in the error file.
-    sends_error_record: bool
+    reports_joins: bool  # True: the child calls the spawn's ``on_join``; no joined file is watched
 
     def send(self, signum: int) -> None:
-        """Signal the controller's whole process group (grandchildren too)."""
+        """Signal the controller's whole process group (grandchildren too);
+        nothing once it has been reaped."""
 
-    def wait(self) -> int:
-        """Block until it ends; Popen style: negative for a signal."""
+    def wait(self) -> ChildExit:
+        """Block until it ends."""
+
+    def stream_filter(self, stream: Stream) -> StreamFilter | None:
+        """What to take out of ``stream`` before the log (None: nothing)."""
 
 
 class Backend(abc.ABC):
@@ -142,9 +176,12 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def spawn(self, spec: ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str],
-              log_fds: tuple[int, int] | None) -> Child:
+              log_fds: tuple[int, int] | None, on_join: Callable[[], None]) -> Child:
         """Start one controller.  ``lifeline_fd`` is the read end of a pipe
-        only the launcher writes to; a local child must hold it open."""
+        only the launcher writes to; a local child must hold it open.
+        ``extra_env`` holds the error and joined files' paths (contract.ERROR_FILE,
+        contract.JOINED_FILE) on the launcher's machine; ``on_join`` is for a
+        child whose ``reports_joins`` is true, from any thread."""
 
     def end_attempt(self) -> None:
         """The attempt is over and every child has exited."""
