@@ -72,13 +72,14 @@ def decode(data: bytes) -> Message:
 # The environment travels to a host on the session's stdin, never on a command
 # line: ten ASCII digits (the length), then that many bytes of JSON.
 ENV_FRAME_DIGITS = 10
-# The agent's last bytes on stderr, after the controller and everything it
-# started are gone: this marker, what comes home as JSON (``home_payload``:
-# the error record and the resources the controller used), a newline.  The
-# launcher takes them off the stream; they never reach the log.  (NUL and ESC
-# first: a marker no text output contains by chance.)
-RECORD_TRAILER = b"\x00\x1bjaxrun-error-record "
-MAX_TRAILER = 1 << 20  # a longer "trailer" is the process's own bytes after all
+# The report home: a far end's last bytes on stderr, after the controller and
+# everything it started are gone.  This mark, a JSON object (the error record
+# and the resources the controller used), a newline.  The launcher's side of
+# the backend takes it off the stream; it never reaches the log.  (NUL and ESC
+# first: a mark no text output contains by chance.)  The bytes are the same as
+# jaxrun 0.1's "record trailer", so either end may be the older.
+HOME_REPORT_MARK = b"\x00\x1bjaxrun-error-record "
+MAX_HOME_REPORT = 1 << 20  # a longer "report" is the process's own bytes after all
 # Written once on stderr, in one write (atomic in a pipe), when the controller
 # has arrived at the job's rendezvous (see contract.JOINED_FILE).  It may land
 # anywhere in the stream, even inside a line of the process's own; the
@@ -91,40 +92,26 @@ def env_frame(env: dict) -> bytes:
     return b"%0*d" % (ENV_FRAME_DIGITS, len(payload)) + payload
 
 
-def record_trailer(record_json: str) -> bytes:
-    return RECORD_TRAILER + record_json.encode() + b"\n"
-
-
-def home_payload(error_json: str | None, resources: dict | None) -> str:
-    """A trailer's JSON: the controller's error record (``ErrorRecord.to_json``,
+def home_report(error_json: str | None, resources: dict | None) -> bytes:
+    """The report home: the controller's error record (``ErrorRecord.to_json``,
     or None) and what it used (``Resources.to_dict``, or None)."""
-    return json.dumps({"error": error_json, "resources": resources})
+    return HOME_REPORT_MARK + json.dumps({"error": error_json, "resources": resources}).encode() + b"\n"
 
 
-def read_home_payload(text: str) -> tuple[str | None, dict | None]:
-    """(error record JSON, resources dict) from ``home_payload``'s text; Nones
-    for whatever is missing or malformed."""
+def parse_home_report(tail: bytes) -> tuple[str | None, dict | None] | None:
+    """(error record JSON, resources dict) if ``tail`` (from the mark to the
+    end of the stream) is exactly one report home, with None for whatever it
+    lacks; None if ``tail`` is the process's own bytes."""
+    if not tail.startswith(HOME_REPORT_MARK) or not tail.endswith(b"\n") or tail.count(b"\n") != 1:
+        return None
     try:
-        data = json.loads(text)
+        data = json.loads(tail[len(HOME_REPORT_MARK):-1].decode(errors="replace"))
     except ValueError:
-        return None, None
+        return None
     if not isinstance(data, dict):
         return None, None
     error, resources = data.get("error"), data.get("resources")
     return (error if isinstance(error, str) else None), (resources if isinstance(resources, dict) else None)
-
-
-def parse_record_trailer(tail: bytes) -> str | None:
-    """The record's JSON if ``tail`` (from the marker to the end of the
-    stream) is exactly one trailer; None if it is the process's own bytes."""
-    if not tail.startswith(RECORD_TRAILER) or not tail.endswith(b"\n") or tail.count(b"\n") != 1:
-        return None
-    text = tail[len(RECORD_TRAILER):-1].decode(errors="replace")
-    try:
-        json.loads(text)
-    except ValueError:
-        return None
-    return text
 
 
 # -- the fork server ------------------------------------------------------------

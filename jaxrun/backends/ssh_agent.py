@@ -29,7 +29,7 @@ with whatever else is left once the shim ends.
 The shim's error record goes to a private file on this host; once the shim
 and everything it started are gone, the agent sends it home, with the
 resources the shim used (``core.usage``), as the last bytes on stderr
-(``wire.record_trailer``), which the launcher takes off the stream.
+(``wire.home_report``), which the launcher takes off the stream.
 
 When the controller arrives at the job's rendezvous (its joined file appears
 in the same private folder), the agent writes ``wire.JOINED_MARKER`` on stderr
@@ -290,9 +290,8 @@ def send_home(path: str, used: contract.Resources | None, fd: int = 2) -> None:
     """The error record (if the shim left one) and the resources, as the
     last bytes on stderr (``fd``)."""
     record = contract.ErrorRecord.take(path)
-    payload = wire.home_payload(record.to_json() if record else None, used.to_dict() if used else None)
     sys.stderr.flush()
-    write_all(fd, wire.record_trailer(payload))
+    write_all(fd, wire.home_report(record.to_json() if record else None, used.to_dict() if used else None))
 
 
 def run(argv: list[str]) -> None:

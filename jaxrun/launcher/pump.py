@@ -56,7 +56,7 @@ class _Source:
         self.fd, self.log, self.rank, self.stream, self.on_close = fd, log, rank, stream, on_close
         self.path = path  # the log file's name
         self.log_failed = False  # a write to ``log`` failed: it is given up on
-        # Where the stream may end in a record trailer (wire.RECORD_TRAILER):
+        # Where the stream may end in a record trailer (wire.HOME_REPORT_MARK):
         # what receives the record, the bytes that may start the marker, and
         # everything from the marker on, held until the end.
         self.trailer: Callable[[str], None] | None = None
@@ -261,10 +261,10 @@ class OutputPump:
     @staticmethod
     def _hold_trailer(src: _Source, data: bytes) -> bytes:
         """The bytes that are surely the process's own; a possible trailer is held."""
-        marker = wire.RECORD_TRAILER
+        marker = wire.HOME_REPORT_MARK
         if src.tail is not None:
             src.tail += data
-            if len(src.tail) <= wire.MAX_TRAILER:
+            if len(src.tail) <= wire.MAX_HOME_REPORT:
                 return b""
             data, src.tail = bytes(src.tail), None  # too long for a trailer: the process's bytes
             return data
@@ -285,7 +285,7 @@ class OutputPump:
         held back was the process's own and goes to the log after all."""
         rest, src.held = src.held, b""
         if src.tail is not None:
-            record = wire.parse_record_trailer(bytes(src.tail))
+            record = wire.parse_home_report(bytes(src.tail))
             if record is None:
                 rest += bytes(src.tail)
             else:

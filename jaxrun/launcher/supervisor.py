@@ -370,10 +370,10 @@ def folder_is_full(path: str) -> bool:
     return st.f_bavail == 0
 
 
-def take_home(text: str, record: ProcessRecord) -> None:
+def take_home(report: tuple[str | None, dict | None], record: ProcessRecord) -> None:
     """What came home with a remote process's output: its error record (kept
     in the launcher's error file) and the resources it used."""
-    error, used = wire.read_home_payload(text)
+    error, used = report
     if error is not None:
         found = contract.ErrorRecord.from_json(error)
         if found is not None:

@@ -119,9 +119,8 @@ def test_ssh_agent_reports_the_join_once_on_stderr_and_leaves_no_file():
             agent.wait()
     assert agent.returncode == 0, err
     # The join, once, where it happened; last, what comes home (no record, the resources).
-    assert err.startswith(b"before\n" + wire.JOINED_MARKER + b"after\n" + wire.RECORD_TRAILER), err
-    error, used = wire.read_home_payload(wire.parse_record_trailer(err[len(b"before\n" + wire.JOINED_MARKER
-                                                                             + b"after\n"):]))
+    assert err.startswith(b"before\n" + wire.JOINED_MARKER + b"after\n" + wire.HOME_REPORT_MARK), err
+    error, used = wire.parse_home_report(err[len(b"before\n" + wire.JOINED_MARKER + b"after\n"):])
     assert error is None and contract.Resources.from_dict(used).cpu_seconds > 0, err
     folder = out.decode().strip()
     assert folder and not os.path.exists(folder)  # the agent's private folder, removed
@@ -171,8 +170,8 @@ def test_host_agent_runs_a_process_over_three_channels(host_agent):
     assert child.stdout.read() == b"out tok-123 []\n"
     err = child.stderr.read()
     assert err.startswith(b"to stderr\n")
-    text = wire.parse_record_trailer(err[err.index(wire.RECORD_TRAILER):])  # the resources came home after it
-    assert text is not None and wire.read_home_payload(text)[1]["cpu_seconds"] > 0
+    report = wire.parse_home_report(err[err.index(wire.HOME_REPORT_MARK):])  # the resources came home after it
+    assert report is not None and report[1]["cpu_seconds"] > 0
 
 
 def test_host_agent_relays_signals_and_kills_at_eof_and_at_its_end(host_agent):

@@ -203,8 +203,8 @@ RECORD = '{"type": "ValueError", "message": "bad", "traceback": ""}'
 @pytest.mark.parametrize("seed", range(20))
 def test_the_joined_marker_is_cut_out_wherever_a_read_splits_it(seed):
     before, after = b"line one\npartial ", b"rest of it\n\x00 not a marker \x00\x1bjaxrun\n"
-    out, joins, records = cut_through(before + wire.JOINED_MARKER + after + wire.record_trailer(RECORD), seed)
-    assert (out, joins, records) == (before + after, 1, [RECORD])
+    out, joins, records = cut_through(before + wire.JOINED_MARKER + after + wire.home_report(RECORD, None), seed)
+    assert (out, joins, records) == (before + after, 1, [(RECORD, None)])
 
 
 @pytest.mark.parametrize("seed", range(10))

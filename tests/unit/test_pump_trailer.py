@@ -33,16 +33,16 @@ def pump_through(stream: bytes, seed: int) -> tuple[bytes, list[str]]:
 @pytest.mark.parametrize("seed", range(20))
 def test_a_trailer_is_taken_off_the_end(seed):
     own = b"Traceback...\nValueError: bad\npartial \x00 line"
-    out, got = pump_through(own + wire.record_trailer(RECORD), seed)
-    assert out == own and got == [RECORD]
+    out, got = pump_through(own + wire.home_report(RECORD, None), seed)
+    assert out == own and got == [(RECORD, None)]
 
 
 @pytest.mark.parametrize("seed", range(20))
 @pytest.mark.parametrize("own", [
-    b"before " + wire.RECORD_TRAILER + b"not json\nmore bytes after\n",  # the marker mid-stream
-    b"ends with half a marker " + wire.RECORD_TRAILER[:9],
-    wire.record_trailer(RECORD) + b"and then more",  # a trailer is only a trailer at the very end
-    b"two " + wire.record_trailer(RECORD) + wire.record_trailer(RECORD),
+    b"before " + wire.HOME_REPORT_MARK + b"not json\nmore bytes after\n",  # the marker mid-stream
+    b"ends with half a marker " + wire.HOME_REPORT_MARK[:9],
+    wire.home_report(RECORD, None) + b"and then more",  # a trailer is only a trailer at the very end
+    b"two " + wire.home_report(RECORD, None) + wire.home_report(RECORD, None),
     b"plain bytes, no marker at all\n" * 50,
 ])
 def test_the_process_own_bytes_are_never_lost(seed, own):
@@ -53,7 +53,7 @@ def test_the_process_own_bytes_are_never_lost(seed, own):
 def test_a_huge_false_trailer_is_released_without_waiting_for_the_end():
     src = _Source(-1, None, 0, Stream.STDERR)
     src.trailer = lambda text: None
-    first = OutputPump._hold_trailer(src, b"x" + wire.RECORD_TRAILER)
+    first = OutputPump._hold_trailer(src, b"x" + wire.HOME_REPORT_MARK)
     assert first == b"x"
-    released = OutputPump._hold_trailer(src, b"y" * wire.MAX_TRAILER)
-    assert released == wire.RECORD_TRAILER + b"y" * wire.MAX_TRAILER
+    released = OutputPump._hold_trailer(src, b"y" * wire.MAX_HOME_REPORT)
+    assert released == wire.HOME_REPORT_MARK + b"y" * wire.MAX_HOME_REPORT

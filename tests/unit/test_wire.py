@@ -33,11 +33,13 @@ def test_every_message_round_trips_on_one_line(msg):
 def test_what_comes_home_with_a_remote_stream():
     record = contract.ErrorRecord("ValueError", "bad", "Traceback ...\n").to_json()
     used = contract.Resources(123 << 20, 4.25).to_dict()
-    text = wire.parse_record_trailer(wire.record_trailer(wire.home_payload(record, used)))
-    assert wire.read_home_payload(text) == (record, used)
-    assert wire.read_home_payload(wire.home_payload(None, None)) == (None, None)
-    for junk in ("[1]", "nonsense", '{"error": 3, "resources": "x"}'):
-        assert wire.read_home_payload(junk) == (None, None)
+    assert wire.parse_home_report(wire.home_report(record, used)) == (record, used)
+    assert wire.parse_home_report(wire.home_report(None, None)) == (None, None)
+    mark = wire.HOME_REPORT_MARK
+    for junk in (b"[1]", b'{"error": 3, "resources": "x"}'):
+        assert wire.parse_home_report(mark + junk + b"\n") == (None, None)
+    for own in (mark + b"nonsense\n", mark + b"{}\nmore\n", mark + b"{}", b"x" + mark + b"{}\n"):
+        assert wire.parse_home_report(own) is None
 
 
 @pytest.mark.parametrize("data, expected", [
