@@ -8,7 +8,7 @@ import types
 import pytest
 
 from jaxrun import cli, contract
-from jaxrun.child import flight
+from jaxrun.child import divergence, flight
 from jaxrun.launcher import plan as planning
 from jaxrun.reporting import summary
 
@@ -132,7 +132,7 @@ def test_state_from_the_main_threads_stack_in_the_last_dump(frames, state):
 def test_the_strict_check_names_the_call_each_side_and_its_processes():
     train = {"fn": "train_step", "n": 6, "fp": "t1", "in": "f32[8]", "at": "/w/train.py:49"}
     evals = {"fn": "eval_step", "n": 1, "fp": "e1", "in": "f32[4,8]", "at": "/w/train.py:48"}
-    headline, lines = flight.describe_difference(6, {0: train, 1: train, 2: evals, 3: train}, {}, 4)
+    headline, lines = divergence.describe_difference(6, {0: train, 1: train, 2: evals, 3: train}, {}, 4)
     assert headline == ("call 6 differs across processes: process 2 runs eval_step#1 [program e1] at train.py:48; "
                         "processes 0, 1, 3 run train_step#6 [program t1] at train.py:49")
     assert "  process 2: eval_step#1, program e1, inputs f32[4,8], called at /w/train.py:48" in lines
@@ -140,7 +140,7 @@ def test_the_strict_check_names_the_call_each_side_and_its_processes():
 
 def test_the_strict_check_names_processes_that_finished_or_had_not_arrived():
     extra = {"fn": "train_step", "n": 21, "fp": "t1", "in": "", "at": "/w/train.py:54"}
-    headline, _ = flight.describe_difference(24, {2: extra}, {0: 23, 1: 23}, 4)
+    headline, _ = divergence.describe_difference(24, {2: extra}, {0: 23, 1: 23}, 4)
     assert headline == ("call 24 differs across processes: process 2 runs train_step#21 [program t1] at train.py:54; "
                         "process 3 was not at this call yet; processes 0, 1 had finished the script after 23 calls")
 
@@ -315,12 +315,12 @@ class FakeStore:
 def test_agreeing_processes_pass_every_call_and_the_store_stays_small():
     import threading
 
-    store, calls = FakeStore(), 2 * flight.Checker.BLOCK + 500
+    store, calls = FakeStore(), 2 * divergence.Checker.BLOCK + 500
     program = flight.Program("train_step", "t1", "f32[8]", True)
     done = []
 
     def process(rank):
-        checker = flight.Checker(rank, 3)
+        checker = divergence.Checker(rank, 3)
         checker.client = store
         for call in range(1, calls + 1):
             checker.agree(call, program, call, "/w/train.py", 49)
@@ -333,8 +333,8 @@ def test_agreeing_processes_pass_every_call_and_the_store_stays_small():
         t.join(timeout=60)
     assert sorted(done) == [0, 1, 2]
     # Three processes' entries for at most about two folders of calls, never the whole run.
-    assert store.most <= 3 * 2 * flight.Checker.BLOCK + 10
-    assert not [k for k in store.data if k.startswith(f"{flight.Checker.PREFIX}/calls/0/")]
+    assert store.most <= 3 * 2 * divergence.Checker.BLOCK + 10
+    assert not [k for k in store.data if k.startswith(f"{divergence.Checker.PREFIX}/calls/0/")]
 
 
 def test_a_programs_fingerprint_ignores_where_it_was_called_from(tmp_path):
