@@ -22,6 +22,8 @@ abstract Unix socket ``"\\0name"``      a socket file in a private 0700 folder
                                        folder's permissions alone
 ``/proc/PID/fd``                       none: a served controller's fork-only daemons are
                                        found by their mark or not at all
+``waitid(WNOWAIT)``                    a far end kills its controller's group right after
+                                       the reap, not before it (``backends.far_end``)
 =====================================  ====================================================
 
 (The fork server's messages need none of these: they are framed over a
@@ -102,6 +104,21 @@ def open_file_ids(pid: int) -> set[tuple[int, int]] | None:
             continue
         found.add((st.st_dev, st.st_ino))
     return found
+
+
+def ended_unreaped(pid: int, block: bool) -> bool | None:
+    """Whether child ``pid`` has ended, leaving it unreaped: a zombie holds
+    its pid, so its group's id cannot be reused meanwhile.  With ``block``,
+    once it has.  False also when it is not ours to wait for (reaped
+    already); None where the system cannot leave it unreaped (Python has no
+    ``os.waitid`` on macOS)."""
+    waitid = None if forced() else getattr(os, "waitid", None)
+    if waitid is None:
+        return None
+    try:
+        return waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | (0 if block else os.WNOHANG)) is not None
+    except ChildProcessError:
+        return False
 
 
 def pid_max() -> int:

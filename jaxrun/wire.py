@@ -5,9 +5,13 @@ Both ends of every channel import this module, so a message is spelled once:
 - the fork server (``backends/forkserver.py`` and its agent): ``ForkRequest``
   one way; ``Ready``, ``Started`` and ``ChildExited`` back, each in a frame
   (``send_frame``) of a stream socket;
-- the SSH agent (``backends/ssh_agent.py``): ``Signal`` lines on its stdin;
-- the scheduler task channel (``backends/scheduler_channel.py`` and
-  ``scheduler_agent.py``): a ``Hello`` opens each connection, then
+- the SSH far ends (``backends/ssh_host.py``, the host agent, and
+  ``backends/ssh_agent.py``, the session agent): ``Channel`` and ``Spawn``
+  open a process's channels, then ``Signal`` lines on its control channel
+  (or the session's stdin) and ``Exit`` back; its report home and joined
+  mark travel at the end of, and within, its stderr;
+- the scheduler task channel (``backends/scheduler_channel.py`` and the task
+  agent, ``scheduler_agent.py``): a ``Hello`` opens each connection, then
   ``Coordinator``, ``Joined``, ``Error``, ``Exit`` from the task and ``Start``, ``Signal``,
   ``Ack`` from the launcher.
 

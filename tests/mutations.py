@@ -42,7 +42,8 @@ MUTATIONS = [
     Mutation(
         "scheduler-runs-local",
         "--launcher slurm/mpirun quietly start local processes instead",
-        (("jaxrun/backends/__init__.py", "if config.scheduler is not None:", "if False:"),),
+        (("jaxrun/backends/__init__.py", "return SchedulerBackend(config.backend_options, config.options, console)",
+          "return start_local(config, console)"),),
         ("tests/e2e/test_slurm.py", "tests/e2e/test_mpirun.py"),
         "toy or rank",
     ),
@@ -61,18 +62,18 @@ MUTATIONS = [
     Mutation(
         "pump-drops-partial-line",
         "the pumped log writer (SSH, srun, mpirun) drops an unfinished last line",
-        (("jaxrun/launcher/pump.py", "        src.log.write(data)\n",
-          "        held = getattr(src, 'held', b'') + data\n"
-          "        src.log.write(held[:held.rfind(b'\\n') + 1])\n"
-          "        src.held = held[held.rfind(b'\\n') + 1:]\n"),),
+        (("jaxrun/launcher/pump.py", "        view = memoryview(data)\n",
+          "        held = getattr(src, 'held_line', b'') + data\n"
+          "        src.held_line = held[held.rfind(b'\\n') + 1:]\n"
+          "        view = memoryview(held[:held.rfind(b'\\n') + 1])\n"),),
         ("tests/e2e/test_ssh.py", "tests/e2e/test_slurm.py", "tests/e2e/test_mpirun.py"),
         "every_byte",
     ),
     Mutation(
         "sighup-unhandled",
         "SIGHUP is no longer handled: jaxrun dies of it without a summary",
-        (("jaxrun/launcher/supervisor.py", "(signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)",
-          "(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)"),),
+        (("jaxrun/launcher/control.py", "STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)",
+          "STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)"),),
         ("tests/e2e/test_supervision.py",),
         "forwarded",
     ),
@@ -117,10 +118,20 @@ MUTATIONS = [
         "joined-when-initialize-returns",
         "a process counts as joined only once initialize() returns (every process at once)",
         (("jaxrun/child/bootstrap.py",
-          "    contract.mark_joined(_launch.joined_file)\n    try:\n        real(**kwargs)\n",
-          "    try:\n        real(**kwargs)\n        contract.mark_joined(_launch.joined_file)\n"),),
+          "    contract.mark_joined(_launch.joined_file)\n    if _launch.rank != 0:\n",
+          "    if _launch.rank != 0:\n"),
+         ("jaxrun/child/bootstrap.py", "    try:\n        real(**kwargs)\n    finally:\n",
+          "    try:\n        real(**kwargs)\n        contract.mark_joined(_launch.joined_file)\n    finally:\n"),),
         ("tests/e2e/test_progress.py",),
         "late",
+    ),
+    Mutation(
+        "far-end-signals-reaped-group",
+        "a far end (SSH agents, task agent) still signals its controller's group after reaping it",
+        (("jaxrun/backends/far_end.py", "    controller.group.reaped()  #", "    pass  #"),),
+        ("tests/unit/test_far_end.py", "tests/e2e/test_agents.py", "tests/e2e/test_ssh.py",
+         "tests/e2e/test_slurm.py", "tests/e2e/test_mpirun.py"),
+        "reaped or toy or relays",  # the runner's own tests catch it; the rest run it under every agent
     ),
 ]
 

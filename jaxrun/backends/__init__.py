@@ -1,29 +1,31 @@
-"""The ways jaxrun starts controllers, each beside its far-end agent.
+"""The ways jaxrun starts controllers, in one table, each beside its far-end agent.
 
-``create_backend`` is the one place that chooses among them.  Each module is
-imported only when a run needs it, so a local run never loads SSH or
-scheduler code.
+``BACKENDS`` maps each ``--launcher`` word to its entry: what the command
+line needs to know (its options, the file descriptors each process costs,
+the program that must be on PATH) and how to start it.  ``create_backend``
+is the one place that builds a backend, for the run loop.  An entry imports
+its module only when a run starts it, so ``--help`` and a local run never
+load SSH or scheduler code.
+
+A new backend is one module here and one entry below: its options object
+is its own (``RunConfig.backend_options``), built by the entry's ``options``
+from the command line's values.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, TextIO
+import os
+from typing import TYPE_CHECKING, Any, Mapping, TextIO
+
+from jaxrun.core.config import BackendEntry, LaunchError, RunConfig, SchedulerOptions, SshOptions
+from jaxrun.core.spec import LaunchOptions
 
 if TYPE_CHECKING:
     from jaxrun.core.backend import Backend
-    from jaxrun.core.config import RunConfig
 
 
-def create_backend(config: RunConfig, console: TextIO) -> Backend:
-    if config.ssh is not None:
-        from jaxrun.backends.ssh import SshBackend
-
-        return SshBackend(config.ssh, config.options.hosts, console, verbose=config.verbose,
-                          preload=config.preload, preload_modules=config.preload_modules)
-    if config.scheduler is not None:
-        from jaxrun.backends.scheduler import SchedulerBackend
-
-        return SchedulerBackend(config.scheduler, config.options, console)
+def start_local(config: RunConfig, console: TextIO) -> Backend:
+    # The fork server is how a local run starts when it may preload.
     if config.preload:
         from jaxrun.backends.forkserver import ForkServerBackend
 
@@ -31,3 +33,65 @@ def create_backend(config: RunConfig, console: TextIO) -> Backend:
     from jaxrun.backends.local import LocalBackend
 
     return LocalBackend()
+
+
+def start_ssh(config: RunConfig, console: TextIO) -> Backend:
+    from jaxrun.backends.ssh import SshBackend
+
+    return SshBackend(config.backend_options, config.options.hosts, console, verbose=config.verbose,
+                      preload=config.preload, preload_modules=config.preload_modules)
+
+
+def start_scheduler(config: RunConfig, console: TextIO) -> Backend:
+    from jaxrun.backends.scheduler import SchedulerBackend
+
+    return SchedulerBackend(config.backend_options, config.options, console)
+
+
+def ssh_options(values: Mapping[str, Any], launch: LaunchOptions) -> SshOptions:
+    return SshOptions(
+        python=launch.python,
+        chdir=values["chdir"] or os.getcwd(),
+        config_file=values["ssh_config"],
+        options=tuple(values["ssh_options"]),
+        connect_timeout=values["connect_timeout"],
+        env=launch.extra_env,
+        script=None if launch.target.is_module else launch.target.name,
+        sync=values["sync"],
+    )
+
+
+def slurm_options(values: Mapping[str, Any], launch: LaunchOptions) -> SchedulerOptions:
+    return SchedulerOptions("slurm", values["nodes"], values["tasks_per_node"], tuple(values["scheduler_args"]))
+
+
+def mpirun_options(values: Mapping[str, Any], launch: LaunchOptions) -> SchedulerOptions:
+    if values["nodes"]:
+        raise LaunchError("--nodes works with --launcher slurm only; give mpirun its hosts with --scheduler-arg")
+    return SchedulerOptions("mpirun", None, values["tasks_per_node"], tuple(values["scheduler_args"]))
+
+
+BACKENDS: dict[str, BackendEntry] = {entry.name: entry for entry in (
+    # Locally jaxrun follows each process's two log files for the console
+    # (each child writes its own).
+    BackendEntry("local", "child processes of jaxrun on this machine, forked from a preloading server by default",
+                 kind="local", fds_per_process=2, start=start_local, default=True),
+    # Over SSH: the ssh session's three pipes and the two log files it pumps into.
+    BackendEntry("ssh", "processes on the hosts of --hosts or -H, over the system's ssh client",
+                 kind="ssh", fds_per_process=5, start=start_ssh, options=ssh_options, engine="ssh",
+                 engine_missing="--hosts/-H: ssh (the OpenSSH client) is not on PATH", takes_hosts=True),
+    # Under a scheduler: the two pipes (both ends), the task's three sockets
+    # and the two log files.
+    BackendEntry("slurm", "one srun step, in the Slurm allocation or a new one",
+                 kind="scheduler", fds_per_process=9, start=start_scheduler, options=slurm_options, engine="srun",
+                 engine_missing="--launcher slurm: srun is not on PATH", scheduled=True,
+                 count_variable="SLURM_NTASKS"),
+    BackendEntry("mpirun", "one Open MPI mpirun step",
+                 kind="scheduler", fds_per_process=9, start=start_scheduler, options=mpirun_options,
+                 engine="mpirun", engine_missing="--launcher mpirun: mpirun is not on PATH", scheduled=True),
+)}
+
+
+def create_backend(config: RunConfig, console: TextIO) -> Backend:
+    """The backend that starts this run's processes (the run loop's one call)."""
+    return BACKENDS[config.backend].start(config, console)

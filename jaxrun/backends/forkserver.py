@@ -21,18 +21,21 @@ wait for the server, gives way to a signal or ``--timeout``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import threading
-from typing import Mapping, Sequence, TextIO
+from typing import Callable, Mapping, Sequence, TextIO
 
 from jaxrun import contract, wire
-from jaxrun.backends.local import LocalBackend, child_env
+from jaxrun.backends.local import LocalBackend, LocalChild, child_env
 from jaxrun.core import usage
-from jaxrun.core.backend import POLL, Interrupted, RunHooks, start_thread
+from jaxrun.core.backend import POLL, ChildExit, Interrupted, RunHooks, start_thread
 from jaxrun.core.config import LaunchError
+from jaxrun.core.events import Stream
+from jaxrun.core.reaper import ProcessGroup, kill_group
 from jaxrun.core.spec import ProcessSpec, common_env
 
 # Variables that jax reads when it is imported: the server is started with the
@@ -45,35 +48,38 @@ class PreloadError(LaunchError):
 
 
 class ForkedChild:
+    """A controller the server forked: the server reaps it, and says so."""
+
     stdout = stderr = None  # it writes its log files itself
+    reports_joins = False  # it marks its join in its joined file
 
     def __init__(self, pid: int, watch: usage.OomWatch | None = None):
         self.pid = pid
         self.watch = watch
-        self.resources: contract.Resources | None = None  # measured by the server when it ends
-        self._done = threading.Event()
-        self._code: int | None = None
+        self.group = ProcessGroup(pid)
+        self.done = threading.Event()
+        self._exit: ChildExit | None = None
 
     def send(self, signum: int) -> None:
         if self.watch is not None:
             self.watch.saw(signum)
-        try:
-            os.killpg(self.pid, signum)
-        except ProcessLookupError:
-            try:  # forked but not yet in its own group
-                os.kill(self.pid, signum)
-            except ProcessLookupError:
-                pass
+        if not self.group.send(signum) and not self.group.is_reaped:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self.pid, signum)  # forked but not yet in its own group
 
-    def wait(self) -> int:
-        self._done.wait()
-        return self._code
+    def wait(self) -> ChildExit:
+        self.done.wait()
+        return self._exit
 
     def finish(self, code: int, used: dict | None = None) -> None:
+        """The server reaped it: ``code`` and what it measured (``Resources.to_dict``)."""
+        self.group.reaped()
         figures = contract.Resources.from_dict(used)
-        self.resources = self.watch.with_verdict(code, figures) if self.watch else figures
-        self._code = code
-        self._done.set()
+        self._exit = ChildExit(code, self.watch.with_verdict(code, figures) if self.watch else figures)
+        self.done.set()
+
+    def stream_filter(self, stream: Stream) -> None:
+        return None  # its bytes are its own
 
 
 def differing_import_time_vars(specs: Sequence[ProcessSpec]) -> list[str]:
@@ -136,7 +142,7 @@ class ForkServer:
         with self.cond:
             self.alive = False
             for child in self.children.values():
-                if not child._done.is_set():
+                if not child.done.is_set():
                     child.send(signal.SIGKILL)
                     child.finish(-signal.SIGKILL)
             self.cond.notify_all()
@@ -187,10 +193,7 @@ class ForkServer:
         # Every controller has exited by now, so the server holds nothing worth
         # a clean interpreter shutdown (tearing down jax's modules takes a
         # noticeable fraction of a second).
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_group(self.process.pid, signal.SIGKILL)
         self.process.wait()
 
 
@@ -214,9 +217,9 @@ class ForkServerBackend(LocalBackend):
         self.server.wait_ready(self.preload)
 
     def spawn(self, spec: ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str],
-              log_fds: tuple[int, int] | None):
+              log_fds: tuple[int, int] | None, on_join: Callable[[], None]) -> ForkedChild | LocalChild:
         if self.server is None:
-            return super().spawn(spec, lifeline_fd, extra_env, log_fds)
+            return super().spawn(spec, lifeline_fd, extra_env, log_fds, on_join)
         env = child_env(self.base_env, spec, extra_env, lifeline_fd)
         del env[contract.LIFELINE_FD]  # the fd number is the server's to give
         child = self.server.fork(spec, env, [*log_fds, lifeline_fd])
@@ -225,11 +228,9 @@ class ForkServerBackend(LocalBackend):
 
     def abort(self) -> None:
         super().abort()
-        if self.server is not None:
-            try:
-                os.killpg(self.server.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        server = self.server  # read once: end_attempt() may clear it from another thread meanwhile
+        if server is not None:
+            kill_group(server.process.pid, signal.SIGKILL)
 
     def end_attempt(self) -> None:
         if self.server is not None:

@@ -57,7 +57,10 @@ def serve(sock: socket.socket | None, listener: socket.socket | None = None, che
     """Fork a controller per request: from the launcher's one connection
     (``sock``; its EOF ends the server), or from any number of connections
     accepted on ``listener`` (stdin's EOF ends the server; with
-    ``check_peer``, a connection whose user cannot be checked is refused)."""
+    ``check_peer``, a connection whose user cannot be checked is refused).
+    A host's server (``listener``) also kills what each controller left in
+    its group, just before it reaps it: only the reaper can, while the
+    group's id is surely the controller's (its agent hears of the end later)."""
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -71,7 +74,7 @@ def serve(sock: socket.socket | None, listener: socket.socket | None = None, che
         readable, _, _ = select.select(waiting, [], [])
         if wake_r in readable:
             os.read(wake_r, 4096)
-        for pid, code, used in reap(children):
+        for pid, code, used in reap(children, sweep=listener is not None):
             tell(children.pop(pid), wire.ChildExited(pid, code, used.to_dict() if used else None))
         if 0 in readable and not os.read(0, 4096):
             return
@@ -128,11 +131,20 @@ def accept_own_user(listener: socket.socket, check_peer: bool) -> socket.socket 
     return conn
 
 
-def reap(children):
-    """(pid, returncode, resources) of each ended controller."""
+def reap(children, sweep: bool = False):
+    """(pid, returncode, resources) of each ended controller.  With
+    ``sweep``, what is left in its group dies first, while the dead leader
+    still holds the group's id (see ``portable.ended_unreaped``)."""
+    if sweep:  # a host's server only: the launcher's own would import psutil and all for nothing
+        from jaxrun.core.reaper import kill_group
     for pid in list(children):
+        unreaped = portable.ended_unreaped(pid, block=False) if sweep else None
+        if unreaped:
+            kill_group(pid, signal.SIGKILL)
         done, code, used = usage.wait4(pid, os.WNOHANG)
         if done:
+            if sweep and unreaped is None:  # the system cannot wait without reaping: at once, then
+                kill_group(pid, signal.SIGKILL)
             yield pid, code, used
 
 

@@ -14,12 +14,14 @@ import os
 import signal
 import socket
 import subprocess
-from typing import Mapping
+from typing import Callable, Mapping
 
 from jaxrun import contract
 from jaxrun.core import usage
-from jaxrun.core.backend import Backend
+from jaxrun.core.backend import Backend, ChildExit
 from jaxrun.core.config import LaunchError
+from jaxrun.core.events import Stream
+from jaxrun.core.reaper import ProcessGroup
 from jaxrun.core.spec import ProcessSpec
 
 
@@ -55,24 +57,26 @@ class LocalChild:
     """A local controller: the leader of its own process group."""
 
     stdout = stderr = None  # it writes its log files itself
+    reports_joins = False  # it marks its join in its joined file
 
     def __init__(self, popen: subprocess.Popen, watch: usage.OomWatch | None = None):
         self.popen = popen
         self.pid = popen.pid
         self.watch = watch
-        self.resources = None  # once it has ended: what it used (contract.Resources)
+        self.group = ProcessGroup(popen.pid)
 
     def send(self, signum: int) -> None:
         if self.watch is not None:
             self.watch.saw(signum)
-        try:
-            os.killpg(self.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
+        self.group.send(signum)
 
-    def wait(self) -> int:
-        code, self.resources = usage.wait_popen(self.popen, self.watch)
-        return code
+    def wait(self) -> ChildExit:
+        code, used = usage.wait_popen(self.popen, self.watch)
+        self.group.reaped()
+        return ChildExit(code, used)
+
+    def stream_filter(self, stream: Stream) -> None:
+        return None  # its bytes are its own
 
 
 class LocalBackend(Backend):
@@ -87,7 +91,8 @@ class LocalBackend(Backend):
         return local_coordinator(fixed)
 
     def spawn(self, spec: ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str],
-              log_fds: tuple[int, int] | None) -> LocalChild:
+              log_fds: tuple[int, int] | None, on_join: Callable[[], None]) -> LocalChild:
+        del on_join  # the child marks its join in its joined file, which the supervisor watches
         watch = usage.OomWatch()
         popen = subprocess.Popen(
             list(spec.argv),

@@ -1,24 +1,27 @@
 """Existing schedulers as backends: Slurm (``srun``) and Open MPI (``mpirun``).
 
 One attempt is one scheduler step.  Building the scheduler's command line is
-pure and lives here; running it and turning its tasks back into one Child
-per rank is :mod:`jaxrun.backends.scheduler_channel`.  Each task runs the
-task agent (:mod:`jaxrun.backends.scheduler_agent`), which starts the shim
-with ``contract.RANK_SOURCE`` telling it to take its rank from the scheduler.
+pure and lives here.  Running it is :mod:`jaxrun.backends.scheduler_step`;
+each rank's Child is :mod:`jaxrun.backends.scheduler_child`, fed by the task
+channel the tasks connect back to (:mod:`jaxrun.backends.scheduler_channel`).
+Each task runs the task agent (:mod:`jaxrun.backends.scheduler_agent`), which
+starts the shim with ``contract.RANK_SOURCE`` telling it to take its rank
+from the scheduler.
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Iterable, Mapping, Sequence, TextIO
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence, TextIO
 
 from jaxrun import contract
 from jaxrun.core import spec as planning
 from jaxrun.core.backend import Backend
 from jaxrun.core.config import SchedulerOptions
 
-if TYPE_CHECKING:  # the channel is loaded only when a step is started
-    from jaxrun.backends.scheduler_channel import Step
+if TYPE_CHECKING:  # the step is loaded only when one is started
+    from jaxrun.backends.scheduler_child import RankChild
+    from jaxrun.backends.scheduler_step import Step
 
 # What mpirun must carry to remote nodes besides what the plan sets (jaxrun's
 # variables, the user's --env/-x, PYTHONUNBUFFERED); it forwards nothing by
@@ -80,7 +83,7 @@ def step_env(options: SchedulerOptions, specs: Sequence[planning.ProcessSpec], b
         common.pop(name, None)
     env = dict(base)
     env.update(common)
-    env[contract.RANK_SOURCE] = options.launcher
+    env[contract.RANK_SOURCE] = options.name
     if devices_per_process is not None:
         env[contract.TASK_DEVICES_PER_PROCESS] = str(devices_per_process)
     return env
@@ -94,7 +97,7 @@ class SchedulerBackend(Backend):
     def __init__(self, options: SchedulerOptions, launch: planning.LaunchOptions, console: TextIO,
                  base_env: Mapping[str, str] | None = None):
         self.options = options
-        self.name = options.launcher
+        self.name = options.name
         self.launch = launch
         self.console = console
         self.base_env = dict(os.environ if base_env is None else base_env)
@@ -109,7 +112,7 @@ class SchedulerBackend(Backend):
 
     def command_builder(self, planned: Iterable[str] = ()):
         task = task_argv(self.launch.python, planning.shim_args(self.launch.target))
-        if self.options.launcher == "slurm":
+        if self.options.name == "slurm":
             return lambda env: srun_command(self.options, self.launch.num_processes, task)
         is_root = os.geteuid() == 0
         planned = tuple(planned)
@@ -119,14 +122,14 @@ class SchedulerBackend(Backend):
         env = step_env(self.options, specs, self.base_env, self.launch.devices_per_process)
         build = self.command_builder(planning.common_env(specs))
         build(env)  # bad combinations fail here, before anything starts
-        from jaxrun.backends.scheduler_channel import Step
+        from jaxrun.backends.scheduler_step import Step
 
         self.step = Step(self.options.command, specs, build, env, log_dir, self.console, self.fixed,
                          hooks=self.hooks)
 
     def spawn(self, spec: planning.ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str],
-              log_fds: tuple[int, int] | None):
-        return self.step.spawn(spec, extra_env)
+              log_fds: tuple[int, int] | None, on_join: Callable[[], None]) -> RankChild:
+        return self.step.spawn(spec, extra_env, on_join)
 
     def end_attempt(self) -> None:
         if self.step is not None:

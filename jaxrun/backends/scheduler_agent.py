@@ -26,23 +26,24 @@ When the control connection drops (the launcher died), the child's group is
 killed; when this wrapper dies, the shim's lifeline pipe kills the child.
 The agent is a child subreaper (see :mod:`jaxrun.core.reaper`): a daemon
 the script starts with ``setsid()`` stays its descendant, and is killed with
-whatever else is left once the shim ends.  This module never imports jax.
+whatever else is left once the shim ends.  The child is run by
+:func:`jaxrun.backends.far_end.run`, as every far end runs its controller;
+:class:`TaskHome` is this agent's side of it.  This module never imports jax.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 from jaxrun import contract, wire
-from jaxrun.core import reaper, usage
-from jaxrun.core.joinwatch import JoinWatch
+from jaxrun.backends import far_end
+from jaxrun.core import reaper
 from jaxrun.core.spec import local_device_ids
 
 USAGE = f"usage: python -m {contract.SCHEDULER_AGENT_MODULE} -- COMMAND..."
@@ -79,7 +80,7 @@ class Channel:
         self.secret = secret
         self.rank = rank
         self.send_lock = threading.Lock()
-        self.ctrl = self.connect("ctrl")
+        self.ctrl = self.connect(wire.CONTROL)
         self.ctrl_file = self.ctrl.makefile("rb")
 
     def connect(self, kind: str) -> socket.socket:
@@ -160,8 +161,9 @@ def device_env(local: int, local_count: int, environ=os.environ) -> dict[str, st
 AGENT_ONLY = (contract.TASK_SECRET, contract.TASK_CHANNEL, contract.TASK_DEVICES_PER_PROCESS)
 
 
-def child_env(coordinator: str, rank: int, error_file: str, lifeline: int, local: int = 0,
-              joined_file: str | None = None) -> dict[str, str]:
+def child_env(coordinator: str, rank: int, local: int = 0) -> dict[str, str]:
+    """The child's environment; ``far_end.run`` adds its lifeline, error and
+    joined files."""
     env = {k: v for k, v in os.environ.items() if k not in AGENT_ONLY}
     env[contract.COORDINATOR_ADDRESS] = env[contract.JAX_COORDINATOR_ADDRESS] = coordinator
     if rank == 0:
@@ -170,11 +172,81 @@ def child_env(coordinator: str, rank: int, error_file: str, lifeline: int, local
     local_count = local_count_from_env()
     env[contract.LOCAL_PROCESS_COUNT] = str(local_count)
     env.update(device_env(local, local_count))
-    env[contract.ERROR_FILE] = error_file
-    if joined_file:
-        env[contract.JOINED_FILE] = joined_file
-    env[contract.LIFELINE_FD] = str(lifeline)
     return env
+
+
+class SchedulerSignals:
+    """The signals the scheduler sends this task, which are the child's.
+    Before the child exists, one ends the task at once (SIGUSR1 aside: there
+    is no stack to dump yet); after, it is queued, and relayed to the child
+    from a thread.  A handler only queues: it runs in the main thread, which
+    may hold the child's group's lock at that very moment."""
+
+    def __init__(self) -> None:
+        self.queue: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self.child_started = False
+
+    def install(self) -> None:
+        for signum in FORWARDED:
+            signal.signal(signum, self.handle)
+
+    def started(self, _controller: far_end.Controller) -> None:
+        self.child_started = True
+
+    def handle(self, signum: int, _frame=None) -> None:
+        if self.child_started:
+            self.queue.put(signum)
+        elif signum != signal.SIGUSR1:
+            os._exit(128 + signum)
+
+    def relay(self, controller: far_end.Controller) -> None:
+        while True:
+            controller.signal(self.queue.get())
+
+
+class TaskHome:
+    """The task agent's side of the launcher: its control connection, both
+    ways, and the scheduler's own signals.  ``err``: the child's stderr
+    connection, for a child that never starts."""
+
+    def __init__(self, channel: Channel, rank: int, err: int, scheduler: SchedulerSignals):
+        self.channel, self.rank, self.err, self.scheduler = channel, rank, err, scheduler
+        self.acked = threading.Event()
+
+    def listen(self, controller: far_end.Controller) -> None:
+        """Deliver the launcher's signals until its Ack; a lost launcher means SIGKILL."""
+        threading.Thread(target=self.scheduler.relay, args=(controller,), name="task-signals", daemon=True).start()
+        while True:
+            msg = self.channel.read()
+            if msg is None:
+                controller.lost()
+                break
+            if isinstance(msg, wire.Signal):
+                controller.signal(msg.signum)
+            elif isinstance(msg, wire.Ack):
+                break
+        self.acked.set()
+
+    def joined(self) -> None:
+        self.channel.send(wire.Joined())
+
+    def cannot_start(self, command: list[str], error: OSError) -> None:
+        try:
+            far_end.write_all(self.err, f"jaxrun task {self.rank}: cannot start {command[0]}: {error}\n".encode())
+            self.channel.send(wire.Exit(far_end.CANNOT_START))
+        except OSError:
+            pass  # the launcher is gone: the scheduler ends the step
+
+    def report(self, code: int, record: contract.ErrorRecord | None, used: contract.Resources | None) -> None:
+        exit_msg = wire.Exit(code, used.to_dict() if used else None)
+        for msg in ([wire.Error(record.to_json())] if record else []) + [exit_msg]:
+            try:
+                self.channel.send(msg)
+            except OSError:
+                pass
+        # Wait until the launcher has the code: once we exit, the scheduler kills
+        # the other tasks, and their losses must not reach the launcher first.
+        self.acked.wait(ACK_TIMEOUT)
 
 
 def main(argv: list[str]) -> int:
@@ -186,19 +258,11 @@ def main(argv: list[str]) -> int:
     except ValueError as e:
         print(f"jaxrun task: {e}", file=sys.stderr)
         return 2
-    child: list[subprocess.Popen] = []
-
-    def forward(signum, _frame):
-        if child:
-            _killpg(child[0].pid, signum)
-        elif signum != signal.SIGUSR1:
-            os._exit(128 + signum)
-
-    for signum in FORWARDED:
-        signal.signal(signum, forward)
+    scheduler = SchedulerSignals()
+    scheduler.install()
     try:
         channel = Channel(os.environ[contract.TASK_CHANNEL], os.environ[contract.TASK_SECRET], rank)
-        out, err = channel.connect("stdout"), channel.connect("stderr")
+        out, err = channel.connect(wire.STDOUT), channel.connect(wire.STDERR)
     except (KeyError, OSError) as e:
         print(f"jaxrun task {rank}: cannot reach the launcher's task channel: {e}", file=sys.stderr)
         return 1
@@ -209,37 +273,11 @@ def main(argv: list[str]) -> int:
         return 1
     values = contract.placeholder_values(rank, count, local, coordinator)
     command = [contract.substitute(a, values) for a in argv[1:]]
-    error_file = os.path.join(tempfile.mkdtemp(prefix="jaxrun-task-"), "error.json")
-    joined_file = os.path.join(os.path.dirname(error_file), "joined")
     reaper.become_subreaper()
-    lifeline_r, lifeline_w = os.pipe()
-    watch = usage.OomWatch()
-    try:
-        child.append(subprocess.Popen(
-            command, env=child_env(coordinator, rank, error_file, lifeline_r, local, joined_file),
-            stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-            pass_fds=(lifeline_r,), start_new_session=True,
-        ))
-    except OSError as e:
-        err.sendall(f"jaxrun task {rank}: cannot start {command[0]}: {e}\n".encode())
-        channel.send(wire.Exit(127))
-        return 127
-    finally:
-        os.close(lifeline_r)
-        out.close()
-        err.close()
-    acked = threading.Event()
-    threading.Thread(target=obey, args=(channel, child[0], acked, watch), daemon=True).start()
-    joins = JoinWatch(joined_file, lambda: channel.send(wire.Joined())).start()
-    code, used = usage.wait_popen(child[0], watch)
-    joins.stop()  # and its file is gone before the record's folder is removed
-    _killpg(child[0].pid, signal.SIGKILL)  # grandchildren left in its group
-    reaper.kill_descendants()  # and those that left it
-    report_exit(channel, code, error_file, used)
-    # Wait until the launcher has the code: once we exit, the scheduler kills
-    # the other tasks, and their losses must not reach the launcher first.
-    acked.wait(ACK_TIMEOUT)
-    os.close(lifeline_w)
+    fds = (out.detach(), err.detach())  # the child's alone once it has them: far_end closes ours
+    home = TaskHome(channel, rank, fds[1], scheduler)
+    code = far_end.run(command, child_env(coordinator, rank, local), home, fds=fds, give_fds=True,
+                       on_start=scheduler.started)
     return contract.exit_status(code)
 
 
@@ -252,45 +290,6 @@ def wait_for_start(channel: Channel) -> str | None:
             return msg.address
         if isinstance(msg, wire.Signal) and msg.signum != signal.SIGUSR1:
             os._exit(128 + msg.signum)
-
-
-def obey(channel: Channel, child: subprocess.Popen, acked: threading.Event,
-         watch: usage.OomWatch | None = None) -> None:
-    """Deliver the launcher's signals; a lost launcher means SIGKILL."""
-    while True:
-        msg = channel.read()
-        if msg is None:
-            if watch is not None:
-                watch.saw(signal.SIGKILL)
-            _killpg(child.pid, signal.SIGKILL)
-            break
-        if isinstance(msg, wire.Signal):
-            if watch is not None:
-                watch.saw(msg.signum)
-            _killpg(child.pid, msg.signum)
-        elif isinstance(msg, wire.Ack):
-            break
-    acked.set()
-
-
-def report_exit(channel: Channel, code: int, error_file: str, used: contract.Resources | None = None) -> None:
-    record = contract.ErrorRecord.take(error_file)
-    try:
-        if record is not None:
-            channel.send(wire.Error(record.to_json()))
-    except OSError:
-        pass
-    try:
-        channel.send(wire.Exit(code, used.to_dict() if used else None))
-    except OSError:
-        pass
-
-
-def _killpg(pid: int, signum: int) -> None:
-    try:
-        os.killpg(pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 if __name__ == "__main__":

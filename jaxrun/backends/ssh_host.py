@@ -17,11 +17,12 @@ interpreter per process.  A process costs three connections, each opened by a
   for the controller's group; its EOF kills the group.  The agent answers
   with one ``wire.Exit`` line once the controller has ended.
 
-Each controller is run by ``ssh_agent.supervise``, as a process's own agent
-runs it in a session: its error record and resources go home as the last
-bytes of its stderr, and its join as a marker there.  A ``ping`` connection
-is answered ``pong``: the launcher's check that the forwarding works (a
-server may refuse it; then each process gets a session of its own).
+Each controller is run by ``far_end.run``, with an ``ssh_agent.SshHome`` on
+its channels, as a session agent runs it on the session's streams: its error
+record and resources go home as the last bytes of its stderr, and its join as
+a marker there.  A ``ping`` connection is answered ``pong``: the launcher's
+check that the forwarding works (a server may refuse it; then each process
+gets a session of its own).
 
 Only this user's processes may connect (the folder, and the peer's user id
 where the system tells it).  At the end of the session (``stop``) every
@@ -40,7 +41,7 @@ import threading
 import time
 
 from jaxrun import portable, wire
-from jaxrun.backends import ssh_agent
+from jaxrun.backends import far_end, ssh_agent
 from jaxrun.core import reaper
 
 HEADER_WAIT = 10.0  # for a connection's first lines, from its accept
@@ -77,7 +78,7 @@ class HostAgent:
             raise
         self.lock = threading.Lock()
         self.waiting: dict[str, dict[str, tuple[socket.socket, bytes, wire.Spawn | None]]] = {}
-        self.running: dict[str, int] = {}  # key -> the controller's pid (its group's id)
+        self.running: dict[str, far_end.Controller | None] = {}  # key -> its controller, once started
         self.threads: dict[str, threading.Thread] = {}  # key -> the thread that runs it
         self.stopped = False
 
@@ -103,12 +104,12 @@ class HostAgent:
             hello = wire.decode(line)
             if not isinstance(hello, wire.Channel) or hello.role not in wire.Channel.ROLES:
                 raise wire.WireError("not a channel")
-            if hello.role == "ping":
+            if hello.role == wire.PING:
                 conn.sendall(wire.CHANNEL_PONG)
                 conn.close()
                 return
             spawn = None
-            if hello.role == "ctrl":
+            if hello.role == wire.CONTROL:
                 line, rest = read_line(conn, rest)
                 spawn = wire.decode(line)
                 if not isinstance(spawn, wire.Spawn):
@@ -131,19 +132,20 @@ class HostAgent:
             if len(parts) < 3:
                 return
             del self.waiting[key]
-            self.running[key] = 0
+            self.running[key] = None
             self.threads[key] = threading.current_thread()
         self._run(key, parts)
 
     def _run(self, key: str, parts: dict) -> None:
-        (out, _, _), (err, _, _), (ctrl, pending, spawn) = parts["stdout"], parts["stderr"], parts["ctrl"]
+        (out, _, _), (err, _, _), (ctrl, pending, spawn) = parts[wire.STDOUT], parts[wire.STDERR], parts[wire.CONTROL]
         env = dict(self.env)
         env.update(spawn.env)
         code = -signal.SIGKILL
         try:
-            code = ssh_agent.supervise(spawn.argv, env, spawn.server or None, cwd=spawn.cwd or None,
-                                       fds=(out.fileno(), err.fileno()), control=ctrl.fileno(), pending=pending,
-                                       alone=False, on_start=lambda pid: self._started(key, pid))
+            home = ssh_agent.SshHome(ctrl.fileno(), err.fileno(), pending)
+            code = far_end.run(spawn.argv, env, home, cwd=spawn.cwd or None, fds=(out.fileno(), err.fileno()),
+                               server=spawn.server or None, alone=False,
+                               on_start=lambda controller: self._started(key, controller))
         finally:
             out.close()
             err.close()
@@ -156,26 +158,26 @@ class HostAgent:
                 self.running.pop(key, None)
                 self.threads.pop(key, None)
 
-    def _started(self, key: str, pid: int) -> None:
+    def _started(self, key: str, controller: far_end.Controller) -> None:
         with self.lock:
             stopped = self.stopped
             if not stopped:
-                self.running[key] = pid
+                self.running[key] = controller
         if stopped:  # the session ended meanwhile
-            ssh_agent.kill_group(pid, signal.SIGKILL)
+            controller.group.send(signal.SIGKILL)
 
     def stop(self) -> None:
         """The session's end: kill every controller and what it left."""
         with self.lock:
             self.stopped = True
-            pids = [pid for pid in self.running.values() if pid]
+            controllers = [c for c in self.running.values() if c is not None]
             threads = list(self.threads.values())
             waiting = [part[0] for parts in self.waiting.values() for part in parts.values()]
         self.listener.close()
         for conn in waiting:
             conn.close()
-        for pid in pids:
-            ssh_agent.kill_group(pid, signal.SIGKILL)
+        for controller in controllers:
+            controller.group.send(signal.SIGKILL)  # refused once it is reaped: the id may be another's
         end = time.monotonic() + REPORT_WAIT  # for each one's exit to be told, if anyone listens
         for thread in threads:
             thread.join(max(0.0, end - time.monotonic()))

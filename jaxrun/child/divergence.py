@@ -13,12 +13,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import TYPE_CHECKING
 
 from jaxrun.child import ending
-
-if TYPE_CHECKING:
-    from jaxrun.child.flight import Program
 
 
 class DivergenceError(RuntimeError):
@@ -52,7 +48,8 @@ class Checker:
     def _key(self, call: int, rank: int) -> str:
         return f"{self.PREFIX}/calls/{call // self.BLOCK}/{call}/{rank}"
 
-    def agree(self, call: int, program: Program, occurrence: int, file: str, line: int) -> None:
+    def agree(self, call: int, program, occurrence: int, file: str, line: int) -> None:
+        """``program``: the recorder's ``flight.Program`` for this execution."""
         import json
 
         client = self._client()

@@ -106,10 +106,12 @@ class ChildExit:
 
 class StreamFilter(Protocol):
     """What a backend's child takes out of one of its output streams before
-    the bytes reach the log: facts its far end sends in-band (the SSH host
-    agent's joined marker and its report home).  The supervisor and the pump
+    the bytes reach the log: facts its far end sends in-band (an SSH agent's
+    joined marker and its report home).  The supervisor and the pump
     never read such facts themselves; the child hears them and passes each on
-    the one way every backend does (``on_join``, the error file, ``wait``)."""
+    the one way every backend does (``on_join``, the error file, ``wait``).
+    The pump calls ``feed`` for every read and ``close`` once, at the end of
+    the stream, both from its one thread."""
 
     def feed(self, data: bytes) -> bytes:
         """The process's own bytes in ``data``; what may start a fact is held back."""
@@ -140,7 +142,8 @@ class Child(Protocol):
         nothing once it has been reaped."""
 
     def wait(self) -> ChildExit:
-        """Block until it ends."""
+        """Block until it ends, and what travels with its end has arrived
+        (within a bound: nothing waits forever)."""
 
     def stream_filter(self, stream: Stream) -> StreamFilter | None:
         """What to take out of ``stream`` before the log (None: nothing)."""

@@ -1,16 +1,23 @@
-"""What one run of jaxrun was asked to do: built by the CLI, read by the run
-loop and by the backend the factory picks from it.  No behaviour here."""
+"""What one run of jaxrun was asked to do: built from the command line, read
+by the run loop and by the backend its registry entry builds.  No behaviour
+here.
+
+Which backend runs the processes is ``RunConfig.backend``, a key of
+``jaxrun.backends.BACKENDS``; what that backend needs beyond the launch
+itself is ``RunConfig.backend_options``, an object its entry builds and only
+its backend reads.  So a new backend brings its own options and adds no
+field here.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, TextIO
 
 from jaxrun.core.spec import LaunchOptions
 
-# The schedulers jaxrun rides on, by the name --launcher gives them.
-SCHEDULERS = ("slurm", "mpirun")
-LAUNCHERS = ("local", "ssh", *SCHEDULERS)
+if TYPE_CHECKING:
+    from jaxrun.core.backend import Backend
 
 
 class LaunchError(Exception):
@@ -19,7 +26,9 @@ class LaunchError(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class SchedulerOptions:
-    launcher: str  # one of SCHEDULERS
+    """A run as one scheduler step (srun or mpirun)."""
+
+    name: str  # the scheduler as --launcher names it: "slurm" or "mpirun"
     nodes: int | None = None
     tasks_per_node: int | None = None
     scheduler_args: tuple[str, ...] = ()  # passed to srun/mpirun verbatim
@@ -27,7 +36,7 @@ class SchedulerOptions:
     @property
     def command(self) -> str:
         """The scheduler's own program, as it shows in messages and the engine log."""
-        return "srun" if self.launcher == "slurm" else "mpirun"
+        return "srun" if self.name == "slurm" else "mpirun"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +68,32 @@ class RunConfig:
     github_actions: bool = False  # group output per process, annotate the root cause
     preload: bool = True  # fork local controllers from a server that imported jax
     preload_modules: tuple[str, ...] = ()
-    scheduler: SchedulerOptions | None = None  # --launcher slurm|mpirun: one scheduler step
-    ssh: SshOptions | None = None  # --hosts/-H: over SSH
+    backend: str = "local"  # the --launcher word: which entry of jaxrun.backends.BACKENDS starts the processes
+    backend_options: Any = None  # what that entry built from the command line (SshOptions, SchedulerOptions)
     timestamps: bool = False  # --timestamps: console lines start with their arrival time
+
+
+def no_options(values: Mapping[str, Any], launch: LaunchOptions) -> None:
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendEntry:
+    """One way of starting the processes, as the command line and the run
+    loop see it: one row of ``jaxrun.backends.BACKENDS``.  The command line
+    reads everything but ``start``; only the run loop starts a backend."""
+
+    name: str  # its --launcher word
+    help: str  # one line: what it starts, and where
+    kind: str  # how a message names its runs: "(9 each, scheduler run)"
+    fds_per_process: int  # file descriptors jaxrun itself holds for each process while it runs
+    start: Callable[[RunConfig, TextIO], Backend]  # imports the backend's module, then builds it
+    # Its options from the command line's values (every option by its
+    # parameter name) and the launch: raises LaunchError for a value it refuses.
+    options: Callable[[Mapping[str, Any], LaunchOptions], Any] = no_options
+    engine: str | None = None  # the program it runs on this machine, which must be on PATH
+    engine_missing: str = ""  # the one-line error when it is not
+    default: bool = False  # the way a run starts when neither --launcher nor hosts say
+    takes_hosts: bool = False  # it starts the processes on the hosts of --hosts/-H
+    scheduled: bool = False  # a scheduler places the processes and numbers them
+    count_variable: str | None = None  # inside an allocation, the variable that holds its task count

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from jaxrun import contract
+
 
 class Stream(enum.Enum):
     STDOUT = "stdout"
@@ -22,6 +24,7 @@ class Exited:
     rank: int
     returncode: int  # Popen style: negative for a signal
     at: float
+    resources: contract.Resources | None = None  # what it used, where its backend measures it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +51,6 @@ class LogWriteFailed:
 
 @dataclasses.dataclass(frozen=True)
 class Joined:
-    """A remote process arrived at the job's rendezvous, as its agent reported."""
+    """A process arrived at the job's rendezvous, as its child reported (``on_join``)."""
 
     rank: int

@@ -29,6 +29,7 @@ class StopReason(enum.Enum):
     SIGNAL = "signal"
     TIMEOUT = "timeout"
     INTERNAL = "internal error"  # a launcher thread died: jaxrun's bug, not the job's
+    NOT_STARTED = "not started"  # a restart stopped in its start-up: planning, a preflight, a connection
 
 
 @dataclasses.dataclass
@@ -60,3 +61,12 @@ class Outcome:
     fault: str | None = None  # which launcher thread died, and how
     log_errors: list[str] = dataclasses.field(default_factory=list)  # "path: error" per log jaxrun could not write
     lost: list[int] = dataclasses.field(default_factory=list)  # ranks whose end was never confirmed
+    start_error: str | None = None  # why this attempt never started its processes
+
+    @classmethod
+    def not_started(cls, exit_code: int, why: str, signum: int | None = None) -> "Outcome":
+        """An attempt that ended in its start-up, before its processes ran:
+        ``exit_code`` is the start-up failure's own (2 for a host that cannot
+        be reached, 128+N for a signal), and it is the run's."""
+        reason = StopReason.SIGNAL if signum else StopReason.NOT_STARTED
+        return cls([], exit_code, reason, signum=signum, start_error=why)

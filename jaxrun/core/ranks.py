@@ -5,30 +5,27 @@ from __future__ import annotations
 
 import re
 
-import click
+from jaxrun.core.config import LaunchError
 
 DIGITS = re.compile(r"[0-9]{1,18}\Z")  # ASCII only: str.isdigit() accepts "²", which int() refuses
 
 
-class RankList(click.ParamType):
-    """0 | 0,2 | 0-3,6 | all | none, checked against -n once that is known.
+def parse_ranks(text: str) -> tuple[range, ...] | None:
+    """0 | 0,2 | 0-3,6 | all | none: the ranges (None for all), checked
+    against -n once that is known; ValueError for anything else.
 
     Kept as ranges until then: "0-100000000000" is one range object, where a
     set of its members would exhaust memory before -n could refuse it."""
-
-    name = "RANKS"
-
-    def convert(self, value, param, ctx):
-        text = str(value).strip().lower()
-        if text in ("all", "none"):
-            return None if text == "all" else ()
-        ranges = []
-        for part in text.split(","):
-            first, dash, last = part.strip().partition("-")
-            if not DIGITS.match(first) or (dash and not DIGITS.match(last)) or (dash and int(last) < int(first)):
-                self.fail(f"{value!r} is not a list of ranks like 0 or 0,2-3 (or all, or none)", param, ctx)
-            ranges.append(range(int(first), int(last or first) + 1))
-        return tuple(ranges)
+    text = str(text).strip().lower()
+    if text in ("all", "none"):
+        return None if text == "all" else ()
+    ranges = []
+    for part in text.split(","):
+        first, dash, last = part.strip().partition("-")
+        if not DIGITS.match(first) or (dash and not DIGITS.match(last)) or (dash and int(last) < int(first)):
+            raise ValueError("not a list of ranks like 0 or 0,2-3 (or all, or none)")
+        ranges.append(range(int(first), int(last or first) + 1))
+    return tuple(ranges)
 
 
 def console_rank_set(ranges: tuple[range, ...] | None, num_processes: int) -> frozenset[int] | None:
@@ -37,7 +34,7 @@ def console_rank_set(ranges: tuple[range, ...] | None, num_processes: int) -> fr
         return None
     highest = max((r[-1] for r in ranges), default=-1)
     if highest >= num_processes:
-        raise click.UsageError(f"--console-ranks: there is no process {highest} among {num_processes}")
+        raise LaunchError(f"--console-ranks: there is no process {highest} among {num_processes}")
     return frozenset(rank for r in ranges for rank in r)
 
 

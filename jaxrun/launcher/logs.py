@@ -17,7 +17,7 @@ import click
 from jaxrun.core import logfiles
 from jaxrun.core.events import Stream
 from jaxrun.core.noise import read_lines_in_chunks
-from jaxrun.core.ranks import RankList
+from jaxrun.core.ranks import parse_ranks
 from jaxrun.launcher.console import ConsolePrinter
 from jaxrun.reporting.history import ranks_in, runs
 
@@ -78,6 +78,10 @@ def command(run_id, last, ranks, output, base):
         if not os.path.isdir(folder):
             raise click.UsageError(f"no run {run_id!r} in {base}")
     present = ranks_in(folder)
-    chosen = RankList().convert(ranks, None, None) if ranks else None
+    try:
+        chosen = parse_ranks(ranks) if ranks else None
+    except ValueError:
+        raise click.BadParameter(f"{ranks!r} is not a list of ranks like 0 or 0,2-3 (or all, or none)",
+                                 param_hint="'--ranks'") from None
     wanted = [r for r in present if chosen is None or any(r in span for span in chosen)]
     show(folder, wanted, output)

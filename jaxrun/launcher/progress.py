@@ -6,14 +6,14 @@ about to make the real ``jax.distributed.initialize()`` call (see
 service lets every process's call return together, once the last one is in,
 so counting returns would jump from 0 to N.
 
-How the launcher hears of a join depends on where the process runs:
+How the launcher hears of a join depends on the child (its ``reports_joins``):
 
 - a local process (plain or forked by the preloading server) creates its
   joined file in the run's log folder, and :class:`JoinProgress` looks for
   the files of those not yet in, a few times a second (one ``stat`` each);
 - a remote process's agent does the looking on its host and tells the
-  launcher (a marker on the SSH stream, a message on the scheduler's task
-  channel), which reaches the supervisor as an event and ``joined(rank)``.
+  launcher, however its backend carries it; the child calls the spawn's
+  ``on_join``, which reaches the supervisor as an event and ``joined(rank)``.
 
 What the user sees:
 

@@ -13,6 +13,11 @@ holds back the view, never memory.  While it follows files the thread runs at
 the lowest CPU priority: on a busy machine the processes get the CPU first,
 and the console catches up from the files.
 
+A pipe may come with a ``StreamFilter`` (its child's ``stream_filter``): the
+child's own way of taking in-band facts out of the stream.  The pump only
+feeds it every read and closes it at the end of the stream; what the filter
+passes on is what reaches the log and the console.
+
 The pump never stops reading a pipe, whatever goes wrong downstream: a remote
 process blocks once its pipe is full.  A log file that cannot be written (a
 full disk) is reported once, as an event, and its later bytes still reach the
@@ -29,8 +34,8 @@ import threading
 import time
 from typing import BinaryIO, Callable
 
-from jaxrun import portable, wire
-from jaxrun.core.backend import RunHooks, start_thread
+from jaxrun import portable
+from jaxrun.core.backend import RunHooks, StreamFilter, start_thread
 from jaxrun.core.events import LogWriteFailed, Stream, StreamClosed
 from jaxrun.launcher.filewatch import FileWatch
 
@@ -56,16 +61,7 @@ class _Source:
         self.fd, self.log, self.rank, self.stream, self.on_close = fd, log, rank, stream, on_close
         self.path = path  # the log file's name
         self.log_failed = False  # a write to ``log`` failed: it is given up on
-        # Where the stream may end in a record trailer (wire.HOME_REPORT_MARK):
-        # what receives the record, the bytes that may start the marker, and
-        # everything from the marker on, held until the end.
-        self.trailer: Callable[[str], None] | None = None
-        self.held = b""
-        self.tail: bytearray | None = None
-        # Where the stream may carry a joined marker (wire.JOINED_MARKER):
-        # what hears of it, and the bytes that may start one, held back.
-        self.on_join: Callable[[], None] | None = None
-        self.join_held = b""
+        self.filter: StreamFilter | None = None  # what the child takes out of a pipe's bytes
         self.show = show  # False: keep the log only, send nothing to the console
         self.partial = b""
 
@@ -99,15 +95,11 @@ class OutputPump:
         self.thread = start_thread("jaxrun-output", self._run, hooks=hooks or RunHooks())
 
     def add(self, fd: int, log: BinaryIO, rank: int, stream: Stream, on_close: Callable[[], None],
-            show: bool = True, path: str = "", trailer: Callable[[str], None] | None = None,
-            on_join: Callable[[], None] | None = None) -> None:
-        """Pump a pipe into ``log`` (the file at ``path``).  With ``trailer``,
-        a record trailer at the very end is passed to it instead of the log.
-        With ``on_join``, joined markers anywhere in the stream are cut out,
-        and each one calls it."""
+            show: bool = True, path: str = "", stream_filter: StreamFilter | None = None) -> None:
+        """Pump a pipe into ``log`` (the file at ``path``), through
+        ``stream_filter`` if there is one: fed every read, closed at the end."""
         src = _Source(fd, log, rank, stream, on_close, show, path)
-        src.trailer = trailer
-        src.on_join = on_join
+        src.filter = stream_filter
         with self.lock:
             self.pending.append(src)
         os.write(self.wake_w, b"+")
@@ -226,13 +218,10 @@ class OutputPump:
         except OSError:
             data = b""
         end = not data
-        if src.on_join is not None:
-            data = self._cut_joins(src, data, end)
-        if src.trailer is not None:
-            if data:
-                data = self._hold_trailer(src, data)
+        if src.filter is not None:
+            data = src.filter.feed(data) if data else b""
             if end:
-                data += self._release_trailer(src)
+                data += src.filter.close()
         if data:
             self._keep(src, data)
             self._lines(src, data)
@@ -241,57 +230,6 @@ class OutputPump:
             self._end(src)
             return True
         return len(data) < TRICKLE
-
-    @staticmethod
-    def _cut_joins(src: _Source, data: bytes, end: bool) -> bytes:
-        """The bytes without joined markers; the start of a marker a read
-        cut in two is held until the next read (at the end: released)."""
-        marker = wire.JOINED_MARKER
-        data, src.join_held = src.join_held + data, b""
-        if marker in data:
-            for _ in range(data.count(marker)):
-                src.on_join()
-            data = data.replace(marker, b"")
-        if not end:
-            keep = _marker_start(data, marker)
-            if keep:
-                src.join_held, data = data[-keep:], data[:-keep]
-        return data
-
-    @staticmethod
-    def _hold_trailer(src: _Source, data: bytes) -> bytes:
-        """The bytes that are surely the process's own; a possible trailer is held."""
-        marker = wire.HOME_REPORT_MARK
-        if src.tail is not None:
-            src.tail += data
-            if len(src.tail) <= wire.MAX_HOME_REPORT:
-                return b""
-            data, src.tail = bytes(src.tail), None  # too long for a trailer: the process's bytes
-            return data
-        data, src.held = src.held + data, b""
-        at = data.find(marker)
-        if at >= 0:
-            src.tail = bytearray(data[at:])
-            return data[:at]
-        keep = _marker_start(data, marker)
-        if keep:
-            src.held = data[-keep:]
-            return data[:-keep]
-        return data
-
-    @staticmethod
-    def _release_trailer(src: _Source) -> bytes:
-        """At the end of the stream: hand over a real trailer; anything else
-        held back was the process's own and goes to the log after all."""
-        rest, src.held = src.held, b""
-        if src.tail is not None:
-            record = wire.parse_home_report(bytes(src.tail))
-            if record is None:
-                rest += bytes(src.tail)
-            else:
-                src.trailer(record)
-            src.tail = None
-        return rest
 
     def _keep(self, src: _Source, data: bytes) -> None:
         """Write every byte to the log, however many writes it takes."""
@@ -341,16 +279,6 @@ class OutputPump:
         self.flush()  # before the supervisor hears of it and prints its summary
         src.on_close()
         self.events.put(StreamClosed(src.rank, src.stream))
-
-
-def _marker_start(data: bytes, marker: bytes) -> int:
-    """How many of ``data``'s last bytes may begin ``marker`` (0: none)."""
-    if marker[0] not in data[-(len(marker) - 1):]:  # the common case, at memchr speed
-        return 0
-    for k in range(min(len(marker) - 1, len(data)), 0, -1):
-        if data.endswith(marker[:k]):
-            return k
-    return 0
 
 
 def enlarge_pipe(fd: int) -> None:

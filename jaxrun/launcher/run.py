@@ -21,8 +21,9 @@ from jaxrun import portable
 from jaxrun.backends import create_backend
 from jaxrun.core import reaper
 from jaxrun.core.backend import Backend, Interrupted
-from jaxrun.core.config import RunConfig
+from jaxrun.core.config import LaunchError, RunConfig
 from jaxrun.core.outcome import Outcome, StopReason
+from jaxrun.core.spec import PlanError
 from jaxrun.launcher import plan as planning
 from jaxrun.launcher.console import ConsolePrinter, SafeConsole
 from jaxrun.launcher.control import BUG_REPORT, RunControl
@@ -90,12 +91,13 @@ def run(config: RunConfig, backend: Backend | None = None, console: TextIO | Non
         code = run_attempts(config, backend, control, console, running)
         return code
     except Interrupted:  # stopped while connecting, before any process started
-        what = signal.Signals(control.signum).name if control.signum else "--timeout"
-        if control.fault:
-            what = f"internal error: thread {control.fault.name} died: {control.fault.error} ({BUG_REPORT})"
-        print(f"jaxrun: stopped during start-up: {what}; no process was started", file=console, flush=True)
+        print(f"jaxrun: stopped during start-up: {stop_cause(control)}; no process was started",
+              file=console, flush=True)
         code = control.exit_status() or 1
         return code
+    except (LaunchError, PlanError):  # the caller says why, in one line, and exits with this
+        code = 2
+        raise
     finally:
         if os.path.isdir(config.log_dir):
             history.record_run(config.log_dir, ["jaxrun", *sys.argv[1:]], code, started)
@@ -106,21 +108,43 @@ def run(config: RunConfig, backend: Backend | None = None, console: TextIO | Non
 
 def run_attempts(config: RunConfig, backend: Backend, control: RunControl, console: TextIO,
                  running: list) -> int:
+    """Every attempt, each reported as it ends; jaxrun's exit status is the
+    last attempt's, so the report, ``run.json`` and the exit agree."""
     outcomes: list[Outcome] = []
     dirs: list[str] = []
     with backend:
         for attempt in range(config.max_restarts + 1):
-            opts, specs = plan_attempt(config, backend.choose_coordinator(config.fixed_coordinator), attempt,
-                                       backend.plan_facts())
             log_dir = attempt_dir(config.log_dir, attempt)
-            outcome = run_attempt(config, specs, backend, log_dir, console, control, running)
+            try:
+                _, specs = plan_attempt(config, backend.choose_coordinator(config.fixed_coordinator), attempt,
+                                        backend.plan_facts())
+                outcome = run_attempt(config, specs, backend, log_dir, console, control, running)
+            except (LaunchError, PlanError, Interrupted) as error:
+                if attempt == 0:
+                    raise  # nothing has run: bad input (exit 2), or a stop during start-up
+                outcome = start_failure(error, control)
             outcomes.append(outcome)
             dirs.append(log_dir)
-            report_attempt(config, outcomes, dirs, opts, console)
+            report_attempt(config, outcomes, dirs, console)
             if outcome.reason is not StopReason.FAILURE or attempt == config.max_restarts:
                 break
             print(f"jaxrun: restarting the whole job (restart {attempt + 1} of {config.max_restarts})", file=console)
     return outcomes[-1].exit_code
+
+
+def start_failure(error: Exception, control: RunControl) -> Outcome:
+    """A restart that ended in its start-up (planning, a preflight, a
+    connection, a spawn), or was stopped there: its own status is the run's."""
+    if isinstance(error, Interrupted):
+        return Outcome.not_started(control.exit_status() or 1, f"stopped during start-up: {stop_cause(control)}",
+                                   signum=control.signum)
+    return Outcome.not_started(2, str(error))
+
+
+def stop_cause(control: RunControl) -> str:
+    if control.fault:
+        return f"internal error: thread {control.fault.name} died: {control.fault.error} ({BUG_REPORT})"
+    return signal.Signals(control.signum).name if control.signum else "--timeout"
 
 
 def last_words(line: str) -> None:
@@ -133,21 +157,21 @@ def last_words(line: str) -> None:
         pass
 
 
-def report_attempt(config: RunConfig, outcomes: list[Outcome], dirs: list[str], opts: planning.LaunchOptions,
-                   console: TextIO) -> None:
+def report_attempt(config: RunConfig, outcomes: list[Outcome], dirs: list[str], console: TextIO) -> None:
     outcome = outcomes[-1]
-    for line in summary.summary_lines(outcome, dirs[-1]):
+    shown = dirs[-1] if os.path.isdir(dirs[-1]) else config.log_dir  # a restart that never started made none
+    for line in summary.summary_lines(outcome, shown):
         print(line, file=console, flush=True)
     if config.github_actions:
         annotation = github.error_annotation(outcome, os.environ.get("GITHUB_WORKSPACE"))
         if annotation:
             print(annotation, file=console, flush=True)
     if config.report_path:
-        report.write_report(config.report_path, report.report_dict(outcomes, opts.run_id, dirs))
+        report.write_report(config.report_path, report.report_dict(outcomes, config.options.run_id, dirs))
     if config.junit_path:
         from jaxrun.reporting import junit
 
-        junit.write(config.junit_path, outcome, suite=f"jaxrun {opts.target.name}")
+        junit.write(config.junit_path, outcome, suite=f"jaxrun {config.options.target.name}")
 
 
 def run_attempt(config: RunConfig, specs, backend: Backend, log_dir: str, console: TextIO,

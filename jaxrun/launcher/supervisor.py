@@ -1,10 +1,17 @@
 """The event loop that watches one attempt of a job until every process is gone.
 
-Threads only produce typed events (see :mod:`jaxrun.events`): one waiter per
-child, signal handlers, and the output pump (which also draws the console
-view itself, and reports only the end of each stream).  The loop in
-``Supervisor.run`` is the single consumer and the only place that decides
-anything.
+Threads only produce typed events (see :mod:`jaxrun.core.events`): one waiter
+per child, signal handlers, the children's ``on_join``, and the output pump
+(which also draws the console view itself, and reports only the end of each
+stream).  The loop in ``Supervisor.run`` is the single consumer and the only
+place that decides anything.
+
+Every child keeps the Child contract (:mod:`jaxrun.core.backend`), and the
+supervisor asks it nothing else: its exit and resources come from ``wait``,
+its join as a ``Joined`` event (or, for a child that does not report joins,
+from the joined file it watches), its error record in the error file it
+named; what a backend sends in-band on a pipe, the child's own
+``stream_filter`` takes out on the pump's thread.
 
 Stopping is the same in every case (a failure, a signal, ``--timeout``): ask
 the survivors for a stack dump or forward the signal, wait out a deadline
@@ -23,14 +30,15 @@ is stopped and the summary names the thread.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import queue
 import signal
 import time
 from typing import Callable, Sequence
 
-from jaxrun import contract, wire
-from jaxrun.core.backend import Backend, Child, Interrupted, RunHooks, start_thread
+from jaxrun import contract
+from jaxrun.core.backend import Backend, Child, Interrupted, RunHooks, StreamFilter, start_thread
 from jaxrun.core.events import Exited, Joined, LogWriteFailed, SignalReceived, Stream, StreamClosed, ThreadDied
 from jaxrun.core.logfiles import log_paths, open_log, open_pumped_log, prepare_log_dir
 from jaxrun.core.outcome import Outcome, ProcessRecord, StopReason, Verdict
@@ -154,10 +162,11 @@ class Supervisor:
                 if os.path.lexists(stale):
                     os.unlink(stale)
             env = {contract.ERROR_FILE: error_file, contract.JOINED_FILE: joined_file}
+            on_join = functools.partial(self.events.put, Joined(spec.rank))
             if direct:
                 fds = (open_log(out), open_log(err))
                 try:
-                    child = self.backend.spawn(spec, lifeline_r, env, fds)
+                    child = self.backend.spawn(spec, lifeline_r, env, fds, on_join)
                 finally:
                     for fd in fds:
                         os.close(fd)
@@ -166,22 +175,16 @@ class Supervisor:
                         self.open_streams += 1
                         self.pump.follow(path, spec.rank, stream)
             else:
-                child = self.backend.spawn(spec, lifeline_r, env, None)
-                record_home = getattr(child, "sends_error_record", False)
-                on_join = (lambda rank=spec.rank: self.events.put(Joined(rank))) \
-                    if getattr(child, "reports_joins", False) else None
+                child = self.backend.spawn(spec, lifeline_r, env, None, on_join)
                 for pipe, path, stream in ((child.stdout, out, Stream.STDOUT), (child.stderr, err, Stream.STDERR)):
-                    trailer = (lambda text, rec=record: take_home(text, rec)) \
-                        if record_home and stream is Stream.STDERR else None
-                    self._start_pump(pipe, path, spec.rank, stream, trailer,
-                                     on_join if stream is Stream.STDERR else None)
+                    self._start_pump(pipe, path, spec.rank, stream, child.stream_filter(stream))
             record.pid, record.started_at = child.pid, time.time()
             self.children[spec.rank] = child
-            if not getattr(child, "reports_joins", False):  # else the pump hears it: a Joined event
+            if not child.reports_joins:  # else it calls on_join: a Joined event
                 self.progress.watch(spec.rank, joined_file)
             start_thread(f"process-waiter:{spec.rank}", self._wait, spec.rank, child, hooks=self.hooks)
 
-    def _start_pump(self, pipe, path: str, rank: int, stream: Stream, trailer=None, on_join=None) -> None:
+    def _start_pump(self, pipe, path: str, rank: int, stream: Stream, stream_filter: StreamFilter | None) -> None:
         log = open_pumped_log(path)
         enlarge_pipe(pipe.fileno())
 
@@ -191,14 +194,11 @@ class Supervisor:
 
         self.open_streams += 1
         self.pump.add(pipe.fileno(), log, rank, stream, close, show=self.printer.shows(rank), path=path,
-                      trailer=trailer, on_join=on_join)
+                      stream_filter=stream_filter)
 
     def _wait(self, rank: int, child: Child) -> None:
-        code = child.wait()
-        used = getattr(child, "resources", None)  # where the backend measures it here
-        if used is not None:
-            self.records[rank].resources = used
-        self.events.put(Exited(rank, code, self.clock()))
+        end = child.wait()
+        self.events.put(Exited(rank, end.returncode, self.clock(), end.resources))
 
     def _running(self) -> list[int]:
         return [r for r, rec in self.records.items() if rec.returncode is None and rec.pid is not None]
@@ -244,6 +244,8 @@ class Supervisor:
         self.progress.ended(event.rank)
         record = self.records[event.rank]
         record.returncode, record.ended_at = event.returncode, time.time()
+        if event.resources is not None:
+            record.resources = event.resources
         if event.returncode == 0:
             record.verdict = Verdict.OK
         elif self.reason is None:
@@ -368,15 +370,3 @@ def folder_is_full(path: str) -> bool:
     except OSError:
         return False
     return st.f_bavail == 0
-
-
-def take_home(report: tuple[str | None, dict | None], record: ProcessRecord) -> None:
-    """What came home with a remote process's output: its error record (kept
-    in the launcher's error file) and the resources it used."""
-    error, used = report
-    if error is not None:
-        found = contract.ErrorRecord.from_json(error)
-        if found is not None:
-            found.dump(record.error_file)
-    if used is not None:
-        record.resources = contract.Resources.from_dict(used)

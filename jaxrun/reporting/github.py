@@ -44,7 +44,9 @@ def escape_property(text: str) -> str:
 def error_annotation(outcome: Outcome, workspace: str | None = None) -> str | None:
     """The ``::error`` line for a failed or timed-out run; None when there is nothing to flag."""
     failure = summary.engine_failure(outcome)
-    if failure is not None:
+    if outcome.start_error is not None:
+        title, message, location = "jaxrun: the restart did not start", outcome.start_error, None
+    elif failure is not None:
         title = f"jaxrun: {failure.note.engine} failed first"
         message = "\n".join([failure.headline, *summary.tail(failure.note.log)])
         location = None

@@ -34,6 +34,10 @@ def render(outcome: Outcome, suite: str = "jaxrun", tail_lines: int = summary.TA
     suite_el = ET.Element("testsuite", name=suite)
     counts = {"failure": 0, "error": 0, "skipped": 0}
     failure = summary.engine_failure(outcome)  # once: it reads every process's log
+    if outcome.start_error is not None:  # a restart that never started: one case says why
+        case = ET.SubElement(suite_el, "testcase", classname=suite, name="start")
+        ET.SubElement(case, "error", message=clean(f"did not start: {outcome.start_error}"))
+        counts["error"] += 1
     for rec in outcome.records:
         case = ET.SubElement(suite_el, "testcase", classname=suite, name=f"process {rec.spec.rank}")
         if rec.started_at is not None and rec.ended_at is not None:
@@ -52,7 +56,7 @@ def render(outcome: Outcome, suite: str = "jaxrun", tail_lines: int = summary.TA
             ET.SubElement(case, "system-err").text = clean("\n".join(err) + "\n")
     starts = [r.started_at for r in outcome.records if r.started_at is not None]
     ends = [r.ended_at for r in outcome.records if r.ended_at is not None]
-    suite_el.set("tests", str(len(outcome.records)))
+    suite_el.set("tests", str(len(outcome.records) + (outcome.start_error is not None)))
     suite_el.set("failures", str(counts["failure"]))
     suite_el.set("errors", str(counts["error"]))
     suite_el.set("skipped", str(counts["skipped"]))

@@ -22,6 +22,9 @@ def report_dict(outcomes: list[Outcome], run_id: str, log_dirs: list[str]) -> di
                 "stop_reason": outcome.reason.value if outcome.reason else None,
                 "signal": signal_name(outcome.signum) if outcome.signum else None,
                 "root_cause": _root_cause(outcome),
+                # Why the attempt never started its processes (then ``processes`` is
+                # empty), or null.
+                "not_started": outcome.start_error,
                 "processes": [_process_dict(r) for r in outcome.records],
             }
         )
@@ -29,6 +32,8 @@ def report_dict(outcomes: list[Outcome], run_id: str, log_dirs: list[str]) -> di
     return {
         "run_id": run_id,
         "exit_code": last["exit_code"],
+        # Every restart jaxrun began, one that stopped in its start-up included:
+        # each has its entry in ``attempts``.
         "restarts": len(attempts) - 1,
         "root_cause": last["root_cause"],
         "processes": last["processes"],

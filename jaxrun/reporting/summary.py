@@ -58,6 +58,10 @@ def last_output(record: ProcessRecord) -> tuple[str, list[str]]:
 
 
 def summary_lines(outcome: Outcome, log_dir: str) -> list[str]:
+    if outcome.start_error is not None:  # a restart that never started its processes
+        said = f"error: {outcome.start_error}" if outcome.reason is StopReason.NOT_STARTED else \
+            f"{outcome.start_error}; no process was started"
+        return [f"jaxrun: {said}", f"jaxrun: logs in {log_dir}"]
     lines: list[str] = []
     started = any(r.pid is not None for r in outcome.records)
     if outcome.reason is StopReason.TIMEOUT:

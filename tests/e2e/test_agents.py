@@ -153,20 +153,20 @@ def host_agent():
 
 
 def spawn(path: str, code: str, env: dict | None = None):
-    from jaxrun.backends.ssh import ChannelChild
+    from jaxrun.backends.ssh_children import ChannelChild
 
     spawn_line = wire.Spawn([sys.executable, "-c", code], env or {}, os.getcwd(), "")
     return ChannelChild(path, spawn_line, os.getpid(), "here")
 
 
 def test_host_agent_runs_a_process_over_three_channels(host_agent):
-    from jaxrun.backends.ssh import ping
+    from jaxrun.backends.ssh_connections import ping
 
     _, path = host_agent
     assert ping(path)
     child = spawn(path, "import os, sys\nprint('out', os.environ['SECRET_X'], sys.argv[1:], flush=True)\n"
                         "print('to stderr', file=sys.stderr)\nsys.exit(3)", {"SECRET_X": "tok-123"})
-    assert child.wait() == 3
+    assert child.wait().returncode == 3
     assert child.stdout.read() == b"out tok-123 []\n"
     err = child.stderr.read()
     assert err.startswith(b"to stderr\n")
@@ -181,11 +181,11 @@ def test_host_agent_relays_signals_and_kills_at_eof_and_at_its_end(host_agent):
     first.send(15)
     assert read_line(first.stdout) == "SIGTERM"
     first.send(9)  # SIGKILL, then EOF on the control channel
-    assert first.wait() == -9
+    assert first.wait().returncode == -9
     second = spawn(path, RECORDER)
     assert read_line(second.stdout) == "ready"
     proc.stdin.close()  # the session ends: the agent kills what still runs
-    assert second.wait() == -9
+    assert second.wait().returncode == -9
     assert proc.wait(timeout=20) == 0
 
 
@@ -196,3 +196,62 @@ def test_host_agent_hangs_up_on_a_stranger(host_agent):
         sock.connect(path)
         sock.sendall(b"GET / HTTP/1.0\n\n")
         assert sock.recv(64) == b""
+
+
+# -- a scheduler's task agent, with the launcher's end of its task channel ----------------
+
+class TaskLauncher:
+    """The launcher's side of one task's three connections: each Hello with
+    the secret is answered with an Ack, as the task channel does."""
+
+    def __init__(self, secret: str):
+        self.secret = secret
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(20)
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+
+    def accept(self) -> dict:
+        streams = {}
+        while len(streams) < 3:
+            sock, _ = self.listener.accept()
+            sock.settimeout(20)
+            hello = wire.decode(sock.makefile("rb").readline())
+            assert isinstance(hello, wire.Hello) and hello.secret == self.secret, hello
+            sock.sendall(wire.Ack().line())
+            streams[hello.kind] = sock
+        return streams
+
+
+def test_task_agent_forwards_the_schedulers_signals_and_the_launchers_then_waits_for_the_ack():
+    launcher = TaskLauncher("s3cret")
+    env = dict(os.environ, **{contract.TASK_CHANNEL: launcher.address, contract.TASK_SECRET: launcher.secret,
+                              contract.PROCESS_ID: "0", contract.NUM_PROCESSES: "1",
+                              contract.LOCAL_PROCESS_ID: "0"})
+    env.pop(contract.RANK_SOURCE, None)
+    agent = subprocess.Popen([sys.executable, "-m", contract.SCHEDULER_AGENT_MODULE, "--", sys.executable, "-c",
+                              RECORDER], env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        streams = launcher.accept()
+        control = streams[wire.CONTROL].makefile("rb")
+        coordinator = wire.decode(control.readline())  # task 0 picks it
+        assert isinstance(coordinator, wire.Coordinator), coordinator
+        streams[wire.CONTROL].sendall(wire.Start(coordinator.address).line())
+        out = streams[wire.STDOUT].makefile("rb")
+        assert read_line(out) == "ready"
+        agent.send_signal(15)  # as the scheduler signals its task: the child's to get
+        assert read_line(out) == "SIGTERM"
+        streams[wire.CONTROL].sendall(wire.Signal.of(12).line())  # the launcher's
+        assert read_line(out) == "SIGUSR2"
+        streams[wire.CONTROL].sendall(wire.Signal.of(9).line())
+        exited = wire.decode(control.readline())
+        assert isinstance(exited, wire.Exit) and exited.returncode == -9, exited
+        assert contract.Resources.from_dict(exited.resources) is not None, exited
+        time.sleep(0.3)
+        assert agent.poll() is None  # it waits for the launcher to have the code
+        streams[wire.CONTROL].sendall(wire.Ack().line())
+        assert agent.wait(timeout=20) == contract.exit_status(-9)
+    finally:
+        if agent.poll() is None:
+            os.killpg(agent.pid, 9)
+            agent.wait()
+        launcher.listener.close()

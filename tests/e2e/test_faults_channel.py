@@ -32,7 +32,7 @@ import pytest
 from fixtures.engines import BYTES_PROBE, bytes_payload
 from fixtures.jobs import ROOT
 
-from jaxrun import contract
+from jaxrun import contract, wire
 
 SLURM = ["--launcher", "slurm"]
 FLOOD = 2000  # connections
@@ -324,21 +324,22 @@ def test_timeout_withdraws_a_queued_step(slurm_cluster, start_job, tmp_path):
 
 
 # Every thread the scheduler backend starts, by the name the fault injection matches.
-SCHEDULER_THREADS = ["task-channel", "step-watcher", "rank-0-ctrl", "rank-1-stdout", "rank-0-stderr"]
+SCHEDULER_THREADS = ["task-channel", "step-watcher", f"rank-0-{wire.CONTROL}", f"rank-1-{wire.STDOUT}",
+                     f"rank-0-{wire.STDERR}"]
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("launcher", ["slurm", "mpirun"])
+@pytest.mark.parametrize("scheduler", ["slurm", "mpirun"])
 @pytest.mark.parametrize("thread", SCHEDULER_THREADS)
-def test_a_dead_backend_thread_ends_the_run_and_is_named(request, launcher, thread, start_job, tmp_path, monkeypatch):
-    if launcher == "slurm":
+def test_a_dead_backend_thread_ends_the_run_and_is_named(request, scheduler, thread, start_job, tmp_path, monkeypatch):
+    if scheduler == "slurm":
         env = request.getfixturevalue("slurm_cluster")
         assert env
     elif not shutil.which("mpirun"):
         pytest.skip("Open MPI is not installed (apt-get install openmpi-bin)")
     monkeypatch.setenv("OMPI_MCA_rmaps_base_oversubscribe", "1")
     script = write(tmp_path / "sleepy.py", "import time\nprint('up', flush=True)\ntime.sleep(30)\n")
-    job = start_job("--launcher", launcher, "-n", 2, "--log-dir", tmp_path / "logs", script,
+    job = start_job("--launcher", scheduler, "-n", 2, "--log-dir", tmp_path / "logs", script,
                     env={contract.INJECT_THREAD_FAULT: thread})
     start = time.monotonic()
     code = job.wait(timeout=40)
@@ -347,7 +348,7 @@ def test_a_dead_backend_thread_ends_the_run_and_is_named(request, launcher, thre
     assert elapsed < 30, f"took {elapsed:.1f} s"
     named = [line for line in job.stderr.splitlines() if thread in line]
     assert named, job.stderr[-3000:]
-    print(f"{launcher} {thread}: exit {code} after {elapsed:.1f} s: {named[0]}")
+    print(f"{scheduler} {thread}: exit {code} after {elapsed:.1f} s: {named[0]}")
 
 
 @pytest.mark.timeout(60)
@@ -384,7 +385,7 @@ backend.choose_coordinator(None)
 specs = plan.plan(launch)
 backend.begin_attempt(specs, log_dir)
 for spec in specs:
-    backend.spawn(spec, -1, {{}}, None)
+    backend.spawn(spec, -1, {{}}, None, lambda: None)
 step = backend.step
 deadline = time.monotonic() + 20
 while step.queued_job is None and time.monotonic() < deadline:
@@ -416,9 +417,9 @@ subprocess.Popen([sys.executable, "-c", "import os, time\\nif os.fork(): os._exi
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("launcher", ["slurm", "mpirun"])
-def test_daemons_a_task_starts_end_with_it(request, launcher, start_job, tmp_path, monkeypatch):
-    if launcher == "slurm":
+@pytest.mark.parametrize("scheduler", ["slurm", "mpirun"])
+def test_daemons_a_task_starts_end_with_it(request, scheduler, start_job, tmp_path, monkeypatch):
+    if scheduler == "slurm":
         request.getfixturevalue("slurm_cluster")
     elif not shutil.which("mpirun"):
         pytest.skip("Open MPI is not installed (apt-get install openmpi-bin)")
@@ -426,7 +427,7 @@ def test_daemons_a_task_starts_end_with_it(request, launcher, start_job, tmp_pat
     pids = tmp_path / "pids"
     pids.mkdir()
     script = write(tmp_path / "daemon.py", DAEMON)
-    job = start_job("--launcher", launcher, "-n", 2, "--log-dir", tmp_path / "logs", script, env={"PIDS": str(pids)})
+    job = start_job("--launcher", scheduler, "-n", 2, "--log-dir", tmp_path / "logs", script, env={"PIDS": str(pids)})
     assert job.wait(timeout=40) == 0, job.stderr[-3000:]
     started = [int(p.name) for p in pids.iterdir()]
     assert len(started) == 2, started

@@ -88,6 +88,14 @@ BAD_INPUTS = [
      "--devices-per-process 1000000000: "),
     ("devices-per-process-beyond-gpus", ["--devices-per-process", "3"], {"CUDA_VISIBLE_DEVICES": "0,1"},
      "--devices-per-process 3: this machine has 2 GPUs"),
+    ("export-unset", ["-x", "JAXRUN_TEST_UNSET"], {"JAXRUN_TEST_UNSET": None},
+     "-x JAXRUN_TEST_UNSET: JAXRUN_TEST_UNSET is not set here"),
+    ("launcher-ssh-without-hosts", ["--launcher", "ssh"], {"PATH": "{fake}"}, "--launcher ssh needs --hosts FILE or -H HOST"),
+    ("hosts-with-launcher-slurm", ["--launcher", "slurm", "-H", "localhost"], {"PATH": "{fake}"},
+     "--hosts and -H start processes over SSH; they do not work with --launcher slurm"),
+    ("nodes-without-scheduler", ["--nodes", "2"], {}, "--nodes, --ntasks-per-node and --scheduler-arg need --launcher slurm or mpirun"),
+    ("nodes-with-mpirun", ["--launcher", "mpirun", "--nodes", "2"], {"PATH": "{fake}"},
+     "--nodes works with --launcher slurm only; give mpirun its hosts with --scheduler-arg"),
 ]
 
 
@@ -171,6 +179,20 @@ def test_bad_input_is_one_line_exit_2_and_nothing_starts(name, args, env, messag
     assert log_folders(os.environ["TMPDIR"]) == []
     if strace:
         assert forks_in(trace.read_text()) == []
+
+
+# The bad inputs found last, after the default log folder's place is known.
+FOUND_LATE = ("export-unset", "nodes-with-mpirun", "srun-not-on-path", "report-folder-missing", "python-missing")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", FOUND_LATE)
+def test_bad_input_found_late_creates_no_default_log_folder(name, place, tmp_path):
+    (_, args, env, message), = [case for case in BAD_INPUTS if case[0] == name]
+    env = {k: None if v is None else fill(v, place) for k, v in env.items()}
+    proc = run_jaxrun([*(fill(a, place) for a in args), place["script"]], env=env)
+    assert_one_error_line(proc, fill(message, place))
+    assert log_folders(os.environ["TMPDIR"]) == []
 
 
 # -- limits the machine sets ------------------------------------------------------

@@ -42,7 +42,7 @@ ALLOWED = {
     "shim": {"child"},
     "pytest_plugin": BOTTOM,
     "k8s": BOTTOM | {"core"},
-    "cli": BOTTOM | {"core", "launcher", "reporting", "k8s"},
+    "cli": BOTTOM | {"core", "launcher", "backends", "reporting", "k8s"},
     "__main__": {"cli"},
     "__init__": {"runtime"},
 }

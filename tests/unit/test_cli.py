@@ -12,6 +12,8 @@ from fixtures.jobs import JAXRUN, ROOT
 
 from jaxrun import cli
 from jaxrun.core.config import LaunchError
+from jaxrun.core.ranks import console_rank_set
+from jaxrun.launcher import configure
 
 
 def run_cli(*args, env=None, cwd=None):
@@ -135,14 +137,14 @@ def test_seconds_keep_the_range_and_ordinary_values():
 
 def test_huge_console_rank_range_stays_compact_and_is_checked_against_n():
     ranges = cli.RankList().convert("0-100000000000", None, None)  # a set of these would be a MemoryError
-    with pytest.raises(click.UsageError, match="there is no process 100000000000 among 4"):
-        cli.console_rank_set(ranges, 4)
+    with pytest.raises(LaunchError, match="there is no process 100000000000 among 4"):
+        console_rank_set(ranges, 4)
 
 
 @pytest.mark.parametrize("text, n, ranks", [("0,2-3", 4, {0, 2, 3}), ("none", 1, set()), ("1-1", 2, {1})])
 def test_console_ranks_become_the_set_the_printer_asks(text, n, ranks):
-    assert cli.console_rank_set(cli.RankList().convert(text, None, None), n) == frozenset(ranks)
-    assert cli.console_rank_set(cli.RankList().convert("all", None, None), n) is None
+    assert console_rank_set(cli.RankList().convert(text, None, None), n) == frozenset(ranks)
+    assert console_rank_set(cli.RankList().convert("all", None, None), n) is None
 
 
 @pytest.mark.parametrize("text", ["²", "0-²", "1" * 19, "3-1", "-1", "a"])
@@ -159,26 +161,27 @@ def test_bad_coordinator_fails_cleanly(value):
 
 
 def test_scale_names_the_open_file_limit():
-    problem = cli.scale_problem(100_000_000, "local", nofile_hard=20000, pid_max=4194304)
+    problem = configure.scale_problem(100_000_000, 2, "local", nofile_hard=20000, pid_max=4194304)
     assert problem == ("-n 100000000: jaxrun needs about 200000064 open files for that many processes "
                        "(2 each, local run), but the open-file limit is 20000 (ulimit -Hn); at most 9968 processes")
-    assert "(9 each, scheduler run)" in cli.scale_problem(3000, "scheduler", nofile_hard=20000, pid_max=4194304)
-    assert cli.scale_problem(9968, "local", nofile_hard=20000, pid_max=4194304) is None
+    assert "(9 each, scheduler run)" in configure.scale_problem(3000, 9, "scheduler", nofile_hard=20000,
+                                                                pid_max=4194304)
+    assert configure.scale_problem(9968, 2, "local", nofile_hard=20000, pid_max=4194304) is None
 
 
 def test_scale_names_the_pid_limit_when_files_are_plenty():
-    problem = cli.scale_problem(100_000, "local", nofile_hard=1 << 30, pid_max=32768)
+    problem = configure.scale_problem(100_000, 2, "local", nofile_hard=1 << 30, pid_max=32768)
     assert problem.startswith("-n 100000: this machine numbers at most 32768 processes and threads (kernel.pid_max)")
     assert problem.endswith("at most 16384 processes")
 
 
 def test_devices_per_process_is_bounded():
-    with pytest.raises(click.UsageError, match="--devices-per-process 1000000000: at most 256 devices per process"):
-        cli.check_devices_per_process(1_000_000_000, None)
-    with pytest.raises(click.UsageError, match="--devices-per-process 4: this machine has 2 GPUs"):
-        cli.check_devices_per_process(4, 2)
-    cli.check_devices_per_process(8, None)
-    cli.check_devices_per_process(None, None)
+    with pytest.raises(LaunchError, match="--devices-per-process 1000000000: at most 256 devices per process"):
+        configure.check_devices_per_process(1_000_000_000, None)
+    with pytest.raises(LaunchError, match="--devices-per-process 4: this machine has 2 GPUs"):
+        configure.check_devices_per_process(4, 2)
+    configure.check_devices_per_process(8, None)
+    configure.check_devices_per_process(None, None)
 
 
 def test_python_must_be_an_executable_file(tmp_path):
@@ -191,19 +194,19 @@ def test_python_must_be_an_executable_file(tmp_path):
         (str(plain), f"--python {plain}: not an executable file"),
     ]:
         with pytest.raises(LaunchError) as e:
-            cli.check_python(value)
+            configure.check_python(value)
         assert str(e.value) == message
-    cli.check_python(sys.executable)
-    cli.check_python("sh")
+    configure.check_python(sys.executable)
+    configure.check_python("sh")
 
 
 def test_hosts_file_is_read_to_a_bound(tmp_path):
     with pytest.raises(LaunchError, match="/dev/zero: more than 1 MiB; is it a hosts file"):
-        cli.read_hosts_text("/dev/zero")
+        configure.read_hosts_text("/dev/zero")
     bad = tmp_path / "hosts"
     bad.write_bytes(b"\xff\n")
     with pytest.raises(LaunchError, match="cannot read it"):
-        cli.read_hosts_text(str(bad))
+        configure.read_hosts_text(str(bad))
 
 
 def test_declared_python_is_one_jaxrun_runs_on():
@@ -237,3 +240,15 @@ def test_help_comes_in_sections_without_importing_jax():
     assert titles[:6] == ["Processes", "Output", "Failures", "Across hosts (SSH)", "Engines (Slurm, Open MPI)",
                           "Runtime"]
     assert done.stdout.rstrip().endswith("JAX False")
+
+
+@pytest.mark.parametrize("args, backend", [([], "local"), (["-H", "a:2"], "ssh"), (["--launcher", "slurm"], "slurm"),
+                                           (["--launcher", "mpirun"], "mpirun")])
+def test_the_command_hands_over_every_value_the_configuration_reads(script, args, backend):
+    from jaxrun.backends import BACKENDS
+
+    params = cli.main.make_context("jaxrun", ["--dry-run", *args, script]).params
+    config = configure.config_from_args(params, BACKENDS, configure.System({"PATH": os.environ["PATH"]}))
+    assert (config.backend, config.dry_run) == (backend, True)
+    (launcher,) = [p for p in cli.main.params if p.name == "launcher"]
+    assert list(launcher.type.choices) == list(BACKENDS)

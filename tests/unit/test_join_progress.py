@@ -1,23 +1,17 @@
 """Start-up progress: the joined count and who is not yet in, drawn live on a
-terminal or as one line off it; and the joined marker a remote process's
-stderr carries, cut out of the stream wherever a read splits it."""
+terminal or as one line off it.  (The joined marker an SSH process's stderr
+carries is cut out by its child's stream filter: see test_ssh_stream.)"""
 
 from __future__ import annotations
 
 import io
-import os
-import queue
-import random
-import time
 
 import pytest
 
-from jaxrun import wire
-from jaxrun.core.events import Stream, StreamClosed
+from jaxrun.core.events import Stream
 from jaxrun.core.spec import LOCAL_HOST, Host, ProcessSpec
 from jaxrun.launcher.console import ERASE_LINE, ConsolePrinter
 from jaxrun.launcher.progress import JOIN_NAMING_AFTER, MAX_NAMED, JoinProgress, done_line, live_line, waiting_text
-from jaxrun.launcher.pump import OutputPump, _Source
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -169,75 +163,6 @@ def test_output_and_notes_are_printed_above_the_live_line():
 
 def test_no_live_line_off_a_terminal():
     assert not ConsolePrinter(stdout=io.BytesIO(), stderr=io.BytesIO()).can_show_status()
-
-
-# -- the joined marker on a remote process's stderr ----------------------------------
-
-def cut_through(stream: bytes, seed: int, trailer: bool = True) -> tuple[bytes, int, list[str]]:
-    """(bytes passed on, joins heard, records received), ``stream`` cut at random
-    and passed through both filters as the pump does."""
-    joins, records = [], []
-    src = _Source(-1, None, 0, Stream.STDERR)
-    src.on_join = lambda: joins.append(1)
-    src.trailer = records.append if trailer else None
-    rng = random.Random(seed)
-    out, at = b"", 0
-    while at < len(stream):
-        step = rng.choice([1, 2, 3, 5, 11, 4096])
-        data = OutputPump._cut_joins(src, stream[at:at + step], end=False)
-        if trailer and data:
-            data = OutputPump._hold_trailer(src, data)
-        out += data
-        at += step
-    data = OutputPump._cut_joins(src, b"", end=True)
-    if trailer:
-        if data:
-            data = OutputPump._hold_trailer(src, data)
-        data += OutputPump._release_trailer(src)
-    return out + data, len(joins), records
-
-
-RECORD = '{"type": "ValueError", "message": "bad", "traceback": ""}'
-
-
-@pytest.mark.parametrize("seed", range(20))
-def test_the_joined_marker_is_cut_out_wherever_a_read_splits_it(seed):
-    before, after = b"line one\npartial ", b"rest of it\n\x00 not a marker \x00\x1bjaxrun\n"
-    out, joins, records = cut_through(before + wire.JOINED_MARKER + after + wire.home_report(RECORD, None), seed)
-    assert (out, joins, records) == (before + after, 1, [(RECORD, None)])
-
-
-@pytest.mark.parametrize("seed", range(10))
-@pytest.mark.parametrize("own", [
-    b"ends with half a marker " + wire.JOINED_MARKER[:5],
-    wire.JOINED_MARKER[:-1] + b"x and more\n",
-    b"plain bytes\n" * 40,
-])
-def test_bytes_that_only_look_like_a_marker_are_kept(seed, own):
-    assert cut_through(own, seed, trailer=False) == (own, 0, [])
-
-
-def test_a_real_pump_keeps_the_marker_out_of_the_log_and_reports_the_join(tmp_path):
-    events: queue.SimpleQueue = queue.SimpleQueue()
-    shown: list[bytes] = []
-    pump = OutputPump(events, lambda rank, stream, data: shown.append(data))
-    read_end, write_end = os.pipe()
-    log_path = tmp_path / "process-0.stderr"
-    log = open(log_path, "wb", buffering=0)
-    joins: list[int] = []
-    pump.add(read_end, log, 0, Stream.STDERR, lambda: (log.close(), os.close(read_end)), path=str(log_path),
-             on_join=lambda: joins.append(0))
-    try:
-        os.write(write_end, b"before" + wire.JOINED_MARKER[:4])
-        time.sleep(0.2)
-        os.write(write_end, wire.JOINED_MARKER[4:] + b" after\n")
-        os.close(write_end)
-        assert events.get(timeout=10) == StreamClosed(0, Stream.STDERR)
-    finally:
-        pump.stop()
-    assert log_path.read_bytes() == b"before after\n"
-    assert b"".join(shown) == b"before after\n"
-    assert joins == [0]
 
 
 def test_a_process_that_joined_and_ended_between_two_looks_counts_as_joined():

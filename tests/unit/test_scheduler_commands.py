@@ -6,16 +6,15 @@ import sys
 import pytest
 
 from jaxrun import contract
-from jaxrun.backends import scheduler as engines
-from jaxrun.backends import scheduler_agent
+from jaxrun.backends import scheduler, scheduler_agent
 from jaxrun.core.config import SchedulerOptions
 from jaxrun.launcher import plan
 
 
 def test_srun_command_is_one_step_that_dies_with_any_task():
-    engine = SchedulerOptions("slurm", nodes=2, tasks_per_node=4, scheduler_args=("--overcommit",))
-    task = engines.task_argv("python3", ("--", "t.py", "{process_id}"))
-    assert engines.srun_command(engine, 8, task) == [
+    options = SchedulerOptions("slurm", nodes=2, tasks_per_node=4, scheduler_args=("--overcommit",))
+    task = scheduler.task_argv("python3", ("--", "t.py", "{process_id}"))
+    assert scheduler.srun_command(options, 8, task) == [
         "srun", "--kill-on-bad-exit=1", "--ntasks=8", "--nodes=2", "--ntasks-per-node=4", "--overcommit",
         "python3", "-m", "jaxrun.backends.scheduler_agent", "--", "python3", "-m", "jaxrun.shim", "--", "t.py", "{process_id}",
     ]
@@ -31,16 +30,16 @@ def test_launcher_usage_errors(tmp_path):
 
 
 def test_mpirun_command_forwards_variables_by_name():
-    engine = SchedulerOptions("mpirun", tasks_per_node=2, scheduler_args=("--oversubscribe",))
+    options = SchedulerOptions("mpirun", tasks_per_node=2, scheduler_args=("--oversubscribe",))
     env = {"PATH": "/bin", "JAXRUN_TASK_SECRET": "s3cret", "JAX_PLATFORMS": "cpu", "HOME": "/root"}
-    argv = engines.mpirun_command(engine, 4, ["python", "-m", "jaxrun.backends.scheduler_agent"], env, is_root=True)
+    argv = scheduler.mpirun_command(options, 4, ["python", "-m", "jaxrun.backends.scheduler_agent"], env, is_root=True)
     assert argv[:7] == ["mpirun", "-n", "4", "--map-by", "ppr:2:node", "--allow-run-as-root", "-x"]
     assert "s3cret" not in " ".join(argv)  # values travel in the environment, not argv
     exported = {argv[i + 1] for i, a in enumerate(argv) if a == "-x"}
     assert exported == {"PATH", "JAXRUN_TASK_SECRET", "JAX_PLATFORMS"}
     assert argv[-4:] == ["--oversubscribe", "python", "-m", "jaxrun.backends.scheduler_agent"]
-    with pytest.raises(engines.SchedulerError):
-        engines.mpirun_command(SchedulerOptions("mpirun", nodes=2), 4, [], {}, is_root=False)
+    with pytest.raises(scheduler.SchedulerError):
+        scheduler.mpirun_command(SchedulerOptions("mpirun", nodes=2), 4, [], {}, is_root=False)
 
 
 def test_mpirun_forwards_what_the_plan_set_whatever_its_name():
@@ -50,8 +49,8 @@ def test_mpirun_forwards_what_the_plan_set_whatever_its_name():
                                 extra_env={"FOO": "s3cret value", "lower_case": "x"}, scheduled=True)
     specs = plan.plan(launch)
     options = SchedulerOptions("mpirun")
-    env = engines.step_env(options, specs, {"PATH": "/bin", "HOME": "/root", "UNRELATED": "1"})
-    argv = engines.mpirun_command(options, 2, ["t"], env, is_root=False, planned=plan.common_env(specs))
+    env = scheduler.step_env(options, specs, {"PATH": "/bin", "HOME": "/root", "UNRELATED": "1"})
+    argv = scheduler.mpirun_command(options, 2, ["t"], env, is_root=False, planned=plan.common_env(specs))
     exported = {argv[i + 1] for i, a in enumerate(argv) if a == "-x"}
     assert {"FOO", "lower_case", "PYTHONUNBUFFERED", "PATH", contract.RANK_SOURCE} <= exported
     assert not exported & {"HOME", "UNRELATED"}
@@ -65,10 +64,10 @@ def test_step_env_leaves_devices_to_each_task():
                                 devices_per_process=2)
     specs = plan.plan(launch)  # not marked scheduled: one process gets ids [0, 1] from the plan
     assert specs[0].env[contract.JAX_LOCAL_DEVICE_IDS] == "0,1"
-    env = engines.step_env(SchedulerOptions("slurm"), specs, {}, devices_per_process=2)
+    env = scheduler.step_env(SchedulerOptions("slurm"), specs, {}, devices_per_process=2)
     assert contract.JAX_LOCAL_DEVICE_IDS not in env
     assert env[contract.TASK_DEVICES_PER_PROCESS] == "2"
-    assert contract.TASK_DEVICES_PER_PROCESS not in engines.step_env(SchedulerOptions("slurm"), specs, {})
+    assert contract.TASK_DEVICES_PER_PROCESS not in scheduler.step_env(SchedulerOptions("slurm"), specs, {})
 
 
 @pytest.mark.parametrize("local, count, environ, expected", [

@@ -30,8 +30,8 @@ import threading
 import pytest
 
 from jaxrun import contract
-from jaxrun.core.backend import Backend
-from jaxrun.core.events import Exited, StreamClosed
+from jaxrun.core.backend import Backend, ChildExit
+from jaxrun.core.events import Exited, Stream, StreamClosed
 from jaxrun.core.outcome import StopReason, Verdict
 from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
 from jaxrun.launcher.console import ConsolePrinter
@@ -121,8 +121,11 @@ class FakeChild:
     is only recorded, like a JAX process that treats SIGTERM as a preemption
     notice, or one blocked in a collective.  With ``grandchild``, its pipes
     stay open after it exits, held by a grandchild that writes one last line
-    when the group's SIGKILL reaches it.
+    when the group's SIGKILL reaches it.  A test may set ``reports_joins``,
+    ``filters`` (a StreamFilter per stream) and ``resources`` before the run.
     """
+
+    reports_joins = False
 
     def __init__(self, rank: int, events: ScriptedEvents, clock: FakeClock, dies_on, pipes: bool,
                  grandchild: bool = False):
@@ -141,6 +144,9 @@ class FakeChild:
         else:
             self.stdout = self.stderr = None
         self.spawned_with: tuple | None = None  # (extra_env, log_fds)
+        self.on_join = None
+        self.filters: dict = {}
+        self.resources: contract.Resources | None = None
 
     @property
     def live_signals(self) -> list[tuple[float, int]]:
@@ -173,9 +179,12 @@ class FakeChild:
             os.close(self.err_w)
         self.done.set()
 
-    def wait(self) -> int:
+    def wait(self) -> ChildExit:
         self.done.wait()
-        return self.returncode
+        return ChildExit(self.returncode, self.resources)
+
+    def stream_filter(self, stream):
+        return self.filters.get(stream)
 
 
 class FakeBackend(Backend):
@@ -189,10 +198,11 @@ class FakeBackend(Backend):
     def choose_coordinator(self, fixed):
         return fixed or "127.0.0.1:1", None
 
-    def spawn(self, spec, lifeline_fd, extra_env, log_fds):
+    def spawn(self, spec, lifeline_fd, extra_env, log_fds, on_join):
         child = self.children[spec.rank]
         assert (log_fds is not None) == self.writes_log_files
         child.spawned_with = (dict(extra_env), log_fds)
+        child.on_join = on_join
         if log_fds is not None:  # as a local child would, into the files it was given
             os.write(log_fds[0], b"out %d\n" % spec.rank)
             os.write(log_fds[1], b"err %d\n" % spec.rank)
@@ -451,3 +461,73 @@ def test_a_dead_launcher_thread_stops_the_job_and_is_named(tmp_path):
     summary = summary_lines(outcome, h.log_dir)
     assert summary[0] == f"jaxrun: internal error: {outcome.fault}; stopped every process"
     assert "please report it" in summary[1]
+
+
+# -- the Child contract ----------------------------------------------------------------
+
+class Shouting:
+    """A stream filter that keeps nothing back and changes every byte, and
+    says whether it was closed."""
+
+    def __init__(self):
+        self.closed = False
+
+    def feed(self, data: bytes) -> bytes:
+        return data.upper()
+
+    def close(self) -> bytes:
+        self.closed = True
+        return b"<end>"
+
+
+def test_the_pump_passes_each_pipe_through_its_child_stream_filter(tmp_path):
+    h = Harness(tmp_path, n=1, pipes=True)
+    shouting = h.kids[0].filters[Stream.STDERR] = Shouting()
+
+    def write_then_exit():
+        h.kids[0].write_stderr(b"quiet words\n")
+        h.kids[0].exit(0)
+
+    h.at(1, write_then_exit)
+    outcome = h.run()
+    assert shouting.closed
+    with open(outcome.records[0].stderr_log, "rb") as f:
+        assert f.read() == b"QUIET WORDS\n<end>"
+    with open(outcome.records[0].stdout_log, "rb") as f:
+        assert f.read() == b""  # no filter for stdout: nothing was asked of it
+
+
+def test_the_resources_a_child_exit_brings_reach_the_record(tmp_path):
+    h = Harness(tmp_path, n=2)
+    h.kids[1].resources = contract.Resources(1 << 30, 2.5, None)
+    for kid in h.kids.values():
+        h.at(1, kid.exit, 0)
+    outcome = h.run()
+    assert [r.resources for r in outcome.records] == [None, contract.Resources(1 << 30, 2.5, None)]
+
+
+@pytest.mark.parametrize("reports_joins, how, counted", [
+    (True, "on_join", True),
+    (False, "file", True),
+    (True, "file", False),  # a child that reports joins itself: its joined file is not watched
+], ids=["on_join", "joined-file", "file-not-watched"])
+def test_joins_are_heard_the_way_each_child_reports_them(tmp_path, reports_joins, how, counted):
+    h = Harness(tmp_path, n=2)
+    for kid in h.kids.values():
+        kid.reports_joins = reports_joins
+
+    def join(kid):
+        if how == "on_join":
+            kid.on_join()
+        else:
+            env, _ = kid.spawned_with
+            open(env[contract.JOINED_FILE], "w").close()
+
+    for kid in h.kids.values():
+        h.at(1, join, kid)
+        h.at(3, kid.exit, 0)
+    outcome = h.run()
+    assert outcome.exit_code == 0
+    # A joined file is seen at the next look (JOIN_POLL), a reported join at once.
+    done = b"jaxrun: 2/2 processes joined in " + (b"1.0 s" if how == "on_join" else b"1.2 s")
+    assert (done in h.sup.printer.err.getvalue()) == counted

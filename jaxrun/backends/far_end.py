@@ -1,0 +1,238 @@
+"""Run one controller at the far end: the steps every agent takes, written once.
+
+Each controller on a remote host or a scheduler's node is run by :func:`run`:
+an SSH host agent (:mod:`jaxrun.backends.ssh_host`) runs each of its host's
+controllers here, a session agent (:mod:`jaxrun.backends.ssh_agent`) its one,
+and so does a task agent (:mod:`jaxrun.backends.scheduler_agent`).  The steps:
+
+1. a private folder (mode 0700) for the controller's error record and joined
+   file (``contract.ERROR_FILE``, ``contract.JOINED_FILE``);
+2. a lifeline pipe: the shim holds its read end, so when this process dies,
+   the controller's whole group dies too;
+3. an OOM watch (``usage.OomWatch``), started before the controller;
+4. the controller in a session of its own, so that its pid is its group's
+   id; or, where the host runs a preloading server, forked by that server
+   (:func:`fork_by_server`), which makes it a group leader the same way;
+5. the launcher's signals, relayed to the group; a launcher that is gone
+   means SIGKILL;
+6. the wait, with ``wait4`` (the resources it used).  What is left in the
+   group is killed while the dead leader still holds the group's id, and the
+   door closes as the leader is reaped (``reaper.ProcessGroup``): from then
+   on its id may be a stranger's, and no signal goes to it;
+7. the descendants sweep: what left the group (``reaper.kill_descendants``),
+   or, in a host agent that runs other controllers too, what holds this
+   one's stdout or stderr (``reaper.kill_holders``);
+8. the report home: the error record and the resources.
+
+Only what crosses to the launcher differs between agents: a :class:`Home`
+says how the launcher's signals arrive and how the join and the report
+travel back (the SSH stream, or the task agent's control connection).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from typing import Callable, Protocol
+
+import psutil
+
+from jaxrun import contract, portable, wire
+from jaxrun.core import reaper, usage
+from jaxrun.core.joinwatch import JoinWatch
+
+SERVER_WAIT = 3.0  # for the host's server to listen: it started with the preflight, long before us
+CANNOT_START = 127  # the shell's status for a command that could not run
+
+
+class Controller:
+    """A running controller, as its far end signals it."""
+
+    def __init__(self, pid: int, watch: usage.OomWatch, group: reaper.ProcessGroup):
+        self.pid, self.watch, self.group = pid, watch, group
+
+    def signal(self, signum: int) -> bool:
+        """Relay a signal jaxrun sends to the controller's group; False once
+        the controller has been reaped (or the group is gone)."""
+        self.watch.saw(signum)
+        return self.group.send(signum)
+
+    def lost(self) -> None:
+        """The launcher is gone: nothing may outlive it."""
+        self.signal(signal.SIGKILL)
+
+
+class Home(Protocol):
+    """How one kind of agent talks with the launcher about its controller."""
+
+    def listen(self, controller: Controller) -> None:
+        """Relay the launcher's signals (``controller.signal``) until it is
+        done with this controller; ``controller.lost()`` when it is gone.
+        Runs in a daemon thread of its own, from the controller's start."""
+
+    def joined(self) -> None:
+        """The controller has arrived at the job's rendezvous (once at most)."""
+
+    def cannot_start(self, command: list[str], error: OSError) -> None:
+        """The controller never started: say so."""
+
+    def report(self, code: int, record: contract.ErrorRecord | None, used: contract.Resources | None) -> None:
+        """The report home: the controller and all it started have ended."""
+
+
+def run(command: list[str], env: dict, home: Home, *, cwd: str | None = None, fds: tuple[int, int] = (1, 2),
+        server: str | None = None, alone: bool = True, give_fds: bool = False,
+        on_start: Callable[[Controller], None] | None = None,
+        group: Callable[[int], reaper.ProcessGroup] = reaper.ProcessGroup) -> int:
+    """Run one controller with ``fds`` as its stdout and stderr, and tell
+    ``home``; its Popen-style returncode.  ``server``: the host's preloading
+    server, to ask first.  ``alone``: this process runs no other controller,
+    so every descendant left at the end is this one's.  ``give_fds``: the
+    descriptors are the controller's alone once it has them (closed here, so
+    the launcher sees them end with it).  ``on_start``: told the controller."""
+    folder = tempfile.mkdtemp(prefix="jaxrun-agent-")
+    record_path, joined_path = os.path.join(folder, "error.json"), os.path.join(folder, "joined")
+    lifeline_r, lifeline_w = os.pipe()
+    env = {**env, contract.LIFELINE_FD: str(lifeline_r), contract.ERROR_FILE: record_path,
+           contract.JOINED_FILE: joined_path}
+    watch = usage.OomWatch()
+    try:
+        child = start(command, env, lifeline_r, fds, cwd, server)
+    except OSError as e:
+        os.close(lifeline_w)
+        os.rmdir(folder)
+        home.cannot_start(command, e)
+        return CANNOT_START
+    finally:
+        os.close(lifeline_r)
+        if give_fds:
+            wire.close_all(fds)
+    controller = Controller(child.pid, watch, group(child.pid))
+    if on_start is not None:
+        on_start(controller)
+    threading.Thread(target=home.listen, args=(controller,), name="far-end-listen", daemon=True).start()
+    joins = JoinWatch(joined_path, home.joined).start()
+    code, used = wait(child, controller)
+    controller.group.reaped()  # from here on, its id may be a stranger's
+    joins.stop()  # before the report: nothing may follow it, and the folder goes with the record
+    sweep(child, fds, alone, give_fds)
+    os.close(lifeline_w)
+    home.report(code, contract.ErrorRecord.take(record_path), used)
+    return code
+
+
+def start(command: list[str], env: dict, lifeline_r: int, fds: tuple[int, int], cwd: str | None,
+          server: str | None) -> subprocess.Popen | ServedChild:
+    child = fork_by_server(server, command, env, lifeline_r, fds, cwd) if server else None
+    return child or subprocess.Popen(command, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=fds[0],
+                                     stderr=fds[1], pass_fds=(lifeline_r,), start_new_session=True)
+
+
+def wait(child: subprocess.Popen | ServedChild, controller: Controller) -> tuple[int, contract.Resources | None]:
+    """The controller's end: its returncode and resources.  What is left in
+    its group dies first, while the dead leader still holds the group's id."""
+    group, watch = controller.group, controller.watch
+    if isinstance(child, ServedChild):  # its server sweeps the group, reaps it, then tells
+        code = child.wait()
+        if code is None:  # the server is gone, and the controller's end with it
+            group.send(signal.SIGKILL)
+            code = -signal.SIGKILL
+        return code, watch.with_verdict(code, child.resources)
+    unreaped = portable.ended_unreaped(child.pid, block=True)
+    if unreaped:
+        group.send(signal.SIGKILL)  # grandchildren left in its group
+    code, used = usage.wait_popen(child, watch)
+    if unreaped is None:
+        # The system cannot wait without reaping: the sweep follows the reap
+        # at once (a moment in which the id could be reused), as there the
+        # group kill is the portable path's main tool against leftovers.
+        group.send(signal.SIGKILL)
+    return code, used
+
+
+def sweep(child: subprocess.Popen | ServedChild, fds: tuple[int, int], alone: bool, give_fds: bool) -> None:
+    """Kill what the controller left outside its group: every descendant if
+    this process runs it alone; else those that hold its stdout or stderr."""
+    if alone:
+        reaper.kill_descendants()
+    # A served controller's orphans are its server's: those that hold this
+    # controller's stdout or stderr die now, the rest with the server.
+    within = child.server_pid if isinstance(child, ServedChild) else None if alone else os.getpid()
+    if within is not None and not give_fds:
+        reaper.kill_holders(list(fds), within=within)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+# -- a host's preloading server (see forkserver_agent.listen) -------------------------
+class ServedChild:
+    """A controller forked by this host's preloading server: a pid and its
+    end.  ``server_pid`` is the server's, from the socket where the system
+    says (``portable.peer_pid``), else the controller's parent; None if
+    neither is known any more."""
+
+    def __init__(self, conn: socket.socket, pid: int):
+        self.conn, self.pid = conn, pid
+        self.resources: contract.Resources | None = None
+        self.server_pid = portable.peer_pid(conn)
+        if self.server_pid is None:
+            try:
+                self.server_pid = psutil.Process(pid).ppid()
+            except psutil.Error:
+                pass  # it has ended already
+
+    def wait(self) -> int | None:
+        """Its Popen-style returncode, once the server has reaped it; None
+        if the server is gone."""
+        while True:
+            try:
+                frame = wire.recv_frame(self.conn)
+            except (OSError, wire.WireError):
+                frame = None
+            if frame is None:
+                return None
+            msg = wire.decode(frame[0])
+            if isinstance(msg, wire.ChildExited) and msg.pid == self.pid:
+                self.resources = contract.Resources.from_dict(msg.resources)
+                return msg.returncode
+
+
+def fork_by_server(name: str, command: list[str], env: dict, lifeline_r: int, fds: tuple[int, int] = (1, 2),
+                   cwd: str | None = None) -> ServedChild | None:
+    """Ask the host's server for the controller, with ``fds`` for its stdout
+    and stderr; None: start it ourselves (no server, or it could not import,
+    or the command is not the shim)."""
+    address = portable.server_address(name)
+    if command[1:3] != ["-m", contract.SHIM_MODULE] or address is None:
+        return None
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    deadline = time.monotonic() + SERVER_WAIT
+    while True:
+        try:
+            conn.connect(address)
+            break
+        except (ConnectionRefusedError, FileNotFoundError):
+            if time.monotonic() > deadline:  # it never started listening
+                conn.close()
+                return None
+            time.sleep(0.02)
+    request = wire.ForkRequest(command[3:], env, cwd or os.getcwd()).encode()
+    try:
+        wire.send_frame(conn, request, [*fds, lifeline_r])
+        frame = wire.recv_frame(conn)  # waits out the server's imports
+    except (OSError, wire.WireError):
+        frame = None
+    msg = wire.decode(frame[0]) if frame else None
+    if not isinstance(msg, wire.Started):
+        conn.close()
+        return None
+    return ServedChild(conn, msg.pid)

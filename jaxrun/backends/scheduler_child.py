@@ -1,0 +1,216 @@
+"""One rank of a scheduler step, as the supervisor's Child.
+
+A ``RankChild`` stands for the controller one task of the scheduler step
+runs.  The task's three connections to the task channel
+(:mod:`jaxrun.backends.scheduler_channel`) are attached to it as they arrive:
+
+- ``wire.STDOUT`` and ``wire.STDERR`` carry the controller's bytes
+  unchanged; a forwarder thread copies them into the pipe the supervisor's
+  pump already reads, so the streams hold only the process's own bytes and
+  ``stream_filter`` takes nothing out;
+- ``wire.CONTROL`` carries ``wire`` messages.  Out: ``Start`` with the
+  coordinator address, ``Signal``, and the ``Ack`` of an exit.  In: task 0's
+  ``Coordinator``, and the facts the Child contract passes on one way for
+  every backend: ``Joined`` calls the spawn's ``on_join``, ``Error`` is
+  written to the error file the supervisor named, and ``Exit`` (its code and
+  the resources the task agent measured) is what ``wait`` returns.
+
+Every thread is started through ``start_thread``, so one that dies is
+reported to the run instead of leaving a rank that never ends; their names
+(what ``contract.INJECT_THREAD_FAULT`` matches) are ``rank-N-`` and the
+connection's kind, for rank N.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+from typing import Callable, Protocol
+
+from jaxrun import contract, wire
+from jaxrun.core.backend import ChildExit, RunHooks, start_thread
+from jaxrun.core.events import Stream
+
+CHUNK = 1 << 16
+ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL)
+
+
+class StepSide(Protocol):
+    """What a rank needs from its scheduler step (``scheduler_step.Step``)."""
+
+    pid: int
+    reached: bool  # a task has attached: the step runs, it is not queued
+
+    def kill(self) -> None: ...
+
+    def control_connected(self, child: "RankChild") -> None: ...
+
+    def set_coordinator(self, address: str) -> None: ...
+
+
+class RankChild:
+    """One rank of the step, seen through its task's channel connections."""
+
+    reports_joins = True  # a Joined message calls on_join; no joined file is watched
+
+    def __init__(self, rank: int, step: StepSide):
+        self.rank = rank
+        self.step = step
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        self.stdout = os.fdopen(out_r, "rb", buffering=0)
+        self.stderr = os.fdopen(err_r, "rb", buffering=0)
+        self.error_file: str | None = None  # the launcher's, where the task's error record goes
+        self.on_join: Callable[[], None] | None = None
+        self._resources: contract.Resources | None = None  # measured by the task agent
+        self._unattached = {wire.STDOUT: out_w, wire.STDERR: err_w}  # write ends no task holds yet
+        self._control: socket.socket | None = None
+        self._pending: list[int] = []  # signals sent before the task connected
+        self._lock = threading.Lock()
+        # Held while a message is written to the task, and while its exit is
+        # taken in: no Signal can follow the exit it crossed, and two threads'
+        # messages never interleave on the connection.
+        self._write_lock = threading.RLock()
+        self._done = threading.Event()
+        self._code: int | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.step.pid
+
+    def send(self, signum: int) -> None:
+        with self._write_lock:
+            with self._lock:
+                if self._done.is_set():
+                    return
+                attached = self._control is not None
+                if not attached:
+                    self._pending.append(signum)
+            if attached:
+                self.tell(wire.Signal.of(signum))
+                return
+        if signum == signal.SIGKILL or (signum in ENDING_SIGNALS and not self.step.reached):
+            # The task has not reached us (still queued or starting): only
+            # ending the whole step can stop it.  A step no task has reached
+            # yet has nothing to stop gracefully, and may be queued: end it now.
+            self.step.kill()
+
+    def wait(self) -> ChildExit:
+        self._done.wait()
+        return ChildExit(self._code, self._resources)
+
+    def stream_filter(self, stream: Stream) -> None:
+        return None  # the task channel carries the process's bytes and nothing else
+
+    # -- connections, offered by the listener's thread ----------------------
+    def wants(self, kind: str) -> bool:
+        with self._lock:
+            if self._done.is_set():
+                return False
+            return self._control is None if kind == wire.CONTROL else kind in self._unattached
+
+    def attach(self, kind: str, sock: socket.socket, hooks: RunHooks) -> None:
+        """Take a connection that showed the secret; serve it in its own thread."""
+        with self._lock:
+            if self._done.is_set():
+                target = None
+            elif kind == wire.CONTROL:
+                target = None if self._control is not None else self._serve_control
+                if target:
+                    self._control = sock
+            else:
+                fd = self._unattached.pop(kind, None)
+                target = None if fd is None else (lambda: self._forward(fd, sock))
+        if target is None:  # a duplicate, or the rank was given up meanwhile
+            sock.close()
+            return
+        start_thread(f"rank-{self.rank}-{kind}", target, hooks=hooks)
+
+    def _forward(self, fd: int, sock: socket.socket) -> None:
+        try:
+            while True:
+                data = sock.recv(CHUNK)
+                if not data:
+                    break
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+            sock.close()
+
+    def _serve_control(self) -> None:
+        sock = self._control
+        try:
+            with self._lock:
+                pending, self._pending = self._pending, []
+            for signum in pending:
+                self.tell(wire.Signal.of(signum))
+            self.step.control_connected(self)
+            self._read_control(sock)
+        finally:
+            # No exit line: the task agent itself was killed (usually by the
+            # scheduler ending the step after another task failed).  Also when
+            # this thread fails: the rank must end either way.
+            self.finish(-signal.SIGKILL)
+            sock.close()
+
+    def _read_control(self, sock: socket.socket) -> None:
+        lines = sock.makefile("rb")
+        try:
+            for raw in lines:
+                msg = wire.decode(raw)
+                if isinstance(msg, wire.Coordinator):
+                    self.step.set_coordinator(msg.address)
+                elif isinstance(msg, wire.Joined):
+                    if self.on_join is not None:
+                        self.on_join()
+                elif isinstance(msg, wire.Error) and self.error_file:
+                    record = contract.ErrorRecord.from_json(msg.record)
+                    if record:
+                        record.dump(self.error_file)
+                elif isinstance(msg, wire.Exit):
+                    with self._write_lock:
+                        self._resources = contract.Resources.from_dict(msg.resources)
+                        self.finish(msg.returncode)
+                        self.tell(wire.Ack())
+        except (OSError, ValueError):
+            pass
+
+    def tell(self, msg: wire.Message) -> None:
+        try:
+            with self._write_lock:
+                self._control.sendall(msg.line())
+        except OSError:
+            pass
+
+    def wait_reported(self, timeout: float) -> None:
+        self._done.wait(timeout)
+
+    def hang_up(self) -> None:
+        """Close the control connection: the task then kills its child.
+        Never blocks (the watchdog calls it through ``abort``)."""
+        if self._control is not None:
+            try:
+                self._control.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def finish(self, code: int, note: str | None = None) -> None:
+        with self._lock:
+            if self._done.is_set():
+                return
+            self._code = code
+            leftovers, self._unattached = self._unattached, {}
+            self._done.set()
+        for kind, fd in leftovers.items():
+            if note and kind == wire.STDERR:
+                try:
+                    os.write(fd, note.encode())
+                except OSError:
+                    pass
+            os.close(fd)

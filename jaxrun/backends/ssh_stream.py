@@ -1,0 +1,120 @@
+"""What an SSH child takes out of its stderr: the facts its agent sends in-band.
+
+The agent that runs a controller on a host (``ssh_agent.supervise``, in the
+host agent or a session agent) has no way back to the launcher but the
+controller's own stderr, so it writes two things there:
+
+- ``wire.JOINED_MARKER``, once, in one write, when the controller arrives at
+  the job's rendezvous.  It may land anywhere, even inside a line of the
+  process's own, and a read may cut it in two;
+- the report home (``wire.home_report``): the error record and the resources,
+  as the very last bytes, once the controller and what it started are gone.
+
+:class:`AgentStderr` is the ``StreamFilter`` that cuts both out, and never
+loses a byte of the process's own: bytes that may begin a marker are held
+until the next read shows what they are, and from the report home's mark on
+everything is held until the end of the stream, since a mark followed by
+more bytes was the process's own after all.  A "report" longer than
+``wire.MAX_HOME_REPORT`` is let go at once, so a process that prints the
+mark (a hex dump of jaxrun's own stream, say) costs no unbounded memory.
+
+The facts go where every backend puts them: a join to the spawn's
+``on_join``, the error record into the launcher's error file, and the
+resources to the child's ``wait`` (``resources`` once ``closed``).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+from jaxrun import contract, wire
+
+
+class AgentStderr:
+    """The StreamFilter of an SSH child's stderr (fed by one thread, the pump)."""
+
+    def __init__(self, on_join: Callable[[], None], error_file: str | None):
+        self.on_join = on_join
+        self.error_file = error_file  # the launcher's, for the record that comes home
+        self.resources: contract.Resources | None = None  # what came home, once closed
+        self.closed = threading.Event()  # the end of the stream was read: nothing more will come
+        self._join_held = b""  # what may begin a joined marker
+        self._held = b""  # what may begin the report home's mark
+        self._tail: bytearray | None = None  # from the mark on, until the end
+
+    def feed(self, data: bytes) -> bytes:
+        return self._hold_report(self._cut_joins(data, end=False))
+
+    def close(self) -> bytes:
+        try:
+            return self._hold_report(self._cut_joins(b"", end=True)) + self._release_report()
+        finally:
+            self.closed.set()
+
+    def _cut_joins(self, data: bytes, end: bool) -> bytes:
+        """The bytes without joined markers; the start of a marker a read
+        cut in two is held until the next read (at the end: released)."""
+        marker = wire.JOINED_MARKER
+        data, self._join_held = self._join_held + data, b""
+        if marker in data:
+            for _ in range(data.count(marker)):
+                self.on_join()
+            data = data.replace(marker, b"")
+        if not end:
+            keep = marker_start(data, marker)
+            if keep:
+                self._join_held, data = data[-keep:], data[:-keep]
+        return data
+
+    def _hold_report(self, data: bytes) -> bytes:
+        """The bytes that are surely the process's own; a possible report is held."""
+        if not data:
+            return b""
+        if self._tail is not None:
+            self._tail += data
+            if len(self._tail) <= wire.MAX_HOME_REPORT:
+                return b""
+            data, self._tail = bytes(self._tail), None  # too long for a report: the process's bytes
+            return data
+        marker = wire.HOME_REPORT_MARK
+        data, self._held = self._held + data, b""
+        at = data.find(marker)
+        if at >= 0:
+            self._tail = bytearray(data[at:])
+            return data[:at]
+        keep = marker_start(data, marker)
+        if keep:
+            self._held = data[-keep:]
+            return data[:-keep]
+        return data
+
+    def _release_report(self) -> bytes:
+        """At the end of the stream: take in a real report home; anything
+        else held back was the process's own and goes to the log after all."""
+        rest, self._held = self._held, b""
+        if self._tail is not None:
+            report = wire.parse_home_report(bytes(self._tail))
+            if report is None:
+                rest += bytes(self._tail)
+            else:
+                self._take_home(*report)
+            self._tail = None
+        return rest
+
+    def _take_home(self, error: str | None, used: dict | None) -> None:
+        if error is not None and self.error_file:
+            record = contract.ErrorRecord.from_json(error)
+            if record is not None:
+                record.dump(self.error_file)
+        self.resources = contract.Resources.from_dict(used)
+
+
+def marker_start(data: bytes, marker: bytes) -> int:
+    """How many of ``data``'s last bytes may begin ``marker`` (0: none)."""
+    if marker[0] not in data[-(len(marker) - 1):]:  # the common case, at memchr speed
+        return 0
+    for k in range(min(len(marker) - 1, len(data)), 0, -1):
+        if data.endswith(marker[:k]):
+            return k
+    return 0

@@ -1,0 +1,352 @@
+"""From the command line's values to a ``RunConfig``: ``jaxrun.cli`` parses,
+this decides.
+
+``config_from_args`` checks every input before anything starts and raises
+``LaunchError`` (exit 2, one line) for the first bad one, so that nothing
+is half-started: the only thing it may create, the private base of the
+default log folder, comes last.  The backends come in as their registry
+(``jaxrun.backends.BACKENDS``): the chosen entry says what its runs cost
+and need, and builds its own options.  The machine comes in as a
+``System``, which tests replace.
+"""
+
+from __future__ import annotations
+
+import datetime
+import difflib
+import os
+import resource
+import shutil
+import sys
+from typing import Any, Callable, Mapping, Sequence
+
+from jaxrun import contract
+from jaxrun.core import logfiles
+from jaxrun.core.config import BackendEntry, LaunchError, RunConfig
+from jaxrun.core.ranks import DIGITS, console_rank_set
+from jaxrun.launcher import plan as planning
+from jaxrun.reporting import github
+
+# The most accelerators one process may own when jaxrun cannot count them
+# (remote hosts, TPUs): more than any one host has.
+MAX_DEVICES_PER_PROCESS = 256
+# File descriptors jaxrun holds for itself, whatever the backend: standard
+# streams, the lifeline pipe, the pump's selector and inotify, the fork
+# server's socket, a process being started.  (Each process's own cost is
+# its backend entry's.)
+FDS_RESERVED = 64
+# A hosts file lists hosts; more than this is not one (--hosts /dev/zero).
+MAX_HOSTS_FILE = 1 << 20
+
+
+class System:
+    """This machine as the checks see it: its environment, its programs, its
+    GPUs and its limits.  Tests pass one with fixed answers."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None):
+        self.environ = os.environ if environ is None else environ
+
+    def which(self, program: str) -> str | None:
+        return shutil.which(program, path=self.environ.get("PATH"))
+
+    def local_gpus(self) -> int | None:
+        from jaxrun.launcher.devices import count_local_gpus
+
+        return count_local_gpus(self.environ)
+
+    def open_file_limits(self) -> tuple[int, int]:
+        return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+    def raise_open_file_limit(self) -> None:
+        """Soft to hard, as other launchers do (the processes inherit it)."""
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass  # an unlimited hard limit the kernel will not grant: carry on with the soft one
+
+    def pid_max(self) -> int:
+        from jaxrun import portable
+
+        return portable.pid_max()
+
+
+def config_from_args(values: Mapping[str, Any], backends: Mapping[str, BackendEntry], system: System | None = None,
+                     option_names: Sequence[str] = ()) -> RunConfig:
+    """The run ``values`` ask for: every option of the command by its
+    parameter name (``num_processes``, ``hosts_file``, ...), and ``args``,
+    the words from SCRIPT (or -m) on.  ``option_names`` are the command's
+    long options, for the close match a mistyped one gets."""
+    system = system or System()
+    target = parse_target(values["args"], option_names)
+    cpu_devices, per_process = values["cpu_devices"], values["devices_per_process"]
+    if cpu_devices is not None and per_process is not None:
+        raise LaunchError("--cpu-devices and --devices-per-process cannot be used together")
+    hosts = read_hosts(values["hosts_file"], values["host_opts"])
+    check_sync(values["sync"], bool(hosts), values["chdir"])
+    entry = chosen_backend(backends, values, bool(hosts))
+    extra_env = exported_env(values["exports"], values["env_pairs"], system.environ)
+    num_processes = process_count(values["num_processes"], entry, hosts, system.environ)
+    check_scale(num_processes, entry, system)
+    if hosts:
+        planning.assign_hosts(hosts, num_processes)  # too few slots: exit 2 before any ssh
+    console_ranks = console_rank_set(values["console_ranks"], num_processes)
+    check_devices_per_process(per_process)  # before counting GPUs, which may run nvidia-smi
+    elsewhere = entry.takes_hosts or entry.scheduled
+    devices_per_host = local_device_count(cpu_devices, per_process, num_processes, elsewhere, system)
+    check_devices_per_process(per_process, devices_per_host)
+    run_id = new_run_id()
+    launch = planning.LaunchOptions(
+        target=target,
+        num_processes=num_processes,
+        coordinator="",
+        run_id=run_id,
+        cpu_devices=cpu_devices,
+        hosts=tuple(hosts) if hosts else (planning.LOCAL_HOST,),
+        python=values["python"] or sys.executable,
+        extra_env=extra_env,
+        mesh=values["mesh"],
+        mesh_axis_types=values["mesh_axis_types"],
+        verbose=values["verbose"],
+        devices_per_process=per_process,
+        devices_per_host=devices_per_host,
+        scheduled=entry.scheduled,
+        flight_recorder=values["flight_recorder"],
+        check_divergence=values["check_divergence"],
+    )
+    backend_options = entry.options(values, launch)
+    log_dir = values["log_dir"]
+    if not values["dry_run"]:
+        log_dir = ready_for_a_run(values, entry, run_id, system)
+    return run_config(values, launch, console_ranks, log_dir or default_log_dir(run_id), entry.name, backend_options,
+                      system.environ)
+
+
+def ready_for_a_run(values: Mapping[str, Any], entry: BackendEntry, run_id: str, system: System) -> str:
+    """The last checks, of what a real run needs here; the log folder."""
+    check_engine(entry, values["python"], system.which)
+    for option, path in (("--report", values["report_path"]), ("--junit-xml", values["junit_path"])):
+        if path:
+            logfiles.check_writable_file(option, path)
+    return prepared_log_dir(values["log_dir"], run_id)  # last: it may create the private base folder
+
+
+def run_config(values: Mapping[str, Any], launch: planning.LaunchOptions, console_ranks: frozenset[int] | None,
+               log_dir: str, backend: str, backend_options: Any, environ: Mapping[str, str]) -> RunConfig:
+    github_actions = github.on_github_actions(environ)
+    preload = values["preload"]
+    return RunConfig(
+        options=launch,
+        log_dir=log_dir,
+        output=values["output"] or ("grouped" if github_actions else "stream"),
+        console_ranks=console_ranks,
+        grace=values["grace"],
+        timeout=values["timeout"],
+        max_restarts=values["max_restarts"],
+        report_path=values["report_path"],
+        dry_run=values["dry_run"],
+        verbose=values["verbose"],
+        fixed_coordinator=values["coordinator"],
+        junit_path=values["junit_path"],
+        timestamps=values["timestamps"],
+        github_actions=github_actions,
+        preload=preload if preload is not None else environ.get(contract.NO_PRELOAD, "") in ("", "0"),
+        preload_modules=tuple(values["preload_modules"]),
+        backend=backend,
+        backend_options=backend_options,
+    )
+
+
+def parse_target(args: Sequence[str], option_names: Sequence[str] = ()) -> planning.Target:
+    if not args:
+        raise LaunchError("missing SCRIPT (or -m MODULE)")
+    if args[0] == "-m":
+        if len(args) < 2:
+            raise LaunchError("-m needs a MODULE")
+        return planning.Target(args[1], tuple(args[2:]), is_module=True)
+    if args[0].startswith("-"):
+        # Unknown options pass through to the script, so click never refuses one.
+        given = args[0].split("=", 1)[0]
+        close = difflib.get_close_matches(given, option_names, n=3, cutoff=0.6)
+        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+        raise LaunchError(f"no such option: {given}{hint}")
+    script = args[0]
+    if not os.path.isfile(script):
+        raise LaunchError(f"script not found: {script}")
+    return planning.Target(script, tuple(args[1:]))
+
+
+def read_hosts(hosts_file: str | None, host_opts: Sequence[str]) -> list[planning.Host]:
+    """Hosts from --hosts or -H; an empty list means no hosts."""
+    if not hosts_file and not host_opts:
+        return []
+    from jaxrun.launcher import hosts as hostfile
+
+    if hosts_file and host_opts:
+        raise LaunchError("--hosts and -H cannot be used together")
+    try:
+        if hosts_file:
+            return hostfile.parse_hosts_file(read_hosts_text(hosts_file), hosts_file)
+        return hostfile.merge_host_options(host_opts)
+    except hostfile.HostsError as e:
+        raise LaunchError(str(e)) from None
+
+
+def read_hosts_text(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_HOSTS_FILE + 1)
+        if len(data) > MAX_HOSTS_FILE:
+            raise LaunchError(f"{path}: more than {MAX_HOSTS_FILE >> 20} MiB; is it a hosts file?")
+        return data.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise LaunchError(f"{path}: cannot read it ({e})") from None
+
+
+def check_sync(sync: bool, has_hosts: bool, chdir: str | None) -> None:
+    if sync and not has_hosts:
+        raise LaunchError("--sync copies the working directory to SSH hosts: it needs --hosts or -H")
+    if sync and not os.path.isdir(chdir or os.getcwd()):
+        raise LaunchError(f"--sync: {chdir} is not a folder here, so there is nothing to copy")
+
+
+def chosen_backend(backends: Mapping[str, BackendEntry], values: Mapping[str, Any], has_hosts: bool) -> BackendEntry:
+    """--launcher's entry, or the one hosts imply; hosts and the scheduler's
+    options only with the backends that use them."""
+    name = values["launcher"]
+    if name is None:
+        entry = next(e for e in backends.values() if (e.takes_hosts if has_hosts else e.default))
+    else:
+        entry = backends[name]
+    if entry.takes_hosts and not has_hosts:
+        raise LaunchError(f"--launcher {name} needs --hosts FILE or -H HOST")
+    if has_hosts and not entry.takes_hosts:
+        raise LaunchError(f"--hosts and -H start processes over SSH; they do not work with --launcher {name}")
+    if not entry.scheduled and (values["nodes"] or values["tasks_per_node"] or values["scheduler_args"]):
+        scheduled = " or ".join(e.name for e in backends.values() if e.scheduled)
+        raise LaunchError(f"--nodes, --ntasks-per-node and --scheduler-arg need --launcher {scheduled}")
+    return entry
+
+
+def exported_env(exports: Sequence[str], env_pairs: Sequence[tuple[str, str]],
+                 environ: Mapping[str, str]) -> dict[str, str]:
+    """-x KEY takes the local value; --env KEY=VALUE wins over it."""
+    env = {}
+    for key in exports:
+        if key not in environ:
+            raise LaunchError(f"-x {key}: {key} is not set here")
+        env[key] = environ[key]
+    env.update(env_pairs)
+    return env
+
+
+def process_count(given: int | None, entry: BackendEntry, hosts: Sequence[planning.Host],
+                  environ: Mapping[str, str]) -> int:
+    """-n, else every host slot, else the allocation's task count (inside
+    sbatch/salloc), else 1."""
+    if hosts and not given:
+        from jaxrun.launcher.hosts import total_slots
+
+        given = total_slots(hosts)
+    variable = entry.count_variable
+    if not given and variable and DIGITS.match(environ.get(variable, "")):
+        given = int(environ[variable])
+    return given or 1
+
+
+def check_scale(num_processes: int, entry: BackendEntry, system: System) -> None:
+    """Refuse a job this machine cannot hold, naming the limit, before a plan
+    of that size is even built.  When the soft open-file limit is too low for
+    it, raise it to the hard one."""
+    soft, hard = system.open_file_limits()
+    problem = scale_problem(num_processes, entry.fds_per_process, entry.kind, hard, system.pid_max())
+    if problem:
+        raise LaunchError(problem)
+    if soft != resource.RLIM_INFINITY and fds_needed(num_processes, entry.fds_per_process) > soft:
+        system.raise_open_file_limit()
+
+
+def fds_needed(num_processes: int, per_process: int) -> int:
+    return FDS_RESERVED + per_process * num_processes
+
+
+def scale_problem(num_processes: int, per_process: int, kind: str, nofile_hard: int, pid_max: int) -> str | None:
+    """Why ``num_processes`` processes, each costing jaxrun ``per_process``
+    open files in a ``kind`` run, do not fit here; or None."""
+    need = fds_needed(num_processes, per_process)
+    if nofile_hard != resource.RLIM_INFINITY and need > nofile_hard:
+        most = max(0, (nofile_hard - FDS_RESERVED) // per_process)
+        return (f"-n {num_processes}: jaxrun needs about {need} open files for that many processes "
+                f"({per_process} each, {kind} run), but the open-file limit is {nofile_hard} "
+                f"(ulimit -Hn); at most {most} processes")
+    if num_processes > pid_max // 2:  # each process, and jaxrun's thread waiting for it, takes a pid here
+        return (f"-n {num_processes}: this machine numbers at most {pid_max} processes and threads "
+                f"(kernel.pid_max), and jaxrun needs two for each process; at most {pid_max // 2} processes")
+    return None
+
+
+def check_devices_per_process(per_process: int | None, local_gpus: int | None = None) -> None:
+    """Bound --devices-per-process by what exists: MAX_DEVICES_PER_PROCESS,
+    and this machine's GPUs when jaxrun counted them.  (Each process gets the
+    list of its device ids in its environment.)"""
+    if per_process is None:
+        return
+    if per_process > MAX_DEVICES_PER_PROCESS:
+        raise LaunchError(f"--devices-per-process {per_process}: at most {MAX_DEVICES_PER_PROCESS} devices "
+                          f"per process (no host has more)")
+    if local_gpus is not None and per_process > local_gpus:
+        raise LaunchError(f"--devices-per-process {per_process}: this machine has {local_gpus} GPUs")
+
+
+def local_device_count(cpu_devices: int | None, per_process: int | None, num_processes: int, elsewhere: bool,
+                       system: System) -> int | None:
+    """This machine's GPUs, only when the plan needs them: to split them among
+    several local processes, or to check --devices-per-process against them.
+    (nvidia-smi is not free, and a single process simply owns every device.)
+    Remote hosts may differ from this one; there only --devices-per-process applies."""
+    if cpu_devices is not None or elsewhere:
+        return None
+    if num_processes == 1 and per_process is None:
+        return None
+    return system.local_gpus()
+
+
+def check_engine(entry: BackendEntry, python: str | None, which: Callable[[str], str | None]) -> None:
+    """The programs a run starts must exist here: its engine (srun, mpirun,
+    ssh), and the --python of a run whose processes see this machine's files.
+    (Over SSH the preflight checks the hosts' python.)"""
+    if entry.engine and not which(entry.engine):
+        raise LaunchError(entry.engine_missing)
+    if python and not entry.takes_hosts:
+        check_python(python, which)
+
+
+def check_python(python: str, which: Callable[[str], str | None] = shutil.which) -> None:
+    path = python if os.sep in python else which(python)
+    if not path or not os.path.exists(path):
+        raise LaunchError(f"--python {python}: " + ("no such file" if os.sep in python else "not found on PATH"))
+    if not os.path.isfile(path) or not os.access(path, os.X_OK):
+        raise LaunchError(f"--python {python}: not an executable file")
+
+
+def prepared_log_dir(log_dir: str | None, run_id: str) -> str:
+    """The run's log folder, checked before anything starts: an explicit one
+    must be usable or creatable; the default one's base must be private."""
+    if log_dir:
+        log_dir = os.path.abspath(log_dir)
+        logfiles.check_log_dir(log_dir)
+        return log_dir
+    logfiles.ensure_private_base(logfiles.default_base())
+    return default_log_dir(run_id)
+
+
+def default_log_dir(run_id: str) -> str:
+    """RUN_ID's folder in the user's private base, ``$TMPDIR/jaxrun-logs-UID``.
+    (Not "$TMPDIR/jaxrun...": a folder of that name in the working directory
+    would shadow the package for "python -m jaxrun" in an editable install.)"""
+    return os.path.join(logfiles.default_base(), run_id)
+
+
+def new_run_id() -> str:
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{os.urandom(3).hex()}"

@@ -1,0 +1,138 @@
+"""What an SSH child takes out of its stderr (``ssh_stream.AgentStderr``):
+the joined marker, cut out wherever a read splits it, and the report home,
+taken off the end of the stream when it is one, and never a byte of the
+process's own lost when it is not.  Streams are cut into random pieces, as
+pipes deliver them."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import random
+import time
+
+import pytest
+
+from jaxrun import contract, wire
+from jaxrun.backends.ssh_stream import AgentStderr
+from jaxrun.core.events import Stream, StreamClosed
+from jaxrun.launcher.pump import OutputPump
+
+pytestmark = pytest.mark.timeout(30)
+
+RECORD = '{"type": "ValueError", "message": "bad", "traceback": ""}'
+USED = {"peak_rss_bytes": 1 << 30, "cpu_seconds": 1.5, "oom": None}
+
+
+def cut_through(stream: bytes, seed: int, error_file: str | None = None,
+                steps=(1, 2, 3, 5, 7, 11, 20, 4096)) -> tuple[bytes, int, AgentStderr]:
+    """(bytes passed on, joins heard, the filter), ``stream`` cut at random
+    and fed through the filter as the pump feeds it."""
+    joins = []
+    heard = AgentStderr(lambda: joins.append(1), error_file)
+    rng = random.Random(seed)
+    out, at = b"", 0
+    while at < len(stream):
+        step = rng.choice(steps)
+        out += heard.feed(stream[at:at + step])
+        at += step
+    assert not heard.closed.is_set()
+    out += heard.close()
+    assert heard.closed.is_set()
+    return out, len(joins), heard
+
+
+# -- the report home ------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_report_home_is_taken_off_the_end(seed, tmp_path):
+    own = b"Traceback...\nValueError: bad\npartial \x00 line"
+    error_file = str(tmp_path / "process-0.error.json")
+    out, joins, heard = cut_through(own + wire.home_report(RECORD, USED), seed, error_file)
+    assert (out, joins) == (own, 0)
+    assert contract.ErrorRecord.load(error_file) == contract.ErrorRecord.from_json(RECORD)
+    assert heard.resources == contract.Resources.from_dict(USED)
+
+
+def test_a_report_home_without_a_record_leaves_no_error_file(tmp_path):
+    error_file = tmp_path / "process-0.error.json"
+    out, _, heard = cut_through(b"fine\n" + wire.home_report(None, USED), 0, str(error_file))
+    assert out == b"fine\n" and not error_file.exists()
+    assert heard.resources == contract.Resources.from_dict(USED)
+
+
+@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("own", [
+    b"before " + wire.HOME_REPORT_MARK + b"not json\nmore bytes after\n",  # the mark mid-stream
+    b"ends with half a mark " + wire.HOME_REPORT_MARK[:9],
+    wire.home_report(RECORD, None) + b"and then more",  # a report is only a report at the very end
+    b"two " + wire.home_report(RECORD, None) + wire.home_report(RECORD, None),
+    b"plain bytes, no mark at all\n" * 50,
+], ids=["mid-stream", "half-mark", "not-at-the-end", "two-reports", "plain"])
+def test_the_process_own_bytes_are_never_lost(seed, own, tmp_path):
+    error_file = tmp_path / "process-0.error.json"
+    out, joins, heard = cut_through(own, seed, str(error_file))
+    assert (out, joins, heard.resources) == (own, 0, None)
+    assert not error_file.exists()
+
+
+def test_a_huge_false_report_is_released_without_waiting_for_the_end():
+    heard = AgentStderr(lambda: None, None)
+    assert heard.feed(b"x" + wire.HOME_REPORT_MARK) == b"x"
+    released = heard.feed(b"y" * wire.MAX_HOME_REPORT)
+    assert released == wire.HOME_REPORT_MARK + b"y" * wire.MAX_HOME_REPORT
+    assert heard.close() == b""
+
+
+# -- the joined marker ----------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_joined_marker_is_cut_out_wherever_a_read_splits_it(seed, tmp_path):
+    before, after = b"line one\npartial ", b"rest of it\n\x00 not a marker \x00\x1bjaxrun\n"
+    error_file = str(tmp_path / "process-0.error.json")
+    out, joins, _ = cut_through(before + wire.JOINED_MARKER + after + wire.home_report(RECORD, None),
+                                    seed, error_file)
+    assert (out, joins) == (before + after, 1)
+    assert contract.ErrorRecord.load(error_file) == contract.ErrorRecord.from_json(RECORD)
+
+
+@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.parametrize("own", [
+    b"ends with half a marker " + wire.JOINED_MARKER[:5],
+    wire.JOINED_MARKER[:-1] + b"x and more\n",
+    b"plain bytes\n" * 40,
+], ids=["half-marker", "almost-a-marker", "plain"])
+def test_bytes_that_only_look_like_a_marker_are_kept(seed, own):
+    out, joins, heard = cut_through(own, seed, steps=(1, 2, 3, 5, 11, 4096))
+    assert (out, joins, heard.resources) == (own, 0, None)
+
+
+# -- through a real pump --------------------------------------------------------------
+
+def test_a_real_pump_feeds_the_filter_and_logs_only_the_process_bytes(tmp_path):
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    shown: list[bytes] = []
+    pump = OutputPump(events, lambda rank, stream, data: shown.append(data))
+    read_end, write_end = os.pipe()
+    log_path = tmp_path / "process-0.stderr"
+    log = open(log_path, "wb", buffering=0)
+    joins: list[int] = []
+    heard = AgentStderr(lambda: joins.append(0), str(tmp_path / "process-0.error.json"))
+    pump.add(read_end, log, 0, Stream.STDERR, lambda: (log.close(), os.close(read_end)), path=str(log_path),
+             stream_filter=heard)
+    try:
+        os.write(write_end, b"before" + wire.JOINED_MARKER[:4])
+        time.sleep(0.2)
+        os.write(write_end, wire.JOINED_MARKER[4:] + b" after\n" + wire.home_report(RECORD, USED)[:10])
+        time.sleep(0.2)
+        os.write(write_end, wire.home_report(RECORD, USED)[10:])
+        os.close(write_end)
+        assert events.get(timeout=10) == StreamClosed(0, Stream.STDERR)
+    finally:
+        pump.stop()
+    assert log_path.read_bytes() == b"before after\n"
+    assert b"".join(shown) == b"before after\n"
+    assert joins == [0]
+    assert heard.closed.is_set() and heard.resources == contract.Resources.from_dict(USED)
+    assert json.loads((tmp_path / "process-0.error.json").read_text())["type"] == "ValueError"
