@@ -278,3 +278,10 @@ def test_the_name_check_finds_comparisons():
 @pytest.mark.parametrize("snippet", ["getattr(child, 'resources', None)", "hasattr(child,'x')"])
 def test_the_probe_check_matches(snippet):
     assert re.search(r"\b(getattr|hasattr)\(\s*child\b", snippet)
+
+
+def test_every_folder_of_the_package_is_a_package():
+    """A folder without __init__.py imports (as a namespace) in a checkout,
+    but setuptools' find_packages leaves it out of an install."""
+    folders = {p.parent for p in PACKAGE.rglob("*.py")}
+    assert sorted(str(f.relative_to(ROOT)) for f in folders if not (f / "__init__.py").exists()) == []
