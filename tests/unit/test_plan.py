@@ -208,3 +208,13 @@ def test_gpus_counted_on_a_host_that_cannot_be_split_evenly():
                          host_devices={"n1": 8})
     with pytest.raises(PlanError, match="8 devices on n1 cannot be split evenly among 3 processes"):
         plan(opts)
+
+
+def test_the_local_process_id_counts_on_each_host():
+    """{local_process_id} and JAXRUN_LOCAL_PROCESS_ID are the rank on the
+    process's own host, not the global rank (equal only on one host)."""
+    target = Target("s.py", ("{process_id}", "{local_process_id}"))
+    specs = plan(options(target=target, num_processes=5, hosts=(Host("a", slots=2), Host("b", slots=3))))
+    assert [s.argv[-2:] for s in specs] == [("0", "0"), ("1", "1"), ("2", "0"), ("3", "1"), ("4", "2")]
+    assert [s.env[contract.LOCAL_PROCESS_ID] for s in specs] == ["0", "1", "0", "1", "2"]
+    assert [s.env[contract.LOCAL_PROCESS_COUNT] for s in specs] == ["2", "2", "3", "3", "3"]
