@@ -8,8 +8,9 @@ Both ends of every channel import this module, so a message is spelled once:
 - the SSH far ends (``backends/ssh_host.py``, the host agent, and
   ``backends/ssh_agent.py``, the session agent): ``Channel`` and ``Spawn``
   open a process's channels, then ``Signal`` lines on its control channel
-  (or the session's stdin) and ``Exit`` back; its report home and joined
-  mark travel at the end of, and within, its stderr;
+  (or the session's stdin), and ``Started`` (the controller's own pid) and
+  ``Exit`` back on a host agent's; its report home and joined mark travel at
+  the end of, and within, its stderr;
 - the scheduler task channel (``backends/scheduler_channel.py`` and the task
   agent, ``scheduler_agent.py``): a ``Hello`` opens each connection, then
   ``Coordinator``, ``Joined``, ``Error``, ``Exit`` from the task and ``Start``, ``Signal``,
@@ -96,16 +97,27 @@ def env_frame(env: dict) -> bytes:
     return b"%0*d" % (ENV_FRAME_DIGITS, len(payload)) + payload
 
 
-def home_report(error_json: str | None, resources: dict | None) -> bytes:
+# What a report home may say about the controller's end besides its record and
+# resources (each optional: an older far end leaves them out), with its type:
+# its own pid on its host, and when its reaper saw it end, by which machine's
+# clock (``core.causes.clock_id``).
+HOME_REPORT_FACTS = {"pid": int, "reaped_at": float, "clock": str}
+
+
+def home_report(error_json: str | None, resources: dict | None, **facts) -> bytes:
     """The report home: the controller's error record (``ErrorRecord.to_json``,
-    or None) and what it used (``Resources.to_dict``, or None)."""
-    return HOME_REPORT_MARK + json.dumps({"error": error_json, "resources": resources}).encode() + b"\n"
+    or None), what it used (``Resources.to_dict``, or None), and the facts of
+    its end (``HOME_REPORT_FACTS``)."""
+    data = {"error": error_json, "resources": resources}
+    data.update((k, v) for k, v in facts.items() if k in HOME_REPORT_FACTS and v is not None)
+    return HOME_REPORT_MARK + json.dumps(data).encode() + b"\n"
 
 
-def parse_home_report(tail: bytes) -> tuple[str | None, dict | None] | None:
-    """(error record JSON, resources dict) if ``tail`` (from the mark to the
-    end of the stream) is exactly one report home, with None for whatever it
-    lacks; None if ``tail`` is the process's own bytes."""
+def parse_home_report(tail: bytes) -> tuple[str | None, dict | None, dict] | None:
+    """(error record JSON, resources dict, facts) if ``tail`` (from the mark
+    to the end of the stream) is exactly one report home, with None for
+    whatever it lacks, and only the well-typed ``HOME_REPORT_FACTS`` in
+    ``facts``; None if ``tail`` is the process's own bytes."""
     if not tail.startswith(HOME_REPORT_MARK) or not tail.endswith(b"\n") or tail.count(b"\n") != 1:
         return None
     try:
@@ -113,9 +125,16 @@ def parse_home_report(tail: bytes) -> tuple[str | None, dict | None] | None:
     except ValueError:
         return None
     if not isinstance(data, dict):
-        return None, None
+        return None, None, {}
     error, resources = data.get("error"), data.get("resources")
-    return (error if isinstance(error, str) else None), (resources if isinstance(resources, dict) else None)
+    facts = {}
+    for key, kind in HOME_REPORT_FACTS.items():
+        value = data.get(key)
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if isinstance(value, kind) and not isinstance(value, bool):
+            facts[key] = value
+    return (error if isinstance(error, str) else None), (resources if isinstance(resources, dict) else None), facts
 
 
 # -- the fork server ------------------------------------------------------------
@@ -200,6 +219,9 @@ class Ready(Message):
 
 @message("started")
 class Started(Message):
+    """A controller was started (forked by the fork server, or by an SSH
+    host agent): its pid on that machine."""
+
     pid: int
 
 
@@ -208,6 +230,7 @@ class ChildExited(Message):
     pid: int
     returncode: int  # Popen style: negative for a signal
     resources: dict | None = None  # contract.Resources.to_dict(), measured by the server
+    reaped_at: float | None = None  # the server's wall clock as it reaped it (None: an older server)
 
 
 # -- signals (SSH agent and task channel) ------------------------------------------
@@ -300,8 +323,15 @@ class Error(Message):
 
 @message("exit")
 class Exit(Message):
+    """A far end's controller has ended (a task agent's, a host agent's).
+    The fields after ``resources`` are optional: an older far end leaves
+    them out."""
+
     returncode: int  # Popen style
-    resources: dict | None = None  # contract.Resources.to_dict(), measured by the task agent
+    resources: dict | None = None  # contract.Resources.to_dict(), measured by the far end
+    reaped_at: float | None = None  # its wall clock as it reaped the controller
+    clock: str | None = None  # which machine's clock that is (core.causes.clock_id)
+    pid: int | None = None  # the controller's own pid there
 
 
 @message("ack")

@@ -133,6 +133,38 @@ MUTATIONS = [
          "tests/e2e/test_slurm.py", "tests/e2e/test_mpirun.py"),
         "reaped or toy or relays",  # the runner's own tests catch it; the rest run it under every agent
     ),
+    Mutation(
+        "root-cause-arrival-order",
+        "the first failure heard is the root cause, whatever the evidence (a fork server reaps in rank order)",
+        (("jaxrun/launcher/supervisor.py",
+          "        if self.reason is not StopReason.FAILURE or self.root_cause is None:\n            return\n        failures",
+          "        return\n        failures"),),
+        ("tests/unit/test_supervisor.py", "tests/e2e/test_root_cause.py"),
+    ),
+    Mutation(
+        "helper-end-is-a-failure",
+        "a helper's end (an ssh client, the fork server) heard just before jaxrun's own SIGTERM becomes the failure",
+        (("jaxrun/launcher/supervisor.py", "if self.reason is None and (event.lost or",
+          "if False and (event.lost or"),),
+        ("tests/unit/test_supervisor.py",),
+        "helper or held",
+    ),
+    Mutation(
+        "ssh-pid-is-the-clients",
+        "over SSH the report gives the local client's pid, not the controller's",
+        (("jaxrun/backends/ssh_children.py", 'facts.get("pid", pid), lost)', "None, lost)"),),
+        ("tests/e2e/test_ssh.py",),
+        "own_pids",
+    ),
+    Mutation(
+        "helpers-unshielded",
+        "the fork server, ssh clients and mpirun die of a SIGTERM sent to the whole tree",
+        (("jaxrun/backends/shield.py",
+          "    before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)\n    try:\n        yield\n",
+          "    before = signal.pthread_sigmask(signal.SIG_BLOCK, set())\n    try:\n        yield\n"),),
+        ("tests/e2e/test_tree_sigterm.py",),
+        "ssh or mpirun",
+    ),
 ]
 
 

@@ -22,7 +22,9 @@ and so does a task agent (:mod:`jaxrun.backends.scheduler_agent`).  The steps:
 7. the descendants sweep: what left the group (``reaper.kill_descendants``),
    or, in a host agent that runs other controllers too, what holds this
    one's stdout or stderr (``reaper.kill_holders``);
-8. the report home: the error record and the resources.
+8. the report home: the error record, the resources, and the end's facts
+   (:class:`Reaped`: the controller's own pid, and when this machine's
+   clock saw it end, for the launcher's choice of the root cause).
 
 Only what crosses to the launcher differs between agents: a :class:`Home`
 says how the launcher's signals arrive and how the join and the report
@@ -31,6 +33,7 @@ travel back (the SSH stream, or the task agent's control connection).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import socket
@@ -43,7 +46,7 @@ from typing import Callable, Protocol
 import psutil
 
 from jaxrun import contract, portable, wire
-from jaxrun.core import reaper, usage
+from jaxrun.core import causes, reaper, usage
 from jaxrun.core.joinwatch import JoinWatch
 
 SERVER_WAIT = 3.0  # for the host's server to listen: it started with the preflight, long before us
@@ -67,6 +70,15 @@ class Controller:
         self.signal(signal.SIGKILL)
 
 
+@dataclasses.dataclass(frozen=True)
+class Reaped:
+    """The facts of a controller's end that its far end alone knows."""
+
+    pid: int  # the controller's own, on this machine
+    at: float | None  # wall clock as its reaper saw it end (None: its server did not say)
+    clock: str  # this machine (causes.clock_id): whose clock ``at`` reads
+
+
 class Home(Protocol):
     """How one kind of agent talks with the launcher about its controller."""
 
@@ -81,7 +93,8 @@ class Home(Protocol):
     def cannot_start(self, command: list[str], error: OSError) -> None:
         """The controller never started: say so."""
 
-    def report(self, code: int, record: contract.ErrorRecord | None, used: contract.Resources | None) -> None:
+    def report(self, code: int, record: contract.ErrorRecord | None, used: contract.Resources | None,
+               reaped: Reaped) -> None:
         """The report home: the controller and all it started have ended."""
 
 
@@ -117,12 +130,12 @@ def run(command: list[str], env: dict, home: Home, *, cwd: str | None = None, fd
         on_start(controller)
     threading.Thread(target=home.listen, args=(controller,), name="far-end-listen", daemon=True).start()
     joins = JoinWatch(joined_path, home.joined).start()
-    code, used = wait(child, controller)
+    code, used, reaped_at = wait(child, controller)
     controller.group.reaped()  # from here on, its id may be a stranger's
     joins.stop()  # before the report: nothing may follow it, and the folder goes with the record
     sweep(child, fds, alone, give_fds)
     os.close(lifeline_w)
-    home.report(code, contract.ErrorRecord.take(record_path), used)
+    home.report(code, contract.ErrorRecord.take(record_path), used, Reaped(child.pid, reaped_at, causes.clock_id()))
     return code
 
 
@@ -133,26 +146,30 @@ def start(command: list[str], env: dict, lifeline_r: int, fds: tuple[int, int], 
                                      stderr=fds[1], pass_fds=(lifeline_r,), start_new_session=True)
 
 
-def wait(child: subprocess.Popen | ServedChild, controller: Controller) -> tuple[int, contract.Resources | None]:
-    """The controller's end: its returncode and resources.  What is left in
-    its group dies first, while the dead leader still holds the group's id."""
+def wait(child: subprocess.Popen | ServedChild,
+         controller: Controller) -> tuple[int, contract.Resources | None, float | None]:
+    """The controller's end: its returncode, resources, and the wall clock
+    as it was seen (None if unknown).  What is left in its group dies first,
+    while the dead leader still holds the group's id."""
     group, watch = controller.group, controller.watch
     if isinstance(child, ServedChild):  # its server sweeps the group, reaps it, then tells
         code = child.wait()
         if code is None:  # the server is gone, and the controller's end with it
             group.send(signal.SIGKILL)
             code = -signal.SIGKILL
-        return code, watch.with_verdict(code, child.resources)
+        return code, watch.with_verdict(code, child.resources), child.reaped_at
     unreaped = portable.ended_unreaped(child.pid, block=True)
+    seen_at = time.time()  # the end, before the sweep of its group
     if unreaped:
         group.send(signal.SIGKILL)  # grandchildren left in its group
     code, used = usage.wait_popen(child, watch)
     if unreaped is None:
+        seen_at = time.time()  # ended_unreaped could not wait: the reap is the first sight
         # The system cannot wait without reaping: the sweep follows the reap
         # at once (a moment in which the id could be reused), as there the
         # group kill is the portable path's main tool against leftovers.
         group.send(signal.SIGKILL)
-    return code, used
+    return code, used, seen_at
 
 
 def sweep(child: subprocess.Popen | ServedChild, fds: tuple[int, int], alone: bool, give_fds: bool) -> None:
@@ -183,6 +200,7 @@ class ServedChild:
     def __init__(self, conn: socket.socket, pid: int):
         self.conn, self.pid = conn, pid
         self.resources: contract.Resources | None = None
+        self.reaped_at: float | None = None  # the server's wall clock as it reaped it
         self.server_pid = portable.peer_pid(conn)
         if self.server_pid is None:
             try:
@@ -203,6 +221,7 @@ class ServedChild:
             msg = wire.decode(frame[0])
             if isinstance(msg, wire.ChildExited) and msg.pid == self.pid:
                 self.resources = contract.Resources.from_dict(msg.resources)
+                self.reaped_at = msg.reaped_at
                 return msg.returncode
 
 

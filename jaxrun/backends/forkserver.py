@@ -17,6 +17,13 @@ macOS has no Unix packet sockets at all.
 ``begin`` waits for the server's ``Ready``, so a module that cannot be
 imported is bad input (exit 2, nothing started), and that wait, like every
 wait for the server, gives way to a signal or ``--timeout``.
+
+The server is a helper, and the stop signals are the launcher's: it starts
+with them blocked (:mod:`jaxrun.backends.shield`), so a SIGTERM sent to the
+whole tree at once leaves it serving while its controllers use their grace.
+Should it die anyway (SIGKILL, the OOM killer), its controllers are not
+killed for it: they become the launcher's orphans, and :func:`adopt` waits
+for each as its parent, with its real exit code and resources.
 """
 
 from __future__ import annotations
@@ -27,11 +34,15 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from typing import Callable, Mapping, Sequence, TextIO
 
-from jaxrun import contract, wire
+import psutil
+
+from jaxrun import contract, portable, wire
 from jaxrun.backends.local import LocalBackend, LocalChild, child_env
-from jaxrun.core import usage
+from jaxrun.backends.shield import shielded
+from jaxrun.core import causes, usage
 from jaxrun.core.backend import POLL, ChildExit, Interrupted, RunHooks, start_thread
 from jaxrun.core.config import LaunchError
 from jaxrun.core.events import Stream
@@ -41,6 +52,9 @@ from jaxrun.core.spec import ProcessSpec, common_env
 # Variables that jax reads when it is imported: the server is started with the
 # values common to every process, so they must not differ between processes.
 IMPORT_TIME_PREFIXES = ("JAX_", "XLA_", "TF_CPP_")
+# How long a dead server's controllers may take to become the launcher's.
+ADOPT_WAIT = 5.0
+SERVER = "the preloading server"  # what ended instead, where a controller's own end is unknown
 
 
 class PreloadError(LaunchError):
@@ -71,15 +85,66 @@ class ForkedChild:
         self.done.wait()
         return self._exit
 
-    def finish(self, code: int, used: dict | None = None) -> None:
-        """The server reaped it: ``code`` and what it measured (``Resources.to_dict``)."""
+    def finish(self, code: int, used: dict | None = None, reaped_at: float | None = None,
+               lost: str | None = None) -> None:
+        """It was reaped: ``code``, what was measured (``Resources.to_dict``)
+        and when (the server's ``reaped_at``, on this machine's clock; now,
+        if the reaper did not say).  ``lost``: its end was never reported,
+        and ``code`` stands in for it (see ``ChildExit.lost``)."""
         self.group.reaped()
         figures = contract.Resources.from_dict(used)
-        self._exit = ChildExit(code, self.watch.with_verdict(code, figures) if self.watch else figures)
+        if reaped_at is None and lost is None:
+            reaped_at = time.time()
+        self._exit = ChildExit(code, self.watch.with_verdict(code, figures) if self.watch else figures,
+                               reaped_at, causes.clock_id(), lost=lost)
         self.done.set()
 
     def stream_filter(self, stream: Stream) -> None:
         return None  # its bytes are its own
+
+
+def adopt(child: ForkedChild, server: int, within: float = ADOPT_WAIT) -> None:
+    """See a controller whose server died to its end, as its new parent:
+    the launcher is a child subreaper (``core.reaper``), so the kernel hands
+    it the server's orphans, and ``wait4`` then gives their real exit codes
+    and resources.  What is left in its group dies first, while the dead
+    leader still holds the group's id.  Nothing is killed early: a stop
+    under way keeps its grace.  Only where the orphan went elsewhere (no
+    subreaper), or had ended before the server could tell, is its status
+    unknown: once it is gone, it is reported as killed, with the server
+    named as what ended instead (``ChildExit.lost``)."""
+    me, deadline = os.getpid(), time.monotonic() + within
+    try:
+        proc = psutil.Process(child.pid)
+        parent = proc.ppid()
+        while parent == server and time.monotonic() < deadline:  # reparented as the server's exit ends
+            time.sleep(0.01)
+            parent = proc.ppid()
+    except psutil.Error:
+        proc = parent = None
+    if parent == me:
+        unreaped = portable.ended_unreaped(child.pid, block=True)
+        if unreaped:
+            child.group.send(signal.SIGKILL)
+        try:
+            _, code, used = usage.wait4(child.pid)
+        except ChildProcessError:  # reaped by another waiter meanwhile: its status is gone with it
+            code, used = None, None
+        if unreaped is None:  # the system cannot wait without reaping: at once, then
+            child.group.send(signal.SIGKILL)
+        if code is not None:
+            child.finish(code, used.to_dict() if used else None)
+            return
+    while proc is not None and running(proc):
+        time.sleep(POLL)
+    child.finish(-signal.SIGKILL, lost=SERVER)
+
+
+def running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def differing_import_time_vars(specs: Sequence[ProcessSpec]) -> list[str]:
@@ -99,21 +164,22 @@ class ForkServer:
         env.update(common_env(specs))
         env["PYTHONUNBUFFERED"] = "1"
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.process = subprocess.Popen(
-            [specs[0].python, "-m", contract.FORKSERVER_AGENT_MODULE, str(theirs.fileno()), *preload],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            pass_fds=(theirs.fileno(),),
-            process_group=0,
-        )
+        with shielded():  # a SIGTERM sent to the whole tree is the launcher's, not the server's
+            self.process = subprocess.Popen(
+                [specs[0].python, "-m", contract.FORKSERVER_AGENT_MODULE, str(theirs.fileno()), *preload],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+                process_group=0,
+            )
         theirs.close()
         self.sock = ours
         self.lock = threading.Lock()
         self.started: list[int] = []
         self.cond = threading.Condition()
         self.children: dict[int, ForkedChild] = {}
-        self.early_exits: dict[int, tuple[int, dict | None]] = {}
+        self.early_exits: dict[int, tuple[int, dict | None, float | None]] = {}
         self.ready: str | None = None  # "" once ready; else why it could not be
         self.alive = True
         self.reader = start_thread("forkserver-reader", self._read, hooks=self.hooks)
@@ -134,18 +200,19 @@ class ForkServer:
                     self.started.append(msg.pid)
                 elif isinstance(msg, wire.ChildExited):
                     if msg.pid in self.children:
-                        self.children[msg.pid].finish(msg.returncode, msg.resources)
+                        self.children[msg.pid].finish(msg.returncode, msg.resources, msg.reaped_at)
                     else:
-                        self.early_exits[msg.pid] = (msg.returncode, msg.resources)
+                        self.early_exits[msg.pid] = (msg.returncode, msg.resources, msg.reaped_at)
                 self.cond.notify_all()
-        # The server is gone: nothing will report these exits any more.
+        # The server is gone, and with it the news of these exits: its
+        # controllers live on, as this process's orphans, and still get
+        # whatever grace a stop gives them.
         with self.cond:
             self.alive = False
-            for child in self.children.values():
-                if not child.done.is_set():
-                    child.send(signal.SIGKILL)
-                    child.finish(-signal.SIGKILL)
+            orphans = [child for child in self.children.values() if not child.done.is_set()]
             self.cond.notify_all()
+        for child in orphans:
+            start_thread(f"forkserver-orphan:{child.pid}", adopt, child, self.process.pid, hooks=self.hooks)
 
     def _wait(self, ready) -> None:
         """Wait on the reader's news, giving way to a signal or --timeout."""

@@ -21,7 +21,11 @@ to be had on macOS):
 
 Single-threaded on purpose: forking is only safe while no other thread
 exists.  EOF on the socket means the launcher is gone; the server exits and
-the controllers' lifelines take them down.
+the controllers' lifelines take them down.  SIGINT, SIGTERM and SIGHUP are
+the launcher's to act on: the server holds them blocked, so a signal sent to
+every process of the tree at once leaves it serving (see
+:mod:`jaxrun.backends.shield`), and each controller unblocks them after the
+fork.
 
 On an SSH host the same server runs as ``... forkserver_agent --listen NAME``
 in a session of its own (see ``ssh_commands.server_words``): it listens on the
@@ -44,8 +48,10 @@ import signal
 import socket
 import sys
 import threading
+import time
 
 from jaxrun import contract, portable, wire
+from jaxrun.backends import shield
 from jaxrun.core import usage
 
 # An agent writes each request at once; one that stops halfway is hung up on
@@ -65,7 +71,6 @@ def serve(sock: socket.socket | None, listener: socket.socket | None = None, che
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides about signals
     children: dict[int, socket.socket] = {}  # pid -> the connection that asked for it
     conns = [sock] if sock is not None else []
     ends = [0] if listener is not None else []  # stdin: its EOF is the session's end
@@ -74,8 +79,8 @@ def serve(sock: socket.socket | None, listener: socket.socket | None = None, che
         readable, _, _ = select.select(waiting, [], [])
         if wake_r in readable:
             os.read(wake_r, 4096)
-        for pid, code, used in reap(children, sweep=listener is not None):
-            tell(children.pop(pid), wire.ChildExited(pid, code, used.to_dict() if used else None))
+        for pid, code, used, reaped_at in reap(children, sweep=listener is not None):
+            tell(children.pop(pid), wire.ChildExited(pid, code, used.to_dict() if used else None, reaped_at))
         if 0 in readable and not os.read(0, 4096):
             return
         if listener is not None and listener in readable:
@@ -132,9 +137,11 @@ def accept_own_user(listener: socket.socket, check_peer: bool) -> socket.socket 
 
 
 def reap(children, sweep: bool = False):
-    """(pid, returncode, resources) of each ended controller.  With
-    ``sweep``, what is left in its group dies first, while the dead leader
-    still holds the group's id (see ``portable.ended_unreaped``)."""
+    """(pid, returncode, resources, reaped_at) of each ended controller:
+    ``reaped_at`` is the wall clock as it was reaped, taken one by one, so
+    that ends reaped in one pass keep their own times.  With ``sweep``, what
+    is left in its group dies first, while the dead leader still holds the
+    group's id (see ``portable.ended_unreaped``)."""
     if sweep:  # a host's server only: the launcher's own would import psutil and all for nothing
         from jaxrun.core.reaper import kill_group
     for pid in list(children):
@@ -142,10 +149,11 @@ def reap(children, sweep: bool = False):
         if unreaped:
             kill_group(pid, signal.SIGKILL)
         done, code, used = usage.wait4(pid, os.WNOHANG)
+        reaped_at = time.time()
         if done:
             if sweep and unreaped is None:  # the system cannot wait without reaping: at once, then
                 kill_group(pid, signal.SIGKILL)
-            yield pid, code, used
+            yield pid, code, used, reaped_at
 
 
 def become_controller(sock: socket.socket, request: wire.ForkRequest, fds: list[int]) -> None:
@@ -154,14 +162,20 @@ def become_controller(sock: socket.socket, request: wire.ForkRequest, fds: list[
     try:
         sock.close()
         signal.set_wakeup_fd(-1)
-        for signum in (signal.SIGCHLD, signal.SIGINT):
-            signal.signal(signum, signal.SIG_DFL if signum == signal.SIGCHLD else signal.default_int_handler)
+        # What a fresh interpreter of a plain launch has: default dispositions
+        # (Python's own for SIGINT), and the stop signals that the server
+        # holds blocked unblocked again below, once the log files are in
+        # place.  One sent meanwhile was held, not lost: it arrives then.
+        for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         os.setpgid(0, 0)
         out, err, lifeline = fds
         devnull = os.open(os.devnull, os.O_RDONLY)
         for src, dst in ((devnull, 0), (out, 1), (err, 2)):
             os.dup2(src, dst)
             os.close(src)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, shield.STOP_SIGNALS)
         if request.cwd:
             os.chdir(request.cwd)
         os.environ.clear()
@@ -236,6 +250,11 @@ def claim_title_area() -> None:
 
 
 def main(argv: list[str]) -> None:
+    # The launcher decides what SIGINT, SIGTERM and SIGHUP mean (see
+    # backends.shield): one sent to the whole tree at once must not end the
+    # server, whose controllers then still have their grace.  The launcher
+    # starts it with them blocked already; an SSH host's server too.
+    shield.shield_self()
     if argv[:1] == ["--listen"]:
         listen(argv[1], argv[2:])
         return

@@ -14,10 +14,11 @@ import os
 import signal
 import socket
 import subprocess
+import time
 from typing import Callable, Mapping
 
 from jaxrun import contract
-from jaxrun.core import usage
+from jaxrun.core import causes, usage
 from jaxrun.core.backend import Backend, ChildExit
 from jaxrun.core.config import LaunchError
 from jaxrun.core.events import Stream
@@ -72,8 +73,9 @@ class LocalChild:
 
     def wait(self) -> ChildExit:
         code, used = usage.wait_popen(self.popen, self.watch)
+        reaped_at = time.time()
         self.group.reaped()
-        return ChildExit(code, used)
+        return ChildExit(code, used, reaped_at, causes.clock_id())
 
     def stream_filter(self, stream: Stream) -> None:
         return None  # its bytes are its own

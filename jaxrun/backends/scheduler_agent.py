@@ -237,8 +237,9 @@ class TaskHome:
         except OSError:
             pass  # the launcher is gone: the scheduler ends the step
 
-    def report(self, code: int, record: contract.ErrorRecord | None, used: contract.Resources | None) -> None:
-        exit_msg = wire.Exit(code, used.to_dict() if used else None)
+    def report(self, code: int, record: contract.ErrorRecord | None, used: contract.Resources | None,
+               reaped: far_end.Reaped) -> None:
+        exit_msg = wire.Exit(code, used.to_dict() if used else None, reaped.at, reaped.clock, reaped.pid)
         for msg in ([wire.Error(record.to_json())] if record else []) + [exit_msg]:
             try:
                 self.channel.send(msg)

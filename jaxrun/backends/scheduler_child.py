@@ -12,8 +12,11 @@ runs.  The task's three connections to the task channel
   coordinator address, ``Signal``, and the ``Ack`` of an exit.  In: task 0's
   ``Coordinator``, and the facts the Child contract passes on one way for
   every backend: ``Joined`` calls the spawn's ``on_join``, ``Error`` is
-  written to the error file the supervisor named, and ``Exit`` (its code and
-  the resources the task agent measured) is what ``wait`` returns.
+  written to the error file the supervisor named, and ``Exit`` (its code, the
+  resources the task agent measured, when its node's clock saw the end, and
+  the controller's own pid there) is what ``wait`` returns.  A rank that
+  ends without an ``Exit`` (its task agent, or the whole step, ended first)
+  says so: ``ChildExit.lost``.
 
 Every thread is started through ``start_thread``, so one that dies is
 reported to the run instead of leaving a rank that never ends; their names
@@ -65,6 +68,8 @@ class RankChild:
         self.error_file: str | None = None  # the launcher's, where the task's error record goes
         self.on_join: Callable[[], None] | None = None
         self._resources: contract.Resources | None = None  # measured by the task agent
+        self._end: wire.Exit | None = None  # the task agent's report of its controller's end
+        self._lost = "its task agent"  # what ended instead, if no Exit comes
         self._unattached = {wire.STDOUT: out_w, wire.STDERR: err_w}  # write ends no task holds yet
         self._control: socket.socket | None = None
         self._pending: list[int] = []  # signals sent before the task connected
@@ -99,7 +104,13 @@ class RankChild:
 
     def wait(self) -> ChildExit:
         self._done.wait()
-        return ChildExit(self._code, self._resources)
+        end = self._end
+        if end is None:
+            return ChildExit(self._code, self._resources, lost=self._lost)
+        pid = end.pid if isinstance(end.pid, int) else None
+        reaped_at = float(end.reaped_at) if isinstance(end.reaped_at, (int, float)) else None
+        return ChildExit(self._code, self._resources, reaped_at, end.clock if isinstance(end.clock, str) else None,
+                         pid)
 
     def stream_filter(self, stream: Stream) -> None:
         return None  # the task channel carries the process's bytes and nothing else
@@ -176,7 +187,7 @@ class RankChild:
                 elif isinstance(msg, wire.Exit):
                     with self._write_lock:
                         self._resources = contract.Resources.from_dict(msg.resources)
-                        self.finish(msg.returncode)
+                        self.finish(msg.returncode, end=msg)
                         self.tell(wire.Ack())
         except (OSError, ValueError):
             pass
@@ -200,11 +211,15 @@ class RankChild:
             except OSError:
                 pass
 
-    def finish(self, code: int, note: str | None = None) -> None:
+    def finish(self, code: int, note: str | None = None, end: wire.Exit | None = None) -> None:
+        """The rank ended: its task agent's ``end``, or, without one, ``code``
+        stands in (``note``: the step's own end, written to its stderr log)."""
         with self._lock:
             if self._done.is_set():
                 return
-            self._code = code
+            self._code, self._end = code, end
+            if note:  # the step ended under it: the scheduler's end stands in for it
+                self._lost = "the scheduler step"
             leftovers, self._unattached = self._unattached, {}
             self._done.set()
         for kind, fd in leftovers.items():

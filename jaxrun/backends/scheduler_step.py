@@ -43,6 +43,7 @@ from typing import Callable, Mapping, Sequence, TextIO
 
 from jaxrun import contract, wire
 from jaxrun.backends.scheduler_channel import TaskListener, channel_address
+from jaxrun.backends.shield import shielded
 from jaxrun.backends.scheduler_child import RankChild
 from jaxrun.core import reaper
 from jaxrun.core.backend import RunHooks, start_thread
@@ -117,14 +118,18 @@ class Step:
         env[contract.TASK_CHANNEL] = self.channel
         env[contract.TASK_SECRET] = self.secret
         os.makedirs(self.log_dir, exist_ok=True)
-        self.popen = subprocess.Popen(
-            self.build_command(env),
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        # mpirun keeps the stop signals blocked, so a SIGTERM sent to the whole
+        # tree leaves it running (it would SIGKILL its job a second after
+        # forwarding it); srun unblocks them, and cannot be shielded.
+        with shielded():
+            self.popen = subprocess.Popen(
+                self.build_command(env),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         start_thread("step-watcher", self._watch_step, hooks=self.hooks)
 
     # -- the step process ------------------------------------------------------

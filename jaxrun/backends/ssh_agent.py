@@ -92,12 +92,15 @@ class SshHome:
     def cannot_start(self, command: list[str], error: OSError) -> None:
         far_end.write_all(self.err, f"jaxrun: cannot start {command[0]!r} on this host: {error.strerror}\n".encode())
 
-    def report(self, code: int, record: contract.ErrorRecord | None, used: contract.Resources | None) -> None:
-        """The error record (if the shim left one) and the resources, as the
-        last bytes on stderr."""
+    def report(self, code: int, record: contract.ErrorRecord | None, used: contract.Resources | None,
+               reaped: far_end.Reaped) -> None:
+        """The error record (if the shim left one), the resources, and the
+        controller's own pid and the time of its end, as the last bytes on
+        stderr."""
         sys.stderr.flush()
         far_end.write_all(self.err, wire.home_report(record.to_json() if record else None,
-                                                     used.to_dict() if used else None))
+                                                     used.to_dict() if used else None,
+                                                     pid=reaped.pid, reaped_at=reaped.at, clock=reaped.clock))
 
 
 def parse_args(argv: list[str]) -> tuple[str | None, str | None, list[str]]:

@@ -16,6 +16,12 @@ backend's.  The report home is stderr's last bytes, and the pump may read
 them after the exit is known (the exit comes on another channel, or as the
 ssh client's status): ``wait`` returns once stderr has been read to its end,
 or ``REPORT_WAIT`` seconds after the exit, whichever comes first.
+
+The report home also brings the controller's own pid on its host and when
+its end was seen there (a host agent says the pid at the start too, in a
+``wire.Started`` line): ``ChildExit.pid``, ``reaped_at`` and ``clock``.  An
+exit that no far end confirmed (no ``Exit`` line on a channel, no report
+home and ssh's own failure or death) is the helper's: ``ChildExit.lost``.
 """
 
 from __future__ import annotations
@@ -65,15 +71,19 @@ class AgentChild:
             self._stderr_filter = AgentStderr(self._on_join, self._error_file)
         return self._stderr_filter
 
-    def _exit(self, returncode: int) -> ChildExit:
-        """The exit, with the resources the report home brought, if stderr is
-        filtered and its end is read in time."""
+    def _exit(self, returncode: int, confirmed: bool, helper: str, pid: int | None = None) -> ChildExit:
+        """The exit, with what the report home brought, if stderr is filtered
+        and its end is read in time.  ``confirmed``: the far end said how the
+        controller ended; else, without a report home either, ``helper``'s
+        end stands in for it."""
         heard = self._stderr_filter
-        if heard is None:
-            return ChildExit(returncode)
-        if not self._cut_off:
+        if heard is not None and not self._cut_off:
             heard.closed.wait(REPORT_WAIT)
-        return ChildExit(returncode, heard.resources)
+        home = heard is not None and heard.closed.is_set() and heard.came_home
+        facts = heard.facts if home else {}
+        lost = None if confirmed or home else helper
+        return ChildExit(returncode, heard.resources if home else None, facts.get("reaped_at"), facts.get("clock"),
+                         facts.get("pid", pid), lost)
 
     @staticmethod
     def _later(action: Callable[[], None]) -> None:
@@ -91,7 +101,9 @@ class ChannelChild(AgentChild):
     def __init__(self, path: str, spawn: wire.Spawn, pid: int, host: str,
                  on_join: Callable[[], None] = _nothing, error_file: str | None = None):
         super().__init__(on_join, error_file)
-        self.pid = pid  # the local master's: the remote pid is not known here
+        self.pid = pid  # the local master's; the controller's own comes with its exit
+        self._host = host
+        self._remote_pid: int | None = None  # the controller's own, once its host agent says
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._write_closed = False
@@ -159,6 +171,7 @@ class ChannelChild(AgentChild):
 
     def wait(self) -> ChildExit:
         code = 255  # no Exit line: the connection is gone, as ssh's own failure
+        confirmed = False
         if self._ctrl is not None:
             try:
                 with self._ctrl.makefile("rb") as lines:
@@ -167,8 +180,10 @@ class ChannelChild(AgentChild):
                             msg = wire.decode(raw)
                         except wire.WireError:
                             continue
-                        if isinstance(msg, wire.Exit):
-                            code = msg.returncode
+                        if isinstance(msg, wire.Started) and isinstance(msg.pid, int):
+                            self._remote_pid = msg.pid
+                        elif isinstance(msg, wire.Exit):
+                            code, confirmed = msg.returncode, True
                             break
                     else:
                         if self._killed:
@@ -180,7 +195,7 @@ class ChannelChild(AgentChild):
             self._write_closed = True
             for sock in self._socks:
                 sock.close()
-        return self._exit(code)
+        return self._exit(code, confirmed, f"the connection to {self._host}", self._remote_pid)
 
 
 class SessionChild(AgentChild):
@@ -192,7 +207,7 @@ class SessionChild(AgentChild):
                  error_file: str | None = None):
         super().__init__(on_join, error_file)
         self.popen = popen
-        self.pid = popen.pid  # the local ssh client's; the remote pid is not known here
+        self.pid = popen.pid  # the local ssh client's; the controller's own comes with its exit
         self.stdout = popen.stdout
         self.stderr = popen.stderr
         self._lock = threading.Lock()
@@ -220,4 +235,7 @@ class SessionChild(AgentChild):
             self.popen.kill()
 
     def wait(self) -> ChildExit:
-        return self._exit(contract.returncode_from_status(self.popen.wait()))
+        status = self.popen.wait()
+        # ssh's own failure (255) or its death by a signal: the session
+        # agent's status never came, unless its report home did.
+        return self._exit(contract.returncode_from_status(status), status >= 0 and status != 255, "the ssh client")

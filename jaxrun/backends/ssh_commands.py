@@ -24,8 +24,13 @@ REPLY = b"jaxrun-reply "
 # the environment from stdin (``wire.env_frame``), so that no value (a token
 # given with --env) ever appears on a command line, where any local user's
 # ``ps`` can read it.  PYTHONPATH is applied to this interpreter too, since it
-# may be what makes jaxrun importable there.
+# may be what makes jaxrun importable there.  Before anything, the stop
+# signals are blocked: what runs here is a far end (an agent, a server), and
+# the launcher alone decides what SIGINT, SIGTERM and SIGHUP mean (see
+# ``backends.shield``); every controller unblocks them again.
 ENV_STUB = r"""
+import signal
+signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
 import json, os, sys
 def _exact(n):
     data = b""

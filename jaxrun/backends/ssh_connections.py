@@ -8,6 +8,13 @@ the end, or closed by the kernel if jaxrun is SIGKILLed.  Meanwhile it
 answers requests written there: it holds the coordinator's port on the first
 host while every other host's session checks that it reaches it.
 
+Every local ``ssh`` client starts with the stop signals blocked
+(:mod:`jaxrun.backends.shield`): a SIGTERM sent to jaxrun's whole tree at
+once must not drop a connection, on which the host's agent would kill its
+processes at once instead of letting them use their grace.  (Inherited
+SIG_IGN would do for the master, whose main loop keeps it; a session over
+the master installs its own handlers whatever it inherits.)
+
 The same session is the host agent (:mod:`jaxrun.backends.ssh_host`).
 ``open_channels`` forwards a local socket to it (``ssh -O forward``) and pings
 it there; a host whose server refuses to forward gets a session per process
@@ -27,6 +34,7 @@ import time
 from typing import Mapping, Sequence
 
 from jaxrun import contract, portable, wire
+from jaxrun.backends.shield import shielded
 from jaxrun.backends.ssh_commands import (
     ANSWER,
     REPLY,
@@ -119,14 +127,15 @@ class Connections:
         """A process's own ssh session, over the host's master while it has
         sessions to spare (counting only those still running, for restarts)."""
         live = [p for p in self.sessions.get(host.name, []) if p.poll() is None]
-        popen = subprocess.Popen(
-            self.session_args(host, direct=len(live) >= SESSIONS_PER_MASTER) + [command],
-            stdin=subprocess.PIPE,
-            stdout=stdout,
-            stderr=stderr,
-            start_new_session=True,  # a Ctrl-C in the terminal is jaxrun's to handle
-            bufsize=0,
-        )
+        with shielded():  # a session over the master installs its handlers whatever it inherits
+            popen = subprocess.Popen(
+                self.session_args(host, direct=len(live) >= SESSIONS_PER_MASTER) + [command],
+                stdin=subprocess.PIPE,
+                stdout=stdout,
+                stderr=stderr,
+                start_new_session=True,  # a Ctrl-C in the terminal is jaxrun's to handle
+                bufsize=0,
+            )
         self.sessions[host.name] = live + [popen]
         send_env(popen, env)
         return popen
@@ -160,7 +169,7 @@ class Connections:
         return self.results
 
     def _start_master(self, host: Host, command: str) -> subprocess.Popen:
-        with open(self._stderr_path(host), "wb") as stderr:
+        with open(self._stderr_path(host), "wb") as stderr, shielded():
             master = subprocess.Popen(
                 ssh_args(self.settings, host, master_control(self.control_path(host))) + [command],
                 stdin=subprocess.PIPE,  # held until close(): EOF ends the master
@@ -299,9 +308,10 @@ class Connections:
             if not remote or host.name in forwards or ":" in remote + local:
                 continue
             try:
-                forwards[host.name] = (local, subprocess.Popen(
-                    forward_args(self.settings, host, self.control_path(host), local, remote),
-                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                with shielded():
+                    forwards[host.name] = (local, subprocess.Popen(
+                        forward_args(self.settings, host, self.control_path(host), local, remote),
+                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             except OSError:
                 pass
         try:

@@ -15,7 +15,8 @@ interpreter per process.  A process costs three connections, each opened by a
 - ``ctrl`` carries a ``wire.Spawn`` line (what to run, the environment it
   adds, the folder, the host's preloading server), then ``wire.Signal`` lines
   for the controller's group; its EOF kills the group.  The agent answers
-  with one ``wire.Exit`` line once the controller has ended.
+  with a ``wire.Started`` line (the controller's own pid, for the reports)
+  once it runs, and one ``wire.Exit`` line once it has ended.
 
 Each controller is run by ``far_end.run``, with an ``ssh_agent.SshHome`` on
 its channels, as a session agent runs it on the session's streams: its error
@@ -145,11 +146,13 @@ class HostAgent:
             home = ssh_agent.SshHome(ctrl.fileno(), err.fileno(), pending)
             code = far_end.run(spawn.argv, env, home, cwd=spawn.cwd or None, fds=(out.fileno(), err.fileno()),
                                server=spawn.server or None, alone=False,
-                               on_start=lambda controller: self._started(key, controller))
+                               on_start=lambda controller: self._started(key, controller, ctrl))
         finally:
             out.close()
             err.close()
             try:
+                # The code alone: an older launcher reads no more fields (the
+                # end's facts went home on stderr, the pid in Started).
                 ctrl.sendall(wire.Exit(code).line())
             except OSError:
                 pass  # the launcher is gone
@@ -158,7 +161,11 @@ class HostAgent:
                 self.running.pop(key, None)
                 self.threads.pop(key, None)
 
-    def _started(self, key: str, controller: far_end.Controller) -> None:
+    def _started(self, key: str, controller: far_end.Controller, ctrl: socket.socket) -> None:
+        try:  # this thread alone writes to ctrl: the Exit line comes later, from it too
+            ctrl.sendall(wire.Started(controller.pid).line())
+        except OSError:
+            pass  # the launcher is gone; the listener hears the EOF and kills the group
         with self.lock:
             stopped = self.stopped
             if not stopped:

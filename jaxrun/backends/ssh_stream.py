@@ -7,8 +7,9 @@ controller's own stderr, so it writes two things there:
 - ``wire.JOINED_MARKER``, once, in one write, when the controller arrives at
   the job's rendezvous.  It may land anywhere, even inside a line of the
   process's own, and a read may cut it in two;
-- the report home (``wire.home_report``): the error record and the resources,
-  as the very last bytes, once the controller and what it started are gone.
+- the report home (``wire.home_report``): the error record, the resources,
+  the controller's own pid and when its end was seen there, as the very
+  last bytes, once the controller and what it started are gone.
 
 :class:`AgentStderr` is the ``StreamFilter`` that cuts both out, and never
 loses a byte of the process's own: bytes that may begin a marker are held
@@ -20,7 +21,8 @@ mark (a hex dump of jaxrun's own stream, say) costs no unbounded memory.
 
 The facts go where every backend puts them: a join to the spawn's
 ``on_join``, the error record into the launcher's error file, and the
-resources to the child's ``wait`` (``resources`` once ``closed``).
+resources and the end's facts to the child's ``wait`` (``resources`` and
+``facts`` once ``closed``; ``came_home`` says whether a report came at all).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ class AgentStderr:
         self.on_join = on_join
         self.error_file = error_file  # the launcher's, for the record that comes home
         self.resources: contract.Resources | None = None  # what came home, once closed
+        self.facts: dict = {}  # the end's facts that came home (wire.HOME_REPORT_FACTS), once closed
+        self.came_home = False  # a report home was read: the far end saw the controller's end
         self.closed = threading.Event()  # the end of the stream was read: nothing more will come
         self._join_held = b""  # what may begin a joined marker
         self._held = b""  # what may begin the report home's mark
@@ -102,12 +106,14 @@ class AgentStderr:
             self._tail = None
         return rest
 
-    def _take_home(self, error: str | None, used: dict | None) -> None:
+    def _take_home(self, error: str | None, used: dict | None, facts: dict) -> None:
         if error is not None and self.error_file:
             record = contract.ErrorRecord.from_json(error)
             if record is not None:
                 record.dump(self.error_file)
         self.resources = contract.Resources.from_dict(used)
+        self.facts = facts
+        self.came_home = True
 
 
 def marker_start(data: bytes, marker: bytes) -> int:

@@ -4,8 +4,9 @@ Started as ``python -m jaxrun.shim -- SCRIPT ARGS...`` or
 ``python -m jaxrun.shim -m MODULE ARGS...`` (the stable name; see
 ``jaxrun/shim.py``).  In order, it:
 
-1. watches the launcher's lifeline pipe, so the whole process group dies if
-   the launcher does (even by SIGKILL);
+1. unblocks SIGINT, SIGTERM and SIGHUP, which the agent that started it may
+   hold blocked, and watches the launcher's lifeline pipe, so the whole
+   process group dies if the launcher does (even by SIGKILL);
 2. registers ``faulthandler`` on SIGUSR1, so the launcher can ask for a stack
    dump of every thread at any time;
 3. arranges, without importing jax, that the process joins the job before
@@ -72,7 +73,15 @@ def _is_launch_frame(filename: str) -> bool:
     return filename in _SHIM_FILES or os.path.basename(filename) == "runpy.py" or filename.startswith("<frozen runpy")
 
 
+# The signals a far end may hold blocked so that the launcher alone decides
+# what they mean (jaxrun.backends.shield); a mask is inherited through exec.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def main(argv: list[str]) -> None:
+    # As under a plain launch, a script can be stopped: a signal sent before
+    # now was held, and arrives here.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     watch_lifeline()
     faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
     if len(argv) < 2 or argv[0] not in ("--", "-m"):

@@ -98,10 +98,23 @@ def wait_until(ready: Callable[[], bool], hooks: RunHooks, timeout: float | None
 
 @dataclasses.dataclass(frozen=True)
 class ChildExit:
-    """How a controller ended, as its reaper saw it."""
+    """How a controller ended, as its reaper saw it.
+
+    ``reaped_at`` is the wall clock (``time.time()``) of the machine whose
+    process reaped the controller, read as it saw the end, and ``clock``
+    names that machine (``core.causes.clock_id()``): two ends are put in
+    time order only when they name the same clock.  ``lost`` is set when the
+    controller's end was never reported: what stood between jaxrun and the
+    controller (the ssh client, the connection to a host agent, the
+    preloading server, a task agent) ended instead, and ``returncode`` is a
+    stand-in (255, or SIGKILL where jaxrun then killed the controller)."""
 
     returncode: int  # Popen style: negative for a signal
     resources: contract.Resources | None = None  # measured where it was reaped; None if unknown
+    reaped_at: float | None = None  # wall clock of the reaper's machine; None if unknown
+    clock: str | None = None  # that machine; None: never compared with another's
+    pid: int | None = None  # the controller's own pid, where the child's ``pid`` is a helper's
+    lost: str | None = None  # the helper whose end stands in for the controller's ("the ssh client")
 
 
 class StreamFilter(Protocol):
@@ -132,6 +145,11 @@ class Child(Protocol):
     as the joined file the supervisor watches (``reports_joins`` False) or
     through ``on_join`` (True)."""
 
+    # The process jaxrun holds for it: the controller itself locally, a
+    # helper where a far end runs it (the local ssh client, the scheduler
+    # step).  The controller's own pid, where it differs, comes with the
+    # exit (``ChildExit.pid``), and is final then.  Signals go through
+    # ``send``, never to this pid.
     pid: int
     stdout: BinaryIO | None  # None: it writes its log file itself
     stderr: BinaryIO | None

@@ -21,10 +21,16 @@ class StreamClosed:
 
 @dataclasses.dataclass(frozen=True)
 class Exited:
+    """A child's ``wait`` returned: the fields of its ``ChildExit``."""
+
     rank: int
     returncode: int  # Popen style: negative for a signal
-    at: float
+    at: float  # the supervisor's clock, as the event was made
     resources: contract.Resources | None = None  # what it used, where its backend measures it
+    reaped_at: float | None = None  # wall clock of the reaper's machine (ChildExit.reaped_at)
+    clock: str | None = None  # which machine's clock that is
+    pid: int | None = None  # the controller's own pid, where it differs from the child's
+    lost: str | None = None  # the helper whose end stood in for the controller's
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,6 +44,9 @@ class ProcessRecord:
     returncode: int | None = None
     verdict: Verdict | None = None
     resources: contract.Resources | None = None  # measured where it ran, once it ended
+    reaped_at: float | None = None  # wall clock of the machine that reaped it, as it did
+    clock: str | None = None  # that machine (core.causes.clock_id), to compare reaped_at within
+    lost: str | None = None  # its end was never reported: this helper ended instead
 
     @property
     def exit_status(self) -> int | None:
@@ -62,6 +65,7 @@ class Outcome:
     log_errors: list[str] = dataclasses.field(default_factory=list)  # "path: error" per log jaxrun could not write
     lost: list[int] = dataclasses.field(default_factory=list)  # ranks whose end was never confirmed
     start_error: str | None = None  # why this attempt never started its processes
+    stop_seconds: float | None = None  # a stop on a signal: from the signal to the last process's end
 
     @classmethod
     def not_started(cls, exit_code: int, why: str, signum: int | None = None) -> "Outcome":

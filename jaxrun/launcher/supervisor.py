@@ -25,6 +25,15 @@ After SIGKILL, a process whose end is not confirmed within
 ``KILL_CONFIRM_WAIT`` (its waiter thread died, a remote host vanished) is
 given up on.  A launcher thread that dies is an event like any other: the job
 is stopped and the summary names the thread.
+
+The root cause is settled at the end, from evidence (``core.causes``): among
+the failures heard before SIGKILL, one that ended on its own comes before one
+that failed because a peer was gone, whatever order the exits arrived in.
+An end that may be part of a stop jaxrun is about to hear of (a helper's,
+such as a local ssh client's, or a death by SIGTERM, SIGINT or SIGHUP) is
+held for ``HOLD_WAIT`` before it counts as a failure: a signal to the whole
+process tree reaches the helpers too, and their ends may be heard before
+jaxrun's own signal handler has run.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ import time
 from typing import Callable, Sequence
 
 from jaxrun import contract
+from jaxrun.core import causes
 from jaxrun.core.backend import Backend, Child, Interrupted, RunHooks, StreamFilter, start_thread
 from jaxrun.core.events import Exited, Joined, LogWriteFailed, SignalReceived, Stream, StreamClosed, ThreadDied
 from jaxrun.core.logfiles import log_paths, open_log, open_pumped_log, prepare_log_dir
@@ -57,6 +67,12 @@ DRAIN_WAIT = 5.0
 # After SIGKILL, how long a process's end may take to be confirmed before it
 # is given up on (a local one ends at once; a remote one's host may be gone).
 KILL_CONFIRM_WAIT = 5.0
+# How long an end that may belong to a stop (see above) waits for the stop
+# signal before it is taken for a failure.
+HOLD_WAIT = 0.3
+# Ends by these signals (or the shell's 128+N for them) may be the stop jaxrun
+# is about to hear of.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class Supervisor:
@@ -97,6 +113,11 @@ class Supervisor:
         self.kill_sent = False  # SIGKILL went out: later exits are ours, not failures
         self.deadline: float | None = None
         self.open_streams = 0
+        self.heard: list[int] = []  # ranks that ended with a failure, in the order heard
+        self.held: list[int] = []  # failures waiting out HOLD_WAIT for a stop signal
+        self.hold_until: float | None = None
+        self.stop_began: float | None = None  # when a stop on a signal began (self.clock)
+        self.last_end: float | None = None  # when the last exit was heard (self.clock)
 
     # -- signals -----------------------------------------------------------
     def post_signal(self, signum: int) -> None:
@@ -198,15 +219,18 @@ class Supervisor:
 
     def _wait(self, rank: int, child: Child) -> None:
         end = child.wait()
-        self.events.put(Exited(rank, end.returncode, self.clock(), end.resources))
+        self.events.put(Exited(rank, end.returncode, self.clock(), end.resources, end.reaped_at, end.clock,
+                               end.pid, end.lost))
 
     def _running(self) -> list[int]:
         return [r for r, rec in self.records.items() if rec.returncode is None and rec.pid is not None]
 
     def _loop(self) -> None:
-        while self._running():
+        while self._running() or self.held:
             show_at = self.progress.tick()
             now = self.clock()
+            if self.hold_until is not None and now >= self.hold_until:
+                self._release_held()
             if self.kill_at is not None and now >= self.kill_at:
                 if self.kill_sent:
                     self._give_up()
@@ -214,8 +238,8 @@ class Supervisor:
                 self._kill_survivors()
             if self.deadline is not None and now >= self.deadline and self.reason is None:
                 self._begin_stop(StopReason.TIMEOUT, TIMEOUT_DUMP_WAIT, signal.SIGUSR1)
-            wake = [t for t in (self.kill_at, self.deadline if self.reason is None else None, show_at)
-                    if t is not None]
+            wake = [t for t in (self.kill_at, self.deadline if self.reason is None else None, show_at,
+                                self.hold_until) if t is not None]
             wait = max(0.0, min(wake) - now) if wake else None
             try:
                 event = self.events.get(timeout=wait)
@@ -242,20 +266,41 @@ class Supervisor:
     def _on_exit(self, event: Exited) -> None:
         self.pump.wake()
         self.progress.ended(event.rank)
+        self.last_end = self.clock()
         record = self.records[event.rank]
         record.returncode, record.ended_at = event.returncode, time.time()
+        record.reaped_at, record.clock, record.lost = event.reaped_at, event.clock, event.lost
+        if event.pid is not None:
+            record.pid = event.pid  # the controller's own, now final
         if event.resources is not None:
             record.resources = event.resources
         if event.returncode == 0:
             record.verdict = Verdict.OK
-        elif self.reason is None:
+            return
+        self.heard.append(event.rank)
+        if self.reason is None and (event.lost or contract.exit_status(event.returncode) - 128 in STOP_SIGNALS):
+            self.held.append(event.rank)  # its verdict waits for a stop signal, or HOLD_WAIT
+            if self.hold_until is None:
+                self.hold_until = self.clock() + HOLD_WAIT
+        else:
+            self._judge(event.rank)
+
+    def _judge(self, rank: int) -> None:
+        """The verdict on a failure, by what the run was doing when it was heard."""
+        record = self.records[rank]
+        if self.reason is None:
             record.verdict = Verdict.ROOT_CAUSE
-            self.root_cause = event.rank
+            self.root_cause = rank
             self._begin_stop(StopReason.FAILURE, DUMP_WAIT, signal.SIGUSR1)
         elif self.reason is StopReason.FAILURE and not self.kill_sent:
             record.verdict = Verdict.CONSEQUENCE
         else:
             record.verdict = Verdict.STOPPED
+
+    def _release_held(self) -> None:
+        held, self.held, self.hold_until = self.held, [], None
+        for rank in held:
+            self._judge(rank)
 
     def _on_signal(self, signum: int) -> None:
         if signum == signal.SIGUSR1:
@@ -264,6 +309,7 @@ class Supervisor:
             self._kill_survivors()  # a second Ctrl-C: no more grace
         elif self.reason is None:
             self.signum = signum
+            self.stop_began = self.clock()
             self._begin_stop(StopReason.SIGNAL, self.grace, signum)
 
     def _on_fault(self, event: ThreadDied) -> None:
@@ -283,6 +329,8 @@ class Supervisor:
         self.hooks.stop_begun(wait)
         self._send_all(signum)
         self.kill_at = self.clock() + wait
+        if reason is not StopReason.FAILURE:
+            self._release_held()  # the ends held for a stop signal were part of this stop
 
     def _send_all(self, signum: int) -> None:
         for rank in self._running():
@@ -316,27 +364,20 @@ class Supervisor:
             self._handle(event)
 
     def _settle_root_cause(self) -> None:
-        """Exits that reach jaxrun together (a fork server reaps them in one
-        round, in rank order) arrive in no particular order: the process
-        whose exception was recorded first, on the same host and clock as
-        the one heard of first, failed first.  (A process that left no
-        record is never moved.)"""
+        """The root cause from evidence, not arrival order (``core.causes``):
+        among the failures heard before SIGKILL, one that ended on its own
+        before one that failed because a peer was gone; on one machine's
+        clock, the earliest."""
         if self.reason is not StopReason.FAILURE or self.root_cause is None:
             return
-        first = self.records[self.root_cause]
-        first_record = contract.ErrorRecord.load(first.error_file)
-        if first_record is None or not first_record.at:
-            return
-        earliest, when = first, first_record.at
-        for rec in self.records.values():
-            if rec.verdict is not Verdict.CONSEQUENCE or rec.spec.host.name != first.spec.host.name:
-                continue
-            found = contract.ErrorRecord.load(rec.error_file)
-            if found is not None and found.at and found.at < when:
-                earliest, when = rec, found.at
-        if earliest is not first:
-            first.verdict, earliest.verdict = Verdict.CONSEQUENCE, Verdict.ROOT_CAUSE
-            self.root_cause = earliest.spec.rank
+        failures = [causes.failure_of(rank, rec.error_file, rec.stderr_log, rec.reaped_at, rec.clock, rec.lost)
+                    for rank, rec in ((r, self.records[r]) for r in self.heard)
+                    if rec.verdict in (Verdict.ROOT_CAUSE, Verdict.CONSEQUENCE)]
+        first = causes.first_failure(failures)
+        if first is not None and first != self.root_cause:
+            self.records[self.root_cause].verdict = Verdict.CONSEQUENCE
+            self.records[first].verdict = Verdict.ROOT_CAUSE
+            self.root_cause = first
 
     def _outcome(self) -> Outcome:
         self._settle_root_cause()
@@ -358,8 +399,11 @@ class Supervisor:
         problems = [f"{e.path}: {e.error}" for e in self.log_errors]
         if folder_is_full(self.log_dir):  # a local process's own writes failed there
             problems.append(f"the log folder {self.log_dir} is full ({os.strerror(errno.ENOSPC)})")
+        took = None
+        if self.reason is StopReason.SIGNAL and self.stop_began is not None and self.last_end is not None:
+            took = max(0.0, self.last_end - self.stop_began)
         return Outcome(records, code, self.reason, self.signum, self.root_cause, fault=fault,
-                       log_errors=problems, lost=self.lost)
+                       log_errors=problems, lost=self.lost, stop_seconds=took)
 
 
 def folder_is_full(path: str) -> bool:

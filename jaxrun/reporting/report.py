@@ -77,6 +77,9 @@ def _process_dict(r: ProcessRecord) -> dict:
         "verdict": r.verdict.value if r.verdict else None,
         "started_at": r.started_at,
         "ended_at": r.ended_at,
+        # When the process that reaped it saw it end, by that machine's clock
+        # (null where its far end does not say).
+        "reaped_at": r.reaped_at,
         "stdout_log": r.stdout_log,
         "stderr_log": r.stderr_log,
         "resources": r.resources.to_dict() if r.resources else None,

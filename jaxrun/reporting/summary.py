@@ -67,8 +67,7 @@ def summary_lines(outcome: Outcome, log_dir: str) -> list[str]:
     if outcome.reason is StopReason.TIMEOUT:
         lines.append("jaxrun: --timeout expired; stack dumps are in each process's stderr log")
     elif outcome.reason is StopReason.SIGNAL:
-        stopped = "stopped every process" if started else "no process had started"
-        lines.append(f"jaxrun: received {signal_name(outcome.signum)}; {stopped}")
+        lines.append(signal_line(outcome, started))
     elif outcome.reason is StopReason.INTERNAL:
         lines.append(f"jaxrun: internal error: {outcome.fault}; stopped every process")
         lines.append(f"jaxrun:   {BUG_REPORT}")
@@ -108,6 +107,17 @@ def summary_lines(outcome: Outcome, log_dir: str) -> list[str]:
     lines.extend(resource_lines(outcome.records))
     lines.append(f"jaxrun: logs in {log_dir}")
     return lines
+
+
+def signal_line(outcome: Outcome, started: bool) -> str:
+    """How a stop on a signal went: a clean one, where every process exited 0
+    after the forwarded signal (a checkpoint saved on SIGTERM), says so."""
+    name = signal_name(outcome.signum)
+    if started and outcome.records and all(r.returncode == 0 for r in outcome.records):
+        within = "" if outcome.stop_seconds is None else f" within {outcome.stop_seconds:.1f} s"
+        return f"jaxrun: stopped on {name}; every process exited 0{within}"
+    stopped = "stopped every process" if started else "no process had started"
+    return f"jaxrun: received {name}; {stopped}"
 
 
 def resource_lines(records: list[ProcessRecord]) -> list[str]:

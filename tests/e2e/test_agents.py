@@ -75,7 +75,10 @@ def test_fork_server_forks_on_request_and_reports_the_exit(tmp_path):
         assert isinstance(started, wire.Started) and started.pid > 0
         ours.settimeout(30)
         exited = wire.decode(wire.recv_frame(ours)[0])
+        heard_at = time.time()
         assert (exited.pid, exited.returncode) == (started.pid, 1)
+        # When the server reaped it, by this machine's clock: for the root cause.
+        assert heard_at - 10 < exited.reaped_at <= heard_at, exited
         used = contract.Resources.from_dict(exited.resources)  # measured by the server as it reaped it
         assert used is not None and used.peak_rss_bytes > 1 << 20 and used.cpu_seconds > 0, exited
         assert f"{contract.COORDINATOR_ADDRESS} is not set" in (tmp_path / "err").read_text()
@@ -120,8 +123,11 @@ def test_ssh_agent_reports_the_join_once_on_stderr_and_leaves_no_file():
     assert agent.returncode == 0, err
     # The join, once, where it happened; last, what comes home (no record, the resources).
     assert err.startswith(b"before\n" + wire.JOINED_MARKER + b"after\n" + wire.HOME_REPORT_MARK), err
-    error, used = wire.parse_home_report(err[len(b"before\n" + wire.JOINED_MARKER + b"after\n"):])
+    error, used, facts = wire.parse_home_report(err[len(b"before\n" + wire.JOINED_MARKER + b"after\n"):])
     assert error is None and contract.Resources.from_dict(used).cpu_seconds > 0, err
+    # The controller's own pid (not the agent's), and when its end was seen here.
+    assert facts["pid"] != agent.pid and facts["clock"] == socket.gethostname(), facts
+    assert time.time() - 30 < facts["reaped_at"] <= time.time(), facts
     folder = out.decode().strip()
     assert folder and not os.path.exists(folder)  # the agent's private folder, removed
 
@@ -164,10 +170,15 @@ def test_host_agent_runs_a_process_over_three_channels(host_agent):
 
     _, path = host_agent
     assert ping(path)
-    child = spawn(path, "import os, sys\nprint('out', os.environ['SECRET_X'], sys.argv[1:], flush=True)\n"
+    child = spawn(path, "import os, sys\nprint('out', os.environ['SECRET_X'], sys.argv[1:], os.getpid(), flush=True)\n"
                         "print('to stderr', file=sys.stderr)\nsys.exit(3)", {"SECRET_X": "tok-123"})
-    assert child.wait().returncode == 3
-    assert child.stdout.read() == b"out tok-123 []\n"
+    end = child.wait()
+    assert (end.returncode, end.lost) == (3, None)
+    words = child.stdout.read().split()
+    assert words[:3] == [b"out", b"tok-123", b"[]"]
+    # The controller's own pid, from the agent's Started line (the child's own
+    # pid is the launcher's handle; no stream filter read the report home here).
+    assert end.pid == int(words[3]) != child.pid
     err = child.stderr.read()
     assert err.startswith(b"to stderr\n")
     report = wire.parse_home_report(err[err.index(wire.HOME_REPORT_MARK):])  # the resources came home after it
@@ -187,6 +198,18 @@ def test_host_agent_relays_signals_and_kills_at_eof_and_at_its_end(host_agent):
     proc.stdin.close()  # the session ends: the agent kills what still runs
     assert second.wait().returncode == -9
     assert proc.wait(timeout=20) == 0
+
+
+def test_a_lost_host_agent_is_the_helper_end_not_the_controller(host_agent):
+    """The agent dies (its host vanished): no Exit line ever comes, and the
+    exit says the connection's end stood in for the controller's."""
+    proc, path = host_agent
+    child = spawn(path, "import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(60)")
+    controller = int(read_line(child.stdout))
+    os.killpg(proc.pid, 9)  # nothing is left to say how the controller ended
+    os.kill(controller, 9)  # a plain script has no lifeline to end it with its agent
+    end = child.wait()
+    assert (end.returncode, end.lost, end.reaped_at) == (255, "the connection to here", None)
 
 
 def test_host_agent_hangs_up_on_a_stranger(host_agent):

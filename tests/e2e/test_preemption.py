@@ -42,7 +42,7 @@ def test_every_process_saves_at_the_same_step_locally(launch, tmp_path):
     job.proc.send_signal(signal.SIGTERM)
     assert job.wait(timeout=60) == 143, job.stderr
     check_saved(out, report, 2)
-    assert "jaxrun: received SIGTERM" in job.stderr
+    assert "jaxrun: stopped on SIGTERM; every process exited 0 within" in job.stderr
 
 
 @pytest.mark.timeout(120)

@@ -160,3 +160,52 @@ def test_srun_failing_for_all_processes_is_named_once(slurm_cluster, run_jaxrun,
     # A step on a node the cluster does not have: srun fails before any task starts.
     check_engine_failure_named_once(run_jaxrun, [*SLURM, "--scheduler-arg=--nodelist=nosuchnode"], tmp_path,
                                     "srun", 16, "Invalid node name specified")
+
+
+SAVER = ROOT / "tests" / "data" / "sigterm_saver.py"  # its SIGTERM handler takes 1 s to save
+
+
+# How a batch job that runs jaxrun is stopped, and what comes of it (docs/backends.md,
+# "Stopping a job"): jaxrun's exit status, and the job's state as Slurm records it.
+SCANCEL = {
+    "the whole job": (["scancel"], 143, "CANCELLED"),
+    "the whole job, every process": (["scancel", "--full"], 143, "CANCELLED"),
+    "the steps only": (["scancel", "--signal=TERM"], 0, "COMPLETED"),
+    "the batch script only": (["scancel", "--batch", "--signal=TERM"], 143, "FAILED"),
+    "everything, signal only": (["scancel", "--full", "--signal=TERM"], 143, "FAILED"),
+}
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("how", SCANCEL)
+def test_scancel_gives_every_controller_its_time(slurm_cluster, tmp_path, how):
+    """jaxrun as the batch script (``exec``), its 4 controllers saving for 1 s
+    on SIGTERM: however scancel stops the job, every controller saves
+    (srun does not cut the step short; KillWait is 2 s here), and jaxrun's
+    status says whether it was signalled itself."""
+    command, status, state = SCANCEL[how]
+    out, report = tmp_path / "out", tmp_path / "report.json"
+    out.mkdir()
+    batch = tmp_path / "job.sh"
+    words = [sys.executable, "-m", "jaxrun", "--launcher", "slurm", "-n", "4", "--grace", "20",
+             "--log-dir", tmp_path / "logs", "--report", report, SAVER, out, "{process_id}"]
+    batch.write_text("#!/bin/sh\nexec " + shlex.join(map(str, words)) + "\n")
+    env = dict(os.environ)
+    submitted = subprocess.run(["sbatch", "--parsable", "-n", "4", f"--output={tmp_path / 'job.out'}", str(batch)],
+                               env=env, capture_output=True, text=True, check=True)
+    job_id = submitted.stdout.strip().split(";")[0]
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(out.glob("running-*"))) < 4:
+            assert time.monotonic() < deadline, (job_id, sorted(p.name for p in out.iterdir()))
+            time.sleep(0.05)
+        subprocess.run([*command, job_id], env=env, check=True)
+        fields = job_state(job_id, env, within=30)
+    finally:
+        subprocess.run(["scancel", job_id], env=env, capture_output=True)
+    said = (tmp_path / "job.out").read_text(errors="replace") if (tmp_path / "job.out").exists() else ""
+    assert fields["JobState"] == state, (fields, said)
+    assert sorted(p.name for p in out.glob("saved-*")) == [f"saved-{r}" for r in range(4)], said
+    ran = json.loads(report.read_text())
+    assert ran["exit_code"] == status, said
+    assert [(p["exit_code"], p["signal"]) for p in ran["processes"]] == [(0, None)] * 4, said

@@ -104,6 +104,29 @@ def test_toy_on_two_hosts(request, jaxrun, tmp_path, fixture, way):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("fixture", ["sshd_hosts", "sshd_hosts_without_forwarding"])
+def test_two_processes_per_host_get_their_local_ids_and_own_pids(request, jaxrun, tmp_path, shared_dir, fixture):
+    """With 2 slots on each of 2 hosts, process 2 is the first on its host:
+    {local_process_id} and JAXRUN_LOCAL_PROCESS_ID say 0 there, not 2; and
+    the report gives each process the pid of its own controller."""
+    hosts = request.getfixturevalue(fixture)
+    first, second = hosts.addresses
+    script = write(shared_dir, "ids.py", "import os, sys\n"
+                   "print('ids', sys.argv[1], sys.argv[2], os.environ['JAXRUN_LOCAL_PROCESS_ID'],"
+                   " os.environ['JAXRUN_LOCAL_PROCESS_COUNT'], os.getpid())\n")
+    report = tmp_path / "r.json"
+    code, out, err = jaxrun("-H", f"{first}:2,{second}:2", *ssh_flags(hosts), "--log-dir", tmp_path / "logs",
+                            "--report", report, script, "{process_id}", "{local_process_id}", cwd=shared_dir)
+    assert code == 0, err
+    seen = {int(w[2]): w[3:] for w in (line.split() for line in out.splitlines()) if w[1:2] == ["ids"]}
+    assert {r: s[:3] for r, s in seen.items()} == {0: ["0", "0", "2"], 1: ["1", "1", "2"], 2: ["0", "0", "2"],
+                                                  3: ["1", "1", "2"]}, out
+    processes = json.loads(report.read_text())["processes"]
+    assert [p["local_process_id"] for p in processes] == [0, 1, 0, 1]
+    assert [p["pid"] for p in processes] == [int(seen[r][3]) for r in range(4)], (processes, out)
+
+
+@pytest.mark.timeout(60)
 def test_down_host_is_named_and_nothing_runs(sshd_hosts, jaxrun, tmp_path, shared_dir):
     marker = shared_dir / "ran"
     script = write(shared_dir, "mark.py", f"open({str(marker)!r}, 'a').write('x')\n")

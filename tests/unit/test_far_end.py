@@ -28,7 +28,7 @@ from jaxrun import wire
 from jaxrun.backends import far_end
 from jaxrun.backends.scheduler_agent import SchedulerSignals, TaskHome
 from jaxrun.backends.ssh_agent import SshHome
-from jaxrun.core import reaper
+from jaxrun.core import causes, reaper
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -144,6 +144,7 @@ def test_ssh_far_end_sends_no_signal_to_a_reaped_group(pipes):
                                            home=SshHome(control_r, err_w), fds=(out_w, err_w))
     try:
         grandchild = int(read_line(out_r))
+        sent_at = time.time()
         os.write(control_w, wire.Signal.of(signal.SIGTERM).line())
         assert read_line(out_r) == "SIGTERM"
         thread.join(20)
@@ -161,8 +162,17 @@ def test_ssh_far_end_sends_no_signal_to_a_reaped_group(pipes):
     assert group.after_the_reap() == [("SIGUSR2", False), ("SIGKILL", False)]
     os.set_blocking(err_r, False)
     report = os.read(err_r, 1 << 16)
-    assert wire.parse_home_report(report[report.index(wire.HOME_REPORT_MARK):]) is not None, report
+    home = wire.parse_home_report(report[report.index(wire.HOME_REPORT_MARK):])
+    assert home is not None, report
+    check_facts(home[2], group.pgid, sent_at)
     os.close(control_r)
+
+
+def check_facts(facts: dict, pid: int, signalled_at: float) -> None:
+    """The end's facts came home: the controller's own pid, and the time its
+    end was seen, by this machine's clock, which it names."""
+    assert facts["pid"] == pid and facts["clock"] == causes.clock_id(), facts
+    assert signalled_at < facts["reaped_at"] <= time.time(), (facts, signalled_at)
 
 
 def test_task_far_end_sends_no_signal_to_a_reaped_group(pipes):
@@ -181,6 +191,7 @@ def test_task_far_end_sends_no_signal_to_a_reaped_group(pipes):
                                            home=home, fds=(os.dup(out_w), home.err), give_fds=True,
                                            on_start=scheduler.started)
     grandchild = int(read_line(out_r))
+    sent_at = time.time()
     scheduler.handle(signal.SIGTERM)  # as the scheduler sends it to the task
     assert read_line(out_r) == "SIGTERM"
     thread.join(20)
@@ -192,6 +203,8 @@ def test_task_far_end_sends_no_signal_to_a_reaped_group(pipes):
     assert sorted(group.after_the_reap()) == [("SIGKILL", False), ("SIGUSR1", False), ("SIGUSR2", False)]
     assert [type(m) for m in channel.sent] == [wire.Exit] and channel.sent[0].returncode == 3
     assert channel.sent[0].resources["cpu_seconds"] > 0
+    end = channel.sent[0]
+    check_facts({"pid": end.pid, "reaped_at": end.reaped_at, "clock": end.clock}, group.pgid, sent_at)
 
 
 def test_a_controller_that_cannot_start_is_named_on_its_stderr(pipes):

@@ -140,9 +140,17 @@ def test_an_ending_signal_ends_a_step_no_task_has_reached():
 def test_a_lost_connection_ends_the_rank_killed_and_the_note_lands_in_stderr():
     child = RankChild(1, FakeStep())
     Task(child).hang_up()
-    assert child.wait() == ChildExit(-signal.SIGKILL, None)
+    assert child.wait() == ChildExit(-signal.SIGKILL, None, lost="its task agent")
     other = RankChild(2, FakeStep())
     other.finish(1, "jaxrun: srun exited with code 1 before this task reported back (see engine.log)\n")
     assert other.stderr.read().endswith(b"(see engine.log)\n")
     assert other.stdout.read() == b""
-    assert other.wait() == ChildExit(1, None)
+    assert other.wait() == ChildExit(1, None, lost="the scheduler step")
+
+
+def test_the_end_facts_of_an_exit_reach_the_child_exit(rank):
+    child, _ = rank
+    task = Task(child)
+    task.say(wire.Exit(7, None, 1796161488.25, "node-3", 4242))
+    assert task.hear() == wire.Ack()
+    assert child.wait() == ChildExit(7, None, 1796161488.25, "node-3", 4242)

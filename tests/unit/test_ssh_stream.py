@@ -10,11 +10,14 @@ import json
 import os
 import queue
 import random
+import subprocess
+import sys
 import time
 
 import pytest
 
 from jaxrun import contract, wire
+from jaxrun.backends.ssh_children import SessionChild
 from jaxrun.backends.ssh_stream import AgentStderr
 from jaxrun.core.events import Stream, StreamClosed
 from jaxrun.launcher.pump import OutputPump
@@ -23,6 +26,7 @@ pytestmark = pytest.mark.timeout(30)
 
 RECORD = '{"type": "ValueError", "message": "bad", "traceback": ""}'
 USED = {"peak_rss_bytes": 1 << 30, "cpu_seconds": 1.5, "oom": None}
+FACTS = {"pid": 4242, "reaped_at": 1796161488.25, "clock": "hostB"}
 
 
 def cut_through(stream: bytes, seed: int, error_file: str | None = None,
@@ -49,10 +53,11 @@ def cut_through(stream: bytes, seed: int, error_file: str | None = None,
 def test_a_report_home_is_taken_off_the_end(seed, tmp_path):
     own = b"Traceback...\nValueError: bad\npartial \x00 line"
     error_file = str(tmp_path / "process-0.error.json")
-    out, joins, heard = cut_through(own + wire.home_report(RECORD, USED), seed, error_file)
+    out, joins, heard = cut_through(own + wire.home_report(RECORD, USED, **FACTS), seed, error_file)
     assert (out, joins) == (own, 0)
     assert contract.ErrorRecord.load(error_file) == contract.ErrorRecord.from_json(RECORD)
     assert heard.resources == contract.Resources.from_dict(USED)
+    assert heard.came_home and heard.facts == FACTS
 
 
 def test_a_report_home_without_a_record_leaves_no_error_file(tmp_path):
@@ -75,6 +80,7 @@ def test_the_process_own_bytes_are_never_lost(seed, own, tmp_path):
     out, joins, heard = cut_through(own, seed, str(error_file))
     assert (out, joins, heard.resources) == (own, 0, None)
     assert not error_file.exists()
+    assert not heard.came_home and heard.facts == {}
 
 
 def test_a_huge_false_report_is_released_without_waiting_for_the_end():
@@ -136,3 +142,39 @@ def test_a_real_pump_feeds_the_filter_and_logs_only_the_process_bytes(tmp_path):
     assert joins == [0]
     assert heard.closed.is_set() and heard.resources == contract.Resources.from_dict(USED)
     assert json.loads((tmp_path / "process-0.error.json").read_text())["type"] == "ValueError"
+
+
+# -- the child's exit: the controller's own, or its helper's ------------------------------
+
+def session_child(tmp_path, stderr: bytes, status: int) -> SessionChild:
+    """A SessionChild whose "ssh client" writes ``stderr`` and exits ``status``;
+    its stderr read to the end through the child's own filter, as the pump does."""
+    script = f"import os, sys; os.write(2, {stderr!r}); sys.stdin.read(); sys.exit({status})"
+    popen = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    child = SessionChild(popen, error_file=str(tmp_path / "process-0.error.json"))
+    heard = child.stream_filter(Stream.STDERR)
+    popen.stdin.close()
+    for chunk in iter(lambda: popen.stderr.read1(1 << 16), b""):
+        heard.feed(chunk)
+    heard.close()
+    popen.stdout.close()
+    popen.stderr.close()
+    return child
+
+
+def test_a_session_child_exit_carries_the_controller_pid_and_reap_time(tmp_path):
+    child = session_child(tmp_path, wire.home_report(None, USED, **FACTS), 128 + 9)
+    end = child.wait()
+    assert (end.returncode, end.pid, end.reaped_at, end.clock, end.lost) == (-9, 4242, FACTS["reaped_at"], "hostB",
+                                                                            None)
+    assert end.resources == contract.Resources.from_dict(USED)
+    assert child.pid != 4242  # the ssh client's, the handle jaxrun holds; the report takes the exit's
+
+
+@pytest.mark.parametrize("status, lost", [(255, "the ssh client"), (7, None)], ids=["ssh-failed", "agent-status"])
+def test_a_session_child_without_a_report_home(tmp_path, status, lost):
+    """ssh's own failure, with no report home, is the helper's end, not the
+    controller's; the session agent's own status stands."""
+    end = session_child(tmp_path, b"ssh: connect to host hostB: Connection refused\n", status).wait()
+    assert (end.returncode, end.pid, end.reaped_at, end.lost) == (status, None, None, lost)

@@ -36,7 +36,7 @@ from jaxrun.core.outcome import StopReason, Verdict
 from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
 from jaxrun.launcher.console import ConsolePrinter
 from jaxrun.launcher.control import INTERNAL_ERROR
-from jaxrun.launcher.supervisor import DUMP_WAIT, KILL_CONFIRM_WAIT, TIMEOUT_DUMP_WAIT, Supervisor
+from jaxrun.launcher.supervisor import DUMP_WAIT, HOLD_WAIT, KILL_CONFIRM_WAIT, TIMEOUT_DUMP_WAIT, Supervisor
 from jaxrun.reporting.summary import summary_lines
 
 pytestmark = pytest.mark.timeout(30)
@@ -70,9 +70,9 @@ class ScriptedEvents:
         self.script: list = []  # heap of (fake time, order written, step)
         self.order = itertools.count()
 
-    def at(self, t: float, step, *args) -> None:
-        """Play ``step(*args)`` at START + t, when the supervisor waits past it."""
-        heapq.heappush(self.script, (START + t, next(self.order), functools.partial(step, *args)))
+    def at(self, t: float, step, *args, **kwargs) -> None:
+        """Play ``step(*args, **kwargs)`` at START + t, when the supervisor waits past it."""
+        heapq.heappush(self.script, (START + t, next(self.order), functools.partial(step, *args, **kwargs)))
 
     def owe(self, n: int) -> None:
         with self.cond:
@@ -122,7 +122,9 @@ class FakeChild:
     notice, or one blocked in a collective.  With ``grandchild``, its pipes
     stay open after it exits, held by a grandchild that writes one last line
     when the group's SIGKILL reaches it.  A test may set ``reports_joins``,
-    ``filters`` (a StreamFilter per stream) and ``resources`` before the run.
+    ``filters`` (a StreamFilter per stream) and ``resources`` before the run;
+    ``exit`` may say what its reaper saw (``reaped_at``, ``clock``), the
+    controller's own ``pid``, or that a helper's end stood in for it (``lost``).
     """
 
     reports_joins = False
@@ -147,6 +149,7 @@ class FakeChild:
         self.on_join = None
         self.filters: dict = {}
         self.resources: contract.Resources | None = None
+        self.end = ChildExit(0)
 
     @property
     def live_signals(self) -> list[tuple[float, int]]:
@@ -168,8 +171,9 @@ class FakeChild:
     def write_stderr(self, data: bytes) -> None:
         os.write(self.err_w, data)
 
-    def exit(self, returncode: int) -> None:
+    def exit(self, returncode: int, **facts) -> None:
         assert self.returncode is None, f"process {self.rank} scripted to end twice"
+        self.end = ChildExit(returncode, self.resources, **facts)
         # Owed before the end is visible, so that no thread can put it first.
         closes = self.pipes and not self.grandchild
         self.events.owe(3 if closes else 1)  # Exited, and each pipe's StreamClosed
@@ -181,7 +185,7 @@ class FakeChild:
 
     def wait(self) -> ChildExit:
         self.done.wait()
-        return ChildExit(self.returncode, self.resources)
+        return self.end
 
     def stream_filter(self, stream):
         return self.filters.get(stream)
@@ -222,8 +226,8 @@ class Harness:
         self.sup = Supervisor(specs, self.backend, printer, self.log_dir,
                               clock=self.clock, events=self.events, **options)
 
-    def at(self, t: float, step, *args) -> None:
-        self.events.at(t, step, *args)
+    def at(self, t: float, step, *args, **kwargs) -> None:
+        self.events.at(t, step, *args, **kwargs)
 
     def signal_at(self, t: float, signum: int) -> None:
         self.at(t, self.sup.post_signal, signum)
@@ -273,32 +277,138 @@ def test_a_failure_after_the_root_cause_is_a_consequence(tmp_path):
     assert "jaxrun: process 3 failed after the root cause" in summary_lines(outcome, h.log_dir)
 
 
+def record_at(h: Harness, rank: int, at: float, headline: str = "Boom: it broke") -> None:
+    kind, _, message = headline.partition(": ")
+    contract.ErrorRecord(kind, message, "", at).dump(h.sup.records[rank].error_file)
+
+
+def log(h: Harness, rank: int, text: str) -> None:
+    with open(h.sup.records[rank].stderr_log, "a") as f:
+        f.write(text)
+
+
+GLOO = ("JaxRuntimeError: INTERNAL: Gloo all-reduce failed: [external/gloo/gloo/transport/tcp/pair.cc:534] "
+        "Connection closed by peer [127.0.0.1]:40123")
+HEARTBEAT_ABORT = ("F1201 21:50:14.879987 3399 client.h:80] Terminating process because the JAX distributed service "
+                   "detected fatal errors. This most likely indicates that another task died\n"
+                   "*** Check failure stack trace: ***\n")
+
+
 def test_exits_heard_together_are_put_in_the_order_their_errors_were_recorded(tmp_path):
     """A fork server reaps the exits of one moment in rank order: process 2
     stopped the job, its peers failed when it left, and rank 0's exit arrives
-    first.  The records' times put process 2 first; a process without a
-    record is never moved."""
+    first.  The records' times, on one machine's clock, put process 2 first;
+    a process whose time is unknown is never moved."""
     h = Harness(tmp_path)
-
-    def record(rank: int, at: float) -> None:
-        contract.ErrorRecord("Boom", f"process {rank}", "", at).dump(h.sup.records[rank].error_file)
-
-    h.at(0.5, record, 2, 100.0)
-    h.at(0.5, record, 0, 100.2)
-    h.at(0.5, record, 3, 100.1)
-    h.at(1, h.kids[0].exit, 1)
-    h.at(1, h.kids[2].exit, 3)
-    h.at(1, h.kids[3].exit, 1)
+    h.at(0.5, record_at, h, 2, 100.0)
+    h.at(0.5, record_at, h, 0, 100.2)
+    h.at(0.5, record_at, h, 3, 100.1)
+    h.at(1, h.kids[0].exit, 1, clock="here")
+    h.at(1, h.kids[2].exit, 3, clock="here")
+    h.at(1, h.kids[3].exit, 1, clock="here")
     outcome = h.run()
     assert outcome.root_cause == 2 and outcome.exit_code == 3
     assert verdicts(outcome) == [Verdict.CONSEQUENCE, Verdict.STOPPED, Verdict.ROOT_CAUSE, Verdict.CONSEQUENCE]
 
     h = Harness(tmp_path / "no-record")
-    h.at(0.5, record, 2, 100.0)
-    h.at(1, h.kids[0].exit, 1)  # no record of its own: nothing to compare
-    h.at(1, h.kids[2].exit, 3)
+    h.at(0.5, record_at, h, 2, 100.0)
+    h.at(1, h.kids[0].exit, 1, clock="here")  # no record, no reap time: nothing to compare
+    h.at(1, h.kids[2].exit, 3, clock="here")
     outcome = h.run()
     assert outcome.root_cause == 0 and outcome.exit_code == 1
+
+
+def test_a_peer_that_failed_because_another_left_is_not_the_root_cause(tmp_path):
+    """The issue's case: process 3 os._exit(7)s at T; process 2's collective
+    fails (Gloo: "Connection closed by peer") and records it at T+0.025; the
+    fork server reaps both in one pass, in rank order, so process 2 is heard
+    first, and was even reaped a moment earlier.  Process 3 left no record:
+    it failed on its own, and 7 is jaxrun's status."""
+    h = Harness(tmp_path)
+    h.at(0.5, record_at, h, 2, 100.025, GLOO)
+    h.at(1, h.kids[2].exit, 1, reaped_at=100.0301, clock="here")
+    h.at(1, h.kids[3].exit, 7, reaped_at=100.0302, clock="here")
+    outcome = h.run()
+    assert (outcome.root_cause, outcome.exit_code, outcome.reason) == (3, 7, StopReason.FAILURE)
+    assert verdicts(outcome) == [Verdict.STOPPED, Verdict.STOPPED, Verdict.CONSEQUENCE, Verdict.ROOT_CAUSE]
+    assert outcome.records[3].reaped_at == 100.0302
+    summary = summary_lines(outcome, h.log_dir)
+    assert "jaxrun: process 3 failed first: exit code 7 (pid 40003)" in summary
+    assert "jaxrun: process 2 failed after the root cause" in summary
+
+
+def test_a_signal_death_comes_before_an_abort_for_a_lost_peer(tmp_path):
+    """Neither left a record: the end of each one's stderr is the evidence.
+    Process 0 aborted when the coordination service reported a dead task;
+    process 1 died of SIGSEGV, and that is what jaxrun exits with."""
+    h = Harness(tmp_path)
+    h.at(0.5, log, h, 0, HEARTBEAT_ABORT)
+    h.at(0.5, log, h, 1, "Fatal Python error: Segmentation fault\n")
+    h.at(1, h.kids[0].exit, -signal.SIGABRT, reaped_at=50.0, clock="here")
+    h.at(1, h.kids[1].exit, -signal.SIGSEGV, reaped_at=50.1, clock="here")
+    outcome = h.run()
+    assert (outcome.root_cause, outcome.exit_code) == (1, 139)
+    assert verdicts(outcome)[:2] == [Verdict.CONSEQUENCE, Verdict.ROOT_CAUSE]
+
+
+@pytest.mark.parametrize("clocks, first, status", [(("a", "a"), 1, 5), (("a", "b"), 0, 1)],
+                         ids=["one-host", "two-hosts"])
+def test_two_failures_of_their_own_go_by_reap_time_on_one_clock_only(tmp_path, clocks, first, status):
+    """On one machine, the one reaped earlier failed first, whatever the
+    order heard; on two, their clocks are not compared: the first heard."""
+    h = Harness(tmp_path)
+    h.at(1, h.kids[0].exit, 1, reaped_at=50.2, clock=clocks[0])
+    h.at(1, h.kids[1].exit, 5, reaped_at=50.1, clock=clocks[1])
+    outcome = h.run()
+    assert (outcome.root_cause, outcome.exit_code) == (first, status)
+
+
+def test_consequences_alone_keep_the_first_heard(tmp_path):
+    h = Harness(tmp_path)
+    h.at(0.5, record_at, h, 1, 9.0, GLOO)
+    h.at(0.5, record_at, h, 0, 8.0, GLOO)
+    h.at(1, h.kids[1].exit, 1, reaped_at=9.1, clock="here")
+    h.at(1, h.kids[0].exit, 1, reaped_at=8.1, clock="here")
+    outcome = h.run()
+    assert outcome.root_cause == 1
+
+
+def test_a_helper_end_then_jaxrun_own_sigterm_is_a_stop_not_a_failure(tmp_path):
+    """A SIGTERM to the whole tree ends a local ssh client first, and its end
+    is heard before jaxrun's own handler has run: held for HOLD_WAIT, it is
+    part of the stop."""
+    h = Harness(tmp_path, grace=5)
+    h.at(1, h.kids[0].exit, 255, lost="the ssh client")
+    h.signal_at(1 + HOLD_WAIT / 3, signal.SIGTERM)
+    outcome = h.run()
+    assert (outcome.exit_code, outcome.reason, outcome.root_cause) == (143, StopReason.SIGNAL, None)
+    assert all(v is Verdict.STOPPED for v in verdicts(outcome))
+    assert outcome.records[0].lost == "the ssh client"
+    for kid in list(h.kids.values())[1:]:
+        assert kid.live_signals == [(START + 1 + HOLD_WAIT / 3, signal.SIGTERM), (START + 1 + HOLD_WAIT / 3 + 5,
+                                                                              signal.SIGKILL)]
+
+
+@pytest.mark.parametrize("returncode, facts", [(255, {"lost": "the connection to hostB"}), (-signal.SIGTERM, {})],
+                         ids=["helper", "sigterm"])
+def test_an_end_held_for_a_stop_that_never_comes_is_a_failure(tmp_path, returncode, facts):
+    h = Harness(tmp_path)
+    h.at(1, h.kids[2].exit, returncode, **facts)
+    outcome = h.run()
+    assert (outcome.reason, outcome.root_cause) == (StopReason.FAILURE, 2)
+    assert outcome.exit_code == contract.exit_status(returncode)
+    for rank in (0, 1, 3):  # the dump and the kill, HOLD_WAIT late
+        assert h.kids[rank].live_signals == [(START + 1 + HOLD_WAIT, signal.SIGUSR1),
+                                             (START + 1 + HOLD_WAIT + DUMP_WAIT, signal.SIGKILL)]
+
+
+def test_a_failure_of_its_own_outranks_a_helper_lost_earlier(tmp_path):
+    h = Harness(tmp_path)
+    h.at(1, h.kids[0].exit, 255, lost="the ssh client")
+    h.at(1 + HOLD_WAIT / 2, h.kids[1].exit, 3)
+    outcome = h.run()
+    assert (outcome.root_cause, outcome.exit_code) == (1, 3)
+    assert verdicts(outcome)[:2] == [Verdict.CONSEQUENCE, Verdict.ROOT_CAUSE]
 
 
 @pytest.mark.parametrize("returncode, status", [(-signal.SIGKILL, 137), (-signal.SIGSEGV, 139)], ids=["SIGKILL", "SIGSEGV"])
@@ -391,6 +501,37 @@ def test_sighup_gives_129_and_children_that_obey_are_not_killed(tmp_path):
     assert all(v is Verdict.STOPPED for v in verdicts(outcome))
     for kid in h.kids.values():
         assert kid.live_signals == [(START + 2, signal.SIGHUP)]
+
+
+def test_a_clean_stop_says_every_process_exited_0_and_when(tmp_path):
+    """Each process saved its work on the forwarded SIGTERM and exited 0: the
+    summary says so, with the time from the signal to the last exit, and the
+    status stays 143 (the job was interrupted)."""
+    h = Harness(tmp_path, grace=30)
+    h.signal_at(2, signal.SIGTERM)
+    for rank, after in enumerate((0.5, 0.8, 1.1, 1.1)):
+        h.at(2 + after, h.kids[rank].exit, 0)
+    outcome = h.run()
+    assert (outcome.exit_code, outcome.reason) == (143, StopReason.SIGNAL)
+    assert all(v is Verdict.OK for v in verdicts(outcome))
+    assert outcome.stop_seconds == pytest.approx(1.1)
+    summary = summary_lines(outcome, h.log_dir)
+    assert summary[0] == "jaxrun: stopped on SIGTERM; every process exited 0 within 1.1 s"
+
+    h = Harness(tmp_path / "one-killed", grace=3)
+    h.signal_at(2, signal.SIGTERM)
+    for rank in range(3):
+        h.at(2.5, h.kids[rank].exit, 0)  # process 3 ignores it and is killed after the grace
+    outcome = h.run()
+    assert summary_lines(outcome, h.log_dir)[0] == "jaxrun: received SIGTERM; stopped every process"
+
+
+def test_the_controller_own_pid_that_comes_with_the_exit_is_the_record(tmp_path):
+    h = Harness(tmp_path, n=2)
+    h.at(1, h.kids[1].exit, 3, pid=777)
+    outcome = h.run()
+    assert [r.pid for r in outcome.records] == [40000, 777]
+    assert "jaxrun: process 1 failed first: exit code 3 (pid 777)" in summary_lines(outcome, h.log_dir)
 
 
 def test_a_second_sigint_kills_at_once(tmp_path):

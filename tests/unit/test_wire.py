@@ -11,6 +11,7 @@ EXAMPLES = [
     wire.Started(4242),
     wire.ChildExited(4242, -9),
     wire.ChildExited(4242, 0, {"peak_rss_bytes": 1 << 30, "cpu_seconds": 1.5, "oom": None}),
+    wire.ChildExited(4242, 7, None, 1796161488.9206526),
     wire.Signal("SIGTERM"),
     wire.Hello("f" * 32, 3, "stderr"),
     wire.Coordinator("10.0.0.1:1234"),
@@ -18,6 +19,7 @@ EXAMPLES = [
     wire.Error(contract.ErrorRecord("ValueError", "bad\nvalue", "Traceback ...\n").to_json()),
     wire.Exit(137),
     wire.Exit(-9, {"peak_rss_bytes": 7, "cpu_seconds": 0.0, "oom": "the kernel's OOM killer ended it"}),
+    wire.Exit(7, None, 1796161488.9206526, "node-3", 31337),
     wire.Ack(),
 ]
 
@@ -33,11 +35,15 @@ def test_every_message_round_trips_on_one_line(msg):
 def test_what_comes_home_with_a_remote_stream():
     record = contract.ErrorRecord("ValueError", "bad", "Traceback ...\n").to_json()
     used = contract.Resources(123 << 20, 4.25).to_dict()
-    assert wire.parse_home_report(wire.home_report(record, used)) == (record, used)
-    assert wire.parse_home_report(wire.home_report(None, None)) == (None, None)
+    facts = {"pid": 4242, "reaped_at": 1796161488.25, "clock": "hostB"}
+    assert wire.parse_home_report(wire.home_report(record, used, **facts)) == (record, used, facts)
+    assert wire.parse_home_report(wire.home_report(record, used)) == (record, used, {})  # an older far end
+    assert wire.parse_home_report(wire.home_report(None, None)) == (None, None, {})
     mark = wire.HOME_REPORT_MARK
-    for junk in (b"[1]", b'{"error": 3, "resources": "x"}'):
-        assert wire.parse_home_report(mark + junk + b"\n") == (None, None)
+    for junk in (b"[1]", b'{"error": 3, "resources": "x"}', b'{"pid": "1", "reaped_at": true, "clock": 5}'):
+        assert wire.parse_home_report(mark + junk + b"\n") == (None, None, {})
+    # A whole number of seconds is still a time; what is not a pid is dropped.
+    assert wire.parse_home_report(mark + b'{"reaped_at": 17, "pid": 1.5}\n') == (None, None, {"reaped_at": 17.0})
     for own in (mark + b"nonsense\n", mark + b"{}\nmore\n", mark + b"{}", b"x" + mark + b"{}\n"):
         assert wire.parse_home_report(own) is None
 
@@ -59,7 +65,7 @@ def test_words_are_unique():
     assert len(set(words)) == len(words)
 
 
-@pytest.mark.parametrize("data", [b"", b"nonsense", b"exit", b"exit [1, {}, 3]", b"started [not json", b"hello [1]"])
+@pytest.mark.parametrize("data", [b"", b"nonsense", b"exit", b'exit [1, {}, 3, "c", 4, 5]', b"started [not json", b"hello [1]"])
 def test_bad_lines_are_wire_errors(data):
     with pytest.raises(wire.WireError):
         wire.decode(data)

@@ -1,0 +1,447 @@
+"""The fault x backend matrix: one supervision semantics in every backend (issue #29).
+
+jaxrun promises, whatever starts the processes: the process that failed first
+is named and its status is jaxrun's; a SIGTERM gives every process ``--grace``
+seconds before SIGKILL; nothing outlives the run.  ``FAULTS`` below is one
+table of faults with the outcome each must have, and ``BACKENDS`` one table of
+the ways to launch; every pair is a test.  Each cell runs a real 4-process JAX
+job (``tests/data/matrix_job.py``: a collective, then a SIGTERM handler that
+saves for 1 s) and checks:
+
+- jaxrun's exit status;
+- the root cause, in the ``--report`` JSON and in the summary;
+- the seconds from the fault to the end: the job writes when it faulted, or
+  the test notes when it sent the signal, to a folder every host sees;
+- the processes left afterwards, the far ends included: the leak guard's
+  token finds what inherited jaxrun's environment, the cell's folder and
+  jaxrun's pid (in the names of the hosts' preloading servers) the SSH far
+  ends that did not;
+- what each process saved: the marker its SIGTERM handler writes.
+
+The crash faults run again under CPU overload (a burner per core) on the
+default local mode and over SSH, where a wrong root cause showed up 1 run in
+5 (issue #29).  ``bench/matrix.py`` runs that held-out version many times.
+
+A new backend is one line in ``BACKENDS``; where an engine cannot keep a
+promise and the docs say what happens instead, its ``differs`` holds that
+expectation (Slurm's ``srun`` under a whole-tree SIGTERM).  Everything a cell
+does is in plain functions (``run_cell``, ``problems``), so that the bench
+runs the very same cells without pytest's fixtures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import psutil
+import pytest
+from fixtures.jobs import DATA, JAXRUN, ROOT, TOKEN
+
+JOB = DATA / "matrix_job.py"
+PROCESSES = 4
+ALL = frozenset(range(PROCESSES))
+GRACE = 5.0
+# --timeout counts from jaxrun's start: long enough for four JAX processes to
+# reach their collective on a loaded 2-core machine, so that it finds them
+# hung there, not still importing jax.
+TIMEOUT = 12.0
+# Seconds a cell may take to start its job, and to end after its fault, before
+# it counts as stuck: far beyond any bound below, even on a loaded machine.
+START = 90.0
+STUCK = 45.0
+# Under CPU overload every bound is this many times looser.
+LOADED = 2.0
+
+
+# -- the faults ------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Seen:
+    """What one cell observed."""
+
+    status: int
+    err: str  # jaxrun's stderr: the live lines and the summary
+    report: dict | None  # --report, where jaxrun lived to write it
+    markers: dict[str, frozenset]  # marker name -> the processes that wrote it
+    fault_at: float | None  # time.time() of the fault
+    ended_at: float  # when jaxrun exited (after a SIGKILL: when nothing was left)
+    far_ends: frozenset  # the kinds of far end seen while the job ran
+    left: tuple  # what was still running once the run was over
+    logs: Path
+    stuck: str | None = None  # what was still running when jaxrun did not end
+
+    @property
+    def took(self) -> float | None:
+        return None if self.fault_at is None else self.ended_at - self.fault_at
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    name: str
+    job: str  # matrix_job.py's FAULT
+    how: str  # who faults: "job", or the test with "sigterm", "tree", "sigkill", "timeout"
+    status: int  # jaxrun's exit status (-9: jaxrun itself was SIGKILLed)
+    within: float  # seconds from the fault to the end, at most
+    root: int | None = None  # the process named as the root cause; None: no process is
+    says: str | None = None  # a pattern the console must show
+    saved: frozenset | None = None  # who saved; None: timing decides, not pinned
+    flags: tuple = ()
+    extra: Callable[[Seen], list[str]] = lambda seen: []
+
+    @property
+    def crash(self) -> bool:
+        return self.how == "job"
+
+
+def failed_first(rank: int, how: str) -> str:
+    return rf"jaxrun: process {rank}( on \S+)? failed first: {how} \(pid \d+\)"
+
+
+def exception_named(seen: Seen) -> list[str]:
+    found = []
+    if "RuntimeError: matrix fault in process 2" not in seen.err:
+        found.append("the summary does not name the exception")
+    exception = ((seen.report or {}).get("root_cause") or {}).get("exception") or {}
+    if (exception.get("type"), exception.get("message")) != ("RuntimeError", "matrix fault in process 2"):
+        found.append(f"the report's root cause holds the exception {exception or None}")
+    return found
+
+
+def clean_stop(seen: Seen) -> list[str]:
+    """A stop every process took in its stride: the report holds each one's
+    real exit code and resources, and the summary blames no process."""
+    found = []
+    if not re.search(r"^jaxrun: .*SIGTERM", seen.err, re.M):
+        found.append("the summary does not say that jaxrun stopped on SIGTERM")
+    if "failed first" in seen.err:
+        found.append("the summary blames a process for a clean stop")
+    for p in (seen.report or {}).get("processes", []):
+        if (p["exit_code"], p["signal"]) != (0, None) or not p["resources"]:
+            found.append(f"process {p['process_id']}: exit code {p['exit_code']}, signal {p['signal']}, "
+                         f"resources {p['resources']} in the report")
+    return found
+
+
+def killed_at_once(seen: Seen) -> list[str]:
+    """srun cannot be shielded (docs/backends.md, "Stopping a job"): a SIGTERM
+    of its own makes it SIGKILL every task at once, and jaxrun still exits 143."""
+    found = []
+    if not re.search(r"^jaxrun: .*SIGTERM", seen.err, re.M) or "failed first" in seen.err:
+        found.append("the summary does not say that jaxrun stopped on SIGTERM, blaming no process")
+    signals = [p["signal"] for p in (seen.report or {}).get("processes", [])]
+    if signals != ["SIGKILL"] * PROCESSES:
+        found.append(f"the report's signals are {signals}, not SIGKILL for every process")
+    return found
+
+
+def stacks_dumped(seen: Seen) -> list[str]:
+    return [f"no stack dump in process {r}'s log" for r in range(PROCESSES)
+            if "most recent call first" not in read(seen.logs / f"process-{r}.stderr")]
+
+
+FAULTS = [
+    Fault("exit", "exit", "job", 7, within=10, root=3, says=failed_first(3, "exit code 7")),
+    Fault("exception", "exception", "job", 1, within=10, root=2, says=failed_first(2, "exit code 1"),
+          extra=exception_named),
+    Fault("segv", "segv", "job", 139, within=10, root=1, says=failed_first(1, "killed by SIGSEGV")),
+    Fault("sigterm", "idle", "sigterm", 143, within=GRACE + 5, saved=ALL, extra=clean_stop),
+    Fault("tree_sigterm", "idle", "tree", 143, within=GRACE + 5, saved=ALL, extra=clean_stop),
+    # The lifeline ends every process at once: a SIGKILLed jaxrun cannot grant a grace.
+    Fault("sigkill", "idle", "sigkill", -9, within=10, saved=frozenset()),
+    Fault("hang", "hang", "timeout", 124, within=GRACE + 7, says=r"^jaxrun: --timeout expired", flags=("--timeout", TIMEOUT),
+          extra=stacks_dumped),
+]
+CRASHES = [f for f in FAULTS if f.crash]
+
+
+# -- the backends ----------------------------------------------------------------
+
+def ssh_flags(hosts) -> list:
+    """sshd starts each session afresh: this checkout and the leak guard's token go explicitly."""
+    return ["-H", "hostA:2,hostB:2", "--ssh-config", hosts.config, "--env", f"PYTHONPATH={ROOT}", "-x", TOKEN]
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    name: str
+    flags: Callable[[object], list]  # the engine (what ``engine`` gave) -> jaxrun's flags
+    engine: str | None = None  # the fixture that provides it
+    program: str | None = None  # a program it needs on PATH
+    env: tuple = ()  # (name, value) pairs the run needs
+    far_ends: frozenset = frozenset()  # kinds of far end a run must show (module names)
+    # Where an engine cannot keep a promise, the documented behaviour instead:
+    # (fault name, {Fault field: value}).
+    differs: tuple = ()
+
+    def expects(self, fault: Fault) -> Fault:
+        return dataclasses.replace(fault, **dict(self.differs).get(fault.name, {}))
+
+
+BACKENDS = [
+    Backend("local", lambda _: ["-n", PROCESSES, "--no-preload"]),
+    Backend("preload", lambda _: ["-n", PROCESSES, "--preload"], far_ends=frozenset({"forkserver_agent"})),
+    Backend("ssh", ssh_flags, engine="sshd_hosts", far_ends=frozenset({"ssh_host", "forkserver_agent"})),
+    Backend("slurm", lambda _: ["--launcher", "slurm", "-n", PROCESSES], engine="slurm_cluster", program="srun",
+            far_ends=frozenset({"scheduler_agent"}),
+            differs=(("tree_sigterm", {"saved": frozenset(), "extra": killed_at_once}),)),
+    # 4 processes on 2 cores: a site would set this in openmpi-mca-params.conf.
+    Backend("mpirun", lambda _: ["--launcher", "mpirun", "-n", PROCESSES], program="mpirun",
+            env=(("OMPI_MCA_rmaps_base_oversubscribe", "1"),), far_ends=frozenset({"scheduler_agent"})),
+]
+BY_NAME = {b.name: b for b in BACKENDS}
+
+
+# -- one cell ----------------------------------------------------------------------
+
+def read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def markers(state: Path) -> dict[str, frozenset]:
+    found: dict[str, set] = {}
+    for path in state.iterdir():
+        name, _, rank = path.name.partition("-")
+        if rank.isdigit():
+            found.setdefault(name, set()).add(int(rank))
+    return {name: frozenset(ranks) for name, ranks in found.items()}
+
+
+def job_processes(token: str, signs: tuple[str, ...]) -> list[psutil.Process]:
+    """The run's processes still running, wherever they run on this machine:
+    those with the token in their environment, and those whose command line
+    carries one of ``signs`` (the SSH far ends start from sshd's environment)."""
+    found = []
+    for proc in psutil.process_iter():
+        if proc.pid == os.getpid():
+            continue
+        with contextlib.suppress(psutil.Error):
+            words = " ".join(proc.cmdline())
+            ours = any(s in words for s in signs) or proc.environ().get(TOKEN) == token
+            if ours and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+    return found
+
+
+def far_end_kinds(procs: list[psutil.Process]) -> set[str]:
+    """The jaxrun far ends among ``procs``, by module (``forkserver_agent``,
+    ``ssh_host``, ...); a process title is one long word, so split it."""
+    kinds = set()
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            for word in " ".join(proc.cmdline()).split():
+                if word.startswith("jaxrun.backends."):
+                    kinds.add(word.rsplit(".", 1)[1])
+    return kinds
+
+
+def describe(proc: psutil.Process) -> str:
+    try:
+        return f"{proc.pid} {' '.join(proc.cmdline())[:160]}"
+    except psutil.Error:
+        return f"{proc.pid} (gone)"
+
+
+def wait_until(check: Callable[[], bool], within: float, step: float = 0.1) -> bool:
+    deadline = time.monotonic() + within
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(step)
+    return True
+
+
+def signal_tree(root: int, signum: int) -> None:
+    """``signum`` to jaxrun and every descendant, in one loop: how a systemd
+    stop of a control group or a container runtime's stop reaches a job.  The
+    SSH hosts' processes descend from their sshd, as on other machines, so
+    they are not in this tree; Slurm's tasks descend from slurmstepd."""
+    top = psutil.Process(root)
+    for proc in [top, *top.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(signum)
+
+
+def run_cell(backend: Backend, engine, fault: Fault, folder: Path, token: str, *, loaded: bool = False) -> Seen:
+    """Run ``fault`` on ``backend`` in ``folder`` (which every host sees) and
+    say what happened.  Whatever the cell leaves is killed before it returns."""
+    script = folder / JOB.name  # its own copy: the SSH far ends name it on their command lines
+    shutil.copy(JOB, script)
+    state, logs, report = folder / "state", folder / "logs", folder / "report.json"
+    state.mkdir()
+    argv = [*JAXRUN, *map(str, backend.flags(engine)), "--cpu-devices", "1", "--grace", str(GRACE),
+            "--log-dir", str(logs), "--report", str(report), *map(str, fault.flags), str(script), fault.job, str(state)]
+    env = {**os.environ, TOKEN: token, **dict(backend.env)}
+    with open(folder / "jaxrun.out", "wb") as out, open(folder / "jaxrun.err", "wb") as err:
+        started = time.time()
+        proc = subprocess.Popen(argv, cwd=folder, env=env, stdout=out, stderr=err, start_new_session=True)
+    signs = (str(folder), f"jaxrun-{proc.pid}-")
+    far_ends: set[str] = set()
+    stuck = None
+    try:
+        def ready() -> bool:
+            everyone = markers(state).get("ready", frozenset()) == ALL
+            if everyone and not far_ends:
+                far_ends.update(far_end_kinds(job_processes(token, signs)))
+            return everyone or proc.poll() is not None
+
+        wait_until(ready, START * (LOADED if loaded else 1), step=0.05)
+        fault_at = send_fault(fault, proc, started)
+        try:
+            proc.wait(timeout=STUCK)
+        except subprocess.TimeoutExpired:
+            stuck = stuck_state(proc, token, signs, logs)
+        if fault.how == "sigkill":  # the end is when nothing is left
+            wait_until(lambda: not job_processes(token, signs), within=STUCK)
+        ended_at = time.time()
+        # Far ends get a few seconds to notice that the run is over.
+        wait_until(lambda: not job_processes(token, signs), within=5)
+        left = tuple(describe(p) for p in job_processes(token, signs))
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        for leftover in job_processes(token, signs):
+            with contextlib.suppress(psutil.Error):
+                leftover.kill()
+    seen_markers = markers(state)
+    if fault.crash:
+        fault_at = max((float(read(state / f"fault-{r}")) for r in seen_markers.get("fault", ())), default=None)
+    return Seen(proc.returncode, read(folder / "jaxrun.err"),
+                json.loads(report.read_text()) if report.exists() else None, seen_markers, fault_at, ended_at,
+                frozenset(far_ends), left, logs, stuck)
+
+
+def stuck_state(proc: subprocess.Popen, token: str, signs: tuple[str, ...], logs: Path) -> str:
+    """What a run that never ended was doing: who was still there, and the
+    stacks jaxrun's SIGUSR1 dumps into each process's log."""
+    alive = [describe(p) for p in job_processes(token, signs)]
+    proc.send_signal(signal.SIGUSR1)
+    time.sleep(2)
+    tails = [f"process {r}: ...{read(logs / f'process-{r}.stderr')[-1500:]}" for r in range(PROCESSES)]
+    return "\n".join([f"jaxrun did not end within {STUCK:.0f} s of the fault; still running:", *alive, *tails])
+
+
+def send_fault(fault: Fault, proc: subprocess.Popen, started: float) -> float | None:
+    """The test's part of the fault, if any; when it happened."""
+    if proc.poll() is not None or fault.crash:
+        return None
+    if fault.how == "timeout":
+        return started + TIMEOUT  # jaxrun's deadline, counted from its start
+    at = time.time()
+    if fault.how == "sigterm":
+        proc.send_signal(signal.SIGTERM)
+    elif fault.how == "tree":
+        signal_tree(proc.pid, signal.SIGTERM)
+    elif fault.how == "sigkill":
+        proc.kill()
+    else:
+        raise ValueError(f"unknown fault {fault.how!r}")
+    return at
+
+
+def problems(backend: Backend, fault: Fault, seen: Seen, *, loaded: bool = False) -> list[str]:
+    """Everything that differs from the fault's promise; empty when the cell is right."""
+    found = [seen.stuck] if seen.stuck else []
+    if seen.markers.get("ready") != ALL:
+        found.append(f"only processes {sorted(seen.markers.get('ready', ()))} finished the first collective")
+    if seen.status != fault.status:
+        found.append(f"exit status {seen.status}, not {fault.status}")
+    cause = (seen.report or {}).get("root_cause")
+    if fault.status != -9:
+        named = None if cause is None else cause["process_id"]
+        if seen.report is None:
+            found.append("no report")
+        elif named != fault.root:
+            found.append(f"root cause {named}, not {fault.root}")
+    if fault.says and not re.search(fault.says, seen.err, re.M):
+        found.append(f"the console lacks {fault.says!r}")
+    if fault.crash:
+        wrong = re.findall(r"process \d+(?: on \S+)? failed first: [^\n]*", seen.err)
+        if any(not re.match(fault.says, "jaxrun: " + w) for w in wrong):
+            found.append(f"the summary says {wrong}")
+    within = fault.within * (LOADED if loaded else 1)
+    if seen.took is None:
+        found.append("the fault never happened")
+    elif seen.took > within:
+        found.append(f"{seen.took:.1f} s from the fault to the end, more than {within:.0f} s")
+    if seen.left:
+        found.append(f"left running: {list(seen.left)}")
+    if not backend.far_ends <= seen.far_ends:
+        found.append(f"far ends seen while it ran: {sorted(seen.far_ends)}, expected {sorted(backend.far_ends)}")
+    saved = seen.markers.get("saved", frozenset())
+    if fault.saved is not None and saved != fault.saved:
+        found.append(f"saved: {sorted(saved)} of {PROCESSES}, expected {sorted(fault.saved)}")
+    found += fault.extra(seen)
+    return found
+
+
+def summary(backend: Backend, fault: Fault, seen: Seen) -> str:
+    """One line for a cell: the figures a note quotes."""
+    cause = ((seen.report or {}).get("root_cause") or {}).get("process_id")
+    took = "?" if seen.took is None else f"{seen.took:.1f}"
+    return (f"{backend.name:8} {fault.name:13} status {seen.status:4}  root cause {cause!s:4}  "
+            f"{took:>5} s to the end  saved {len(seen.markers.get('saved', ()))}/{PROCESSES}  left {len(seen.left)}")
+
+
+@contextlib.contextmanager
+def overload(count: int | None = None) -> Iterator[None]:
+    """A busy loop per core (or ``count``), killed when the block ends.
+    Without the token: they are the machine's load, not the job."""
+    env = {k: v for k, v in os.environ.items() if k != TOKEN}
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"], env=env)
+               for _ in range(count or os.cpu_count() or 1)]
+    try:
+        yield
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+
+
+# -- the tests ---------------------------------------------------------------------
+
+@pytest.fixture
+def engine(request, backend):
+    if backend.program and not shutil.which(backend.program):
+        pytest.skip(f"{backend.program} is not installed")
+    return request.getfixturevalue(backend.engine) if backend.engine else None
+
+
+def check_cell(backend, engine, fault, folder, token, loaded=False) -> None:
+    fault = backend.expects(fault)
+    seen = run_cell(backend, engine, fault, folder, token, loaded=loaded)
+    print(summary(backend, fault, seen))
+    found = problems(backend, fault, seen, loaded=loaded)
+    assert not found, "\n".join([summary(backend, fault, seen), *found, "jaxrun's stderr:", seen.err[-4000:]])
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.name)
+@pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: b.name)
+def test_matrix(backend, engine, fault, shared_dir, no_leftover_processes):
+    check_cell(backend, engine, fault, shared_dir, no_leftover_processes)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("run", [1, 2])
+@pytest.mark.parametrize("fault", CRASHES, ids=lambda f: f.name)
+@pytest.mark.parametrize("backend", [BY_NAME["preload"], BY_NAME["ssh"]], ids=lambda b: b.name)
+def test_crash_under_overload(backend, engine, fault, run, shared_dir, no_leftover_processes):
+    """The root cause comes from evidence, not from the order in which a
+    loaded machine happened to report the exits."""
+    with overload():
+        check_cell(backend, engine, fault, shared_dir, no_leftover_processes, loaded=True)

@@ -1,0 +1,274 @@
+"""A SIGTERM sent to jaxrun's whole tree at once keeps its grace, in every backend (#29).
+
+Slurm's ``scancel``, a systemd stop of a control group and a container
+runtime's stop signal every process of a job at the same moment: jaxrun, each
+controller, and every helper jaxrun started (the fork server, the local ssh
+clients, mpirun, the task agents).  The helpers must leave the signal to
+jaxrun (``jaxrun.backends.shield``), so that each controller, whose SIGTERM
+handler takes a second to save its work, gets its ``--grace``:
+
+- every controller saved (4 of 4);
+- jaxrun exits 143, an interrupted run;
+- the report gives each process its own exit, 0, with the resources its
+  reaper measured;
+- nothing is left (the leak guard), and it all ends well within the grace.
+
+srun cannot be shielded: it unblocks the signals and turns its own SIGTERM
+into a SIGKILL of its tasks.  Its case pins that documented behaviour
+(docs/backends.md says what to set instead).
+
+The second test sends SIGTERM to jaxrun alone, and then, while that stop is
+under way, to every helper directly: each must survive it, and the stop
+still ends as above.  The third kills the fork server during a stop: its
+controllers keep their grace all the same.  The last checks that whatever
+the helpers hold blocked, a controller starts with the stop signals of a
+plain ``python SCRIPT``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import psutil
+import pytest
+from fixtures.jobs import DATA, ROOT, TOKEN
+
+SAVER = DATA / "sigterm_saver.py"  # its SIGTERM handler takes 1 s to save
+PROCESSES = 4
+GRACE = 20
+# From the signal to jaxrun's end: a save takes 1 s; a controller may get the
+# signal twice (directly and forwarded) and save twice; the rest is slack for
+# a loaded machine, far below the grace.
+WITHIN = 12.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Way:
+    """One way of launching: jaxrun's flags, given the fixture's value."""
+
+    name: str
+    flags: Callable[[object], list]
+    fixture: str | None = None
+    program: str | None = None
+    env: tuple = ()
+    shielded: bool = True  # False: the engine cannot be kept from acting on the signal itself
+
+
+def ssh_flags(hosts) -> list:
+    return ["-H", "hostA:2,hostB:2", "--ssh-config", hosts.config, "--env", f"PYTHONPATH={ROOT}", "-x", TOKEN]
+
+
+WAYS = [
+    Way("local", lambda _: ["-n", PROCESSES, "--no-preload"]),
+    Way("preload", lambda _: ["-n", PROCESSES, "--preload"]),
+    Way("ssh", ssh_flags, "sshd_hosts"),
+    # Each process in a session over the master (the ssh client that dies of
+    # SIGTERM even when it inherits it ignored), started fresh by its session
+    # agent, which holds the stop signals blocked: the shim unblocks them.
+    Way("ssh-sessions", lambda hosts: ["-H", "hostC:2,hostD:2", *ssh_flags(hosts)[2:], "--no-preload"],
+        "sshd_hosts_without_forwarding"),
+    Way("slurm", lambda _: ["--launcher", "slurm", "-n", PROCESSES], "slurm_cluster", "srun", shielded=False),
+    # 4 processes on 2 cores: a site sets this in openmpi-mca-params.conf.
+    Way("mpirun", lambda _: ["--launcher", "mpirun", "-n", PROCESSES], program="mpirun",
+        env=(("OMPI_MCA_rmaps_base_oversubscribe", "1"),)),
+]
+
+
+@dataclasses.dataclass
+class Run:
+    job: object
+    out: Path
+    report: Path
+    folder: Path
+
+
+def flags(request, way: Way, monkeypatch) -> list:
+    """jaxrun's flags for ``way``, once its engine runs (skips where it is missing)."""
+    if way.program and not shutil.which(way.program):
+        pytest.skip(f"{way.program} is not installed")
+    engine = request.getfixturevalue(way.fixture) if way.fixture else None
+    for name, value in way.env:
+        monkeypatch.setenv(name, value)
+    return way.flags(engine)
+
+
+def start(request, start_job, shared_dir: Path, way: Way, monkeypatch) -> Run:
+    args = flags(request, way, monkeypatch)
+    out = shared_dir / "out"  # shared_dir: every SSH host sees it at this path
+    out.mkdir()
+    script = shared_dir / SAVER.name
+    shutil.copy(SAVER, script)
+    report = shared_dir / "report.json"
+    job = start_job(*args, "--grace", GRACE, "--log-dir", shared_dir / "logs", "--report", report,
+                    script, out, "{process_id}", cwd=shared_dir)
+    run = Run(job, out, report, shared_dir)
+    deadline = time.monotonic() + 90
+    while len(list(out.glob("running-*"))) < PROCESSES:
+        assert job.proc.poll() is None, (job.wait(), job.stderr)
+        assert time.monotonic() < deadline, f"only {sorted(p.name for p in out.iterdir())} started"
+        time.sleep(0.05)
+    return run
+
+
+def tree(pid: int) -> list[psutil.Process]:
+    top = psutil.Process(pid)
+    return [top, *top.children(recursive=True)]
+
+
+def signal_all(procs: list[psutil.Process], signum: int = signal.SIGTERM) -> None:
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(signum)
+
+
+def saved(run: Run) -> list[int]:
+    return sorted(int(p.name.split("-")[1]) for p in run.out.glob("saved-*"))
+
+
+def check_clean_stop(run: Run, sent_at: float) -> None:
+    """Every controller saved and exited 0; jaxrun said 143, in time."""
+    code = run.job.wait(timeout=GRACE + 30)
+    took = time.monotonic() - sent_at
+    assert code == 143, run.job.stderr
+    assert saved(run) == list(range(PROCESSES)), run.job.stderr
+    assert took < WITHIN, f"took {took:.1f} s: {run.job.stderr}"
+    report = json.loads(run.report.read_text())
+    attempt = report["attempts"][-1]
+    assert (attempt["stop_reason"], attempt["signal"]) == ("signal", "SIGTERM"), attempt
+    assert "jaxrun: stopped on SIGTERM; every process exited 0 within" in run.job.stderr
+    for p in report["processes"]:
+        assert (p["exit_code"], p["signal"]) == (0, None), (p, run.job.stderr)
+        assert p["resources"] and p["resources"]["cpu_seconds"] > 0, p
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("way", WAYS, ids=[w.name for w in WAYS])
+def test_a_sigterm_to_the_whole_tree_keeps_the_grace(request, start_job, shared_dir, monkeypatch, way):
+    run = start(request, start_job, shared_dir, way, monkeypatch)
+    everyone = tree(run.job.proc.pid)
+    sent_at = time.monotonic()
+    signal_all(everyone)
+    if way.shielded:
+        check_clean_stop(run, sent_at)
+        return
+    # srun: "forcing job termination", a SIGKILL of every task, at once.
+    code = run.job.wait(timeout=GRACE + 30)
+    assert code == 143, run.job.stderr
+    assert saved(run) == [], run.job.stderr
+    assert "srun: forcing job termination" in run.job.stderr, run.job.stderr
+    assert time.monotonic() - sent_at < WITHIN, run.job.stderr
+    processes = json.loads(run.report.read_text())["processes"]
+    assert [p["signal"] for p in processes] == ["SIGKILL"] * PROCESSES, processes
+
+
+def helpers(run: Run) -> list[psutil.Process]:
+    """Every process of the run but jaxrun and the controllers: the fork
+    server, the ssh clients, mpirun, and the far ends on this machine (the
+    SSH hosts' agents and servers, the task agents), found by the test's
+    folder or jaxrun's pid on their command lines, or the leak guard's token."""
+    controllers = {int((run.out / f"running-{r}").read_text()) for r in range(PROCESSES)}
+    token, jaxrun = os.environ[TOKEN], run.job.proc.pid
+    signs = (str(run.folder), f"jaxrun-{jaxrun}-")
+    found = {p.pid: p for p in tree(jaxrun)[1:]}
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            words = " ".join(proc.cmdline())
+            if any(s in words for s in signs) or proc.environ().get(TOKEN) == token:
+                found.setdefault(proc.pid, proc)
+    for pid in (*controllers, jaxrun, os.getpid()):
+        found.pop(pid, None)
+    return [p for p in found.values() if p.name() != "srun"]  # srun cannot be shielded
+
+
+def describe(proc: psutil.Process) -> str:
+    try:
+        return f"{proc.pid} {' '.join(proc.cmdline())[:120]}"
+    except psutil.Error:
+        return f"{proc.pid} (gone)"
+
+
+def alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("way", WAYS, ids=[w.name for w in WAYS])
+def test_helpers_survive_a_sigterm_of_their_own_during_a_stop(request, start_job, shared_dir, monkeypatch, way):
+    if way.name == "local":
+        pytest.skip("no helper: jaxrun starts each controller itself")
+    run = start(request, start_job, shared_dir, way, monkeypatch)
+    sent_at = time.monotonic()
+    run.job.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)  # the stop is under way: every controller is saving
+    targets = {p: describe(p) for p in helpers(run)}
+    assert targets, "no helper found"
+    signal_all(list(targets))
+    time.sleep(0.3)
+    dead = [shown for p, shown in targets.items() if not alive(p) and run.job.proc.poll() is None]
+    assert not dead, f"helpers died of SIGTERM: {dead}"
+    check_clean_stop(run, sent_at)
+
+
+@pytest.mark.timeout(120)
+def test_the_fork_servers_death_during_a_stop_keeps_the_grace(request, start_job, shared_dir, monkeypatch):
+    """The server is gone (SIGKILL, the OOM killer): its controllers are not
+    killed for it.  They become jaxrun's, which sees each to its end, with
+    its real exit code and resources."""
+    run = start(request, start_job, shared_dir, WAYS[1], monkeypatch)
+    server = [p for p in tree(run.job.proc.pid)[1:] if "forkserver_agent" in " ".join(p.cmdline())]
+    assert len(server) == 1, server
+    sent_at = time.monotonic()
+    run.job.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)  # every controller is saving
+    server[0].kill()
+    check_clean_stop(run, sent_at)
+
+
+# What a controller starts with: the mask and the dispositions of the stop signals.
+PROBE = """\
+import json, signal, sys
+stop = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+shown = {signal.Signals(s).name: (s in blocked, str(signal.getsignal(s))) for s in stop}
+print("signals " + json.dumps(shown, sort_keys=True))
+"""
+
+
+def probe_line(text: str) -> dict:
+    lines = [line for line in text.splitlines() if line.startswith("signals ")]
+    assert len(lines) == 1, text
+    return json.loads(lines[0].removeprefix("signals "))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("way", WAYS, ids=[w.name for w in WAYS])
+def test_a_controller_starts_with_the_stop_signals_of_a_plain_launch(request, start_job, shared_dir,
+                                                                     monkeypatch, way):
+    """Whatever its helpers hold blocked, a script can be stopped as under
+    ``python SCRIPT``: nothing blocked, SIGTERM and SIGHUP at their default,
+    Python's own SIGINT handler."""
+    args = flags(request, way, monkeypatch)
+    script = shared_dir / "probe.py"
+    script.write_text(PROBE)
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True,
+                           start_new_session=True)
+    expected = probe_line(plain.stdout)
+    assert not any(blocked for blocked, _ in expected.values()), expected
+    logs = shared_dir / "logs"
+    job = start_job(*args, "--log-dir", logs, script, cwd=shared_dir)
+    assert job.wait(timeout=90) == 0, job.stderr
+    for rank in range(PROCESSES):
+        assert probe_line((logs / f"process-{rank}.stdout").read_text()) == expected, rank
