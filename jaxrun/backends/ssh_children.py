@@ -1,6 +1,6 @@
 """The SSH backend's children: a remote controller, as the supervisor sees it.
 
-Each remote controller is run by an agent on its host (``ssh_agent.supervise``),
+Each remote controller is run by an agent on its host (``far_end.run``),
 either in the host agent, over three channels of the host's connection
 (:class:`ChannelChild`), or, where the server refuses to forward, in a session
 agent of its own (:class:`SessionChild`).  Either way ``send`` works like a

@@ -1,8 +1,9 @@
 """What an SSH child takes out of its stderr: the facts its agent sends in-band.
 
-The agent that runs a controller on a host (``ssh_agent.supervise``, in the
-host agent or a session agent) has no way back to the launcher but the
-controller's own stderr, so it writes two things there:
+The agent that runs a controller on a host (``far_end.run`` with
+``ssh_agent.SshHome``, in the host agent or a session agent) has no way
+back to the launcher but the controller's own stderr, so it writes two
+things there:
 
 - ``wire.JOINED_MARKER``, once, in one write, when the controller arrives at
   the job's rendezvous.  It may land anywhere, even inside a line of the
