@@ -36,7 +36,7 @@ import time
 from typing import BinaryIO, Callable, Mapping, Protocol, Sequence
 
 from jaxrun import contract
-from jaxrun.core.events import Stream
+from jaxrun.core.events import ChildExit, Stream  # noqa: F401 -- ChildExit is part of the Child contract
 from jaxrun.core.spec import ProcessSpec
 
 POLL = 0.1  # seconds between looks at the stop flag while waiting
@@ -94,27 +94,6 @@ def wait_until(ready: Callable[[], bool], hooks: RunHooks, timeout: float | None
         time.sleep(left)
         pause = min(POLL, 2 * pause)  # a quick answer is heard at once, a slow one costs few looks
     return True
-
-
-@dataclasses.dataclass(frozen=True)
-class ChildExit:
-    """How a controller ended, as its reaper saw it.
-
-    ``reaped_at`` is the wall clock (``time.time()``) of the machine whose
-    process reaped the controller, read as it saw the end, and ``clock``
-    names that machine (``core.causes.clock_id()``): two ends are put in
-    time order only when they name the same clock.  ``lost`` is set when the
-    controller's end was never reported: what stood between jaxrun and the
-    controller (the ssh client, the connection to a host agent, the
-    preloading server, a task agent) ended instead, and ``returncode`` is a
-    stand-in (255, or SIGKILL where jaxrun then killed the controller)."""
-
-    returncode: int  # Popen style: negative for a signal
-    resources: contract.Resources | None = None  # measured where it was reaped; None if unknown
-    reaped_at: float | None = None  # wall clock of the reaper's machine; None if unknown
-    clock: str | None = None  # that machine; None: never compared with another's
-    pid: int | None = None  # the controller's own pid, where the child's ``pid`` is a helper's
-    lost: str | None = None  # the helper whose end stands in for the controller's ("the ssh client")
 
 
 class StreamFilter(Protocol):

@@ -20,17 +20,33 @@ class StreamClosed:
 
 
 @dataclasses.dataclass(frozen=True)
+class ChildExit:
+    """How a controller ended, as its reaper saw it.
+
+    ``reaped_at`` is the wall clock (``time.time()``) of the machine whose
+    process reaped the controller, read as it saw the end, and ``clock``
+    names that machine (``core.causes.clock_id()``): two ends are put in
+    time order only when they name the same clock.  ``lost`` is set when the
+    controller's end was never reported: what stood between jaxrun and the
+    controller (the ssh client, the connection to a host agent, the
+    preloading server, a task agent) ended instead, and ``returncode`` is a
+    stand-in (255, or SIGKILL where jaxrun then killed the controller)."""
+
+    returncode: int  # Popen style: negative for a signal
+    resources: contract.Resources | None = None  # measured where it was reaped; None if unknown
+    reaped_at: float | None = None  # wall clock of the reaper's machine; None if unknown
+    clock: str | None = None  # that machine; None: never compared with another's
+    pid: int | None = None  # the controller's own pid, where the child's ``pid`` is a helper's
+    lost: str | None = None  # the helper whose end stands in for the controller's ("the ssh client")
+
+
+@dataclasses.dataclass(frozen=True)
 class Exited:
-    """A child's ``wait`` returned: the fields of its ``ChildExit``."""
+    """A child's ``wait`` returned."""
 
     rank: int
-    returncode: int  # Popen style: negative for a signal
+    end: ChildExit
     at: float  # the supervisor's clock, as the event was made
-    resources: contract.Resources | None = None  # what it used, where its backend measures it
-    reaped_at: float | None = None  # wall clock of the reaper's machine (ChildExit.reaped_at)
-    clock: str | None = None  # which machine's clock that is
-    pid: int | None = None  # the controller's own pid, where it differs from the child's
-    lost: str | None = None  # the helper whose end stood in for the controller's
 
 
 @dataclasses.dataclass(frozen=True)

@@ -219,8 +219,7 @@ class Supervisor:
 
     def _wait(self, rank: int, child: Child) -> None:
         end = child.wait()
-        self.events.put(Exited(rank, end.returncode, self.clock(), end.resources, end.reaped_at, end.clock,
-                               end.pid, end.lost))
+        self.events.put(Exited(rank, end, self.clock()))
 
     def _running(self) -> list[int]:
         return [r for r, rec in self.records.items() if rec.returncode is None and rec.pid is not None]
@@ -267,18 +266,18 @@ class Supervisor:
         self.pump.wake()
         self.progress.ended(event.rank)
         self.last_end = self.clock()
-        record = self.records[event.rank]
-        record.returncode, record.ended_at = event.returncode, time.time()
-        record.reaped_at, record.clock, record.lost = event.reaped_at, event.clock, event.lost
-        if event.pid is not None:
-            record.pid = event.pid  # the controller's own, now final
-        if event.resources is not None:
-            record.resources = event.resources
-        if event.returncode == 0:
+        record, end = self.records[event.rank], event.end
+        record.returncode, record.ended_at = end.returncode, time.time()
+        record.reaped_at, record.clock, record.lost = end.reaped_at, end.clock, end.lost
+        if end.pid is not None:
+            record.pid = end.pid  # the controller's own, now final
+        if end.resources is not None:
+            record.resources = end.resources
+        if end.returncode == 0:
             record.verdict = Verdict.OK
             return
         self.heard.append(event.rank)
-        if self.reason is None and (event.lost or contract.exit_status(event.returncode) - 128 in STOP_SIGNALS):
+        if self.reason is None and (end.lost or contract.exit_status(end.returncode) - 128 in STOP_SIGNALS):
             self.held.append(event.rank)  # its verdict waits for a stop signal, or HOLD_WAIT
             if self.hold_until is None:
                 self.hold_until = self.clock() + HOLD_WAIT
@@ -370,9 +369,9 @@ class Supervisor:
         clock, the earliest."""
         if self.reason is not StopReason.FAILURE or self.root_cause is None:
             return
-        failures = [causes.failure_of(rank, rec.error_file, rec.stderr_log, rec.reaped_at, rec.clock, rec.lost)
-                    for rank, rec in ((r, self.records[r]) for r in self.heard)
-                    if rec.verdict in (Verdict.ROOT_CAUSE, Verdict.CONSEQUENCE)]
+        failed = [self.records[rank] for rank in self.heard]
+        failures = [causes.failure_of(rec.spec.rank, rec.error_file, rec.stderr_log, rec.reaped_at, rec.clock, rec.lost)
+                    for rec in failed if rec.verdict in (Verdict.ROOT_CAUSE, Verdict.CONSEQUENCE)]
         first = causes.first_failure(failures)
         if first is not None and first != self.root_cause:
             self.records[self.root_cause].verdict = Verdict.CONSEQUENCE
