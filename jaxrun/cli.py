@@ -121,8 +121,8 @@ HELP_SECTIONS = {
     "Processes": ("num_processes", "cpu_devices", "devices_per_process", "coordinator", "env_pairs", "exports",
                   "python", "preload", "preload_modules"),
     "Output": ("log_dir", "output", "console_ranks", "timestamps", "report_path", "junit_path", "verbose"),
-    "Failures": ("timeout", "grace", "max_restarts", "flight_recorder", "check_divergence"),
-    "Across hosts (SSH)": ("hosts_file", "host_opts", "ssh_config", "ssh_options", "connect_timeout", "chdir",
+    "Failures": ("timeout", "grace", "max_restarts", "min_hosts", "flight_recorder", "check_divergence"),
+    "Across hosts (SSH)": ("hosts_file", "host_opts", "hosts_command", "ssh_config", "ssh_options", "connect_timeout", "chdir",
                            "sync"),
     "Engines (Slurm, Open MPI)": ("launcher", "nodes", "tasks_per_node", "scheduler_args"),
     "Runtime": ("mesh", "mesh_axis_types"),
@@ -166,6 +166,7 @@ class SectionedCommand(click.Command):
 @click.option("--check-divergence", is_flag=True, help="Debug mode: before each program that spans processes, the processes agree on it; the first that differs stops the job and names the call (one key-value round trip per execution).")
 @click.option("--grace", type=Seconds(min=0), default=30.0, show_default=True, metavar="SECONDS", help="After forwarding SIGINT/SIGTERM/SIGHUP, wait this long before SIGKILL.")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True, help="Restart the whole job this many times after a failure.")
+@click.option("--min-hosts", type=click.IntRange(min=1), metavar="K", help="Elastic restarts: a restart leaves out lost hosts, fills their places from spare hosts (those beyond -n), and goes on with fewer processes while at least K hosts remain.")
 @click.option("--timestamps", is_flag=True, help="Start each console line with the wall-clock time it arrived (the logs stay byte-exact).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), metavar="FILE.json", help="Write a JSON run report.")
 @click.option("--junit-xml", "junit_path", type=click.Path(dir_okay=False), metavar="FILE.xml", help="Write a JUnit XML report: one testcase per process.")
@@ -176,6 +177,7 @@ class SectionedCommand(click.Command):
 @click.option("--preload-module", "preload_modules", multiple=True, metavar="MOD", help="Also import MOD in the preloading process (repeatable).")
 @click.option("-x", "--export", "exports", multiple=True, metavar="KEY", help="Forward this variable's local value to every process (repeatable).")
 @click.option("--hosts", "hosts_file", type=click.Path(exists=True, dir_okay=False), metavar="FILE", help="Run over SSH on the hosts in FILE: one '[user@]host[:sshport] [slots=N]' per line.")
+@click.option("--hosts-command", metavar="CMD", help="Run CMD (a shell command) before each attempt; it prints the hosts file to use (elastic: restarts pick from it, see --min-hosts).")
 @click.option("-H", "--host", "host_opts", multiple=True, metavar="HOST[:SLOTS]", help="Run over SSH on HOST (repeatable or comma-separated).")
 @click.option("--ssh-config", type=click.Path(exists=True, dir_okay=False), metavar="FILE", help="ssh client configuration file (ssh -F).")
 @click.option("--ssh-option", "ssh_options", multiple=True, metavar="OPT", help="Extra ssh -o option, e.g. Port=2222 (repeatable).")

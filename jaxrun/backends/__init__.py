@@ -79,7 +79,8 @@ BACKENDS: dict[str, BackendEntry] = {entry.name: entry for entry in (
     # Over SSH: the ssh session's three pipes and the two log files it pumps into.
     BackendEntry("ssh", "processes on the hosts of --hosts or -H, over the system's ssh client",
                  kind="ssh", fds_per_process=5, start=start_ssh, options=ssh_options, engine="ssh",
-                 engine_missing="--hosts/-H: ssh (the OpenSSH client) is not on PATH", takes_hosts=True),
+                 engine_missing="--hosts/-H: ssh (the OpenSSH client) is not on PATH", takes_hosts=True,
+                 elastic=True),
     # Under a scheduler: the two pipes (both ends), the task's three sockets
     # and the two log files.
     BackendEntry("slurm", "one srun step, in the Slurm allocation or a new one",

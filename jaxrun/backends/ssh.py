@@ -53,6 +53,18 @@ class SshBackend(Backend):
         self.channels: dict[str, str] = {}  # host name -> local socket forwarded to its agent
 
     def open(self) -> None:
+        self._open(tolerate=False)
+
+    def regroup(self, hosts: Sequence[Host]) -> dict[str, str]:
+        """An elastic restart: every connection and server ends, and the
+        hosts given are connected and checked again; those that fail are
+        left out."""
+        self.close()
+        self.hosts, self.servers, self.serving, self.channels = list(hosts), {}, set(), {}
+        self._open(tolerate=True)
+        return dict(self.connections.left_out)
+
+    def _open(self, tolerate: bool) -> None:
         self.connections = Connections(self.settings, self.hosts, self.hooks)
         # Each host's preloading server starts with its preflight, so that its
         # import of jax overlaps the rest of the start; only a --preload-module
@@ -62,7 +74,12 @@ class SshBackend(Backend):
             for index, host in enumerate(self.hosts):
                 self.servers.setdefault(host.name, (f"jaxrun-{os.getpid()}-{uuid.uuid4().hex}-{index}", None))
         results = self.connections.preflight(
-            {name: (socket_name, *self.preload_modules) for name, (socket_name, _) in self.servers.items()})
+            {name: (socket_name, *self.preload_modules) for name, (socket_name, _) in self.servers.items()},
+            tolerate)
+        if self.connections.left_out:
+            self.hosts = list(self.connections.hosts)
+            for name in self.connections.left_out:
+                self.servers.pop(name, None)
         if self.verbose:
             for line in preflight_table(results):
                 print(line, file=self.console, flush=True)

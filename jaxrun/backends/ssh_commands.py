@@ -215,6 +215,11 @@ if agent is not None:
 
 # -- pure: command lines ------------------------------------------------------
 
+# ssh's keepalive over the encrypted channel: every 5 s, and the connection is
+# given up after 3 unanswered (15 s).  The user's -o values win.
+SERVER_ALIVE = (5, 3)
+
+
 def ssh_args(settings: SshOptions, host: Host, control: Sequence[str]) -> list[str]:
     """``ssh ... -- [user@]host``: ours first where it must win (ssh keeps the
     first value of an option), the user's next, overridable defaults last."""
@@ -224,7 +229,10 @@ def ssh_args(settings: SshOptions, host: Host, control: Sequence[str]) -> list[s
     args += ["-o", "BatchMode=yes", *control]
     for opt in settings.options:
         args += ["-o", opt]
-    args += ["-o", f"ConnectTimeout={max(1, round(settings.connect_timeout))}", "-T"]
+    # A host that vanishes without closing its connections (power lost, a
+    # network cut) is noticed after SERVER_ALIVE seconds, not TCP's hours.
+    args += ["-o", f"ConnectTimeout={max(1, round(settings.connect_timeout))}",
+             "-o", f"ServerAliveInterval={SERVER_ALIVE[0]}", "-o", f"ServerAliveCountMax={SERVER_ALIVE[1]}", "-T"]
     if host.port:
         args += ["-p", str(host.port)]
     return args + ["--", host.ssh_target]

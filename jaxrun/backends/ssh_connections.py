@@ -103,11 +103,13 @@ class Connections:
         self.hooks = hooks or RunHooks()
         self.settings = settings
         self.hosts = list(hosts)
+        self.slot = {host.name: index for index, host in enumerate(self.hosts)}  # stays when a host is left out
         self.dir = tempfile.mkdtemp(prefix="jaxrun-ssh-")  # mode 0700: sockets stay private
         self.masters: dict[str, subprocess.Popen] = {}
         self.results: dict[str, dict] = {}
         self.sessions: dict[str, list[subprocess.Popen]] = {}
         self.unread: dict[str, int] = {}  # per host: replies to requests sent with tell()
+        self.left_out: dict[str, str] = {}  # host -> why: failed a tolerant preflight
 
     def __enter__(self) -> "Connections":
         return self
@@ -116,7 +118,7 @@ class Connections:
         self.close()
 
     def control_path(self, host: Host) -> str:
-        return os.path.join(self.dir, f"m{self.hosts.index(host)}")
+        return os.path.join(self.dir, f"m{self.slot[host.name]}")
 
     def session_args(self, host: Host, *, direct: bool = False) -> list[str]:
         path = self.control_path(host) if host.name in self.masters and not direct else None
@@ -141,10 +143,13 @@ class Connections:
         return popen
 
     # -- preflight ---------------------------------------------------------
-    def preflight(self, servers: Mapping[str, Sequence[str]] | None = None) -> dict[str, dict]:
+    def preflight(self, servers: Mapping[str, Sequence[str]] | None = None,
+                  tolerate: bool = False) -> dict[str, dict]:
         """Open every master at once and read each one's report, within one
-        deadline.  Raises LaunchError naming each host that failed.
-        ``servers``: per host, the preloading server the preflight starts there."""
+        deadline.  Raises LaunchError naming each host that failed, or, with
+        ``tolerate`` (an elastic restart), leaves those hosts out and returns
+        keeps them in ``left_out``.  ``servers``: per host, the preloading server the
+        preflight starts there."""
         answers: dict[str, bytes] = {}
         readers = []
         for host in self.hosts:
@@ -156,17 +161,33 @@ class Connections:
         # A signal or --timeout ends this wait (Interrupted); close() then ends the masters.
         wait_until(lambda: not any(r.is_alive() for r in readers), self.hooks,
                    self.settings.connect_timeout + PREFLIGHT_SLACK)
-        problems = []
+        problems: dict[str, str] = {}
         for host in self.hosts:
             try:
                 self.results[host.name] = self._answer(host, answers.get(host.name))
             except LaunchError as e:
-                problems.append(str(e))
+                problems[host.name] = str(e)
+        if tolerate:
+            self._leave_out(problems)
+            problems = {}
         if not problems:
-            problems = check_preflight(self.results, self.settings.python)
+            mismatch = check_preflight(self.results, self.settings.python)
+            if mismatch:
+                raise LaunchError("; ".join(mismatch))
         if problems:
-            raise LaunchError("; ".join(problems))
+            raise LaunchError("; ".join(problems.values()))
         return self.results
+
+    def _leave_out(self, problems: Mapping[str, str]) -> None:
+        """Hosts that failed their preflight take no further part: their
+        masters are ended (each already has, or was killed)."""
+        self.left_out.update(problems)
+        for name in problems:
+            master = self.masters.pop(name)
+            if master.poll() is None:
+                master.kill()
+            master.wait()
+        self.hosts = [host for host in self.hosts if host.name not in problems]
 
     def _start_master(self, host: Host, command: str) -> subprocess.Popen:
         with open(self._stderr_path(host), "wb") as stderr, shielded():

@@ -4,6 +4,7 @@ A backend is used the same way by the launcher's run loop, whatever it is:
 
     with backend:                                   # open(): connect, preflight
         for each attempt:
+            backend.regroup(hosts)                  # elastic restarts only: check the hosts again
             address, bind = backend.choose_coordinator(fixed)
             backend.begin_attempt(specs, log_dir)   # this attempt's resources
             child = backend.spawn(spec, ...)        # one per process, by the supervisor
@@ -37,7 +38,7 @@ from typing import BinaryIO, Callable, Mapping, Protocol, Sequence
 
 from jaxrun import contract
 from jaxrun.core.events import ChildExit, Stream  # noqa: F401 -- ChildExit is part of the Child contract
-from jaxrun.core.spec import ProcessSpec
+from jaxrun.core.spec import Host, ProcessSpec
 
 POLL = 0.1  # seconds between looks at the stop flag while waiting
 FIRST_POLL = 0.005  # the first look's wait; each next one waits twice as long, up to POLL
@@ -170,6 +171,14 @@ class Backend(abc.ABC):
     def dry_run_coordinator(self, fixed: str | None) -> tuple[str, str | None]:
         """What --dry-run shows; it must not start or contact anything."""
         return self.choose_coordinator(fixed)
+
+    def regroup(self, hosts: Sequence[Host]) -> dict[str, str]:
+        """Before an elastic restart (``--min-hosts``): start over on these
+        hosts, checking each one again as ``open`` did, and keep those that
+        pass, in this order.  Returns {host name: why it was left out} for the
+        others; a failure that is not one host's raises LaunchError.  Only a
+        backend whose registry entry is ``elastic`` is asked."""
+        raise NotImplementedError(f"the {self.name} backend does not choose its hosts")
 
     def begin_attempt(self, specs: Sequence[ProcessSpec], log_dir: str) -> None:
         """One attempt is about to start these processes."""

@@ -71,6 +71,10 @@ class RunConfig:
     backend: str = "local"  # the --launcher word: which entry of jaxrun.backends.BACKENDS starts the processes
     backend_options: Any = None  # what that entry built from the command line (SshOptions, SchedulerOptions)
     timestamps: bool = False  # --timestamps: console lines start with their arrival time
+    # Elastic restarts: a restart leaves out the hosts that were lost, fills
+    # their places from the spares and goes on with at least this many hosts.
+    min_hosts: int | None = None
+    hosts_command: str | None = None  # --hosts-command: prints the hosts file again before each restart
 
 
 def no_options(values: Mapping[str, Any], launch: LaunchOptions) -> None:
@@ -97,3 +101,4 @@ class BackendEntry:
     takes_hosts: bool = False  # it starts the processes on the hosts of --hosts/-H
     scheduled: bool = False  # a scheduler places the processes and numbers them
     count_variable: str | None = None  # inside an allocation, the variable that holds its task count
+    elastic: bool = False  # its backend can start a restart on other hosts (Backend.regroup): --min-hosts

@@ -54,6 +54,16 @@ class ProcessRecord:
         return None if self.returncode is None else contract.exit_status(self.returncode)
 
 
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where an attempt ran: its hosts in rank order, and the hosts left out
+    before it with why (a lost host, one that failed its check again)."""
+
+    hosts: tuple[str, ...]
+    num_processes: int
+    dropped: tuple[tuple[str, str], ...] = ()  # (host, why)
+
+
 @dataclasses.dataclass
 class Outcome:
     records: list[ProcessRecord]
@@ -66,6 +76,7 @@ class Outcome:
     lost: list[int] = dataclasses.field(default_factory=list)  # ranks whose end was never confirmed
     start_error: str | None = None  # why this attempt never started its processes
     stop_seconds: float | None = None  # a stop on a signal: from the signal to the last process's end
+    placement: Placement | None = None  # where it ran (the run loop fills it in)
 
     @classmethod
     def not_started(cls, exit_code: int, why: str, signum: int | None = None) -> "Outcome":

@@ -82,7 +82,7 @@ def config_from_args(values: Mapping[str, Any], backends: Mapping[str, BackendEn
     cpu_devices, per_process = values["cpu_devices"], values["devices_per_process"]
     if cpu_devices is not None and per_process is not None:
         raise LaunchError("--cpu-devices and --devices-per-process cannot be used together")
-    hosts = read_hosts(values["hosts_file"], values["host_opts"])
+    hosts = read_hosts(values["hosts_file"], values["host_opts"], values["hosts_command"])
     check_sync(values["sync"], bool(hosts), values["chdir"])
     entry = chosen_backend(backends, values, bool(hosts))
     extra_env = exported_env(values["exports"], values["env_pairs"], system.environ)
@@ -90,6 +90,7 @@ def config_from_args(values: Mapping[str, Any], backends: Mapping[str, BackendEn
     check_scale(num_processes, entry, system)
     if hosts:
         planning.assign_hosts(hosts, num_processes)  # too few slots: exit 2 before any ssh
+    min_hosts = elastic_minimum(values, entry, hosts, num_processes)
     console_ranks = console_rank_set(values["console_ranks"], num_processes)
     check_devices_per_process(per_process)  # before counting GPUs, which may run nvidia-smi
     elsewhere = entry.takes_hosts or entry.scheduled
@@ -118,8 +119,10 @@ def config_from_args(values: Mapping[str, Any], backends: Mapping[str, BackendEn
     log_dir = values["log_dir"]
     if not values["dry_run"]:
         log_dir = ready_for_a_run(values, entry, run_id, system)
-    return run_config(values, launch, console_ranks, log_dir or default_log_dir(run_id), entry.name, backend_options,
-                      system.environ)
+    config = run_config(values, launch, console_ranks, log_dir or default_log_dir(run_id), entry.name,
+                        backend_options, system.environ)
+    config.min_hosts, config.hosts_command = min_hosts, values["hosts_command"]
+    return config
 
 
 def ready_for_a_run(values: Mapping[str, Any], entry: BackendEntry, run_id: str, system: System) -> str:
@@ -176,20 +179,44 @@ def parse_target(args: Sequence[str], option_names: Sequence[str] = ()) -> plann
     return planning.Target(script, tuple(args[1:]))
 
 
-def read_hosts(hosts_file: str | None, host_opts: Sequence[str]) -> list[planning.Host]:
-    """Hosts from --hosts or -H; an empty list means no hosts."""
+def read_hosts(hosts_file: str | None, host_opts: Sequence[str], command: str | None = None) -> list[planning.Host]:
+    """Hosts from --hosts, -H or --hosts-command; an empty list means no hosts."""
+    if sum(map(bool, (hosts_file, host_opts, command))) > 1:
+        raise LaunchError("--hosts, -H and --hosts-command cannot be used together")
+    if command:
+        from jaxrun.launcher import elastic
+
+        return elastic.discover(command)
     if not hosts_file and not host_opts:
         return []
     from jaxrun.launcher import hosts as hostfile
 
-    if hosts_file and host_opts:
-        raise LaunchError("--hosts and -H cannot be used together")
     try:
         if hosts_file:
             return hostfile.parse_hosts_file(read_hosts_text(hosts_file), hosts_file)
         return hostfile.merge_host_options(host_opts)
     except hostfile.HostsError as e:
         raise LaunchError(str(e)) from None
+
+
+def elastic_minimum(values: Mapping[str, Any], entry: BackendEntry, hosts: Sequence[planning.Host],
+                    num_processes: int) -> int | None:
+    """--min-hosts, checked; with --hosts-command alone, restarts are elastic
+    down to one host.  None: restarts run on the same hosts."""
+    given = values["min_hosts"]
+    if given is None and not values["hosts_command"]:
+        return None
+    if not entry.elastic:
+        raise LaunchError(f"--min-hosts and --hosts-command choose hosts for restarts; --launcher {entry.name} "
+                          "does not start processes on chosen hosts")
+    if not values["max_restarts"]:
+        raise LaunchError("--min-hosts replaces lost hosts when the job restarts: give --max-restarts N too")
+    from jaxrun.launcher.elastic import used_hosts
+
+    used = len(used_hosts(hosts, num_processes))
+    if given is not None and given > used:
+        raise LaunchError(f"--min-hosts {given}: the job starts on only {used} host{'' if used == 1 else 's'}")
+    return given or 1
 
 
 def read_hosts_text(path: str) -> str:

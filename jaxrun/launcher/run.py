@@ -24,6 +24,7 @@ from jaxrun.core.backend import Backend, Interrupted
 from jaxrun.core.config import LaunchError, RunConfig
 from jaxrun.core.outcome import Outcome, StopReason
 from jaxrun.core.spec import PlanError
+from jaxrun.launcher import elastic
 from jaxrun.launcher import plan as planning
 from jaxrun.launcher.console import ConsolePrinter, SafeConsole
 from jaxrun.launcher.control import BUG_REPORT, RunControl
@@ -51,10 +52,14 @@ def dry_run_text(specs: list[planning.ProcessSpec]) -> str:
     return "\n".join(lines)
 
 
-def plan_attempt(config: RunConfig, coordinator: tuple[str, str | None], attempt: int, facts: dict | None = None):
+def plan_attempt(config: RunConfig, coordinator: tuple[str, str | None], attempt: int, facts: dict | None = None,
+                 where: elastic.Choice | None = None):
     address, bind = coordinator
+    changes = dict(facts or {})
+    if where is not None:  # an elastic restart's own hosts and count
+        changes.update(hosts=where.hosts, num_processes=where.num_processes)
     opts = dataclasses.replace(config.options, coordinator=address, bind_address=bind, restart_count=attempt,
-                               **(facts or {}))
+                               **changes)
     return opts, planning.plan(opts)
 
 
@@ -112,24 +117,54 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
     last attempt's, so the report, ``run.json`` and the exit agree."""
     outcomes: list[Outcome] = []
     dirs: list[str] = []
+    options = config.options
+    where = elastic.Choice(tuple(elastic.used_hosts(options.hosts, options.num_processes)), options.num_processes)
+    dropped: dict[str, str] = {}
     with backend:
         for attempt in range(config.max_restarts + 1):
             log_dir = attempt_dir(config.log_dir, attempt)
             try:
+                if attempt and config.min_hosts:
+                    where, dropped = regroup(config, backend, outcomes[-1], where.hosts)
+                    print(elastic.restart_line(attempt, config.max_restarts, where.placement(dropped),
+                                               options.num_processes), file=console, flush=True)
+                elif attempt:
+                    print(f"jaxrun: restarting the whole job (restart {attempt} of {config.max_restarts})",
+                          file=console, flush=True)
                 _, specs = plan_attempt(config, backend.choose_coordinator(config.fixed_coordinator), attempt,
-                                        backend.plan_facts())
+                                        backend.plan_facts(), where if attempt and config.min_hosts else None)
                 outcome = run_attempt(config, specs, backend, log_dir, console, control, running)
+            except elastic.ElasticStop as stop:  # too few hosts left: the failed attempt's status ends the run
+                print(f"jaxrun: {stop}", file=console, flush=True)
+                report_attempt(config, outcomes, dirs, console, not_restarted=str(stop), summary_too=False)
+                break
             except (LaunchError, PlanError, Interrupted) as error:
                 if attempt == 0:
                     raise  # nothing has run: bad input (exit 2), or a stop during start-up
                 outcome = start_failure(error, control)
+            outcome.placement = where.placement(dropped)
             outcomes.append(outcome)
             dirs.append(log_dir)
             report_attempt(config, outcomes, dirs, console)
             if outcome.reason is not StopReason.FAILURE or attempt == config.max_restarts:
                 break
-            print(f"jaxrun: restarting the whole job (restart {attempt + 1} of {config.max_restarts})", file=console)
     return outcomes[-1].exit_code
+
+
+def regroup(config: RunConfig, backend: Backend, failed: Outcome,
+            last: tuple) -> tuple[elastic.Choice, dict[str, str]]:
+    """Where an elastic restart runs (see ``launcher.elastic``), and the hosts
+    left out with why.  The backend checks every candidate again and starts
+    over on those that pass."""
+    listed = elastic.discover(config.hosts_command) if config.hosts_command else list(config.options.hosts)
+    lost = elastic.lost_hosts(failed)
+    candidates = elastic.candidates(listed, last, lost)
+    problems = elastic.check_reasons(backend.regroup(candidates))
+    dropped = {**lost, **problems}
+    good = [host for host in candidates if host.name not in problems]
+    choice = elastic.choose(good, config.options.num_processes, config.min_hosts, dropped)
+    elastic.check_mesh(config.options, choice.num_processes)
+    return choice, dropped
 
 
 def start_failure(error: Exception, control: RunControl) -> Outcome:
@@ -157,18 +192,23 @@ def last_words(line: str) -> None:
         pass
 
 
-def report_attempt(config: RunConfig, outcomes: list[Outcome], dirs: list[str], console: TextIO) -> None:
+def report_attempt(config: RunConfig, outcomes: list[Outcome], dirs: list[str], console: TextIO,
+                   not_restarted: str | None = None, summary_too: bool = True) -> None:
+    """The summary of the attempt that just ended, and the reports so far.
+    ``not_restarted``: why the run ends without the restart it was due."""
     outcome = outcomes[-1]
-    shown = dirs[-1] if os.path.isdir(dirs[-1]) else config.log_dir  # a restart that never started made none
-    for line in summary.summary_lines(outcome, shown):
-        print(line, file=console, flush=True)
-    if config.github_actions:
-        annotation = github.error_annotation(outcome, os.environ.get("GITHUB_WORKSPACE"))
-        if annotation:
-            print(annotation, file=console, flush=True)
+    if summary_too:
+        shown = dirs[-1] if os.path.isdir(dirs[-1]) else config.log_dir  # a restart that never started made none
+        for line in summary.summary_lines(outcome, shown):
+            print(line, file=console, flush=True)
+        if config.github_actions:
+            annotation = github.error_annotation(outcome, os.environ.get("GITHUB_WORKSPACE"))
+            if annotation:
+                print(annotation, file=console, flush=True)
     if config.report_path:
-        report.write_report(config.report_path, report.report_dict(outcomes, config.options.run_id, dirs))
-    if config.junit_path:
+        report.write_report(config.report_path, report.report_dict(outcomes, config.options.run_id, dirs,
+                                                                   not_restarted))
+    if config.junit_path and summary_too:
         from jaxrun.reporting import junit
 
         junit.write(config.junit_path, outcome, suite=f"jaxrun {config.options.target.name}")

@@ -12,12 +12,20 @@ from jaxrun.core.outcome import Outcome, ProcessRecord
 from jaxrun.reporting.summary import describe_exit, engine_failure, error_info, tail
 
 
-def report_dict(outcomes: list[Outcome], run_id: str, log_dirs: list[str]) -> dict:
+def report_dict(outcomes: list[Outcome], run_id: str, log_dirs: list[str], not_restarted: str | None = None) -> dict:
+    """``not_restarted``: why a restart that was due did not happen (too few
+    hosts left for ``--min-hosts``)."""
     attempts = []
     for outcome, log_dir in zip(outcomes, log_dirs):
+        placement = outcome.placement
         attempts.append(
             {
                 "log_dir": log_dir,
+                # Where it ran, and the hosts left out before it (lost in the
+                # attempt before, or failing their check again), with why.
+                "hosts": list(placement.hosts) if placement else None,
+                "num_processes": placement.num_processes if placement else len(outcome.records),
+                "dropped": [{"host": host, "why": why} for host, why in placement.dropped] if placement else [],
                 "exit_code": outcome.exit_code,
                 "stop_reason": outcome.reason.value if outcome.reason else None,
                 "signal": signal_name(outcome.signum) if outcome.signum else None,
@@ -38,6 +46,7 @@ def report_dict(outcomes: list[Outcome], run_id: str, log_dirs: list[str]) -> di
         "root_cause": last["root_cause"],
         "processes": last["processes"],
         "attempts": attempts,
+        "not_restarted": not_restarted,
     }
 
 

@@ -27,9 +27,11 @@ def describe_exit(record: ProcessRecord) -> str:
     code = record.returncode
     if code is None:
         return "still running"
-    if code < 0:
-        return f"killed by {signal_name(-code)}"
-    return f"exit code {code}"
+    how = f"killed by {signal_name(-code)}" if code < 0 else f"exit code {code}"
+    if record.lost:  # what stands in for the process's end: its helper's
+        ended = "closed" if record.lost.startswith("the connection") else "ended"
+        return f"{record.lost} {ended} before the process's end came home ({how})"
+    return how
 
 
 def tail(path: str, n: int = TAIL_LINES) -> list[str]:

@@ -24,7 +24,7 @@ NOTHING_GIVEN = {
     "output": None, "console_ranks": None, "timeout": None, "flight_recorder": None, "check_divergence": False,
     "grace": 30.0, "max_restarts": 0, "timestamps": False, "report_path": None, "junit_path": None, "mesh": None,
     "mesh_axis_types": None, "env_pairs": (), "preload": None, "preload_modules": (), "exports": (),
-    "hosts_file": None, "host_opts": (), "ssh_config": None, "ssh_options": (), "connect_timeout": 10.0,
+    "hosts_file": None, "host_opts": (), "hosts_command": None, "min_hosts": None, "ssh_config": None, "ssh_options": (), "connect_timeout": 10.0,
     "python": None, "chdir": None, "sync": False, "launcher": None, "nodes": None, "tasks_per_node": None,
     "scheduler_args": (), "dry_run": False, "verbose": False, "args": (),
 }
@@ -121,6 +121,33 @@ def test_options_that_do_not_fit_the_backend_are_refused(script, given, message)
 
 
 # -- what each backend needs on this machine ---------------------------------------------
+
+
+# -- elastic restarts ----------------------------------------------------------------
+
+@pytest.mark.parametrize("given, message", [
+    ({"min_hosts": 1, "max_restarts": 1},
+     "--min-hosts and --hosts-command choose hosts for restarts; --launcher local does not start processes on "
+     "chosen hosts"),
+    ({"min_hosts": 1, "host_opts": ("a,b",)},
+     "--min-hosts replaces lost hosts when the job restarts: give --max-restarts N too"),
+    ({"min_hosts": 3, "max_restarts": 1, "host_opts": ("a,b,c",), "num_processes": 2},
+     "--min-hosts 3: the job starts on only 2 hosts"),
+    ({"hosts_command": "echo a", "host_opts": ("a",)}, "--hosts, -H and --hosts-command cannot be used together"),
+])
+def test_elastic_options_are_checked_before_anything_starts(script, given, message):
+    refused(script, message, **given)
+
+
+def test_elastic_restarts_keep_their_minimum_and_a_hosts_command_alone_means_one(script):
+    config = configured(script, min_hosts=2, max_restarts=1, host_opts=("a,b,c",), num_processes=2)
+    assert config.min_hosts == 2 and config.hosts_command is None
+    config = configured(script, hosts_command="printf 'a slots=2\\nb\\n'", max_restarts=2)
+    assert config.min_hosts == 1 and config.backend == "ssh"
+    assert [(h.name, h.slots) for h in config.options.hosts] == [("a", 2), ("b", 1)]
+    assert config.options.num_processes == 3  # every slot the command listed
+    assert configured(script, host_opts=("a,b",), max_restarts=1).min_hosts is None
+
 
 
 @pytest.mark.parametrize("given, missing, message", [

@@ -19,8 +19,17 @@ def test_ssh_args_order():
     assert args == [
         "ssh", "-F", "cfg", "-o", "BatchMode=yes",
         "-o", "ControlMaster=no", "-o", "ControlPath=/c/m0", "-o", "LogLevel=ERROR",
-        "-o", "Compression=yes", "-o", "ConnectTimeout=10", "-T", "-p", "2222", "--", "bob@n1",
+        "-o", "Compression=yes", "-o", "ConnectTimeout=10",
+        "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-T", "-p", "2222", "--", "bob@n1",
     ]
+
+
+def test_the_users_keepalive_wins():
+    """ssh keeps an option's first value: the user's -o ServerAliveInterval
+    comes before jaxrun's default."""
+    settings = SshOptions(python="/opt/py", chdir="/w", options=("ServerAliveInterval=60",))
+    args = ssh.ssh_args(settings, Host("n1"), [])
+    assert args.index("ServerAliveInterval=60") < args.index("ServerAliveInterval=5")
 
 
 def test_session_without_master_connects_directly():

@@ -1,0 +1,174 @@
+"""Elastic restarts (``--min-hosts K``): where the next attempt runs.
+
+Before each restart every host is checked again (``Backend.regroup``).
+What to do with the answers is decided here, and nothing here touches the
+system but ``discover``, which runs ``--hosts-command``:
+
+- a host that was lost in the failed attempt (its connection or agent ended
+  before its processes' ends came home) is left out, and so is one that
+  fails its check now;
+- the hosts that are left keep their order, the last attempt's first, so
+  that process 0 (and the coordinator) stays where it was while it can;
+- the hosts beyond what ``-n`` needs are spares: they take the places of
+  the hosts left out, so the process count stays the same;
+- with no spare left the job goes on with the slots that remain, as long as
+  at least K hosts do; below K the run stops, naming the hosts and why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+from typing import Mapping, Sequence
+
+from jaxrun import meshspec
+from jaxrun.core.config import LaunchError
+from jaxrun.core.outcome import Outcome, Placement
+from jaxrun.core.spec import Host, LaunchOptions
+from jaxrun.launcher import hosts as hostfile
+
+# The longest a --hosts-command may take, and the most it may print.
+DISCOVERY_TIMEOUT = 60.0
+DISCOVERY_MAX_BYTES = 1 << 20
+LAST_WORDS = 60  # characters of a lost host's last output line the reason quotes
+
+
+class ElasticStop(Exception):
+    """Too few hosts are left for the next attempt: the run ends here."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    hosts: tuple[Host, ...]  # where the next attempt runs, in rank order
+    num_processes: int
+
+    def placement(self, dropped: Mapping[str, str]) -> Placement:
+        return Placement(tuple(h.name for h in self.hosts), self.num_processes, tuple(dropped.items()))
+
+
+def used_hosts(hosts: Sequence[Host], num_processes: int) -> list[Host]:
+    """The first hosts whose slots hold ``num_processes``; the rest are spares."""
+    used, slots = [], 0
+    for host in hosts:
+        if slots >= num_processes:
+            break
+        used.append(host)
+        slots += host.slots
+    return used
+
+
+def candidates(listed: Sequence[Host], last: Sequence[Host], left_out: Mapping[str, str]) -> list[Host]:
+    """The hosts to check for the next attempt: the last attempt's, then the
+    other listed ones (the spares), each once, without those ``left_out``.
+    A host of the last attempt that is no longer listed (``--hosts-command``
+    stopped printing it) is left out too."""
+    names = {h.name for h in listed}
+    order = [h for h in last if h.name in names] + list(listed)
+    chosen, seen = [], set(left_out)
+    for host in order:
+        if host.name not in seen:
+            seen.add(host.name)
+            chosen.append(next(h for h in listed if h.name == host.name))  # the listing's slots
+    return chosen
+
+
+def choose(good: Sequence[Host], wanted: int, min_hosts: int, dropped: Mapping[str, str]) -> Choice:
+    """Where the next attempt runs, from the hosts that passed their check
+    (in ``candidates`` order); ``wanted`` is -n.  Raises ElasticStop below
+    ``min_hosts``, naming what was dropped."""
+    hosts = used_hosts(good, wanted)
+    if len(hosts) < min_hosts:
+        left = ", ".join(h.name for h in hosts) or "none"
+        count = f"{len(hosts)} host{'' if len(hosts) == 1 else 's'}"
+        raise ElasticStop(f"not restarting: {count} left ({left}), fewer than --min-hosts {min_hosts}"
+                          + (f" ({dropped_text(dropped)})" if dropped else ""))
+    return Choice(tuple(hosts), min(wanted, sum(h.slots for h in hosts)))
+
+
+def dropped_text(dropped: Mapping[str, str]) -> str:
+    return "; ".join(f"{name} lost: {why}" for name, why in dropped.items())
+
+
+def restart_line(restart: int, max_restarts: int, placement: Placement, wanted: int) -> str:
+    """``jaxrun: restart 1 of 2 on hostA, hostC (hostB lost: ...)``; the
+    process count is said when it is not -n's."""
+    notes = []
+    if placement.num_processes != wanted:
+        notes.append(f"{placement.num_processes} process{'' if placement.num_processes == 1 else 'es'} of {wanted}")
+    if placement.dropped:
+        notes.append(dropped_text(dict(placement.dropped)))
+    line = f"jaxrun: restart {restart} of {max_restarts} on {', '.join(placement.hosts)}"
+    return line + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def check_mesh(options: LaunchOptions, num_processes: int) -> None:
+    """A --mesh without an inferred axis may not fit fewer processes: say so
+    now, naming the count, instead of in every process.  Only where each
+    process's device count is known here (--cpu-devices, --devices-per-process)."""
+    per_process = options.cpu_devices or options.devices_per_process
+    if not options.mesh or not per_process or num_processes == options.num_processes:
+        return
+    try:
+        meshspec.resolve(meshspec.parse(options.mesh), num_processes * per_process)
+    except meshspec.MeshSpecError as e:
+        raise ElasticStop(f"not restarting: --mesh {options.mesh} does not fit the {num_processes} "
+                          f"process{'' if num_processes == 1 else 'es'} left ({e})") from None
+
+
+def lost_hosts(outcome: Outcome) -> dict[str, str]:
+    """{host: why} for each host whose processes' ends never came home in
+    this attempt (its connection, or its agent, ended first)."""
+    lost: dict[str, str] = {}
+    for rec in outcome.records:
+        if rec.lost and rec.spec.host.name not in lost:
+            lost[rec.spec.host.name] = f"{_helper_end(rec.lost)}{_last_words(rec.stdout_log)}"
+    return lost
+
+
+def _helper_end(helper: str) -> str:
+    if helper.startswith("the connection"):
+        return "connection closed"
+    return f"{helper} ended"
+
+
+def _last_words(path: str) -> str:
+    """``, after "step 6"``: the last line the process printed, if any."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    last = lines[-1] if len(lines[-1]) <= LAST_WORDS else lines[-1][: LAST_WORDS - 3] + "..."
+    return f' after "{last}"'
+
+
+def check_reasons(problems: Mapping[str, str]) -> dict[str, str]:
+    """The check's "hostB: ssh failed: ..." as "ssh failed: ..."."""
+    return {name: why.removeprefix(f"{name}: ") for name, why in problems.items()}
+
+
+def discover(command: str, environ: Mapping[str, str] | None = None) -> list[Host]:
+    """Run --hosts-command (with the shell, as the user wrote it) and read its
+    output as a hosts file.  Raises LaunchError with one line on failure."""
+    try:
+        done = subprocess.run(["/bin/sh", "-c", command], stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=DISCOVERY_TIMEOUT, env=dict(environ) if environ is not None else None)
+    except subprocess.TimeoutExpired:
+        raise LaunchError(f"--hosts-command: no answer within {DISCOVERY_TIMEOUT:g} s") from None
+    except OSError as e:
+        raise LaunchError(f"--hosts-command: cannot run it ({e.strerror or e})") from None
+    if done.returncode != 0:
+        said = done.stderr.decode(errors="replace").strip().splitlines()
+        raise LaunchError(f"--hosts-command exited with status {done.returncode}"
+                          + (f": {said[-1]}" if said else ""))
+    if len(done.stdout) > DISCOVERY_MAX_BYTES:
+        raise LaunchError(f"--hosts-command printed more than {DISCOVERY_MAX_BYTES >> 20} MiB; is it a hosts file?")
+    try:
+        return hostfile.parse_hosts_file(done.stdout.decode(errors="replace"), "--hosts-command")
+    except hostfile.HostsError as e:
+        raise LaunchError(str(e)) from None
