@@ -139,3 +139,33 @@ def test_below_min_hosts_the_run_stops_at_once_naming_the_host(mortal_hosts, sta
     assert "hostF lost" in data["not_restarted"]
     assert data["attempts"][0]["root_cause"]["host"] == "hostF"
     assert not (tmp_path / "logs" / "restart-1").exists()
+
+
+@pytest.mark.timeout(240)
+def test_the_hosts_command_is_asked_again_before_the_restart(mortal_hosts, start_job, shared_dir, tmp_path,
+                                                            uninterrupted):
+    """--hosts-command instead of a hosts file: the first attempt runs on the
+    two hosts it printed; a new machine (hostG) then joins the group, hostF
+    dies, and the restart, asking the command again, runs on hostE and hostG."""
+    listing = tmp_path / "group.txt"
+    listing.write_text("hostE\nhostF\n")
+    ckpt = shared_dir / "ckpt"
+    ckpt.mkdir()
+    report = tmp_path / "report.json"
+    job = start_job("-n", 2, "--cpu-devices", 2, "--hosts-command", f"cat {listing}", "--ssh-config",
+                    mortal_hosts.config, "--env", f"PYTHONPATH={ROOT}", "--env", "RESUME_STEP_SECONDS=0.25",
+                    "-x", TOKEN, "--max-restarts", 1, "--log-dir", tmp_path / "logs", "--report", report,
+                    RESUME, ckpt, STEPS, cwd=shared_dir)
+    deadline = time.monotonic() + 90
+    while checkpoint_step(ckpt) < 6:
+        assert time.monotonic() < deadline and job.proc.poll() is None, "the job never reached step 6"
+        time.sleep(0.05)
+    listing.write_text("hostE\nhostF\nhostG slots=1\n")
+    mortal_hosts.power_off("hostF")
+    code = job.wait(timeout=180)
+    out = job.stdout + job.stderr
+    assert code == 0, job.stderr
+    assert "jaxrun: restart 1 of 1 on hostE, hostG (hostF lost: connection closed" in job.stderr, job.stderr
+    assert uninterrupted in out
+    before, after = json.loads(report.read_text())["attempts"]
+    assert before["hosts"] == ["hostE", "hostF"] and after["hosts"] == ["hostE", "hostG"]
