@@ -86,7 +86,7 @@ BACKENDS: dict[str, BackendEntry] = {entry.name: entry for entry in (
     BackendEntry("slurm", "one srun step, in the Slurm allocation or a new one",
                  kind="scheduler", fds_per_process=9, start=start_scheduler, options=slurm_options, engine="srun",
                  engine_missing="--launcher slurm: srun is not on PATH", scheduled=True,
-                 count_variable="SLURM_NTASKS"),
+                 count_variable="SLURM_NTASKS", elastic=True),
     BackendEntry("mpirun", "one Open MPI mpirun step",
                  kind="scheduler", fds_per_process=9, start=start_scheduler, options=mpirun_options,
                  engine="mpirun", engine_missing="--launcher mpirun: mpirun is not on PATH", scheduled=True),

@@ -12,12 +12,13 @@ from the scheduler.
 from __future__ import annotations
 
 import os
+import subprocess
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence, TextIO
 
 from jaxrun import contract
 from jaxrun.core import spec as planning
 from jaxrun.core.backend import Backend
-from jaxrun.core.config import SchedulerOptions
+from jaxrun.core.config import LaunchError, SchedulerOptions
 
 if TYPE_CHECKING:  # the step is loaded only when one is started
     from jaxrun.backends.scheduler_child import RankChild
@@ -41,13 +42,17 @@ def task_argv(python: str, shim_args: Sequence[str]) -> list[str]:
     return [python, "-m", contract.SCHEDULER_AGENT_MODULE, "--", *contract.shim_argv(python, shim_args)]
 
 
-def srun_command(options: SchedulerOptions, num_processes: int, task: Sequence[str]) -> list[str]:
-    # One step.  Inside an allocation (SLURM_JOB_ID set) srun uses it; outside,
-    # srun asks for one.  --kill-on-bad-exit ends every task once one fails,
-    # even if jaxrun itself cannot reach them.
+def srun_command(options: SchedulerOptions, num_processes: int, task: Sequence[str],
+                 exclude: Sequence[str] = (), nodes: int | None = None) -> list[str]:
+    """One step.  Inside an allocation (SLURM_JOB_ID set) srun uses it; outside,
+    srun asks for one.  --kill-on-bad-exit ends every task once one fails,
+    even if jaxrun itself cannot reach them.  An elastic restart leaves out
+    the nodes in ``exclude``, and asks for ``nodes`` instead of --nodes."""
     argv = ["srun", "--kill-on-bad-exit=1", f"--ntasks={num_processes}"]
-    if options.nodes:
-        argv.append(f"--nodes={options.nodes}")
+    if nodes or options.nodes:
+        argv.append(f"--nodes={nodes or options.nodes}")
+    if exclude:
+        argv.append(f"--exclude={','.join(exclude)}")
     if options.tasks_per_node:
         argv.append(f"--ntasks-per-node={options.tasks_per_node}")
     return argv + list(options.scheduler_args) + list(task)
@@ -89,6 +94,50 @@ def step_env(options: SchedulerOptions, specs: Sequence[planning.ProcessSpec], b
     return env
 
 
+# Node states (sinfo's %T) in which an elastic restart leaves a node of the
+# allocation out; a state ending in "*" means the node does not respond.
+UNUSABLE_NODE_STATES = ("down", "drain", "drained", "draining", "fail", "failing", "maint", "unknown",
+                        "not_responding", "no_respond", "reboot", "power_down", "powered_down", "powering_down")
+SLURM_QUERY_TIMEOUT = 30.0
+
+
+def expand_nodelist(nodelist: str, run=subprocess.run) -> list[str]:
+    """The node names of a Slurm node list (``node[1-3,7]``), by scontrol."""
+    done = _slurm(["scontrol", "show", "hostnames", nodelist], run)
+    return done.split()
+
+
+def node_problems(names: Sequence[str], run=subprocess.run) -> dict[str, str]:
+    """{node: why} for each node Slurm reports down, drained or draining,
+    failing, not responding (or does not know); the others are fine."""
+    lines = _slurm(["sinfo", "-h", "-N", "-n", ",".join(names), "-o", "%N|%T|%E"], run)
+    states: dict[str, tuple[str, str]] = {}
+    for line in lines.splitlines():
+        name, _, rest = line.partition("|")
+        state, _, reason = rest.partition("|")
+        states.setdefault(name.strip(), (state.strip().lower(), reason.strip()))
+    problems = {}
+    for name in names:
+        state, reason = states.get(name, ("unknown to sinfo", ""))
+        base = state.rstrip("*~#!%$@^-+")
+        if state.endswith("*") or base in UNUSABLE_NODE_STATES or name not in states:
+            why = "not responding" if state.endswith("*") else base
+            problems[name] = f"Slurm says {why}" + (f" ({reason})" if reason and reason != "none" else "")
+    return problems
+
+
+def _slurm(argv: list[str], run) -> str:
+    try:
+        done = run(argv, capture_output=True, text=True, timeout=SLURM_QUERY_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise LaunchError(f"{argv[0]} failed: {e}") from None
+    if done.returncode != 0:
+        said = done.stderr.strip().splitlines()
+        raise LaunchError(f"{' '.join(argv[:3])} exited with status {done.returncode}"
+                          + (f": {said[-1]}" if said else ""))
+    return done.stdout
+
+
 class SchedulerBackend(Backend):
     """Every attempt is one srun or mpirun step; each rank is a Child."""
 
@@ -103,6 +152,8 @@ class SchedulerBackend(Backend):
         self.base_env = dict(os.environ if base_env is None else base_env)
         self.fixed: str | None = None
         self.step: Step | None = None
+        self.exclude: tuple[str, ...] = ()  # an elastic restart's nodes left out (srun --exclude)
+        self.nodes: int | None = None  # and how many of the allocation's nodes it may use
 
     def choose_coordinator(self, fixed: str | None) -> tuple[str, None]:
         # Task 0 picks a free port on its own node at start (see the task
@@ -110,17 +161,33 @@ class SchedulerBackend(Backend):
         self.fixed = fixed
         return fixed or "", None
 
-    def command_builder(self, planned: Iterable[str] = ()):
+    def pool(self) -> list[planning.Host]:
+        """Slurm, inside an allocation: its nodes, each with the tasks one
+        node runs (--ntasks-per-node, else an even share of -n)."""
+        nodes = expand_nodelist(self.base_env.get("SLURM_JOB_NODELIST", ""))
+        per_node = self.options.tasks_per_node or -(-self.launch.num_processes // max(1, len(nodes)))
+        return [planning.Host(name, slots=per_node) for name in nodes]
+
+    def regroup(self, hosts: Sequence[planning.Host]) -> dict[str, str]:
+        """Slurm: the nodes it reports down, drained, failing or not
+        responding are left out of the next step (``srun --exclude``)."""
+        problems = node_problems([h.name for h in hosts])
+        left = len(hosts) - len(problems)
+        self.exclude = tuple(problems)
+        self.nodes = min(self.options.nodes, left) if self.options.nodes and left else None
+        return problems
+
+    def command_builder(self, count: int, planned: Iterable[str] = ()):
         task = task_argv(self.launch.python, planning.shim_args(self.launch.target))
         if self.options.name == "slurm":
-            return lambda env: srun_command(self.options, self.launch.num_processes, task)
+            return lambda env: srun_command(self.options, count, task, self.exclude, self.nodes)
         is_root = os.geteuid() == 0
         planned = tuple(planned)
-        return lambda env: mpirun_command(self.options, self.launch.num_processes, task, env, is_root, planned)
+        return lambda env: mpirun_command(self.options, count, task, env, is_root, planned)
 
     def begin_attempt(self, specs: Sequence[planning.ProcessSpec], log_dir: str) -> None:
         env = step_env(self.options, specs, self.base_env, self.launch.devices_per_process)
-        build = self.command_builder(planning.common_env(specs))
+        build = self.command_builder(len(specs), planning.common_env(specs))
         build(env)  # bad combinations fail here, before anything starts
         from jaxrun.backends.scheduler_step import Step
 

@@ -43,6 +43,7 @@ class SshBackend(Backend):
                  preload: bool = False, preload_modules: Sequence[str] = ()):
         self.settings = settings
         self.hosts = list(hosts)
+        self.listed = list(hosts)  # what the user gave; self.hosts is what the last regroup kept
         self.console = console
         self.verbose = verbose
         self.preload = preload
@@ -54,6 +55,9 @@ class SshBackend(Backend):
 
     def open(self) -> None:
         self._open(tolerate=False)
+
+    def pool(self) -> list[Host]:
+        return list(self.listed)
 
     def regroup(self, hosts: Sequence[Host]) -> dict[str, str]:
         """An elastic restart: every connection and server ends, and the

@@ -4,7 +4,7 @@ A backend is used the same way by the launcher's run loop, whatever it is:
 
     with backend:                                   # open(): connect, preflight
         for each attempt:
-            backend.regroup(hosts)                  # elastic restarts only: check the hosts again
+            backend.regroup(hosts)                  # elastic restarts only: check the pool() again
             address, bind = backend.choose_coordinator(fixed)
             backend.begin_attempt(specs, log_dir)   # this attempt's resources
             child = backend.spawn(spec, ...)        # one per process, by the supervisor
@@ -171,6 +171,11 @@ class Backend(abc.ABC):
     def dry_run_coordinator(self, fixed: str | None) -> tuple[str, str | None]:
         """What --dry-run shows; it must not start or contact anything."""
         return self.choose_coordinator(fixed)
+
+    def pool(self) -> list[Host]:
+        """The hosts an elastic restart chooses from, when no --hosts-command
+        lists them: those it was given (SSH), the allocation's nodes (Slurm)."""
+        raise NotImplementedError(f"the {self.name} backend does not choose its hosts")
 
     def regroup(self, hosts: Sequence[Host]) -> dict[str, str]:
         """Before an elastic restart (``--min-hosts``): start over on these

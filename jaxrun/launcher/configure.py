@@ -90,7 +90,7 @@ def config_from_args(values: Mapping[str, Any], backends: Mapping[str, BackendEn
     check_scale(num_processes, entry, system)
     if hosts:
         planning.assign_hosts(hosts, num_processes)  # too few slots: exit 2 before any ssh
-    min_hosts = elastic_minimum(values, entry, hosts, num_processes)
+    min_hosts = elastic_minimum(values, entry, hosts, num_processes, system.environ)
     console_ranks = console_rank_set(values["console_ranks"], num_processes)
     check_devices_per_process(per_process)  # before counting GPUs, which may run nvidia-smi
     elsewhere = entry.takes_hosts or entry.scheduled
@@ -200,7 +200,7 @@ def read_hosts(hosts_file: str | None, host_opts: Sequence[str], command: str | 
 
 
 def elastic_minimum(values: Mapping[str, Any], entry: BackendEntry, hosts: Sequence[planning.Host],
-                    num_processes: int) -> int | None:
+                    num_processes: int, environ: Mapping[str, str]) -> int | None:
     """--min-hosts, checked; with --hosts-command alone, restarts are elastic
     down to one host.  None: restarts run on the same hosts."""
     given = values["min_hosts"]
@@ -211,6 +211,11 @@ def elastic_minimum(values: Mapping[str, Any], entry: BackendEntry, hosts: Seque
                           "does not start processes on chosen hosts")
     if not values["max_restarts"]:
         raise LaunchError("--min-hosts replaces lost hosts when the job restarts: give --max-restarts N too")
+    if entry.scheduled:
+        if not environ.get("SLURM_JOB_NODELIST"):
+            raise LaunchError(f"--min-hosts with --launcher {entry.name} works inside an allocation (sbatch or "
+                              "salloc, with --no-kill): outside one, each restart asks Slurm for new nodes")
+        return given or 1
     from jaxrun.launcher.elastic import used_hosts
 
     used = len(used_hosts(hosts, num_processes))

@@ -56,8 +56,10 @@ def plan_attempt(config: RunConfig, coordinator: tuple[str, str | None], attempt
                  where: elastic.Choice | None = None):
     address, bind = coordinator
     changes = dict(facts or {})
-    if where is not None:  # an elastic restart's own hosts and count
-        changes.update(hosts=where.hosts, num_processes=where.num_processes)
+    if where is not None:  # an elastic restart's own count, and hosts where jaxrun places the processes
+        changes.update(num_processes=where.num_processes)
+        if not config.options.scheduled:
+            changes.update(hosts=where.hosts)
     opts = dataclasses.replace(config.options, coordinator=address, bind_address=bind, restart_count=attempt,
                                **changes)
     return opts, planning.plan(opts)
@@ -156,8 +158,9 @@ def regroup(config: RunConfig, backend: Backend, failed: Outcome,
     """Where an elastic restart runs (see ``launcher.elastic``), and the hosts
     left out with why.  The backend checks every candidate again and starts
     over on those that pass."""
-    listed = elastic.discover(config.hosts_command) if config.hosts_command else list(config.options.hosts)
-    lost = elastic.lost_hosts(failed)
+    listed = elastic.discover(config.hosts_command) if config.hosts_command else backend.pool()
+    names = {host.name for host in listed}
+    lost = {name: why for name, why in elastic.lost_hosts(failed).items() if name in names}
     candidates = elastic.candidates(listed, last, lost)
     problems = elastic.check_reasons(backend.regroup(candidates))
     dropped = {**lost, **problems}

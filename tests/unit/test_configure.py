@@ -134,6 +134,9 @@ def test_options_that_do_not_fit_the_backend_are_refused(script, given, message)
     ({"min_hosts": 3, "max_restarts": 1, "host_opts": ("a,b,c",), "num_processes": 2},
      "--min-hosts 3: the job starts on only 2 hosts"),
     ({"hosts_command": "echo a", "host_opts": ("a",)}, "--hosts, -H and --hosts-command cannot be used together"),
+    ({"min_hosts": 1, "max_restarts": 1, "launcher": "slurm", "num_processes": 2},
+     "--min-hosts with --launcher slurm works inside an allocation (sbatch or salloc, with --no-kill): outside "
+     "one, each restart asks Slurm for new nodes"),
 ])
 def test_elastic_options_are_checked_before_anything_starts(script, given, message):
     refused(script, message, **given)
@@ -147,6 +150,8 @@ def test_elastic_restarts_keep_their_minimum_and_a_hosts_command_alone_means_one
     assert [(h.name, h.slots) for h in config.options.hosts] == [("a", 2), ("b", 1)]
     assert config.options.num_processes == 3  # every slot the command listed
     assert configured(script, host_opts=("a,b",), max_restarts=1).min_hosts is None
+    inside = FakeSystem({"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NTASKS": "4"})
+    assert configured(script, launcher="slurm", min_hosts=1, max_restarts=1, system=inside).min_hosts == 1
 
 
 

@@ -1,0 +1,59 @@
+"""Elastic restarts under Slurm, the pure parts: which nodes sinfo's answer
+leaves out, and the srun line of a restart that excludes them.  (The real
+cluster's part is in tests/e2e/test_slurm_elastic.py.)"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from jaxrun.backends import scheduler
+from jaxrun.core.config import LaunchError, SchedulerOptions
+
+
+def answering(stdout: str, code: int = 0, stderr: str = ""):
+    seen = []
+
+    def run(argv, **kw):
+        seen.append(argv)
+        return subprocess.CompletedProcess(argv, code, stdout, stderr)
+
+    return run, seen
+
+
+def test_nodes_that_are_down_drained_failing_or_silent_are_left_out_with_slurms_reason():
+    run, seen = answering("n1|allocated|none\n"
+                          "n2|down*|Not responding\n"
+                          "n3|draining|bad gpu\n"
+                          "n4|mixed*|none\n"
+                          "n5|idle|none\n")
+    problems = scheduler.node_problems(["n1", "n2", "n3", "n4", "n5", "n6"], run)
+    assert seen == [["sinfo", "-h", "-N", "-n", "n1,n2,n3,n4,n5,n6", "-o", "%N|%T|%E"]]
+    assert problems == {"n2": "Slurm says not responding (Not responding)", "n3": "Slurm says draining (bad gpu)",
+                        "n4": "Slurm says not responding", "n6": "Slurm says unknown to sinfo"}
+
+
+def test_a_node_in_two_partitions_is_judged_by_its_first_line():
+    run, _ = answering("n1|idle|none\nn1|idle|none\n")
+    assert scheduler.node_problems(["n1"], run) == {}
+
+
+def test_a_failing_slurm_query_is_one_line():
+    run, _ = answering("", 1, "sinfo: error: Unable to contact slurm controller\n")
+    with pytest.raises(LaunchError, match=r"^sinfo -h -N exited with status 1: sinfo: error: Unable to contact"):
+        scheduler.node_problems(["n1"], run)
+
+
+def test_the_allocations_nodes_come_from_scontrol():
+    run, seen = answering("n1\nn2\nn3\n")
+    assert scheduler.expand_nodelist("n[1-3]", run) == ["n1", "n2", "n3"]
+    assert seen == [["scontrol", "show", "hostnames", "n[1-3]"]]
+
+
+def test_a_restart_excludes_the_lost_nodes_and_asks_for_fewer():
+    options = SchedulerOptions("slurm", nodes=3)
+    argv = scheduler.srun_command(options, 4, ["agent"], exclude=("n2",), nodes=2)
+    assert argv == ["srun", "--kill-on-bad-exit=1", "--ntasks=4", "--nodes=2", "--exclude=n2", "agent"]
+    assert scheduler.srun_command(options, 6, ["agent"]) == ["srun", "--kill-on-bad-exit=1", "--ntasks=6",
+                                                              "--nodes=3", "agent"]
