@@ -14,7 +14,7 @@ import click
 
 from jaxrun import __version__, contract, meshspec
 from jaxrun.backends import BACKENDS
-from jaxrun.core.config import LaunchError
+from jaxrun.core.config import Flag, LaunchError
 from jaxrun.core.ranks import DIGITS, parse_ranks
 from jaxrun.core.spec import PlanError
 from jaxrun.launcher.configure import config_from_args
@@ -136,12 +136,13 @@ class SectionedCommand(click.Command):
     script, click never sees)."""
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        rows: dict[str, list] = {title: [] for title in HELP_SECTIONS}
+        sections = help_sections()
+        rows: dict[str, list] = {title: [] for title in sections}
         for param in self.get_params(ctx):
             record = param.get_help_record(ctx)
             if record is None:
                 continue
-            title = next((t for t, names in HELP_SECTIONS.items() if param.name in names), "Other")
+            title = next((t for t, names in sections.items() if param.name in names), "Other")
             rows[title].append(record)
         for title, records in rows.items():
             if records:
@@ -206,7 +207,26 @@ def main(**values):
     placeholders {process_id}, {num_processes}, {local_process_id} and
     {coordinator} in those arguments are replaced in each process.
     """
+    for entry in BACKENDS.values():  # a backend's own options work with it alone
+        given = entry.flags_given(values)
+        if given and values["launcher"] != entry.name:
+            raise LaunchError(f"{given[0]} works with --launcher {entry.name} only")
     sys.exit(run(config_from_args(values, BACKENDS, option_names=main.option_names())))
+
+
+def help_sections() -> dict[str, tuple[str, ...]]:
+    """HELP_SECTIONS, with a section for each backend's own options before "Other"."""
+    own = {f"With --launcher {e.name}": tuple(f.name for f in e.flags) for e in BACKENDS.values() if e.flags}
+    return {**{t: n for t, n in HELP_SECTIONS.items() if t != "Other"}, **own, "Other": HELP_SECTIONS["Other"]}
+
+
+def backend_option(flag: Flag) -> click.Option:
+    kind = click.Choice(flag.choices) if flag.choices else None
+    return click.Option([*flag.opts, flag.name], type=kind, metavar=flag.metavar, help=flag.help)
+
+
+# Each backend's own options (its registry entry's ``flags``), before SCRIPT.
+main.params[-1:-1] = [backend_option(flag) for entry in BACKENDS.values() for flag in entry.flags]
 
 
 def entry_point(argv: list[str] | None = None) -> None:

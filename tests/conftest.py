@@ -4,4 +4,5 @@
 carries the test's token and outlives it fails the test.
 """
 
-pytest_plugins = ["fixtures.jobs", "fixtures.sshd", "fixtures.netns", "fixtures.slurm", "fixtures.engines"]
+pytest_plugins = ["fixtures.jobs", "fixtures.sshd", "fixtures.netns", "fixtures.slurm", "fixtures.engines",
+                  "fixtures.ray_cluster"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Mapping, TextIO
 
-from jaxrun.core.config import BackendEntry, LaunchError, RunConfig, SchedulerOptions, SshOptions
+from jaxrun.core.config import BackendEntry, Flag, LaunchError, RunConfig, SchedulerOptions, SshOptions
 from jaxrun.core.spec import LaunchOptions
 
 if TYPE_CHECKING:
@@ -46,6 +46,18 @@ def start_scheduler(config: RunConfig, console: TextIO) -> Backend:
     from jaxrun.backends.scheduler import SchedulerBackend
 
     return SchedulerBackend(config.backend_options, config.options, console)
+
+
+def start_ray(config: RunConfig, console: TextIO) -> Backend:
+    from jaxrun.backends.ray import RayBackend
+
+    return RayBackend(config.backend_options, config.options, console)
+
+
+def ray_options(values: Mapping[str, Any], launch: LaunchOptions) -> Any:
+    from jaxrun.backends.ray import options  # imports no ray: it checks that ray is there
+
+    return options(values, launch)
 
 
 def ssh_options(values: Mapping[str, Any], launch: LaunchOptions) -> SshOptions:
@@ -90,6 +102,13 @@ BACKENDS: dict[str, BackendEntry] = {entry.name: entry for entry in (
     BackendEntry("mpirun", "one Open MPI mpirun step",
                  kind="scheduler", fds_per_process=9, start=start_scheduler, options=mpirun_options,
                  engine="mpirun", engine_missing="--launcher mpirun: mpirun is not on PATH", scheduled=True),
+    # On a Ray cluster: as under a scheduler (the step is the Ray driver).
+    BackendEntry("ray", "one Ray actor per process, on a running Ray cluster (pip install 'jaxrun[ray]')",
+                 kind="ray", fds_per_process=9, start=start_ray, options=ray_options, scheduled=True, flags=(
+                     Flag("ray_address", ("--ray-address",), "The Ray cluster's address, HOST:PORT of its GCS "
+                          "(default: $RAY_ADDRESS, else auto).", metavar="ADDR"),
+                     Flag("placement", ("--placement",), "How Ray places the processes on its nodes: one "
+                          "placement group bundle each (default: spread).", ("pack", "spread", "strict-spread")))),
 )}
 
 

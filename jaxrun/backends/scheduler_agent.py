@@ -61,7 +61,7 @@ def local_count_from_env(environ=os.environ) -> int:
         return int(environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1"))
     if source == "slurm":
         return tasks_on_node(environ.get("SLURM_STEP_TASKS_PER_NODE", ""), int(environ.get("SLURM_NODEID", "0")))
-    return 1
+    return int(environ.get(contract.LOCAL_PROCESS_COUNT, "1"))  # jaxrun's own numbering (Ray's nodes)
 
 
 def tasks_on_node(per_node: str, node_index: int) -> int:

@@ -82,6 +82,20 @@ def no_options(values: Mapping[str, Any], launch: LaunchOptions) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
+class Flag:
+    """A command-line option that one backend declares in its registry entry.
+    The command line adds it, in a help section of that backend's own, and
+    refuses it with any other ``--launcher``; the entry's ``options`` reads
+    its value as ``values[name]`` (None when it was not given)."""
+
+    name: str  # the parameter name, e.g. "ray_address"
+    opts: tuple[str, ...]  # e.g. ("--ray-address",)
+    help: str  # says the default: the option itself has none, so that "given" is plain
+    choices: tuple[str, ...] = ()  # the words it takes; empty: any text
+    metavar: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class BackendEntry:
     """One way of starting the processes, as the command line and the run
     loop see it: one row of ``jaxrun.backends.BACKENDS``.  The command line
@@ -101,4 +115,9 @@ class BackendEntry:
     takes_hosts: bool = False  # it starts the processes on the hosts of --hosts/-H
     scheduled: bool = False  # a scheduler places the processes and numbers them
     count_variable: str | None = None  # inside an allocation, the variable that holds its task count
+    flags: tuple[Flag, ...] = ()  # its own command-line options
     elastic: bool = False  # its backend can start a restart on other hosts (Backend.regroup): --min-hosts
+
+    def flags_given(self, values: Mapping[str, Any]) -> list[str]:
+        """Its own options that the command line gave (their first spelling)."""
+        return [flag.opts[0] for flag in self.flags if values.get(flag.name) is not None]

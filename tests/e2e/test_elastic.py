@@ -105,9 +105,10 @@ def test_with_no_spare_the_job_goes_on_with_fewer_processes(mortal_hosts, start_
                                                            uninterrupted):
     """2 processes on hostE and hostG, no spare, --min-hosts 1: hostG dies,
     and the job finishes as 1 process on hostE (which sees the new count
-    through jax.process_count()), with the uninterrupted result."""
+    through jax.process_count(), and whose --mesh data=-1 adapts to its 2
+    devices), with the uninterrupted result."""
     job, ckpt, report = elastic_job(start_job, ["hostE", "hostG"], mortal_hosts, shared_dir, tmp_path,
-                                    "--max-restarts", 1, "--min-hosts", 1)
+                                    "--max-restarts", 1, "--min-hosts", 1, "--mesh", "data=-1")
     power_off_after(6, "hostG", job, ckpt, mortal_hosts)
     code = job.wait(timeout=180)
     out = job.stdout + job.stderr
