@@ -11,11 +11,9 @@ import shutil
 
 import pytest
 from fixtures.engines import (
-    check_crash_in_task_3,
     check_engine_failure_named_once,
     check_logs_hold_every_byte,
     check_ranks_come_from_the_scheduler,
-    check_timeout_stops_the_step,
     check_toy,
 )
 
@@ -40,16 +38,6 @@ def test_toy_matches_the_guide(run_jaxrun, tmp_path):
     check_toy(run_jaxrun, MPIRUN, tmp_path)
 
 
-@needs_mpirun
-@pytest.mark.timeout(60)
-def test_crash_in_task_3_ends_the_step_and_is_named(run_jaxrun, tmp_path):
-    check_crash_in_task_3(run_jaxrun, MPIRUN, tmp_path)
-
-
-@needs_mpirun
-@pytest.mark.timeout(60)
-def test_timeout_dumps_stacks_and_stops_the_step(run_jaxrun, tmp_path):
-    check_timeout_stops_the_step(run_jaxrun, MPIRUN, tmp_path)
 
 
 @needs_mpirun

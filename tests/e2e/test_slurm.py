@@ -13,11 +13,9 @@ import time
 
 import pytest
 from fixtures.engines import (
-    check_crash_in_task_3,
     check_engine_failure_named_once,
     check_logs_hold_every_byte,
     check_ranks_come_from_the_scheduler,
-    check_timeout_stops_the_step,
     check_toy,
 )
 from fixtures.guide import GUIDE_SHARDS, RESULT
@@ -32,14 +30,6 @@ def test_toy_matches_the_guide(slurm_cluster, run_jaxrun, tmp_path):
     check_toy(run_jaxrun, SLURM, tmp_path)
 
 
-@pytest.mark.timeout(60)
-def test_crash_in_task_3_ends_the_step_and_is_named(slurm_cluster, run_jaxrun, tmp_path):
-    check_crash_in_task_3(run_jaxrun, SLURM, tmp_path)
-
-
-@pytest.mark.timeout(60)
-def test_timeout_dumps_stacks_and_stops_the_step(slurm_cluster, run_jaxrun, tmp_path):
-    check_timeout_stops_the_step(run_jaxrun, SLURM, tmp_path)
 
 
 @pytest.mark.timeout(60)
