@@ -255,8 +255,8 @@ def chosen_backend(backends: Mapping[str, BackendEntry], values: Mapping[str, An
     if has_hosts and not entry.takes_hosts:
         raise LaunchError(f"--hosts and -H start processes over SSH; they do not work with --launcher {name}")
     if not entry.scheduled and (values["nodes"] or values["tasks_per_node"] or values["scheduler_args"]):
-        scheduled = " or ".join(e.name for e in backends.values() if e.scheduled)
-        raise LaunchError(f"--nodes, --ntasks-per-node and --scheduler-arg need --launcher {scheduled}")
+        steps = " or ".join(e.name for e in backends.values() if e.kind == "scheduler")  # srun, mpirun
+        raise LaunchError(f"--nodes, --ntasks-per-node and --scheduler-arg need --launcher {steps}")
     return entry
 
 

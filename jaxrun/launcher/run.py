@@ -126,6 +126,7 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
         for attempt in range(config.max_restarts + 1):
             log_dir = attempt_dir(config.log_dir, attempt)
             try:
+                control.deadline = supervisor_deadline(config)  # --timeout counts while hosts are checked, placed
                 if attempt and config.min_hosts:
                     where, dropped = regroup(config, backend, outcomes[-1], where.hosts)
                     print(elastic.restart_line(attempt, config.max_restarts, where.placement(dropped),

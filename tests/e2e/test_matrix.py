@@ -198,6 +198,8 @@ BACKENDS = [
     # 4 processes on 2 cores: a site would set this in openmpi-mca-params.conf.
     Backend("mpirun", lambda _: ["--launcher", "mpirun", "-n", PROCESSES], program="mpirun",
             env=(("OMPI_MCA_rmaps_base_oversubscribe", "1"),), far_ends=frozenset({"scheduler_agent"})),
+    Backend("ray", lambda cluster: ["--launcher", "ray", "--ray-address", cluster.address, "-n", PROCESSES],
+            engine="ray_cluster", env=(("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0"),), far_ends=frozenset({"ray"})),
 ]
 BY_NAME = {b.name: b for b in BACKENDS}
 

@@ -227,22 +227,23 @@ def test_the_target_is_a_script_or_a_module(args, message):
 
 def test_a_new_backend_brings_its_options_and_costs_without_other_changes(script):
     @dataclasses.dataclass(frozen=True)
-    class RayOptions:
+    class CloudOptions:
         address: str
         processes: int
 
-    ray = BackendEntry("ray", "processes on a Ray cluster", kind="ray", fds_per_process=3,
-                       start=lambda config, console: None, scheduled=True,
-                       options=lambda values, launch: RayOptions(values["ray_address"], launch.num_processes))
-    backends = {**BACKENDS, "ray": ray}
-    config = configured(script, backends=backends, launcher="ray", ray_address="10.0.0.1:6379", num_processes=2)
-    assert (config.backend, config.backend_options) == ("ray", RayOptions("10.0.0.1:6379", 2))
+    cloud = BackendEntry("cloud", "processes on an imagined cloud pool", kind="cloud", fds_per_process=3,
+                         start=lambda config, console: None, scheduled=True,
+                         options=lambda values, launch: CloudOptions(values["pool"], launch.num_processes))
+    backends = {**BACKENDS, "cloud": cloud}
+    config = configured(script, backends=backends, launcher="cloud", pool="10.0.0.1:6379", num_processes=2)
+    assert (config.backend, config.backend_options) == ("cloud", CloudOptions("10.0.0.1:6379", 2))
     assert config.options.scheduled
-    with pytest.raises(LaunchError, match=r"\(3 each, ray run\)"):
-        configured(script, backends=backends, launcher="ray", ray_address="", num_processes=10,
+    with pytest.raises(LaunchError, match=r"\(3 each, cloud run\)"):
+        configured(script, backends=backends, launcher="cloud", pool="", num_processes=10,
                    system=FakeSystem(limits=(70, 70)))
-    refused(script, "--nodes, --ntasks-per-node and --scheduler-arg need --launcher slurm or mpirun or ray",
-            backends={**BACKENDS, "ray": ray}, nodes=2)
+    # --nodes and its kin are the srun/mpirun steps' (kind "scheduler"), not every scheduled backend's.
+    refused(script, "--nodes, --ntasks-per-node and --scheduler-arg need --launcher slurm or mpirun",
+            backends=backends, nodes=2)
 
 
 def test_each_entry_builds_its_own_backend(script):
@@ -254,7 +255,7 @@ def test_each_entry_builds_its_own_backend(script):
     assert type(create_backend(configured(script, preload=False), sys.stderr)) is LocalBackend
     slurm = create_backend(configured(script, launcher="mpirun"), sys.stderr)
     assert type(slurm) is SchedulerBackend and slurm.options == SchedulerOptions("mpirun")
-    assert list(BACKENDS) == ["local", "ssh", "slurm", "mpirun"]
+    assert list(BACKENDS) == ["local", "ssh", "slurm", "mpirun", "ray"]
     assert [e.name for e in BACKENDS.values() if e.default] == ["local"]
 
 
@@ -265,4 +266,4 @@ def test_a_local_run_never_imports_ssh_or_scheduler_code(script):
     done = subprocess.run([sys.executable, "-c", program, script], capture_output=True, text=True, check=True)
     loaded = ast.literal_eval(done.stdout.splitlines()[-1])
     assert "jaxrun.backends.forkserver" in loaded
-    assert [m for m in loaded if m.split(".")[-1].startswith(("ssh", "scheduler"))] == []
+    assert [m for m in loaded if m.split(".")[-1].startswith(("ssh", "scheduler", "ray"))] == []
