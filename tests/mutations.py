@@ -165,6 +165,37 @@ MUTATIONS = [
         ("tests/e2e/test_tree_sigterm.py",),
         "ssh or mpirun",
     ),
+    Mutation(
+        "elastic-retries-lost-hosts",
+        "an elastic restart checks the hosts lost in the failed attempt again, instead of leaving them out",
+        (("jaxrun/launcher/run.py", "candidates = elastic.candidates(listed, last, lost)",
+          "candidates = elastic.candidates(listed, last, {})"),),
+        ("tests/e2e/test_elastic.py",),
+        "spare",
+    ),
+    Mutation(
+        "elastic-without-spares",
+        "an elastic restart never brings in a spare host: it shrinks at once",
+        (("jaxrun/launcher/elastic.py", "    order = [h for h in last if h.name in names] + list(listed)",
+          "    order = [h for h in last if h.name in names]"),),
+        ("tests/e2e/test_elastic.py",),
+        "spare or hosts_command",
+    ),
+    Mutation(
+        "slurm-keeps-drained-nodes",
+        "an elastic restart under Slurm runs on nodes Slurm drained",
+        (("jaxrun/backends/scheduler.py", '"down", "drain", "drained", "draining", ', '"down", '),),
+        ("tests/e2e/test_slurm_elastic.py",),
+        "drained",
+    ),
+    Mutation(
+        "ray-driver-outlives-jaxrun",
+        "the Ray driver (and so its actors and placement group) stays when jaxrun is gone",
+        (("jaxrun/backends/ray.py", "    os._exit(0)  # Ray ends this driver's actors and placement group",
+          "    pass"),),
+        ("tests/e2e/test_ray.py",),
+        "sigkill or waits",
+    ),
 ]
 
 
