@@ -285,3 +285,10 @@ def test_every_folder_of_the_package_is_a_package():
     but setuptools' find_packages leaves it out of an install."""
     folders = {p.parent for p in PACKAGE.rglob("*.py")}
     assert sorted(str(f.relative_to(ROOT)) for f in folders if not (f / "__init__.py").exists()) == []
+
+
+def test_every_test_module_has_a_name_of_its_own():
+    """pytest imports tests/unit and tests/e2e modules by their bare names
+    (no packages there): two files of one name stop the whole collection."""
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
