@@ -1,10 +1,13 @@
 """A job that survives restarts: it saves a checkpoint after every step and
 resumes from the last one, on however many processes the restart has.
 
+    jaxrun -n 4 --cpu-devices 2 examples/resume.py
     jaxrun --hosts hosts.txt --max-restarts 2 --min-hosts 1 --cpu-devices 2 \\
         examples/resume.py CKPT_DIR [STEPS]
 
-CKPT_DIR must be one folder that every host sees (a shared file system).
+Across hosts, CKPT_DIR must be one folder that every host sees (a shared
+file system).  Without it the checkpoint goes to a folder of this run under
+the temporary folder, which every restart of the run finds again.
 The state is one global array sharded over every device; each step runs a
 collective (a sum over all devices), so every process takes part.  The
 arithmetic is on integers, so the result is the same whatever the number of
@@ -20,6 +23,7 @@ way: ``CheckpointManager.latest_step()`` is the step counter.
 import json
 import os
 import sys
+import tempfile
 import time
 
 import jax
@@ -30,9 +34,11 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 SIZE = 8  # elements of the state: a multiple of every device count used here
 MODULUS = 1_000_003
-ckpt = sys.argv[1]
+ckpt = sys.argv[1] if len(sys.argv) > 1 else os.path.join(tempfile.gettempdir(),
+                                                           f"jaxrun-resume-{os.environ['JAXRUN_RUN_ID']}")
 steps = int(sys.argv[2]) if len(sys.argv) > 2 else 12
-pause = float(os.environ.get("RESUME_STEP_SECONDS", "0.2"))  # how slow a step is, for the demo
+pause = float(os.environ.get("RESUME_STEP_SECONDS", "0.1"))  # how slow a step is, for the demo
+os.makedirs(ckpt, exist_ok=True)
 path = os.path.join(ckpt, "latest.json")
 
 

@@ -239,4 +239,11 @@ def check_replica_across(layout, out):
     assert not any("went unnoticed" in line for lines in out.values() for line in lines)
 
 
+def check_resume(layout, out):
+    for p in ranks(layout):
+        one(out[p], rf"process {p} of {layout.processes}: starting at step 0 at [\d.]+")
+        assert len(matches(out[p], r"step \d+ of 12")) == 12, out[p]
+        one(out[p], r"result 4309189")
+
+
 CHECKS = {name.removeprefix("check_"): fn for name, fn in dict(globals()).items() if name.startswith("check_")}

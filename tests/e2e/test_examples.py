@@ -68,8 +68,9 @@ def line_of(path, text: str) -> int:
 
 
 @pytest.mark.timeout(90)
-# The stack dump does not depend on how the processes were started
-# (test_supervision covers both modes); one mode saves ~12 s of CI.
+# Where each process was: the summary's pointers do not depend on how the
+# processes were started (test_matrix's hang cells dump the stacks in every
+# mode and backend); one mode saves ~12 s of CI.
 @pytest.mark.parametrize("launch_mode", ["preload"], indirect=True)
 def test_hang_times_out_and_points_at_the_diverging_lines(jaxrun):
     code, out, err = run_example(jaxrun, "hang", MAIN, "--timeout", "8", timeout=60)
