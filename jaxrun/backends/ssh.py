@@ -80,10 +80,9 @@ class SshBackend(Backend):
         results = self.connections.preflight(
             {name: (socket_name, *self.preload_modules) for name, (socket_name, _) in self.servers.items()},
             tolerate)
-        if self.connections.left_out:
-            self.hosts = list(self.connections.hosts)
-            for name in self.connections.left_out:
-                self.servers.pop(name, None)
+        self.hosts = list(self.connections.hosts)  # without those a tolerant preflight left out
+        for name in self.connections.left_out:
+            self.servers.pop(name, None)
         if self.verbose:
             for line in preflight_table(results):
                 print(line, file=self.console, flush=True)

@@ -147,8 +147,8 @@ class Connections:
                   tolerate: bool = False) -> dict[str, dict]:
         """Open every master at once and read each one's report, within one
         deadline.  Raises LaunchError naming each host that failed, or, with
-        ``tolerate`` (an elastic restart), leaves those hosts out and returns
-        keeps them in ``left_out``.  ``servers``: per host, the preloading server the
+        ``tolerate`` (an elastic restart), leaves those hosts out and keeps
+        why in ``left_out``.  ``servers``: per host, the preloading server the
         preflight starts there."""
         answers: dict[str, bytes] = {}
         readers = []

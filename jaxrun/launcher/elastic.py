@@ -18,7 +18,6 @@ system but ``discover``, which runs ``--hosts-command``:
 from __future__ import annotations
 
 import dataclasses
-import os
 import subprocess
 from typing import Mapping, Sequence
 
@@ -27,6 +26,7 @@ from jaxrun.core.config import LaunchError
 from jaxrun.core.outcome import Outcome, Placement
 from jaxrun.core.spec import Host, LaunchOptions
 from jaxrun.launcher import hosts as hostfile
+from jaxrun.reporting import summary
 
 # The longest a --hosts-command may take, and the most it may print.
 DISCOVERY_TIMEOUT = 60.0
@@ -62,15 +62,10 @@ def candidates(listed: Sequence[Host], last: Sequence[Host], left_out: Mapping[s
     """The hosts to check for the next attempt: the last attempt's, then the
     other listed ones (the spares), each once, without those ``left_out``.
     A host of the last attempt that is no longer listed (``--hosts-command``
-    stopped printing it) is left out too."""
-    names = {h.name for h in listed}
-    order = [h for h in last if h.name in names] + list(listed)
-    chosen, seen = [], set(left_out)
-    for host in order:
-        if host.name not in seen:
-            seen.add(host.name)
-            chosen.append(next(h for h in listed if h.name == host.name))  # the listing's slots
-    return chosen
+    stopped printing it) is left out too; each keeps the listing's slots."""
+    by_name = {h.name: h for h in listed}
+    names = dict.fromkeys([h.name for h in last if h.name in by_name] + list(by_name))  # ordered, once each
+    return [by_name[name] for name in names if name not in left_out]
 
 
 def choose(good: Sequence[Host], wanted: int, min_hosts: int, dropped: Mapping[str, str]) -> Choice:
@@ -83,7 +78,7 @@ def choose(good: Sequence[Host], wanted: int, min_hosts: int, dropped: Mapping[s
         count = f"{len(hosts)} host{'' if len(hosts) == 1 else 's'}"
         raise ElasticStop(f"not restarting: {count} left ({left}), fewer than --min-hosts {min_hosts}"
                           + (f" ({dropped_text(dropped)})" if dropped else ""))
-    return Choice(tuple(hosts), min(wanted, sum(h.slots for h in hosts)))
+    return Choice(tuple(hosts), min(wanted, hostfile.total_slots(hosts)))
 
 
 def dropped_text(dropped: Mapping[str, str]) -> str:
@@ -134,13 +129,7 @@ def _helper_end(helper: str) -> str:
 
 def _last_words(path: str) -> str:
     """``, after "step 6"``: the last line the process printed, if any."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
-            tail = f.read().decode(errors="replace")
-    except OSError:
-        return ""
-    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    lines = [line.strip() for line in summary.tail(path) if line.strip()]
     if not lines:
         return ""
     last = lines[-1] if len(lines[-1]) <= LAST_WORDS else lines[-1][: LAST_WORDS - 3] + "..."

@@ -125,9 +125,10 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
     with backend:
         for attempt in range(config.max_restarts + 1):
             log_dir = attempt_dir(config.log_dir, attempt)
+            regrouped = bool(attempt and config.min_hosts)  # an elastic restart: its own hosts and count
             try:
                 control.deadline = supervisor_deadline(config)  # --timeout counts while hosts are checked, placed
-                if attempt and config.min_hosts:
+                if regrouped:
                     where, dropped = regroup(config, backend, outcomes[-1], where.hosts)
                     print(elastic.restart_line(attempt, config.max_restarts, where.placement(dropped),
                                                options.num_processes), file=console, flush=True)
@@ -135,11 +136,13 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
                     print(f"jaxrun: restarting the whole job (restart {attempt} of {config.max_restarts})",
                           file=console, flush=True)
                 _, specs = plan_attempt(config, backend.choose_coordinator(config.fixed_coordinator), attempt,
-                                        backend.plan_facts(), where if attempt and config.min_hosts else None)
+                                        backend.plan_facts(), where if regrouped else None)
                 outcome = run_attempt(config, specs, backend, log_dir, console, control, running)
             except elastic.ElasticStop as stop:  # too few hosts left: the failed attempt's status ends the run
                 print(f"jaxrun: {stop}", file=console, flush=True)
-                report_attempt(config, outcomes, dirs, console, not_restarted=str(stop), summary_too=False)
+                if config.report_path:  # the attempts so far, and why none follows
+                    report.write_report(config.report_path,
+                                        report.report_dict(outcomes, options.run_id, dirs, str(stop)))
                 break
             except (LaunchError, PlanError, Interrupted) as error:
                 if attempt == 0:
@@ -196,23 +199,18 @@ def last_words(line: str) -> None:
         pass
 
 
-def report_attempt(config: RunConfig, outcomes: list[Outcome], dirs: list[str], console: TextIO,
-                   not_restarted: str | None = None, summary_too: bool = True) -> None:
-    """The summary of the attempt that just ended, and the reports so far.
-    ``not_restarted``: why the run ends without the restart it was due."""
+def report_attempt(config: RunConfig, outcomes: list[Outcome], dirs: list[str], console: TextIO) -> None:
     outcome = outcomes[-1]
-    if summary_too:
-        shown = dirs[-1] if os.path.isdir(dirs[-1]) else config.log_dir  # a restart that never started made none
-        for line in summary.summary_lines(outcome, shown):
-            print(line, file=console, flush=True)
-        if config.github_actions:
-            annotation = github.error_annotation(outcome, os.environ.get("GITHUB_WORKSPACE"))
-            if annotation:
-                print(annotation, file=console, flush=True)
+    shown = dirs[-1] if os.path.isdir(dirs[-1]) else config.log_dir  # a restart that never started made none
+    for line in summary.summary_lines(outcome, shown):
+        print(line, file=console, flush=True)
+    if config.github_actions:
+        annotation = github.error_annotation(outcome, os.environ.get("GITHUB_WORKSPACE"))
+        if annotation:
+            print(annotation, file=console, flush=True)
     if config.report_path:
-        report.write_report(config.report_path, report.report_dict(outcomes, config.options.run_id, dirs,
-                                                                   not_restarted))
-    if config.junit_path and summary_too:
+        report.write_report(config.report_path, report.report_dict(outcomes, config.options.run_id, dirs))
+    if config.junit_path:
         from jaxrun.reporting import junit
 
         junit.write(config.junit_path, outcome, suite=f"jaxrun {config.options.target.name}")
