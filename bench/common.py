@@ -10,8 +10,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable

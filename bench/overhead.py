@@ -25,7 +25,6 @@ import tempfile
 import time
 
 import psutil
-
 from common import JAXRUN, PYTHON, median
 
 WORKER = """
@@ -84,7 +83,7 @@ def one_run(args, tmp: str, script: str) -> dict:
         rss = max(rss, high_water_mark(launcher.pid))
         try:
             for child in me.children():
-                if "jaxrun.backends.forkserver_agent" in " ".join(child.cmdline()):
+                if "jaxrun.backends.forkserver.server" in " ".join(child.cmdline()):
                     server_cpu = cpu_of(child)
                     server_rss = max(server_rss, child.memory_info().rss)
         except psutil.NoSuchProcess:

@@ -29,7 +29,6 @@ from common import JAXRUN, PYTHON, ROOT, alternate, median, table, wall
 
 sys.path.insert(0, str(ROOT / "tests"))
 from fixtures import sshd  # noqa: E402 - the test hosts, reused
-
 from startup import BARE_JOB  # noqa: E402
 
 

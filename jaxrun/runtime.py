@@ -14,7 +14,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from typing import Any, Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np

@@ -27,7 +27,8 @@ import os
 import signal
 import socket
 import struct
-from typing import ClassVar, Sequence
+from collections.abc import Sequence
+from typing import ClassVar
 
 
 class WireError(ValueError):

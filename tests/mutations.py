@@ -51,7 +51,7 @@ MUTATIONS = [
         "scheduler-rank-zero",
         "under a scheduler, {process_id} is always 0 and JAXRUN_PROCESS_ID is unset",
         (
-            ("jaxrun/backends/scheduler_agent.py", "contract.placeholder_values(rank, count,",
+            ("jaxrun/backends/scheduler/task_agent.py", "contract.placeholder_values(rank, count,",
              "contract.placeholder_values(0, count,"),
             ("jaxrun/child/bootstrap.py", "    environ[contract.PROCESS_ID] = str(rank)\n",
              "    environ.pop(contract.PROCESS_ID, None)\n"),
@@ -152,7 +152,7 @@ MUTATIONS = [
     Mutation(
         "ssh-pid-is-the-clients",
         "over SSH the report gives the local client's pid, not the controller's",
-        (("jaxrun/backends/ssh_children.py", 'facts.get("pid", pid), lost)', "None, lost)"),),
+        (("jaxrun/backends/ssh/children.py", 'facts.get("pid", pid), lost)', "None, lost)"),),
         ("tests/e2e/test_ssh.py",),
         "own_pids",
     ),
@@ -184,14 +184,14 @@ MUTATIONS = [
     Mutation(
         "slurm-keeps-drained-nodes",
         "an elastic restart under Slurm runs on nodes Slurm drained",
-        (("jaxrun/backends/scheduler.py", '"down", "drain", "drained", "draining", ', '"down", '),),
+        (("jaxrun/backends/scheduler/backend.py", '"down", "drain", "drained", "draining", ', '"down", '),),
         ("tests/e2e/test_slurm_elastic.py",),
         "drained",
     ),
     Mutation(
         "ray-driver-outlives-jaxrun",
         "the Ray driver (and so its actors and placement group) stays when jaxrun is gone",
-        (("jaxrun/backends/ray.py", "    os._exit(0)  # Ray ends this driver's actors and placement group",
+        (("jaxrun/backends/ray/backend.py", "    os._exit(0)  # Ray ends this driver's actors and placement group",
           "    pass"),),
         ("tests/e2e/test_ray.py",),
         "sigkill or waits",

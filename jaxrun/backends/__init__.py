@@ -15,7 +15,8 @@ from the command line's values.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Mapping, TextIO
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TextIO
 
 from jaxrun.core.config import BackendEntry, Flag, LaunchError, RunConfig, SchedulerOptions, SshOptions
 from jaxrun.core.spec import LaunchOptions
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 def start_local(config: RunConfig, console: TextIO) -> Backend:
     # The fork server is how a local run starts when it may preload.
     if config.preload:
-        from jaxrun.backends.forkserver import ForkServerBackend
+        from jaxrun.backends.forkserver.client import ForkServerBackend
 
         return ForkServerBackend(config.preload_modules, console)
     from jaxrun.backends.local import LocalBackend
@@ -36,26 +37,26 @@ def start_local(config: RunConfig, console: TextIO) -> Backend:
 
 
 def start_ssh(config: RunConfig, console: TextIO) -> Backend:
-    from jaxrun.backends.ssh import SshBackend
+    from jaxrun.backends.ssh.backend import SshBackend
 
     return SshBackend(config.backend_options, config.options.hosts, console, verbose=config.verbose,
                       preload=config.preload, preload_modules=config.preload_modules)
 
 
 def start_scheduler(config: RunConfig, console: TextIO) -> Backend:
-    from jaxrun.backends.scheduler import SchedulerBackend
+    from jaxrun.backends.scheduler.backend import SchedulerBackend
 
     return SchedulerBackend(config.backend_options, config.options, console)
 
 
 def start_ray(config: RunConfig, console: TextIO) -> Backend:
-    from jaxrun.backends.ray import RayBackend
+    from jaxrun.backends.ray.backend import RayBackend
 
     return RayBackend(config.backend_options, config.options, console)
 
 
 def ray_options(values: Mapping[str, Any], launch: LaunchOptions) -> Any:
-    from jaxrun.backends.ray import options  # imports no ray: it checks that ray is there
+    from jaxrun.backends.ray.backend import options  # imports no ray: it checks that ray is there
 
     return options(values, launch)
 

@@ -1,9 +1,9 @@
 """Run one controller at the far end: the steps every agent takes, written once.
 
 Each controller on a remote host or a scheduler's node is run by :func:`run`:
-an SSH host agent (:mod:`jaxrun.backends.ssh_host`) runs each of its host's
-controllers here, a session agent (:mod:`jaxrun.backends.ssh_agent`) its one,
-and so does a task agent (:mod:`jaxrun.backends.scheduler_agent`).  The steps:
+an SSH host agent (:mod:`jaxrun.backends.ssh.host_agent`) runs each of its host's
+controllers here, a session agent (:mod:`jaxrun.backends.ssh.session_agent`) its one,
+and so does a task agent (:mod:`jaxrun.backends.scheduler.task_agent`).  The steps:
 
 1. a private folder (mode 0700) for the controller's error record and joined
    file (``contract.ERROR_FILE``, ``contract.JOINED_FILE``);
@@ -41,7 +41,8 @@ import subprocess
 import tempfile
 import threading
 import time
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import psutil
 

@@ -15,7 +15,7 @@ import signal
 import socket
 import subprocess
 import time
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from jaxrun import contract
 from jaxrun.core import causes, usage

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
-from typing import Iterator
+from collections.abc import Iterator
 
 STOP_SIGNALS = frozenset((signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
 

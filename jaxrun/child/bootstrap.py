@@ -33,7 +33,8 @@ import os
 import socket
 import sys
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from jaxrun import contract
 from jaxrun.child import ending, flight, hooks, mesh

@@ -73,7 +73,7 @@ class Program:
     runs: list = dataclasses.field(default_factory=lambda: [0])
 
 
-_flight: "Flight | None" = None
+_flight: Flight | None = None
 
 
 def prepare(environ, rank: int, count: int) -> None:

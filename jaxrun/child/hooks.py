@@ -19,7 +19,7 @@ import builtins
 import importlib.abc
 import importlib.machinery
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 
 class _PatchingLoader(importlib.abc.Loader):

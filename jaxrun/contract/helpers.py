@@ -4,15 +4,12 @@ how a listener picks its address."""
 
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
-import json
 import os
 import re
 import signal
 import socket
-import time
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from jaxrun.contract.names import *  # noqa: F401,F403 -- the names these rules fill in
 

@@ -79,9 +79,9 @@ LAUNCHER_RANK_NAMES = (PROCESS_ID, NUM_PROCESSES, LOCAL_PROCESS_ID)
 # -- command lines ---------------------------------------------------------------
 # The stable entry users may put in their own scripts (Slurm recipes, manifests).
 SHIM_MODULE = "jaxrun.shim"
-FORKSERVER_AGENT_MODULE = "jaxrun.backends.forkserver_agent"
-SSH_AGENT_MODULE = "jaxrun.backends.ssh_agent"
-SCHEDULER_AGENT_MODULE = "jaxrun.backends.scheduler_agent"
+FORKSERVER_AGENT_MODULE = "jaxrun.backends.forkserver.server"
+SSH_AGENT_MODULE = "jaxrun.backends.ssh.session_agent"
+SCHEDULER_AGENT_MODULE = "jaxrun.backends.scheduler.task_agent"
 PYTEST_CONTROLLER_MODULE = "jaxrun.child.pytest_controller"
 # The pytest marker, as the plugin (parent side) and each controller's pytest declare it.
 PYTEST_MARKER_HELP = (

@@ -5,14 +5,11 @@ recorder's block."""
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import json
 import os
 import re
-import signal
-import socket
 import time
-from typing import Mapping, Sequence
+from collections.abc import Sequence
 
 from jaxrun.contract.helpers import signal_name  # noqa: F401
 from jaxrun.contract.names import *  # noqa: F401,F403
@@ -29,14 +26,14 @@ class ErrorRecord:
     at: float = 0.0  # the wall-clock time it was recorded (0: unknown)
 
     @classmethod
-    def of(cls, exc: BaseException, text: str) -> "ErrorRecord":
+    def of(cls, exc: BaseException, text: str) -> ErrorRecord:
         return cls(type(exc).__qualname__, str(exc), text, time.time())
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
 
     @classmethod
-    def from_json(cls, text: str) -> "ErrorRecord | None":
+    def from_json(cls, text: str) -> ErrorRecord | None:
         try:
             data = json.loads(text)
             return cls(str(data["type"]), str(data["message"]), str(data.get("traceback", "")),
@@ -59,7 +56,7 @@ class ErrorRecord:
             pass
 
     @classmethod
-    def load(cls, path: str | None) -> "ErrorRecord | None":
+    def load(cls, path: str | None) -> ErrorRecord | None:
         if not path:
             return None
         try:
@@ -69,7 +66,7 @@ class ErrorRecord:
             return None
 
     @classmethod
-    def take(cls, path: str) -> "ErrorRecord | None":
+    def take(cls, path: str) -> ErrorRecord | None:
         """Load a record an agent kept in a private folder of its own, and
         remove both (the record travels home another way)."""
         record = cls.load(path)
@@ -101,7 +98,7 @@ class Resources:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: object) -> "Resources | None":
+    def from_dict(cls, data: object) -> Resources | None:
         """None for anything but a well-formed dict (a far end of another version)."""
         if not isinstance(data, dict):
             return None
@@ -133,7 +130,7 @@ class EngineNote:
     log: str  # the engine's own output, engine.log
 
     @classmethod
-    def of(cls, engine: str, returncode: int, started: bool, log: str) -> "EngineNote":
+    def of(cls, engine: str, returncode: int, started: bool, log: str) -> EngineNote:
         how = f"was killed by {signal_name(-returncode)}" if returncode < 0 else f"exited with code {returncode}"
         return cls(engine, how, started, log)
 

@@ -34,7 +34,8 @@ import dataclasses
 import os
 import threading
 import time
-from typing import BinaryIO, Callable, Mapping, Protocol, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import BinaryIO, Protocol
 
 from jaxrun import contract
 from jaxrun.core.events import ChildExit, Stream  # noqa: F401 -- ChildExit is part of the Child contract
@@ -208,7 +209,7 @@ class Backend(abc.ABC):
         stuck: end whatever this backend started (remote processes, a pending
         scheduler step) without waiting on anything.  Must not block."""
 
-    def __enter__(self) -> "Backend":
+    def __enter__(self) -> Backend:
         try:
             self.open()
         except BaseException:  # half-open (a failed preflight, a signal): undo what started

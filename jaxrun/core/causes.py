@@ -34,7 +34,7 @@ import enum
 import os
 import re
 import socket
-from typing import Sequence
+from collections.abc import Sequence
 
 from jaxrun import contract
 

@@ -12,7 +12,8 @@ field here.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable, Mapping, TextIO
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TextIO
 
 from jaxrun.core.spec import LaunchOptions
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 LOOK_EVERY = 0.1  # seconds between looks: one stat each
 
@@ -23,7 +23,7 @@ class JoinWatch:
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, name="join-watch", daemon=True)
 
-    def start(self) -> "JoinWatch":
+    def start(self) -> JoinWatch:
         self.thread.start()
         return self
 

@@ -79,7 +79,7 @@ class Outcome:
     placement: Placement | None = None  # where it ran (the run loop fills it in)
 
     @classmethod
-    def not_started(cls, exit_code: int, why: str, signum: int | None = None) -> "Outcome":
+    def not_started(cls, exit_code: int, why: str, signum: int | None = None) -> Outcome:
         """An attempt that ended in its start-up, before its processes ran:
         ``exit_code`` is the start-up failure's own (2 for a host that cannot
         be reached, 128+N for a signal), and it is the run's."""

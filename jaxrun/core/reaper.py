@@ -27,7 +27,7 @@ import signal
 import threading
 import time
 import uuid
-from typing import Sequence
+from collections.abc import Sequence
 
 import psutil
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from jaxrun import contract
 

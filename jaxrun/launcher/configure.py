@@ -18,7 +18,8 @@ import os
 import resource
 import shutil
 import sys
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from jaxrun import contract
 from jaxrun.core import logfiles

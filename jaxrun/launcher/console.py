@@ -15,7 +15,8 @@ import re
 import sys
 import threading
 import time
-from typing import BinaryIO, Callable, TextIO
+from collections.abc import Callable
+from typing import BinaryIO, TextIO
 
 from jaxrun import contract
 from jaxrun.core.events import Stream

@@ -25,7 +25,7 @@ import select
 import signal
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from jaxrun.core.backend import RunHooks
 from jaxrun.core.events import SignalReceived, ThreadDied

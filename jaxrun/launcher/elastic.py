@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import subprocess
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from jaxrun import meshspec
 from jaxrun.core.config import LaunchError

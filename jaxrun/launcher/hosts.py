@@ -17,7 +17,7 @@ on an ``ssh`` command line, and a name starting with ``-`` would be an option.
 from __future__ import annotations
 
 import re
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from jaxrun.core.spec import Host
 

@@ -9,7 +9,7 @@ to unit-test exhaustively.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 from jaxrun import contract
 from jaxrun.core.spec import (  # noqa: F401 -- the plan's vocabulary

@@ -33,7 +33,7 @@ Everything here is pure but for the ``stat`` calls; the clock and the display
 from __future__ import annotations
 
 import os
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
 

@@ -32,7 +32,8 @@ import select
 import selectors
 import threading
 import time
-from typing import BinaryIO, Callable
+from collections.abc import Callable
+from typing import BinaryIO
 
 from jaxrun import portable
 from jaxrun.core.backend import RunHooks, StreamFilter, start_thread

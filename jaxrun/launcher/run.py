@@ -24,8 +24,7 @@ from jaxrun.core.backend import Backend, Interrupted
 from jaxrun.core.config import LaunchError, RunConfig
 from jaxrun.core.outcome import Outcome, StopReason
 from jaxrun.core.spec import PlanError
-from jaxrun.launcher import elastic
-from jaxrun.launcher import plan as planning
+from jaxrun.launcher import elastic, plan as planning
 from jaxrun.launcher.console import ConsolePrinter, SafeConsole
 from jaxrun.launcher.control import BUG_REPORT, RunControl
 from jaxrun.launcher.supervisor import Supervisor

@@ -44,7 +44,7 @@ import os
 import queue
 import signal
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from jaxrun import contract
 from jaxrun.core import causes

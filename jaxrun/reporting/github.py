@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Mapping
+from collections.abc import Mapping
 
 from jaxrun.core.outcome import Outcome, StopReason
 from jaxrun.reporting import summary

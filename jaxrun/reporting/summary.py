@@ -4,7 +4,7 @@ JSON report, JUnit and GitHub annotations share with it."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable
+from collections.abc import Iterable
 
 from jaxrun import contract
 from jaxrun.contract import ErrorRecord, FlightEntry, FlightLog, signal_name

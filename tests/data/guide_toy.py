@@ -1,9 +1,10 @@
 # toy.py
 import sys
+
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding, PartitionSpec as P
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 proc_id = int(sys.argv[1])
 num_procs = int(sys.argv[2])

@@ -136,7 +136,7 @@ def test_ssh_agent_reports_the_join_once_on_stderr_and_leaves_no_file():
 
 HOST_AGENT = """
 import sys
-from jaxrun.backends.ssh_host import HostAgent
+from jaxrun.backends.ssh.host_agent import HostAgent
 agent = HostAgent()
 print(agent.start(), flush=True)
 sys.stdin.read()  # the session's end
@@ -159,14 +159,14 @@ def host_agent():
 
 
 def spawn(path: str, code: str, env: dict | None = None):
-    from jaxrun.backends.ssh_children import ChannelChild
+    from jaxrun.backends.ssh.children import ChannelChild
 
     spawn_line = wire.Spawn([sys.executable, "-c", code], env or {}, os.getcwd(), "")
     return ChannelChild(path, spawn_line, os.getpid(), "here")
 
 
 def test_host_agent_runs_a_process_over_three_channels(host_agent):
-    from jaxrun.backends.ssh_connections import ping
+    from jaxrun.backends.ssh.connections import ping
 
     _, path = host_agent
     assert ping(path)

@@ -14,8 +14,7 @@ import time
 import pytest
 
 from jaxrun.core.events import Stream, StreamClosed
-from jaxrun.launcher import filewatch
-from jaxrun.launcher import pump as pump_module
+from jaxrun.launcher import filewatch, pump as pump_module
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -4,7 +4,6 @@ console timestamps, and the logs of a past run on demand."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time

@@ -187,7 +187,7 @@ class SlowClient(threading.Thread):
                 try:
                     if self.sock.recv(1) == b"":
                         break
-                except socket.timeout:
+                except TimeoutError:
                     continue
         except OSError:
             pass
@@ -204,7 +204,7 @@ def closed_by_server(address: tuple[str, int], data: bytes, within: float = 3.0)
             return sock.recv(64) == b""
         except ConnectionResetError:
             return True
-        except socket.timeout:
+        except TimeoutError:
             return False
 
 
@@ -373,7 +373,7 @@ def test_step_kill_and_close_leave_nothing_queued(slurm_cluster, tmp_path):
 DRIVE_STEP = f"""\
 import json, os, signal, subprocess, sys, time
 sys.path.insert(0, {str(ROOT)!r})
-from jaxrun.backends.scheduler import SchedulerBackend
+from jaxrun.backends.scheduler.backend import SchedulerBackend
 from jaxrun.launcher import plan
 from jaxrun.core.config import SchedulerOptions
 

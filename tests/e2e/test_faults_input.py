@@ -24,7 +24,6 @@ import json
 import os
 import pwd
 import re
-import resource
 import shutil
 import signal
 import stat

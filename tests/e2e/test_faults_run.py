@@ -16,7 +16,6 @@ The README's "Faults and bad input" table quotes this module and
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -317,7 +316,7 @@ def test_a_dying_ssh_thread_ends_the_run(sshd_hosts, started, tmp_path, shared_d
 HUGE_ENV_SCRIPT = """\
 import os, psutil
 parent = " ".join(psutil.Process().parent().cmdline())
-print("env bytes", sum(len(v) for v in os.environ.values()), "forked" if "forkserver_agent" in parent else "fresh")
+print("env bytes", sum(len(v) for v in os.environ.values()), "forked" if "forkserver.server" in parent else "fresh")
 """
 
 

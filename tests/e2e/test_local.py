@@ -177,8 +177,8 @@ def test_each_process_is_forked_by_the_preload_server_or_started_by_jaxrun(launc
     else:
         (pid, cmd, grandparent), other = found
         assert other[0] == pid != job.proc.pid  # one server forked both
-        # (The server shows its command line as one string: see forkserver_agent.claim_title_area.)
-        assert " -m jaxrun.backends.forkserver_agent " in " ".join(cmd) + " ", cmd
+        # (The server shows its command line as one string: see forkserver.server.claim_title_area.)
+        assert " -m jaxrun.backends.forkserver.server " in " ".join(cmd) + " ", cmd
         assert grandparent == job.proc.pid
 
 

@@ -41,8 +41,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import psutil
 import pytest
@@ -190,16 +190,16 @@ class Backend:
 
 BACKENDS = [
     Backend("local", lambda _: ["-n", PROCESSES, "--no-preload"]),
-    Backend("preload", lambda _: ["-n", PROCESSES, "--preload"], far_ends=frozenset({"forkserver_agent"})),
-    Backend("ssh", ssh_flags, engine="sshd_hosts", far_ends=frozenset({"ssh_host", "forkserver_agent"})),
+    Backend("preload", lambda _: ["-n", PROCESSES, "--preload"], far_ends=frozenset({"forkserver.server"})),
+    Backend("ssh", ssh_flags, engine="sshd_hosts", far_ends=frozenset({"ssh.host_agent", "forkserver.server"})),
     Backend("slurm", lambda _: ["--launcher", "slurm", "-n", PROCESSES], engine="slurm_cluster", program="srun",
-            far_ends=frozenset({"scheduler_agent"}),
+            far_ends=frozenset({"scheduler.task_agent"}),
             differs=(("tree_sigterm", {"saved": frozenset(), "extra": killed_at_once}),)),
     # 4 processes on 2 cores: a site would set this in openmpi-mca-params.conf.
     Backend("mpirun", lambda _: ["--launcher", "mpirun", "-n", PROCESSES], program="mpirun",
-            env=(("OMPI_MCA_rmaps_base_oversubscribe", "1"),), far_ends=frozenset({"scheduler_agent"})),
+            env=(("OMPI_MCA_rmaps_base_oversubscribe", "1"),), far_ends=frozenset({"scheduler.task_agent"})),
     Backend("ray", lambda cluster: ["--launcher", "ray", "--ray-address", cluster.address, "-n", PROCESSES],
-            engine="ray_cluster", env=(("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0"),), far_ends=frozenset({"ray"})),
+            engine="ray_cluster", env=(("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0"),), far_ends=frozenset({"ray.backend"})),
 ]
 BY_NAME = {b.name: b for b in BACKENDS}
 
@@ -239,14 +239,14 @@ def job_processes(token: str, signs: tuple[str, ...]) -> list[psutil.Process]:
 
 
 def far_end_kinds(procs: list[psutil.Process]) -> set[str]:
-    """The jaxrun far ends among ``procs``, by module (``forkserver_agent``,
-    ``ssh_host``, ...); a process title is one long word, so split it."""
+    """The jaxrun far ends among ``procs``, by module (``forkserver.server``,
+    ``ssh.host_agent``, ...); a process title is one long word, so split it."""
     kinds = set()
     for proc in procs:
         with contextlib.suppress(psutil.Error):
             for word in " ".join(proc.cmdline()).split():
                 if word.startswith("jaxrun.backends."):
-                    kinds.add(word.rsplit(".", 1)[1])
+                    kinds.add(word.removeprefix("jaxrun.backends."))
     return kinds
 
 

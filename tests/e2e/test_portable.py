@@ -59,7 +59,7 @@ def test_launch_through_the_preloading_server_says_what_it_goes_without(start_jo
         "import os, psutil, sys\n"
         "parent = ' '.join(psutil.Process().parent().cmdline())\n"
         "print('rank', os.environ['JAXRUN_PROCESS_ID'], 'of', os.environ['JAXRUN_NUM_PROCESSES'],\n"
-        "      'forked' if 'forkserver_agent' in parent else 'fresh', sys.argv[1:])\n"
+        "      'forked' if 'forkserver.server' in parent else 'fresh', sys.argv[1:])\n"
     )
     job = start_job("-v", "-n", 3, script, "a b", "{process_id}")
     assert job.wait(timeout=60) == 0, job.stderr
@@ -249,7 +249,7 @@ def test_an_ssh_hosts_preloading_server_serves_its_agents_on_a_socket_file(tmp_p
         err = agent.stderr.read().decode()
         assert agent.wait(timeout=40) == 5, err[-2000:]
         agent.stdin.close()
-        assert "-m jaxrun.backends.forkserver_agent --listen jaxrun-test-" in out, out
+        assert "-m jaxrun.backends.forkserver.server --listen jaxrun-test-" in out, out
         sockets = os.listdir(folder)  # the user's private folder, not the open temporary one
         assert len(sockets) == 1 and sockets[0].endswith(".sock"), sockets
         assert os.stat(folder).st_mode & 0o777 == 0o700

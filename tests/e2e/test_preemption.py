@@ -7,7 +7,6 @@ orbax; the marker file stands in for its save here."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 from pathlib import Path

@@ -268,7 +268,7 @@ def host_agents(script) -> list[psutil.Process]:
     agents = []
     for proc in psutil.process_iter():
         cmd = " ".join(word for word in cmdline_of(proc) if word).split()  # a title is one long word
-        if cmd[1:2] == ["-m"] and cmd[2:3] in (["jaxrun.backends.ssh_host"], ["jaxrun.backends.ssh_agent"]) \
+        if cmd[1:2] == ["-m"] and cmd[2:3] in (["jaxrun.backends.ssh.host_agent"], ["jaxrun.backends.ssh.session_agent"]) \
                 and str(script) in cmd:
             agents.append(proc)
     return agents

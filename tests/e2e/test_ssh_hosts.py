@@ -206,8 +206,8 @@ print("parent", " ".join(words[1:3]), os.getcwd() == os.environ["EXPECT_CWD"], f
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("mode, parent", [("preload", "-m jaxrun.backends.forkserver_agent"),
-                                          ("no-preload", "-m jaxrun.backends.ssh_host")])
+@pytest.mark.parametrize("mode, parent", [("preload", "-m jaxrun.backends.forkserver.server"),
+                                          ("no-preload", "-m jaxrun.backends.ssh.host_agent")])
 def test_each_host_forks_its_processes_from_one_preloaded_server(sshd_hosts, launch, tmp_path, request,
                                                                  mode, parent):
     folder = script_dir(request, tmp_path)

@@ -3,7 +3,8 @@
 import pytest
 
 from jaxrun import contract
-from jaxrun.backends import scheduler_agent, ssh_agent
+from jaxrun.backends.scheduler import task_agent as scheduler_agent
+from jaxrun.backends.ssh import session_agent as ssh_agent
 
 
 @pytest.mark.parametrize("per_node, node, count", [("4", 0, 4), ("2(x3),1", 0, 2), ("2(x3),1", 2, 2),

@@ -15,7 +15,6 @@ import pytest
 
 from jaxrun.backends import BACKENDS, create_backend
 from jaxrun.core.config import BackendEntry, LaunchError, SchedulerOptions, SshOptions
-from jaxrun.launcher import configure
 from jaxrun.launcher.configure import System, config_from_args
 
 # Every value the command hands over when nothing is given (click's defaults).
@@ -247,9 +246,9 @@ def test_a_new_backend_brings_its_options_and_costs_without_other_changes(script
 
 
 def test_each_entry_builds_its_own_backend(script):
-    from jaxrun.backends.forkserver import ForkServerBackend
+    from jaxrun.backends.forkserver.client import ForkServerBackend
     from jaxrun.backends.local import LocalBackend
-    from jaxrun.backends.scheduler import SchedulerBackend
+    from jaxrun.backends.scheduler.backend import SchedulerBackend
 
     assert type(create_backend(configured(script), sys.stderr)) is ForkServerBackend
     assert type(create_backend(configured(script, preload=False), sys.stderr)) is LocalBackend
@@ -265,5 +264,5 @@ def test_a_local_run_never_imports_ssh_or_scheduler_code(script):
                "print(sorted(m for m in sys.modules if m.startswith('jaxrun.backends.')))\n")
     done = subprocess.run([sys.executable, "-c", program, script], capture_output=True, text=True, check=True)
     loaded = ast.literal_eval(done.stdout.splitlines()[-1])
-    assert "jaxrun.backends.forkserver" in loaded
+    assert "jaxrun.backends.forkserver.client" in loaded
     assert [m for m in loaded if m.split(".")[-1].startswith(("ssh", "scheduler", "ray"))] == []

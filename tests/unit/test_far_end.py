@@ -26,8 +26,8 @@ import pytest
 
 from jaxrun import wire
 from jaxrun.backends import far_end
-from jaxrun.backends.scheduler_agent import SchedulerSignals, TaskHome
-from jaxrun.backends.ssh_agent import SshHome
+from jaxrun.backends.scheduler.task_agent import SchedulerSignals, TaskHome
+from jaxrun.backends.ssh.session_agent import SshHome
 from jaxrun.core import causes, reaper
 
 pytestmark = pytest.mark.timeout(60)

@@ -118,7 +118,7 @@ Current thread 0x00007f0000000002 (most recent call first):
      '  File "/site/jaxrun/child/shim.py", line 167 in run_script', contract.IN_SCRIPT),
     ('  File "/site/jax/_src/distributed.py", line 199 in shutdown\n'
      '  File "/site/jax/_src/api.py", line 2582 in clean_up\n'
-     '  File "/site/jaxrun/backends/forkserver_agent.py", line 166 in become_controller', contract.IN_SHUTDOWN),
+     '  File "/site/jaxrun/backends/forkserver/server.py", line 166 in become_controller', contract.IN_SHUTDOWN),
     ('  File "/w/pytest_runner.py", line 3 in run', None),
     ('  File "/site/jaxrun/child/shim.py", line 47 in wait_for_eof', None),  # the lifeline thread, not the script
 ])

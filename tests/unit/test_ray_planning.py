@@ -9,7 +9,8 @@ import importlib.util
 import pytest
 
 from jaxrun import cli, contract
-from jaxrun.backends import BACKENDS, ray
+from jaxrun.backends import BACKENDS
+from jaxrun.backends.ray import backend as ray
 from jaxrun.core.config import LaunchError
 from jaxrun.core.spec import Host, LaunchOptions, Target
 from jaxrun.launcher import plan as planning

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from jaxrun import contract, wire
-from jaxrun.backends.scheduler_child import RankChild
+from jaxrun.backends.scheduler.child import RankChild
 from jaxrun.core.backend import ChildExit, RunHooks
 from jaxrun.core.events import Stream
 

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from jaxrun import contract
-from jaxrun.backends import scheduler, scheduler_agent
+from jaxrun.backends.scheduler import backend as scheduler, task_agent as scheduler_agent
 from jaxrun.core.config import SchedulerOptions
 from jaxrun.launcher import plan
 
@@ -16,7 +16,7 @@ def test_srun_command_is_one_step_that_dies_with_any_task():
     task = scheduler.task_argv("python3", ("--", "t.py", "{process_id}"))
     assert scheduler.srun_command(options, 8, task) == [
         "srun", "--kill-on-bad-exit=1", "--ntasks=8", "--nodes=2", "--ntasks-per-node=4", "--overcommit",
-        "python3", "-m", "jaxrun.backends.scheduler_agent", "--", "python3", "-m", "jaxrun.shim", "--", "t.py", "{process_id}",
+        "python3", "-m", "jaxrun.backends.scheduler.task_agent", "--", "python3", "-m", "jaxrun.shim", "--", "t.py", "{process_id}",
     ]
 
 
@@ -32,12 +32,12 @@ def test_launcher_usage_errors(tmp_path):
 def test_mpirun_command_forwards_variables_by_name():
     options = SchedulerOptions("mpirun", tasks_per_node=2, scheduler_args=("--oversubscribe",))
     env = {"PATH": "/bin", "JAXRUN_TASK_SECRET": "s3cret", "JAX_PLATFORMS": "cpu", "HOME": "/root"}
-    argv = scheduler.mpirun_command(options, 4, ["python", "-m", "jaxrun.backends.scheduler_agent"], env, is_root=True)
+    argv = scheduler.mpirun_command(options, 4, ["python", "-m", "jaxrun.backends.scheduler.task_agent"], env, is_root=True)
     assert argv[:7] == ["mpirun", "-n", "4", "--map-by", "ppr:2:node", "--allow-run-as-root", "-x"]
     assert "s3cret" not in " ".join(argv)  # values travel in the environment, not argv
     exported = {argv[i + 1] for i, a in enumerate(argv) if a == "-x"}
     assert exported == {"PATH", "JAXRUN_TASK_SECRET", "JAX_PLATFORMS"}
-    assert argv[-4:] == ["--oversubscribe", "python", "-m", "jaxrun.backends.scheduler_agent"]
+    assert argv[-4:] == ["--oversubscribe", "python", "-m", "jaxrun.backends.scheduler.task_agent"]
     with pytest.raises(scheduler.SchedulerError):
         scheduler.mpirun_command(SchedulerOptions("mpirun", nodes=2), 4, [], {}, is_root=False)
 

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from jaxrun.backends import scheduler
+from jaxrun.backends.scheduler import backend as scheduler
 from jaxrun.core.config import LaunchError, SchedulerOptions
 
 

@@ -7,7 +7,7 @@ import shlex
 import pytest
 
 from jaxrun import __version__, contract
-from jaxrun.backends import ssh_commands as ssh
+from jaxrun.backends.ssh import commands as ssh
 from jaxrun.core.config import SshOptions
 from jaxrun.core.spec import Host, ProcessSpec
 
@@ -46,7 +46,7 @@ def test_remote_command_quotes_every_word_and_holds_no_value():
     spec = ProcessSpec(0, 0, Host("n1"), "/opt/py", ("--", "t.py", "a b", "$X", "'"), {"A": "secret y"})
     words = ssh.process_words(spec, "/my dir", "/opt/py")
     assert words == [
-        "/opt/py", "-c", ssh.RUN_MODULE, "jaxrun.backends.ssh_agent", "--chdir", "/my dir", "--",
+        "/opt/py", "-c", ssh.RUN_MODULE, "jaxrun.backends.ssh.session_agent", "--chdir", "/my dir", "--",
         "/opt/py", "-m", "jaxrun.shim", "--", "t.py", "a b", "$X", "'",
     ]
     assert shlex.split(ssh.remote_command(words)) == words

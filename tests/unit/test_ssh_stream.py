@@ -17,8 +17,8 @@ import time
 import pytest
 
 from jaxrun import contract, wire
-from jaxrun.backends.ssh_children import SessionChild
-from jaxrun.backends.ssh_stream import AgentStderr
+from jaxrun.backends.ssh.children import SessionChild
+from jaxrun.backends.ssh.stream import AgentStderr
 from jaxrun.core.events import Stream, StreamClosed
 from jaxrun.launcher.pump import OutputPump
 

@@ -1,11 +1,11 @@
 """The far end of the scheduler backend: what ``srun``/``mpirun`` start on each node.
 
-Started as ``python -m jaxrun.backends.scheduler_agent -- python -m jaxrun.shim ...``.
+Started as ``python -m jaxrun.backends.scheduler.task_agent -- python -m jaxrun.shim ...``.
 The scheduler gives us a rank; we give the launcher back what a local child
 would:
 
 - three TCP connections to the launcher's task channel (see
-  :mod:`jaxrun.backends.scheduler_channel`): the child's stdout and stderr go
+  :mod:`jaxrun.backends.scheduler.channel`): the child's stdout and stderr go
   straight into two of them, byte for byte, so per-process logs stay exact;
   the third carries :mod:`jaxrun.wire` messages both ways.  Each connection
   counts once the launcher has answered its ``Hello`` with an ``Ack``; one

@@ -1,10 +1,10 @@
 """Existing schedulers as backends: Slurm (``srun``) and Open MPI (``mpirun``).
 
 One attempt is one scheduler step.  Building the scheduler's command line is
-pure and lives here.  Running it is :mod:`jaxrun.backends.scheduler_step`;
-each rank's Child is :mod:`jaxrun.backends.scheduler_child`, fed by the task
-channel the tasks connect back to (:mod:`jaxrun.backends.scheduler_channel`).
-Each task runs the task agent (:mod:`jaxrun.backends.scheduler_agent`), which
+pure and lives here.  Running it is :mod:`jaxrun.backends.scheduler.step`;
+each rank's Child is :mod:`jaxrun.backends.scheduler.child`, fed by the task
+channel the tasks connect back to (:mod:`jaxrun.backends.scheduler.channel`).
+Each task runs the task agent (:mod:`jaxrun.backends.scheduler.task_agent`), which
 starts the shim with ``contract.RANK_SOURCE`` telling it to take its rank
 from the scheduler.
 """
@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import os
 import subprocess
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence, TextIO
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, TextIO
 
 from jaxrun import contract
 from jaxrun.core import spec as planning
@@ -21,8 +22,8 @@ from jaxrun.core.backend import Backend
 from jaxrun.core.config import LaunchError, SchedulerOptions
 
 if TYPE_CHECKING:  # the step is loaded only when one is started
-    from jaxrun.backends.scheduler_child import RankChild
-    from jaxrun.backends.scheduler_step import Step
+    from jaxrun.backends.scheduler.child import RankChild
+    from jaxrun.backends.scheduler.step import Step
 
 # What mpirun must carry to remote nodes besides what the plan sets (jaxrun's
 # variables, the user's --env/-x, PYTHONUNBUFFERED); it forwards nothing by
@@ -189,7 +190,7 @@ class SchedulerBackend(Backend):
         env = step_env(self.options, specs, self.base_env, self.launch.devices_per_process)
         build = self.command_builder(len(specs), planning.common_env(specs))
         build(env)  # bad combinations fail here, before anything starts
-        from jaxrun.backends.scheduler_step import Step
+        from jaxrun.backends.scheduler.step import Step
 
         self.step = Step(self.options.command, specs, build, env, log_dir, self.console, self.fixed,
                          hooks=self.hooks)

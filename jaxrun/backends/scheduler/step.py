@@ -1,11 +1,11 @@
 """The scheduler step: one ``srun``/``mpirun`` run for all ranks of an attempt.
 
 A ``Step`` hands the supervisor one ``RankChild``
-(:mod:`jaxrun.backends.scheduler_child`) per rank, so the summary, the
+(:mod:`jaxrun.backends.scheduler.child`) per rank, so the summary, the
 report and the per-process logs work as for any backend.  The first
 ``spawn`` starts the whole step.  Each task runs the task agent
-(:mod:`jaxrun.backends.scheduler_agent`), which connects back to this step's
-task channel (:mod:`jaxrun.backends.scheduler_channel`).
+(:mod:`jaxrun.backends.scheduler.task_agent`), which connects back to this step's
+task channel (:mod:`jaxrun.backends.scheduler.channel`).
 
 Why a channel instead of demultiplexing ``srun --label`` / ``mpirun
 --tag-output``: those prefix whole lines only, so partial last lines, bytes
@@ -39,12 +39,13 @@ import socket
 import subprocess
 import threading
 import time
-from typing import Callable, Mapping, Sequence, TextIO
+from collections.abc import Callable, Mapping, Sequence
+from typing import TextIO
 
 from jaxrun import contract, wire
-from jaxrun.backends.scheduler_channel import TaskListener, channel_address
+from jaxrun.backends.scheduler.channel import TaskListener, channel_address
+from jaxrun.backends.scheduler.child import RankChild
 from jaxrun.backends.shield import shielded
-from jaxrun.backends.scheduler_child import RankChild
 from jaxrun.core import reaper
 from jaxrun.core.backend import RunHooks, start_thread
 from jaxrun.core.spec import ProcessSpec

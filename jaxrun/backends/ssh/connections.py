@@ -15,11 +15,11 @@ processes at once instead of letting them use their grace.  (Inherited
 SIG_IGN would do for the master, whose main loop keeps it; a session over
 the master installs its own handlers whatever it inherits.)
 
-The same session is the host agent (:mod:`jaxrun.backends.ssh_host`).
+The same session is the host agent (:mod:`jaxrun.backends.ssh.host_agent`).
 ``open_channels`` forwards a local socket to it (``ssh -O forward``) and pings
 it there; a host whose server refuses to forward gets a session per process
 instead (``start_session``).  The children that use either way are in
-:mod:`jaxrun.backends.ssh_children`.
+:mod:`jaxrun.backends.ssh.children`.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ import socket
 import subprocess
 import tempfile
 import time
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from jaxrun import contract, portable, wire
 from jaxrun.backends.shield import shielded
-from jaxrun.backends.ssh_commands import (
+from jaxrun.backends.ssh.commands import (
     ANSWER,
     REPLY,
     check_preflight,
@@ -111,7 +111,7 @@ class Connections:
         self.unread: dict[str, int] = {}  # per host: replies to requests sent with tell()
         self.left_out: dict[str, str] = {}  # host -> why: failed a tolerant preflight
 
-    def __enter__(self) -> "Connections":
+    def __enter__(self) -> Connections:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -320,7 +320,7 @@ class Connections:
     def open_channels(self) -> dict[str, str]:
         """{host: the local socket forwarded to its agent} for every host
         whose agent listens and whose server forwards to it (see
-        :mod:`jaxrun.backends.ssh_host`); the other hosts' processes get a
+        :mod:`jaxrun.backends.ssh.host_agent`); the other hosts' processes get a
         session each."""
         forwards = {}
         for host in self.hosts:

@@ -1,11 +1,11 @@
 """The scheduler task channel's listening end, where the task agents connect back.
 
-The task agents (:mod:`jaxrun.backends.scheduler_agent`) open three TCP
+The task agents (:mod:`jaxrun.backends.scheduler.task_agent`) open three TCP
 connections each to one listener here, every one opened by a ``wire.Hello``
 that carries the per-run secret, the task's rank and the connection's kind
 (``wire.CONTROL``, ``wire.STDOUT``, ``wire.STDERR``), and answered by a
 ``wire.Ack``.  Once a connection has shown the secret, the listener hands it
-to its rank (:mod:`jaxrun.backends.scheduler_child`) and forgets it.
+to its rank (:mod:`jaxrun.backends.scheduler.child`) and forgets it.
 
 The listener faces the network, so ``TaskListener`` trusts nothing that has
 not shown the secret:
@@ -35,7 +35,7 @@ import selectors
 import socket
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from jaxrun import contract, wire
 from jaxrun.core.backend import RunHooks, start_thread

@@ -42,7 +42,8 @@ import threading
 import time
 
 from jaxrun import portable, wire
-from jaxrun.backends import far_end, ssh_agent
+from jaxrun.backends import far_end
+from jaxrun.backends.ssh import session_agent as ssh_agent
 from jaxrun.core import reaper
 
 HEADER_WAIT = 10.0  # for a connection's first lines, from its accept

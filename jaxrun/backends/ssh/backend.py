@@ -2,7 +2,7 @@
 
 One connection per host, opened before anything starts: a ControlMaster whose
 own session is the preflight check and then the host agent
-(:mod:`jaxrun.backends.ssh_connections`).  The host agent runs every process
+(:mod:`jaxrun.backends.ssh.connections`).  The host agent runs every process
 of its host, each over three channels of that connection, so a process costs
 no session, no remote shell and no interpreter of its own
 (``ssh_children.ChannelChild``).  Where the server refuses to forward, each
@@ -11,9 +11,9 @@ process gets a session on the master instead, running its own session agent
 ``killpg``, and a dropped connection or a dead jaxrun ends the remote job.
 
 What the agents report comes back in-band on each controller's stderr, and
-the child takes it out (:mod:`jaxrun.backends.ssh_stream`).
+the child takes it out (:mod:`jaxrun.backends.ssh.stream`).
 
-Every remote word is ``shlex.quote``d (see :mod:`jaxrun.backends.ssh_commands`);
+Every remote word is ``shlex.quote``d (see :mod:`jaxrun.backends.ssh.commands`);
 the remote shell sees plain words only.
 """
 
@@ -23,12 +23,13 @@ import os
 import subprocess
 import time
 import uuid
-from typing import Callable, Mapping, Sequence, TextIO
+from collections.abc import Callable, Mapping, Sequence
+from typing import TextIO
 
 from jaxrun import contract, wire
-from jaxrun.backends.ssh_children import ChannelChild, SessionChild
-from jaxrun.backends.ssh_commands import preflight_table, process_env, process_words, remote_command, server_words
-from jaxrun.backends.ssh_connections import MASTER_CLOSE_WAIT, Connections
+from jaxrun.backends.ssh.children import ChannelChild, SessionChild
+from jaxrun.backends.ssh.commands import preflight_table, process_env, process_words, remote_command, server_words
+from jaxrun.backends.ssh.connections import MASTER_CLOSE_WAIT, Connections
 from jaxrun.core.backend import Backend
 from jaxrun.core.config import SshOptions
 from jaxrun.core.spec import Host, ProcessSpec
@@ -94,7 +95,7 @@ class SshBackend(Backend):
                 print(f"jaxrun: {' and '.join(names)} are one machine (same hostname and machine-id): "
                       "their processes share its local ranks and devices", file=self.console, flush=True)
         if self.settings.sync:
-            from jaxrun.backends import ssh_sync
+            from jaxrun.backends.ssh import sync as ssh_sync
 
             copied = ssh_sync.sync(self.settings.chdir, self.hosts, self.connections.session_args,
                                    lambda host: bool(results[host.name].get("rsync")), self.hooks)
@@ -140,7 +141,7 @@ class SshBackend(Backend):
     def begin_attempt(self, specs: Sequence[ProcessSpec], log_dir: str) -> None:
         """A host whose processes differ in what jax reads at import starts
         them fresh this attempt; the others use the host's server."""
-        from jaxrun.backends.forkserver import differing_import_time_vars
+        from jaxrun.backends.forkserver.client import differing_import_time_vars
 
         by_host: dict[str, list[ProcessSpec]] = {}
         for spec in specs:

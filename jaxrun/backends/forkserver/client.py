@@ -1,6 +1,6 @@
 """Local controllers forked from a server that imported jax once (the default).
 
-The server is :mod:`jaxrun.backends.forkserver_agent`.  Each controller still
+The server is :mod:`jaxrun.backends.forkserver.server`.  Each controller still
 gets its own environment, its own log files as stdout and stderr, its own
 process group and the launcher's lifeline, exactly as with
 :class:`~jaxrun.backends.local.LocalBackend`.  Only its parent differs: the
@@ -35,7 +35,8 @@ import socket
 import subprocess
 import threading
 import time
-from typing import Callable, Mapping, Sequence, TextIO
+from collections.abc import Callable, Mapping, Sequence
+from typing import TextIO
 
 import psutil
 

@@ -2,14 +2,14 @@
 
 Every SSH process is run by :func:`jaxrun.backends.far_end.run`, and talks
 with the launcher through an :class:`SshHome`: in the host agent
-(:mod:`jaxrun.backends.ssh_host`), whose channels stand in for the session's
+(:mod:`jaxrun.backends.ssh.host_agent`), whose channels stand in for the session's
 stdin, stdout and stderr, and, where a server refuses channels, in a session
 of the process's own, run by this module's session agent, as described here.
 
 Started by the launcher over SSH, once its environment has arrived on stdin
 (see ``ssh_commands.RUN_MODULE``), as::
 
-    python -m jaxrun.backends.ssh_agent [--chdir DIR] -- PYTHON -m jaxrun.shim ...
+    python -m jaxrun.backends.ssh.session_agent [--chdir DIR] -- PYTHON -m jaxrun.shim ...
 
 Killing the local ``ssh`` client does not signal anything on the remote host,
 so this module gives the launcher a handle on the remote process:

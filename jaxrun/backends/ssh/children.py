@@ -9,7 +9,7 @@ kills the group when the launcher's side closes), and a dropped connection or
 a dead jaxrun ends the remote job.
 
 The agent's facts travel in-band on the controller's stderr, and the child
-takes them out itself (:mod:`jaxrun.backends.ssh_stream`): its
+takes them out itself (:mod:`jaxrun.backends.ssh.stream`): its
 ``stream_filter`` for stderr calls ``on_join`` at the joined marker and keeps
 the report home, so the supervisor hears them the way it hears every
 backend's.  The report home is stderr's last bytes, and the pump may read
@@ -32,10 +32,10 @@ import socket
 import subprocess
 import threading
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 from jaxrun import contract, wire
-from jaxrun.backends.ssh_stream import AgentStderr
+from jaxrun.backends.ssh.stream import AgentStderr
 from jaxrun.core.backend import ChildExit
 from jaxrun.core.events import Stream
 
@@ -96,7 +96,7 @@ class AgentChild:
 class ChannelChild(AgentChild):
     """A remote controller whose stdout, stderr and control travel on three
     channels of its host's connection, to that host's agent (see
-    :mod:`jaxrun.backends.ssh_host`)."""
+    :mod:`jaxrun.backends.ssh.host_agent`)."""
 
     def __init__(self, path: str, spawn: wire.Spawn, pid: int, host: str,
                  on_join: Callable[[], None] = _nothing, error_file: str | None = None):
@@ -200,7 +200,7 @@ class ChannelChild(AgentChild):
 
 class SessionChild(AgentChild):
     """A remote controller in an ssh session of its own, run there by its
-    session agent (:mod:`jaxrun.backends.ssh_agent`), seen through its local
+    session agent (:mod:`jaxrun.backends.ssh.session_agent`), seen through its local
     ssh client: signals go to the agent's stdin, and the exit is the client's."""
 
     def __init__(self, popen: subprocess.Popen, on_join: Callable[[], None] = _nothing,

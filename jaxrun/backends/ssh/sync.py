@@ -21,7 +21,7 @@ import shlex
 import shutil
 import subprocess
 import uuid
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from jaxrun.core.backend import RunHooks, wait_until
 from jaxrun.core.config import LaunchError

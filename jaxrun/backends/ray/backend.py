@@ -1,6 +1,6 @@
 """``--launcher ray``: the controllers run on a running Ray cluster, one Ray actor each.
 
-An attempt is a scheduler step (:mod:`jaxrun.backends.scheduler_step`) whose
+An attempt is a scheduler step (:mod:`jaxrun.backends.scheduler.step`) whose
 scheduler is a Ray driver, this module run as ``--driver``:
 
 1. it connects to the cluster and asks for a placement group of one bundle
@@ -35,18 +35,18 @@ import socket
 import subprocess
 import sys
 import threading
-from typing import Any, Mapping, Sequence, TextIO
+from collections.abc import Mapping, Sequence
+from typing import Any, TextIO
 
 from jaxrun import contract, wire
-from jaxrun.backends.scheduler import MPI_FORWARD, MPI_FORWARD_PREFIXES
-from jaxrun.backends.scheduler_step import Step
+from jaxrun.backends.scheduler.backend import MPI_FORWARD, MPI_FORWARD_PREFIXES
+from jaxrun.backends.scheduler.step import Step
 from jaxrun.backends.shield import shielded
-from jaxrun.core import reaper
-from jaxrun.core import spec as planning
+from jaxrun.core import reaper, spec as planning
 from jaxrun.core.backend import Backend, RunHooks, start_thread, wait_until
 from jaxrun.core.config import LaunchError
 
-MODULE = "jaxrun.backends.ray"
+MODULE = "jaxrun.backends.ray.backend"
 NO_RAY = "--launcher ray needs Ray, which this Python cannot import: pip install 'jaxrun[ray]'"
 PLACEMENTS = {"pack": "PACK", "spread": "SPREAD", "strict-spread": "STRICT_SPREAD"}
 REACH_TIMEOUT = 5.0  # the driver's first look at the cluster's address, before ray.init (which waits minutes)
@@ -431,7 +431,7 @@ def agent(argv: list[str]) -> int:
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="actor-lifeline", daemon=True).start()
-    from jaxrun.backends import scheduler_agent
+    from jaxrun.backends.scheduler import task_agent as scheduler_agent
 
     return scheduler_agent.main(argv[1:])
 
@@ -445,6 +445,6 @@ def main(argv: list[str]) -> int | str:
 
 
 if __name__ == "__main__":
-    from jaxrun.backends.ray import main as module_main  # Ray pickles this module's classes by name
+    from jaxrun.backends.ray.backend import main as module_main  # Ray pickles this module's classes by name
 
     sys.exit(module_main(sys.argv[1:]))

@@ -29,7 +29,7 @@ resources and the end's facts to the child's ``wait`` (``resources`` and
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from jaxrun import contract, wire
 

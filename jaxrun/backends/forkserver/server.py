@@ -1,7 +1,7 @@
 """The far end of the fork server backend: the preloading server itself.
 
-Started by :class:`jaxrun.backends.forkserver.ForkServer` as
-``python -m jaxrun.backends.forkserver_agent SOCKET_FD [MODULE...]``.  It imports jax (and any
+Started by :class:`jaxrun.backends.forkserver.client.ForkServer` as
+``python -m jaxrun.backends.forkserver.server SOCKET_FD [MODULE...]``.  It imports jax (and any
 ``--preload`` modules) once, without touching a backend, then forks one
 controller per request.  Each controller skips the ~0.5 s of CPU that
 ``import jax`` costs, which on a small machine is most of a short job's wall

@@ -9,7 +9,7 @@ answers afterwards).
 from __future__ import annotations
 
 import shlex
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from jaxrun import __version__, contract, wire
 from jaxrun.core.config import SshOptions
@@ -121,7 +121,7 @@ if len(sys.argv) > 6 and info.get("jaxrun") and not info.get("chdir_error"):
     # open: the server ends when this session does.
     import subprocess
     _hold_r, _hold_w = os.pipe()
-    subprocess.Popen([sys.executable, "-m", sys.argv[2].rsplit(".", 1)[0] + ".forkserver_agent", "--listen",
+    subprocess.Popen([sys.executable, "-m", sys.argv[2].rsplit(".", 2)[0] + ".forkserver.server", "--listen",
                       *sys.argv[6:]], stdin=_hold_r, stdout=subprocess.DEVNULL)
     os.close(_hold_r)
 agent = None
@@ -135,7 +135,7 @@ if info["jaxrun"]:
 if info["jaxrun"]:
     # This host's processes, over channels of this connection.
     try:
-        _host_module = sys.argv[2].rsplit(".", 1)[0] + ".ssh_host"
+        _host_module = sys.argv[2].rsplit(".", 1)[0] + ".host_agent"
         agent = importlib.import_module(_host_module).HostAgent()
         info["channels"] = agent.start()
         try:  # in ps, what this session now is

@@ -2,7 +2,7 @@
 
 A ``RankChild`` stands for the controller one task of the scheduler step
 runs.  The task's three connections to the task channel
-(:mod:`jaxrun.backends.scheduler_channel`) are attached to it as they arrive:
+(:mod:`jaxrun.backends.scheduler.channel`) are attached to it as they arrive:
 
 - ``wire.STDOUT`` and ``wire.STDERR`` carry the controller's bytes
   unchanged; a forwarder thread copies them into the pipe the supervisor's
@@ -30,7 +30,8 @@ import os
 import signal
 import socket
 import threading
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from jaxrun import contract, wire
 from jaxrun.core.backend import ChildExit, RunHooks, start_thread
@@ -48,7 +49,7 @@ class StepSide(Protocol):
 
     def kill(self) -> None: ...
 
-    def control_connected(self, child: "RankChild") -> None: ...
+    def control_connected(self, child: RankChild) -> None: ...
 
     def set_coordinator(self, address: str) -> None: ...
 
