@@ -4,7 +4,7 @@ A backend is used the same way by the launcher's run loop, whatever it is:
 
     with backend:                                   # open(): connect, preflight
         for each attempt:
-            backend.regroup(hosts)                  # elastic restarts only: check the pool() again
+            placement = backend.place(ask)          # where it runs: hosts, count, hosts left out
             address, bind = backend.choose_coordinator(fixed)
             backend.begin_attempt(specs, log_dir)   # this attempt's resources
             child = backend.spawn(spec, ...)        # one per process, by the supervisor
@@ -148,6 +148,49 @@ class Child(Protocol):
         """What to take out of ``stream`` before the log (None: nothing)."""
 
 
+Chooser = Callable[[Sequence[Host], Mapping[str, str]], tuple[tuple[Host, ...], int]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Ask:
+    """What the run loop asks of one attempt's placement.
+
+    The first attempt, and every restart that is not elastic, asks for the
+    launch's own ``hosts`` and ``num_processes`` (``recheck`` False).  An
+    elastic restart asks for ``hosts``, the candidates in order of preference
+    (the last attempt's hosts first, then the spares, the lost ones left out),
+    with ``recheck`` True: the backend checks each one again and calls
+    ``choose`` with those that passed and {name: why} for those it left out;
+    ``choose`` returns the hosts and the process count the attempt uses, or
+    raises (too few hosts left)."""
+
+    hosts: tuple[Host, ...]
+    num_processes: int
+    recheck: bool = False
+    choose: Chooser | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where one attempt runs, decided once (``Backend.place``) before any of
+    it starts: the plan's hosts and process count, the hosts left out with
+    why, and what else the plan needs that only the backend knows
+    (``LaunchOptions`` fields, e.g. each SSH host's GPUs)."""
+
+    hosts: tuple[Host, ...]
+    num_processes: int
+    dropped: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    facts: Mapping[str, object] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def chosen(cls, ask: Ask, problems: Mapping[str, str], facts: Mapping[str, object] | None = None) -> Placement:
+        """An elastic ask's placement once the backend checked its hosts:
+        ``problems`` names those it left out."""
+        good = [host for host in ask.hosts if host.name not in problems]
+        hosts, count = ask.choose(good, problems) if ask.choose else (tuple(good), ask.num_processes)
+        return cls(tuple(hosts), count, dict(problems), dict(facts or {}))
+
+
 class Backend(abc.ABC):
     name: str = ""
     writes_log_files: bool = False
@@ -164,10 +207,15 @@ class Backend(abc.ABC):
         """(address every process connects to, address process 0 binds, or
         None when the backend's far end decides), honouring --coordinator."""
 
-    def plan_facts(self) -> dict:
-        """What the backend learned that the plan needs (``LaunchOptions``
-        fields), e.g. each SSH host's GPUs and which names are one machine."""
-        return {}
+    def place(self, ask: Ask) -> Placement:
+        """Where this attempt runs; the one call that decides it, made once per
+        attempt after ``open`` and before ``choose_coordinator``.  It may take
+        long (a cluster placing the processes, hosts checked again): the run's
+        ``--timeout`` counts, and its waits go through ``wait_until``.  A
+        backend that places nothing itself takes what it is asked."""
+        if ask.recheck:
+            raise NotImplementedError(f"the {self.name} backend does not choose its hosts")
+        return Placement(ask.hosts, ask.num_processes)
 
     def dry_run_coordinator(self, fixed: str | None) -> tuple[str, str | None]:
         """What --dry-run shows; it must not start or contact anything."""
@@ -176,14 +224,6 @@ class Backend(abc.ABC):
     def pool(self) -> list[Host]:
         """The hosts an elastic restart chooses from, when no --hosts-command
         lists them: those it was given (SSH), the allocation's nodes (Slurm)."""
-        raise NotImplementedError(f"the {self.name} backend does not choose its hosts")
-
-    def regroup(self, hosts: Sequence[Host]) -> dict[str, str]:
-        """Before an elastic restart (``--min-hosts``): start over on these
-        hosts, checking each one again as ``open`` did, and keep those that
-        pass, in this order.  Returns {host name: why it was left out} for the
-        others; a failure that is not one host's raises LaunchError.  Only a
-        backend whose registry entry is ``elastic`` is asked."""
         raise NotImplementedError(f"the {self.name} backend does not choose its hosts")
 
     def begin_attempt(self, specs: Sequence[ProcessSpec], log_dir: str) -> None:
