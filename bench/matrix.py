@@ -80,7 +80,8 @@ def main() -> int:
                         with matrix.overload(args.burners) if args.burners else contextlib.nullcontext():
                             seen = matrix.run_cell(backend, engine, fault, folder, token, loaded=args.burners > 0)
                         found = matrix.problems(backend, fault, seen, loaded=args.burners > 0)
-                        print(matrix.summary(backend, fault, seen) + ("" if not found else "  WRONG: " + "; ".join(found)),
+                        wrong_note = "" if not found else "  WRONG: " + "; ".join(found)
+                        print(matrix.summary(backend, fault, seen) + wrong_note,
                               flush=True)
                         results.append((seen, found))
                     rows.append(row(backend, fault, results))

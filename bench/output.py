@@ -135,7 +135,8 @@ def main() -> None:
             "jaxrun --console-ranks 0": (
                 JAXRUN + ["-n", str(N), "--log-dir", logdir, "--console-ranks", "0", script], jaxrun_logs, True, 1),
             "jaxrun --console-ranks none": (
-                JAXRUN + ["-n", str(N), "--log-dir", logdir, "--console-ranks", "none", script], jaxrun_logs, False, None),
+                JAXRUN + ["-n", str(N), "--log-dir", logdir, "--console-ranks", "none", script], jaxrun_logs, False,
+                None),
         }
         results: dict[str, list[dict]] = {name: [] for name in contenders}
         for r in range(args.rounds):
@@ -153,7 +154,8 @@ def main() -> None:
     for name, runs in results.items():
         rate = mb / median([x["span"] for x in runs])
         done = f"{median([x['console_done'] for x in runs]):.2f} s" if "console_done" in runs[0] else "-"
-        rows.append((name, f"{median([x['span'] for x in runs]):.3f} s", f"{rate:.0f} MB/s", f"{rate / base:.2f}", done))
+        span = median([x['span'] for x in runs])
+        rows.append((name, f"{span:.3f} s", f"{rate:.0f} MB/s", f"{rate / base:.2f}", done))
     print(f"{N} processes x {args.mb} MB of 100-byte lines, every log byte-exact, {args.rounds} rounds, medians")
     print(table(rows, ("path", "writers' span", "throughput", "ratio", "console done")))
     rate = mb / median([x["span"] for x in results["jaxrun"]])

@@ -139,8 +139,9 @@ def main() -> None:
     print(f"jaxrun {' '.join(args.jaxrun_args)}: {args.processes} processes x one line per ms for {args.seconds:.0f} s "
           f"({median([x['lines'] for x in runs]):.0f} lines), {args.rounds} rounds, medians:")
     print(f"workers' CPU time:            {median([x['job'] for x in runs]):.2f} s")
-    print(f"jaxrun's CPU time:            {median([x['cpu'] for x in runs]):.3f} s  ({100 * share:.1f}% of the workers', "
-          f"{100 * median([x['cpu'] / (x['job'] + x['server_cpu']) for x in runs]):.1f}% of workers + preloading server)")
+    with_server = median([x['cpu'] / (x['job'] + x['server_cpu']) for x in runs])
+    print(f"jaxrun's CPU time:            {median([x['cpu'] for x in runs]):.3f} s  "
+          f"({100 * share:.1f}% of the workers', {100 * with_server:.1f}% of workers + preloading server)")
     print(f"  for context, start-up CPU on this machine: python -S -c pass {1000 * no_site:.0f} ms, "
           f"python -c pass {1000 * bare:.0f} ms (site-packages' .pth hooks run), "
           f"python -c 'import click' {1000 * floor:.0f} ms, jaxrun --version {1000 * version:.0f} ms")
@@ -148,7 +149,8 @@ def main() -> None:
     print(f"preloading server: CPU {median([x['server_cpu'] for x in runs]):.2f} s, peak RSS "
           f"{max(x['server_rss'] for x in runs) / 2**20:.0f} MiB (it imports jax once for all the workers; "
           f"most of its memory is shared with them)")
-    print(f"targets: launcher <= 2% of the job's CPU (got {100 * share:.1f}%), peak RSS <= 60 MB (got {rss / 1e6:.0f} MB)")
+    print(f"targets: launcher <= 2% of the job's CPU (got {100 * share:.1f}%), "
+          f"peak RSS <= 60 MB (got {rss / 1e6:.0f} MB)")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@ import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 if "JAXRUN_PROCESS_ID" not in os.environ:
     if "OMPI_COMM_WORLD_SIZE" in os.environ:
-        jax.distributed.initialize(os.environ["BENCH_COORDINATOR"], int(os.environ["OMPI_COMM_WORLD_SIZE"]), int(os.environ["OMPI_COMM_WORLD_RANK"]))
+        jax.distributed.initialize(os.environ["BENCH_COORDINATOR"], int(os.environ["OMPI_COMM_WORLD_SIZE"]),
+                                   int(os.environ["OMPI_COMM_WORLD_RANK"]))
     elif "BENCH_NO_INIT" not in os.environ:
         jax.distributed.initialize(os.environ["BENCH_COORDINATOR"], int(sys.argv[2]), int(sys.argv[1]))
 shape = tuple(int(v) for v in os.environ["BENCH_MESH"].split("x"))

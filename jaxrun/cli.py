@@ -14,7 +14,7 @@ import click
 
 from jaxrun import __version__, contract, meshspec
 from jaxrun.backends import BACKENDS
-from jaxrun.core.config import Flag, LaunchError
+from jaxrun.core.config import Flag, LaunchError, Value, declared_flags
 from jaxrun.core.ranks import DIGITS, parse_ranks
 from jaxrun.core.spec import PlanError
 from jaxrun.launcher.configure import config_from_args
@@ -116,15 +116,16 @@ CONTEXT = {
 
 
 # --help shows the options in these sections, in this order; an option not
-# listed lands in the last one.  (Only the listing: parsing is click's.)
+# listed lands in the last one.  (Only the listing: parsing is click's.)  A
+# backend's own options name their sections in the registry; a section that
+# only they fill comes before "Other".
 HELP_SECTIONS = {
     "Processes": ("num_processes", "cpu_devices", "devices_per_process", "coordinator", "env_pairs", "exports",
                   "python", "preload", "preload_modules"),
     "Output": ("log_dir", "output", "console_ranks", "timestamps", "report_path", "junit_path", "verbose"),
     "Failures": ("timeout", "grace", "max_restarts", "min_hosts", "flight_recorder", "check_divergence"),
-    "Across hosts (SSH)": ("hosts_file", "host_opts", "hosts_command", "ssh_config", "ssh_options", "connect_timeout", "chdir",
-                           "sync"),
-    "Engines (Slurm, Open MPI)": ("launcher", "nodes", "tasks_per_node", "scheduler_args"),
+    "Across hosts (SSH)": ("hosts_file", "host_opts", "hosts_command"),
+    "Engines (Slurm, Open MPI)": ("launcher",),
     "Runtime": ("mesh", "mesh_axis_types"),
     "Other": (),
 }
@@ -155,41 +156,69 @@ class SectionedCommand(click.Command):
 
 
 @click.command(cls=SectionedCommand, context_settings=CONTEXT)
-@click.option("-n", "--num-processes", type=click.IntRange(min=1), help="Number of controllers (default: 1, or every host slot).")
-@click.option("--cpu-devices", type=click.IntRange(min=1), metavar="D", help="Simulate D CPU devices per process (JAX_PLATFORMS=cpu).")
-@click.option("--devices-per-process", type=click.IntRange(min=1), metavar="K", help="GPU/TPU hosts: each local process owns K devices (default: split each host's devices evenly).")
-@click.option("--coordinator", type=HostPort(), help="Coordinator address (default: a free loopback port; over SSH, a free port on the first host).")
-@click.option("--log-dir", type=click.Path(file_okay=False), help="Folder for per-process logs (default: $TMPDIR/jaxrun-logs-UID/RUN_ID).")
-@click.option("--output", type=click.Choice(["stream", "grouped"]), help="Live, rank-prefixed lines, or one block per process at the end (default: stream; grouped on GitHub Actions).")
-@click.option("--console-ranks", type=RankList(), metavar="RANKS", help="Show only these processes' output on the console, e.g. 0 or 0,2-3, or none (default: all; the logs always hold everything).")
-@click.option("--timeout", type=Seconds(min=0, min_open=True), metavar="SECONDS", help="Dump every stack and stop the job after this long (exit 124).")
-@click.option("--flight-recorder", "flight_recorder", cls=OptionalCount, type=click.IntRange(1, contract.FLIGHT_RECORDER_MAX), is_flag=False, flag_value=contract.FLIGHT_RECORDER_DEFAULT, default=None, metavar="[K]", help=f"Each process keeps its last K program executions (default {contract.FLIGHT_RECORDER_DEFAULT}) and writes them to its log with every stack dump; the summary lines them up.")
-@click.option("--check-divergence", is_flag=True, help="Debug mode: before each program that spans processes, the processes agree on it; the first that differs stops the job and names the call (one key-value round trip per execution).")
-@click.option("--grace", type=Seconds(min=0), default=30.0, show_default=True, metavar="SECONDS", help="After forwarding SIGINT/SIGTERM/SIGHUP, wait this long before SIGKILL.")
-@click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True, help="Restart the whole job this many times after a failure.")
-@click.option("--min-hosts", type=click.IntRange(min=1), metavar="K", help="Elastic restarts: a restart leaves out lost hosts, fills their places from spare hosts (those beyond -n), and goes on with fewer processes while at least K hosts remain.")
-@click.option("--timestamps", is_flag=True, help="Start each console line with the wall-clock time it arrived (the logs stay byte-exact).")
-@click.option("--report", "report_path", type=click.Path(dir_okay=False), metavar="FILE.json", help="Write a JSON run report.")
-@click.option("--junit-xml", "junit_path", type=click.Path(dir_okay=False), metavar="FILE.xml", help="Write a JUnit XML report: one testcase per process.")
+@click.option("-n", "--num-processes", type=click.IntRange(min=1),
+              help="Number of controllers (default: 1, or every host slot).")
+@click.option("--cpu-devices", type=click.IntRange(min=1), metavar="D",
+              help="Simulate D CPU devices per process (JAX_PLATFORMS=cpu).")
+@click.option("--devices-per-process", type=click.IntRange(min=1), metavar="K",
+              help="GPU/TPU hosts: each local process owns K devices (default: split each host's devices evenly).")
+@click.option("--coordinator", type=HostPort(),
+              help="Coordinator address (default: a free loopback port; over SSH, a free port on the first host).")
+@click.option("--log-dir", type=click.Path(file_okay=False),
+              help="Folder for per-process logs (default: $TMPDIR/jaxrun-logs-UID/RUN_ID).")
+@click.option("--output", type=click.Choice(["stream", "grouped"]),
+              help="Live, rank-prefixed lines, or one block per process at the end "
+                   "(default: stream; grouped on GitHub Actions).")
+@click.option("--console-ranks", type=RankList(), metavar="RANKS",
+              help="Show only these processes' output on the console, e.g. 0 or 0,2-3, or none "
+                   "(default: all; the logs always hold everything).")
+@click.option("--timeout", type=Seconds(min=0, min_open=True), metavar="SECONDS",
+              help="Dump every stack and stop the job after this long (exit 124).")
+@click.option("--flight-recorder", "flight_recorder", cls=OptionalCount,
+              type=click.IntRange(1, contract.FLIGHT_RECORDER_MAX), is_flag=False,
+              flag_value=contract.FLIGHT_RECORDER_DEFAULT, default=None, metavar="[K]",
+              help=f"Each process keeps its last K program executions (default {contract.FLIGHT_RECORDER_DEFAULT}) "
+                   "and writes them to its log with every stack dump; the summary lines them up.")
+@click.option("--check-divergence", is_flag=True,
+              help="Debug mode: before each program that spans processes, the processes agree on it; the first "
+                   "that differs stops the job and names the call (one key-value round trip per execution).")
+@click.option("--grace", type=Seconds(min=0), default=30.0, show_default=True, metavar="SECONDS",
+              help="After forwarding SIGINT/SIGTERM/SIGHUP, wait this long before SIGKILL.")
+@click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Restart the whole job this many times after a failure.")
+@click.option("--min-hosts", type=click.IntRange(min=1), metavar="K",
+              help="Elastic restarts: a restart leaves out lost hosts, fills their places from spare hosts "
+                   "(those beyond -n), and goes on with fewer processes while at least K hosts remain.")
+@click.option("--timestamps", is_flag=True,
+              help="Start each console line with the wall-clock time it arrived (the logs stay byte-exact).")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False), metavar="FILE.json",
+              help="Write a JSON run report.")
+@click.option("--junit-xml", "junit_path", type=click.Path(dir_okay=False), metavar="FILE.xml",
+              help="Write a JUnit XML report: one testcase per process.")
 @click.option("--mesh", type=MeshSpecType(), help="Build a global mesh in every process, e.g. i=4,j=2 or data=-1.")
 @click.option("--mesh-axis-types", type=click.Choice(meshspec.AXIS_TYPES), help="Axis type of every mesh axis.")
-@click.option("--env", "env_pairs", type=KeyValue(), multiple=True, help="Set KEY=VALUE in every process (repeatable).")
-@click.option("--preload/--no-preload", "preload", default=None, help=f"Fork local controllers from one process that already imported jax (default on; {contract.NO_PRELOAD}=1 turns it off).")
-@click.option("--preload-module", "preload_modules", multiple=True, metavar="MOD", help="Also import MOD in the preloading process (repeatable).")
-@click.option("-x", "--export", "exports", multiple=True, metavar="KEY", help="Forward this variable's local value to every process (repeatable).")
-@click.option("--hosts", "hosts_file", type=click.Path(exists=True, dir_okay=False), metavar="FILE", help="Run over SSH on the hosts in FILE: one '[user@]host[:sshport] [slots=N]' per line.")
-@click.option("--hosts-command", metavar="CMD", help="Run CMD (a shell command) before each attempt; it prints the hosts file to use (elastic: restarts pick from it, see --min-hosts).")
-@click.option("-H", "--host", "host_opts", multiple=True, metavar="HOST[:SLOTS]", help="Run over SSH on HOST (repeatable or comma-separated).")
-@click.option("--ssh-config", type=click.Path(exists=True, dir_okay=False), metavar="FILE", help="ssh client configuration file (ssh -F).")
-@click.option("--ssh-option", "ssh_options", multiple=True, metavar="OPT", help="Extra ssh -o option, e.g. Port=2222 (repeatable).")
-@click.option("--connect-timeout", type=Seconds(min=1), default=10.0, show_default=True, metavar="SECONDS", help="ssh connect timeout per host.")
-@click.option("--python", "python", metavar="PATH", help="Python interpreter for every process, here or on the hosts (default: this one's path).")
-@click.option("--chdir", metavar="DIR", help="Working directory on the hosts (default: the current one).")
-@click.option("--sync", is_flag=True, help="Copy the working directory (--chdir) to the same path on every host first (rsync, else tar; .git and git-ignored files stay behind).")
-@click.option("--launcher", type=click.Choice(list(BACKENDS)), help="How to start the controllers (default: local, or ssh when hosts are given).")
-@click.option("--nodes", type=click.IntRange(min=1), help="slurm: spread the processes over this many nodes (srun -N).")
-@click.option("--ntasks-per-node", "tasks_per_node", type=click.IntRange(min=1), help="slurm/mpirun: processes per node.")
-@click.option("--scheduler-arg", "scheduler_args", multiple=True, metavar="ARG", help="Pass ARG to srun or mpirun unchanged (repeatable), e.g. --scheduler-arg=--overcommit.")
+@click.option("--env", "env_pairs", type=KeyValue(), multiple=True,
+              help="Set KEY=VALUE in every process (repeatable).")
+@click.option("--preload/--no-preload", "preload", default=None,
+              help="Fork local controllers from one process that already imported jax "
+                   f"(default on; {contract.NO_PRELOAD}=1 turns it off).")
+@click.option("--preload-module", "preload_modules", multiple=True, metavar="MOD",
+              help="Also import MOD in the preloading process (repeatable).")
+@click.option("-x", "--export", "exports", multiple=True, metavar="KEY",
+              help="Forward this variable's local value to every process (repeatable).")
+# Hosts are no backend's own option: they choose the backend, and the plan
+# places the processes on them.
+@click.option("--hosts", "hosts_file", type=click.Path(exists=True, dir_okay=False), metavar="FILE",
+              help="Run over SSH on the hosts in FILE: one '[user@]host[:sshport] [slots=N]' per line.")
+@click.option("--hosts-command", metavar="CMD",
+              help="Run CMD (a shell command) before each attempt; it prints the hosts file to use "
+                   "(elastic: restarts pick from it, see --min-hosts).")
+@click.option("-H", "--host", "host_opts", multiple=True, metavar="HOST[:SLOTS]",
+              help="Run over SSH on HOST (repeatable or comma-separated).")
+@click.option("--python", "python", metavar="PATH",
+              help="Python interpreter for every process, here or on the hosts (default: this one's path).")
+@click.option("--launcher", type=click.Choice(list(BACKENDS)),
+              help="How to start the controllers (default: local, or ssh when hosts are given).")
 @click.option("--dry-run", is_flag=True, help="Print each process's command and environment, then exit.")
 @click.option("-v", "--verbose", is_flag=True, help="Show JAX's noise lines and the startup preflight table.")
 @click.version_option(__version__, "--version", prog_name="jaxrun")
@@ -207,26 +236,36 @@ def main(**values):
     placeholders {process_id}, {num_processes}, {local_process_id} and
     {coordinator} in those arguments are replaced in each process.
     """
-    for entry in BACKENDS.values():  # a backend's own options work with it alone
-        given = entry.flags_given(values)
-        if given and values["launcher"] != entry.name:
-            raise LaunchError(f"{given[0]} works with --launcher {entry.name} only")
     sys.exit(run(config_from_args(values, BACKENDS, option_names=main.option_names())))
 
 
 def help_sections() -> dict[str, tuple[str, ...]]:
-    """HELP_SECTIONS, with a section for each backend's own options before "Other"."""
-    own = {f"With --launcher {e.name}": tuple(f.name for f in e.flags) for e in BACKENDS.values() if e.flags}
-    return {**{t: n for t, n in HELP_SECTIONS.items() if t != "Other"}, **own, "Other": HELP_SECTIONS["Other"]}
+    """HELP_SECTIONS with each backend flag in the section the registry names;
+    a section of backends' flags alone goes before "Other"."""
+    sections = {title: list(names) for title, names in HELP_SECTIONS.items() if title != "Other"}
+    for name, declared in declared_flags(BACKENDS).items():
+        sections.setdefault(declared.section, []).append(name)
+    sections["Other"] = list(HELP_SECTIONS["Other"])
+    return {title: tuple(names) for title, names in sections.items()}
 
 
 def backend_option(flag: Flag) -> click.Option:
-    kind = click.Choice(flag.choices) if flag.choices else None
-    return click.Option([*flag.opts, flag.name], type=kind, metavar=flag.metavar, help=flag.help)
+    """The click option of a backend's flag, which has no click of its own."""
+    if flag.value is Value.SWITCH:
+        return click.Option([*flag.opts, flag.name], is_flag=True, help=flag.help)
+    kinds = {
+        Value.TEXT: click.Choice(flag.choices) if flag.choices else None,
+        Value.COUNT: click.IntRange(min=flag.minimum),
+        Value.SECONDS: Seconds(min=flag.minimum),
+        Value.FILE: click.Path(exists=True, dir_okay=False),
+    }
+    return click.Option([*flag.opts, flag.name], type=kinds[flag.value], multiple=flag.multiple,
+                        default=flag.default, show_default=flag.default is not None, metavar=flag.metavar,
+                        help=flag.help)
 
 
-# Each backend's own options (its registry entry's ``flags``), before SCRIPT.
-main.params[-1:-1] = [backend_option(flag) for entry in BACKENDS.values() for flag in entry.flags]
+# The backends' flags (each once, however many entries list it), before SCRIPT.
+main.params[-1:-1] = [backend_option(d.flag) for d in declared_flags(BACKENDS).values()]
 
 
 def entry_point(argv: list[str] | None = None) -> None:

@@ -192,7 +192,8 @@ def _scalar(value) -> str:
 
 
 def _key(key: str) -> str:
-    return key if _PLAIN_KEY.match(key) and key not in ("true", "false", "null", "yes", "no", "on", "off") else quoted(key)
+    plain = _PLAIN_KEY.match(key) and key not in ("true", "false", "null", "yes", "no", "on", "off")
+    return key if plain else quoted(key)
 
 
 def _lines(value, indent: int) -> list[str]:
@@ -243,19 +244,23 @@ class DnsLabel(click.ParamType):
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False,
                                  "help_option_names": ["-h", "--help"]})
 @click.option("--image", required=True, help="Container image with Python, jax and jaxrun installed.")
-@click.option("-n", "--num-processes", type=click.IntRange(min=1), default=1, show_default=True, help="Number of controllers (one pod each).")
-@click.option("--name", type=DnsLabel(), default="jaxrun", show_default=True, help="JobSet name; also the headless service's name.")
+@click.option("-n", "--num-processes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Number of controllers (one pod each).")
+@click.option("--name", type=DnsLabel(), default="jaxrun", show_default=True,
+              help="JobSet name; also the headless service's name.")
 @click.option("--cpu", metavar="QUANTITY", help="CPU per pod, e.g. 4 or 500m.")
 @click.option("--memory", metavar="QUANTITY", help="Memory per pod, e.g. 16Gi.")
 @click.option("--gpus", type=click.IntRange(min=1), help="GPUs per pod.")
 @click.option("--gpu-resource", default="nvidia.com/gpu", show_default=True, help="Extended resource name for --gpus.")
 @click.option("--cpu-devices", type=click.IntRange(min=1), metavar="D", help="Simulate D CPU devices per process.")
 @click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE", help="Set KEY=VALUE in every pod (repeatable).")
-@click.option("--port", type=click.IntRange(1, 65535), default=8476, show_default=True, help="Coordinator port on pod 0.")
+@click.option("--port", type=click.IntRange(1, 65535), default=8476, show_default=True,
+              help="Coordinator port on pod 0.")
 @click.option("--python", default="python", show_default=True, help="Python executable inside the image.")
 @click.option("--timeout", type=click.IntRange(min=1), metavar="SECONDS", help="Job deadline (activeDeadlineSeconds).")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def command(image, num_processes, name, cpu, memory, gpus, gpu_resource, cpu_devices, env_pairs, port, python, timeout, args):
+def command(image, num_processes, name, cpu, memory, gpus, gpu_resource, cpu_devices, env_pairs, port, python, timeout,
+            args):
     """Print a Kubernetes JobSet manifest that runs SCRIPT (or -m MODULE) in N pods.
 
     \b

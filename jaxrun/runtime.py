@@ -157,7 +157,9 @@ class InputStream(NamedTuple):
     num_blocks: int
 
 
-def replica_input_index(sharding: jax.sharding.Sharding, batch_axis: int = 0, *, ndim: int | None = None) -> InputStream:
+def replica_input_index(
+    sharding: jax.sharding.Sharding, batch_axis: int = 0, *, ndim: int | None = None
+) -> InputStream:
     """The input stream this process must read, when replicas may span processes.
 
     Returns ``InputStream(index, count, blocks, num_blocks)``.  Partition the

@@ -72,7 +72,7 @@ MUTATIONS = [
     Mutation(
         "sighup-unhandled",
         "SIGHUP is no longer handled: jaxrun dies of it without a summary",
-        (("jaxrun/launcher/control.py", "STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)",
+        (("jaxrun/contract/helpers.py", "STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)",
           "STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)"),),
         ("tests/e2e/test_supervision.py",),
         "forwarded",
@@ -137,7 +137,8 @@ MUTATIONS = [
         "root-cause-arrival-order",
         "the first failure heard is the root cause, whatever the evidence (a fork server reaps in rank order)",
         (("jaxrun/launcher/supervisor.py",
-          "        if self.reason is not StopReason.FAILURE or self.root_cause is None:\n            return\n        failed",
+          "        if self.reason is not StopReason.FAILURE or self.root_cause is None:\n"
+          "            return\n        failed",
           "        return\n        failed"),),
         ("tests/unit/test_supervisor.py", "tests/e2e/test_root_cause.py"),
     ),
@@ -184,14 +185,14 @@ MUTATIONS = [
     Mutation(
         "slurm-keeps-drained-nodes",
         "an elastic restart under Slurm runs on nodes Slurm drained",
-        (("jaxrun/backends/scheduler/backend.py", '"down", "drain", "drained", "draining", ', '"down", '),),
+        (("jaxrun/backends/scheduler/slurm.py", '"down", "drain", "drained", "draining", ', '"down", '),),
         ("tests/e2e/test_slurm_elastic.py",),
         "drained",
     ),
     Mutation(
         "ray-driver-outlives-jaxrun",
         "the Ray driver (and so its actors and placement group) stays when jaxrun is gone",
-        (("jaxrun/backends/ray/backend.py", "    os._exit(0)  # Ray ends this driver's actors and placement group",
+        (("jaxrun/backends/ray/driver.py", "    os._exit(0)  # Ray ends this driver's actors and placement group",
           "    pass"),),
         ("tests/e2e/test_ray.py",),
         "sigkill or waits",

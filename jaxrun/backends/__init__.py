@@ -9,16 +9,17 @@ load SSH or scheduler code.
 
 A new backend is one module here and one entry below: its options object
 is its own (``RunConfig.backend_options``), built by the entry's ``options``
-from the command line's values.
+from the command line's values, and the command-line options it takes
+beyond everyone's are the ``Flag``s its entry lists (one declared below for
+each, listed by every entry that takes it).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TextIO
 
-from jaxrun.core.config import BackendEntry, Flag, LaunchError, RunConfig, SchedulerOptions, SshOptions
+from jaxrun.core.config import BackendEntry, Flag, RunConfig, Value
 from jaxrun.core.spec import LaunchOptions
 
 if TYPE_CHECKING:
@@ -44,9 +45,9 @@ def start_ssh(config: RunConfig, console: TextIO) -> Backend:
 
 
 def start_scheduler(config: RunConfig, console: TextIO) -> Backend:
-    from jaxrun.backends.scheduler.backend import SchedulerBackend
+    from jaxrun.backends.scheduler.engines import start  # the options' type says which engine
 
-    return SchedulerBackend(config.backend_options, config.options, console)
+    return start(config.backend_options, config.options, console)
 
 
 def start_ray(config: RunConfig, console: TextIO) -> Backend:
@@ -61,27 +62,56 @@ def ray_options(values: Mapping[str, Any], launch: LaunchOptions) -> Any:
     return options(values, launch)
 
 
-def ssh_options(values: Mapping[str, Any], launch: LaunchOptions) -> SshOptions:
-    return SshOptions(
-        python=launch.python,
-        chdir=values["chdir"] or os.getcwd(),
-        config_file=values["ssh_config"],
-        options=tuple(values["ssh_options"]),
-        connect_timeout=values["connect_timeout"],
-        env=launch.extra_env,
-        script=None if launch.target.is_module else launch.target.name,
-        sync=values["sync"],
-    )
+def ssh_options(values: Mapping[str, Any], launch: LaunchOptions) -> Any:
+    from jaxrun.backends.ssh.options import options
+
+    return options(values, launch)
 
 
-def slurm_options(values: Mapping[str, Any], launch: LaunchOptions) -> SchedulerOptions:
-    return SchedulerOptions("slurm", values["nodes"], values["tasks_per_node"], tuple(values["scheduler_args"]))
+def slurm_options(values: Mapping[str, Any], launch: LaunchOptions) -> Any:
+    from jaxrun.backends.scheduler.options import slurm_options
+
+    return slurm_options(values, launch)
 
 
-def mpirun_options(values: Mapping[str, Any], launch: LaunchOptions) -> SchedulerOptions:
-    if values["nodes"]:
-        raise LaunchError("--nodes works with --launcher slurm only; give mpirun its hosts with --scheduler-arg")
-    return SchedulerOptions("mpirun", None, values["tasks_per_node"], tuple(values["scheduler_args"]))
+def mpirun_options(values: Mapping[str, Any], launch: LaunchOptions) -> Any:
+    from jaxrun.backends.scheduler.options import mpirun_options
+
+    return mpirun_options(values, launch)
+
+
+# Across hosts.  jaxrun has always let a run that does not go over SSH carry
+# its connection options (and --chdir) unused: they stay not exclusive.
+SSH_SECTION = "Across hosts (SSH)"
+SSH_CONFIG = Flag("ssh_config", ("--ssh-config",), "ssh client configuration file (ssh -F).", metavar="FILE",
+                  value=Value.FILE, exclusive=False)
+SSH_OPTION = Flag("ssh_options", ("--ssh-option",), "Extra ssh -o option, e.g. Port=2222 (repeatable).",
+                  metavar="OPT", multiple=True, exclusive=False)
+CONNECT_TIMEOUT = Flag("connect_timeout", ("--connect-timeout",), "ssh connect timeout per host.",
+                       metavar="SECONDS", value=Value.SECONDS, minimum=1, default=10.0, exclusive=False)
+CHDIR = Flag("chdir", ("--chdir",), "Working directory on the hosts (default: the current one).", metavar="DIR",
+             exclusive=False)
+SYNC = Flag("sync", ("--sync",), "Copy the working directory (--chdir) to the same path on every host first "
+            "(rsync, else tar; .git and git-ignored files stay behind).", value=Value.SWITCH,
+            refusal="--sync copies the working directory to SSH hosts: it needs --hosts or -H")
+
+# The scheduler step's (srun or mpirun), in the engines' section beside --launcher.
+ENGINES_SECTION = "Engines (Slurm, Open MPI)"
+STEP_REFUSAL = "--nodes, --ntasks-per-node and --scheduler-arg need --launcher {launchers}"
+NODES = Flag("nodes", ("--nodes",), "slurm: spread the processes over this many nodes (srun -N).",
+             value=Value.COUNT, minimum=1, section=ENGINES_SECTION, refusal=STEP_REFUSAL)
+TASKS_PER_NODE = Flag("tasks_per_node", ("--ntasks-per-node",), "slurm/mpirun: processes per node.",
+                      value=Value.COUNT, minimum=1, section=ENGINES_SECTION, refusal=STEP_REFUSAL)
+SCHEDULER_ARG = Flag("scheduler_args", ("--scheduler-arg",), "Pass ARG to srun or mpirun unchanged (repeatable), "
+                     "e.g. --scheduler-arg=--overcommit.", metavar="ARG", multiple=True, section=ENGINES_SECTION,
+                     refusal=STEP_REFUSAL)
+# mpirun lists --nodes too: its options refuse it with a hint of their own.
+STEP_FLAGS = (NODES, TASKS_PER_NODE, SCHEDULER_ARG)
+
+RAY_ADDRESS = Flag("ray_address", ("--ray-address",), "The Ray cluster's address, HOST:PORT of its GCS "
+                   "(default: $RAY_ADDRESS, else auto).", metavar="ADDR")
+PLACEMENT = Flag("placement", ("--placement",), "How Ray places the processes on its nodes: one "
+                 "placement group bundle each (default: spread).", ("pack", "spread", "strict-spread"))
 
 
 BACKENDS: dict[str, BackendEntry] = {entry.name: entry for entry in (
@@ -93,23 +123,22 @@ BACKENDS: dict[str, BackendEntry] = {entry.name: entry for entry in (
     BackendEntry("ssh", "processes on the hosts of --hosts or -H, over the system's ssh client",
                  kind="ssh", fds_per_process=5, start=start_ssh, options=ssh_options, engine="ssh",
                  engine_missing="--hosts/-H: ssh (the OpenSSH client) is not on PATH", takes_hosts=True,
-                 elastic=True),
+                 elastic=True, section=SSH_SECTION, flags=(SSH_CONFIG, SSH_OPTION, CONNECT_TIMEOUT, CHDIR, SYNC)),
     # Under a scheduler: the two pipes (both ends), the task's three sockets
     # and the two log files.
     BackendEntry("slurm", "one srun step, in the Slurm allocation or a new one",
                  kind="scheduler", fds_per_process=9, start=start_scheduler, options=slurm_options, engine="srun",
                  engine_missing="--launcher slurm: srun is not on PATH", scheduled=True,
-                 count_variable="SLURM_NTASKS", elastic=True),
+                 count_variable="SLURM_NTASKS", elastic=True,
+                 flags=STEP_FLAGS),
     BackendEntry("mpirun", "one Open MPI mpirun step",
                  kind="scheduler", fds_per_process=9, start=start_scheduler, options=mpirun_options,
-                 engine="mpirun", engine_missing="--launcher mpirun: mpirun is not on PATH", scheduled=True),
+                 engine="mpirun", engine_missing="--launcher mpirun: mpirun is not on PATH", scheduled=True,
+                 flags=STEP_FLAGS),
     # On a Ray cluster: as under a scheduler (the step is the Ray driver).
     BackendEntry("ray", "one Ray actor per process, on a running Ray cluster (pip install 'jaxrun[ray]')",
-                 kind="ray", fds_per_process=9, start=start_ray, options=ray_options, scheduled=True, flags=(
-                     Flag("ray_address", ("--ray-address",), "The Ray cluster's address, HOST:PORT of its GCS "
-                          "(default: $RAY_ADDRESS, else auto).", metavar="ADDR"),
-                     Flag("placement", ("--placement",), "How Ray places the processes on its nodes: one "
-                          "placement group bundle each (default: spread).", ("pack", "spread", "strict-spread")))),
+                 kind="ray", fds_per_process=9, start=start_ray, options=ray_options, scheduled=True,
+                 flags=(RAY_ADDRESS, PLACEMENT, CHDIR)),
 )}
 
 

@@ -46,7 +46,9 @@ def local_coordinator(fixed: str | None) -> tuple[str, str]:
     return address, address
 
 
-def child_env(base: Mapping[str, str], spec: ProcessSpec, extra_env: Mapping[str, str], lifeline_fd: int) -> dict[str, str]:
+def child_env(
+    base: Mapping[str, str], spec: ProcessSpec, extra_env: Mapping[str, str], lifeline_fd: int
+) -> dict[str, str]:
     env = dict(base)
     env.update(spec.env)
     env.update(extra_env)

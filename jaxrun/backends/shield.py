@@ -34,7 +34,9 @@ import contextlib
 import signal
 from collections.abc import Iterator
 
-STOP_SIGNALS = frozenset((signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
+from jaxrun import contract
+
+STOP_SIGNALS = frozenset(contract.STOP_SIGNALS)  # a set, as pthread_sigmask takes it
 
 
 @contextlib.contextmanager

@@ -75,13 +75,12 @@ def _is_launch_frame(filename: str) -> bool:
 
 # The signals a far end may hold blocked so that the launcher alone decides
 # what they mean (jaxrun.backends.shield); a mask is inherited through exec.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def main(argv: list[str]) -> None:
     # As under a plain launch, a script can be stopped: a signal sent before
     # now was held, and arrives here.
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, contract.STOP_SIGNALS)
     watch_lifeline()
     faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
     if len(argv) < 2 or argv[0] not in ("--", "-m"):

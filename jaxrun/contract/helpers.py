@@ -11,7 +11,24 @@ import signal
 import socket
 from collections.abc import Mapping, Sequence
 
-from jaxrun.contract.names import *  # noqa: F401,F403 -- the names these rules fill in
+from jaxrun.contract.names import (  # the names these rules fill in
+    COORDINATOR_ADDRESS,
+    COORDINATOR_BIND_ADDRESS,
+    JAX_COORDINATOR_ADDRESS,
+    JAX_COORDINATOR_BIND_ADDRESS,
+    JAX_NUM_CPU_DEVICES,
+    JAX_PLATFORMS,
+    LAUNCHER_RANK_NAMES,
+    LOCAL_PROCESS_COUNT,
+    LOCAL_PROCESS_ID,
+    NUM_PROCESSES,
+    PROCESS_ID,
+    RANK_SOURCE,
+    RANK_SOURCES,
+    RESTART_COUNT,
+    RUN_ID,
+    SHIM_MODULE,
+)
 
 
 def process_env(*, coordinator: str, num_processes: int, process_id: int | str, local_process_id: int | str,
@@ -66,6 +83,12 @@ def substitute(arg: str, values: Mapping[str, object]) -> str:
 
 
 # -- exit statuses -------------------------------------------------------------------
+# The signals that ask a job to stop: jaxrun forwards them to every process
+# with a grace period, its helpers start with them blocked, and a controller
+# gets them back unblocked.  One tuple for every side.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def exit_status(returncode: int) -> int:
     """Popen's returncode (negative: killed by that signal) as a shell status, 128+N."""
     return 128 - returncode if returncode < 0 else returncode

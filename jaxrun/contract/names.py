@@ -73,6 +73,14 @@ RANK_SOURCES = {
     "mpirun": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
 }
 RANK_SOURCES["mpi"] = RANK_SOURCES["mpirun"]
+# How many tasks share a task's node, per rank source: a variable that holds
+# Slurm's compressed per-node list ("2(x3),1", or one count) and the one that
+# holds this node's index in it (None: the list is this node's count).
+LOCAL_COUNT_SOURCES = {
+    "slurm": ("SLURM_STEP_TASKS_PER_NODE", "SLURM_NODEID"),
+    "mpirun": ("OMPI_COMM_WORLD_LOCAL_SIZE", None),
+}
+LOCAL_COUNT_SOURCES["mpi"] = LOCAL_COUNT_SOURCES["mpirun"]
 LAUNCHER_RANK_NAMES = (PROCESS_ID, NUM_PROCESSES, LOCAL_PROCESS_ID)
 
 
@@ -81,7 +89,13 @@ LAUNCHER_RANK_NAMES = (PROCESS_ID, NUM_PROCESSES, LOCAL_PROCESS_ID)
 SHIM_MODULE = "jaxrun.shim"
 FORKSERVER_AGENT_MODULE = "jaxrun.backends.forkserver.server"
 SSH_AGENT_MODULE = "jaxrun.backends.ssh.session_agent"
+# The preflight each host's ControlMaster session runs, and the host agent that
+# session then becomes (its title in ps).
+SSH_PREFLIGHT_MODULE = "jaxrun.backends.ssh.preflight"
+SSH_HOST_AGENT_MODULE = "jaxrun.backends.ssh.host_agent"
 SCHEDULER_AGENT_MODULE = "jaxrun.backends.scheduler.task_agent"
+RAY_DRIVER_MODULE = "jaxrun.backends.ray.driver"
+RAY_ACTOR_MODULE = "jaxrun.backends.ray.actor"
 PYTEST_CONTROLLER_MODULE = "jaxrun.child.pytest_controller"
 # The pytest marker, as the plugin (parent side) and each controller's pytest declare it.
 PYTEST_MARKER_HELP = (

@@ -1,6 +1,6 @@
 """What travels from a process to the reports: its error record, the
 resources it used, a scheduler step's note in a task's log, and the flight
-recorder's block."""
+recorder's block; and the one way anything reads back what a process left."""
 
 from __future__ import annotations
 
@@ -8,14 +8,71 @@ import dataclasses
 import json
 import os
 import re
+import stat
 import time
 from collections.abc import Sequence
+from typing import BinaryIO
 
 from jaxrun.contract.helpers import signal_name  # noqa: F401
 from jaxrun.contract.names import *  # noqa: F401,F403
 
+# -- reading back what a process left ---------------------------------------------------
+# Every log and record is read after a run through these three: only a regular
+# file, never through a symlink, and never more than a bound, so that a FIFO or
+# a device put in a log's place cannot block the launcher, a link cannot lead
+# it elsewhere, and a log of many gigabytes costs neither memory nor time.
+
+def open_regular(path: str) -> BinaryIO | None:
+    """``path`` opened for reading if it is a regular file (not a symlink);
+    None otherwise, or if it cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (OSError, ValueError):  # ValueError: a NUL in the path
+        return None
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return os.fdopen(fd, "rb")
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def read_tail(path: str, size: int) -> bytes | None:
+    """The last ``size`` bytes of a file (all of a shorter one); None if it
+    is not a regular file or cannot be read."""
+    f = open_regular(path)
+    if f is None:
+        return None
+    with f:
+        try:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - size))
+            return f.read(size)
+        except OSError:
+            return None
+
+
+def read_small(path: str, limit: int) -> bytes | None:
+    """A whole file of at most ``limit`` bytes; None if it is larger, is not a
+    regular file, or cannot be read."""
+    f = open_regular(path)
+    if f is None:
+        return None
+    with f:
+        try:
+            data = f.read(limit + 1)
+        except OSError:
+            return None
+    return None if len(data) > limit else data
+
 
 # -- the error record ------------------------------------------------------------------
+# An error record is one exception's headline and traceback.  A larger one (an
+# exception with a giant message) is not read: the reports then show the end
+# of the log instead, and the root cause is judged from it.
+ERROR_RECORD_MAX = 1 << 20
+
+
 @dataclasses.dataclass(frozen=True)
 class ErrorRecord:
     """What a controller's uncaught exception was, left for the run summary."""
@@ -41,6 +98,11 @@ class ErrorRecord:
         except (ValueError, KeyError, TypeError):
             return None
 
+    @classmethod
+    def from_bytes(cls, data: bytes | None) -> ErrorRecord | None:
+        """A record from a file's bytes (None: there were none); bad bytes are replaced."""
+        return None if data is None else cls.from_json(data.decode("utf-8", "replace"))
+
     def dump(self, path: str) -> None:
         """Written 0600, as a new file that is never a symlink planted in a
         shared log folder (an old record is replaced, not written through)."""
@@ -57,13 +119,8 @@ class ErrorRecord:
 
     @classmethod
     def load(cls, path: str | None) -> ErrorRecord | None:
-        if not path:
-            return None
-        try:
-            with open(path) as f:
-                return cls.from_json(f.read())
-        except OSError:
-            return None
+        """The record at ``path``, read with ``read_small`` up to ERROR_RECORD_MAX."""
+        return cls.from_bytes(read_small(path, ERROR_RECORD_MAX)) if path else None
 
     @classmethod
     def take(cls, path: str) -> ErrorRecord | None:

@@ -39,6 +39,7 @@ from typing import BinaryIO, Protocol
 
 from jaxrun import contract
 from jaxrun.core.events import ChildExit, Stream  # noqa: F401 -- ChildExit is part of the Child contract
+from jaxrun.core.outcome import PlacementRecord
 from jaxrun.core.spec import Host, ProcessSpec
 
 POLL = 0.1  # seconds between looks at the stop flag while waiting
@@ -181,6 +182,9 @@ class Placement:
     num_processes: int
     dropped: Mapping[str, str] = dataclasses.field(default_factory=dict)
     facts: Mapping[str, object] = dataclasses.field(default_factory=dict)
+
+    def record(self) -> PlacementRecord:
+        return PlacementRecord(tuple(h.name for h in self.hosts), self.num_processes, tuple(self.dropped.items()))
 
     @classmethod
     def chosen(cls, ask: Ask, problems: Mapping[str, str], facts: Mapping[str, object] | None = None) -> Placement:

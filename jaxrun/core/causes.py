@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import os
 import re
 import socket
 from collections.abc import Sequence
@@ -129,12 +128,7 @@ def failure_of(rank: int, error_file: str | None, stderr_log: str | None, reaped
 
 
 def read_tail(path: str | None, size: int = STDERR_TAIL) -> str:
-    """The last ``size`` bytes of a log, as text ("" if it cannot be read)."""
-    if not path:
-        return ""
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - size))
-            return f.read(size).decode("utf-8", "replace")
-    except OSError:
-        return ""
+    """The last ``size`` bytes of a log, as text ("" if it cannot be read, or
+    is not a regular file: see ``contract.read_tail``)."""
+    data = contract.read_tail(path, size) if path else None
+    return "" if data is None else data.decode("utf-8", "replace")

@@ -12,7 +12,8 @@ field here.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+import enum
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 from jaxrun.core.spec import LaunchOptions
@@ -23,33 +24,6 @@ if TYPE_CHECKING:
 
 class LaunchError(Exception):
     """Bad input found before anything started: exit 2 with this one line."""
-
-
-@dataclasses.dataclass(frozen=True)
-class SchedulerOptions:
-    """A run as one scheduler step (srun or mpirun)."""
-
-    name: str  # the scheduler as --launcher names it: "slurm" or "mpirun"
-    nodes: int | None = None
-    tasks_per_node: int | None = None
-    scheduler_args: tuple[str, ...] = ()  # passed to srun/mpirun verbatim
-
-    @property
-    def command(self) -> str:
-        """The scheduler's own program, as it shows in messages and the engine log."""
-        return "srun" if self.name == "slurm" else "mpirun"
-
-
-@dataclasses.dataclass(frozen=True)
-class SshOptions:
-    python: str
-    chdir: str
-    config_file: str | None = None
-    options: tuple[str, ...] = ()
-    connect_timeout: float = 10.0
-    env: Mapping[str, str] = dataclasses.field(default_factory=dict)  # --env/-x, for preflight
-    script: str | None = None  # the script's path as given (None for -m): checked on every host
-    sync: bool = False  # --sync: copy chdir to every host first
 
 
 @dataclasses.dataclass
@@ -70,7 +44,7 @@ class RunConfig:
     preload: bool = True  # fork local controllers from a server that imported jax
     preload_modules: tuple[str, ...] = ()
     backend: str = "local"  # the --launcher word: which entry of jaxrun.backends.BACKENDS starts the processes
-    backend_options: Any = None  # what that entry built from the command line (SshOptions, SchedulerOptions)
+    backend_options: Any = None  # what that entry built from the command line (its own options type)
     timestamps: bool = False  # --timestamps: console lines start with their arrival time
     # Elastic restarts: a restart leaves out the hosts that were lost, fills
     # their places from the spares and goes on with at least this many hosts.
@@ -82,18 +56,47 @@ def no_options(values: Mapping[str, Any], launch: LaunchOptions) -> None:
     return None
 
 
+class Value(enum.Enum):
+    """What a Flag takes; the command line turns each into its own type."""
+
+    TEXT = "text"  # any text, or one of its choices
+    COUNT = "count"  # a whole number, at least its minimum
+    SECONDS = "seconds"  # a finite number of seconds, at least its minimum
+    FILE = "file"  # the path of a file that exists
+    SWITCH = "switch"  # on when given; takes no value
+
+
 @dataclasses.dataclass(frozen=True)
 class Flag:
-    """A command-line option that one backend declares in its registry entry.
-    The command line adds it, in a help section of that backend's own, and
-    refuses it with any other ``--launcher``; the entry's ``options`` reads
-    its value as ``values[name]`` (None when it was not given)."""
+    """A command-line option that backends declare in their registry entries.
+    The command line adds it once, however many entries list it, and refuses
+    it with a ``--launcher`` that lists it not; an entry's ``options`` reads
+    its value as ``values[name]``."""
 
     name: str  # the parameter name, e.g. "ray_address"
     opts: tuple[str, ...]  # e.g. ("--ray-address",)
-    help: str  # says the default: the option itself has none, so that "given" is plain
+    help: str  # says the default when there is none below, so that "given" stays plain
     choices: tuple[str, ...] = ()  # the words it takes; empty: any text
     metavar: str | None = None
+    value: Value = Value.TEXT
+    minimum: float | None = None  # COUNT and SECONDS: the least value taken
+    multiple: bool = False  # repeatable: its value is a tuple of every one given
+    default: Any = None  # shown in --help; a value equal to it counts as not given
+    section: str | None = None  # its --help section; None: that of the first entry that lists it
+    # False: a launcher that does not list it ignores it, as jaxrun always
+    # has (--ssh-config and its kin, --chdir), instead of refusing it.
+    exclusive: bool = True
+    refusal: str = "{opt} works with --launcher {launchers} only"  # the error when refused
+
+    def given(self, values: Mapping[str, Any]) -> bool:
+        value = values.get(self.name)
+        if self.multiple or self.value is Value.SWITCH:
+            return bool(value)
+        return value is not None and value != self.default
+
+    def refused(self, launchers: Sequence[str]) -> str:
+        """The one line that refuses it: ``launchers`` are those that list it."""
+        return self.refusal.format(opt=self.opts[0], launchers=" or ".join(launchers))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,9 +119,39 @@ class BackendEntry:
     takes_hosts: bool = False  # it starts the processes on the hosts of --hosts/-H
     scheduled: bool = False  # a scheduler places the processes and numbers them
     count_variable: str | None = None  # inside an allocation, the variable that holds its task count
-    flags: tuple[Flag, ...] = ()  # its own command-line options
-    elastic: bool = False  # its backend can start a restart on other hosts (Backend.regroup): --min-hosts
+    flags: tuple[Flag, ...] = ()  # the command-line options it takes beyond everyone's
+    section: str | None = None  # the --help section of its flags; None: "With --launcher NAME"
+    elastic: bool = False  # its backend can start a restart on other hosts (Backend.place with a recheck): --min-hosts
 
     def flags_given(self, values: Mapping[str, Any]) -> list[str]:
         """Its own options that the command line gave (their first spelling)."""
-        return [flag.opts[0] for flag in self.flags if values.get(flag.name) is not None]
+        return [flag.opts[0] for flag in self.flags if flag.given(values)]
+
+    @property
+    def help_section(self) -> str:
+        return self.section or f"With --launcher {self.name}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Declared:
+    """One flag of a registry, as the command line adds it: once."""
+
+    flag: Flag
+    launchers: tuple[str, ...]  # the entries that list it, in the registry's order
+    section: str  # the --help section it shows in
+
+
+def declared_flags(backends: Mapping[str, BackendEntry]) -> dict[str, Declared]:
+    """Every flag the entries list, each once, by parameter name, in the order
+    they first appear.  Two different flags of one name are a registry bug."""
+    found: dict[str, Declared] = {}
+    for entry in backends.values():
+        for flag in entry.flags:
+            seen = found.get(flag.name)
+            if seen is None:
+                found[flag.name] = Declared(flag, (entry.name,), flag.section or entry.help_section)
+            elif seen.flag != flag:
+                raise ValueError(f"two different flags are named {flag.name}: declare it once and list it")
+            else:
+                found[flag.name] = dataclasses.replace(seen, launchers=(*seen.launchers, entry.name))
+    return found

@@ -12,7 +12,11 @@ from typing import BinaryIO
 # of two notices interleave, and a piece can land in the middle of a line the
 # script prints.  So the pieces are cut out wherever they are, and what the
 # script wrote around them stays.
-_NOISE = re.compile(rb"\[Gloo\] Rank ?\d* ?|is connected to \d+ peer ranks\.? ?|Expected number of connected peer ranks is : \d+")
+_NOISE = re.compile(
+    rb"\[Gloo\] Rank ?\d* ?"
+    rb"|is connected to \d+ peer ranks\.? ?"
+    rb"|Expected number of connected peer ranks is : \d+"
+)
 
 
 def is_noise(line: bytes) -> bool:

@@ -55,8 +55,8 @@ class ProcessRecord:
 
 
 @dataclasses.dataclass(frozen=True)
-class Placement:
-    """Where an attempt ran: its hosts in rank order, and the hosts left out
+class PlacementRecord:
+    """Where an attempt ran, as the report keeps it: its hosts in rank order, and the hosts left out
     before it with why (a lost host, one that failed its check again)."""
 
     hosts: tuple[str, ...]
@@ -76,7 +76,10 @@ class Outcome:
     lost: list[int] = dataclasses.field(default_factory=list)  # ranks whose end was never confirmed
     start_error: str | None = None  # why this attempt never started its processes
     stop_seconds: float | None = None  # a stop on a signal: from the signal to the last process's end
-    placement: Placement | None = None  # where it ran (the run loop fills it in)
+    placement: PlacementRecord | None = None  # where it ran (the run loop fills it in)
+    # reporting.diagnosis.Diagnosis, kept once the run loop has read the logs, so
+    # that no report reads them again (core cannot name reporting's type).
+    diagnosis: object | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
     def not_started(cls, exit_code: int, why: str, signum: int | None = None) -> Outcome:

@@ -67,7 +67,8 @@ class OomWatch:
 
             limit, what = psutil.virtual_memory().total, "this machine's memory"
         if used.peak_rss_bytes >= NEAR_LIMIT * limit:
-            return f"probably the kernel's OOM killer: it peaked at {contract.format_bytes(used.peak_rss_bytes)} of {what} ({contract.format_bytes(limit)})"
+            peak, cap = contract.format_bytes(used.peak_rss_bytes), contract.format_bytes(limit)
+            return f"probably the kernel's OOM killer: it peaked at {peak} of {what} ({cap})"
         return None
 
     def with_verdict(self, returncode: int, used: contract.Resources | None) -> contract.Resources | None:

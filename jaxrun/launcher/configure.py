@@ -23,7 +23,7 @@ from typing import Any
 
 from jaxrun import contract
 from jaxrun.core import logfiles
-from jaxrun.core.config import BackendEntry, LaunchError, RunConfig
+from jaxrun.core.config import BackendEntry, LaunchError, RunConfig, declared_flags
 from jaxrun.core.ranks import DIGITS, console_rank_set
 from jaxrun.launcher import plan as planning
 from jaxrun.reporting import github
@@ -84,7 +84,6 @@ def config_from_args(values: Mapping[str, Any], backends: Mapping[str, BackendEn
     if cpu_devices is not None and per_process is not None:
         raise LaunchError("--cpu-devices and --devices-per-process cannot be used together")
     hosts = read_hosts(values["hosts_file"], values["host_opts"], values["hosts_command"])
-    check_sync(values["sync"], bool(hosts), values["chdir"])
     entry = chosen_backend(backends, values, bool(hosts))
     extra_env = exported_env(values["exports"], values["env_pairs"], system.environ)
     num_processes = process_count(values["num_processes"], entry, hosts, system.environ)
@@ -116,7 +115,10 @@ def config_from_args(values: Mapping[str, Any], backends: Mapping[str, BackendEn
         flight_recorder=values["flight_recorder"],
         check_divergence=values["check_divergence"],
     )
+    # The entry's own checks first: it may say better why it takes no flag of
+    # another's (Ray, of --nodes).
     backend_options = entry.options(values, launch)
+    refuse_others_flags(backends, entry, values)
     log_dir = values["log_dir"]
     if not values["dry_run"]:
         log_dir = ready_for_a_run(values, entry, run_id, system)
@@ -236,16 +238,9 @@ def read_hosts_text(path: str) -> str:
         raise LaunchError(f"{path}: cannot read it ({e})") from None
 
 
-def check_sync(sync: bool, has_hosts: bool, chdir: str | None) -> None:
-    if sync and not has_hosts:
-        raise LaunchError("--sync copies the working directory to SSH hosts: it needs --hosts or -H")
-    if sync and not os.path.isdir(chdir or os.getcwd()):
-        raise LaunchError(f"--sync: {chdir} is not a folder here, so there is nothing to copy")
-
-
 def chosen_backend(backends: Mapping[str, BackendEntry], values: Mapping[str, Any], has_hosts: bool) -> BackendEntry:
-    """--launcher's entry, or the one hosts imply; hosts and the scheduler's
-    options only with the backends that use them."""
+    """--launcher's entry, or the one hosts imply; hosts only with the
+    backends that take them."""
     name = values["launcher"]
     if name is None:
         entry = next(e for e in backends.values() if (e.takes_hosts if has_hosts else e.default))
@@ -255,10 +250,16 @@ def chosen_backend(backends: Mapping[str, BackendEntry], values: Mapping[str, An
         raise LaunchError(f"--launcher {name} needs --hosts FILE or -H HOST")
     if has_hosts and not entry.takes_hosts:
         raise LaunchError(f"--hosts and -H start processes over SSH; they do not work with --launcher {name}")
-    if not entry.scheduled and (values["nodes"] or values["tasks_per_node"] or values["scheduler_args"]):
-        steps = " or ".join(e.name for e in backends.values() if e.kind == "scheduler")  # srun, mpirun
-        raise LaunchError(f"--nodes, --ntasks-per-node and --scheduler-arg need --launcher {steps}")
     return entry
+
+
+def refuse_others_flags(backends: Mapping[str, BackendEntry], entry: BackendEntry, values: Mapping[str, Any]) -> None:
+    """A backend's flag given to a run of a backend that does not list it:
+    refused, naming every launcher that takes it (unless the flag says that
+    other launchers ignore it)."""
+    for declared in declared_flags(backends).values():
+        if declared.flag.exclusive and entry.name not in declared.launchers and declared.flag.given(values):
+            raise LaunchError(declared.flag.refused(declared.launchers))
 
 
 def exported_env(exports: Sequence[str], env_pairs: Sequence[tuple[str, str]],

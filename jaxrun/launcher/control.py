@@ -27,11 +27,12 @@ import threading
 import time
 from collections.abc import Callable
 
+from jaxrun import contract
 from jaxrun.core.backend import RunHooks
+from jaxrun.core.deadline import NEVER, Deadline
 from jaxrun.core.events import SignalReceived, ThreadDied
 from jaxrun.core.outcome import BUG_REPORT, INTERNAL_ERROR  # noqa: F401 -- part of this module's vocabulary
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # Beyond --grace (or a dump wait): SIGKILL, exits, the last output, a backend's
 # clean-up.  A run still alive after this is stuck in jaxrun itself.
 WATCHDOG_SLACK = 10.0
@@ -44,7 +45,7 @@ class RunControl:
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.signum: int | None = None  # the first stop signal
         self.fault: ThreadDied | None = None  # the first launcher thread that died
-        self.deadline: float | None = None  # this attempt's --timeout, monotonic
+        self.deadline: Deadline = NEVER  # the current attempt's --timeout
         self.hooks = RunHooks(stopping=self.stopping, thread_died=self.thread_died, stop_begun=self.arm)
         self.emergency = emergency  # the watchdog's last resort: (why, exit status)
         self._previous: dict[int, object] = {}
@@ -56,7 +57,7 @@ class RunControl:
     # -- the stop flag ----------------------------------------------------------
     def stopping(self) -> bool:
         return (self.signum is not None or self.fault is not None
-                or (self.deadline is not None and time.monotonic() >= self.deadline))
+                or self.deadline.passed())
 
     def exit_status(self) -> int | None:
         """What a run that stopped before its processes ran exits with."""
@@ -64,7 +65,7 @@ class RunControl:
             return INTERNAL_ERROR
         if self.signum is not None:
             return 128 + self.signum
-        if self.deadline is not None and time.monotonic() >= self.deadline:
+        if self.deadline.passed():
             return 124
         return None
 
@@ -77,7 +78,7 @@ class RunControl:
 
     # -- signals ------------------------------------------------------------------
     def install(self) -> None:
-        for signum in (*STOP_SIGNALS, signal.SIGUSR1):
+        for signum in (*contract.STOP_SIGNALS, signal.SIGUSR1):
             self._previous[signum] = signal.signal(signum, self._on_signal)
 
     def restore(self) -> None:
@@ -87,7 +88,7 @@ class RunControl:
 
     def _on_signal(self, signum: int, _frame) -> None:
         self.events.put(SignalReceived(signum))
-        if signum in STOP_SIGNALS and self.signum is None:
+        if signum in contract.STOP_SIGNALS and self.signum is None:
             self.signum = signum
             self.arm(self.grace)
 

@@ -1,6 +1,6 @@
 """Elastic restarts (``--min-hosts K``): where the next attempt runs.
 
-Before each restart every host is checked again (``Backend.regroup``).
+Before each restart every host is checked again (``Backend.place``).
 What to do with the answers is decided here, and nothing here touches the
 system but ``discover``, which runs ``--hosts-command``:
 
@@ -23,10 +23,10 @@ from collections.abc import Mapping, Sequence
 
 from jaxrun import meshspec
 from jaxrun.core.config import LaunchError
-from jaxrun.core.outcome import Outcome, Placement
+from jaxrun.core.outcome import Outcome, PlacementRecord
 from jaxrun.core.spec import Host, LaunchOptions
 from jaxrun.launcher import hosts as hostfile
-from jaxrun.reporting import summary
+from jaxrun.reporting import diagnosis
 
 # The longest a --hosts-command may take, and the most it may print.
 DISCOVERY_TIMEOUT = 60.0
@@ -42,9 +42,6 @@ class ElasticStop(Exception):
 class Choice:
     hosts: tuple[Host, ...]  # where the next attempt runs, in rank order
     num_processes: int
-
-    def placement(self, dropped: Mapping[str, str]) -> Placement:
-        return Placement(tuple(h.name for h in self.hosts), self.num_processes, tuple(dropped.items()))
 
 
 def used_hosts(hosts: Sequence[Host], num_processes: int) -> list[Host]:
@@ -85,7 +82,7 @@ def dropped_text(dropped: Mapping[str, str]) -> str:
     return "; ".join(f"{name} lost: {why}" for name, why in dropped.items())
 
 
-def restart_line(restart: int, max_restarts: int, placement: Placement, wanted: int) -> str:
+def restart_line(restart: int, max_restarts: int, placement: PlacementRecord, wanted: int) -> str:
     """``jaxrun: restart 1 of 2 on hostA, hostC (hostB lost: ...)``; the
     process count is said when it is not -n's."""
     notes = []
@@ -129,7 +126,7 @@ def _helper_end(helper: str) -> str:
 
 def _last_words(path: str) -> str:
     """``, after "step 6"``: the last line the process printed, if any."""
-    lines = [line.strip() for line in summary.tail(path) if line.strip()]
+    lines = [line.strip() for line in diagnosis.tail(path) if line.strip()]
     if not lines:
         return ""
     last = lines[-1] if len(lines[-1]) <= LAST_WORDS else lines[-1][: LAST_WORDS - 3] + "..."

@@ -14,6 +14,7 @@ import shlex
 
 import click
 
+from jaxrun import contract
 from jaxrun.core import logfiles
 from jaxrun.core.events import Stream
 from jaxrun.core.noise import read_lines_in_chunks
@@ -34,8 +35,11 @@ def show(folder: str, ranks: list[int], output: str) -> None:
             printer.grouped(rank, out, err)
             continue
         for path, stream in ((out, Stream.STDOUT), (err, Stream.STDERR)):
+            f = contract.open_regular(path)  # never a FIFO or a link in a log's place
+            if f is None:
+                continue
             try:
-                with open(path, "rb") as f:
+                with f:
                     for chunk in read_lines_in_chunks(f):
                         printer.write(rank, stream, chunk)
             except OSError:

@@ -20,8 +20,9 @@ from typing import TextIO
 from jaxrun import portable
 from jaxrun.backends import create_backend
 from jaxrun.core import reaper
-from jaxrun.core.backend import Backend, Interrupted
+from jaxrun.core.backend import Ask, Backend, Interrupted, Placement
 from jaxrun.core.config import LaunchError, RunConfig
+from jaxrun.core.deadline import NEVER, Deadline
 from jaxrun.core.outcome import Outcome, StopReason
 from jaxrun.core.spec import PlanError
 from jaxrun.launcher import elastic, plan as planning
@@ -29,11 +30,6 @@ from jaxrun.launcher.console import ConsolePrinter, SafeConsole
 from jaxrun.launcher.control import BUG_REPORT, RunControl
 from jaxrun.launcher.supervisor import Supervisor
 from jaxrun.reporting import github, history, report, summary
-
-
-def supervisor_deadline(config: RunConfig) -> float | None:
-    """--timeout for start-up waits (the supervisor keeps its own clock)."""
-    return time.monotonic() + config.timeout if config.timeout else None
 
 
 def attempt_dir(log_dir: str, attempt: int) -> str:
@@ -51,14 +47,12 @@ def dry_run_text(specs: list[planning.ProcessSpec]) -> str:
     return "\n".join(lines)
 
 
-def plan_attempt(config: RunConfig, coordinator: tuple[str, str | None], attempt: int, facts: dict | None = None,
-                 where: elastic.Choice | None = None):
+def plan_attempt(config: RunConfig, coordinator: tuple[str, str | None], attempt: int,
+                 placement: Placement | None = None):
+    """The attempt's specs: the launch, with its coordinator and where the
+    backend placed it (its process count and what else the plan needs)."""
     address, bind = coordinator
-    changes = dict(facts or {})
-    if where is not None:  # an elastic restart's own count, and hosts where jaxrun places the processes
-        changes.update(num_processes=where.num_processes)
-        if not config.options.scheduled:
-            changes.update(hosts=where.hosts)
+    changes = {} if placement is None else {"num_processes": placement.num_processes, **placement.facts}
     opts = dataclasses.replace(config.options, coordinator=address, bind_address=bind, restart_count=attempt,
                                **changes)
     return opts, planning.plan(opts)
@@ -114,29 +108,38 @@ def run(config: RunConfig, backend: Backend | None = None, console: TextIO | Non
 
 def run_attempts(config: RunConfig, backend: Backend, control: RunControl, console: TextIO,
                  running: list) -> int:
-    """Every attempt, each reported as it ends; jaxrun's exit status is the
-    last attempt's, so the report, ``run.json`` and the exit agree."""
+    """Every attempt: placed once, started, supervised, diagnosed, each
+    reported as it ends; jaxrun's exit status is the last attempt's, so the
+    report, ``run.json`` and the exit agree.  Each attempt has one deadline
+    (``--timeout``), made before it is placed."""
     outcomes: list[Outcome] = []
     dirs: list[str] = []
     options = config.options
-    where = elastic.Choice(tuple(elastic.used_hosts(options.hosts, options.num_processes)), options.num_processes)
-    dropped: dict[str, str] = {}
+    hosts = tuple(elastic.used_hosts(options.hosts, options.num_processes))
     with backend:
         for attempt in range(config.max_restarts + 1):
             log_dir = attempt_dir(config.log_dir, attempt)
-            regrouped = bool(attempt and config.min_hosts)  # an elastic restart: its own hosts and count
+            control.deadline = deadline = Deadline(config.timeout)
+            elastic_restart = bool(attempt and config.min_hosts)  # its own hosts and count
+            lost: dict[str, str] = {}
             try:
-                control.deadline = supervisor_deadline(config)  # --timeout counts while hosts are checked, placed
-                if regrouped:
-                    where, dropped = regroup(config, backend, outcomes[-1], where.hosts)
-                    print(elastic.restart_line(attempt, config.max_restarts, where.placement(dropped),
-                                               options.num_processes), file=console, flush=True)
-                elif attempt:
-                    print(f"jaxrun: restarting the whole job (restart {attempt} of {config.max_restarts})",
+                if elastic_restart:
+                    ask, lost = elastic_ask(config, backend, outcomes[-1], hosts)
+                else:
+                    if attempt:
+                        print(f"jaxrun: restarting the whole job (restart {attempt} of {config.max_restarts})",
+                              file=console, flush=True)
+                    ask = Ask(hosts, options.num_processes)
+                placement = backend.place(ask)
+                dropped = {**lost, **elastic.check_reasons(placement.dropped)}
+                hosts = placement.hosts
+                record = dataclasses.replace(placement.record(), dropped=tuple(dropped.items()))
+                if elastic_restart:
+                    print(elastic.restart_line(attempt, config.max_restarts, record, options.num_processes),
                           file=console, flush=True)
                 _, specs = plan_attempt(config, backend.choose_coordinator(config.fixed_coordinator), attempt,
-                                        backend.plan_facts(), where if regrouped else None)
-                outcome = run_attempt(config, specs, backend, log_dir, console, control, running)
+                                        placement)
+                outcome = run_attempt(config, specs, backend, log_dir, console, control, running, deadline)
             except elastic.ElasticStop as stop:  # too few hosts left: the failed attempt's status ends the run
                 print(f"jaxrun: {stop}", file=console, flush=True)
                 if config.report_path:  # the attempts so far, and why none follows
@@ -147,7 +150,8 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
                 if attempt == 0:
                     raise  # nothing has run: bad input (exit 2), or a stop during start-up
                 outcome = start_failure(error, control)
-            outcome.placement = where.placement(dropped)
+                record = Placement(hosts, options.num_processes, lost).record()  # where it was to run
+            outcome.placement = record
             outcomes.append(outcome)
             dirs.append(log_dir)
             report_attempt(config, outcomes, dirs, console)
@@ -156,21 +160,24 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
     return outcomes[-1].exit_code
 
 
-def regroup(config: RunConfig, backend: Backend, failed: Outcome,
-            last: tuple) -> tuple[elastic.Choice, dict[str, str]]:
-    """Where an elastic restart runs (see ``launcher.elastic``), and the hosts
-    left out with why.  The backend checks every candidate again and starts
-    over on those that pass."""
+def elastic_ask(config: RunConfig, backend: Backend, failed: Outcome,
+                last: tuple) -> tuple[Ask, dict[str, str]]:
+    """An elastic restart's ask (see ``launcher.elastic``), and the hosts lost
+    in the failed attempt with why: the backend checks every candidate again,
+    and ``choose`` keeps the run's rules (spares fill lost places, never fewer
+    than --min-hosts, a fixed --mesh must fit)."""
     listed = elastic.discover(config.hosts_command) if config.hosts_command else backend.pool()
     names = {host.name for host in listed}
     lost = {name: why for name, why in elastic.lost_hosts(failed).items() if name in names}
-    candidates = elastic.candidates(listed, last, lost)
-    problems = elastic.check_reasons(backend.regroup(candidates))
-    dropped = {**lost, **problems}
-    good = [host for host in candidates if host.name not in problems]
-    choice = elastic.choose(good, config.options.num_processes, config.min_hosts, dropped)
-    elastic.check_mesh(config.options, choice.num_processes)
-    return choice, dropped
+
+    def choose(good, problems):
+        dropped = {**lost, **elastic.check_reasons(problems)}
+        choice = elastic.choose(good, config.options.num_processes, config.min_hosts, dropped)
+        elastic.check_mesh(config.options, choice.num_processes)
+        return choice.hosts, choice.num_processes
+
+    candidates = tuple(elastic.candidates(listed, last, lost))
+    return Ask(candidates, config.options.num_processes, recheck=True, choose=choose), lost
 
 
 def start_failure(error: Exception, control: RunControl) -> Outcome:
@@ -199,8 +206,12 @@ def last_words(line: str) -> None:
 
 
 def report_attempt(config: RunConfig, outcomes: list[Outcome], dirs: list[str], console: TextIO) -> None:
+    from jaxrun.reporting import diagnosis
+
     outcome = outcomes[-1]
     shown = dirs[-1] if os.path.isdir(dirs[-1]) else config.log_dir  # a restart that never started made none
+    # The logs are read here, once; every report below only formats what they said.
+    diagnosis.attach(outcome, outputs=bool(config.junit_path))
     for line in summary.summary_lines(outcome, shown):
         print(line, file=console, flush=True)
     if config.github_actions:
@@ -216,21 +227,23 @@ def report_attempt(config: RunConfig, outcomes: list[Outcome], dirs: list[str], 
 
 
 def run_attempt(config: RunConfig, specs, backend: Backend, log_dir: str, console: TextIO,
-                control: RunControl | None = None, running: list | None = None) -> Outcome:
+                control: RunControl | None = None, running: list | None = None,
+                deadline: Deadline | None = None) -> Outcome:
     github_options = github.printer_options() if config.github_actions else {}
     printer = ConsolePrinter(config.output, show_noise=config.verbose, ranks=config.console_ranks,
                              timestamps=config.timestamps, **github_options)
     control = control or RunControl(config.grace)
     running = running if running is not None else []
     before = reaper.descendants()  # what the backend holds across attempts (ssh masters)
-    supervisor = Supervisor(specs, backend, printer, log_dir, grace=config.grace, timeout=config.timeout,
+    deadline = deadline or Deadline(config.timeout)  # one attempt, one clock: see core.deadline
+    supervisor = Supervisor(specs, backend, printer, log_dir, grace=config.grace, deadline=deadline,
                             events=control.events, hooks=control.hooks)
     running[:] = [supervisor]
-    control.deadline = supervisor_deadline(config)
+    control.deadline = deadline
     try:
         outcome = supervisor.run()
     finally:
-        control.deadline = None
+        control.deadline = NEVER
         backend.end_attempt()
         reaper.kill_descendants(spare=before)
         if control.signum is None and control.fault is None:

@@ -49,6 +49,7 @@ from collections.abc import Callable, Sequence
 from jaxrun import contract
 from jaxrun.core import causes
 from jaxrun.core.backend import Backend, Child, Interrupted, RunHooks, StreamFilter, start_thread
+from jaxrun.core.deadline import NEVER, Deadline
 from jaxrun.core.events import Exited, Joined, LogWriteFailed, SignalReceived, Stream, StreamClosed, ThreadDied
 from jaxrun.core.logfiles import log_paths, open_log, open_pumped_log, prepare_log_dir
 from jaxrun.core.outcome import Outcome, ProcessRecord, StopReason, Verdict
@@ -72,7 +73,6 @@ KILL_CONFIRM_WAIT = 5.0
 HOLD_WAIT = 0.3
 # Ends by these signals (or the shell's 128+N for them) may be the stop jaxrun
 # is about to hear of.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class Supervisor:
@@ -84,7 +84,7 @@ class Supervisor:
         log_dir: str,
         *,
         grace: float = 30.0,
-        timeout: float | None = None,
+        deadline: Deadline = NEVER,
         clock: Callable[[], float] = time.monotonic,
         events: queue.SimpleQueue | None = None,
         hooks: RunHooks | None = None,
@@ -94,7 +94,9 @@ class Supervisor:
         self.printer = printer
         self.log_dir = log_dir
         self.grace = grace
-        self.timeout = timeout
+        # --timeout, made by the run loop before the attempt was placed (on
+        # this clock): the start-up waits and the loop give up at one moment.
+        self.limit = deadline
         self.clock = clock
         self.events = events if events is not None else queue.SimpleQueue()
         # A thread that dies reports here; the run loop's hooks also let
@@ -111,7 +113,7 @@ class Supervisor:
         self.root_cause: int | None = None
         self.kill_at: float | None = None
         self.kill_sent = False  # SIGKILL went out: later exits are ours, not failures
-        self.deadline: float | None = None
+        self.deadline: float | None = None  # the supervisor's clock reads it: see _start
         self.open_streams = 0
         self.heard: list[int] = []  # ranks that ended with a failure, in the order heard
         self.held: list[int] = []  # failures waiting out HOLD_WAIT for a stop signal
@@ -149,7 +151,7 @@ class Supervisor:
         return self._outcome()
 
     def _start(self, lifeline_r: int) -> None:
-        self.deadline = self.clock() + self.timeout if self.timeout else None
+        self.deadline = self.limit.at
         try:
             self.backend.begin_attempt(self.specs, self.log_dir)  # bad input raises before any file is made
             prepare_log_dir(self.log_dir)
@@ -277,7 +279,7 @@ class Supervisor:
             record.verdict = Verdict.OK
             return
         self.heard.append(event.rank)
-        if self.reason is None and (end.lost or contract.exit_status(end.returncode) - 128 in STOP_SIGNALS):
+        if self.reason is None and (end.lost or contract.exit_status(end.returncode) - 128 in contract.STOP_SIGNALS):
             self.held.append(event.rank)  # its verdict waits for a stop signal, or HOLD_WAIT
             if self.hold_until is None:
                 self.hold_until = self.clock() + HOLD_WAIT

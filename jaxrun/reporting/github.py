@@ -13,9 +13,10 @@ import os
 import sys
 from collections.abc import Mapping
 
-from jaxrun.core.outcome import Outcome, StopReason
-from jaxrun.reporting import summary
-from jaxrun.reporting.stacks import innermost_user_frame, user_location
+from jaxrun.core.outcome import Outcome
+from jaxrun.reporting import diagnosis
+from jaxrun.reporting.diagnosis import Kind, where
+from jaxrun.reporting.stacks import user_location
 
 # (header for a rank, footer) in the shape ConsolePrinter's group_markers expects.
 GROUP_MARKERS = (lambda rank: f"::group::process {rank}", "::endgroup::")
@@ -43,32 +44,25 @@ def escape_property(text: str) -> str:
 
 def error_annotation(outcome: Outcome, workspace: str | None = None) -> str | None:
     """The ``::error`` line for a failed or timed-out run; None when there is nothing to flag."""
-    failure = summary.engine_failure(outcome)
-    if outcome.start_error is not None:
-        title, message, location = "jaxrun: the restart did not start", outcome.start_error, None
-    elif failure is not None:
+    found = diagnosis.of(outcome)
+    failure, root, location = found.engine, found.root, None
+    if found.kind is Kind.START_ERROR:
+        title, message = "jaxrun: the restart did not start", outcome.start_error
+    elif found.kind is Kind.ENGINE_FAILURE:
         title = f"jaxrun: {failure.note.engine} failed first"
-        message = "\n".join([failure.headline, *summary.tail(failure.note.log)])
-        location = None
-    elif outcome.root_cause is not None:
-        rec = outcome.records[outcome.root_cause]
-        title = f"jaxrun: {summary.where(rec)} failed first ({summary.describe_exit(rec)})"
-        err = summary.error_info(rec)
-        if err:
-            message = err.headline
-            location = user_location(err.traceback, workspace)
+        message = "\n".join([failure.headline, *failure.log_tail])
+    elif found.kind is Kind.PROCESS_FAILURE:
+        title = f"jaxrun: {root.where} failed first ({root.exit})"
+        if root.error:
+            message = root.error.headline
+            location = user_location(root.error.traceback, workspace)
         else:
-            message = "\n".join(summary.last_output(rec)[1]) or title
-            location = None
-    elif outcome.reason is StopReason.TIMEOUT:
+            message = "\n".join(root.output) or title
+    elif found.kind is Kind.TIMEOUT:
         title = "jaxrun: --timeout expired"
-        frames = []
-        for rec in outcome.records:
-            frame = innermost_user_frame(rec.stderr_log)
-            if frame:
-                frames.append(f"{summary.where(rec)} was at {frame[0]}:{frame[1]} in {frame[2]}")
+        frames = [f"{where(rec)} was at {facts.frame[0]}:{facts.frame[1]} in {facts.frame[2]}"
+                  for rec, facts in zip(outcome.records, found.processes) if facts.frame]
         message = "\n".join(frames) or "every process was still running; stack dumps are in the logs"
-        location = None
     else:
         return None
     props = [f"title={escape_property(title)}"]

@@ -13,9 +13,11 @@ import datetime
 import json
 import os
 
+from jaxrun import contract
 from jaxrun.core import logfiles
 
 RECORD = "run.json"
+RECORD_MAX = 1 << 20  # a run's argv and times; anything larger is not one of ours
 
 
 def record_run(log_dir: str, argv: list[str], exit_code: int, started: float) -> None:
@@ -35,12 +37,13 @@ def runs(base: str) -> list[tuple[str, dict]]:
     except OSError:
         return []
     for name in names:
-        path = os.path.join(base, name, RECORD)
+        data = contract.read_small(os.path.join(base, name, RECORD), RECORD_MAX)
         try:
-            with open(path, encoding="utf-8") as f:
-                found.append((os.path.join(base, name), json.load(f)))
-        except (OSError, ValueError):
+            record = json.loads(data) if data is not None else None
+        except ValueError:  # bad bytes too (UnicodeDecodeError)
             continue
+        if isinstance(record, dict):
+            found.append((os.path.join(base, name), record))
     return sorted(found, key=lambda item: item[1].get("started", 0), reverse=True)
 
 

@@ -17,8 +17,8 @@ import xml.etree.ElementTree as ET
 from jaxrun.contract import signal_name
 from jaxrun.core.noise import is_noise
 from jaxrun.core.outcome import Outcome, ProcessRecord, StopReason, Verdict
-from jaxrun.reporting import report, summary
-from jaxrun.reporting.stacks import innermost_user_frame
+from jaxrun.reporting import diagnosis, report
+from jaxrun.reporting.diagnosis import Diagnosis, ProcessFacts, describe_exit
 
 # Characters XML 1.0 cannot hold at all, even escaped.  Child output may contain
 # them (terminal escapes, NUL), and one of them would make the whole file unreadable.
@@ -29,27 +29,28 @@ def clean(text: str) -> str:
     return _NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
-def render(outcome: Outcome, suite: str = "jaxrun", tail_lines: int = summary.TAIL_LINES) -> str:
-    """The whole document as text; pure apart from reading the run's log files."""
+def render(outcome: Outcome, suite: str = "jaxrun") -> str:
+    """The whole document as text, from the outcome's diagnosis with every
+    process's last lines (``diagnosis.of(outcome, outputs=True)``)."""
+    found = diagnosis.of(outcome, outputs=True)
     suite_el = ET.Element("testsuite", name=suite)
     counts = {"failure": 0, "error": 0, "skipped": 0}
-    failure = summary.engine_failure(outcome)  # once: it reads every process's log
-    if outcome.start_error is not None:  # a restart that never started: one case says why
+    if found.kind is diagnosis.Kind.START_ERROR:  # a restart that never started: one case says why
         case = ET.SubElement(suite_el, "testcase", classname=suite, name="start")
         ET.SubElement(case, "error", message=clean(f"did not start: {outcome.start_error}"))
         counts["error"] += 1
-    for rec in outcome.records:
+    for rec, facts in zip(outcome.records, found.processes):
         case = ET.SubElement(suite_el, "testcase", classname=suite, name=f"process {rec.spec.rank}")
         if rec.started_at is not None and rec.ended_at is not None:
             case.set("time", f"{max(0.0, rec.ended_at - rec.started_at):.3f}")
-        verdict = _result(outcome, rec, failure)
+        verdict = _result(outcome, rec, facts, found)
         if verdict is not None:
             kind, message, body = verdict
             counts[kind] += 1
             el = ET.SubElement(case, kind, message=clean(message))
             if body:
                 el.text = clean(body)
-        out, err = _output_tail(rec.stdout_log, tail_lines), _output_tail(rec.stderr_log, tail_lines)
+        out, err = _output_tail(facts.stdout), _output_tail(facts.stderr)
         if out:
             ET.SubElement(case, "system-out").text = clean("\n".join(out) + "\n")
         if err:
@@ -69,41 +70,39 @@ def render(outcome: Outcome, suite: str = "jaxrun", tail_lines: int = summary.TA
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
 
 
-def _output_tail(path: str, n: int) -> list[str]:
+def _output_tail(lines: tuple[str, ...]) -> list[str]:
     """The end of a log as the console shows it: without JAX's per-run noise."""
-    lines = [line for line in summary.tail(path, 4 * n) if not is_noise(line.encode())]
-    return lines[-n:]
+    return [line for line in lines if not is_noise(line.encode())][-diagnosis.TAIL_LINES:]
 
 
-def _result(outcome: Outcome, rec: ProcessRecord,
-            failure: summary.EngineFailure | None) -> tuple[str, str, str] | None:
-    """(element, message, text) for a process that did not pass; None if it
-    passed.  ``failure``: the engine failure that is the root cause, if one is."""
+def _result(outcome: Outcome, rec: ProcessRecord, facts: ProcessFacts,
+            found: Diagnosis) -> tuple[str, str, str] | None:
+    """(element, message, text) for a process that did not pass; None if it passed."""
     if rec.verdict is Verdict.OK:
         return None
+    failure, root = found.engine, found.root
     if failure is not None and rec.spec.rank in failure.ranks:  # one failure, named once
         if rec.verdict is Verdict.ROOT_CAUSE:
-            return "failure", failure.headline, "\n".join(summary.tail(failure.note.log))
+            return "failure", failure.headline, "\n".join(failure.log_tail)
         return "skipped", f"ended when {failure.note.engine} failed first", ""
-    if rec.verdict is Verdict.ROOT_CAUSE:
-        err = summary.error_info(rec)
-        if err:
-            return "failure", err.headline, err.traceback
-        _, tail = summary.last_output(rec)
-        return "failure", f"{summary.describe_exit(rec)}", "\n".join(tail)
-    if outcome.reason is StopReason.FAILURE and outcome.root_cause is not None:
-        cause = failure.note.engine if failure else summary.where(outcome.records[outcome.root_cause])
+    if rec.verdict is Verdict.ROOT_CAUSE and root is not None and root.rank == rec.spec.rank:
+        if root.error:
+            return "failure", root.error.headline, root.error.traceback
+        return "failure", root.exit, "\n".join(root.output)
+    if outcome.reason is StopReason.FAILURE and root is not None:
+        cause = failure.note.engine if failure else root.where
         if rec.verdict is Verdict.CONSEQUENCE:
-            return "skipped", f"{summary.describe_exit(rec)} after {cause} failed first", ""
+            return "skipped", f"{describe_exit(rec)} after {cause} failed first", ""
         return "skipped", f"stopped by jaxrun after {cause} failed", ""
     if outcome.reason is StopReason.TIMEOUT:
-        frame = innermost_user_frame(rec.stderr_log)
+        frame = facts.frame
         where = f" at {frame[0]}:{frame[1]} in {frame[2]}: {frame[3]}" if frame else ""
         return "failure", f"still running when --timeout expired{where}", ""
     if outcome.reason is StopReason.SIGNAL and outcome.signum:
         return "error", f"stopped when jaxrun received {signal_name(outcome.signum)}", ""
-    return "error", summary.describe_exit(rec), ""
+    return "error", describe_exit(rec), ""
 
 
 def write(path: str, outcome: Outcome, suite: str = "jaxrun") -> None:
+    """``render`` into ``path``, atomically."""
     report.write_or_warn("--junit-xml", path, render(outcome, suite).encode("utf-8"))

@@ -9,12 +9,13 @@ import sys
 from jaxrun.contract import signal_name
 from jaxrun.core.logfiles import write_atomically
 from jaxrun.core.outcome import Outcome, ProcessRecord
-from jaxrun.reporting.summary import describe_exit, engine_failure, error_info, tail
+from jaxrun.reporting import diagnosis
 
 
 def report_dict(outcomes: list[Outcome], run_id: str, log_dirs: list[str], not_restarted: str | None = None) -> dict:
     """``not_restarted``: why a restart that was due did not happen (too few
-    hosts left for ``--min-hosts``)."""
+    hosts left for ``--min-hosts``).  Each attempt's diagnosis is the one
+    kept on its outcome, where the run loop kept one."""
     attempts = []
     for outcome, log_dir in zip(outcomes, log_dirs):
         placement = outcome.placement
@@ -29,7 +30,7 @@ def report_dict(outcomes: list[Outcome], run_id: str, log_dirs: list[str], not_r
                 "exit_code": outcome.exit_code,
                 "stop_reason": outcome.reason.value if outcome.reason else None,
                 "signal": signal_name(outcome.signum) if outcome.signum else None,
-                "root_cause": _root_cause(outcome),
+                "root_cause": _root_cause(diagnosis.of(outcome)),
                 # Why the attempt never started its processes (then ``processes`` is
                 # empty), or null.
                 "not_started": outcome.start_error,
@@ -50,18 +51,16 @@ def report_dict(outcomes: list[Outcome], run_id: str, log_dirs: list[str], not_r
     }
 
 
-def _root_cause(outcome: Outcome) -> dict | None:
-    if outcome.root_cause is None:
+def _root_cause(found: diagnosis.Diagnosis) -> dict | None:
+    root, failure = found.root, found.engine
+    if root is None:
         return None
-    rec = outcome.records[outcome.root_cause]
-    err = error_info(rec)
-    failure = engine_failure(outcome)
     return {
-        "process_id": rec.spec.rank,
-        "host": rec.spec.host.name,
-        "exit": describe_exit(rec),
-        "exception": dataclasses.asdict(err) if err else None,
-        "stderr_tail": tail(rec.stderr_log),
+        "process_id": root.rank,
+        "host": root.host,
+        "exit": root.exit,
+        "exception": dataclasses.asdict(root.error) if root.error else None,
+        "stderr_tail": list(root.stderr_tail),
         # The scheduler step failed under its tasks: the process above is only
         # the first of those it ended.
         "engine": None if failure is None else {
@@ -69,7 +68,7 @@ def _root_cause(outcome: Outcome) -> dict | None:
             "message": failure.headline,
             "process_ids": list(failure.ranks),
             "log": failure.note.log,
-            "log_tail": tail(failure.note.log),
+            "log_tail": list(failure.log_tail),
         },
     }
 

@@ -2,7 +2,8 @@
 
 One set of patterns for every reader: the console hides dumps, the summary
 and JUnit show where each process was, the GitHub annotation links the
-innermost frame of the user's own code.
+innermost frame of the user's own code.  The patterns read text; the logs are
+read once, by ``reporting.diagnosis``, through the contract's guarded reader.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 import linecache
 import os
 import re
-import stat
+
+from jaxrun import contract
 
 # A frame line, in a traceback (`File "f", line 3, in g`) or in a
 # faulthandler dump (`File "f", line 3 in g`).
@@ -43,46 +45,18 @@ def is_user_file(path: str) -> bool:
     )
 
 
-def read_tail(path: str, size: int) -> bytes | None:
-    """The last ``size`` bytes of a log file (all of a shorter one); None if it
-    cannot be read.  Reports read logs only through this or ``read_small``,
-    so a huge log costs neither memory nor time."""
-    return _read_regular(path, size, from_end=True)
+Frame = tuple[str, int, str, str]  # (file, line, function, source text)
 
 
-def read_small(path: str, limit: int) -> bytes | None:
-    """A whole file of at most ``limit`` bytes; None if it is larger or cannot be read."""
-    data = _read_regular(path, limit + 1, from_end=False)
-    return None if data is None or len(data) > limit else data
+def innermost_user_frame(stderr_path: str) -> Frame | None:
+    """``user_frame`` of a log's last DUMP_TAIL bytes."""
+    data = contract.read_tail(stderr_path, DUMP_TAIL)
+    return None if data is None else user_frame(data.decode("utf-8", "replace"))
 
 
-def _read_regular(path: str, size: int, from_end: bool) -> bytes | None:
-    # Only a regular file is read, and never through a symlink: a FIFO or a
-    # device put in a log's place can neither block the report nor fill it.
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                return None
-            if from_end:
-                f.seek(max(0, st.st_size - size))
-            return f.read(size)
-        except OSError:
-            return None
-
-
-def innermost_user_frame(stderr_path: str) -> tuple[str, int, str, str] | None:
-    """From the last faulthandler dump in a log: the main thread's innermost frame
-    in the user's own code, as (file, line, function, source text).  Only the
-    log's last DUMP_TAIL bytes are read."""
-    data = read_tail(stderr_path, DUMP_TAIL)
-    if data is None:
-        return None
-    text = data.decode("utf-8", "replace")
+def user_frame(text: str) -> Frame | None:
+    """From the last faulthandler dump in ``text``: the main thread's innermost
+    frame in the user's own code, with its source line (read from the file)."""
     start = text.rfind("Current thread 0x")
     if start < 0:
         return None
@@ -93,6 +67,34 @@ def innermost_user_frame(stderr_path: str) -> tuple[str, int, str, str] | None:
         if m and is_user_file(m["file"]):
             source = linecache.getline(m["file"], int(m["line"])).strip()
             return m["file"], int(m["line"]), m["func"], source
+    return None
+
+
+# The shim's frames that run the script (its lifeline thread's frame is in
+# the same file), and the file of JAX's shutdown barrier.
+_SHIM_FILE = "/jaxrun/child/shim.py"
+_SCRIPT_RUNNERS = ("run_target", "run_script", "run_module")
+_JAX_SHUTDOWN_FILE = "/jax/_src/distributed.py"
+
+
+def dumped_state(text: str) -> str | None:
+    """Where the last faulthandler dump in ``text`` found the main thread:
+    inside the shim's run of the script, or past it, in JAX's shutdown;
+    None when the dump shows neither (or there is none)."""
+    start = text.rfind("Current thread 0x")
+    if start < 0:
+        return None
+    frames = []
+    for line in text[start:].splitlines()[1:]:
+        if THREAD.match(line) or not line.strip():
+            break
+        m = FRAME.match(line)
+        if m:
+            frames.append((m["file"], m["func"]))
+    if any(file.endswith(_SHIM_FILE) and func in _SCRIPT_RUNNERS for file, func in frames):
+        return contract.IN_SCRIPT
+    if any(file.endswith(_JAX_SHUTDOWN_FILE) for file, _ in frames):
+        return contract.IN_SHUTDOWN
     return None
 
 

@@ -1,66 +1,22 @@
-"""After each attempt: the lines the console shows, and the facts that the
-JSON report, JUnit and GitHub annotations share with it."""
+"""After each attempt: the lines the console shows, formatted from the
+attempt's diagnosis (``reporting.diagnosis``); nothing here reads a log."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
 
 from jaxrun import contract
-from jaxrun.contract import ErrorRecord, FlightEntry, FlightLog, signal_name
+from jaxrun.contract import FlightEntry, FlightLog, signal_name
 from jaxrun.core.outcome import BUG_REPORT, Outcome, ProcessRecord, StopReason, Verdict
-from jaxrun.core.ranks import format_ranks
-from jaxrun.reporting.stacks import DUMP_TAIL, FRAME, THREAD, innermost_user_frame, read_small, read_tail
-
-TAIL_LINES = 15
-ENDED_BY_OTHERS = (Verdict.STOPPED, Verdict.CONSEQUENCE, Verdict.NOT_STARTED)
-# How much of the end of a log the summary and the reports take their lines
-# from: logs may be many gigabytes.
-LOG_TAIL = 64 * 1024
-# An error record is one exception's headline and traceback.  A larger one
-# (an exception with a giant message) is not read: the summary then shows the
-# end of the log instead.
-ERROR_RECORD_MAX = 1 << 20
-
-
-def describe_exit(record: ProcessRecord) -> str:
-    code = record.returncode
-    if code is None:
-        return "still running"
-    how = f"killed by {signal_name(-code)}" if code < 0 else f"exit code {code}"
-    if record.lost:  # what stands in for the process's end: its helper's
-        ended = "closed" if record.lost.startswith("the connection") else "ended"
-        return f"{record.lost} {ended} before the process's end came home ({how})"
-    return how
-
-
-def tail(path: str, n: int = TAIL_LINES) -> list[str]:
-    data = read_tail(path, LOG_TAIL)
-    return [] if data is None else data.decode("utf-8", "replace").splitlines()[-n:]
-
-
-def error_info(record: ProcessRecord) -> ErrorRecord | None:
-    data = read_small(record.error_file, ERROR_RECORD_MAX) if record.error_file else None
-    return None if data is None else ErrorRecord.from_json(data.decode("utf-8", "replace"))
-
-
-def where(record: ProcessRecord) -> str:
-    host = record.spec.host.name
-    return f"process {record.spec.rank}" + ("" if host == "localhost" else f" on {host}")
-
-
-def last_output(record: ProcessRecord) -> tuple[str, list[str]]:
-    """The end of what a process printed: its stderr log, or its stdout log
-    when stderr is empty.  (path, lines)."""
-    for path in (record.stderr_log, record.stdout_log):
-        lines = tail(path)
-        if lines:
-            return path, lines
-    return record.stderr_log, []
+from jaxrun.reporting import diagnosis
+from jaxrun.reporting.diagnosis import ENDED_BY_OTHERS, Diagnosis, EngineFailure, Kind, where
+from jaxrun.reporting.stacks import dumped_state as dumped_state  # its older name, for its callers
 
 
 def summary_lines(outcome: Outcome, log_dir: str) -> list[str]:
-    if outcome.start_error is not None:  # a restart that never started its processes
+    """``log_dir``: the folder the last line names."""
+    found = diagnosis.of(outcome)
+    if found.kind is Kind.START_ERROR:  # a restart that never started its processes
         said = f"error: {outcome.start_error}" if outcome.reason is StopReason.NOT_STARTED else \
             f"{outcome.start_error}; no process was started"
         return [f"jaxrun: {said}", f"jaxrun: logs in {log_dir}"]
@@ -76,33 +32,29 @@ def summary_lines(outcome: Outcome, log_dir: str) -> list[str]:
     for problem in outcome.log_errors:
         lines.append(f"jaxrun: logs incomplete: {problem}")
     shared: set[int] = set()  # the ranks an engine failure ended, named in its line
-    failure = engine_failure(outcome)
+    failure, root = found.engine, found.root
     if failure is not None:
         shared = set(failure.ranks)
-        lines.extend(engine_failure_lines(failure, outcome.records[outcome.root_cause]))
-    elif outcome.root_cause is not None:
-        rec = outcome.records[outcome.root_cause]
-        lines.append(f"jaxrun: {where(rec)} failed first: {describe_exit(rec)} (pid {rec.pid})")
-        err = error_info(rec)
-        if err:
-            lines.append(f"jaxrun:   {err.headline}")
-        if rec.resources and rec.resources.oom:
-            lines.append(f"jaxrun:   {rec.resources.oom}")
-        path, body = last_output(rec)
-        if body:
-            lines.append(f"jaxrun:   last lines of {path}:")
-            lines.extend(f"    {line}" for line in body)
+        lines.extend(engine_failure_lines(failure, root.pid))
+    elif root is not None:
+        lines.append(f"jaxrun: {root.where} failed first: {root.exit} (pid {root.pid})")
+        if root.error:
+            lines.append(f"jaxrun:   {root.error.headline}")
+        if root.oom:
+            lines.append(f"jaxrun:   {root.oom}")
+        if root.output:
+            lines.append(f"jaxrun:   last lines of {root.output_path}:")
+            lines.extend(f"    {line}" for line in root.output)
     others = _group(r for r in outcome.records if r.verdict in ENDED_BY_OTHERS and r.spec.rank not in shared)
     for verdict, ranks in others.items():
         noun = "processes" if "," in ranks else "process"
         lines.append(f"jaxrun: {noun} {ranks} {verdict.value}")
     if outcome.reason is not None:
-        for rec in outcome.records:
-            frame = innermost_user_frame(rec.stderr_log)
-            if frame:
-                file, line, func, source = frame
+        for rec, facts in zip(outcome.records, found.processes):
+            if facts.frame:
+                file, line, func, source = facts.frame
                 lines.append(f"jaxrun:   {where(rec)} was at {file}:{line} in {func}: {source}")
-        lines.extend(divergence_lines(outcome))
+        lines.extend(divergence_lines(found))
     for rec in outcome.records:
         if rec.resources and rec.resources.oom and rec.spec.rank != outcome.root_cause:
             lines.append(f"jaxrun: {where(rec)}: {rec.resources.oom}")
@@ -139,51 +91,13 @@ def resource_lines(records: list[ProcessRecord]) -> list[str]:
             f"{cpu:.1f} CPU seconds in all{missing}"]
 
 
-def engine_note(record: ProcessRecord) -> contract.EngineNote | None:
-    """The note a scheduler step's end left as the last line of this process's
-    stderr log, if it did."""
-    last = tail(record.stderr_log, 1)
-    return contract.parse_engine_note(last[0]) if last else None
-
-
-@dataclasses.dataclass(frozen=True)
-class EngineFailure:
-    """A scheduler step that failed under its tasks, and every process it ended."""
-
-    note: contract.EngineNote
-    ranks: tuple[int, ...]
-
-    @property
-    def headline(self) -> str:
-        who = ("process " if len(self.ranks) == 1 else "processes ") + format_ranks(self.ranks)
-        if self.note.started:
-            what = f"before {who} reported back"
-        else:
-            what = f"before any task started; {who} never ran"
-        return f"{self.note.engine} failed first: it {self.note.how} {what}"
-
-
-def engine_failure(outcome: Outcome) -> EngineFailure | None:
-    """The engine failure that is the run's root cause, if one is: the
-    summary, the report, JUnit and GitHub name it instead of a process."""
-    if outcome.root_cause is None:
-        return None
-    note = engine_note(outcome.records[outcome.root_cause])
-    if note is None:
-        return None
-    ranks = tuple(sorted(r.spec.rank for r in outcome.records
-                         if r.verdict in ENDED_BY_OTHERS + (Verdict.ROOT_CAUSE,) and engine_note(r) == note))
-    return EngineFailure(note, ranks)
-
-
-def engine_failure_lines(failure: EngineFailure, first: ProcessRecord) -> list[str]:
+def engine_failure_lines(failure: EngineFailure, pid: int | None) -> list[str]:
     """The engine failure named once, for every process it ended, with the
-    end of the engine's own output."""
-    lines = [f"jaxrun: {failure.headline} (pid {first.pid})"]
-    body = tail(failure.note.log)
-    if body:
+    end of the engine's own output.  ``pid``: the first process it ended."""
+    lines = [f"jaxrun: {failure.headline} (pid {pid})"]
+    if failure.log_tail:
         lines.append(f"jaxrun:   last lines of {failure.note.log}:")
-        lines.extend(f"    {line}" for line in body)
+        lines.extend(f"    {line}" for line in failure.log_tail)
     return lines
 
 
@@ -196,53 +110,14 @@ def _group(records: Iterable[ProcessRecord]) -> dict[Verdict, str]:
 
 # -- where each process was, and what it last ran ---------------------------------------
 
-def divergence_lines(outcome: Outcome) -> list[str]:
+def divergence_lines(found: Diagnosis) -> list[str]:
     """After a stop: which processes had finished the script (and wait in JAX's
     shutdown for the others) and which were still in it, and, from the flight
     recorder's blocks (--flight-recorder), the call where the processes parted
-    and the program each one ran last.  Each log's last DUMP_TAIL bytes only."""
-    logs: dict[int, FlightLog] = {}
-    states: dict[int, str] = {}
-    for rec in outcome.records:
-        data = read_tail(rec.stderr_log, DUMP_TAIL)
-        if not data:
-            continue
-        text = data.decode("utf-8", "replace")
-        log = contract.parse_flight_block(text)
-        if log is not None and log.rank == rec.spec.rank:
-            logs[rec.spec.rank] = log
-        state = log.state if log is not None else dumped_state(text)
-        if state:
-            states[rec.spec.rank] = state
+    and the program each one ran last."""
+    logs = {p.rank: p.flight for p in found.processes if p.flight is not None}
+    states = {p.rank: p.state for p in found.processes if p.state}
     return state_lines(states) + line_up(logs)
-
-
-# The shim's frames that run the script (its lifeline thread's frame is in
-# the same file), and the file of JAX's shutdown barrier.
-_SHIM_FILE = "/jaxrun/child/shim.py"
-_SCRIPT_RUNNERS = ("run_target", "run_script", "run_module")
-_JAX_SHUTDOWN_FILE = "/jax/_src/distributed.py"
-
-
-def dumped_state(text: str) -> str | None:
-    """Where the last faulthandler dump in ``text`` found the main thread:
-    inside the shim's run of the script, or past it, in JAX's shutdown;
-    None when the dump shows neither (or there is none)."""
-    start = text.rfind("Current thread 0x")
-    if start < 0:
-        return None
-    frames = []
-    for line in text[start:].splitlines()[1:]:
-        if THREAD.match(line) or not line.strip():
-            break
-        m = FRAME.match(line)
-        if m:
-            frames.append((m["file"], m["func"]))
-    if any(file.endswith(_SHIM_FILE) and func in _SCRIPT_RUNNERS for file, func in frames):
-        return contract.IN_SCRIPT
-    if any(file.endswith(_JAX_SHUTDOWN_FILE) for file, _ in frames):
-        return contract.IN_SHUTDOWN
-    return None
 
 
 def _ranks(ranks: list[int]) -> str:

@@ -22,19 +22,19 @@ STAGE = os.environ["PROBE_STAGE"]
 class FailsOnRestart(LocalBackend):
     attempts = 0
 
-    def choose_coordinator(self, fixed):
+    def place(self, ask):  # the first call of each attempt
         self.attempts += 1
+        if self.attempts == 2 and STAGE == "plan":
+            raise PlanError("4 devices on hostB cannot be split evenly among 3 processes; pass --devices-per-process")
+        return super().place(ask)
+
+    def choose_coordinator(self, fixed):
         if self.attempts == 2 and STAGE == "preflight":
             raise LaunchError("hostB: no answer while checking that it reaches the coordinator")
         if self.attempts == 2 and STAGE == "interrupt":
             os.kill(os.getpid(), signal.SIGINT)  # as a user's Ctrl-C while a preflight waits
             wait_until(lambda: False, self.hooks, timeout=30)
         return super().choose_coordinator(fixed)
-
-    def plan_facts(self):
-        if self.attempts == 2 and STAGE == "plan":
-            raise PlanError("4 devices on hostB cannot be split evenly among 3 processes; pass --devices-per-process")
-        return {}
 
     def begin_attempt(self, specs, log_dir):
         if self.attempts == 2 and STAGE == "spawn":

@@ -107,7 +107,7 @@ def make_global_array_loads_each_slice_once():
         full = np.arange(math.prod(shape), dtype=np.int32).reshape(shape)
         calls = []
 
-        def load(index):
+        def load(index, calls=calls, full=full):  # this layout's, not the loop's last
             calls.append(tuple((s.start, s.stop) for s in index))
             return full[index]
 

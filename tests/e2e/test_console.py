@@ -44,6 +44,7 @@ def run_ok(jaxrun, tmp_path, source: str, *args):
     return out, err, logs
 
 
+@pytest.mark.both_modes
 def test_children_write_straight_into_their_log_files(jaxrun, tmp_path):
     out, _, logs = run_ok(jaxrun, tmp_path, (
         "import os\n"
@@ -109,6 +110,7 @@ def test_a_flood_reaches_the_console_whole(jaxrun, tmp_path):
         assert f"[{rank}] done {rank}\n" in err  # a last partial line, completed on the console
 
 
+@pytest.mark.both_modes
 def test_grandchildren_share_the_log_and_nothing_is_overwritten(jaxrun, tmp_path):
     out, _, logs = run_ok(jaxrun, tmp_path, (
         "import subprocess, sys\n"
@@ -122,7 +124,8 @@ def test_grandchildren_share_the_log_and_nothing_is_overwritten(jaxrun, tmp_path
 
 def test_console_ranks_limits_the_console_never_the_logs(jaxrun, tmp_path):
     script = tmp_path / "hello.py"
-    script.write_text("import os, sys\nr = os.environ['JAXRUN_PROCESS_ID']\nprint('out', r)\nprint('err', r, file=sys.stderr)\n")
+    script.write_text("import os, sys\nr = os.environ['JAXRUN_PROCESS_ID']\n"
+                      "print('out', r)\nprint('err', r, file=sys.stderr)\n")
     logs = tmp_path / "logs"
     code, out, err = jaxrun("-n", 3, "--console-ranks", "0,2", "--log-dir", logs, script)
     assert code == 0, err

@@ -33,6 +33,7 @@ EXTRA_LINE = line_of("    train_step(w, x).block_until_ready()")
 SUM_LINE = line_of("print(f\"process {rank}")
 
 
+@pytest.mark.both_modes
 def test_check_divergence_stops_the_job_at_the_first_different_call(launch):
     job = launch(*FOUR, "--check-divergence", SCRIPT, "--detour", 2)
     started = time.monotonic()
@@ -112,6 +113,7 @@ def jaxrun_lines(stderr: str) -> list[str]:
             for line in stderr.splitlines() if not line.startswith("jaxrun: logs in")]
 
 
+@pytest.mark.both_modes
 def test_a_jax_without_the_hook_stops_at_start_up_naming_its_version(launch, tmp_path):
     fake = tmp_path / "site" / "jax"
     fake.mkdir(parents=True)

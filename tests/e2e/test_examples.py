@@ -1,12 +1,12 @@
 """Every example in examples/ runs under jaxrun and shows what the guide says it shows.
 
 The expectations live in examples_expectations.py, one check per example.
-Each example runs in the README's layout (4 processes x 2 CPU devices) in
-both launch modes, and a few also in a second layout where it teaches
-something (the guide's own 2x4 layout for replicas within a process, a
-single 8-device process for the toy).  Second layouts run with the preloading
-fork server only: what they test is the example, not the launch path, and CI
-has about two cores and ten minutes for the whole suite.
+Each example runs in the README's layout (4 processes x 2 CPU devices), and
+a few also in a second layout where it teaches something (the guide's own 2x4
+layout for replicas within a process, a single 8-device process for the toy).
+They run with the preloading fork server (the default) only: what they test
+is the example, not the launch path, which tests/e2e/test_local.py and the
+other ``both_modes`` tests cover in both modes.
 """
 
 from __future__ import annotations
@@ -38,11 +38,8 @@ SECOND_LAYOUTS = [
     ("replica_across", Layout(2, 4)),  # every replica spans processes 0 and 1
 ]
 
-MODES = ["preload", "no-preload"]
-# The launch mode is the conftest fixture's own parameter, set here directly,
-# so that second layouts are not generated at all in no-preload mode.
-CASES = [pytest.param(mode, name, MAIN, id=f"{mode}-{name}-{MAIN}") for mode in MODES for name in sorted(CHECKS)] + [
-    pytest.param("preload", name, layout, id=f"preload-{name}-{layout}") for name, layout in SECOND_LAYOUTS
+CASES = [pytest.param(name, MAIN, id=f"{name}-{MAIN}") for name in sorted(CHECKS)] + [
+    pytest.param(name, layout, id=f"{name}-{layout}") for name, layout in SECOND_LAYOUTS
 ]
 
 
@@ -53,7 +50,7 @@ def run_example(jaxrun, name: str, layout: Layout, *extra: str, timeout: float =
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("launch_mode, name, layout", CASES, indirect=["launch_mode"])
+@pytest.mark.parametrize("name, layout", CASES)
 def test_example(jaxrun, name, layout):
     code, out, err = run_example(jaxrun, name, layout)
     assert code == 0, err[-3000:]
@@ -70,8 +67,7 @@ def line_of(path, text: str) -> int:
 @pytest.mark.timeout(90)
 # Where each process was: the summary's pointers do not depend on how the
 # processes were started (test_matrix's hang cells dump the stacks in every
-# mode and backend); one mode saves ~12 s of CI.
-@pytest.mark.parametrize("launch_mode", ["preload"], indirect=True)
+# mode and backend), so this runs in one mode, as every test does by default.
 def test_hang_times_out_and_points_at_the_diverging_lines(jaxrun):
     code, out, err = run_example(jaxrun, "hang", MAIN, "--timeout", "8", timeout=60)
     assert code == 124, err[-3000:]

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.timeout(120)
 SLEEPS = "import sys, time\nprint('up', flush=True)\ntime.sleep(float(sys.argv[1]))\n"
 
 
+@pytest.mark.both_modes
 def test_each_controller_is_titled_with_its_rank_and_script(launch, tmp_path):
     script = tmp_path / "train_step.py"
     script.write_text(SLEEPS)

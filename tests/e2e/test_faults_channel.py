@@ -122,7 +122,8 @@ def check_bytes(logs: Path, ranks: int) -> None:
     for rank in range(ranks):
         for stream, want in zip(("stdout", "stderr"), bytes_payload(rank, BYTES)):
             got = (logs / f"process-{rank}.{stream}").read_bytes()
-            assert (len(got), hashlib.sha256(got).hexdigest()) == (len(want), hashlib.sha256(want).hexdigest()), (rank, stream)
+            assert (len(got), hashlib.sha256(got).hexdigest()) == (len(want), hashlib.sha256(want).hexdigest()), \
+                (rank, stream)
 
 
 # -- the hostile clients ---------------------------------------------------------
@@ -373,20 +374,20 @@ def test_step_kill_and_close_leave_nothing_queued(slurm_cluster, tmp_path):
 DRIVE_STEP = f"""\
 import json, os, signal, subprocess, sys, time
 sys.path.insert(0, {str(ROOT)!r})
-from jaxrun.backends.scheduler.backend import SchedulerBackend
+from jaxrun.backends.scheduler.slurm import SlurmBackend
 from jaxrun.launcher import plan
-from jaxrun.core.config import SchedulerOptions
+from jaxrun.backends.scheduler.options import SlurmOptions
 
 how, log_dir = sys.argv[1], sys.argv[2]
-options = SchedulerOptions("slurm", nodes=2)
+options = SlurmOptions(nodes=2)
 launch = plan.LaunchOptions(target=plan.Target("never.py"), num_processes=2, coordinator="", run_id="t", scheduled=True)
-backend = SchedulerBackend(options, launch, sys.stderr)
+backend = SlurmBackend(options, launch, sys.stderr)
 backend.choose_coordinator(None)
 specs = plan.plan(launch)
 backend.begin_attempt(specs, log_dir)
 for spec in specs:
     backend.spawn(spec, -1, {{}}, None, lambda: None)
-step = backend.step
+step = backend.step.process
 deadline = time.monotonic() + 20
 while step.queued_job is None and time.monotonic() < deadline:
     time.sleep(0.05)

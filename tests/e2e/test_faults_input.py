@@ -65,7 +65,8 @@ BAD_INPUTS = [
     ("log-dir-is-a-file", ["--log-dir", "{file}"], {}, "is a file"),
     ("mpirun-not-on-path", ["--launcher", "mpirun"], {"PATH": "{empty}"}, "--launcher mpirun: mpirun is not on PATH"),
     ("srun-not-on-path", ["--launcher", "slurm"], {"PATH": "{empty}"}, "--launcher slurm: srun is not on PATH"),
-    ("ssh-not-on-path", ["-H", "localhost"], {"PATH": "{empty}"}, "--hosts/-H: ssh (the OpenSSH client) is not on PATH"),
+    ("ssh-not-on-path", ["-H", "localhost"], {"PATH": "{empty}"},
+     "--hosts/-H: ssh (the OpenSSH client) is not on PATH"),
     ("report-folder-missing", ["--report", "{dir}/missing/r.json"], {},
      "--report {dir}/missing/r.json: the folder {dir}/missing does not exist"),
     ("junit-folder-missing", ["--junit-xml", "{dir}/missing/j.xml"], {},
@@ -76,7 +77,8 @@ BAD_INPUTS = [
     ("slurm-ntasks-100000000", ["--launcher", "slurm"], {"PATH": "{fake}", "SLURM_NTASKS": "100000000"},
      "-n 100000000: jaxrun needs about 900000064 open files"),
     ("hosts-slots-100000000", ["--hosts", "{hosts}"], {}, "{hosts}:2: slots must be between 1 and 4096, got 100000000"),
-    ("H-slots-100000000", ["-H", "localhost:100000000"], {}, "-H localhost:100000000: slots must be between 1 and 4096"),
+    ("H-slots-100000000", ["-H", "localhost:100000000"], {},
+     "-H localhost:100000000: slots must be between 1 and 4096"),
     ("H-slots-superscript", ["-H", "localhost:²"], {}, "slots must be a whole number, got '²'"),
     ("hosts-file-endless", ["--hosts", "/dev/zero"], {}, "/dev/zero: more than 1 MiB; is it a hosts file?"),
     ("console-ranks-0-100000000000", ["-n", "4", "--console-ranks", "0-100000000000"], {},
@@ -89,10 +91,12 @@ BAD_INPUTS = [
      "--devices-per-process 3: this machine has 2 GPUs"),
     ("export-unset", ["-x", "JAXRUN_TEST_UNSET"], {"JAXRUN_TEST_UNSET": None},
      "-x JAXRUN_TEST_UNSET: JAXRUN_TEST_UNSET is not set here"),
-    ("launcher-ssh-without-hosts", ["--launcher", "ssh"], {"PATH": "{fake}"}, "--launcher ssh needs --hosts FILE or -H HOST"),
+    ("launcher-ssh-without-hosts", ["--launcher", "ssh"], {"PATH": "{fake}"},
+     "--launcher ssh needs --hosts FILE or -H HOST"),
     ("hosts-with-launcher-slurm", ["--launcher", "slurm", "-H", "localhost"], {"PATH": "{fake}"},
      "--hosts and -H start processes over SSH; they do not work with --launcher slurm"),
-    ("nodes-without-scheduler", ["--nodes", "2"], {}, "--nodes, --ntasks-per-node and --scheduler-arg need --launcher slurm or mpirun"),
+    ("nodes-without-scheduler", ["--nodes", "2"], {},
+     "--nodes, --ntasks-per-node and --scheduler-arg need --launcher slurm or mpirun"),
     ("nodes-with-mpirun", ["--launcher", "mpirun", "--nodes", "2"], {"PATH": "{fake}"},
      "--nodes works with --launcher slurm only; give mpirun its hosts with --scheduler-arg"),
 ]
@@ -208,6 +212,7 @@ def test_open_file_limit_is_named(place, tmp_path):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.both_modes
 def test_soft_open_file_limit_is_raised_to_the_hard_one(jaxrun, tmp_path):
     # 64 + 2 per process is more than a soft limit of 70 at -n 4: jaxrun raises it, as launchers do.
     prlimit = shutil.which("prlimit") or pytest.skip("prlimit (util-linux) is not installed")

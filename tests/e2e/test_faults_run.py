@@ -128,6 +128,7 @@ def small_disk(tmp_path):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.both_modes
 def test_full_log_folder_is_named_locally(launch_mode, small_disk, started, tmp_path):
     script = write(tmp_path, "many.py", MANY_LINES * 2)  # ~2.2 MiB per process
     logs = small_disk / "logs"
@@ -177,6 +178,7 @@ print("parent done")
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.both_modes
 def test_setsid_daemons_do_not_survive(launch_mode, started, tmp_path):
     script = write(tmp_path, "daemon.py", DAEMON)
     proc = start(["-n", 2, "--log-dir", tmp_path / "logs", script, tmp_path / "daemon"])
@@ -336,7 +338,7 @@ def test_huge_environment_is_served_by_the_preloading_server(started, tmp_path):
     assert [line for line in jaxrun_lines(err)
             if not line.startswith(("jaxrun: logs in ", "jaxrun: peak memory "))] == [], err[-2000:]
     for rank in range(2):
-        line = next((l for l in out.decode().splitlines() if l.startswith(f"[{rank}] env bytes")), "")
+        line = next((text for text in out.decode().splitlines() if text.startswith(f"[{rank}] env bytes")), "")
         words = line.split()
         assert words[-1] == "forked", out.decode()
         assert int(words[-2]) >= 300_000, line

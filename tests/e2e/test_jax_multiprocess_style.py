@@ -101,7 +101,8 @@ def reference(tmp_path_factory) -> list[dict]:
         assert counts == [expected] * N, "\n".join(stderrs)
         # The parent reports each worker in its summary, read from the same logs.
         for i in range(N):
-            assert re.search(rf"^Process {i}, ret: 0, .*; Ran 4 tests in [\d.]+s; OK \(skipped=1\)$", out, re.MULTILINE), out
+            assert re.search(rf"^Process {i}, ret: 0, .*; Ran 4 tests in [\d.]+s; OK \(skipped=1\)$", out,
+                             re.MULTILINE), out
         _reference["counts"] = counts
     return _reference["counts"]
 
@@ -110,6 +111,7 @@ def test_jax_way_starts_its_own_workers(tmp_path_factory):
     reference(tmp_path_factory)
 
 
+@pytest.mark.both_modes
 def test_jaxrun_starts_the_workers_with_the_same_results(jaxrun, launch_mode, tmp_path, tmp_path_factory):
     want = reference(tmp_path_factory)
     logs = tmp_path / "logs"

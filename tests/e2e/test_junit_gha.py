@@ -131,7 +131,8 @@ def outcome(tmp_path, verdicts, reason, root_cause=None, signum=None, stderr=Non
         base = tmp_path / f"process-{rank}"
         out, err = f"{base}.stdout", f"{base}.stderr"
         with open(out, "w") as f:
-            f.write(f"[Gloo] Rank {rank} is connected to 3 peer ranks. Expected number of connected peer ranks is : 3\nout {rank}\n")
+            f.write(f"[Gloo] Rank {rank} is connected to 3 peer ranks. "
+                    f"Expected number of connected peer ranks is : 3\nout {rank}\n")
         with open(err, "w") as f:
             f.write((stderr or {}).get(rank, ""))
         spec = ProcessSpec(rank, rank, LOCAL_HOST, "python", (), {})

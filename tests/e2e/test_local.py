@@ -20,6 +20,7 @@ def is_loopback(ip: str) -> bool:
     return addr.is_loopback or bool(mapped and mapped.is_loopback)
 
 
+@pytest.mark.both_modes
 def test_toy_four_by_two_matches_the_guide(jaxrun, tmp_path):
     code, out, err = jaxrun("-n", 4, "--cpu-devices", 2, "--log-dir", tmp_path, EXAMPLES / "toy.py")
     assert code == 0, err
@@ -45,6 +46,7 @@ def test_toy_gives_the_same_result_in_other_layouts(jaxrun, n, devices):
     assert all(f"process={r} {RESULT}" in out for r in range(n))
 
 
+@pytest.mark.both_modes
 def test_guide_toy_runs_unchanged_with_placeholders(jaxrun):
     code, out, err = jaxrun("-n", 4, "--cpu-devices", 2, DATA / "guide_toy.py", "{process_id}", "{num_processes}")
     assert code == 0, err
@@ -61,6 +63,7 @@ def test_mismatched_initialize_is_an_error_naming_both_values(jaxrun, tmp_path):
     assert "process_id=5" in err and "process_id=0" in err
 
 
+@pytest.mark.both_modes
 def test_arguments_argv_path_and_main_block(jaxrun, tmp_path):
     script = tmp_path / "args.py"
     script.write_text(
@@ -75,6 +78,7 @@ def test_arguments_argv_path_and_main_block(jaxrun, tmp_path):
     assert f"PATH0 {tmp_path}" in out
 
 
+@pytest.mark.both_modes
 def test_module_mode(jaxrun, tmp_path):
     pkg = tmp_path / "mypkg"
     pkg.mkdir()
@@ -131,6 +135,7 @@ def test_coordinator_listens_on_loopback_only(launch, tmp_path, no_leftover_proc
     assert job.wait(timeout=60) == 0, job.stderr
 
 
+@pytest.mark.both_modes
 def test_logs_hold_every_byte_partial_lines_and_non_utf8(jaxrun, tmp_path):
     script = tmp_path / "bytes.py"
     script.write_text(
@@ -141,7 +146,8 @@ def test_logs_hold_every_byte_partial_lines_and_non_utf8(jaxrun, tmp_path):
     code, out, err = jaxrun("-n", 2, "--log-dir", tmp_path / "logs", script)
     assert code == 0, err
     for rank in range(2):
-        assert (tmp_path / "logs" / f"process-{rank}.stdout").read_bytes() == b"line one\n\xff\xfe not utf8\nno newline at end"
+        assert (tmp_path / "logs" / f"process-{rank}.stdout").read_bytes() == \
+            b"line one\n\xff\xfe not utf8\nno newline at end"
         assert (tmp_path / "logs" / f"process-{rank}.stderr").read_bytes() == b"err \x80\n partial err"
     assert "[0] no newline at end" in out and "[1]  partial err" in err
 
@@ -158,6 +164,7 @@ def test_grouped_output_uses_the_bash_loop_blocks(jaxrun):
         assert f"process={rank} {RESULT}" in body
 
 
+@pytest.mark.both_modes
 def test_each_process_is_forked_by_the_preload_server_or_started_by_jaxrun(launch, launch_mode, tmp_path):
     # Both spawners give the same behaviour, so only the process tree shows
     # which one ran.  The server is gone when jaxrun exits: each process
@@ -182,6 +189,7 @@ def test_each_process_is_forked_by_the_preload_server_or_started_by_jaxrun(launc
         assert grandparent == job.proc.pid
 
 
+@pytest.mark.both_modes
 def test_default_log_dir_is_under_tmpdir(jaxrun, tmp_path):
     # conftest points TMPDIR at a folder of each test's own, so runs without
     # --log-dir leave nothing in the machine's shared temporary directory.

@@ -18,7 +18,8 @@ from fixtures.engines import (
 )
 
 # Only the tests that start a step need Open MPI; building its command line does not.
-needs_mpirun = pytest.mark.skipif(not shutil.which("mpirun"), reason="Open MPI is not installed (apt-get install openmpi-bin)")
+needs_mpirun = pytest.mark.skipif(not shutil.which("mpirun"),
+                                  reason="Open MPI is not installed (apt-get install openmpi-bin)")
 
 # This machine has fewer cores than processes.
 MPIRUN = ["--launcher", "mpirun"]

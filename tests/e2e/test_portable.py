@@ -171,7 +171,8 @@ def test_logs_hold_every_byte(start_job, tmp_path):
     job = start_job("-n", 2, "--log-dir", tmp_path / "logs", script)
     assert job.wait(timeout=60) == 0, job.stderr
     for rank in range(2):
-        assert (tmp_path / "logs" / f"process-{rank}.stdout").read_bytes() == b"line one\n\xff\xfe not utf8\nno newline at end"
+        assert (tmp_path / "logs" / f"process-{rank}.stdout").read_bytes() == \
+            b"line one\n\xff\xfe not utf8\nno newline at end"
         assert (tmp_path / "logs" / f"process-{rank}.stderr").read_bytes() == b"err \x80\n partial err"
     assert "[0] no newline at end" in job.stdout and "[1]  partial err" in job.stderr
 

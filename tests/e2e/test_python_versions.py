@@ -58,7 +58,8 @@ def test_the_toy_runs_under(version, tmp_path):
     python = venv_for(version)
     # The venv runs this checkout, with the main interpreter's jax and jaxlib.
     probe = ("import sys, importlib.metadata as m, jaxrun; "
-             "print(f'{sys.version_info[0]}.{sys.version_info[1]}', m.version('jax'), m.version('jaxlib'), jaxrun.__file__)")
+             "print(f'{sys.version_info[0]}.{sys.version_info[1]}', m.version('jax'), m.version('jaxlib'), "
+             "jaxrun.__file__)")
     seen = run([python, "-c", probe], timeout=60)
     assert seen.returncode == 0, seen.stderr
     got_version, jax, jaxlib, where = seen.stdout.split()

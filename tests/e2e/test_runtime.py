@@ -94,7 +94,8 @@ def test_general_checks_4x2(general_4x2):
 @pytest.mark.timeout(150)
 def test_replica_streams_follow_the_guide_layout(general_4x2):
     _, checks, _, _ = general_4x2
-    streams = {p: (r["index"], r["count"], r["blocks"]) for p, r in checks["replica_input_index_follows_replicas"].items()}
+    streams = {p: (r["index"], r["count"], r["blocks"])
+               for p, r in checks["replica_input_index_follows_replicas"].items()}
     # Processes 0 and 2 share replicas 0-1, processes 1 and 3 share replicas 2-3.
     assert streams == {0: (0, 2, [0, 1]), 2: (0, 2, [0, 1]), 1: (1, 2, [2, 3]), 3: (1, 2, [2, 3])}
     overlap = checks["replica_input_index_rejects_overlapping_streams"][0]["message"]
@@ -123,6 +124,7 @@ def test_guide_cross_process_transfer_needs_no_flags(general_4x2):
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.both_modes
 def test_mesh_flag_installs_global_mesh(jaxrun):
     code, out, err = jaxrun("-v", "-n", "4", "--cpu-devices", "2", "--mesh", "i=4,j=2", CHECKS, "mesh", timeout=80)
     assert code == 0, err[-3000:]

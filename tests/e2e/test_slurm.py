@@ -46,7 +46,8 @@ def job_state(job_id: str, env: dict, within: float) -> dict[str, str]:
     """The job's fields once it has ended, as ``scontrol show job`` gives them."""
     deadline = time.monotonic() + within
     while True:
-        shown = subprocess.run(["scontrol", "-o", "show", "job", job_id], env=env, capture_output=True, text=True, check=True)
+        shown = subprocess.run(["scontrol", "-o", "show", "job", job_id], env=env, capture_output=True, text=True,
+                               check=True)
         fields = dict(word.split("=", 1) for word in shown.stdout.split() if "=" in word)
         if fields["JobState"] not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
             return fields
@@ -130,7 +131,8 @@ def test_devices_per_process_come_from_the_local_rank_srun_gives(slurm_cluster, 
     assert code == 0, err
     seen = devices_seen(logs, 2)
     # One node: srun's local ranks are 0 and 1, so each task owns its own three devices.
-    assert {seen[r]["JAXRUN_LOCAL_PROCESS_ID"]: seen[r]["JAX_LOCAL_DEVICE_IDS"] for r in seen} == {"0": "0,1,2", "1": "3,4,5"}
+    assert {seen[r]["JAXRUN_LOCAL_PROCESS_ID"]: seen[r]["JAX_LOCAL_DEVICE_IDS"] for r in seen} == \
+        {"0": "0,1,2", "1": "3,4,5"}
     assert all(s["JAXRUN_TASK_DEVICES_PER_PROCESS"] is None for s in seen.values())  # the agent's, not the script's
 
 

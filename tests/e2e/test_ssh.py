@@ -177,8 +177,8 @@ def test_taken_coordinator_port_on_first_host(sshd_hosts, jaxrun, tmp_path, shar
 @pytest.mark.timeout(30)
 def test_dry_run_contacts_no_host(jaxrun, tmp_path):
     script = write(tmp_path, "s.py", "print('never')\n")
-    code, out, err = jaxrun("-H", "nohost.invalid:2", "--dry-run", "--log-dir", tmp_path / "logs", script, "{process_id}",
-                            cwd=tmp_path)
+    code, out, err = jaxrun("-H", "nohost.invalid:2", "--dry-run", "--log-dir", tmp_path / "logs", script,
+                            "{process_id}", cwd=tmp_path)
     assert code == 0, err
     assert "process 1 on nohost.invalid:" in out
     assert "JAXRUN_COORDINATOR_ADDRESS=nohost.invalid:PORT" in out
@@ -268,8 +268,8 @@ def host_agents(script) -> list[psutil.Process]:
     agents = []
     for proc in psutil.process_iter():
         cmd = " ".join(word for word in cmdline_of(proc) if word).split()  # a title is one long word
-        if cmd[1:2] == ["-m"] and cmd[2:3] in (["jaxrun.backends.ssh.host_agent"], ["jaxrun.backends.ssh.session_agent"]) \
-                and str(script) in cmd:
+        agent = cmd[2:3] in (["jaxrun.backends.ssh.host_agent"], ["jaxrun.backends.ssh.session_agent"])
+        if cmd[1:2] == ["-m"] and agent and str(script) in cmd:
             agents.append(proc)
     return agents
 
@@ -287,7 +287,8 @@ def start_ready_job(launch, ssh_hosts, tmp_path, shared_dir, agents=2):
     coordinator = next(line.split()[-1] for line in lines if line.startswith("[0] ready"))
     bound, port = coordinator.rsplit(":", 1)
     assert bound == address
-    listening = {c.laddr.ip.removeprefix("::ffff:") for c in psutil.net_connections("inet") if c.status == "LISTEN" and c.laddr.port == int(port)}
+    listening = {c.laddr.ip.removeprefix("::ffff:") for c in psutil.net_connections("inet")
+                 if c.status == "LISTEN" and c.laddr.port == int(port)}
     assert listening == {address}
     return job
 

@@ -59,6 +59,7 @@ def wait_for_files(folder, prefix, count, timeout=60):
     raise AssertionError(f"only {os.listdir(folder)} appeared in {folder}")
 
 
+@pytest.mark.both_modes
 def test_fail_fast_when_a_process_exits_after_the_mesh(jaxrun, job_script, tmp_path):
     script = job_script(
         """
@@ -92,6 +93,7 @@ def test_fail_fast_when_a_process_exits_after_the_mesh(jaxrun, job_script, tmp_p
     assert all("Current thread" in log for log in logs)
 
 
+@pytest.mark.both_modes
 def test_uncaught_exception_ends_the_job_quickly_with_a_clean_traceback(jaxrun, job_script):
     script = job_script(
         """
@@ -113,6 +115,7 @@ def test_uncaught_exception_ends_the_job_quickly_with_a_clean_traceback(jaxrun, 
     assert "jaxrun/shim.py" not in err and "runpy" not in err
 
 
+@pytest.mark.both_modes
 def test_system_exit_code_is_kept(jaxrun, job_script):
     script = job_script(
         """
@@ -217,6 +220,7 @@ def test_process_ignoring_sigterm_is_killed_after_grace(launch, job_script, tmp_
     assert [p["signal"] for p in processes] == ["SIGKILL", "SIGKILL"]
 
 
+@pytest.mark.both_modes
 def test_sigkill_to_jaxrun_leaves_no_child_or_grandchild(launch, job_script, no_leftover_processes):
     script = job_script(
         """
@@ -232,7 +236,8 @@ def test_sigkill_to_jaxrun_leaves_no_child_or_grandchild(launch, job_script, no_
     job.proc.kill()
     job.proc.wait()
     assert wait_gone(no_leftover_processes, within=5.0) == []
-    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in grandchildren)
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                   for pid in grandchildren)
 
 
 def test_sigusr1_dumps_stacks_without_stopping(launch, job_script, tmp_path):
@@ -259,6 +264,7 @@ def test_sigusr1_dumps_stacks_without_stopping(launch, job_script, tmp_path):
     assert all("Current thread" in (logs / f"process-{r}.stderr").read_text() for r in range(2))
 
 
+@pytest.mark.both_modes
 def test_max_restarts_restarts_the_whole_group(jaxrun, job_script, tmp_path):
     script = job_script(
         """
@@ -270,7 +276,8 @@ def test_max_restarts_restarts_the_whole_group(jaxrun, job_script, tmp_path):
         """
     )
     logs = tmp_path / "logs"
-    code, out, err = jaxrun("-n", 2, "--cpu-devices", 1, "--max-restarts", "1", "--log-dir", logs, script, env=job_script.env)
+    code, out, err = jaxrun("-n", 2, "--cpu-devices", 1, "--max-restarts", "1", "--log-dir", logs, script,
+                            env=job_script.env)
     assert code == 0, err
     assert "restarting the whole job (restart 1 of 1)" in err
     first = (logs / "process-0.stdout").read_text()
@@ -280,6 +287,7 @@ def test_max_restarts_restarts_the_whole_group(jaxrun, job_script, tmp_path):
     assert port(first) != port(second)
 
 
+@pytest.mark.both_modes
 def test_every_byte_of_large_output_reaches_the_logs(jaxrun, tmp_path):
     script = tmp_path / "flood.py"
     script.write_text(

@@ -72,13 +72,21 @@ PATTERNS = {
         expect={r: ("local devices 2", "global devices 4", "dtype int64") for r in range(N)},
     ),
     "compilation-cache": Pattern("compilation_cache.py", expect={0: ("cache entries written True",)}),
-    "cpu-collectives-gloo": Pattern("cpu_collectives.py", expect={r: ("collectives gloo", "allgather [[0], [10]]") for r in range(N)}),
+    "cpu-collectives-gloo": Pattern(
+        "cpu_collectives.py", expect={r: ("collectives gloo", "allgather [[0], [10]]") for r in range(N)}
+    ),
     "init-explicit-keywords": Pattern(
         "init_explicit.py", expect={r: (f"process {r} of 2", "after shutdown False") for r in range(N)}
     ),
-    "init-private-name": Pattern("init_private_name.py", expect={r: (f"process {r} of 2", "client set True") for r in range(N)}),
-    "init-local-device-ids": Pattern("init_local_device_ids.py", expect={r: ("cuda visible devices '0'",) for r in range(N)}),
-    "init-from-env": Pattern("init_from_env.py", expect={r: (f"process {r} of 2", "after shutdown False") for r in range(N)}),
+    "init-private-name": Pattern(
+        "init_private_name.py", expect={r: (f"process {r} of 2", "client set True") for r in range(N)}
+    ),
+    "init-local-device-ids": Pattern(
+        "init_local_device_ids.py", expect={r: ("cuda visible devices '0'",) for r in range(N)}
+    ),
+    "init-from-env": Pattern(
+        "init_from_env.py", expect={r: (f"process {r} of 2", "after shutdown False") for r in range(N)}
+    ),
     "init-shutdown-timeout": Pattern(
         "init_shutdown_timeout.py",
         expect={0: ("shutting down",), 1: ("leaving without shutdown",)},
@@ -102,7 +110,9 @@ PATTERNS = {
     "multiprocessing-forkserver": Pattern(
         "mp_forkserver.py", expect={r: ("forkserver pool [0, 1, 4, 9, 16]",) for r in range(N)}
     ),
-    "grandchild-python": Pattern("grandchild.py", expect={r: ("controller process count 2", "grandchild process count 1") for r in range(N)}),
+    "grandchild-python": Pattern(
+        "grandchild.py", expect={r: ("controller process count 2", "grandchild process count 1") for r in range(N)}
+    ),
     "main-module": Pattern(
         "main_module.py",
         expect={
@@ -118,11 +128,14 @@ PATTERNS = {
         },
     ),
     "symlinked-entry": Pattern(
-        "symlinked/main.py", expect={r: ("helper found next to the real script", "sys.path[0] symlinked") for r in range(N)},
+        "symlinked/main.py",
+        expect={r: ("helper found next to the real script", "sys.path[0] symlinked") for r in range(N)},
         via_symlink=True,
     ),
     "unclosed-file": Pattern("unclosed_file.py", files={f"unclosed-{r}.txt": "data" for r in range(N)}),
-    "absl-app": Pattern("absl_app.py", expect={r: (f"starting process {r}", f"process {r} of 2", "a warning from") for r in range(N)}),
+    "absl-app": Pattern(
+        "absl_app.py", expect={r: (f"starting process {r}", f"process {r} of 2", "a warning from") for r in range(N)}
+    ),
     "stdlib-logging-warnings": Pattern(
         "stdlib_logging.py",
         expect={
@@ -333,6 +346,7 @@ def differences(ref: Outcome, got: Outcome, mode: str) -> list[str]:
 
 
 @pytest.mark.parametrize("name", list(PATTERNS))
+@pytest.mark.both_modes
 def test_pattern_matches_the_plain_launch(name, launch, launch_mode, symlink_dir, tmp_path, tmp_path_factory):
     pattern = PATTERNS[name]
     ref = reference(name, pattern, symlink_dir, tmp_path_factory)

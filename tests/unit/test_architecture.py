@@ -204,12 +204,13 @@ def test_one_join_watch_and_at_most_two_popen_waits():
 def test_wire_words_are_spelled_only_in_wire():
     words = {"ctrl", "stdout", "stderr"}
     found = []
-    for module, (path, tree) in sources().items():
+    for module, (_, tree) in sources().items():
         if module == "jaxrun.wire":
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and any(
-                    isinstance(a, ast.Constant) and a.value in words for a in [*node.args, *[k.value for k in node.keywords]]):
+                    isinstance(a, ast.Constant) and a.value in words
+                    for a in [*node.args, *[k.value for k in node.keywords]]):
                 name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
                 if name in {"connect", "Hello", "accept", "channel", "open_channel", "Channel"}:
                     found.append(f"{module}:{node.lineno}")
@@ -233,12 +234,89 @@ def backend_name_comparisons(tree: ast.AST, names: set[str]) -> list[int]:
     return lines
 
 
-def test_cli_compares_no_backend_name():
+ENGINE_WORDS = {"scheduler", "local", "ssh", "slurm", "mpirun", "srun", "ray", "mpi"}
+
+
+def engine_home(module: str) -> str | None:
+    """The engine package a module belongs to (``jaxrun.backends.ssh.children``: ssh), if any."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[1] == "backends" else None
+
+
+def test_no_engine_name_is_compared_outside_its_package_and_the_registry():
+    """Engines differ by type: shared code never asks which one it runs."""
     from jaxrun.backends import BACKENDS
 
-    names = set(BACKENDS) | {"scheduler", "local", "ssh", "slurm", "mpirun"}
-    tree = ast.parse((PACKAGE / "cli.py").read_text())
-    assert backend_name_comparisons(tree, names) == []
+    names = set(BACKENDS) | ENGINE_WORDS
+    found = []
+    for module, (_, tree) in sources().items():
+        if module in ("jaxrun.backends", "jaxrun.contract.names") or engine_home(module):
+            continue  # the registry, the contract's table of rank sources, and each engine about itself
+        found += [f"{module}:{line}" for line in backend_name_comparisons(tree, names)]
+    assert found == []
+
+
+def test_an_engine_package_compares_only_its_own_names():
+    own = {"scheduler": {"scheduler", "slurm", "mpirun", "srun", "mpi"}, "ray": {"ray"}, "ssh": {"ssh"}}
+    found = []
+    for module, (_, tree) in sources().items():
+        home = engine_home(module)
+        if home is None:
+            continue
+        others = ENGINE_WORDS - own.get(home, {home})
+        found += [f"{module}:{line}" for line in backend_name_comparisons(tree, others)]
+    assert found == []
+
+
+def far_end_modules() -> dict[str, str]:
+    """The contract's module names that a launcher puts on command lines: {constant: module}."""
+    from jaxrun import contract
+
+    return {name: value for name, value in vars(contract).items()
+            if name.endswith("_MODULE") and isinstance(value, str) and value.startswith("jaxrun.")}
+
+
+def test_every_module_put_on_a_command_line_exists_and_says_it_is_a_far_end():
+    known = set(sources())
+    modules = far_end_modules()
+    assert len(modules) >= 4
+    assert sorted(m for m in modules.values() if m not in known) == []
+    far = re.compile(r"(agent|server|driver|actor|preflight|shim|controller)$")
+    assert sorted(m for m in modules.values() if not far.search(m.rsplit(".", 1)[1])) == []
+
+
+def program_texts(tree: ast.AST) -> list[int]:
+    """Lines of string constants (docstrings aside) that hold a Python program
+    of more than a few lines: code belongs in a module that can be linted."""
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)}
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            text = node.value
+            if text.count("\n") < MAX_STUB_LINES or not re.search(r"^\s*(import|from|def|for|while|try)\b", text, re.M):
+                continue
+            try:
+                ast.parse(text)
+            except SyntaxError:
+                continue
+            lines.append(node.lineno)
+    return lines
+
+
+MAX_STUB_LINES = 16  # a stub that finds and starts a module; anything longer is a program
+
+
+def test_no_program_lives_in_a_string():
+    found = [f"{module}:{line}" for module, (_, tree) in sources().items() for line in program_texts(tree)]
+    assert found == []
+
+
+def test_every_package_says_what_it_is():
+    bare = [str(p.relative_to(ROOT)) for p in PACKAGE.rglob("__init__.py")
+            if ast.get_docstring(ast.parse(p.read_text())) is None]
+    assert bare == []
 
 
 def test_contributing_names_every_public_backend_method():
@@ -250,7 +328,8 @@ def test_contributing_names_every_public_backend_method():
 
 # -- the checks, tried on what they must find ------------------------------------------
 def test_the_arrow_check_finds_an_upward_import():
-    graph = {"jaxrun.backends.ssh.backend": {"jaxrun.launcher.config"}, "jaxrun.launcher.supervisor": {"jaxrun.backends.base"},
+    graph = {"jaxrun.backends.ssh.backend": {"jaxrun.launcher.config"},
+             "jaxrun.launcher.supervisor": {"jaxrun.backends.base"},
              "jaxrun.launcher.run": {"jaxrun.backends"}, "jaxrun.launcher.pump": {"jaxrun.wire"},
              "jaxrun.core.spec": {"jaxrun.contract"}}
     assert wrong_arrows(graph) == [
@@ -270,6 +349,12 @@ def test_the_cycle_check_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+def test_the_program_check_finds_a_program_and_spares_a_docstring():
+    program = "import os\n" + "x = 1\n" * MAX_STUB_LINES
+    tree = ast.parse(f'"""{program}"""\nPROGRAM = {program!r}\nSTUB = "import os; os.getcwd()"\n')
+    assert program_texts(tree) == [MAX_STUB_LINES + 3]  # PROGRAM's line, after the docstring's
+
+
 def test_the_name_check_finds_comparisons():
     tree = ast.parse("if kind == 'ssh': pass\nif x in ('local', 'slurm'): pass\ny = BUDGET['scheduler']\n")
     assert backend_name_comparisons(tree, {"ssh", "local", "slurm", "scheduler"}) == [1, 2, 3]
@@ -287,8 +372,18 @@ def test_every_folder_of_the_package_is_a_package():
     assert sorted(str(f.relative_to(ROOT)) for f in folders if not (f / "__init__.py").exists()) == []
 
 
-def test_every_test_module_has_a_name_of_its_own():
-    """pytest imports tests/unit and tests/e2e modules by their bare names
-    (no packages there): two files of one name stop the whole collection."""
-    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
-    assert sorted({n for n in names if names.count(n) > 1}) == []
+def test_test_modules_of_one_name_are_collected_apart(tmp_path):
+    """The suite's pytest settings import test modules by path
+    (``--import-mode=importlib``): two folders may hold a test file of one
+    name, and both are collected."""
+    import subprocess
+    import sys
+
+    for folder in ("unit", "e2e"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "test_same.py").write_text(f"def test_{folder}():\n    pass\n")
+    found = subprocess.run([sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir",
+                            str(tmp_path), "-p", "no:cacheprovider", "--collect-only", "-q", str(tmp_path)],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert found.returncode == 0, found.stdout + found.stderr
+    assert "unit/test_same.py::test_unit" in found.stdout and "e2e/test_same.py::test_e2e" in found.stdout, found.stdout

@@ -40,7 +40,8 @@ def test_help_is_instant_and_imports_no_jax():
 
 
 def test_dry_run_prints_commands_and_contract_env(script):
-    code, out, err = run_cli("-n", "2", "--cpu-devices", "2", "--dry-run", script, "--lr", "3e-4", "-x", "a b", "{process_id}")
+    code, out, err = run_cli("-n", "2", "--cpu-devices", "2", "--dry-run", script, "--lr", "3e-4", "-x", "a b",
+                             "{process_id}")
     assert code == 0, err
     assert "process 0:" in out and "process 1:" in out
     assert "JAXRUN_PROCESS_ID=1" in out and "JAXRUN_NUM_PROCESSES=2" in out
@@ -103,15 +104,18 @@ def test_dry_run_shows_device_ids_per_process(script):
     assert code == 0, err
     ids = [line.split("=", 1)[1] for line in out.splitlines() if "JAX_LOCAL_DEVICE_IDS=" in line]
     assert ids == ["0,1", "2,3", "4,5", "6,7"]
-    code, out, _ = run_cli("-n", "2", "--devices-per-process", "1", "--dry-run", script, env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+    code, out, _ = run_cli("-n", "2", "--devices-per-process", "1", "--dry-run", script,
+                           env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
     assert [line.split("=", 1)[1] for line in out.splitlines() if "JAX_LOCAL_DEVICE_IDS=" in line] == ["0", "1"]
 
 
 @pytest.mark.parametrize(
     "args, env, message",
     [
-        (["-n", "2"], {"CUDA_VISIBLE_DEVICES": "0,1,2"}, "3 devices on localhost cannot be split evenly among 2 processes"),
-        (["-n", "4", "--devices-per-process", "2"], {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, "4 processes x 2 devices need 8 devices, but localhost has 4"),
+        (["-n", "2"], {"CUDA_VISIBLE_DEVICES": "0,1,2"},
+         "3 devices on localhost cannot be split evenly among 2 processes"),
+        (["-n", "4", "--devices-per-process", "2"], {"CUDA_VISIBLE_DEVICES": "0,1,2,3"},
+         "4 processes x 2 devices need 8 devices, but localhost has 4"),
         (["--cpu-devices", "2", "--devices-per-process", "1"], {}, "cannot be used together"),
     ],
 )
@@ -224,7 +228,8 @@ def test_a_mistyped_option_gets_the_close_match():
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "jaxrun", "--cpu-device", "2", "toy.py"], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "jaxrun", "--cpu-device", "2", "toy.py"], capture_output=True,
+                          text=True)
     assert done.returncode == 2
     assert done.stderr == "jaxrun: error: no such option: --cpu-device (did you mean --cpu-devices?)\n"
 
@@ -237,8 +242,8 @@ def test_help_comes_in_sections_without_importing_jax():
                "except SystemExit:\n    pass\nprint('JAX', 'jax' in sys.modules)\n")
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
     titles = [line[:-1] for line in done.stdout.splitlines() if line.endswith(":") and not line.startswith(" ")]
-    assert titles[:6] == ["Processes", "Output", "Failures", "Across hosts (SSH)", "Engines (Slurm, Open MPI)",
-                          "Runtime"]
+    assert titles == ["Processes", "Output", "Failures", "Across hosts (SSH)", "Engines (Slurm, Open MPI)",
+                      "Runtime", "With --launcher ray", "Other"]
     assert done.stdout.rstrip().endswith("JAX False")
 
 

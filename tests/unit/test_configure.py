@@ -14,7 +14,9 @@ import tempfile
 import pytest
 
 from jaxrun.backends import BACKENDS, create_backend
-from jaxrun.core.config import BackendEntry, LaunchError, SchedulerOptions, SshOptions
+from jaxrun.backends.scheduler.options import MpirunOptions, SlurmOptions
+from jaxrun.backends.ssh.options import SshOptions
+from jaxrun.core.config import BackendEntry, Flag, LaunchError
 from jaxrun.launcher.configure import System, config_from_args
 
 # Every value the command hands over when nothing is given (click's defaults).
@@ -23,9 +25,10 @@ NOTHING_GIVEN = {
     "output": None, "console_ranks": None, "timeout": None, "flight_recorder": None, "check_divergence": False,
     "grace": 30.0, "max_restarts": 0, "timestamps": False, "report_path": None, "junit_path": None, "mesh": None,
     "mesh_axis_types": None, "env_pairs": (), "preload": None, "preload_modules": (), "exports": (),
-    "hosts_file": None, "host_opts": (), "hosts_command": None, "min_hosts": None, "ssh_config": None, "ssh_options": (), "connect_timeout": 10.0,
-    "python": None, "chdir": None, "sync": False, "launcher": None, "nodes": None, "tasks_per_node": None,
-    "scheduler_args": (), "dry_run": False, "verbose": False, "args": (),
+    "hosts_file": None, "host_opts": (), "hosts_command": None, "min_hosts": None, "ssh_config": None,
+    "ssh_options": (), "connect_timeout": 10.0, "python": None, "chdir": None, "sync": False, "launcher": None,
+    "nodes": None, "tasks_per_node": None, "scheduler_args": (), "ray_address": None, "placement": None,
+    "dry_run": False, "verbose": False, "args": (),
 }
 
 
@@ -98,7 +101,7 @@ def test_slurm_takes_the_allocation_task_count_and_mpirun_does_not(script):
     inside = FakeSystem({"SLURM_NTASKS": "6"})
     config = configured(script, launcher="slurm", nodes=2, scheduler_args=("--overcommit",), system=inside)
     assert config.options.num_processes == 6 and config.options.scheduled
-    assert config.backend_options == SchedulerOptions("slurm", nodes=2, scheduler_args=("--overcommit",))
+    assert config.backend_options == SlurmOptions(nodes=2, scheduler_args=("--overcommit",))
     assert configured(script, launcher="mpirun", system=inside).options.num_processes == 1
     assert configured(script, launcher="slurm", num_processes=2, system=inside).options.num_processes == 2
 
@@ -112,11 +115,44 @@ def test_slurm_takes_the_allocation_task_count_and_mpirun_does_not(script):
     ({"tasks_per_node": 2}, "--nodes, --ntasks-per-node and --scheduler-arg need --launcher slurm or mpirun"),
     ({"host_opts": ("a",), "scheduler_args": ("-x",)},
      "--nodes, --ntasks-per-node and --scheduler-arg need --launcher slurm or mpirun"),
-    ({"launcher": "mpirun", "nodes": 2}, "--nodes works with --launcher slurm only; give mpirun its hosts with --scheduler-arg"),
+    ({"launcher": "mpirun", "nodes": 2},
+     "--nodes works with --launcher slurm only; give mpirun its hosts with --scheduler-arg"),
     ({"sync": True}, "--sync copies the working directory to SSH hosts: it needs --hosts or -H"),
+    ({"sync": True, "launcher": "mpirun"}, "--sync copies the working directory to SSH hosts: it needs --hosts or -H"),
+    ({"sync": True, "host_opts": ("a",), "chdir": "/no/such/folder"},
+     "--sync: /no/such/folder is not a folder here, so there is nothing to copy"),
+    ({"placement": "pack"}, "--placement works with --launcher ray only"),
+    ({"ray_address": "h:1", "host_opts": ("a",)}, "--ray-address works with --launcher ray only"),
 ])
 def test_options_that_do_not_fit_the_backend_are_refused(script, given, message):
     refused(script, message, **given)
+
+
+def test_the_ssh_connection_options_and_chdir_are_ignored_elsewhere_as_always(script, tmp_path):
+    ssh_file = tmp_path / "ssh_config"
+    ssh_file.write_text("")
+    given = {"ssh_config": str(ssh_file), "ssh_options": ("Port=1",), "connect_timeout": 3.0, "chdir": "/w"}
+    for launcher in ("local", "slurm", "mpirun"):
+        assert configured(script, launcher=launcher, **given).backend == launcher
+
+
+def test_a_flag_two_entries_list_is_refused_elsewhere_naming_both(script):
+    shared = Flag("pool", ("--pool",), "The pool.")
+    entries = {name: BackendEntry(name, name, kind=name, fds_per_process=3, start=lambda config, console: None,
+                                  scheduled=True, flags=(shared,)) for name in ("cloud", "grid")}
+    backends = {**BACKENDS, **entries}
+    assert configured(script, backends=backends, launcher="grid", pool="p").backend == "grid"
+    refused(script, "--pool works with --launcher cloud or grid only", backends=backends, pool="p")
+    refused(script, "--pool works with --launcher cloud or grid only", backends=backends, pool="p",
+            launcher="mpirun")
+
+
+def test_an_entry_s_own_refusal_speaks_before_the_registry_s(script):
+    # Ray says why it takes no --nodes (its options run first); without ray
+    # installed, that it is missing.
+    with pytest.raises(LaunchError) as e:
+        configured(script, launcher="ray", nodes=2)
+    assert "Ray places the processes as --placement says" in str(e.value) or "pip install" in str(e.value)
 
 
 # -- what each backend needs on this machine ---------------------------------------------
@@ -248,12 +284,12 @@ def test_a_new_backend_brings_its_options_and_costs_without_other_changes(script
 def test_each_entry_builds_its_own_backend(script):
     from jaxrun.backends.forkserver.client import ForkServerBackend
     from jaxrun.backends.local import LocalBackend
-    from jaxrun.backends.scheduler.backend import SchedulerBackend
+    from jaxrun.backends.scheduler.mpirun import MpirunBackend
 
     assert type(create_backend(configured(script), sys.stderr)) is ForkServerBackend
     assert type(create_backend(configured(script, preload=False), sys.stderr)) is LocalBackend
-    slurm = create_backend(configured(script, launcher="mpirun"), sys.stderr)
-    assert type(slurm) is SchedulerBackend and slurm.options == SchedulerOptions("mpirun")
+    mpirun = create_backend(configured(script, launcher="mpirun"), sys.stderr)
+    assert type(mpirun) is MpirunBackend and mpirun.options == MpirunOptions()
     assert list(BACKENDS) == ["local", "ssh", "slurm", "mpirun", "ray"]
     assert [e.name for e in BACKENDS.values() if e.default] == ["local"]
 

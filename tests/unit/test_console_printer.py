@@ -22,8 +22,10 @@ def test_every_line_of_a_chunk_gets_the_rank_prefix():
 
 def test_noise_and_stack_dumps_are_hidden_on_the_console_only():
     p, out, err = printer()
-    p.write(0, Stream.STDOUT, b"[Gloo] Rank 0 is connected to 3 peer ranks. Expected number of connected peer ranks is : 3\nreal\n")
-    p.write(1, Stream.STDERR, b'warning\nCurrent thread 0x00007f (most recent call first):\n  File "x.py", line 3 in f\n\n')
+    p.write(0, Stream.STDOUT, b"[Gloo] Rank 0 is connected to 3 peer ranks. "
+                              b"Expected number of connected peer ranks is : 3\nreal\n")
+    p.write(1, Stream.STDERR, b"warning\nCurrent thread 0x00007f (most recent call first):\n"
+                              b'  File "x.py", line 3 in f\n\n')
     p.write(1, Stream.STDERR, b'  File "y.py", line 9 in <module>\nTraceback (most recent call last):\n')
     p.flush()
     assert out.getvalue() == b"[0] real\n"
@@ -52,7 +54,8 @@ def test_a_notice_written_into_a_printed_line_hides_only_itself():
     # Gloo's C++ thread can write between a print's text and its newline.
     p, out, _ = printer()
     p.write(2, Stream.STDOUT, b"device cpu:4097 has local data [[20 21 22 23]]"
-                              b"[Gloo] Rank 2 is connected to 3 peer ranks. Expected number of connected peer ranks is : 3\n"
+                              b"[Gloo] Rank 2 is connected to 3 peer ranks. "
+                              b"Expected number of connected peer ranks is : 3\n"
                               b"\nafter\n")
     p.flush()
     assert out.getvalue() == b"[2] device cpu:4097 has local data [[20 21 22 23]]\n[2] \n[2] after\n"
@@ -61,8 +64,9 @@ def test_a_notice_written_into_a_printed_line_hides_only_itself():
 def test_interleaved_pieces_of_two_notices_are_all_hidden():
     # Seen in real logs: two of Gloo's threads writing at once.
     p, out, _ = printer()
-    p.write(3, Stream.STDOUT, b"[Gloo] Rank [Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer "
-                              b"ranks is : 1 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1\n"
+    p.write(3, Stream.STDOUT, b"[Gloo] Rank [Gloo] Rank 0 is connected to 1 peer ranks. "
+                              b"Expected number of connected peer ranks is : 1 is connected to 1 peer ranks. "
+                              b"Expected number of connected peer ranks is : 1\n"
                               b"Expected number of connected peer ranks is : 1\n[Gloo] Rank 0\nRank 0 is fine\n")
     p.flush()
     assert out.getvalue() == b"[3] Rank 0 is fine\n"

@@ -7,7 +7,8 @@ import pytest
 from jaxrun import contract
 
 
-@pytest.mark.parametrize("returncode, status", [(0, 0), (3, 3), (255, 255), (-signal.SIGKILL, 137), (-signal.SIGTERM, 143)])
+@pytest.mark.parametrize("returncode, status",
+                         [(0, 0), (3, 3), (255, 255), (-signal.SIGKILL, 137), (-signal.SIGTERM, 143)])
 def test_exit_status_and_back(returncode, status):
     assert contract.exit_status(returncode) == status
     assert contract.returncode_from_status(status) == returncode
@@ -16,7 +17,8 @@ def test_exit_status_and_back(returncode, status):
 def test_substitute_fills_placeholders_and_leaves_other_braces():
     values = contract.placeholder_values(2, 4, 0, "h:1")
     assert set(values) == set(contract.PLACEHOLDERS)
-    assert contract.substitute("{process_id}/{num_processes} {x} {{process_id}} {coordinator}", values) == "2/4 {x} {2} h:1"
+    text = "{process_id}/{num_processes} {x} {{process_id}} {coordinator}"
+    assert contract.substitute(text, values) == "2/4 {x} {2} h:1"
 
 
 def test_error_record_round_trips_through_a_file(tmp_path):

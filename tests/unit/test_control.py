@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from jaxrun.core.deadline import Deadline
 from jaxrun.core.events import SignalReceived, ThreadDied
 from jaxrun.launcher.control import INTERNAL_ERROR, RunControl
 
@@ -73,6 +74,8 @@ def test_a_dead_thread_stops_the_run_and_is_queued_before_the_flag(control):
 
 def test_deadline_stops_waits_without_a_signal():
     ctl = RunControl(grace=1)
-    ctl.deadline = time.monotonic() - 1
+    ctl.deadline = Deadline(0.5)
+    assert not ctl.stopping() and ctl.exit_status() is None
+    ctl.deadline = Deadline(-1)  # passed: the same object the supervisor reads
     assert ctl.stopping() and ctl.exit_status() == 124
     ctl.close()

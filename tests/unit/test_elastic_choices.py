@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from jaxrun.core.config import LaunchError
-from jaxrun.core.outcome import Outcome, Placement, ProcessRecord, StopReason
+from jaxrun.core.outcome import Outcome, PlacementRecord, ProcessRecord, StopReason
 from jaxrun.core.spec import Host, LaunchOptions, ProcessSpec, Target
 from jaxrun.launcher import elastic
 
@@ -59,12 +59,12 @@ def test_below_min_hosts_is_a_stop_that_names_the_dropped_hosts():
 
 
 def test_the_restart_line_names_the_hosts_the_count_and_the_dropped():
-    same = Placement(("hostA", "hostB"), 2)
+    same = PlacementRecord(("hostA", "hostB"), 2)
     assert elastic.restart_line(1, 2, same, 2) == "jaxrun: restart 1 of 2 on hostA, hostB"
-    spare = Placement(("hostA", "hostC"), 2, (("hostB", 'connection closed after "step 7"'),))
+    spare = PlacementRecord(("hostA", "hostC"), 2, (("hostB", 'connection closed after "step 7"'),))
     assert elastic.restart_line(1, 2, spare, 2) == (
         'jaxrun: restart 1 of 2 on hostA, hostC (hostB lost: connection closed after "step 7")')
-    fewer = Placement(("hostA",), 1, (("hostB", "ssh failed: Connection refused"),))
+    fewer = PlacementRecord(("hostA",), 1, (("hostB", "ssh failed: Connection refused"),))
     assert elastic.restart_line(2, 2, fewer, 2) == (
         "jaxrun: restart 2 of 2 on hostA (1 process of 2; hostB lost: ssh failed: Connection refused)")
 

@@ -53,8 +53,8 @@ def records(tmp_path, ranks: int) -> list[ProcessRecord]:
     made = []
     for rank in range(ranks):
         spec = ProcessSpec(rank, rank, LOCAL_HOST, "python", (), {})
-        made.append(ProcessRecord(spec, str(tmp_path / f"process-{rank}.stdout"), str(tmp_path / f"process-{rank}.stderr"),
-                                  str(tmp_path / f"process-{rank}.error"), pid=4242, returncode=1, verdict=Verdict.CONSEQUENCE))
+        logs = [str(tmp_path / f"process-{rank}.{kind}") for kind in ("stdout", "stderr", "error")]
+        made.append(ProcessRecord(spec, *logs, pid=4242, returncode=1, verdict=Verdict.CONSEQUENCE))
     return made
 
 
@@ -120,5 +120,6 @@ def test_a_process_failure_has_no_engine_in_the_report(tmp_path):
     recs = records(tmp_path, 2)
     recs[0].verdict = Verdict.ROOT_CAUSE
     (tmp_path / "process-0.stderr").write_text("boom\n")
-    root = report.report_dict([Outcome(recs, 1, StopReason.FAILURE, root_cause=0)], "run", [str(tmp_path)])["root_cause"]
+    outcome = Outcome(recs, 1, StopReason.FAILURE, root_cause=0)
+    root = report.report_dict([outcome], "run", [str(tmp_path)])["root_cause"]
     assert root["engine"] is None and root["process_id"] == 0

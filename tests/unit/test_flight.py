@@ -347,7 +347,8 @@ def test_a_programs_fingerprint_ignores_where_it_was_called_from(tmp_path):
               "from jaxrun.child import flight\n"
               "def f(x): return jnp.sin(x) * 2\n"
               "def g(x): return jnp.cos(x) * 2\n"
-              "def fp(h): return flight.fingerprint(jax.jit(h).lower(jnp.ones(4)).compile()._executable.xla_executable)\n"
+              "def fp(h):\n"
+              "    return flight.fingerprint(jax.jit(h).lower(jnp.ones(4)).compile()._executable.xla_executable)\n"
               "if sys.argv[1] == 'a':\n    print(fp(f), fp(g))\nelse:\n    print(fp(f), fp(g))\n")
     prints = []
     for folder, arg in (("one", "a"), ("two", "b")):

@@ -8,14 +8,15 @@ import os
 import stat
 import threading
 import tracemalloc
-import types
 
 import pytest
 
+from jaxrun import contract
 from jaxrun.contract import ErrorRecord
-from jaxrun.core import logfiles
+from jaxrun.core import causes, logfiles
 from jaxrun.core.config import LaunchError
-from jaxrun.reporting import report, stacks, summary
+from jaxrun.launcher import logs
+from jaxrun.reporting import diagnosis, history, report, stacks
 
 NOBODY = 65534
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user needs root")
@@ -233,7 +234,7 @@ def huge_log(tmp_path):
     script.write_text("import time\ntime.sleep(60)\n")
     log = tmp_path / "process-0.stderr"
     with open(log, "wb") as f:
-        f.write((b"y" * 99 + b"\n") * (32 << 20 // 100))
+        f.write((b"y" * 99 + b"\n") * ((32 << 20) // 100))
         f.write(DUMP.format(script=script).encode())
     return log, script
 
@@ -250,11 +251,11 @@ def test_stack_dump_reader_reads_only_the_end_of_a_huge_log(huge_log):
     assert peak < 8 * stacks.DUMP_TAIL, peak  # the whole log would be 32 MiB, twice (bytes and text)
 
 
-def test_summary_tail_reads_only_the_end_of_a_huge_log(huge_log):
+def test_report_tail_reads_only_the_end_of_a_huge_log(huge_log):
     log, _ = huge_log
     tracemalloc.start()
     try:
-        lines = summary.tail(str(log))
+        lines = diagnosis.tail(str(log))
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -262,34 +263,121 @@ def test_summary_tail_reads_only_the_end_of_a_huge_log(huge_log):
     assert peak < 1 << 20, peak
 
 
-def test_a_fifo_in_a_logs_place_neither_blocks_nor_counts(tmp_path):
+# -- the one guarded reader: every log and record read after a run ------------
+
+# Every way the launcher reads what a run left, each with what it gives for
+# a file it may not read: a FIFO, a symlink, a missing file.
+READERS = {
+    "contract.read_tail": (lambda path: contract.read_tail(path, 100), None),
+    "contract.read_small": (lambda path: contract.read_small(path, 100), None),
+    "contract.open_regular": (contract.open_regular, None),
+    "causes.read_tail": (causes.read_tail, ""),
+    "ErrorRecord.load": (ErrorRecord.load, None),
+    "diagnosis.tail": (diagnosis.tail, []),
+}
+
+
+@pytest.mark.parametrize("name", READERS)
+def test_a_fifo_in_a_logs_place_neither_blocks_nor_counts(tmp_path, name):
+    read, nothing = READERS[name]
     fifo = tmp_path / "process-0.stderr"
     os.mkfifo(fifo)
     result = []
-    reader = threading.Thread(target=lambda: result.append(stacks.read_tail(str(fifo), 100)), daemon=True)
+    reader = threading.Thread(target=lambda: result.append(read(str(fifo))), daemon=True)
     reader.start()
     reader.join(timeout=5)
-    assert result == [None]
+    assert result == [nothing]
 
 
-def test_read_tail_of_missing_or_short_files(tmp_path):
-    assert stacks.read_tail(str(tmp_path / "absent"), 10) is None
+@pytest.mark.parametrize("name", READERS)
+def test_a_symlink_in_a_logs_place_is_not_followed(tmp_path, name):
+    read, nothing = READERS[name]
+    secret = tmp_path / "secret"
+    secret.write_text(ErrorRecord("ValueError", "another user's secret").to_json() + "\n")
+    link = tmp_path / "process-0.error.json"
+    link.symlink_to(secret)
+    assert read(str(link)) == nothing
+    assert read(str(tmp_path / "absent")) == nothing
+
+
+def test_read_tail_of_missing_short_and_huge_files(tmp_path, huge_log):
+    assert contract.read_tail(str(tmp_path / "absent"), 10) is None
     (tmp_path / "short").write_bytes(b"abc")
-    assert stacks.read_tail(str(tmp_path / "short"), 10) == b"abc"
-    assert stacks.read_tail(str(tmp_path / "short"), 2) == b"bc"
+    assert contract.read_tail(str(tmp_path / "short"), 10) == b"abc"
+    assert contract.read_tail(str(tmp_path / "short"), 2) == b"bc"
+    log, _ = huge_log
+    assert os.path.getsize(log) > 30 << 20
+    tracemalloc.start()
+    try:
+        data = contract.read_tail(str(log), 1000)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(data) == 1000 and data.endswith(b"line 2 in <module>\n")
+    assert peak < 1 << 20, peak
+
+
+def test_read_small_refuses_a_file_over_its_bound_without_reading_it_all(huge_log):
+    log, _ = huge_log
+    tracemalloc.start()
+    try:
+        assert contract.read_small(str(log), 1 << 20) is None
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 << 20, peak
+    assert contract.read_small(str(log), os.path.getsize(log)) is not None
+
+
+def test_bad_bytes_are_replaced_not_fatal(tmp_path):
+    log = tmp_path / "process-0.stderr"
+    log.write_bytes(b"ok\n\xff\xfe broken\n")
+    assert diagnosis.tail(str(log)) == ["ok", "\ufffd\ufffd broken"]
+    assert causes.read_tail(str(log)).endswith("\ufffd\ufffd broken\n")
+    record = tmp_path / "process-0.error.json"
+    record.write_bytes(b'{"type": "ValueError", "message": "\xff"}')
+    assert ErrorRecord.load(str(record)) == ErrorRecord("ValueError", "\ufffd")
+    record.write_bytes(b"\xff\xfe not json")
+    assert ErrorRecord.load(str(record)) is None
 
 
 def test_error_record_is_read_only_up_to_a_bound(tmp_path):
     path = tmp_path / "process-0.error.json"
-    record = types.SimpleNamespace(error_file=str(path))
     path.write_text(ErrorRecord("ValueError", "bad", "Traceback ...").to_json())
-    assert summary.error_info(record) == ErrorRecord("ValueError", "bad", "Traceback ...")
+    assert ErrorRecord.load(str(path)) == ErrorRecord("ValueError", "bad", "Traceback ...")
     path.write_text(ErrorRecord("ValueError", "x" * (2 << 20)).to_json())
     tracemalloc.start()
     try:
-        assert summary.error_info(record) is None  # the summary shows the log's end instead
+        assert ErrorRecord.load(str(path)) is None  # the summary shows the log's end instead
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert peak < 2 * summary.ERROR_RECORD_MAX + (1 << 20), peak
-    assert summary.error_info(types.SimpleNamespace(error_file=None)) is None
+    assert peak < 2 * contract.ERROR_RECORD_MAX + (1 << 20), peak
+    assert ErrorRecord.load(None) is None
+
+
+def test_jaxrun_logs_shows_no_file_through_a_symlink_or_a_fifo(tmp_path, capfd):
+    secret = tmp_path / "secret"
+    secret.write_text("another user's secret\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "process-0.stdout").symlink_to(secret)
+    os.mkfifo(run / "process-0.stderr")
+    (run / "process-1.stdout").write_text("hello\n")
+    (run / "process-1.stderr").write_text("")
+    shown = threading.Thread(target=lambda: logs.show(str(run), [0, 1], "stream"), daemon=True)
+    shown.start()
+    shown.join(timeout=5)
+    assert not shown.is_alive()
+    out = capfd.readouterr().out
+    assert "secret" not in out and "[1] hello" in out
+
+
+def test_the_run_list_skips_a_record_it_may_not_read(tmp_path, victim):
+    for name in ("good", "linked", "huge"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "good" / history.RECORD).write_text(json.dumps({"started": 2.0, "exit_code": 0}))
+    victim.write_text(json.dumps({"started": 1.0, "exit_code": 0}))
+    (tmp_path / "linked" / history.RECORD).symlink_to(victim)
+    (tmp_path / "huge" / history.RECORD).write_text(json.dumps({"started": 3.0, "pad": "x" * history.RECORD_MAX}))
+    assert [os.path.basename(folder) for folder, _ in history.runs(str(tmp_path))] == ["good"]

@@ -147,7 +147,8 @@ def test_devices_split_evenly_without_k(gpus, procs):
 @pytest.mark.parametrize("k", [1, 2])
 def test_devices_with_explicit_k(gpus, procs, k):
     if procs * k > gpus:
-        with pytest.raises(PlanError, match=f"{procs} processes x {k} devices need {procs * k} devices, but h has {gpus}"):
+        need = f"{procs} processes x {k} devices need {procs * k} devices, but h has {gpus}"
+        with pytest.raises(PlanError, match=need):
             local_device_ids(0, procs, k, gpus, "h")
         return
     assert [local_device_ids(r, procs, k, gpus) for r in range(procs)] == [

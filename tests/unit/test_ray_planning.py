@@ -10,7 +10,7 @@ import pytest
 
 from jaxrun import cli, contract
 from jaxrun.backends import BACKENDS
-from jaxrun.backends.ray import backend as ray
+from jaxrun.backends.ray import actor, backend as ray, driver, words
 from jaxrun.core.config import LaunchError
 from jaxrun.core.spec import Host, LaunchOptions, Target
 from jaxrun.launcher import plan as planning
@@ -50,9 +50,9 @@ def test_what_travels_to_a_node_is_what_mpirun_forwards():
 def test_the_agent_gets_its_nodes_environment_without_rays_worker_variables():
     worker = {"HOME": "/home/u", "CUDA_VISIBLE_DEVICES": "2,3", "RAY_JOB_ID": "01000000", "RAY_RAYLET_PID": "7",
               "PYTHONBREAKPOINT": "ray.util.rpdb.set_trace", "PYTHONDONTWRITEBYTECODE": "1", "RAY_ADDRESS": "h:1"}
-    assert ray.node_env(worker, {"JAXRUN_PROCESS_ID": "0"}) == {
+    assert actor.node_env(worker, {"JAXRUN_PROCESS_ID": "0"}) == {
         "HOME": "/home/u", "CUDA_VISIBLE_DEVICES": "2,3", "RAY_ADDRESS": "h:1", "JAXRUN_PROCESS_ID": "0"}
-    assert ray.node_env({"PYTHONBREAKPOINT": "ipdb.set_trace"}, {}) == {"PYTHONBREAKPOINT": "ipdb.set_trace"}
+    assert actor.node_env({"PYTHONBREAKPOINT": "ipdb.set_trace"}, {}) == {"PYTHONBREAKPOINT": "ipdb.set_trace"}
 
 
 LAUNCH = LaunchOptions(Target("t.py"), 2, "", "run")
@@ -79,15 +79,15 @@ def test_options_that_cannot_work_are_refused(given, says):
 
 
 def test_an_unreachable_address_is_named_before_ray_init():
-    assert ray.unreachable("auto") is None
-    assert ray.unreachable("127.0.0.1:1").startswith("cannot reach the Ray cluster at 127.0.0.1:1: ")
-    assert "cannot reach" in ray.unreachable("no-port")
+    assert driver.unreachable("auto") is None
+    assert driver.unreachable("127.0.0.1:1").startswith("cannot reach the Ray cluster at 127.0.0.1:1: ")
+    assert "cannot reach" in driver.unreachable("no-port")
 
 
 # -- a backend's own options ----------------------------------------------------------------
 def test_the_registry_entry_declares_the_ray_options():
     entry = BACKENDS["ray"]
-    assert [f.opts for f in entry.flags] == [("--ray-address",), ("--placement",)]
+    assert [f.opts for f in entry.flags] == [("--ray-address",), ("--placement",), ("--chdir",)]
     assert entry.flags_given({"ray_address": None, "placement": "pack"}) == ["--placement"]
     assert set(entry.flags[1].choices) == set(ray.PLACEMENTS)
 
@@ -105,3 +105,15 @@ def test_they_work_with_their_launcher_only(tmp_path):
     script.write_text("")
     with pytest.raises(LaunchError, match="^--ray-address works with --launcher ray only$"):
         cli.main.main(["--ray-address", "h:1", "--dry-run", str(script)], standalone_mode=False)
+
+
+def test_the_driver_and_the_actor_are_modules_of_their_own():
+    """Ray pickles the actor's class by name: it lives in an importable module,
+    not in whatever ran as __main__; both ends speak the words of one module."""
+    assert actor.ControllerHost.__module__ == contract.RAY_ACTOR_MODULE == actor.__name__
+    assert driver.__name__ == contract.RAY_DRIVER_MODULE
+    assert ray.Placed is words.Placed and driver.Placed is words.Placed and ray.PLACEMENTS is words.PLACEMENTS
+    placed = words.Placed([[A, "10.0.0.1"]], "10.0.0.1")
+    assert ray.wire.decode(placed.line()) == placed
+    assert driver.main([]).startswith(f"usage: python -m {contract.RAY_DRIVER_MODULE} ")
+    assert actor.main(["x"]).startswith(f"usage: python -m {contract.RAY_ACTOR_MODULE} ")

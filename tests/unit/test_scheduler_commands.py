@@ -6,17 +6,19 @@ import sys
 import pytest
 
 from jaxrun import contract
-from jaxrun.backends.scheduler import backend as scheduler, task_agent as scheduler_agent
-from jaxrun.core.config import SchedulerOptions
+from jaxrun.backends.scheduler import backend as scheduler, engines, mpirun, slurm, task_agent as scheduler_agent
+from jaxrun.backends.scheduler.options import MpirunOptions, SlurmOptions, mpirun_options, slurm_options
+from jaxrun.core.config import LaunchError
 from jaxrun.launcher import plan
 
 
 def test_srun_command_is_one_step_that_dies_with_any_task():
-    options = SchedulerOptions("slurm", nodes=2, tasks_per_node=4, scheduler_args=("--overcommit",))
+    options = SlurmOptions(tasks_per_node=4, scheduler_args=("--overcommit",), nodes=2)
     task = scheduler.task_argv("python3", ("--", "t.py", "{process_id}"))
-    assert scheduler.srun_command(options, 8, task) == [
+    assert slurm.srun_command(options, 8, task) == [
         "srun", "--kill-on-bad-exit=1", "--ntasks=8", "--nodes=2", "--ntasks-per-node=4", "--overcommit",
-        "python3", "-m", "jaxrun.backends.scheduler.task_agent", "--", "python3", "-m", "jaxrun.shim", "--", "t.py", "{process_id}",
+        "python3", "-m", "jaxrun.backends.scheduler.task_agent", "--",
+        "python3", "-m", "jaxrun.shim", "--", "t.py", "{process_id}",
     ]
 
 
@@ -30,16 +32,16 @@ def test_launcher_usage_errors(tmp_path):
 
 
 def test_mpirun_command_forwards_variables_by_name():
-    options = SchedulerOptions("mpirun", tasks_per_node=2, scheduler_args=("--oversubscribe",))
+    options = MpirunOptions(tasks_per_node=2, scheduler_args=("--oversubscribe",))
     env = {"PATH": "/bin", "JAXRUN_TASK_SECRET": "s3cret", "JAX_PLATFORMS": "cpu", "HOME": "/root"}
-    argv = scheduler.mpirun_command(options, 4, ["python", "-m", "jaxrun.backends.scheduler.task_agent"], env, is_root=True)
+    task = ["python", "-m", "jaxrun.backends.scheduler.task_agent"]
+    argv = mpirun.mpirun_command(options, 4, task, env, is_root=True)
     assert argv[:7] == ["mpirun", "-n", "4", "--map-by", "ppr:2:node", "--allow-run-as-root", "-x"]
     assert "s3cret" not in " ".join(argv)  # values travel in the environment, not argv
     exported = {argv[i + 1] for i, a in enumerate(argv) if a == "-x"}
     assert exported == {"PATH", "JAXRUN_TASK_SECRET", "JAX_PLATFORMS"}
     assert argv[-4:] == ["--oversubscribe", "python", "-m", "jaxrun.backends.scheduler.task_agent"]
-    with pytest.raises(scheduler.SchedulerError):
-        scheduler.mpirun_command(SchedulerOptions("mpirun", nodes=2), 4, [], {}, is_root=False)
+    assert not hasattr(MpirunOptions(), "nodes")  # mpirun takes its hosts from its own arguments
 
 
 def test_mpirun_forwards_what_the_plan_set_whatever_its_name():
@@ -48,9 +50,9 @@ def test_mpirun_forwards_what_the_plan_set_whatever_its_name():
     launch = plan.LaunchOptions(target=plan.Target("t.py"), num_processes=2, coordinator="", run_id="r",
                                 extra_env={"FOO": "s3cret value", "lower_case": "x"}, scheduled=True)
     specs = plan.plan(launch)
-    options = SchedulerOptions("mpirun")
-    env = scheduler.step_env(options, specs, {"PATH": "/bin", "HOME": "/root", "UNRELATED": "1"})
-    argv = scheduler.mpirun_command(options, 2, ["t"], env, is_root=False, planned=plan.common_env(specs))
+    options = MpirunOptions()
+    env = scheduler.step_env("mpirun", specs, {"PATH": "/bin", "HOME": "/root", "UNRELATED": "1"})
+    argv = mpirun.mpirun_command(options, 2, ["t"], env, is_root=False, planned=plan.common_env(specs))
     exported = {argv[i + 1] for i, a in enumerate(argv) if a == "-x"}
     assert {"FOO", "lower_case", "PYTHONUNBUFFERED", "PATH", contract.RANK_SOURCE} <= exported
     assert not exported & {"HOME", "UNRELATED"}
@@ -64,10 +66,10 @@ def test_step_env_leaves_devices_to_each_task():
                                 devices_per_process=2)
     specs = plan.plan(launch)  # not marked scheduled: one process gets ids [0, 1] from the plan
     assert specs[0].env[contract.JAX_LOCAL_DEVICE_IDS] == "0,1"
-    env = scheduler.step_env(SchedulerOptions("slurm"), specs, {}, devices_per_process=2)
+    env = scheduler.step_env("slurm", specs, {}, devices_per_process=2)
     assert contract.JAX_LOCAL_DEVICE_IDS not in env
     assert env[contract.TASK_DEVICES_PER_PROCESS] == "2"
-    assert contract.TASK_DEVICES_PER_PROCESS not in scheduler.step_env(SchedulerOptions("slurm"), specs, {})
+    assert contract.TASK_DEVICES_PER_PROCESS not in scheduler.step_env("slurm", specs, {})
 
 
 @pytest.mark.parametrize("local, count, environ, expected", [
@@ -79,3 +81,31 @@ def test_step_env_leaves_devices_to_each_task():
 def test_task_agent_derives_its_devices_from_its_local_rank(local, count, environ, expected):
     got = scheduler_agent.device_env(local, count, environ).get(contract.JAX_LOCAL_DEVICE_IDS)
     assert got == expected
+
+
+VALUES = {"nodes": 2, "tasks_per_node": 4, "scheduler_args": ["--overcommit"]}
+
+
+def test_the_options_type_is_the_engine():
+    launch = plan.LaunchOptions(target=plan.Target("t.py"), num_processes=2, coordinator="", run_id="r")
+    assert slurm_options(VALUES, launch) == SlurmOptions(4, ("--overcommit",), nodes=2)
+    assert mpirun_options({**VALUES, "nodes": None}, launch) == MpirunOptions(4, ("--overcommit",))
+    assert SlurmOptions() != MpirunOptions()  # the same values, two engines
+    with pytest.raises(LaunchError, match="^--nodes works with --launcher slurm only"):
+        mpirun_options(VALUES, launch)
+    assert type(engines.start(SlurmOptions(), launch, sys.stderr, {})) is slurm.SlurmBackend
+    assert type(engines.start(MpirunOptions(), launch, sys.stderr, {})) is mpirun.MpirunBackend
+
+
+def test_mpirun_chooses_no_hosts():
+    """mpirun takes its hosts from its own arguments: no pool, no recheck."""
+    from jaxrun.core.backend import Ask
+
+    launch = plan.LaunchOptions(target=plan.Target("t.py"), num_processes=2, coordinator="", run_id="r")
+    backend = engines.start(MpirunOptions(), launch, sys.stderr, {})
+    hosts = (plan.Host("a", slots=2),)
+    assert backend.place(Ask(hosts, 2)).hosts == hosts
+    with pytest.raises(NotImplementedError):
+        backend.place(Ask(hosts, 2, recheck=True))
+    with pytest.raises(NotImplementedError):
+        backend.pool()

@@ -4,12 +4,16 @@ cluster's part is in tests/e2e/test_slurm_elastic.py.)"""
 
 from __future__ import annotations
 
+import io
 import subprocess
 
 import pytest
 
-from jaxrun.backends.scheduler import backend as scheduler
-from jaxrun.core.config import LaunchError, SchedulerOptions
+from jaxrun.backends.scheduler import slurm as scheduler
+from jaxrun.backends.scheduler.options import SlurmOptions
+from jaxrun.core.backend import Ask, Placement
+from jaxrun.core.config import LaunchError
+from jaxrun.core.spec import Host, LaunchOptions, Target
 
 
 def answering(stdout: str, code: int = 0, stderr: str = ""):
@@ -52,8 +56,32 @@ def test_the_allocations_nodes_come_from_scontrol():
 
 
 def test_a_restart_excludes_the_lost_nodes_and_asks_for_fewer():
-    options = SchedulerOptions("slurm", nodes=3)
-    argv = scheduler.srun_command(options, 4, ["agent"], exclude=("n2",), nodes=2)
+    options = SlurmOptions(nodes=3)
+    placement = Placement((Host("n1", 2), Host("n3", 2)), 4, {"n2": "Slurm says down"})
+    argv = scheduler.srun_command(options, 4, ["agent"], placement)
     assert argv == ["srun", "--kill-on-bad-exit=1", "--ntasks=4", "--nodes=2", "--exclude=n2", "agent"]
     assert scheduler.srun_command(options, 6, ["agent"]) == ["srun", "--kill-on-bad-exit=1", "--ntasks=6",
                                                               "--nodes=3", "agent"]
+
+
+def test_placement_is_decided_once_and_shapes_the_restarts_step():
+    run, asked = answering("n1|idle|none\nn2|drained|bad disk\nn3|mixed|none\n")
+    launch = LaunchOptions(Target("t.py"), 4, "", "run", scheduled=True)
+    backend = scheduler.SlurmBackend(SlurmOptions(nodes=3), launch, io.StringIO(), {}, run=run)
+    hosts = (Host("n1", 2), Host("n2", 2), Host("n3", 2))
+    first = backend.place(Ask(hosts, 4))
+    assert (first.hosts, first.num_processes, asked, backend.placement) == (hosts, 4, [], None)
+    seen = []
+
+    def choose(good, problems):
+        seen.append(([h.name for h in good], dict(problems)))
+        return tuple(good), 4
+
+    again = backend.place(Ask(hosts, 4, recheck=True, choose=choose))
+    assert [argv[4] for argv in asked] == ["n1,n2,n3"]  # sinfo, once
+    assert seen == [(["n1", "n3"], {"n2": "Slurm says drained (bad disk)"})]
+    assert backend.placement is again and dict(again.dropped) == {"n2": "Slurm says drained (bad disk)"}
+    argv = backend.step_process(4, ["agent"], ()).argv({})
+    assert argv == ["srun", "--kill-on-bad-exit=1", "--ntasks=4", "--nodes=2", "--exclude=n2", "agent"]
+    backend.place(Ask(hosts, 4))  # a plain restart: Slurm alone places the step again
+    assert backend.step_process(4, ["agent"], ()).argv({})[3:] == ["--nodes=3", "agent"]

@@ -8,7 +8,7 @@ import pytest
 
 from jaxrun import __version__, contract
 from jaxrun.backends.ssh import commands as ssh
-from jaxrun.core.config import SshOptions
+from jaxrun.backends.ssh.options import SshOptions
 from jaxrun.core.spec import Host, ProcessSpec
 
 SETTINGS = SshOptions(python="/opt/py", chdir="/w", config_file="cfg", options=("Compression=yes",))
@@ -125,11 +125,27 @@ def test_a_script_missing_on_a_host_is_named_with_the_way_out():
 
 
 def test_preflight_words_carry_the_script_and_sync_but_no_env():
-    from jaxrun.core.config import SshOptions
+    from jaxrun.backends.ssh import preflight
+    from jaxrun.backends.ssh.options import SshOptions
 
     words = ssh.preflight_words(SshOptions(python="/opt/py", chdir="/w", env={"TOKEN": "s3cret"},
                                            script="main.py", sync=True))
-    assert words[-4:] == [contract.SSH_AGENT_MODULE, "main.py", "sync", ""]
+    assert words[:3] == ["/opt/py", "-c", ssh.PREFLIGHT]
+    assert words[3:] == [__version__, contract.SSH_PREFLIGHT_MODULE, "--chdir=/w", "--script=main.py", "--sync"]
     assert not any("s3cret" in w for w in words)
-    first = ssh.preflight_words(SshOptions(python="/opt/py", chdir="/w"), ("sock", "mod"), hold=True)
-    assert first[-4:] == ["", "hold", "sock", "mod"]
+    first = ssh.preflight_words(SshOptions(python="/opt/py", chdir="/-w"), ("sock", "mod"), hold=True)
+    assert first[5:] == ["--chdir=/-w", "--hold", "--server", "sock", "mod"]
+    # The far end reads them as they were meant.
+    args = preflight.parse_args(words[5:])
+    assert (args.chdir, args.script, args.sync, args.hold, args.server) == ("/w", "main.py", True, False, [])
+    args = preflight.parse_args(first[5:])
+    assert (args.chdir, args.script, args.sync, args.hold, args.server) == ("/-w", "", False, True, ["sock", "mod"])
+
+
+def test_a_host_that_could_not_run_the_preflight_is_checked_on_what_it_said():
+    """Another jaxrun, or none: the stub says which, and nothing of jax."""
+    problems = ssh.check_preflight({"a": _info(), "b": {"python": "3.11.7", "jaxrun": "9.9"},
+                                    "c": {"python": "3.12.1", "jaxrun": None, "jaxrun_error": "E: no"}}, "py")
+    assert problems == [f"b: jaxrun 9.9 there, {__version__} here", "c: cannot import jaxrun with py (E: no)",
+                        "hosts disagree on the python version: a has 3.11.7, b has 3.11.7, c has 3.12.1"]
+    assert ssh.check_preflight({"a": _info(), "b": _info(jax=None)}, "py")[0] == "b: jax is not installed for py"

@@ -31,6 +31,7 @@ import pytest
 
 from jaxrun import contract
 from jaxrun.core.backend import Backend, ChildExit
+from jaxrun.core.deadline import Deadline
 from jaxrun.core.events import Exited, Stream, StreamClosed
 from jaxrun.core.outcome import StopReason, Verdict
 from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
@@ -223,6 +224,8 @@ class Harness:
         # Grouped: nothing is followed live, so only the children's ends make events.
         printer = ConsolePrinter(mode="grouped", stdout=io.BytesIO(), stderr=io.BytesIO())
         specs = [ProcessSpec(r, r, LOCAL_HOST, "python", (), {}) for r in range(n)]
+        if "timeout" in options:  # --timeout: the run loop's one deadline, on this clock
+            options["deadline"] = Deadline(options.pop("timeout"), self.clock)
         self.sup = Supervisor(specs, self.backend, printer, self.log_dir,
                               clock=self.clock, events=self.events, **options)
 
@@ -411,7 +414,8 @@ def test_a_failure_of_its_own_outranks_a_helper_lost_earlier(tmp_path):
     assert verdicts(outcome)[:2] == [Verdict.CONSEQUENCE, Verdict.ROOT_CAUSE]
 
 
-@pytest.mark.parametrize("returncode, status", [(-signal.SIGKILL, 137), (-signal.SIGSEGV, 139)], ids=["SIGKILL", "SIGSEGV"])
+@pytest.mark.parametrize("returncode, status", [(-signal.SIGKILL, 137), (-signal.SIGSEGV, 139)],
+                         ids=["SIGKILL", "SIGSEGV"])
 def test_a_child_killed_from_outside_exits_with_128_plus_the_signal(tmp_path, returncode, status):
     h = Harness(tmp_path)
     h.at(1, h.kids[1].exit, returncode)

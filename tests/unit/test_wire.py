@@ -21,6 +21,13 @@ EXAMPLES = [
     wire.Exit(-9, {"peak_rss_bytes": 7, "cpu_seconds": 0.0, "oom": "the kernel's OOM killer ended it"}),
     wire.Exit(7, None, 1796161488.9206526, "node-3", 31337),
     wire.Ack(),
+    wire.Listen("fe80::1", 0),
+    wire.Connect("10.0.0.1", 1234, 10.0),
+    wire.Unlisten(),
+    wire.Listening(1234),
+    wire.Reached(),
+    wire.Closed(),
+    wire.Failed("Connection refused"),
 ]
 
 
@@ -65,7 +72,8 @@ def test_words_are_unique():
     assert len(set(words)) == len(words)
 
 
-@pytest.mark.parametrize("data", [b"", b"nonsense", b"exit", b'exit [1, {}, 3, "c", 4, 5]', b"started [not json", b"hello [1]"])
+@pytest.mark.parametrize("data", [b"", b"nonsense", b"exit", b'exit [1, {}, 3, "c", 4, 5]', b"started [not json",
+                                  b"hello [1]"])
 def test_bad_lines_are_wire_errors(data):
     with pytest.raises(wire.WireError):
         wire.decode(data)
@@ -76,4 +84,21 @@ def test_signals_travel_by_name():
     assert msg.encode() == b'signal ["SIGUSR1"]'
     assert msg.signum == signal.SIGUSR1
     with pytest.raises(wire.WireError):
-        wire.Signal("SIGNOPE").signum
+        _ = wire.Signal("SIGNOPE").signum
+
+
+def test_a_preflight_answer_is_its_mark_and_one_json_object():
+    facts = {wire.PreflightKey.PYTHON: "3.11.7", wire.PreflightKey.JAX: None, wire.PreflightKey.GPUS: 8}
+    line = wire.preflight_answer(facts)
+    assert line.startswith(wire.PREFLIGHT_ANSWER) and line.endswith(b"\n") and line.count(b"\n") == 1
+    assert wire.parse_preflight_answer(line) == {"python": "3.11.7", "jax": None, "gpus": 8}
+    for junk in (b"jaxrun-preflight [1]", b"jaxrun-preflight {", b'jaxrun-reply {"python": "3"}', b"", b"Welcome!"):
+        with pytest.raises(wire.WireError):
+            wire.parse_preflight_answer(junk)
+
+
+def test_the_preflights_flags_and_keys_are_distinct():
+    flags = [wire.PREFLIGHT_CHDIR, wire.PREFLIGHT_SCRIPT, wire.PREFLIGHT_SYNC, wire.PREFLIGHT_HOLD,
+             wire.PREFLIGHT_SERVER]
+    assert len(set(flags)) == len(flags) and all(f.startswith("--") for f in flags)
+    assert len({k.value for k in wire.PreflightKey}) == len(wire.PreflightKey)

@@ -1,20 +1,22 @@
 """``--launcher ray``: the controllers run on a running Ray cluster, one Ray actor each.
 
 An attempt is a scheduler step (:mod:`jaxrun.backends.scheduler.step`) whose
-scheduler is a Ray driver, this module run as ``--driver``:
+process is the attempt's Ray driver (:mod:`jaxrun.backends.ray.driver`):
 
-1. it connects to the cluster and asks for a placement group of one bundle
-   per controller (1 CPU; K GPUs with ``--devices-per-process K``), placed
-   as ``--placement`` says, and tells the launcher each bundle's node;
-2. the plan's hosts are those nodes (``plan_facts``), each named by its node
-   id's first 8 hex digits and its address, so the local ranks and the
+1. ``place`` starts the driver, which connects to the cluster and asks for a
+   placement group of one bundle per controller (1 CPU; K GPUs with
+   ``--devices-per-process K``), placed as ``--placement`` says, and tells
+   the launcher each bundle's node;
+2. the plan's hosts are those nodes (``Placement.hosts``), each named by its
+   node id's first 8 hex digits and its address, so the local ranks and the
    report's hosts are the nodes';
 3. given each process's bundle, command and environment (``Go``, on its
-   stdin), it starts one actor per bundle, which runs the scheduler's task
-   agent as its child (``--agent``).  From there on all is the scheduler
-   backend's: the task channel carries bytes, signals, joins and exits, and
-   each rank is a ``RankChild``.  Ray's log forwarding is off.  Ray hands
-   out the GPUs (``CUDA_VISIBLE_DEVICES``), so no device ids are set;
+   stdin), it starts one actor per bundle (:mod:`jaxrun.backends.ray.actor`),
+   which runs the scheduler's task agent as its child.  From there on all is
+   the scheduler backend's: the task channel carries bytes, signals, joins
+   and exits, and each rank is a ``RankChild``.  Ray's log forwarding is
+   off.  Ray hands out the GPUs (``CUDA_VISIBLE_DEVICES``), so no device ids
+   are set;
 4. it exits once every agent has, with the first failing status.
 
 Nothing outlives jaxrun: the driver's stdin is its lifeline, and Ray ends
@@ -29,9 +31,7 @@ import dataclasses
 import importlib.util
 import json
 import os
-import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -39,39 +39,16 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from jaxrun import contract, wire
-from jaxrun.backends.scheduler.backend import MPI_FORWARD, MPI_FORWARD_PREFIXES
-from jaxrun.backends.scheduler.step import Step
+from jaxrun.backends.ray.words import PLACEMENTS, Failed, Go, Placed
+from jaxrun.backends.scheduler.mpirun import MPI_FORWARD, MPI_FORWARD_PREFIXES
+from jaxrun.backends.scheduler.step import Say, Step, StepProcess
 from jaxrun.backends.shield import shielded
 from jaxrun.core import reaper, spec as planning
-from jaxrun.core.backend import Backend, RunHooks, start_thread, wait_until
+from jaxrun.core.backend import Ask, Backend, Placement, RunHooks, start_thread, wait_until
 from jaxrun.core.config import LaunchError
 
-MODULE = "jaxrun.backends.ray.backend"
 NO_RAY = "--launcher ray needs Ray, which this Python cannot import: pip install 'jaxrun[ray]'"
-PLACEMENTS = {"pack": "PACK", "spread": "SPREAD", "strict-spread": "STRICT_SPREAD"}
-REACH_TIMEOUT = 5.0  # the driver's first look at the cluster's address, before ray.init (which waits minutes)
-WAIT_NOTE = 5.0  # a placement that takes longer is said once, like srun's "queued and waiting"
 CLOSE_WAIT = 10.0  # for the driver to end once its stdin is closed
-# What a Ray worker's environment holds for Ray alone (and PYTHONBREAKPOINT=ray.util.rpdb...).
-WORKER_ONLY = ("RAY_JOB_ID", "RAY_RAYLET_PID", "RAY_CLIENT_MODE", "RAY_LD_PRELOAD_ON_WORKERS", "PYTHONDONTWRITEBYTECODE")
-
-
-# -- the driver's words with the launcher (one module holds both ends) -----------------
-@wire.message("ray-placed")
-class Placed(wire.Message):
-    nodes: list  # [node id, node address] of each bundle, in bundle order
-    address: str  # the driver's own node's address, as Ray knows it
-
-
-@wire.message("ray-failed")
-class Failed(wire.Message):
-    why: str  # one line: the cluster cannot be reached, or refused the placement group
-
-
-@wire.message("ray-go")
-class Go(wire.Message):
-    processes: list  # per rank: [bundle index, command, environment]
-    cwd: str | None  # where the agents start on their nodes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +70,10 @@ def options(values: Mapping[str, Any], launch: planning.LaunchOptions,
     if address.startswith("ray://"):
         raise LaunchError(f"--ray-address {address}: jaxrun runs its Ray driver here, on a node of the cluster: "
                           "give the GCS address (HOST:PORT) or auto, not a Ray Client address")
-    return RayOptions(address, values.get("placement") or "spread", values.get("chdir") or os.getcwd())
+    placement = values.get("placement") or "spread"
+    if placement not in PLACEMENTS:
+        raise LaunchError(f"--placement {placement}: it takes {', '.join(PLACEMENTS)}")
+    return RayOptions(address, placement, values.get("chdir") or os.getcwd())
 
 
 def bundles(count: int, devices_per_process: int | None) -> list[dict[str, float]]:
@@ -123,14 +103,6 @@ def sent_env(environ: Mapping[str, str], planned: Mapping[str, str]) -> dict[str
     return env
 
 
-def node_env(worker_env: Mapping[str, str], sent: Mapping[str, str]) -> dict[str, str]:
-    """The agent's environment: its Ray worker's, less what is Ray's alone, plus ``sent``."""
-    env = {k: v for k, v in worker_env.items()
-           if k not in WORKER_ONLY and not (k == "PYTHONBREAKPOINT" and v.startswith("ray."))}
-    env.update(sent)
-    return env
-
-
 # -- the launcher's side ------------------------------------------------------------------
 class Driver:
     """One attempt's Ray driver, from the launcher's side.  Its output goes
@@ -143,7 +115,7 @@ class Driver:
         try:
             with shielded():  # a SIGTERM to jaxrun's whole tree is jaxrun's to handle
                 self.popen = subprocess.Popen(
-                    [sys.executable, "-m", MODULE, "--driver", str(words_w), json.dumps(settings)],
+                    [sys.executable, "-m", contract.RAY_DRIVER_MODULE, str(words_w), json.dumps(settings)],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=(words_w,),
                     start_new_session=True)
         finally:
@@ -236,24 +208,21 @@ class Driver:
         self.words.close()
 
 
-class RayStep(Step):
-    """The scheduler step whose scheduler is the attempt's Ray driver, already running."""
+class DriverProcess(StepProcess):
+    """The step's process: the attempt's Ray driver, already running since
+    ``place``; starting the step tells it to start the actors."""
 
-    def __init__(self, driver: Driver, processes: list, cwd: str | None, specs: Sequence[planning.ProcessSpec],
-                 log_dir: str, console: TextIO, fixed_coordinator: str | None, channel_host: str | None,
-                 hooks: RunHooks):
-        super().__init__("ray", specs, lambda env: [], {}, log_dir, console, fixed_coordinator, channel_host, hooks)
+    program = "ray"
+
+    def __init__(self, driver: Driver, processes: list, cwd: str | None):
         self.driver, self.processes, self.cwd = driver, processes, cwd
 
-    def _start_step(self) -> None:
-        home = {contract.TASK_CHANNEL: self.channel, contract.TASK_SECRET: self.secret}
-        os.makedirs(self.log_dir, exist_ok=True)
+    def start(self, env: Mapping[str, str], hooks: RunHooks) -> None:
         self.popen = self.driver.popen
-        self.driver.go([[bundle, command, {**env, **home}] for bundle, command, env in self.processes], self.cwd)
-        start_thread("step-watcher", self._watch_step, hooks=self.hooks)
+        self.driver.go([[bundle, command, {**sent, **env}] for bundle, command, sent in self.processes], self.cwd)
 
-    def _copy_scheduler_output(self, log_path: str) -> None:
-        self.driver.into_log(log_path)
+    def copy_output(self, log_path: str, say: Say) -> None:
+        self.driver.into_log(log_path)  # the console has had it all along
 
 
 class RayBackend(Backend):
@@ -270,29 +239,34 @@ class RayBackend(Backend):
         self.driver: Driver | None = None
         self.placed: Placed | None = None
         self.bundle_of: list[int] = []  # by rank
-        self.step: RayStep | None = None
+        self.step: Step | None = None
 
     def choose_coordinator(self, fixed: str | None) -> tuple[str, None]:
         # Process 0's agent picks a free port on its node (see the task agent).
         self.fixed = fixed
         return fixed or "", None
 
-    def plan_facts(self) -> dict:
-        """The cluster places the bundles first: its nodes are the plan's hosts."""
+    def place(self, ask: Ask) -> Placement:
+        """The cluster places the bundles first, while ``--timeout`` counts:
+        its nodes are the plan's hosts.  The driver that placed them runs the
+        attempt (``begin_attempt``)."""
+        if ask.recheck:
+            return super().place(ask)  # Ray chooses the nodes itself: no elastic restart
         self.end_attempt()  # a restart's driver is a new one
-        asks = bundles(self.launch.num_processes, self.launch.devices_per_process)
+        asks = bundles(ask.num_processes, self.launch.devices_per_process)
         self.driver = Driver(self.options, asks, self.console, self.hooks)
         self.placed = self.driver.placement()
         hosts, self.bundle_of = hosts_of(self.placed.nodes)
-        return {"hosts": hosts}
+        # The nodes are the plan's hosts too (a scheduler step's plan keeps its own): a fact.
+        return Placement(hosts, ask.num_processes, facts={"hosts": hosts})
 
     def begin_attempt(self, specs: Sequence[planning.ProcessSpec], log_dir: str) -> None:
         command = list(contract.shim_argv(self.launch.python, planning.shim_args(self.launch.target)))
         processes = [[self.bundle_of[s.rank], command, sent_env(self.environ, s.env)] for s in specs]
         # The task channel listens where Ray reaches this node, unless told otherwise.
         channel_host = None if self.environ.get(contract.TASK_CHANNEL_HOST) else self.placed.address
-        self.step = RayStep(self.driver, processes, self.options.chdir, specs, log_dir, self.console, self.fixed,
-                            channel_host, self.hooks)
+        process = DriverProcess(self.driver, processes, self.options.chdir)
+        self.step = Step(process, specs, {}, log_dir, self.console, self.fixed, channel_host, self.hooks)
 
     def spawn(self, spec: planning.ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str],
               log_fds: tuple[int, int] | None, on_join) -> Any:
@@ -316,135 +290,3 @@ class RayBackend(Backend):
             step.abort()
         if driver is not None:
             driver.kill()
-
-
-# -- the driver ---------------------------------------------------------------------------
-def unreachable(address: str) -> str | None:
-    """Why the cluster's GCS cannot be reached, or None (ray.init would wait for minutes)."""
-    if address == "auto":
-        return None
-    host, _, port = address.rpartition(":")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT).close()
-    except (OSError, ValueError) as e:
-        return f"cannot reach the Ray cluster at {address}: {e}"
-    return None
-
-
-def drive(words_fd: int, settings: dict) -> int:
-    """The driver's life; its exit status is the first failing process's."""
-    words = os.fdopen(words_fd, "wb", buffering=0)
-    plans: queue.SimpleQueue[bytes] = queue.SimpleQueue()
-    threading.Thread(target=_lifeline, args=(plans,), name="lifeline", daemon=True).start()
-    address, count = settings["address"], len(settings["bundles"])
-    problem = unreachable(address)
-    if problem:
-        words.write(Failed(problem).line())
-        return 2
-    import logging
-
-    import ray
-    from ray.util.placement_group import placement_group, placement_group_table
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    try:  # Ray's forwarding of worker output is off: the task channel carries it
-        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-    except Exception as e:  # noqa: BLE001 -- whatever Ray raises, it is one line for the user
-        words.write(Failed(f"cannot connect to the Ray cluster at {address}: {e}".splitlines()[0]).line())
-        return 2
-    group = placement_group(settings["bundles"], strategy=PLACEMENTS[settings["placement"]])
-    ready = group.ready()
-    if not ray.wait([ready], timeout=WAIT_NOTE)[0]:
-        print(f"jaxrun: waiting for the Ray cluster to place {count} processes ({settings['bundles'][0]} each, "
-              f"--placement {settings['placement']})", flush=True)
-        ray.get(ready)
-    table = placement_group_table(group)["bundles_to_node_id"]
-    addresses = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
-    nodes = [[table[i], addresses.get(table[i], "unknown")] for i in range(count)]
-    words.write(Placed(nodes, ray.util.get_node_ip_address()).line())
-    go = wire.decode(plans.get())
-    # Ray's working_dir (``ray job submit --working-dir``): each worker starts in its copy.
-    cwd = None if ray.get_runtime_context().runtime_env.get("working_dir") else go.cwd
-    gpus = settings["bundles"][0].get("GPU", 0)
-    actor = ray.remote(num_cpus=1, num_gpus=gpus, max_restarts=0)(ControllerHost)
-    runs = {}
-    for rank, (bundle, command, env) in enumerate(go.processes):
-        where = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=bundle)
-        runs[actor.options(scheduling_strategy=where).remote().run.remote(command, env, cwd)] = rank
-    return first_failure(ray, runs)
-
-
-def first_failure(ray: Any, runs: dict) -> int:
-    """Wait for every actor's agent; the first failing status, in the order they ended."""
-    status, pending = 0, list(runs)
-    while pending:
-        (done,), pending = ray.wait(pending, num_returns=1)
-        try:
-            code, said = ray.get(done)
-        except ray.exceptions.RayError as e:
-            code, said = 1, f"its Ray actor failed: {str(e).strip().splitlines()[0]}"
-        for line in said.splitlines():
-            print(f"jaxrun: process {runs[done]}: {line}", flush=True)
-        status = status or code
-    return status
-
-
-def _lifeline(plans: queue.SimpleQueue) -> None:
-    """The launcher's one word, then nothing until it closes our stdin, or dies."""
-    data, told = b"", False
-    while chunk := os.read(0, 1 << 16):  # unbuffered: this thread may still read as the driver exits
-        if not told:
-            data += chunk
-            if b"\n" in data:
-                plans.put(data)
-                told = True
-    os._exit(0)  # Ray ends this driver's actors and placement group
-
-
-class ControllerHost:
-    """A Ray actor's body: it runs one controller's task agent as its child."""
-
-    def run(self, command: list[str], env: dict, cwd: str | None) -> tuple[int, str]:
-        """The agent's exit status, and what it said itself (the controller's
-        bytes go over the task channel)."""
-        lifeline_r, lifeline_w = os.pipe()  # the agent dies with this actor
-        argv = [command[0], "-m", MODULE, "--agent", str(lifeline_r), "--", *command]
-        try:
-            agent = subprocess.Popen(argv, env=node_env(os.environ, env), cwd=cwd, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=(lifeline_r,))
-        except OSError as e:
-            return 127, f"cannot start its task agent on this node (in {cwd}): {e}"
-        finally:
-            os.close(lifeline_r)
-        said = agent.stdout.read()
-        code = agent.wait()
-        os.close(lifeline_w)
-        return contract.exit_status(code), said.decode(errors="replace")[-4000:]
-
-
-def agent(argv: list[str]) -> int:
-    """``--agent FD -- COMMAND``: the task agent, which dies with the actor that holds FD's other end."""
-    lifeline = int(argv[0])
-
-    def watch() -> None:  # the controller's lifeline is ours: it goes too
-        os.read(lifeline, 1)  # the actor writes nothing: this returns as it ends
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    threading.Thread(target=watch, name="actor-lifeline", daemon=True).start()
-    from jaxrun.backends.scheduler import task_agent as scheduler_agent
-
-    return scheduler_agent.main(argv[1:])
-
-
-def main(argv: list[str]) -> int | str:
-    if argv[:1] == ["--agent"] and len(argv) > 2:
-        return agent(argv[1:])
-    if argv[:1] == ["--driver"] and len(argv) == 3:
-        return drive(int(argv[1]), json.loads(argv[2]))
-    return f"usage: python -m {MODULE} --driver FD SETTINGS | --agent FD -- COMMAND..."  # sys.exit prints it
-
-
-if __name__ == "__main__":
-    from jaxrun.backends.ray.backend import main as module_main  # Ray pickles this module's classes by name
-
-    sys.exit(module_main(sys.argv[1:]))

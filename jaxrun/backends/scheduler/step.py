@@ -1,9 +1,9 @@
-"""The scheduler step: one ``srun``/``mpirun`` run for all ranks of an attempt.
+"""The scheduler step: one engine process (``srun``, ``mpirun``, a Ray driver) for all ranks of an attempt.
 
 A ``Step`` hands the supervisor one ``RankChild``
 (:mod:`jaxrun.backends.scheduler.child`) per rank, so the summary, the
 report and the per-process logs work as for any backend.  The first
-``spawn`` starts the whole step.  Each task runs the task agent
+``spawn`` starts the step's process.  Each task runs the task agent
 (:mod:`jaxrun.backends.scheduler.task_agent`), which connects back to this step's
 task channel (:mod:`jaxrun.backends.scheduler.channel`).
 
@@ -13,26 +13,24 @@ without a newline and the exact byte stream would be lost or altered, and
 neither reports per-task exit codes or lets us signal one task.  The cost is
 one TCP listener per run: compute nodes must be able to reach the launcher's
 host (which ``srun`` and ``mpirun`` already require for their own I/O).
-Whatever the scheduler itself prints (allocation errors, its own failure
+Whatever the engine itself prints (allocation errors, its own failure
 notes) goes to ``engine.log`` in the log folder and to the console.  When the
 step ends before some tasks reported back, each of those ranks ends with the
 step's code and one note (``contract.EngineNote``) in its stderr log; the
 console leaves those notes out, and the summary names the failure once.
 
-Stopping a step that Slurm still queues needs care: ``srun`` withdraws its
-pending job on SIGTERM or SIGINT, but after SIGKILL the job stays in the
-queue.  ``Step.kill`` therefore sends SIGTERM first while no task has reached
-us, and the job id ``srun`` reported as queued is cancelled with ``scancel``
-if ``srun`` ended without withdrawing it.
+The ``Step`` knows no engine: what differs between them (the command line,
+how to stop one that is still queued, what to clean up once it ended) is
+its ``StepProcess``, one implementation per engine beside its backend.
 
 Threads are started through ``start_thread``, so one that dies is reported
-to the run; the step's own are ``step-watcher`` and ``step-kill``.
+to the run; the step's own is ``step-watcher``.
 """
 
 from __future__ import annotations
 
+import abc
 import os
-import re
 import secrets
 import signal
 import socket
@@ -52,19 +50,113 @@ from jaxrun.core.spec import ProcessSpec
 
 # After the step exits, how long ranks may still report their exit codes.
 LATE_REPORT_WAIT = 3.0
-# How long srun gets after SIGTERM to withdraw its pending job before SIGKILL.
-SRUN_WITHDRAW_WAIT = 2.0
-SRUN_ABORT_WAIT = 1.0  # the most abort() waits for that
 # After the task channel closes, how long the tasks get to end their step.
 CLOSE_WAIT = 10.0
-SCANCEL_TIMEOUT = 10.0
-# What srun prints (at its default verbosity) when its job must wait, and once it
-# runs or srun itself withdrew it.
-QUEUED = re.compile(rb"srun: job (\d+) queued and waiting for resources")
-# Only an allocation ends the wait.  "Job allocation N has been revoked" is
-# srun asking for the withdrawal, which a loaded controller may not have done
-# yet: the job is still cancelled (a job gone already is no error).
-ALLOCATED = re.compile(rb"srun: job (\d+) has been allocated resources")
+
+Say = Callable[[str], bool]  # one line for the console; False once it cannot take more
+
+
+class StepProcess(abc.ABC):
+    """The one process a step is, as the ``Step`` drives it: started once
+    with the channel's environment, its output copied until it ends, stopped
+    by the engine's own rule, and cleaned up after."""
+
+    program: str = ""  # how messages and the EngineNote name it
+    popen: subprocess.Popen | None = None  # set by ``start``
+
+    @abc.abstractmethod
+    def start(self, env: Mapping[str, str], hooks: RunHooks) -> None:
+        """Start it; ``env`` holds the task channel's address and secret."""
+
+    def copy_output(self, log_path: str, say: Say) -> None:
+        """Its output into ``log_path`` and onto the console, until it ends;
+        neither a full disk nor a console that went away stops the copying
+        (the engine would block on its output)."""
+        try:
+            log = open(log_path, "wb")
+        except OSError as e:
+            log = None
+            say(f"[{self.program}] jaxrun: cannot write {log_path}: {e}")
+        console = True
+        try:
+            for line in self.popen.stdout:
+                self.heard(line)
+                if log is not None:
+                    try:
+                        log.write(line)
+                        log.flush()
+                    except OSError:
+                        log.close()
+                        log = None
+                if console:
+                    console = say(f"[{self.program}] {line.decode(errors='replace').rstrip()}")
+        finally:
+            if log is not None:
+                try:
+                    log.close()
+                except OSError:
+                    pass
+
+    def heard(self, line: bytes) -> None:
+        """One line of its output, as it passes."""
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid if self.popen else 0
+
+    @property
+    def started(self) -> bool:
+        return self.popen is not None
+
+    @property
+    def ended(self) -> bool:
+        return self.popen is not None and self.popen.returncode is not None
+
+    def reap(self) -> int:
+        """Once its output has ended: its exit status."""
+        self.popen.stdout.close()  # nobody reads it any more: it must not block on it
+        return self.popen.wait()
+
+    def wait(self, timeout: float) -> None:
+        """Wait for its end; SIGKILL once ``timeout`` has passed."""
+        try:
+            self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            self.popen.wait()
+
+    def signal(self, signum: int) -> None:
+        # Popen sets returncode as it reaps: no group is signalled after that.
+        if self.popen is not None and self.popen.returncode is None:
+            reaper.kill_group(self.popen.pid, signum)
+
+    def stop(self, reached: bool, hooks: RunHooks) -> None:
+        """End it now, from any thread, without waiting (``reached``: a task
+        has attached, so the step runs)."""
+        self.signal(signal.SIGKILL)
+
+    def cleanup(self, timeout: float | None = None) -> None:
+        """After it ended: undo what it may have left behind."""
+
+    def settle(self) -> None:
+        """The watchdog's last resort is about to SIGKILL what is left: wait
+        (briefly) for whatever must come first."""
+
+
+class Command(StepProcess):
+    """A step that is one program on this machine, started from its argv."""
+
+    @abc.abstractmethod
+    def argv(self, env: Mapping[str, str]) -> list[str]:
+        """Its command line, for the environment ``env`` it starts with."""
+
+    def start(self, env: Mapping[str, str], hooks: RunHooks) -> None:
+        # mpirun keeps the stop signals blocked, so a SIGTERM sent to the whole
+        # tree leaves it running (it would SIGKILL its job a second after
+        # forwarding it); srun unblocks them, and cannot be shielded.
+        with shielded():
+            self.popen = subprocess.Popen(self.argv(env), env=dict(env), stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 class Step:
@@ -72,9 +164,8 @@ class Step:
 
     def __init__(
         self,
-        command: str,
+        process: StepProcess,
         specs: Sequence[ProcessSpec],
-        build_command: Callable[[Mapping[str, str]], list[str]],
         step_env: Mapping[str, str],
         log_dir: str,
         console: TextIO,
@@ -82,8 +173,7 @@ class Step:
         channel_host: str | None = None,
         hooks: RunHooks | None = None,
     ):
-        self.command = command  # srun or mpirun, as messages name it
-        self.build_command = build_command
+        self.process = process
         self.step_env = dict(step_env)
         self.log_dir = log_dir
         self.console = console
@@ -94,93 +184,45 @@ class Step:
         self.lock = threading.Lock()
         self.connected: list[RankChild] = []
         self.reached = False  # a task has attached: the step runs, it is not queued
-        self.queued_job: str | None = None  # the job srun said it waits for, until it runs
-        self.popen: subprocess.Popen | None = None
-        self._killing = False
-        self._withdraw_lock = threading.Lock()
         host = channel_host or channel_address()
         self.listener = TaskListener(host, self.secret, 3 * len(self.children), self._wanted, self._attach, self.hooks)
         self.channel = contract.join_address(host, self.listener.port)
 
     @property
     def pid(self) -> int:
-        return self.popen.pid if self.popen else 0
+        return self.process.pid
 
     def spawn(self, spec: ProcessSpec, extra_env: Mapping[str, str], on_join: Callable[[], None]) -> RankChild:
         child = self.children[spec.rank]
         child.error_file = extra_env.get(contract.ERROR_FILE)
         child.on_join = on_join
-        if self.popen is None:
-            self._start_step()
+        if not self.process.started:
+            env = dict(self.step_env)
+            env[contract.TASK_CHANNEL] = self.channel
+            env[contract.TASK_SECRET] = self.secret
+            os.makedirs(self.log_dir, exist_ok=True)
+            self.process.start(env, self.hooks)
+            start_thread("step-watcher", self._watch_step, hooks=self.hooks)
         return child
-
-    def _start_step(self) -> None:
-        env = dict(self.step_env)
-        env[contract.TASK_CHANNEL] = self.channel
-        env[contract.TASK_SECRET] = self.secret
-        os.makedirs(self.log_dir, exist_ok=True)
-        # mpirun keeps the stop signals blocked, so a SIGTERM sent to the whole
-        # tree leaves it running (it would SIGKILL its job a second after
-        # forwarding it); srun unblocks them, and cannot be shielded.
-        with shielded():
-            self.popen = subprocess.Popen(
-                self.build_command(env),
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        start_thread("step-watcher", self._watch_step, hooks=self.hooks)
 
     # -- the step process ------------------------------------------------------
     def _watch_step(self) -> None:
         log_path = os.path.join(self.log_dir, "engine.log")
         try:
-            self._copy_scheduler_output(log_path)
+            self.process.copy_output(log_path, self._say)
         finally:
             # Whatever happened above, every rank ends once the step has.
-            self.popen.stdout.close()  # nobody reads it any more: srun must not block on it
-            code = self.popen.wait()
-            self._withdraw_queued_job()
+            code = self.process.reap()
+            self.process.cleanup()
             deadline = time.monotonic() + LATE_REPORT_WAIT
             for child in self.children.values():
                 child.wait_reported(max(0.0, deadline - time.monotonic()))
-            # Every rank still unreported ends with the same scheduler failure.
+            # Every rank still unreported ends with the same engine failure.
             # Each one's stderr log records it; the console leaves those lines
             # out, and the summary names the failure once for all of them.
-            note = contract.EngineNote.of(self.command, code, self.reached, log_path).line()
+            note = contract.EngineNote.of(self.process.program, code, self.reached, log_path).line()
             for child in self.children.values():
                 child.finish(code or 1, note)
-
-    def _copy_scheduler_output(self, log_path: str) -> None:
-        """What srun/mpirun print goes to engine.log and the console; neither
-        a full disk nor a console that went away stops the copying (srun
-        would block on its output)."""
-        try:
-            log = open(log_path, "wb")
-        except OSError as e:
-            log = None
-            self._say(f"[{self.command}] jaxrun: cannot write {log_path}: {e}")
-        console = True
-        try:
-            for line in self.popen.stdout:
-                self._note_scheduler_line(line)
-                if log is not None:
-                    try:
-                        log.write(line)
-                        log.flush()
-                    except OSError:
-                        log.close()
-                        log = None
-                if console:
-                    console = self._say(f"[{self.command}] {line.decode(errors='replace').rstrip()}")
-        finally:
-            if log is not None:
-                try:
-                    log.close()
-                except OSError:
-                    pass
 
     def _say(self, text: str) -> bool:
         try:
@@ -188,28 +230,6 @@ class Step:
             return True
         except (OSError, ValueError):
             return False
-
-    def _note_scheduler_line(self, line: bytes) -> None:
-        if self.command != "srun":
-            return
-        queued = QUEUED.search(line)
-        if queued:
-            self.queued_job = queued.group(1).decode()
-        elif ALLOCATED.search(line):
-            self.queued_job = None
-
-    def _withdraw_queued_job(self, timeout: float = SCANCEL_TIMEOUT) -> None:
-        """srun ended while its job was still queued (it was SIGKILLed before
-        it could withdraw it): cancel that job, or it would run later."""
-        with self._withdraw_lock:
-            job, self.queued_job = self.queued_job, None
-            if job is None:
-                return
-            try:
-                subprocess.run(["scancel", job], env=self.step_env, stdin=subprocess.DEVNULL,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout)
-            except (OSError, subprocess.SubprocessError):
-                self._say(f"[{self.command}] jaxrun: could not cancel the queued job {job}; run: scancel {job}")
 
     # -- the channel -------------------------------------------------------------
     def _wanted(self, hello: wire.Hello) -> bool:
@@ -238,75 +258,32 @@ class Step:
 
     # -- stopping --------------------------------------------------------------
     def kill(self) -> None:
-        """End the step now, from any thread, without waiting.  An srun that
-        no task has reached may still wait for its allocation: it gets
-        SIGTERM, on which it withdraws its job (SIGKILL would leave the job
-        queued), and SIGKILL only ``SRUN_WITHDRAW_WAIT`` later."""
-        popen = self.popen
-        if popen is None or popen.returncode is not None:
-            return
-        if self.command != "srun" or self.reached:
-            self._signal(signal.SIGKILL)
-            return
-        self._signal(signal.SIGTERM)
-        with self.lock:
-            if self._killing:
-                return
-            self._killing = True
-        start_thread("step-kill", self._kill_later, hooks=self.hooks)
-
-    def _kill_later(self) -> None:
-        deadline = time.monotonic() + SRUN_WITHDRAW_WAIT
-        while self.popen.returncode is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        self._signal(signal.SIGKILL)
-
-    def _signal(self, signum: int) -> None:
-        # Popen sets returncode as it reaps: no group is signalled after that.
-        if self.popen is not None and self.popen.returncode is None:
-            reaper.kill_group(self.popen.pid, signum)
+        """End the step now, from any thread, without waiting, as its engine
+        must be stopped (a queued srun job is withdrawn first)."""
+        if self.process.started and not self.process.ended:
+            self.process.stop(self.reached, self.hooks)
 
     def close(self) -> None:
         """Closing the channel makes every task kill its child; then the step
-        ends.  A step no task has reached is withdrawn from the queue."""
+        ends.  A step no task has reached is stopped (a queued job withdrawn)."""
         self.listener.close()
         for child in self.children.values():
             child.hang_up()
-        if self.popen:
+        if self.process.started:
             if not self.reached:
                 self.kill()
-            try:
-                self.popen.wait(timeout=CLOSE_WAIT)
-            except subprocess.TimeoutExpired:
-                self._signal(signal.SIGKILL)
-                self.popen.wait()
-            self._withdraw_queued_job()
+            self.process.wait(CLOSE_WAIT)
+            self.process.cleanup()
         for child in self.children.values():
             child.finish(-signal.SIGKILL)
 
     def abort(self) -> None:
-        """The watchdog's last resort: hang up on every task and end the step.
-        It waits for one thing only, and briefly: a queued job withdrawn (by
-        srun, a few ms, else by scancel), since the caller SIGKILLs what is
-        left next, and a SIGKILL that came first would leave the job queued."""
+        """The watchdog's last resort: hang up on every task and end the step,
+        waiting only for what its process must do before the SIGKILL that
+        comes next (a queued srun job withdrawn, briefly)."""
         self.listener.stop()
         for child in self.children.values():
             child.hang_up()
         self.kill()
-        if self.queued_job is not None and self.popen is not None:
-            deadline = time.monotonic() + SRUN_ABORT_WAIT
-            while not _has_exited(self.popen.pid) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            # srun may end without withdrawing it (a loaded controller), and
-            # the step watcher that would cancel it may not outlive this
-            # process: cancel it here, briefly (a job gone already is no error).
-            self._withdraw_queued_job(timeout=SRUN_ABORT_WAIT)
-
-
-def _has_exited(pid: int) -> bool:
-    """Whether our child ``pid`` has exited, without reaping it (the
-    step watcher's ``Popen.wait`` does that)."""
-    try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:
-        return True  # reaped already
+        if self.process.started:
+            self.process.settle()

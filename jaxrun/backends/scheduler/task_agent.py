@@ -55,13 +55,12 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signa
 
 
 def local_count_from_env(environ=os.environ) -> int:
-    """How many tasks of this step share our node."""
-    source = environ.get(contract.RANK_SOURCE)
-    if source in ("mpirun", "mpi"):
-        return int(environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1"))
-    if source == "slurm":
-        return tasks_on_node(environ.get("SLURM_STEP_TASKS_PER_NODE", ""), int(environ.get("SLURM_NODEID", "0")))
-    return int(environ.get(contract.LOCAL_PROCESS_COUNT, "1"))  # jaxrun's own numbering (Ray's nodes)
+    """How many tasks of this step share our node, as the rank source's
+    variables say (``contract.LOCAL_COUNT_SOURCES``); without one, jaxrun's
+    own numbering (Ray's nodes)."""
+    source = environ.get(contract.RANK_SOURCE, "")
+    per_node, node = contract.LOCAL_COUNT_SOURCES.get(source, (contract.LOCAL_PROCESS_COUNT, None))
+    return tasks_on_node(environ.get(per_node, ""), int(environ.get(node, "0")) if node else 0)
 
 
 def tasks_on_node(per_node: str, node_index: int) -> int:

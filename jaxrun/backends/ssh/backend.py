@@ -19,6 +19,7 @@ the remote shell sees plain words only.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import time
@@ -30,8 +31,8 @@ from jaxrun import contract, wire
 from jaxrun.backends.ssh.children import ChannelChild, SessionChild
 from jaxrun.backends.ssh.commands import preflight_table, process_env, process_words, remote_command, server_words
 from jaxrun.backends.ssh.connections import MASTER_CLOSE_WAIT, Connections
-from jaxrun.core.backend import Backend
-from jaxrun.core.config import SshOptions
+from jaxrun.backends.ssh.options import SshOptions
+from jaxrun.core.backend import Ask, Backend, Placement
 from jaxrun.core.spec import Host, ProcessSpec
 
 
@@ -44,7 +45,7 @@ class SshBackend(Backend):
                  preload: bool = False, preload_modules: Sequence[str] = ()):
         self.settings = settings
         self.hosts = list(hosts)
-        self.listed = list(hosts)  # what the user gave; self.hosts is what the last regroup kept
+        self.listed = list(hosts)  # what the user gave; self.hosts is what the last placement kept
         self.console = console
         self.verbose = verbose
         self.preload = preload
@@ -60,14 +61,18 @@ class SshBackend(Backend):
     def pool(self) -> list[Host]:
         return list(self.listed)
 
-    def regroup(self, hosts: Sequence[Host]) -> dict[str, str]:
-        """An elastic restart: every connection and server ends, and the
-        hosts given are connected and checked again; those that fail are
-        left out."""
+    def place(self, ask: Ask) -> Placement:
+        """The hosts it was asked for, each host's GPUs and which names are
+        one machine.  An elastic restart (``ask.recheck``) starts over: every
+        connection and server ends, the hosts asked for are connected and
+        checked again, and those that fail are left out."""
+        if not ask.recheck:
+            return Placement(ask.hosts, ask.num_processes, facts=self._facts())
         self.close()
-        self.hosts, self.servers, self.serving, self.channels = list(hosts), {}, set(), {}
+        self.hosts, self.servers, self.serving, self.channels = list(ask.hosts), {}, set(), {}
         self._open(tolerate=True)
-        return dict(self.connections.left_out)
+        placement = Placement.chosen(ask, dict(self.connections.left_out), self._facts())
+        return dataclasses.replace(placement, facts={**placement.facts, "hosts": placement.hosts})
 
     def _open(self, tolerate: bool) -> None:
         self.connections = Connections(self.settings, self.hosts, self.hooks)
@@ -166,7 +171,7 @@ class SshBackend(Backend):
                 session.kill()
                 session.wait()
 
-    def plan_facts(self) -> dict:
+    def _facts(self) -> dict:
         results = self.connections.results
         gpus = {name: info["gpus"] for name, info in results.items() if info.get("gpus")}
         machines = {name: info["machine"] for name, info in results.items() if info.get("machine")}

@@ -24,7 +24,6 @@ instead (``start_session``).  The children that use either way are in
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -36,8 +35,6 @@ from collections.abc import Mapping, Sequence
 from jaxrun import contract, portable, wire
 from jaxrun.backends.shield import shielded
 from jaxrun.backends.ssh.commands import (
-    ANSWER,
-    REPLY,
     check_preflight,
     forward_args,
     master_control,
@@ -46,9 +43,11 @@ from jaxrun.backends.ssh.commands import (
     session_control,
     ssh_args,
 )
+from jaxrun.backends.ssh.options import SshOptions
 from jaxrun.core.backend import RunHooks, start_thread, wait_until
-from jaxrun.core.config import LaunchError, SshOptions
+from jaxrun.core.config import LaunchError
 from jaxrun.core.spec import Host
+from jaxrun.wire import PreflightKey as Key
 
 # A server's default MaxSessions is 10 per connection; the master's own session
 # takes one.  Processes beyond this many on one host get a connection of their own.
@@ -64,7 +63,8 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def read_answer(stdout, answers: dict[str, bytes], name: str, mark: bytes = ANSWER, skip: int = 0) -> None:
+def read_answer(stdout, answers: dict[str, bytes], name: str, mark: bytes = wire.PREFLIGHT_ANSWER,
+                skip: int = 0) -> None:
     """The preflight session's next line that starts with ``mark`` (its
     answer, or a reply) after ``skip`` such lines, or b"" if the session
     ended without one."""
@@ -77,8 +77,19 @@ def read_answer(stdout, answers: dict[str, bytes], name: str, mark: bytes = ANSW
     answers[name] = b""
 
 
-def _reason(reply: str) -> str:
-    return reply[len("error "):] if reply.startswith("error ") else reply
+def read_reply(line: bytes | None) -> wire.Message | None:
+    """The request's reply in a ``wire.PREFLIGHT_REPLY`` line (a line that
+    says something else fails), or None for none."""
+    if not line:
+        return None
+    try:
+        return wire.decode(line[len(wire.PREFLIGHT_REPLY):])
+    except wire.WireError as e:
+        return wire.Failed(str(e))
+
+
+def _reason(reply: wire.Message) -> str:
+    return reply.reason if isinstance(reply, wire.Failed) else f"unexpected reply {reply.encode()[:200]!r}"
 
 
 def send_env(popen: subprocess.Popen, env: Mapping[str, str]) -> None:
@@ -209,8 +220,8 @@ class Connections:
         master = self.masters[host.name]
         if line:
             try:
-                return json.loads(line[len(ANSWER):])
-            except ValueError:
+                return wire.parse_preflight_answer(line)
+            except wire.WireError:
                 raise LaunchError(f"{host.name}: unexpected preflight answer {line[:200]!r}") from None
         if line is None:
             master.kill()
@@ -237,47 +248,48 @@ class Connections:
             self._hold_port(first, address, int(port), f"--coordinator {fixed}")
             self._check_reachable(first, address, int(port))
             return fixed, fixed
-        address = self.results[first.name].get("address")
+        address = self.results[first.name].get(Key.ADDRESS)
         if not address:
             raise LaunchError(f"{first.name}: SSH_CONNECTION is not set there; pass --coordinator HOST:PORT")
-        remote_peers = [h.name for h in self.hosts[1:] if not contract.is_loopback(self.results[h.name].get("address"))]
+        remote_peers = [h.name for h in self.hosts[1:]
+                        if not contract.is_loopback(self.results[h.name].get(Key.ADDRESS))]
         if contract.is_loopback(address) and remote_peers:
             raise LaunchError(
                 f"{first.name} was reached over loopback ({address}), which {remote_peers[0]} cannot "
                 "connect to; list a routable host first or pass --coordinator HOST:PORT"
             )
-        port = self.results[first.name].pop("port", None)  # held since the preflight (the first attempt)
+        port = self.results[first.name].pop(Key.PORT, None)  # held since the preflight (the first attempt)
         if not isinstance(port, int):
             port = self._hold_port(first, address, 0, f"{first.name}")
         self._check_reachable(first, address, port)
         where = contract.join_address(address, port)
         return where, where
 
-    def ask(self, requests: Mapping[str, Sequence[str]], within: float) -> dict[str, str | None]:
+    def ask(self, requests: Mapping[str, wire.Message], within: float) -> dict[str, wire.Message | None]:
         """Send each named host's preflight session one request (see
-        ``ssh_commands.PREFLIGHT``), all at once, and wait for the replies
-        together: {host: reply, or None for none within ``within`` seconds}."""
+        :mod:`jaxrun.backends.ssh.preflight`), all at once, and wait for the
+        replies together: {host: reply, or None for none within ``within`` seconds}."""
         answers: dict[str, bytes] = {}
         readers = []
-        for name, words in requests.items():
+        for name, request in requests.items():
             master = self.masters[name]
             try:
-                master.stdin.write((" ".join(words) + "\n").encode())
+                master.stdin.write(request.line())
             except OSError:
                 answers[name] = b""
                 continue
-            readers.append(start_thread(f"ssh-ask:{name}", read_answer, master.stdout, answers, name, REPLY,
+            readers.append(start_thread(f"ssh-ask:{name}", read_answer, master.stdout, answers, name,
+                                        wire.PREFLIGHT_REPLY,
                                         self.unread.pop(name, 0), hooks=self.hooks))
         wait_until(lambda: not any(r.is_alive() for r in readers), self.hooks, within)
-        return {name: answers[name][len(REPLY):].decode(errors="replace").strip() if answers.get(name) else None
-                for name in requests}
+        return {name: read_reply(answers.get(name)) for name in requests}
 
-    def tell(self, name: str, words: Sequence[str]) -> None:
+    def tell(self, name: str, request: wire.Message) -> None:
         """A request whose reply nobody waits for: the next ``ask`` of that
-        host skips it (replies come in order).  "unlisten" lets the port go
-        long before process 0, still to start, binds it."""
+        host skips it (replies come in order).  ``wire.Unlisten`` lets the
+        port go long before process 0, still to start, binds it."""
         try:
-            self.masters[name].stdin.write((" ".join(words) + "\n").encode())
+            self.masters[name].stdin.write(request.line())
             self.unread[name] = self.unread.get(name, 0) + 1
         except OSError:
             pass
@@ -285,13 +297,13 @@ class Connections:
     def _hold_port(self, host: Host, address: str, port: int, what: str) -> int:
         """Listen on ``address``:``port`` on ``host`` (0: a free port) until the
         next request to that host; the port."""
-        reply = self.ask({host.name: ["listen", address, str(port)]},
+        reply = self.ask({host.name: wire.Listen(address, port)},
                          self.settings.connect_timeout + PREFLIGHT_SLACK)[host.name]
         if reply is None:
             raise LaunchError(f"{what}: no answer from {host.name} while looking for a free port")
-        if not reply.startswith("listening "):
+        if not isinstance(reply, wire.Listening):
             raise LaunchError(f"{what}: cannot listen on {address}:{port} on {host.name} ({_reason(reply)})")
-        return int(reply.split()[1])
+        return reply.port
 
     def _check_reachable(self, first: Host, address: str, port: int) -> None:
         """Every other host connects to the coordinator's address and port
@@ -301,16 +313,16 @@ class Connections:
         limit = self.settings.connect_timeout
         others = {h.name for h in self.hosts if h.name != first.name}
         try:
-            replies = self.ask({name: ["connect", address, str(port), f"{limit:g}"] for name in others},
+            replies = self.ask({name: wire.Connect(address, port, limit) for name in others},
                                limit + PREFLIGHT_SLACK)
         finally:
-            self.tell(first.name, ["unlisten"])
+            self.tell(first.name, wire.Unlisten())
         problems = []
         for name in sorted(others, key=[h.name for h in self.hosts].index):
             reply = replies[name]
             if reply is None:
                 problems.append(f"{name}: no answer while checking that it reaches the coordinator")
-            elif reply != "reached":
+            elif not isinstance(reply, wire.Reached):
                 problems.append(f"{name}: cannot reach the coordinator at {address}:{port} on {first.name} "
                                 f"({_reason(reply)}); check firewalls, or pass --coordinator HOST:PORT")
         if problems:
@@ -324,7 +336,7 @@ class Connections:
         session each."""
         forwards = {}
         for host in self.hosts:
-            remote = self.results[host.name].get("channels")
+            remote = self.results[host.name].get(Key.CHANNELS)
             local = self.control_path(host) + ".c"
             if not remote or host.name in forwards or ":" in remote + local:
                 continue

@@ -1,0 +1,204 @@
+"""How one attempt ended, read from its files once: the console summary, the
+JSON report, JUnit and the GitHub annotation only format it (as torch's
+``ChildFailedError`` carries its failures).
+
+``diagnose`` reads each log at most once, and only through the contract's
+guarded reader (a regular file, never a link, never more than a bound): every
+process's stderr log when the attempt stopped (the stack dumps and flight
+records there say where each one was), the root cause's error record, and its
+stdout log where its stderr is empty, and the engine's log after an engine
+failure.  The run loop keeps the result on the outcome (``attach``), so the
+JSON report, rewritten after every attempt, reads no earlier attempt again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from jaxrun import contract
+from jaxrun.contract import ErrorRecord, FlightLog, signal_name
+from jaxrun.core.outcome import Outcome, ProcessRecord, StopReason, Verdict
+from jaxrun.core.ranks import format_ranks
+from jaxrun.reporting.stacks import DUMP_TAIL, Frame, dumped_state, user_frame
+
+TAIL_LINES = 15  # the lines of a log the reports quote
+# JUnit's system-out and system-err: it leaves JAX's noise lines out of these,
+# then keeps TAIL_LINES.
+OUTPUT_LINES = 4 * TAIL_LINES
+# How much of the end of a log those lines come from: logs may be many gigabytes.
+LOG_TAIL = 64 * 1024
+ENDED_BY_OTHERS = (Verdict.STOPPED, Verdict.CONSEQUENCE, Verdict.NOT_STARTED)
+
+
+class Kind(enum.Enum):
+    """How the attempt ended, as the reports name it first."""
+
+    SUCCESS = "success"
+    START_ERROR = "start error"  # it never started its processes
+    ENGINE_FAILURE = "engine failure"  # the scheduler step failed under its tasks
+    PROCESS_FAILURE = "process failure"  # a process failed first: the root cause
+    FAILURE = "failure"  # a failure that names no process
+    TIMEOUT = "timeout"
+    SIGNAL = "signal"
+    INTERNAL = "internal error"
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineFailure:
+    """A scheduler step that failed under its tasks, and every process it ended."""
+
+    note: contract.EngineNote
+    ranks: tuple[int, ...]
+    log_tail: tuple[str, ...] = ()  # the end of the engine's own output
+
+    @property
+    def headline(self) -> str:
+        who = ("process " if len(self.ranks) == 1 else "processes ") + format_ranks(self.ranks)
+        if self.note.started:
+            what = f"before {who} reported back"
+        else:
+            what = f"before any task started; {who} never ran"
+        return f"{self.note.engine} failed first: it {self.note.how} {what}"
+
+
+@dataclasses.dataclass(frozen=True)
+class RootCause:
+    """The process that failed first, and what it left."""
+
+    rank: int
+    host: str
+    where: str  # "process 2 on hostB"
+    pid: int | None
+    exit: str  # describe_exit
+    error: ErrorRecord | None  # its error record, if it left one
+    oom: str | None
+    stderr_tail: tuple[str, ...]  # its stderr log's last TAIL_LINES lines
+    output_path: str  # its stderr log, or its stdout log where stderr is empty
+    output: tuple[str, ...]  # that log's last TAIL_LINES lines
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessFacts:
+    """What one process's logs say, for the lines about every process."""
+
+    rank: int
+    frame: Frame | None = None  # after a stop: its last stack dump's innermost frame of user code
+    flight: FlightLog | None = None  # its flight recorder's last block (--flight-recorder)
+    state: str | None = None  # in the script, or past it (contract.IN_SCRIPT, ...)
+    stdout: tuple[str, ...] = ()  # with outputs only: each log's last OUTPUT_LINES lines
+    stderr: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Diagnosis:
+    kind: Kind
+    root: RootCause | None
+    engine: EngineFailure | None  # set with root: the engine ended the root cause
+    processes: tuple[ProcessFacts, ...]  # in the outcome's record order
+    outputs: bool  # whether processes hold every log's last lines
+
+
+def describe_exit(record: ProcessRecord) -> str:
+    code = record.returncode
+    if code is None:
+        return "still running"
+    how = f"killed by {signal_name(-code)}" if code < 0 else f"exit code {code}"
+    if record.lost:  # what stands in for the process's end: its helper's
+        ended = "closed" if record.lost.startswith("the connection") else "ended"
+        return f"{record.lost} {ended} before the process's end came home ({how})"
+    return how
+
+
+def where(record: ProcessRecord) -> str:
+    host = record.spec.host.name
+    return f"process {record.spec.rank}" + ("" if host == "localhost" else f" on {host}")
+
+
+def tail(path: str, n: int = TAIL_LINES) -> list[str]:
+    """A log's last ``n`` lines (of its last LOG_TAIL bytes)."""
+    return _lines(contract.read_tail(path, LOG_TAIL))[-n:]
+
+
+def _lines(data: bytes | None) -> list[str]:
+    return [] if data is None else data[-LOG_TAIL:].decode("utf-8", "replace").splitlines()
+
+
+def diagnose(outcome: Outcome, outputs: bool = False) -> Diagnosis:
+    """Read the attempt's files once.  ``outputs``: keep every log's last
+    lines too (JUnit's)."""
+    records = outcome.records
+    stopped = outcome.reason is not None
+    read_stderr = stopped or outputs or outcome.root_cause is not None
+    processes, notes, stderr_lines = [], [], []
+    for rec in records:
+        data = contract.read_tail(rec.stderr_log, DUMP_TAIL if stopped else LOG_TAIL) if read_stderr else None
+        lines = _lines(data)
+        stderr_lines.append(lines)
+        notes.append(contract.parse_engine_note(lines[-1]) if lines else None)
+        facts = ProcessFacts(rec.spec.rank)
+        if stopped and data:
+            facts = _stack_facts(rec, data.decode("utf-8", "replace"))
+        if outputs:
+            facts = dataclasses.replace(facts, stdout=tuple(tail(rec.stdout_log, OUTPUT_LINES)),
+                                        stderr=tuple(lines[-OUTPUT_LINES:]))
+        processes.append(facts)
+    root = engine = None
+    if outcome.root_cause is not None:
+        i = outcome.root_cause
+        root = _root_cause(records[i], stderr_lines[i], processes[i].stdout if outputs else None)
+        if notes[i] is not None:
+            ranks = tuple(sorted(r.spec.rank for r, note in zip(records, notes)
+                                 if r.verdict in ENDED_BY_OTHERS + (Verdict.ROOT_CAUSE,) and note == notes[i]))
+            engine = EngineFailure(notes[i], ranks, tuple(tail(notes[i].log)))
+    return Diagnosis(_kind(outcome, root, engine), root, engine, tuple(processes), outputs)
+
+
+def _stack_facts(rec: ProcessRecord, text: str) -> ProcessFacts:
+    log = contract.parse_flight_block(text)
+    state = log.state if log is not None else dumped_state(text)
+    return ProcessFacts(rec.spec.rank, user_frame(text), log if log is not None and log.rank == rec.spec.rank else None,
+                        state)
+
+
+def _root_cause(rec: ProcessRecord, stderr: list[str], stdout: tuple[str, ...] | None) -> RootCause:
+    """``stdout``: its stdout log's last lines, where they were read already."""
+    output_path, output = rec.stderr_log, stderr[-TAIL_LINES:]
+    if not output:
+        lines = list(stdout[-TAIL_LINES:]) if stdout is not None else tail(rec.stdout_log)
+        output_path, output = (rec.stdout_log, lines) if lines else (rec.stderr_log, [])
+    return RootCause(rec.spec.rank, rec.spec.host.name, where(rec), rec.pid, describe_exit(rec),
+                     ErrorRecord.load(rec.error_file), rec.resources.oom if rec.resources else None,
+                     tuple(stderr[-TAIL_LINES:]), output_path, tuple(output))
+
+
+_KINDS = {StopReason.TIMEOUT: Kind.TIMEOUT, StopReason.SIGNAL: Kind.SIGNAL, StopReason.INTERNAL: Kind.INTERNAL,
+          StopReason.FAILURE: Kind.FAILURE}
+
+
+def _kind(outcome: Outcome, root: RootCause | None, engine: EngineFailure | None) -> Kind:
+    if outcome.start_error is not None:
+        return Kind.START_ERROR
+    if engine is not None:
+        return Kind.ENGINE_FAILURE
+    if root is not None:
+        return Kind.PROCESS_FAILURE
+    return Kind.SUCCESS if outcome.reason is None else _KINDS.get(outcome.reason, Kind.FAILURE)
+
+
+def attach(outcome: Outcome, outputs: bool = False) -> Diagnosis:
+    """The outcome's diagnosis, made once and kept on it (the run loop's)."""
+    found = outcome.diagnosis
+    if not isinstance(found, Diagnosis) or (outputs and not found.outputs):
+        found = outcome.diagnosis = diagnose(outcome, outputs)
+    return found
+
+
+def of(outcome: Outcome, outputs: bool = False) -> Diagnosis:
+    """The diagnosis kept on the outcome, or, where it has none (or one without
+    the outputs asked for), a new one that is not kept: an outcome the caller
+    may still change must not answer with what its files said before."""
+    found = outcome.diagnosis
+    if isinstance(found, Diagnosis) and (found.outputs or not outputs):
+        return found
+    return diagnose(outcome, outputs)

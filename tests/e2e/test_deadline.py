@@ -1,0 +1,58 @@
+"""``--timeout`` is one deadline per attempt, on one clock, made before the
+attempt is placed: a slow placement and a slow start-up both count, so no
+attempt outlives it (docs/options.md).
+
+The backend is the real local one, made slow to place (tests/data/slow_place.py);
+the job is real processes that start slowly and then never end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from fixtures.jobs import ROOT
+
+PROBE = os.path.join(ROOT, "tests", "data", "slow_place.py")
+# Sleeps before it prints: a start-up that takes its time, then a hang.
+SLOW_START = "import time\ntime.sleep(1.5)\nprint('started', flush=True)\ntime.sleep(600)\n"
+TIMEOUT = 5.0
+PLACE = 3.0
+# After --timeout: the stack dumps (TIMEOUT_DUMP_WAIT, 1.5 s), the kill and the
+# reports; on a loaded 2-core machine.  Less than PLACE, so that a deadline
+# that started after the placement would be seen.
+SLACK = 2.9
+
+
+def run_probe(tmp_path, place: float, *args: str) -> tuple[subprocess.CompletedProcess, float]:
+    script = tmp_path / "slow_start.py"
+    script.write_text(SLOW_START)
+    env = {**os.environ, "PLACE_SECONDS": str(place)}
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, PROBE, "-n", "2", "--no-preload", "--timeout", str(TIMEOUT),
+                           "--log-dir", str(tmp_path / "logs"), *args, str(script)],
+                          env=env, capture_output=True, text=True, timeout=60)
+    return done, time.monotonic() - began
+
+
+@pytest.mark.parametrize("restarts", ["0", "1"])
+def test_a_slow_placement_and_a_slow_start_count_against_the_timeout(tmp_path, restarts):
+    report = tmp_path / "report.json"
+    done, took = run_probe(tmp_path, PLACE, "--max-restarts", restarts, "--report", str(report))
+    assert done.returncode == 124, done.stderr
+    assert "placed after" in done.stderr and "started" in done.stdout, done.stderr
+    assert took < TIMEOUT + SLACK, f"the attempt outlived --timeout {TIMEOUT:g}: {took:.1f} s\n{done.stderr}"
+    attempts = json.loads(report.read_text())["attempts"]
+    assert len(attempts) == 1  # a timeout ends the run, restarts or not (docs/restarts.md)
+
+
+def test_a_placement_longer_than_the_timeout_is_cut_short(tmp_path):
+    done, took = run_probe(tmp_path, 30.0)
+    assert done.returncode == 124, done.stderr
+    assert "stopped during start-up: --timeout; no process was started" in done.stderr
+    assert "placed after" not in done.stderr
+    assert took < TIMEOUT + SLACK

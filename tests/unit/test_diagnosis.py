@@ -1,0 +1,256 @@
+"""One diagnosis per outcome (``reporting.diagnosis``): the console summary,
+the JSON report, JUnit and the GitHub annotation name the same root cause for
+the same reason, the logs are read once, and the reporters read none."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import sys
+import tracemalloc
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from jaxrun import contract
+from jaxrun.contract import ErrorRecord
+from jaxrun.core.outcome import Outcome, ProcessRecord, StopReason, Verdict
+from jaxrun.core.spec import LOCAL_HOST, Host, ProcessSpec
+from jaxrun.reporting import diagnosis, github, junit, report, summary
+from jaxrun.reporting.diagnosis import Kind
+
+# Every file this process opens while a test watches: an audit hook sees
+# os.open and open alike, so a reporter that reads a log cannot hide it.
+OPENED: list[str] | None = None
+
+
+def _watch(event: str, args: tuple) -> None:
+    if event == "open" and OPENED is not None and isinstance(args[0], str):
+        OPENED.append(args[0])
+
+
+sys.addaudithook(_watch)
+
+
+@pytest.fixture
+def opened():
+    global OPENED
+    OPENED = []
+    try:
+        yield OPENED
+    finally:
+        OPENED = None
+
+
+def records(folder, hosts=("localhost", "hostB", "hostB")) -> list[ProcessRecord]:
+    folder.mkdir(exist_ok=True)
+    made = []
+    for rank, name in enumerate(hosts):
+        host = LOCAL_HOST if name == "localhost" else Host(name)
+        spec = ProcessSpec(rank, rank, host, "python", (), {})
+        made.append(ProcessRecord(spec, str(folder / f"process-{rank}.stdout"), str(folder / f"process-{rank}.stderr"),
+                                  str(folder / f"process-{rank}.error.json"), pid=100 + rank, started_at=1.0,
+                                  ended_at=2.0, returncode=-signal.SIGTERM, verdict=Verdict.STOPPED))
+        for path in (made[-1].stdout_log, made[-1].stderr_log):
+            with open(path, "w") as f:
+                f.write(f"step 1 of process {rank}\n")
+    return made
+
+
+def raised(folder) -> Outcome:
+    """Process 1 raised ValueError and left its error record; 2 failed in its wake."""
+    recs = records(folder)
+    traceback = 'Traceback (most recent call last):\n  File "/w/train.py", line 7, in <module>\nValueError: bad batch\n'
+    ErrorRecord("ValueError", "bad batch", traceback, 5.0).dump(recs[1].error_file)
+    with open(recs[1].stderr_log, "a") as f:
+        f.write(traceback)
+    recs[1].returncode, recs[1].verdict = 1, Verdict.ROOT_CAUSE
+    recs[2].returncode, recs[2].verdict = 1, Verdict.CONSEQUENCE
+    return Outcome(recs, 1, StopReason.FAILURE, root_cause=1)
+
+
+def killed_quietly(folder) -> Outcome:
+    """Process 0 was SIGKILLed with an empty stderr log: its stdout says what it did last."""
+    recs = records(folder, ("localhost", "localhost"))
+    open(recs[0].stderr_log, "w").close()
+    recs[0].returncode, recs[0].verdict = -signal.SIGKILL, Verdict.ROOT_CAUSE
+    return Outcome(recs, 137, StopReason.FAILURE, root_cause=0)
+
+
+def engine_failed(folder) -> Outcome:
+    recs = records(folder)
+    engine_log = folder / "engine.log"
+    engine_log.write_text("srun: error: Node n1 lost\n")
+    note = contract.EngineNote.of("srun", -signal.SIGKILL, True, str(engine_log)).line()
+    for rec in recs:
+        with open(rec.stderr_log, "a") as f:
+            f.write(note)
+        rec.returncode, rec.verdict = 1, Verdict.CONSEQUENCE
+    recs[0].verdict = Verdict.ROOT_CAUSE
+    return Outcome(recs, 1, StopReason.FAILURE, root_cause=0)
+
+
+def timed_out(folder) -> Outcome:
+    script = folder / "hang.py"
+    recs = records(folder, ("localhost", "localhost"))
+    script.write_text("import time\ntime.sleep(60)\n")
+    for rec in recs:
+        with open(rec.stderr_log, "a") as f:
+            f.write(f'Current thread 0x00007f (most recent call first):\n  File "{script}", line 2 in <module>\n')
+    return Outcome(recs, 124, StopReason.TIMEOUT)
+
+
+OUTCOMES = {"raised": raised, "killed quietly": killed_quietly, "engine failed": engine_failed,
+            "timed out": timed_out}
+
+
+def all_reports(outcome: Outcome, folder) -> dict:
+    return {"summary": summary.summary_lines(outcome, str(folder)),
+            "report": report.report_dict([outcome], "run", [str(folder)]),
+            "junit": junit.render(outcome, suite="s"),
+            "github": github.error_annotation(outcome, "/w")}
+
+
+def failures(xml: str) -> dict[str, str]:
+    """testcase name -> its failure's message."""
+    suite = ET.fromstring(xml.split("\n", 1)[1])
+    return {case.get("name"): case.find("failure").get("message")
+            for case in suite.iter("testcase") if case.find("failure") is not None}
+
+
+# -- the four agree --------------------------------------------------------------------
+
+def test_a_raised_exception_is_one_root_cause_with_one_reason_everywhere(tmp_path):
+    outcome = raised(tmp_path / "logs")
+    found = diagnosis.attach(outcome)
+    assert (found.kind, found.root.rank, found.root.host) == (Kind.PROCESS_FAILURE, 1, "hostB")
+    reason = "ValueError: bad batch"
+    out = all_reports(outcome, tmp_path)
+    assert "jaxrun: process 1 on hostB failed first: exit code 1 (pid 101)" in out["summary"]
+    assert f"jaxrun:   {reason}" in out["summary"]
+    root = out["report"]["root_cause"]
+    assert (root["process_id"], root["host"], root["exit"]) == (1, "hostB", "exit code 1")
+    assert f"{root['exception']['type']}: {root['exception']['message']}" == reason
+    assert failures(out["junit"]) == {"process 1": reason}
+    assert out["github"] == ("::error title=jaxrun%3A process 1 on hostB failed first (exit code 1),"
+                             f"file=train.py,line=7::{reason}")
+
+
+def test_a_process_without_a_record_is_named_by_its_exit_and_its_last_output(tmp_path):
+    outcome = killed_quietly(tmp_path / "logs")
+    out = all_reports(outcome, tmp_path)
+    stdout = outcome.records[0].stdout_log
+    assert out["summary"][:3] == ["jaxrun: process 0 failed first: killed by SIGKILL (pid 100)",
+                                  f"jaxrun:   last lines of {stdout}:", "    step 1 of process 0"]
+    root = out["report"]["root_cause"]
+    assert (root["process_id"], root["exit"], root["exception"], root["stderr_tail"]) == \
+        (0, "killed by SIGKILL", None, [])
+    assert failures(out["junit"]) == {"process 0": "killed by SIGKILL"}
+    assert out["github"] == "::error title=jaxrun%3A process 0 failed first (killed by SIGKILL)::step 1 of process 0"
+
+
+def test_an_engine_failure_is_named_once_and_alike(tmp_path):
+    outcome = engine_failed(tmp_path / "logs")
+    found = diagnosis.attach(outcome)
+    headline = "srun failed first: it was killed by SIGKILL before processes 0-2 reported back"
+    assert (found.kind, found.engine.headline, found.engine.log_tail) == \
+        (Kind.ENGINE_FAILURE, headline, ("srun: error: Node n1 lost",))
+    out = all_reports(outcome, tmp_path)
+    assert out["summary"][0] == f"jaxrun: {headline} (pid 100)"
+    assert out["report"]["root_cause"]["engine"]["message"] == headline
+    assert failures(out["junit"]) == {"process 0": headline}
+    assert out["github"] == f"::error title=jaxrun%3A srun failed first::{headline}%0Asrun: error: Node n1 lost"
+
+
+def test_a_timeout_names_where_every_process_was_alike(tmp_path):
+    outcome = timed_out(tmp_path / "logs")
+    script = tmp_path / "logs" / "hang.py"
+    found = diagnosis.attach(outcome)
+    assert found.kind is Kind.TIMEOUT and found.root is None
+    assert [p.frame for p in found.processes] == [(str(script), 2, "<module>", "time.sleep(60)")] * 2
+    out = all_reports(outcome, tmp_path)
+    assert out["summary"][0] == "jaxrun: --timeout expired; stack dumps are in each process's stderr log"
+    assert f"jaxrun:   process 1 was at {script}:2 in <module>: time.sleep(60)" in out["summary"]
+    assert out["report"]["root_cause"] is None and out["report"]["attempts"][0]["stop_reason"] == "timeout"
+    where = f" at {script}:2 in <module>: time.sleep(60)"
+    assert failures(out["junit"]) == {f"process {r}": f"still running when --timeout expired{where}" for r in (0, 1)}
+    assert out["github"].startswith("::error title=jaxrun%3A --timeout expired::process 0 was at ")
+
+
+def test_a_start_error_and_a_success(tmp_path):
+    stopped = Outcome.not_started(2, "hostB: ssh failed")
+    assert diagnosis.diagnose(stopped).kind is Kind.START_ERROR
+    assert github.error_annotation(stopped) == "::error title=jaxrun%3A the restart did not start::hostB: ssh failed"
+    recs = records(tmp_path / "logs")
+    for rec in recs:
+        rec.returncode, rec.verdict = 0, Verdict.OK
+    ok = Outcome(recs, 0, None)
+    assert diagnosis.diagnose(ok).kind is Kind.SUCCESS
+    assert github.error_annotation(ok) is None and failures(junit.render(ok)) == {}
+
+
+# -- the logs are read once, by the diagnosis alone ------------------------------------
+
+@pytest.mark.parametrize("name", OUTCOMES)
+def test_the_reporters_read_no_log_once_the_diagnosis_is_kept(tmp_path, opened, name):
+    folder = tmp_path / "logs"
+    outcome = OUTCOMES[name](folder)
+    fresh = all_reports(OUTCOMES[name](tmp_path / "again"), tmp_path)  # each reporter reading for itself
+    diagnosis.attach(outcome, outputs=True)
+    shutil.rmtree(folder)
+    opened.clear()
+    kept = all_reports(outcome, tmp_path)
+    assert opened == []
+    strip = str(folder), str(tmp_path / "again")
+    assert repr(kept).replace(strip[0], "X") == repr(fresh).replace(strip[1], "X")
+
+
+@pytest.mark.parametrize("name", OUTCOMES)
+def test_the_diagnosis_reads_each_log_at_most_once(tmp_path, opened, name):
+    folder = tmp_path / "logs"
+    outcome = OUTCOMES[name](folder)
+    opened.clear()
+    diagnosis.attach(outcome, outputs=True)
+    logs = [path for path in opened if path.startswith(str(folder)) and not path.endswith(".py")]
+    assert logs and sorted(logs) == sorted(set(logs))
+    opened.clear()
+    assert diagnosis.attach(outcome, outputs=True) is outcome.diagnosis
+    assert opened == []
+
+
+def test_the_report_of_every_attempt_reads_no_earlier_attempt_again(tmp_path, opened):
+    first, second = raised(tmp_path / "first"), timed_out(tmp_path / "second")
+    diagnosis.attach(first)
+    shutil.rmtree(tmp_path / "first")
+    diagnosis.attach(second)
+    opened.clear()
+    data = report.report_dict([first, second], "run", [str(tmp_path / "first"), str(tmp_path / "second")])
+    assert opened == []
+    assert data["attempts"][0]["root_cause"]["exception"]["message"] == "bad batch"
+    assert data["root_cause"] is None
+
+
+def test_an_outcome_without_a_kept_diagnosis_is_read_afresh(tmp_path):
+    """A caller that changes an outcome after one report gets the next from its files."""
+    outcome = killed_quietly(tmp_path / "logs")
+    assert summary.summary_lines(outcome, "x")[0].startswith("jaxrun: process 0 failed first")
+    outcome.records[0].verdict, outcome.records[1].verdict = Verdict.CONSEQUENCE, Verdict.ROOT_CAUSE
+    outcome.root_cause = 1
+    assert summary.summary_lines(outcome, "x")[0].startswith("jaxrun: process 1 failed first")
+    assert outcome.diagnosis is None
+
+
+def test_a_diagnosis_of_a_huge_log_stays_small(tmp_path):
+    outcome = timed_out(tmp_path / "logs")
+    with open(outcome.records[0].stderr_log, "rb+") as f:
+        dump = f.read()
+        f.seek(0)
+        f.write(b"y" * (64 << 20) + dump)
+    tracemalloc.start()
+    try:
+        found = diagnosis.diagnose(outcome, outputs=True)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert found.processes[0].frame is not None
+    assert peak < 8 * (1 << 20), peak
