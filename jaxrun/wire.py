@@ -6,13 +6,13 @@ Both ends of every channel import this module, so a message is spelled once:
   one way; ``Ready``, ``Started`` and ``ChildExited`` back, each in a frame
   (``send_frame``) of a stream socket;
 - the SSH far ends (``backends/ssh_host.py``, the host agent, and
-  ``backends/ssh_agent.py``, the session agent): ``Channel`` and ``Spawn``
+  ``backends/ssh/session_agent.py``, the session agent): ``Channel`` and ``Spawn``
   open a process's channels, then ``Signal`` lines on its control channel
   (or the session's stdin), and ``Started`` (the controller's own pid) and
   ``Exit`` back on a host agent's; its report home and joined mark travel at
   the end of, and within, its stderr;
 - the scheduler task channel (``backends/scheduler_channel.py`` and the task
-  agent, ``scheduler_agent.py``): a ``Hello`` opens each connection, then
+  agent, ``scheduler/task_agent.py``): a ``Hello`` opens each connection, then
   ``Coordinator``, ``Joined``, ``Error``, ``Exit`` from the task and ``Start``, ``Signal``,
   ``Ack`` from the launcher.
 

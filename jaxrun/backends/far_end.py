@@ -191,7 +191,7 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-# -- a host's preloading server (see forkserver_agent.listen) -------------------------
+# -- a host's preloading server (see forkserver.server.listen) -------------------------
 class ServedChild:
     """A controller forked by this host's preloading server: a pid and its
     end.  ``server_pid`` is the server's, from the socket where the system

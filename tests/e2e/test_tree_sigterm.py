@@ -43,6 +43,8 @@ import psutil
 import pytest
 from fixtures.jobs import DATA, ROOT, TOKEN
 
+from jaxrun.contract import names
+
 SAVER = DATA / "sigterm_saver.py"  # its SIGTERM handler takes 1 s to save
 PROCESSES = 4
 GRACE = 20
@@ -228,7 +230,7 @@ def test_the_fork_servers_death_during_a_stop_keeps_the_grace(request, start_job
     killed for it.  They become jaxrun's, which sees each to its end, with
     its real exit code and resources."""
     run = start(request, start_job, shared_dir, WAYS[1], monkeypatch)
-    server = [p for p in tree(run.job.proc.pid)[1:] if "forkserver_agent" in " ".join(p.cmdline())]
+    server = [p for p in tree(run.job.proc.pid)[1:] if names.FORKSERVER_AGENT_MODULE in " ".join(p.cmdline())]
     assert len(server) == 1, server
     sent_at = time.monotonic()
     run.job.proc.send_signal(signal.SIGTERM)

@@ -27,7 +27,7 @@ every process of the tree at once leaves it serving (see
 :mod:`jaxrun.backends.shield`), and each controller unblocks them after the
 fork.
 
-On an SSH host the same server runs as ``... forkserver_agent --listen NAME``
+On an SSH host the same server runs as ``... -m jaxrun.backends.forkserver.server --listen NAME``
 in a session of its own (see ``ssh_commands.server_words``): it listens on the
 Unix socket that ``portable.server_address(NAME)`` names, and each process's
 host agent connects, sends its ``ForkRequest`` with the session's stdout and

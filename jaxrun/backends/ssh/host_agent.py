@@ -1,7 +1,7 @@
 """The far end of the SSH backend: one agent per host for all of its processes.
 
-The preflight session on each host (``ssh_commands.PREFLIGHT``) starts a
-:class:`HostAgent` once it has found jaxrun there.  The agent listens on a
+The preflight session on each host (``ssh.commands.PREFLIGHT``, a stub that
+starts ``ssh.preflight``) starts a :class:`HostAgent` once it has found jaxrun there.  The agent listens on a
 Unix socket in a folder of its own (mode 0700) and says where in the
 preflight's answer.  The launcher forwards a socket of its own private folder
 to it over the host's ControlMaster (``ssh -O forward -L LOCAL:REMOTE``), so
@@ -18,7 +18,7 @@ interpreter per process.  A process costs three connections, each opened by a
   with a ``wire.Started`` line (the controller's own pid, for the reports)
   once it runs, and one ``wire.Exit`` line once it has ended.
 
-Each controller is run by ``far_end.run``, with an ``ssh_agent.SshHome`` on
+Each controller is run by ``far_end.run``, with an ``session_agent.SshHome`` on
 its channels, as a session agent runs it on the session's streams: its error
 record and resources go home as the last bytes of its stderr, and its join as
 a marker there.  A ``ping`` connection is answered ``pong``: the launcher's

@@ -1,7 +1,7 @@
 """What an SSH child takes out of its stderr: the facts its agent sends in-band.
 
 The agent that runs a controller on a host (``far_end.run`` with
-``ssh_agent.SshHome``, in the host agent or a session agent) has no way
+``session_agent.SshHome``, in the host agent or a session agent) has no way
 back to the launcher but the controller's own stderr, so it writes two
 things there:
 
