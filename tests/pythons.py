@@ -5,7 +5,7 @@ virtual environment per version for the test that runs the toy under each.
 names a version of its own.  CI runs the full suite on its main interpreter,
 and, for every other admitted version found (pyenv's versions, or
 ``python3.X`` on PATH), builds a venv with this checkout installed (editable,
-so it runs the code under test) and the same jax and jaxlib as the main
+so it runs the code under test) and the same jax, jaxlib and ml_dtypes as the main
 interpreter, in a cache folder outside the checkout (``VENVS``; set
 ``JAXRUN_CI_VENVS`` to choose another), reused by the next run:
 
@@ -41,7 +41,7 @@ PYENV_ROOT = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
 # The minor versions of Python 3 that requires-python is checked against.
 MINORS = range(8, 16)
 # What each venv gets beside jaxrun, pinned to the main interpreter's versions.
-PINNED = ("jax", "jaxlib")
+PINNED = ("jax", "jaxlib", "ml_dtypes")
 MAIN = f"3.{sys.version_info.minor}"
 
 

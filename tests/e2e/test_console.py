@@ -16,7 +16,8 @@ import pytest
 from jaxrun.core.events import Stream, StreamClosed
 from jaxrun.launcher import filewatch, pump as pump_module
 
-pytestmark = pytest.mark.timeout(120)
+# Its scripts are plain Python: one launch mode, without the preloading server.
+pytestmark = [pytest.mark.timeout(120), pytest.mark.plain_python]
 
 
 def read_until(job, wanted: list[bytes], within: float) -> bytes:

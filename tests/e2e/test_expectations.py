@@ -12,7 +12,8 @@ import psutil
 import pytest
 from fixtures.jobs import TOKEN, processes_with_token
 
-pytestmark = pytest.mark.timeout(120)
+# Its scripts are plain Python: one launch mode, without the preloading server.
+pytestmark = [pytest.mark.timeout(120), pytest.mark.plain_python]
 
 SLEEPS = "import sys, time\nprint('up', flush=True)\ntime.sleep(float(sys.argv[1]))\n"
 

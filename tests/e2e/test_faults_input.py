@@ -38,6 +38,9 @@ from fixtures.jobs import JAXRUN, ROOT
 NOBODY = "nobody"
 RAN = "ran"  # the mark any started script or fake engine leaves
 
+# The local jobs' scripts are plain Python: one launch mode, without the preloading server.
+pytestmark = pytest.mark.plain_python
+
 # The script every bad input names: if it ever runs, it leaves a mark.
 MARKING_SCRIPT = "from pathlib import Path\nPath(__file__).with_name('ran').touch()\nprint('hello')\n"
 FAKE_ENGINE = "#!/bin/sh\ntouch \"$(dirname \"$0\")/../ran\"\nexit 0\n"

@@ -33,6 +33,9 @@ for i in range({LINES}):
     out.write(f"line {{i}}\\n")
 """
 
+# The local jobs' scripts are plain Python: one launch mode, without the preloading server.
+pytestmark = pytest.mark.plain_python
+
 
 def expected_lines() -> bytes:
     return b"".join(f"line {i}\n".encode() for i in range(LINES))

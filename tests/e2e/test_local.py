@@ -94,6 +94,7 @@ def test_module_mode(jaxrun, tmp_path):
     assert "[1] MOD __main__ ['-n', '2'] True" in out
 
 
+@pytest.mark.plain_python
 def test_nonzero_exit_is_reported_and_easy_to_find(jaxrun, tmp_path):
     script = tmp_path / "three.py"
     script.write_text(

@@ -12,8 +12,12 @@ It runs three ways:
 3. the same with ``--no-preload``.
 
 Per process, the exit status and the normalized stdout and stderr must be
-identical.  jaxrun's output is read from its ``--log-dir``, never from the
-console, which jaxrun is free to decorate.
+identical.  A pattern's three launches run side by side, started together by
+the first of its two tests (the second reads its own launch's outcome): most
+patterns spend their time waiting (for a peer, a barrier, a timeout), and
+nothing of one launch is shared with another, not even a port.  jaxrun's
+output is read from its ``--log-dir``, never from the console, which jaxrun
+is free to decorate.
 
 Both ways get the same environment (``JAX_PLATFORMS=cpu`` and nothing else
 that JAX reads), except for what DESIGN.md lists as deliberate: the plain
@@ -23,6 +27,7 @@ because every jaxrun child has them.
 
 from __future__ import annotations
 
+import concurrent.futures
 import difflib
 import json
 import os
@@ -36,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from fixtures.jobs import DATA
+from fixtures.jobs import DATA, MODES
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -246,13 +251,13 @@ def plain_launch(script: str, cwd: Path, run_dir: Path) -> Outcome:
     return Outcome(codes, stdout, stderr, scratch)
 
 
-def jaxrun_launch(launch, script: str, cwd: Path, run_dir: Path) -> Outcome:
+def jaxrun_launch(launch, mode: str, script: str, cwd: Path, run_dir: Path) -> Outcome:
     scratch, logs, report = run_dir / "scratch", run_dir / "logs", run_dir / "report.json"
     scratch.mkdir(parents=True)
     job = launch(
         "-n", N, "--log-dir", logs, "--report", report,
         script, "{coordinator}", "{num_processes}", "{process_id}",
-        cwd=cwd, env={"COMPAT_SCRATCH": str(scratch)},
+        cwd=cwd, env={"COMPAT_SCRATCH": str(scratch), "JAXRUN_NO_PRELOAD": "1" if mode == "no-preload" else "0"},
     )
     code = job.wait(timeout=RUN_TIMEOUT + 30)
     console = f"jaxrun exit {code}\n--- console stdout\n{job.stdout}--- console stderr\n{job.stderr}"
@@ -296,15 +301,29 @@ def where_to_run(pattern: Pattern, symlink_dir: Path) -> tuple[str, Path]:
     return pattern.script, COMPAT
 
 
-# The reference does not depend on the mode: run it once per pattern.
-_references: dict[str, Outcome] = {}
+# name -> {"plain" or a mode: its Outcome, or the exception its launch raised}.
+_runs: dict[str, dict[str, Outcome | BaseException]] = {}
 
 
-def reference(name: str, pattern: Pattern, symlink_dir: Path, tmp_path_factory) -> Outcome:
-    if name not in _references:
+def three_ways(name: str, pattern: Pattern, symlink_dir: Path, start_job, tmp_path_factory) -> dict:
+    """The plain launch and jaxrun in both modes, side by side; every one has
+    ended (or been killed) when this returns, within the test that called it."""
+    if name not in _runs:
         script, cwd = where_to_run(pattern, symlink_dir)
-        _references[name] = plain_launch(script, cwd, tmp_path_factory.mktemp(f"plain-{name}"))
-    return _references[name]
+        base = tmp_path_factory.mktemp(f"runs-{name}")
+        with concurrent.futures.ThreadPoolExecutor(1 + len(MODES)) as pool:
+            futures = {"plain": pool.submit(plain_launch, script, cwd, base / "plain")}
+            for mode in MODES:
+                futures[mode] = pool.submit(jaxrun_launch, start_job, mode, script, cwd, base / mode)
+            _runs[name] = {way: future.exception() or future.result() for way, future in futures.items()}
+    return _runs[name]
+
+
+def outcome(runs: dict, way: str) -> Outcome:
+    got = runs[way]
+    if isinstance(got, BaseException):
+        raise got
+    return got
 
 
 def check_reference(name: str, pattern: Pattern, ref: Outcome) -> None:
@@ -347,13 +366,13 @@ def differences(ref: Outcome, got: Outcome, mode: str) -> list[str]:
 
 @pytest.mark.parametrize("name", list(PATTERNS))
 @pytest.mark.both_modes
-def test_pattern_matches_the_plain_launch(name, launch, launch_mode, symlink_dir, tmp_path, tmp_path_factory):
+def test_pattern_matches_the_plain_launch(name, start_job, launch_mode, symlink_dir, tmp_path_factory):
     pattern = PATTERNS[name]
-    ref = reference(name, pattern, symlink_dir, tmp_path_factory)
+    runs = three_ways(name, pattern, symlink_dir, start_job, tmp_path_factory)
+    ref = outcome(runs, "plain")
     check_reference(name, pattern, ref)
 
-    script, cwd = where_to_run(pattern, symlink_dir)
-    got = jaxrun_launch(launch, script, cwd, tmp_path / launch_mode)
+    got = outcome(runs, launch_mode)
     found = differences(ref, got, launch_mode)
     assert not found, "\n".join(found) + "\n" + got.note
     check_files(got, pattern, f"jaxrun ({launch_mode})")
