@@ -432,7 +432,7 @@ HANG = next(f for f in FAULTS if f.how == "timeout")
 # backend's other cells: started with the first of them, checked by its own
 # test.  Its timeout must outlast a start-up slowed by the cell beside it
 # (12 s did not, once, for Ray under load); the other cells take about as long
-# that anyway, so it costs the suite little.
+# in all, so it costs the suite little.
 BESIDE_TIMEOUT = 24.0
 
 
