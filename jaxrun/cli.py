@@ -127,6 +127,7 @@ HELP_SECTIONS = {
     "Across hosts (SSH)": ("hosts_file", "host_opts", "hosts_command"),
     "Engines (Slurm, Open MPI)": ("launcher",),
     "Runtime": ("mesh", "mesh_axis_types"),
+    "Interactive": ("interactive",),
     "Other": (),
 }
 
@@ -221,6 +222,10 @@ class SectionedCommand(click.Command):
               help="How to start the controllers (default: local, or ssh when hosts are given).")
 @click.option("--dry-run", is_flag=True, help="Print each process's command and environment, then exit.")
 @click.option("-v", "--verbose", is_flag=True, help="Show JAX's noise lines and the startup preflight table.")
+@click.option("-i", "--interactive", is_flag=True,
+              help="No SCRIPT: a console whose every statement runs in every process, as python -i "
+                   "(see docs/interactive.md; `jaxrun kernel install` makes the launch a Jupyter kernel).")
+@click.option("--kernel-pipe", is_flag=True, hidden=True)  # -i for the Jupyter kernel: JSON lines on stdin/stdout
 @click.version_option(__version__, "--version", prog_name="jaxrun")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def main(**values):
@@ -229,6 +234,7 @@ def main(**values):
     \b
       jaxrun -n 4 --cpu-devices 2 toy.py          4 local controllers
       jaxrun -n 2 -m mypkg.train --lr 3e-4        a module, like python -m
+      jaxrun -n 4 --cpu-devices 2 -i              a console over 4 controllers
       jaxrun --hosts hosts.txt train.py           over SSH, one process per slot
       jaxrun k8s --image IMG -n 4 train.py        print a Kubernetes JobSet manifest instead
 
@@ -280,6 +286,10 @@ def entry_point(argv: list[str] | None = None) -> None:
         from jaxrun.launcher import logs
 
         command, prog, argv = logs.command, "jaxrun logs", argv[1:]
+    elif argv[:1] == ["kernel"] and not os.path.isfile("kernel"):
+        from jaxrun.launcher import kernelspec
+
+        command, prog, argv = kernelspec.command, "jaxrun kernel", argv[1:]
     try:
         command.main(args=argv, prog_name=prog, standalone_mode=False)
     except click.exceptions.Exit as e:

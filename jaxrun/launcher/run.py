@@ -88,7 +88,14 @@ def run(config: RunConfig, backend: Backend | None = None, console: TextIO | Non
     control.start_watchdog()
     code = 1
     try:
-        code = run_attempts(config, backend, control, console, running)
+        if config.interactive:
+            from jaxrun.launcher import interactive
+
+            code = interactive.drive(config, control,
+                                     lambda config: run_attempts(config, backend, control, console, running),
+                                     settled=lambda: bool(running) and running[0].joins_settled())
+        else:
+            code = run_attempts(config, backend, control, console, running)
         return code
     except Interrupted:  # stopped while connecting, before any process started
         print(f"jaxrun: stopped during start-up: {stop_cause(control)}; no process was started",
