@@ -274,6 +274,46 @@ def backend_option(flag: Flag) -> click.Option:
 main.params[-1:-1] = [backend_option(d.flag) for d in declared_flags(BACKENDS).values()]
 
 
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)
+@click.pass_context
+def kernel(ctx):
+    """Jupyter kernels that run every cell in every process of a jaxrun launch."""
+    from jaxrun.launcher import kernelspec
+
+    kernelspec.require_ipykernel()  # one line on how to get it, before anything else
+    if ctx.invoked_subcommand is None:
+        click.echo(ctx.get_help())
+
+
+@kernel.command("install", context_settings={"ignore_unknown_options": True})
+@click.option("--name", required=True, help="The kernel's name (what `jupyter console --kernel NAME` takes).")
+@click.option("--display-name", metavar="TEXT", help="What a notebook's kernel menu shows.")
+@click.option("--user", "user", is_flag=True, help="Install for this user (the default).")
+@click.option("--prefix", type=click.Path(file_okay=False), metavar="DIR",
+              help="Install under DIR/share/jupyter/kernels (a venv's: its sys.prefix).")
+@click.argument("launch", nargs=-1, type=click.UNPROCESSED)
+def kernel_install(name, display_name, user, prefix, launch):
+    """Write a kernelspec whose kernel starts the processes of LAUNCH OPTIONS.
+
+    \b
+      jaxrun kernel install --name jax4 -- -n 4 --cpu-devices 2
+    """
+    from jaxrun.launcher import kernelspec
+
+    if user and prefix:
+        raise LaunchError("--user and --prefix cannot be used together")
+    launch = list(launch)
+    if "-i" in launch or "--interactive" in launch:
+        raise LaunchError("the launch options take no -i: the kernel adds it")
+    try:  # bad options fail now, not in a notebook
+        ctx = main.make_context("jaxrun", [*launch, "-i", "--dry-run"])
+    except click.ClickException as e:
+        raise LaunchError(f"launch options: {e.format_message()}") from None
+    config_from_args(ctx.params, BACKENDS, option_names=main.option_names())
+    folder = kernelspec.install(name, launch, display_name, prefix)
+    print(f"jaxrun: installed the kernelspec {name} in {folder}")
+
+
 def entry_point(argv: list[str] | None = None) -> None:
     """Console-script entry: click's errors become one line and exit 2."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -287,9 +327,7 @@ def entry_point(argv: list[str] | None = None) -> None:
 
         command, prog, argv = logs.command, "jaxrun logs", argv[1:]
     elif argv[:1] == ["kernel"] and not os.path.isfile("kernel"):
-        from jaxrun.launcher import kernelspec
-
-        command, prog, argv = kernelspec.command, "jaxrun kernel", argv[1:]
+        command, prog, argv = kernel, "jaxrun kernel", argv[1:]
     try:
         command.main(args=argv, prog_name=prog, standalone_mode=False)
     except click.exceptions.Exit as e:
