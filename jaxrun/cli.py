@@ -127,7 +127,7 @@ HELP_SECTIONS = {
     "Across hosts (SSH)": ("hosts_file", "host_opts", "hosts_command"),
     "Engines (Slurm, Open MPI)": ("launcher",),
     "Runtime": ("mesh", "mesh_axis_types"),
-    "Interactive": ("interactive",),
+    "Interactive": ("interactive", "kernel_pipe"),
     "Other": (),
 }
 

@@ -117,7 +117,8 @@ class JaxrunKernel(Kernel):
         failed = merge.error_summary(results)
         if failed is not None:
             name, value = failed
-            traceback = [line for ranks, text in merge.raised(results) for line in merge.marked(ranks, text).splitlines()]
+            traceback = [line for ranks, text in merge.raised(results)
+                         for line in merge.marked(ranks, text).splitlines()]
             return self._error(name, value, traceback)
         return {"status": "ok", "execution_count": self.execution_count, "payload": [], "user_expressions": {}}
 

@@ -15,6 +15,7 @@ import os
 import re
 import sys
 
+from jaxrun import portable
 from jaxrun.core.config import LaunchError
 
 KERNEL_MODULE = "jaxrun.launcher.kernel"
@@ -25,16 +26,6 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")  # what Jupyter accepts 
 def require_ipykernel() -> None:
     if importlib.util.find_spec("ipykernel") is None:  # finds it without importing it
         raise LaunchError(INSTALL_HINT)
-
-
-def user_data_dir(environ=os.environ) -> str:
-    """Jupyter's per-user data folder, as jupyter_core computes it."""
-    if environ.get("JUPYTER_DATA_DIR"):
-        return environ["JUPYTER_DATA_DIR"]
-    home = os.path.expanduser("~")
-    if sys.platform == "darwin":
-        return os.path.join(home, "Library", "Jupyter")
-    return os.path.join(environ.get("XDG_DATA_HOME") or os.path.join(home, ".local", "share"), "jupyter")
 
 
 def kernelspec(launch: list[str], display_name: str, python: str = sys.executable) -> dict:
@@ -51,7 +42,7 @@ def install(name: str, launch: list[str], display_name: str | None, prefix: str 
     """Write the kernelspec; the folder it is in."""
     if not NAME.match(name):
         raise LaunchError(f"--name {name!r}: a kernel's name is letters, digits, '.', '_' and '-'")
-    base = os.path.join(prefix, "share", "jupyter") if prefix else user_data_dir()
+    base = os.path.join(prefix, "share", "jupyter") if prefix else portable.jupyter_data_dir()
     folder = os.path.join(base, "kernels", name.lower())
     os.makedirs(folder, exist_ok=True)
     spec = kernelspec(launch, display_name or f"jaxrun ({' '.join(launch) or 'one process'})")
