@@ -13,7 +13,8 @@ thread keeps the frontend, which owns the signals as Python's console does:
 Every process runs every statement (``child.interactive_controller``); the
 replies are merged (``launcher.merge``).  Ctrl-C while a statement runs goes
 to every process as SIGINT, again each second until the statement's results
-are in, and the session goes on; Ctrl-C at the prompt drops the line.  The
+are in, and the session goes on (a fourth Ctrl-C during one statement stops
+the run as it stops a script); Ctrl-C at the prompt drops the line.  The
 end of input (Ctrl-D) asks every process to end, and the run ends as a
 script's does: exit 0.  A process that dies ends the run as it would end a
 script's, with the supervisor's summary and exit status.
@@ -40,6 +41,7 @@ from jaxrun.launcher.session import Session, listen_address
 
 CONSOLE, PIPE = "console", "pipe"
 RESEND = 1.0  # after a Ctrl-C, SIGINT again this often until the statement is over
+PRESSES = 3  # a Ctrl-C beyond this many during one statement stops the run, as for a script
 QUIT_WAIT = 15.0  # after Ctrl-D, how long the processes may take to end before jaxrun stops them
 HISTORY_LENGTH = 10000
 SETTLE_WAIT = 1.0  # the longest the first prompt waits for the start-up's last line
@@ -99,6 +101,7 @@ class Frontend:
         self.runner: threading.Thread | None = None
         self.over = False
         self.interrupted_at: float | None = None
+        self.presses = 0  # Ctrl-C pressed during the statement that runs
         self.settled: Callable[[], bool] = lambda: True
 
     # -- from the run's thread, and the signal handler ----------------------------------
@@ -111,6 +114,9 @@ class Frontend:
         if self.over and self.state != Frontend.CLOSING:
             raise SessionEnded()
         if self.state == Frontend.RUNNING:
+            self.presses += 1
+            if self.presses > PRESSES:  # a statement that takes no interrupt: stop as for a script
+                return False
             self.interrupted_at = time.monotonic()
             self.control.events.put(Forward(signal.SIGINT))
             return True
@@ -129,6 +135,12 @@ class Frontend:
             self.control.events.put(Forward(signal.SIGINT))
         return True
 
+    def wait_over(self, within: float = 60.0) -> None:
+        """Until the run's thread has said all it has to say (its summary)."""
+        if self.runner is not None:
+            self.state = Frontend.CLOSING
+            self.runner.join(within)
+
     def connect(self) -> bool:
         try:
             if not self.session.accept(lambda: not self.over):
@@ -141,7 +153,7 @@ class Frontend:
             return False
 
     def execute(self, source: str, mode: str) -> messages.Reply | None:
-        self.state, self.interrupted_at = Frontend.RUNNING, None
+        self.state, self.interrupted_at, self.presses = Frontend.RUNNING, None, 0
         try:
             return self.session.run(source, mode, self.going_on)
         finally:
@@ -167,7 +179,7 @@ class Console(Frontend):
             reader.interact(banner=f"jaxrun: an interactive session over {count}; every statement runs in "
                                    "each process (Ctrl-C interrupts it, Ctrl-D ends the session)", exitmsg="")
         except SessionEnded:
-            print(file=sys.stderr)
+            pass
         finally:
             self.state = Frontend.CLOSING
             save_history(history)
@@ -208,7 +220,8 @@ class Reader(code.InteractiveConsole):
         if compiled is None:
             return True  # more lines to come
         reply = self.frontend.execute(source, messages.SINGLE)
-        if reply is None and self.frontend.over:
+        if reply is None:  # process 0 is gone: the summary comes before anything else
+            self.frontend.wait_over()
             raise SessionEnded()
         self.frontend.show(reply)
         return False

@@ -1,0 +1,158 @@
+"""The pure parts of an interactive session: merging every process's results,
+reading blocks as Python's console does, the session's messages, and the
+command line of ``-i`` and ``jaxrun kernel``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from jaxrun import cli, contract
+from jaxrun.backends import BACKENDS
+from jaxrun.contract import console as messages
+from jaxrun.core.config import LaunchError
+from jaxrun.launcher import interactive, kernelspec, merge
+from jaxrun.launcher.configure import config_from_args
+
+
+def result(rank, out="", err="", error=None, name=None):
+    return messages.Result(rank, out, err, error, name)
+
+
+# -- merging -------------------------------------------------------------------------
+def test_identical_output_is_shown_once_with_its_ranks():
+    out, err = merge.render([result(r, "8\n") for r in range(4)])
+    assert out == "[0-3] 8\n" and err == ""
+
+
+def test_output_that_differs_is_shown_per_process_and_groups_that_agree_share_a_line():
+    texts = ["same\n", "one\n", "same\n", "three\n"]
+    out, _ = merge.render([result(r, t) for r, t in enumerate(texts)])
+    assert out == "[0,2] same\n[1] one\n[3] three\n"
+
+
+def test_every_line_of_a_group_carries_its_label_and_a_last_partial_line_ends():
+    assert merge.merge([(0, "a\nb"), (1, "a\nb")]) == "[0-1] a\n[0-1] b\n"
+    assert merge.merge([(0, ""), (1, "")]) == ""
+
+
+def test_a_traceback_is_shown_once_per_distinct_text_with_the_ranks_that_raised_it():
+    tb = 'Traceback (most recent call last):\n  File "<stdin>", line 1, in <module>\nValueError: x\n'
+    results = [result(0), result(1, error=tb, name="ValueError"), result(2, error=tb, name="ValueError"),
+               result(3, error=tb.replace("x", "y"), name="ValueError")]
+    _, err = merge.render(results)
+    assert err.count("[1-2] Traceback") == 1 and err.count("[3] Traceback") == 1
+    assert "[1-2] ValueError: x" in err and "[3] ValueError: y" in err
+    assert merge.raised(results)[0][0] == (1, 2)
+    assert merge.error_summary(results) == ("ValueError", "processes 1-3 raised: ValueError: x")
+    assert merge.error_summary([result(0, "fine\n")]) is None
+
+
+# -- reading blocks ---------------------------------------------------------------------
+class FakeFrontend:
+    """Records what the console would send to the processes."""
+
+    over = False
+
+    def __init__(self):
+        self.sent, self.shown = [], []
+
+    def execute(self, source, mode):
+        self.sent.append((source, mode))
+        return messages.Reply(len(self.sent) - 1, (result(0, "ok\n"),))
+
+    def show(self, reply):
+        self.shown.append(reply)
+
+
+def test_a_block_goes_out_whole_when_python_s_console_would_run_it():
+    frontend = FakeFrontend()
+    reader = interactive.Reader(frontend)
+    lines = ["x = 1", "for i in range(2):", "    print(i)", "", "def f():", "    return 1", ""]
+    more = [reader.push(line) for line in lines]
+    assert more == [False, True, True, False, True, True, False]
+    assert frontend.sent == [("x = 1", "single"), ("for i in range(2):\n    print(i)\n", "single"),
+                             ("def f():\n    return 1\n", "single")]
+
+
+def test_a_syntax_error_is_shown_here_and_sends_nothing(capsys):
+    frontend = FakeFrontend()
+    reader = interactive.Reader(frontend)
+    assert reader.push("1 +* 2") is False
+    assert frontend.sent == [] and "SyntaxError" in capsys.readouterr().err
+
+
+def test_history_lives_in_the_user_s_state_folder():
+    assert interactive.history_path({"XDG_STATE_HOME": "/s"}) == "/s/jaxrun/history"
+    assert interactive.history_path({}).endswith("/.local/state/jaxrun/history")
+
+
+# -- messages ------------------------------------------------------------------------------
+def test_messages_round_trip_and_unknown_fields_are_ignored():
+    reply = messages.Reply(3, (messages.Result(1, "o", "e", "tb", "ValueError", {"text/plain": "1"},
+                                               ({"text/html": "<b>"},)),))
+    assert messages.decode_reply(messages.encode(reply)) == reply
+    request = messages.Request(messages.RUN, 2, "print(1)", messages.CELL)
+    assert messages.decode_request(messages.encode(request)) == request
+    assert messages.decode_hello(json.dumps({"secret": "s", "later": 1}).encode()).secret == "s"
+    with pytest.raises(ValueError):
+        messages.decode_hello(b"[1]")
+
+
+def test_a_long_text_keeps_its_end():
+    text = "x" * messages.MAX_TEXT + "the end"
+    clipped = messages.clip(text)
+    assert clipped.endswith("the end") and len(clipped) < len(text) + 100 and "left out" in clipped
+
+
+# -- the command line ----------------------------------------------------------------------
+def values(*args):
+    ctx = cli.main.make_context("jaxrun", [*args, "--dry-run"])
+    return ctx.params
+
+
+def test_i_needs_no_script_and_runs_the_interactive_controller():
+    config = config_from_args(values("-n", "2", "-i"), BACKENDS)
+    assert config.interactive == "console"
+    assert config.options.target.is_module and config.options.target.name == contract.INTERACTIVE_CONTROLLER_MODULE
+    assert config_from_args(values("-i", "--kernel-pipe"), BACKENDS).interactive == "pipe"
+
+
+@pytest.mark.parametrize("args, message", [
+    (("-i", "toy.py"), "-i takes no SCRIPT"),
+    (("-i", "--max-restarts", "1"), "-i takes no --max-restarts"),
+    ((), "missing SCRIPT"),
+])
+def test_i_refuses_what_a_session_cannot_do(args, message):
+    with pytest.raises(LaunchError, match=message):
+        config_from_args(values(*args), BACKENDS)
+
+
+def test_kernel_without_ipykernel_says_how_to_install_it_in_one_line():
+    program = ("import sys\nsys.modules['ipykernel'] = None\nfrom jaxrun import cli\n"
+               "cli.entry_point(sys.argv[1:])\n")
+    for args in (["kernel"], ["kernel", "install", "--name", "x", "--", "-n", "2"]):
+        done = subprocess.run([sys.executable, "-c", program, *args], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2
+        assert done.stderr == f"jaxrun: error: {kernelspec.INSTALL_HINT}\n"
+
+
+def test_help_never_imports_ipykernel():
+    program = ("import sys\nfrom jaxrun import cli\ntry:\n    cli.entry_point(sys.argv[1:])\n"
+               "except SystemExit:\n    pass\nprint('IPYKERNEL', 'ipykernel' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", program, "--help"], capture_output=True, text=True, timeout=60)
+    assert done.stdout.rstrip().endswith("IPYKERNEL False") and "--interactive" in done.stdout
+
+
+def test_the_kernelspec_runs_the_kernel_module_with_the_launch_options(tmp_path):
+    folder = kernelspec.install("jax4", ["-n", "4", "--cpu-devices", "2"], None, str(tmp_path))
+    spec = json.loads((tmp_path / "share/jupyter/kernels/jax4/kernel.json").read_text())
+    assert folder == str(tmp_path / "share/jupyter/kernels/jax4")
+    assert spec["argv"][1:] == ["-m", "jaxrun.launcher.kernel", "-f", "{connection_file}", "--",
+                                "-n", "4", "--cpu-devices", "2"]
+    assert spec["language"] == "python" and spec["interrupt_mode"] == "signal"
+    with pytest.raises(LaunchError, match="a kernel's name"):
+        kernelspec.install("../x", [], None, str(tmp_path))
