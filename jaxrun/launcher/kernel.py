@@ -18,6 +18,7 @@ This is the one module that imports ipykernel (``pip install 'jaxrun[jupyter]'``
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from jaxrun.contract import console as messages
 from jaxrun.launcher import merge
 
 END_WAIT = 15.0  # after the session is asked to end, how long jaxrun may take before SIGTERM
+JOINED = re.compile(r"jaxrun: \d+/\d+ processes joined")
 launch_options: list[str] = []  # from this module's command line, after "--"
 
 
@@ -102,6 +104,8 @@ class JaxrunKernel(Kernel):
             if self._reply() is None:
                 return self._ended()
             self.ready = True
+            with self.errors_lock:  # the start-up's progress is no output of the first cell
+                self.errors[:] = [line for line in self.errors if not JOINED.match(line)]
         try:
             self.jaxrun.stdin.write(json.dumps({"code": code, "mode": messages.CELL}).encode() + b"\n")
             self.jaxrun.stdin.flush()
