@@ -10,16 +10,21 @@ it itself.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
+import signal
+import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
 
 import pexpect
 import pytest
-from fixtures.jobs import EXAMPLES, ROOT, TOKEN, wait_gone
+from fixtures.jobs import EXAMPLES, JAXRUN, ROOT, TOKEN, wait_gone
 
 PROMPT = ">>> "
 MORE = "... "
@@ -198,3 +203,45 @@ def test_the_console_over_ssh_on_two_hosts(sshd_hosts, tmp_path):
     finally:
         session.kill()
     assert Path(tmp_path / "jaxrun" / "history").exists()
+
+
+# -- the same session over the engines, through the kernel's pipe frontend ----------------
+ENGINES = {
+    "slurm": ("slurm_cluster", "srun", lambda _: ["--launcher", "slurm"], {}),
+    "mpirun": (None, "mpirun", lambda _: ["--launcher", "mpirun"], {"OMPI_MCA_rmaps_base_oversubscribe": "1"}),
+    "ray": ("ray_cluster", None, lambda cluster: ["--launcher", "ray", "--ray-address", cluster.address],
+            {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}),
+}
+
+
+def ask(job, code: str) -> list[dict]:
+    job.stdin.write(json.dumps({"code": code, "mode": "single"}).encode() + b"\n")
+    job.stdin.flush()
+    line = job.stdout.readline()
+    assert line, job.stderr.read().decode(errors="replace")
+    return json.loads(line)["results"]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("name", ENGINES)
+def test_a_session_over_each_engine(request, name, tmp_path):
+    fixture, program, flags, env = ENGINES[name]
+    if program and not shutil.which(program):
+        pytest.skip(f"{program} is not installed")
+    engine = request.getfixturevalue(fixture) if fixture else None
+    job = subprocess.Popen([*JAXRUN, *flags(engine), "-n", "2", "--cpu-devices", "1", "--log-dir", tmp_path / "logs",
+                            "--kernel-pipe"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           env={**os.environ, **env}, start_new_session=True)
+    try:
+        assert json.loads(job.stdout.readline()) == {"ready": True}
+        results = ask(job, "import jax, os; print(jax.process_count(), os.environ['JAXRUN_PROCESS_ID'])")
+        assert [r["out"] for r in results] == ["2 0\n", "2 1\n"]
+        threading.Timer(1.5, job.send_signal, (signal.SIGINT,)).start()  # what the kernel's interrupt does
+        results = ask(job, "import time; time.sleep(120)")
+        assert [r["error_name"] for r in results] == ["KeyboardInterrupt"] * 2
+        job.stdin.close()
+        assert job.wait(30) == 0, job.stderr.read().decode(errors="replace")
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
