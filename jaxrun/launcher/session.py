@@ -25,7 +25,7 @@ from jaxrun.contract import console as messages
 from jaxrun.core.spec import LOCAL_HOST, LaunchOptions
 
 TICK = 0.25  # seconds between two looks at the caller's ``go_on``
-HELLO_WAIT = 10.0  # a connection that sends no hello in this long is dropped
+HELLO_WAIT = 5.0  # a connection that sends no hello in this long is dropped
 
 
 def listen_address(options: LaunchOptions, environ=os.environ) -> str:
@@ -38,7 +38,8 @@ def listen_address(options: LaunchOptions, environ=os.environ) -> str:
             found = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)
         except (OSError, UnicodeError):
             return "127.0.0.1"
-        return found[0][4][0] if found else "127.0.0.1"
+        address = found[0][4][0] if found else "127.0.0.1"
+        return "127.0.0.1" if address == "0.0.0.0" else address  # never a wildcard
     return "127.0.0.1"
 
 

@@ -4,6 +4,7 @@ command line of ``-i`` and ``jaxrun kernel``."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -14,7 +15,8 @@ from jaxrun import cli, contract
 from jaxrun.backends import BACKENDS
 from jaxrun.contract import console as messages
 from jaxrun.core.config import LaunchError
-from jaxrun.launcher import interactive, kernelspec, merge
+from jaxrun.core.spec import Host
+from jaxrun.launcher import interactive, kernelspec, merge, session
 from jaxrun.launcher.configure import config_from_args
 
 
@@ -156,3 +158,47 @@ def test_the_kernelspec_runs_the_kernel_module_with_the_launch_options(tmp_path)
     assert spec["language"] == "python" and spec["interrupt_mode"] == "signal"
     with pytest.raises(LaunchError, match="a kernel's name"):
         kernelspec.install("../x", [], None, str(tmp_path))
+
+
+def test_the_session_listens_where_the_processes_can_reach_it_and_never_on_a_wildcard():
+    config = config_from_args(values("-n", "2", "-i"), BACKENDS)
+    assert session.listen_address(config.options) == "127.0.0.1"
+    remote = dataclasses.replace(config.options, hosts=(Host("127.0.0.3", slots=2),))
+    assert session.listen_address(remote) == "127.0.0.1"  # the route to a loopback host
+    scheduled = dataclasses.replace(config.options, scheduled=True)
+    assert session.listen_address(scheduled, {contract.TASK_CHANNEL_HOST: "127.0.0.7"}) == "127.0.0.7"
+    assert session.listen_address(scheduled, {contract.TASK_CHANNEL_HOST: "0.0.0.0"}) == "127.0.0.1"
+    listener = session.Session("127.0.0.1")
+    try:
+        host, _, port = listener.address.rpartition(":")
+        assert host == "127.0.0.1" and int(port) > 0 and len(listener.secret) == 64
+        assert listener.env() == {contract.CONSOLE_ADDRESS: listener.address, contract.CONSOLE_SECRET: listener.secret}
+    finally:
+        listener.close()
+
+
+def test_a_connection_with_a_wrong_secret_is_dropped_and_the_right_one_kept():
+    import socket
+    import threading
+
+    listener = session.Session("127.0.0.1")
+    host, _, port = listener.address.rpartition(":")
+    clients = []
+
+    def connect(secret):
+        sock = socket.create_connection((host, int(port)))
+        sock.sendall(messages.encode(messages.Hello(secret)))
+        clients.append(sock)
+
+    try:
+        client = threading.Thread(target=lambda: (connect("wrong"), connect(listener.secret)))
+        client.start()
+        assert listener.accept(lambda: True)
+        client.join()
+        assert clients[0].recv(1) == b""  # dropped
+        clients[1].sendall(messages.encode(messages.Reply(0, (result(0, "hi\n"),))))
+        assert listener.run("print('hi')", messages.SINGLE, lambda: True).results[0].out == "hi\n"
+    finally:
+        listener.close()
+        for sock in clients:
+            sock.close()
