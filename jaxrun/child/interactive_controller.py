@@ -87,20 +87,24 @@ class Runner:
         value = error = name = None
         saved = sys.stdout, sys.stderr
         sys.stdout, sys.stderr = out, err
-        signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
-            if request.mode == session.CELL:
-                self._patch_display()
-                value = self._run_cell(request.code)
-            else:
-                exec(compile(request.code, "<stdin>", "single", dont_inherit=True), self.main.__dict__)
+            # Ctrl-C interrupts the statement, and nothing after it: the
+            # handler goes back before an interrupt could reach this code.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            try:
+                if request.mode == session.CELL:
+                    self._patch_display()
+                    value = self._run_cell(request.code)
+                else:
+                    exec(compile(request.code, "<stdin>", "single", dont_inherit=True), self.main.__dict__)
+            finally:
+                signal.signal(signal.SIGINT, _quiet)
         except BaseException as e:  # noqa: BLE001 - the session shows every error and goes on
-            if isinstance(e, SystemExit):
-                e = RuntimeError(f"SystemExit({e.code!r}) in an interactive session; Ctrl-D ends the session")
-            error, name = _traceback(e), type(e).__name__
+            # exit() everywhere ends the session, as Ctrl-D does (the launcher decides).
+            error = f"SystemExit: {e.code!r}\n" if isinstance(e, SystemExit) else _traceback(e)
+            name = type(e).__name__
             saved[1].write(error)
         finally:
-            signal.signal(signal.SIGINT, _quiet)
             sys.stdout, sys.stderr = saved
             out.flush()
             err.flush()

@@ -178,7 +178,7 @@ class Console(Frontend):
         try:
             reader.interact(banner=f"jaxrun: an interactive session over {count}; every statement runs in "
                                    "each process (Ctrl-C interrupts it, Ctrl-D ends the session)", exitmsg="")
-        except SessionEnded:
+        except (SessionEnded, SystemExit):
             pass
         finally:
             self.state = Frontend.CLOSING
@@ -223,6 +223,8 @@ class Reader(code.InteractiveConsole):
         if reply is None:  # process 0 is gone: the summary comes before anything else
             self.frontend.wait_over()
             raise SessionEnded()
+        if reply.results and all(r.error_name == "SystemExit" for r in reply.results):
+            raise SystemExit  # exit() in every process: the session ends, as with Ctrl-D
         self.frontend.show(reply)
         return False
 

@@ -245,3 +245,10 @@ def test_a_session_over_each_engine(request, name, tmp_path):
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
             job.wait()
+
+
+@pytest.mark.timeout(60)
+def test_a_script_named_kernel_still_runs(jaxrun, tmp_path):
+    (tmp_path / "kernel").write_text("print('a script named kernel')\n")
+    code, out, err = jaxrun("kernel", cwd=tmp_path)
+    assert code == 0 and "[0] a script named kernel" in out, err

@@ -80,6 +80,22 @@ def test_a_block_goes_out_whole_when_python_s_console_would_run_it():
                              ("def f():\n    return 1\n", "single")]
 
 
+def test_exit_in_every_process_ends_the_session_and_in_some_is_shown():
+    class Exiting(FakeFrontend):
+        def __init__(self, ranks):
+            super().__init__()
+            self.ranks = ranks
+
+        def execute(self, source, mode):
+            return messages.Reply(0, tuple(result(r, error="SystemExit: None\n",
+                                                  name="SystemExit" if r in self.ranks else None) for r in range(2)))
+
+    with pytest.raises(SystemExit):
+        interactive.Reader(Exiting({0, 1})).push("exit()")
+    some = Exiting({1})
+    assert interactive.Reader(some).push("exit()") is False and len(some.shown) == 1
+
+
 def test_a_syntax_error_is_shown_here_and_sends_nothing(capsys):
     frontend = FakeFrontend()
     reader = interactive.Reader(frontend)
