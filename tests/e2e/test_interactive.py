@@ -96,6 +96,8 @@ def console(tmp_path_factory):
     session = Console(["-n", "4", "--cpu-devices", "2", "--log-dir", logs, "-i"], env)
     session.state, session.logs = state, logs
     try:
+        session.first_prompt()
+        session.prompted = time.monotonic() - session.started
         yield session
     finally:
         session.kill()
@@ -104,8 +106,6 @@ def console(tmp_path_factory):
 
 @pytest.mark.timeout(90)
 def test_the_toy_typed_line_by_line_gives_its_result(console):
-    console.first_prompt()
-    console.prompted = time.monotonic() - console.started
     seen = console.run(toy_lines())
     for rank in range(4):
         assert f"[{rank}] process={rank} {RESULT}" in seen, seen
