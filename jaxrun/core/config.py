@@ -53,6 +53,9 @@ class RunConfig:
     # -i: an interactive session instead of a script, with this frontend
     # ("console" at a terminal, "pipe" for the Jupyter kernel); None: a script.
     interactive: str | None = None
+    # An interactive session's variables for the processes, given the
+    # attempt's coordinator address (set by the session; None: none).
+    session_env: Callable[[str], dict[str, str]] | None = None
 
 
 def no_options(values: Mapping[str, Any], launch: LaunchOptions) -> None:

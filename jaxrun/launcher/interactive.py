@@ -23,7 +23,6 @@ script's, with the supervisor's summary and exit status.
 from __future__ import annotations
 
 import code
-import dataclasses
 import json
 import os
 import signal
@@ -56,8 +55,9 @@ def drive(config: RunConfig, control: RunControl, attempts: Callable[[RunConfig]
     """Run the attempts in a thread, the frontend here; the run's exit status.
     ``settled`` says when the start-up's progress line is done, so that the
     first prompt comes after it."""
-    session = Session(listen_address(config.options))
-    config.options = dataclasses.replace(config.options, extra_env={**config.options.extra_env, **session.env()})
+    session = Session()
+    # Each attempt's plan asks for the session's variables once its coordinator is chosen.
+    config.session_env = lambda coordinator: session.listen(listen_address(config.options, coordinator))
     config.console_ranks = frozenset()  # the frontend shows the session; the logs hold everything
     frontend = (Pipe if config.interactive == PIPE else Console)(session, control, config.options.num_processes)
     outcome: dict = {}

@@ -53,6 +53,8 @@ def plan_attempt(config: RunConfig, coordinator: tuple[str, str | None], attempt
     backend placed it (its process count and what else the plan needs)."""
     address, bind = coordinator
     changes = {} if placement is None else {"num_processes": placement.num_processes, **placement.facts}
+    if config.session_env is not None:  # -i: where process 0 finds the session
+        changes["extra_env"] = {**config.options.extra_env, **config.session_env(address)}
     opts = dataclasses.replace(config.options, coordinator=address, bind_address=bind, restart_count=attempt,
                                **changes)
     return opts, planning.plan(opts)

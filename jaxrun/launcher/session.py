@@ -1,8 +1,9 @@
 """The launcher's end of an interactive session: a listener, then process 0.
 
 It binds one address, never a wildcard: loopback for a job on this machine,
-else the address of this machine that routes to the first host (or, under a
-scheduler, this host's own name, as the task channel does).  Process 0
+else the address of this machine that routes to the coordinator's host, where
+process 0 runs (or, under a scheduler, this host's own name, as the task
+channel does).  Process 0
 connects and proves itself with the session's secret, which travels in its
 environment only; a connection with a wrong secret is dropped.  Then each
 statement goes out as a ``Request`` and comes back as one ``Reply`` with
@@ -18,20 +19,22 @@ import os
 import secrets
 import select
 import socket
+import time
 from collections.abc import Callable
 
 from jaxrun import contract
 from jaxrun.contract import console as messages
-from jaxrun.core.spec import LOCAL_HOST, LaunchOptions
+from jaxrun.core.spec import LaunchOptions
 
 TICK = 0.25  # seconds between two looks at the caller's ``go_on``
 HELLO_WAIT = 5.0  # a connection that sends no hello in this long is dropped
 
 
-def listen_address(options: LaunchOptions, environ=os.environ) -> str:
-    """Where the session listens, for where the processes run."""
-    if options.hosts != (LOCAL_HOST,):
-        return route_to(options.hosts[0].name)
+def listen_address(options: LaunchOptions, coordinator: str, environ=os.environ) -> str:
+    """Where the session listens: under a scheduler, this host's name (as the
+    task channel, since the tasks' nodes are known only once they run); else
+    this machine's address on the route to the coordinator's host, which is
+    where process 0 runs (loopback for a local run)."""
     if options.scheduled:
         name = environ.get(contract.TASK_CHANNEL_HOST) or socket.gethostname()
         try:
@@ -40,7 +43,7 @@ def listen_address(options: LaunchOptions, environ=os.environ) -> str:
             return "127.0.0.1"
         address = found[0][4][0] if found else "127.0.0.1"
         return "127.0.0.1" if address == "0.0.0.0" else address  # never a wildcard
-    return "127.0.0.1"
+    return route_to(coordinator.rsplit(":", 1)[0].strip("[]"))
 
 
 def route_to(host: str) -> str:
@@ -57,19 +60,27 @@ def route_to(host: str) -> str:
 
 
 class Session:
-    def __init__(self, host: str):
+    """One session: its secret at once, its listener once the run knows
+    where process 0 is (``listen``, from the run's thread)."""
+
+    def __init__(self):
         self.secret = secrets.token_hex(32)
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.listener = socket.socket(family, socket.SOCK_STREAM)
-        self.listener.bind((host, 0))
-        self.listener.listen(8)
-        self.address = contract.join_address(host, self.listener.getsockname()[1])
+        self.listener: socket.socket | None = None
+        self.address: str | None = None
         self.link: socket.socket | None = None
         self.buffer = b""
         self.number = 0
 
-    def env(self) -> dict[str, str]:
-        """What the processes need to find the session (process 0 uses it)."""
+    def listen(self, host: str) -> dict[str, str]:
+        """Bind (once) on ``host``; what the processes need to find the
+        session (process 0 uses it)."""
+        if self.listener is None:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            listener = socket.socket(family, socket.SOCK_STREAM)
+            listener.bind((host, 0))
+            listener.listen(8)
+            self.address = contract.join_address(host, listener.getsockname()[1])
+            self.listener = listener
         return {contract.CONSOLE_ADDRESS: self.address, contract.CONSOLE_SECRET: self.secret}
 
     def accept(self, go_on: Callable[[], bool]) -> bool:
@@ -77,6 +88,9 @@ class Session:
         while self.link is None:
             if not go_on():
                 return False
+            if self.listener is None:  # the run has not placed its processes yet
+                time.sleep(TICK / 5)
+                continue
             ready, _, _ = select.select([self.listener], [], [], TICK)
             if not ready:
                 continue

@@ -15,7 +15,6 @@ from jaxrun import cli, contract
 from jaxrun.backends import BACKENDS
 from jaxrun.contract import console as messages
 from jaxrun.core.config import LaunchError
-from jaxrun.core.spec import Host
 from jaxrun.launcher import interactive, kernelspec, merge, session
 from jaxrun.launcher.configure import config_from_args
 
@@ -176,19 +175,20 @@ def test_the_kernelspec_runs_the_kernel_module_with_the_launch_options(tmp_path)
         kernelspec.install("../x", [], None, str(tmp_path))
 
 
-def test_the_session_listens_where_the_processes_can_reach_it_and_never_on_a_wildcard():
-    config = config_from_args(values("-n", "2", "-i"), BACKENDS)
-    assert session.listen_address(config.options) == "127.0.0.1"
-    remote = dataclasses.replace(config.options, hosts=(Host("127.0.0.3", slots=2),))
-    assert session.listen_address(remote) == "127.0.0.1"  # the route to a loopback host
-    scheduled = dataclasses.replace(config.options, scheduled=True)
-    assert session.listen_address(scheduled, {contract.TASK_CHANNEL_HOST: "127.0.0.7"}) == "127.0.0.7"
-    assert session.listen_address(scheduled, {contract.TASK_CHANNEL_HOST: "0.0.0.0"}) == "127.0.0.1"
-    listener = session.Session("127.0.0.1")
+def test_the_session_listens_where_process_0_can_reach_it_and_never_on_a_wildcard():
+    options = config_from_args(values("-n", "2", "-i"), BACKENDS).options
+    assert session.listen_address(options, "127.0.0.1:1234") == "127.0.0.1"
+    assert session.listen_address(options, "127.0.0.3:1234") == "127.0.0.1"  # the route to a loopback host
+    scheduled = dataclasses.replace(options, scheduled=True)
+    assert session.listen_address(scheduled, "", {contract.TASK_CHANNEL_HOST: "127.0.0.7"}) == "127.0.0.7"
+    assert session.listen_address(scheduled, "", {contract.TASK_CHANNEL_HOST: "0.0.0.0"}) == "127.0.0.1"
+    listener = session.Session()
     try:
+        env = listener.listen("127.0.0.1")
+        assert listener.listen("127.0.0.2") == env  # bound once, for every attempt
         host, _, port = listener.address.rpartition(":")
         assert host == "127.0.0.1" and int(port) > 0 and len(listener.secret) == 64
-        assert listener.env() == {contract.CONSOLE_ADDRESS: listener.address, contract.CONSOLE_SECRET: listener.secret}
+        assert env == {contract.CONSOLE_ADDRESS: listener.address, contract.CONSOLE_SECRET: listener.secret}
     finally:
         listener.close()
 
@@ -197,7 +197,8 @@ def test_a_connection_with_a_wrong_secret_is_dropped_and_the_right_one_kept():
     import socket
     import threading
 
-    listener = session.Session("127.0.0.1")
+    listener = session.Session()
+    listener.listen("127.0.0.1")
     host, _, port = listener.address.rpartition(":")
     clients = []
 
