@@ -127,6 +127,7 @@ HELP_SECTIONS = {
     "Across hosts (SSH)": ("hosts_file", "host_opts", "hosts_command"),
     "Engines (Slurm, Open MPI)": ("launcher",),
     "Runtime": ("mesh", "mesh_axis_types"),
+    "Interactive": ("interactive", "kernel_pipe"),
     "Other": (),
 }
 
@@ -221,6 +222,10 @@ class SectionedCommand(click.Command):
               help="How to start the controllers (default: local, or ssh when hosts are given).")
 @click.option("--dry-run", is_flag=True, help="Print each process's command and environment, then exit.")
 @click.option("-v", "--verbose", is_flag=True, help="Show JAX's noise lines and the startup preflight table.")
+@click.option("-i", "--interactive", is_flag=True,
+              help="No SCRIPT: a console whose every statement runs in every process, as python -i "
+                   "(see docs/interactive.md; `jaxrun kernel install` makes the launch a Jupyter kernel).")
+@click.option("--kernel-pipe", is_flag=True, hidden=True)  # -i for the Jupyter kernel: JSON lines on stdin/stdout
 @click.version_option(__version__, "--version", prog_name="jaxrun")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def main(**values):
@@ -229,6 +234,7 @@ def main(**values):
     \b
       jaxrun -n 4 --cpu-devices 2 toy.py          4 local controllers
       jaxrun -n 2 -m mypkg.train --lr 3e-4        a module, like python -m
+      jaxrun -n 4 --cpu-devices 2 -i              a console over 4 controllers
       jaxrun --hosts hosts.txt train.py           over SSH, one process per slot
       jaxrun k8s --image IMG -n 4 train.py        print a Kubernetes JobSet manifest instead
 
@@ -268,6 +274,46 @@ def backend_option(flag: Flag) -> click.Option:
 main.params[-1:-1] = [backend_option(d.flag) for d in declared_flags(BACKENDS).values()]
 
 
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)
+@click.pass_context
+def kernel(ctx):
+    """Jupyter kernels that run every cell in every process of a jaxrun launch."""
+    from jaxrun.launcher import kernelspec
+
+    kernelspec.require_ipykernel()  # one line on how to get it, before anything else
+    if ctx.invoked_subcommand is None:
+        click.echo(ctx.get_help())
+
+
+@kernel.command("install", context_settings={"ignore_unknown_options": True})
+@click.option("--name", required=True, help="The kernel's name (what `jupyter console --kernel NAME` takes).")
+@click.option("--display-name", metavar="TEXT", help="What a notebook's kernel menu shows.")
+@click.option("--user", "user", is_flag=True, help="Install for this user (the default).")
+@click.option("--prefix", type=click.Path(file_okay=False), metavar="DIR",
+              help="Install under DIR/share/jupyter/kernels (a venv's: its sys.prefix).")
+@click.argument("launch", nargs=-1, type=click.UNPROCESSED)
+def kernel_install(name, display_name, user, prefix, launch):
+    """Write a kernelspec whose kernel starts the processes of LAUNCH OPTIONS.
+
+    \b
+      jaxrun kernel install --name jax4 -- -n 4 --cpu-devices 2
+    """
+    from jaxrun.launcher import kernelspec
+
+    if user and prefix:
+        raise LaunchError("--user and --prefix cannot be used together")
+    launch = list(launch)
+    if "-i" in launch or "--interactive" in launch:
+        raise LaunchError("the launch options take no -i: the kernel adds it")
+    try:  # bad options fail now, not in a notebook
+        ctx = main.make_context("jaxrun", [*launch, "-i", "--dry-run"])
+    except click.ClickException as e:
+        raise LaunchError(f"launch options: {e.format_message()}") from None
+    config_from_args(ctx.params, BACKENDS, option_names=main.option_names())
+    folder = kernelspec.install(name, launch, display_name, prefix)
+    print(f"jaxrun: installed the kernelspec {name} in {folder}")
+
+
 def entry_point(argv: list[str] | None = None) -> None:
     """Console-script entry: click's errors become one line and exit 2."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -280,6 +326,8 @@ def entry_point(argv: list[str] | None = None) -> None:
         from jaxrun.launcher import logs
 
         command, prog, argv = logs.command, "jaxrun logs", argv[1:]
+    elif argv[:1] == ["kernel"] and not os.path.isfile("kernel"):
+        command, prog, argv = kernel, "jaxrun kernel", argv[1:]
     try:
         command.main(args=argv, prog_name=prog, standalone_mode=False)
     except click.exceptions.Exit as e:

@@ -42,6 +42,7 @@ import os
 import socket
 import stat
 import struct
+import sys
 import tempfile
 import threading
 import uuid
@@ -397,3 +398,13 @@ def notes() -> list[str]:
         lines.append("jaxrun: pipes cannot be enlarged on this system: remote output is read in "
                      "smaller pieces")
     return lines
+
+
+def jupyter_data_dir(environ=os.environ) -> str:
+    """Jupyter's per-user data folder, where jupyter_core looks on this system."""
+    if environ.get("JUPYTER_DATA_DIR"):
+        return environ["JUPYTER_DATA_DIR"]
+    home = os.path.expanduser("~")
+    if sys.platform == "darwin":
+        return os.path.join(home, "Library", "Jupyter")
+    return os.path.join(environ.get("XDG_DATA_HOME") or os.path.join(home, ".local", "share"), "jupyter")

@@ -197,6 +197,22 @@ MUTATIONS = [
         ("tests/e2e/test_ray.py",),
         "sigkill or waits",
     ),
+    Mutation(
+        "interactive-output-per-process",
+        "jaxrun -i shows output that every process wrote alike once per process, not once with its ranks",
+        (("jaxrun/launcher/merge.py", "            found.setdefault(text, []).append(rank)",
+          "            found.setdefault(f\"{rank}\\0{text}\", []).append(rank)"),),
+        ("tests/unit/test_interactive.py", "tests/e2e/test_interactive.py"),
+        "toy or identical",
+    ),
+    Mutation(
+        "interactive-ctrl-c-not-forwarded",
+        "Ctrl-C during a statement of jaxrun -i reaches no process: the statement runs on",
+        (("jaxrun/launcher/supervisor.py",
+          "            if self.reason is None:\n                self._send_all(event.signum)", "            pass"),),
+        ("tests/e2e/test_interactive.py",),
+        "toy or ctrl_c",
+    ),
 ]
 
 

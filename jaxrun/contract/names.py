@@ -29,6 +29,12 @@ VERBOSE = "JAXRUN_VERBOSE"
 # named in RANK_SOURCES.
 RANK_SOURCE = "JAXRUN_RANK_SOURCE"
 
+# The interactive console (``jaxrun -i``, the Jupyter kernel): host:port of the
+# launcher's listener, which process 0 connects to, and the per-session secret
+# it proves itself with (process 0 takes both out of its environment).
+CONSOLE_ADDRESS = "JAXRUN_CONSOLE_ADDRESS"
+CONSOLE_SECRET = "JAXRUN_CONSOLE_SECRET"
+
 # -- read by the launcher and its helpers -------------------------------------
 NO_PRELOAD = "JAXRUN_NO_PRELOAD"  # "1": --no-preload by default
 # The scheduler task channel: host:port of the launcher's listener, and the
@@ -97,6 +103,8 @@ SCHEDULER_AGENT_MODULE = "jaxrun.backends.scheduler.task_agent"
 RAY_DRIVER_MODULE = "jaxrun.backends.ray.driver"
 RAY_ACTOR_MODULE = "jaxrun.backends.ray.actor"
 PYTEST_CONTROLLER_MODULE = "jaxrun.child.pytest_controller"
+# What every controller of an interactive session runs instead of a script.
+INTERACTIVE_CONTROLLER_MODULE = "jaxrun.child.interactive_controller"
 # The pytest marker, as the plugin (parent side) and each controller's pytest declare it.
 PYTEST_MARKER_HELP = (
     "jaxrun(n=2, cpu_devices=None, mesh=None, timeout=None): "

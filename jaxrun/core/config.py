@@ -50,6 +50,12 @@ class RunConfig:
     # their places from the spares and goes on with at least this many hosts.
     min_hosts: int | None = None
     hosts_command: str | None = None  # --hosts-command: prints the hosts file again before each restart
+    # -i: an interactive session instead of a script, with this frontend
+    # ("console" at a terminal, "pipe" for the Jupyter kernel); None: a script.
+    interactive: str | None = None
+    # An interactive session's variables for the processes, given the
+    # attempt's coordinator address (set by the session; None: none).
+    session_env: Callable[[str], dict[str, str]] | None = None
 
 
 def no_options(values: Mapping[str, Any], launch: LaunchOptions) -> None:

@@ -55,6 +55,14 @@ class SignalReceived:
 
 
 @dataclasses.dataclass(frozen=True)
+class Forward:
+    """Send this signal to every running process, and stop nothing: an
+    interactive session's Ctrl-C, meant for the statement that runs."""
+
+    signum: int
+
+
+@dataclasses.dataclass(frozen=True)
 class ThreadDied:
     """A launcher thread ended with an exception: a bug in jaxrun."""
 

@@ -79,7 +79,11 @@ def config_from_args(values: Mapping[str, Any], backends: Mapping[str, BackendEn
     the words from SCRIPT (or -m) on.  ``option_names`` are the command's
     long options, for the close match a mistyped one gets."""
     system = system or System()
-    target = parse_target(values["args"], option_names)
+    interactive = values.get("interactive") or values.get("kernel_pipe")
+    if interactive and values["args"]:
+        raise LaunchError(f"-i takes no SCRIPT (got {values['args'][0]!r}): the session's statements are typed")
+    target = (planning.Target(contract.INTERACTIVE_CONTROLLER_MODULE, (), is_module=True) if interactive
+              else parse_target(values["args"], option_names))
     cpu_devices, per_process = values["cpu_devices"], values["devices_per_process"]
     if cpu_devices is not None and per_process is not None:
         raise LaunchError("--cpu-devices and --devices-per-process cannot be used together")
@@ -125,6 +129,10 @@ def config_from_args(values: Mapping[str, Any], backends: Mapping[str, BackendEn
     config = run_config(values, launch, console_ranks, log_dir or default_log_dir(run_id), entry.name,
                         backend_options, system.environ)
     config.min_hosts, config.hosts_command = min_hosts, values["hosts_command"]
+    if interactive:
+        config.interactive = "pipe" if values.get("kernel_pipe") else "console"
+        if config.max_restarts:
+            raise LaunchError("-i takes no --max-restarts: a session's state cannot be restarted")
     return config
 
 

@@ -53,6 +53,9 @@ class RunControl:
         os.set_blocking(self._alarm_w, False)
         self._watchdog: threading.Thread | None = None
         self._buffer = b""
+        # An interactive session's say on SIGINT: True when it took the
+        # signal (Ctrl-C meant for a statement), which then stops nothing.
+        self.intercept: Callable[[int], bool] | None = None
 
     # -- the stop flag ----------------------------------------------------------
     def stopping(self) -> bool:
@@ -87,6 +90,8 @@ class RunControl:
         self._previous.clear()
 
     def _on_signal(self, signum: int, _frame) -> None:
+        if signum == signal.SIGINT and self.intercept is not None and self.intercept(signum):
+            return
         self.events.put(SignalReceived(signum))
         if signum in contract.STOP_SIGNALS and self.signum is None:
             self.signum = signum

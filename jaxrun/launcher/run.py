@@ -53,6 +53,8 @@ def plan_attempt(config: RunConfig, coordinator: tuple[str, str | None], attempt
     backend placed it (its process count and what else the plan needs)."""
     address, bind = coordinator
     changes = {} if placement is None else {"num_processes": placement.num_processes, **placement.facts}
+    if config.session_env is not None:  # -i: where process 0 finds the session
+        changes["extra_env"] = {**config.options.extra_env, **config.session_env(address)}
     opts = dataclasses.replace(config.options, coordinator=address, bind_address=bind, restart_count=attempt,
                                **changes)
     return opts, planning.plan(opts)
@@ -88,7 +90,14 @@ def run(config: RunConfig, backend: Backend | None = None, console: TextIO | Non
     control.start_watchdog()
     code = 1
     try:
-        code = run_attempts(config, backend, control, console, running)
+        if config.interactive:
+            from jaxrun.launcher import interactive
+
+            code = interactive.drive(config, control,
+                                     lambda config: run_attempts(config, backend, control, console, running),
+                                     settled=lambda: bool(running) and running[0].joins_settled())
+        else:
+            code = run_attempts(config, backend, control, console, running)
         return code
     except Interrupted:  # stopped while connecting, before any process started
         print(f"jaxrun: stopped during start-up: {stop_cause(control)}; no process was started",

@@ -50,7 +50,7 @@ from jaxrun import contract
 from jaxrun.core import causes
 from jaxrun.core.backend import Backend, Child, Interrupted, RunHooks, StreamFilter, start_thread
 from jaxrun.core.deadline import NEVER, Deadline
-from jaxrun.core.events import Exited, Joined, LogWriteFailed, SignalReceived, Stream, StreamClosed, ThreadDied
+from jaxrun.core.events import Exited, Forward, Joined, LogWriteFailed, SignalReceived, Stream, StreamClosed, ThreadDied
 from jaxrun.core.logfiles import log_paths, open_log, open_pumped_log, prepare_log_dir
 from jaxrun.core.outcome import Outcome, ProcessRecord, StopReason, Verdict
 from jaxrun.core.spec import ProcessSpec
@@ -120,6 +120,10 @@ class Supervisor:
         self.hold_until: float | None = None
         self.stop_began: float | None = None  # when a stop on a signal began (self.clock)
         self.last_end: float | None = None  # when the last exit was heard (self.clock)
+
+    def joins_settled(self) -> bool:
+        """The start-up progress is over (its last line is out)."""
+        return hasattr(self, "progress") and not self.progress.active
 
     # -- signals -----------------------------------------------------------
     def post_signal(self, signum: int) -> None:
@@ -255,6 +259,9 @@ class Supervisor:
             self._on_signal(event.signum)
         elif isinstance(event, StreamClosed):
             self.open_streams -= 1
+        elif isinstance(event, Forward):
+            if self.reason is None:
+                self._send_all(event.signum)
         elif isinstance(event, Joined):
             self.progress.joined(event.rank)
         elif isinstance(event, ThreadDied):

@@ -243,7 +243,7 @@ def test_help_comes_in_sections_without_importing_jax():
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
     titles = [line[:-1] for line in done.stdout.splitlines() if line.endswith(":") and not line.startswith(" ")]
     assert titles == ["Processes", "Output", "Failures", "Across hosts (SSH)", "Engines (Slurm, Open MPI)",
-                      "Runtime", "With --launcher ray", "Other"]
+                      "Runtime", "Interactive", "With --launcher ray", "Other"]
     assert done.stdout.rstrip().endswith("JAX False")
 
 

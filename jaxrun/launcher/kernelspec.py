@@ -1,0 +1,52 @@
+"""``jaxrun kernel install``: a Jupyter kernelspec whose kernel is a jaxrun launch.
+
+The kernelspec names the launch options; a notebook that starts the kernel
+starts ``python -m jaxrun.launcher.kernel -f CONNECTION -- LAUNCH OPTIONS``,
+which runs ``jaxrun LAUNCH OPTIONS -i`` behind it (``launcher.kernel``).
+This module only writes JSON: neither ``--help`` nor ``kernel install``
+imports ipykernel, but both say how to get it when it is missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import sys
+
+from jaxrun import portable
+from jaxrun.core.config import LaunchError
+
+KERNEL_MODULE = "jaxrun.launcher.kernel"
+INSTALL_HINT = "jaxrun kernel needs ipykernel: pip install 'jaxrun[jupyter]'"
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")  # what Jupyter accepts as a kernel's name
+
+
+def require_ipykernel() -> None:
+    if importlib.util.find_spec("ipykernel") is None:  # finds it without importing it
+        raise LaunchError(INSTALL_HINT)
+
+
+def kernelspec(launch: list[str], display_name: str, python: str = sys.executable) -> dict:
+    return {
+        "argv": [python, "-m", KERNEL_MODULE, "-f", "{connection_file}", "--", *launch],
+        "display_name": display_name,
+        "language": "python",
+        "interrupt_mode": "signal",
+        "metadata": {"jaxrun": {"launch": launch}},
+    }
+
+
+def install(name: str, launch: list[str], display_name: str | None, prefix: str | None) -> str:
+    """Write the kernelspec; the folder it is in."""
+    if not NAME.match(name):
+        raise LaunchError(f"--name {name!r}: a kernel's name is letters, digits, '.', '_' and '-'")
+    base = os.path.join(prefix, "share", "jupyter") if prefix else portable.jupyter_data_dir()
+    folder = os.path.join(base, "kernels", name.lower())
+    os.makedirs(folder, exist_ok=True)
+    spec = kernelspec(launch, display_name or f"jaxrun ({' '.join(launch) or 'one process'})")
+    with open(os.path.join(folder, "kernel.json"), "w") as f:
+        json.dump(spec, f, indent=1)
+        f.write("\n")
+    return folder
