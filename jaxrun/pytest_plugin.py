@@ -49,6 +49,10 @@ MARKER_HELP = contract.PYTEST_MARKER_HELP
 # how much longer the parent waits for jaxrun before killing it.
 CHILD_GRACE = 5.0
 LAUNCHER_WAIT = 10.0
+# What the parent reads back from the test's private folder, at most: one
+# skip reason per controller, and jaxrun's --report.
+SKIP_REASON_MAX = 64 << 10
+REPORT_MAX = 64 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,16 +177,16 @@ def read_skips(workdir: str) -> dict[int, str]:
     skips = {}
     for name in os.listdir(workdir):
         if name.startswith("skipped-"):
-            with open(os.path.join(workdir, name)) as f:
-                skips[int(name.removeprefix("skipped-"))] = f.read()
+            reason = contract.read_small(os.path.join(workdir, name), SKIP_REASON_MAX)
+            skips[int(name.removeprefix("skipped-"))] = (reason or b"").decode("utf-8", "replace")
     return skips
 
 
 def read_report(workdir: str) -> dict | None:
+    data = contract.read_small(os.path.join(workdir, "report.json"), REPORT_MAX)
     try:
-        with open(os.path.join(workdir, "report.json")) as f:
-            return json.load(f)
-    except (OSError, ValueError):
+        return None if data is None else json.loads(data)
+    except ValueError:
         return None  # jaxrun stopped before launching: its console says why
 
 

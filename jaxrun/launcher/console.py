@@ -206,12 +206,17 @@ class ConsolePrinter:
         )
         self._emit(self.out, head(rank).encode() + b"\n")
         for path, sink, stream in ((stdout_path, self.out, Stream.STDOUT), (stderr_path, self.err, Stream.STDERR)):
+            # The guarded reader: a log swapped for a FIFO or a symlink is not
+            # followed; a chunk at a time, however long the log.
+            f = contract.open_regular(path)
+            if f is None:
+                continue  # never written (the process did not start); the summary says why
             try:
-                with open(path, "rb") as f:
+                with f:
                     for chunk in read_lines_in_chunks(f):
                         self._emit(sink, self.render(rank, stream, chunk))
             except OSError:
-                pass  # never written (the process did not start); the summary says why
+                pass
         self._emit(self.out, tail.encode() + b"\n")
 
 

@@ -96,9 +96,10 @@ def test_timeout_without_flags_tells_finished_processes_from_stuck_ones(start_jo
 
 
 def test_without_divergence_both_flags_change_nothing_but_the_cost(launch):
+    # Side by side: two jobs on their own ports and log folders.
     plain = launch(*FOUR, SCRIPT)
-    assert plain.wait(timeout=90) == 0, plain.stderr
     checked = launch(*FOUR, "--flight-recorder", "--check-divergence", SCRIPT)
+    assert plain.wait(timeout=90) == 0, plain.stderr
     assert checked.wait(timeout=90) == 0, checked.stderr
     results = sorted(line for line in plain.stdout.splitlines() if "sum" in line)
     assert len(results) == 4

@@ -106,7 +106,7 @@ def test_env_values_never_appear_on_a_command_line(launch, tmp_path, request, fi
     secret = f"tok-{uuid.uuid4().hex}"
     given = ["-x", "API_TOKEN"] if how == "-x" else ["--env", f"API_TOKEN={secret}"]
     job = launch("-H", f"{first}:2,{second}:2", *ssh_flags(ssh_hosts), *given,
-                 "--log-dir", tmp_path / "logs", script, "6", env={"API_TOKEN": secret})
+                 "--log-dir", tmp_path / "logs", script, "3.5", env={"API_TOKEN": secret})
     ours = job.proc.pid if how == "--env" else None
     seen: list[str] = []
     reader = threading.Thread(target=lambda: seen.extend(line.decode() for line in job.proc.stdout), daemon=True)
@@ -121,7 +121,7 @@ def test_env_values_never_appear_on_a_command_line(launch, tmp_path, request, fi
                 leaks.append((proc.info["pid"], proc.info["cmdline"]))
         assert not leaks, leaks
         time.sleep(0.05)
-    # The scan ran while every process was up (they print, then sleep 6 s).
+    # The scan ran while every process was up (they print, then sleep 3.5 s).
     for _ in range(20):
         for proc in psutil.process_iter(["pid", "ppid", "cmdline"]):
             assert is_ours(proc.info, ours) or not any(secret in word for word in proc.info["cmdline"] or [])
