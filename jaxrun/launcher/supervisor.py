@@ -120,10 +120,11 @@ class Supervisor:
         self.hold_until: float | None = None
         self.stop_began: float | None = None  # when a stop on a signal began (self.clock)
         self.last_end: float | None = None  # when the last exit was heard (self.clock)
+        self.progress: JoinProgress | None = None  # made when the run starts
 
     def joins_settled(self) -> bool:
         """The start-up progress is over (its last line is out)."""
-        return hasattr(self, "progress") and not self.progress.active
+        return self.progress is not None and not self.progress.active
 
     # -- signals -----------------------------------------------------------
     def post_signal(self, signum: int) -> None:

@@ -85,7 +85,6 @@ class Seen:
     left: tuple  # what was still running once the run was over
     logs: Path
     stuck: str | None = None  # what was still running when jaxrun did not end
-    started_in: float | None = None  # seconds from jaxrun's start until every process was ready
 
     @property
     def took(self) -> float | None:
@@ -299,7 +298,7 @@ def run_cell(backend: Backend, engine, fault: Fault, folder: Path, token: str, *
         proc = subprocess.Popen(argv, cwd=folder, env=env, stdout=out, stderr=err, start_new_session=True)
     signs = (str(folder), f"jaxrun-{proc.pid}-")
     far_ends: set[str] = set()
-    stuck = started_in = None
+    stuck = None
     try:
         def ready() -> bool:
             everyone = markers(state).get("ready", frozenset()) == ALL
@@ -307,8 +306,7 @@ def run_cell(backend: Backend, engine, fault: Fault, folder: Path, token: str, *
                 far_ends.update(far_end_kinds(job_processes(token, signs)))
             return everyone or proc.poll() is not None
 
-        if wait_until(ready, START * (LOADED if loaded else 1), step=0.05) and proc.poll() is None:
-            started_in = time.time() - started
+        wait_until(ready, START * (LOADED if loaded else 1), step=0.05)
         fault_at = send_fault(fault, proc, started)
         try:
             proc.wait(timeout=STUCK)
@@ -332,7 +330,7 @@ def run_cell(backend: Backend, engine, fault: Fault, folder: Path, token: str, *
         fault_at = max((float(read(state / f"fault-{r}")) for r in seen_markers.get("fault", ())), default=None)
     return Seen(proc.returncode, read(folder / "jaxrun.err"),
                 json.loads(report.read_text()) if report.exists() else None, seen_markers, fault_at, ended_at,
-                frozenset(far_ends), left, logs, stuck, started_in)
+                frozenset(far_ends), left, logs, stuck)
 
 
 def stuck_state(proc: subprocess.Popen, token: str, signs: tuple[str, ...], logs: Path) -> str:
