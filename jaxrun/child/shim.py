@@ -73,13 +73,11 @@ def _is_launch_frame(filename: str) -> bool:
     return filename in _SHIM_FILES or os.path.basename(filename) == "runpy.py" or filename.startswith("<frozen runpy")
 
 
-# The signals a far end may hold blocked so that the launcher alone decides
-# what they mean (jaxrun.backends.shield); a mask is inherited through exec.
-
-
 def main(argv: list[str]) -> None:
-    # As under a plain launch, a script can be stopped: a signal sent before
-    # now was held, and arrives here.
+    # As under a plain launch, a script can be stopped: a far end may hold the
+    # stop signals blocked so that the launcher alone decides what they mean
+    # (jaxrun.backends.shield), a mask is inherited through exec, and a signal
+    # sent before now was held and arrives here.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, contract.STOP_SIGNALS)
     watch_lifeline()
     faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
