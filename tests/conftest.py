@@ -2,7 +2,40 @@
 
 ``fixtures.jobs`` holds the leak guard every test gets: any process that
 carries the test's token and outlives it fails the test.
+
+The README's test command runs the suite in two pytest-xdist workers
+(``-n 2 --dist loadgroup``).  Most of an end-to-end test's time is spent
+waiting (on a start-up, a grace period, a peer), not computing, so two
+workers on two cores finish in about two thirds of one worker's time.  The
+groups below keep each module in one worker, so that its module fixtures
+(jobs shared by several checks) run once; and every test that uses the
+Slurm cluster or the Ray cluster in one worker each, so that only one of
+each is started (two slurmd on one node name would clash).
 """
+
+import pytest
 
 pytest_plugins = ["fixtures.jobs", "fixtures.sshd", "fixtures.netns", "fixtures.slurm", "fixtures.engines",
                   "fixtures.ray_cluster"]
+
+# A test that needs one of these fixtures runs in the worker of that group:
+# one Slurm cluster and one Ray cluster for the run, and the hosts a test
+# powers off (hostE-G) at their fixed addresses, never two sets at once.
+ENGINE_GROUPS = {"slurm_cluster": "slurm", "ray_cluster": "ray", "mortal_hosts": "mortal_hosts"}
+
+
+def xdist_group(item: pytest.Item) -> str:
+    # Parametrized tests that take an engine's fixture by name, when the
+    # parameter says which (test_matrix's "ray-exit", test_interactive's "slurm").
+    end_to_end = item.nodeid.startswith("tests/e2e/")
+    words = set(item.callspec.id.split("-")) if end_to_end and hasattr(item, "callspec") else set()
+    for fixture, group in ENGINE_GROUPS.items():
+        if fixture in item.fixturenames or group in words:
+            return group
+    return item.nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
