@@ -128,6 +128,11 @@ class BackendEntry:
     flags: tuple[Flag, ...] = ()  # the command-line options it takes beyond everyone's
     section: str | None = None  # the --help section of its flags; None: "With --launcher NAME"
     elastic: bool = False  # its backend can start a restart on other hosts (Backend.place with a recheck): --min-hosts
+    # Where restarts can find other hosts only inside something the
+    # environment names (Slurm's allocation): that variable, and the one-line
+    # error for --min-hosts without it.
+    elastic_variable: str | None = None
+    elastic_refusal: str = ""
 
     def flags_given(self, values: Mapping[str, Any]) -> list[str]:
         """Its own options that the command line gave (their first spelling)."""

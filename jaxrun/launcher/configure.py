@@ -222,10 +222,9 @@ def elastic_minimum(values: Mapping[str, Any], entry: BackendEntry, hosts: Seque
                           "does not start processes on chosen hosts")
     if not values["max_restarts"]:
         raise LaunchError("--min-hosts replaces lost hosts when the job restarts: give --max-restarts N too")
-    if entry.scheduled:
-        if not environ.get("SLURM_JOB_NODELIST"):
-            raise LaunchError(f"--min-hosts with --launcher {entry.name} works inside an allocation (sbatch or "
-                              "salloc, with --no-kill): outside one, each restart asks Slurm for new nodes")
+    if entry.elastic_variable and not environ.get(entry.elastic_variable):
+        raise LaunchError(entry.elastic_refusal)
+    if not entry.takes_hosts:  # its engine knows the hosts: nothing to count here
         return given or 1
     from jaxrun.launcher.elastic import used_hosts
 
