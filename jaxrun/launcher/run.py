@@ -163,8 +163,10 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
             outcome.placement = record
             outcomes.append(outcome)
             dirs.append(log_dir)
-            report_attempt(config, outcomes, dirs, console)
-            if outcome.reason is not StopReason.FAILURE or attempt == config.max_restarts:
+            last = attempt == config.max_restarts
+            repeated = None if last else repeated_failure(config, outcomes)
+            report_attempt(config, outcomes, dirs, console, repeated)
+            if outcome.reason is not StopReason.FAILURE or last or repeated:
                 break
     return outcomes[-1].exit_code
 
@@ -214,7 +216,25 @@ def last_words(line: str) -> None:
         pass
 
 
-def report_attempt(config: RunConfig, outcomes: list[Outcome], dirs: list[str], console: TextIO) -> None:
+def repeated_failure(config: RunConfig, outcomes: list[Outcome]) -> str | None:
+    """Why the failed attempt that just ended is not restarted, or None: it
+    failed exactly as the one before it (``diagnosis.same_failure``), so a
+    restart would run into the same bug again.  Attempts count from 1 here."""
+    from jaxrun.reporting import diagnosis
+
+    if len(outcomes) < 2 or outcomes[-1].reason is not StopReason.FAILURE:
+        return None
+    # The logs are read here, once; every report below only formats what they said.
+    last, before = (diagnosis.attach(o, outputs=bool(config.junit_path)) for o in outcomes[-1:-3:-1])
+    if not diagnosis.same_failure(last, before):
+        return None
+    return f"not restarting: the same failure as attempt {len(outcomes) - 1} ({last.root.failure})"
+
+
+def report_attempt(config: RunConfig, outcomes: list[Outcome], dirs: list[str], console: TextIO,
+                   not_restarted: str | None = None) -> None:
+    """``not_restarted``: why no restart follows this failed attempt, though
+    --max-restarts allows one."""
     from jaxrun.reporting import diagnosis
 
     outcome = outcomes[-1]
@@ -223,12 +243,15 @@ def report_attempt(config: RunConfig, outcomes: list[Outcome], dirs: list[str], 
     diagnosis.attach(outcome, outputs=bool(config.junit_path))
     for line in summary.summary_lines(outcome, shown):
         print(line, file=console, flush=True)
+    if not_restarted:
+        print(f"jaxrun: {not_restarted}", file=console, flush=True)
     if config.github_actions:
         annotation = github.error_annotation(outcome, os.environ.get("GITHUB_WORKSPACE"))
         if annotation:
             print(annotation, file=console, flush=True)
     if config.report_path:
-        report.write_report(config.report_path, report.report_dict(outcomes, config.options.run_id, dirs))
+        report.write_report(config.report_path,
+                            report.report_dict(outcomes, config.options.run_id, dirs, not_restarted))
     if config.junit_path:
         from jaxrun.reporting import junit
 

@@ -20,7 +20,7 @@ from jaxrun import contract
 from jaxrun.contract import ErrorRecord, FlightLog, signal_name
 from jaxrun.core.outcome import Outcome, ProcessRecord, StopReason, Verdict
 from jaxrun.core.ranks import format_ranks
-from jaxrun.reporting.stacks import DUMP_TAIL, Frame, dumped_state, user_frame
+from jaxrun.reporting.stacks import DUMP_TAIL, Frame, dumped_state, raised_at, user_frame
 
 TAIL_LINES = 15  # the lines of a log the reports quote
 # JUnit's system-out and system-err: it leaves JAX's noise lines out of these,
@@ -29,6 +29,9 @@ OUTPUT_LINES = 4 * TAIL_LINES
 # How much of the end of a log those lines come from: logs may be many gigabytes.
 LOG_TAIL = 64 * 1024
 ENDED_BY_OTHERS = (Verdict.STOPPED, Verdict.CONSEQUENCE, Verdict.NOT_STARTED)
+# The signals a process raises on itself when it crashes: the same one at the
+# same line twice is the same bug (SIGKILL or SIGTERM come from outside).
+CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT"})
 
 
 class Kind(enum.Enum):
@@ -76,6 +79,18 @@ class RootCause:
     stderr_tail: tuple[str, ...]  # its stderr log's last TAIL_LINES lines
     output_path: str  # its stderr log, or its stdout log where stderr is empty
     output: tuple[str, ...]  # that log's last TAIL_LINES lines
+    # What makes it the same failure as another attempt's (``same_failure``):
+    # ("exception", type, message, file, line) or ("signal", name, file, line),
+    # at the innermost line of the user's code; None where nothing pins it
+    # to a line of the user's (a lost host, an exit code alone, a SIGKILL).
+    fingerprint: tuple | None = None
+    at: str | None = None  # that line, FILE:LINE, for the one line that says why
+
+    @property
+    def failure(self) -> str:
+        """The failure in a few words: "ValueError: bad batch at train.py:12"."""
+        what = f"{self.error.type}: {self.error.message}" if self.error else self.exit
+        return what if self.at is None else f"{what} at {self.at}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +162,7 @@ def diagnose(outcome: Outcome, outputs: bool = False) -> Diagnosis:
     if outcome.root_cause is not None:
         i = outcome.root_cause
         root = _root_cause(records[i], stderr_lines[i], processes[i].stdout if outputs else None)
+        root = _with_fingerprint(root, records[i], processes[i].frame)
         if notes[i] is not None:
             ranks = tuple(sorted(r.spec.rank for r, note in zip(records, notes)
                                  if r.verdict in ENDED_BY_OTHERS + (Verdict.ROOT_CAUSE,) and note == notes[i]))
@@ -170,6 +186,33 @@ def _root_cause(rec: ProcessRecord, stderr: list[str], stdout: tuple[str, ...] |
     return RootCause(rec.spec.rank, rec.spec.host.name, where(rec), rec.pid, describe_exit(rec),
                      ErrorRecord.load(rec.error_file), rec.resources.oom if rec.resources else None,
                      tuple(stderr[-TAIL_LINES:]), output_path, tuple(output))
+
+
+def _with_fingerprint(root: RootCause, rec: ProcessRecord, frame: Frame | None) -> RootCause:
+    """``root`` with its fingerprint: its exception at the line of the user's
+    that raised it, or the crash signal at the line its stack dump shows
+    (where the process dumped one: PYTHONFAULTHANDLER)."""
+    if rec.lost:  # a host or a connection went away: that is not the user's bug
+        return root
+    if root.error is not None:
+        line = raised_at(root.error.traceback)
+        if line is None:
+            return root
+        return dataclasses.replace(root, fingerprint=("exception", root.error.type, root.error.message, *line),
+                                   at=f"{line[0]}:{line[1]}")
+    code = rec.returncode
+    if code is not None and code < 0 and signal_name(-code) in CRASH_SIGNALS and frame is not None:
+        return dataclasses.replace(root, fingerprint=("signal", signal_name(-code), frame[0], frame[1]),
+                                   at=f"{frame[0]}:{frame[1]}")
+    return root
+
+
+def same_failure(last: Diagnosis, before: Diagnosis) -> bool:
+    """Whether two attempts failed the same way, as a deterministic bug does:
+    the same fingerprint, never an unknown one."""
+    if last.root is None or before.root is None or last.engine is not None or before.engine is not None:
+        return False
+    return last.root.fingerprint is not None and last.root.fingerprint == before.root.fingerprint
 
 
 _KINDS = {StopReason.TIMEOUT: Kind.TIMEOUT, StopReason.SIGNAL: Kind.SIGNAL, StopReason.INTERNAL: Kind.INTERNAL,

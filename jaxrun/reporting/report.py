@@ -14,10 +14,11 @@ from jaxrun.reporting import diagnosis
 
 def report_dict(outcomes: list[Outcome], run_id: str, log_dirs: list[str], not_restarted: str | None = None) -> dict:
     """``not_restarted``: why a restart that was due did not happen (too few
-    hosts left for ``--min-hosts``).  Each attempt's diagnosis is the one
-    kept on its outcome, where the run loop kept one."""
+    hosts left for ``--min-hosts``, the same failure twice), recorded on the
+    last attempt too.  Each attempt's diagnosis is the one kept on its
+    outcome, where the run loop kept one."""
     attempts = []
-    for outcome, log_dir in zip(outcomes, log_dirs):
+    for n, (outcome, log_dir) in enumerate(zip(outcomes, log_dirs), 1):
         placement = outcome.placement
         attempts.append(
             {
@@ -35,6 +36,7 @@ def report_dict(outcomes: list[Outcome], run_id: str, log_dirs: list[str], not_r
                 # empty), or null.
                 "not_started": outcome.start_error,
                 "processes": [_process_dict(r) for r in outcome.records],
+                "not_restarted": not_restarted if n == len(outcomes) else None,
             }
         )
     last = attempts[-1]
@@ -60,6 +62,7 @@ def _root_cause(found: diagnosis.Diagnosis) -> dict | None:
         "host": root.host,
         "exit": root.exit,
         "exception": dataclasses.asdict(root.error) if root.error else None,
+        "at": root.at,  # FILE:LINE of the user's code where it failed, where the logs say
         "stderr_tail": list(root.stderr_tail),
         # The scheduler step failed under its tasks: the process above is only
         # the first of those it ended.

@@ -70,6 +70,16 @@ def user_frame(text: str) -> Frame | None:
     return None
 
 
+def raised_at(traceback_text: str) -> tuple[str, int] | None:
+    """From a traceback (most recent call last): the innermost frame in the
+    user's own code, as (file, line)."""
+    found = None
+    for m in FRAME.finditer(traceback_text):
+        if is_user_file(m["file"]):
+            found = m["file"], int(m["line"])
+    return found
+
+
 # The shim's frames that run the script (its lifeline thread's frame is in
 # the same file), and the file of JAX's shutdown barrier.
 _SHIM_FILE = "/jaxrun/child/shim.py"
