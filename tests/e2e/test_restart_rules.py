@@ -20,12 +20,13 @@ if jax.process_index() == 1:
 print("never here")
 '''
 
-# A crash signal at the same line twice, where faulthandler dumps the stack.
+# A crash signal at the same line twice, where faulthandler dumps the stack
+# (in process 1: process 0's death would also end the others, as the coordinator's).
 SEGV = '''
 import os, signal
 import jax
 
-if jax.process_index() == 0:
+if jax.process_index() == 1:
     os.kill(os.getpid(), signal.SIGSEGV)
 '''
 
