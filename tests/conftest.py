@@ -6,11 +6,12 @@ carries the test's token and outlives it fails the test.
 The README's test command runs the suite in two pytest-xdist workers
 (``-n 2 --dist loadgroup``).  Most of an end-to-end test's time is spent
 waiting (on a start-up, a grace period, a peer), not computing, so two
-workers on two cores finish in about two thirds of one worker's time.  The
+workers on two cores finish in under half of one worker's time.  The
 groups below keep each module in one worker, so that its module fixtures
 (jobs shared by several checks) run once; and every test that uses the
-Slurm cluster or the Ray cluster in one worker each, so that only one of
-each is started (two slurmd on one node name would clash).
+Slurm cluster, the Ray cluster or the hosts a test powers off in one worker
+each, so that only one of each is started (two slurmd on one node name
+would clash; hostE-G have fixed addresses).
 """
 
 import pytest

@@ -224,8 +224,8 @@ def repeated_failure(config: RunConfig, outcomes: list[Outcome]) -> str | None:
 
     if len(outcomes) < 2 or outcomes[-1].reason is not StopReason.FAILURE:
         return None
-    # The logs are read here, once; every report below only formats what they said.
-    last, before = (diagnosis.attach(o, outputs=bool(config.junit_path)) for o in outcomes[-1:-3:-1])
+    outputs = bool(config.junit_path)  # as report_attempt attaches it, so that the logs are read once
+    last, before = diagnosis.attach(outcomes[-1], outputs), diagnosis.attach(outcomes[-2], outputs)
     if not diagnosis.same_failure(last, before):
         return None
     return f"not restarting: the same failure as attempt {len(outcomes) - 1} ({last.root.failure})"

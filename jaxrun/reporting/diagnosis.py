@@ -84,12 +84,19 @@ class RootCause:
     # at the innermost line of the user's code; None where nothing pins it
     # to a line of the user's (a lost host, an exit code alone, a SIGKILL).
     fingerprint: tuple | None = None
-    at: str | None = None  # that line, FILE:LINE, for the one line that says why
+
+    @property
+    def at(self) -> str | None:
+        """The fingerprint's line, FILE:LINE."""
+        return None if self.fingerprint is None else f"{self.fingerprint[-2]}:{self.fingerprint[-1]}"
 
     @property
     def failure(self) -> str:
         """The failure in a few words: "ValueError: bad batch at train.py:12"."""
-        what = f"{self.error.type}: {self.error.message}" if self.error else self.exit
+        if self.error is None:
+            what = self.exit
+        else:
+            what = f"{self.error.type}: {self.error.message}" if self.error.message else self.error.type
         return what if self.at is None else f"{what} at {self.at}"
 
 
@@ -198,12 +205,10 @@ def _with_fingerprint(root: RootCause, rec: ProcessRecord, frame: Frame | None) 
         line = raised_at(root.error.traceback)
         if line is None:
             return root
-        return dataclasses.replace(root, fingerprint=("exception", root.error.type, root.error.message, *line),
-                                   at=f"{line[0]}:{line[1]}")
+        return dataclasses.replace(root, fingerprint=("exception", root.error.type, root.error.message, *line))
     code = rec.returncode
     if code is not None and code < 0 and signal_name(-code) in CRASH_SIGNALS and frame is not None:
-        return dataclasses.replace(root, fingerprint=("signal", signal_name(-code), frame[0], frame[1]),
-                                   at=f"{frame[0]}:{frame[1]}")
+        return dataclasses.replace(root, fingerprint=("signal", signal_name(-code), frame[0], frame[1]))
     return root
 
 

@@ -18,7 +18,7 @@ def report_dict(outcomes: list[Outcome], run_id: str, log_dirs: list[str], not_r
     last attempt too.  Each attempt's diagnosis is the one kept on its
     outcome, where the run loop kept one."""
     attempts = []
-    for n, (outcome, log_dir) in enumerate(zip(outcomes, log_dirs), 1):
+    for outcome, log_dir in zip(outcomes, log_dirs):
         placement = outcome.placement
         attempts.append(
             {
@@ -36,10 +36,11 @@ def report_dict(outcomes: list[Outcome], run_id: str, log_dirs: list[str], not_r
                 # empty), or null.
                 "not_started": outcome.start_error,
                 "processes": [_process_dict(r) for r in outcome.records],
-                "not_restarted": not_restarted if n == len(outcomes) else None,
+                "not_restarted": None,
             }
         )
     last = attempts[-1]
+    last["not_restarted"] = not_restarted
     return {
         "run_id": run_id,
         "exit_code": last["exit_code"],
