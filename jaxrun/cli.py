@@ -123,7 +123,8 @@ HELP_SECTIONS = {
     "Processes": ("num_processes", "cpu_devices", "devices_per_process", "coordinator", "env_pairs", "exports",
                   "python", "preload", "preload_modules"),
     "Output": ("log_dir", "output", "console_ranks", "timestamps", "report_path", "junit_path", "verbose"),
-    "Failures": ("timeout", "grace", "max_restarts", "min_hosts", "flight_recorder", "check_divergence"),
+    "Failures": ("stall_timeout", "timeout", "grace", "max_restarts", "min_hosts", "flight_recorder",
+                 "check_divergence"),
     "Across hosts (SSH)": ("hosts_file", "host_opts", "hosts_command"),
     "Engines (Slurm, Open MPI)": ("launcher",),
     "Runtime": ("mesh", "mesh_axis_types"),
@@ -173,6 +174,10 @@ class SectionedCommand(click.Command):
 @click.option("--console-ranks", type=RankList(), metavar="RANKS",
               help="Show only these processes' output on the console, e.g. 0 or 0,2-3, or none "
                    "(default: all; the logs always hold everything).")
+@click.option("--stall-timeout", type=Seconds(min=0), default=600.0, show_default=True, metavar="SECONDS",
+              help="A job in which no process has made progress (CPU, I/O, a new line) for this long, and whose "
+                   f"processes wait at different places, has stalled: dump every stack, name the process that "
+                   f"stands out, stop it (exit {contract.STALL_EXIT}; restarted with --max-restarts). 0: off.")
 @click.option("--timeout", type=Seconds(min=0, min_open=True), metavar="SECONDS",
               help="Dump every stack and stop the job after this long (exit 124).")
 @click.option("--flight-recorder", "flight_recorder", cls=OptionalCount,

@@ -24,6 +24,8 @@ abstract Unix socket ``"\\0name"``      a socket file in a private 0700 folder
                                        found by their mark or not at all
 ``waitid(WNOWAIT)``                    a far end kills its controller's group right after
                                        the reap, not before it (``backends.far_end``)
+``/proc/self/io``                      the stall watchdog's sampler counts no I/O, only
+                                       CPU time and the stack (``child.liveness``)
 =====================================  ====================================================
 
 (The fork server's messages need none of these: they are framed over a
@@ -183,6 +185,24 @@ def lower_thread_priority(niceness: int) -> bool:
         return True
     except OSError:
         return False
+
+
+def io_bytes() -> int | None:
+    """Bytes this process has read and written so far (files, pipes and
+    sockets alike); None where the system does not count them."""
+    if forced():
+        return None
+    try:
+        with open("/proc/self/io", "rb") as f:
+            text = f.read(4096)
+    except OSError:
+        return None
+    total = 0
+    for line in text.splitlines():
+        key, _, value = line.partition(b":")
+        if key in (b"rchar", b"wchar"):
+            total += int(value)
+    return total
 
 
 # -- the preloading server of an SSH host --------------------------------------------

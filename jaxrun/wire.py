@@ -13,7 +13,7 @@ Both ends of every channel import this module, so a message is spelled once:
   the end of, and within, its stderr;
 - the scheduler task channel (``backends/scheduler_channel.py`` and the task
   agent, ``scheduler/task_agent.py``): a ``Hello`` opens each connection, then
-  ``Coordinator``, ``Joined``, ``Error``, ``Exit`` from the task and ``Start``, ``Signal``,
+  ``Coordinator``, ``Joined``, ``Progress``, ``Error``, ``Exit`` from the task and ``Start``, ``Signal``,
   ``Ack`` from the launcher.
 
 A message is one line: a word, a space, and its fields as a JSON array, so a
@@ -30,6 +30,8 @@ import socket
 import struct
 from collections.abc import Sequence
 from typing import ClassVar
+
+from jaxrun import contract
 
 
 class WireError(ValueError):
@@ -92,6 +94,9 @@ MAX_HOME_REPORT = 1 << 20  # a longer "report" is the process's own bytes after 
 # anywhere in the stream, even inside a line of the process's own; the
 # launcher cuts it out wherever it is, and it never reaches the log.
 JOINED_MARKER = b"\x00\x1bjaxrun-joined\n"
+# Written the same way each time the controller's stall-watchdog sampler
+# changes between busy and idle (see contract.PROGRESS_FILE).
+PROGRESS_MARKERS = {state: b"\x00\x1bjaxrun-%s\n" % state.encode() for state in (contract.BUSY, contract.IDLE)}
 
 
 def env_frame(env: dict) -> bytes:
@@ -314,6 +319,13 @@ class Start(Message):
 @message("joined")
 class Joined(Message):
     """The controller has arrived at the job's rendezvous."""
+
+
+@message("progress")
+class Progress(Message):
+    """The controller's sampler changed state: ``contract.BUSY`` or ``contract.IDLE``."""
+
+    state: str
 
 
 @message("error")

@@ -5,8 +5,9 @@ an SSH host agent (:mod:`jaxrun.backends.ssh.host_agent`) runs each of its host'
 controllers here, a session agent (:mod:`jaxrun.backends.ssh.session_agent`) its one,
 and so does a task agent (:mod:`jaxrun.backends.scheduler.task_agent`).  The steps:
 
-1. a private folder (mode 0700) for the controller's error record and joined
-   file (``contract.ERROR_FILE``, ``contract.JOINED_FILE``);
+1. a private folder (mode 0700) for the controller's error record, joined
+   file and progress file (``contract.ERROR_FILE``, ``contract.JOINED_FILE``,
+   ``contract.PROGRESS_FILE``);
 2. a lifeline pipe: the shim holds its read end, so when this process dies,
    the controller's whole group dies too;
 3. an OOM watch (``usage.OomWatch``), started before the controller;
@@ -27,8 +28,9 @@ and so does a task agent (:mod:`jaxrun.backends.scheduler.task_agent`).  The ste
    clock saw it end, for the launcher's choice of the root cause).
 
 Only what crosses to the launcher differs between agents: a :class:`Home`
-says how the launcher's signals arrive and how the join and the report
-travel back (the SSH stream, or the task agent's control connection).
+says how the launcher's signals arrive and how the join, the changes
+between busy and idle (``--stall-timeout``) and the report travel back
+(the SSH stream, or the task agent's control connection).
 """
 
 from __future__ import annotations
@@ -91,6 +93,9 @@ class Home(Protocol):
     def joined(self) -> None:
         """The controller has arrived at the job's rendezvous (once at most)."""
 
+    def progress(self, state: str) -> None:
+        """The controller's sampler says it is now ``contract.BUSY`` or ``contract.IDLE``."""
+
     def cannot_start(self, command: list[str], error: OSError) -> None:
         """The controller never started: say so."""
 
@@ -111,9 +116,10 @@ def run(command: list[str], env: dict, home: Home, *, cwd: str | None = None, fd
     the launcher sees them end with it).  ``on_start``: told the controller."""
     folder = tempfile.mkdtemp(prefix="jaxrun-agent-")
     record_path, joined_path = os.path.join(folder, "error.json"), os.path.join(folder, "joined")
+    progress_path = os.path.join(folder, "progress")
     lifeline_r, lifeline_w = os.pipe()
     env = {**env, contract.LIFELINE_FD: str(lifeline_r), contract.ERROR_FILE: record_path,
-           contract.JOINED_FILE: joined_path}
+           contract.JOINED_FILE: joined_path, contract.PROGRESS_FILE: progress_path}
     watch = usage.OomWatch()
     try:
         child = start(command, env, lifeline_r, fds, cwd, server)
@@ -130,7 +136,7 @@ def run(command: list[str], env: dict, home: Home, *, cwd: str | None = None, fd
     if on_start is not None:
         on_start(controller)
     threading.Thread(target=home.listen, args=(controller,), name="far-end-listen", daemon=True).start()
-    joins = JoinWatch(joined_path, home.joined).start()
+    joins = JoinWatch(joined_path, home.joined, progress_path=progress_path, progress=home.progress).start()
     code, used, reaped_at = wait(child, controller)
     controller.group.reaped()  # from here on, its id may be a stranger's
     joins.stop()  # before the report: nothing may follow it, and the folder goes with the record

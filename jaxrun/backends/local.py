@@ -15,11 +15,11 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from jaxrun import contract
 from jaxrun.core import causes, usage
-from jaxrun.core.backend import Backend, ChildExit
+from jaxrun.core.backend import Backend, ChildExit, News
 from jaxrun.core.config import LaunchError
 from jaxrun.core.events import Stream
 from jaxrun.core.reaper import ProcessGroup
@@ -95,8 +95,8 @@ class LocalBackend(Backend):
         return local_coordinator(fixed)
 
     def spawn(self, spec: ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str],
-              log_fds: tuple[int, int] | None, on_join: Callable[[], None]) -> LocalChild:
-        del on_join  # the child marks its join in its joined file, which the supervisor watches
+              log_fds: tuple[int, int] | None, news: News) -> LocalChild:
+        del news  # the child writes its joined and progress files, which the supervisor watches
         watch = usage.OomWatch()
         popen = subprocess.Popen(
             list(spec.argv),

@@ -20,6 +20,14 @@ ERROR_FILE = "JAXRUN_ERROR_FILE"
 # process arrives at the job's rendezvous, right before the real
 # jax.distributed.initialize() call: how the launcher counts joined processes.
 JOINED_FILE = "JAXRUN_JOINED_FILE"
+# The stall watchdog (--stall-timeout): its timeout in seconds, and the path
+# of the file where the shim's sampler writes this process's state (BUSY or
+# IDLE, see child.liveness) each time it changes.
+STALL_TIMEOUT = "JAXRUN_STALL_TIMEOUT"
+PROGRESS_FILE = "JAXRUN_PROGRESS_FILE"
+STALL_EXIT = 125  # jaxrun's exit status when the watchdog stopped a stalled job
+BUSY = "busy"
+IDLE = "idle"
 # Optional mesh spec, e.g. "i=4,j=2", and its axis types ("auto"/"explicit").
 MESH = "JAXRUN_MESH"
 MESH_AXIS_TYPES = "JAXRUN_MESH_AXIS_TYPES"

@@ -15,6 +15,7 @@ from typing import BinaryIO
 
 from jaxrun.contract.helpers import signal_name  # noqa: F401
 from jaxrun.contract.names import *  # noqa: F401,F403
+from jaxrun.contract.names import BUSY, IDLE
 
 # -- reading back what a process left ---------------------------------------------------
 # Every log and record is read after a run through these three: only a regular
@@ -64,6 +65,29 @@ def read_small(path: str, limit: int) -> bytes | None:
         except OSError:
             return None
     return None if len(data) > limit else data
+
+
+def write_private(path: str, data: bytes) -> None:
+    """``data`` as the whole of ``path``, at once for a reader: a new file
+    (0600, never through a symlink) renamed over the old one."""
+    new = f"{path}.{os.getpid()}.new"
+    try:
+        os.unlink(new)
+    except FileNotFoundError:
+        pass
+    fd = os.open(new, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    os.replace(new, path)
+
+
+def read_progress(path: str) -> str | None:
+    """The state a process's sampler wrote last (BUSY or IDLE), or None."""
+    data = read_small(path, 16)
+    word = data.strip().decode(errors="replace") if data else None
+    return word if word in (BUSY, IDLE) else None
 
 
 # -- the error record ------------------------------------------------------------------

@@ -99,12 +99,30 @@ def wait_until(ready: Callable[[], bool], hooks: RunHooks, timeout: float | None
     return True
 
 
+def _unheard(*_args) -> None:
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class News:
+    """What a child whose far end reports (``reports_joins``) passes on to the
+    supervisor, from any thread: the controller's arrival at the rendezvous,
+    and each change of its state between ``contract.BUSY`` and
+    ``contract.IDLE`` (the stall watchdog's)."""
+
+    joined: Callable[[], None] = _unheard
+    progress: Callable[[str], None] = _unheard
+
+
+NO_NEWS = News()
+
+
 class StreamFilter(Protocol):
     """What a backend's child takes out of one of its output streams before
     the bytes reach the log: facts its far end sends in-band (an SSH agent's
     joined marker and its report home).  The supervisor and the pump
     never read such facts themselves; the child hears them and passes each on
-    the one way every backend does (``on_join``, the error file, ``wait``).
+    the one way every backend does (``News``, the error file, ``wait``).
     The pump calls ``feed`` for every read and ``close`` once, at the end of
     the stream, both from its one thread."""
 
@@ -123,9 +141,10 @@ class Child(Protocol):
     backend: its error record in the error file the supervisor named in the
     spawn's ``extra_env`` (written by the child itself locally, by the
     backend's child when the record came home from a far end); its
-    resources with its exit (``wait``); its arrival at the rendezvous either
-    as the joined file the supervisor watches (``reports_joins`` False) or
-    through ``on_join`` (True)."""
+    resources with its exit (``wait``); its arrival at the rendezvous and its
+    changes between busy and idle either as the joined and progress files
+    the supervisor watches (``reports_joins`` False) or through the spawn's
+    ``News`` (True)."""
 
     # The process jaxrun holds for it: the controller itself locally, a
     # helper where a far end runs it (the local ssh client, the scheduler
@@ -135,7 +154,7 @@ class Child(Protocol):
     pid: int
     stdout: BinaryIO | None  # None: it writes its log file itself
     stderr: BinaryIO | None
-    reports_joins: bool  # True: the child calls the spawn's ``on_join``; no joined file is watched
+    reports_joins: bool  # True: the child tells the spawn's ``News``; no joined or progress file is watched
 
     def send(self, signum: int) -> None:
         """Signal the controller's whole process group (grandchildren too);
@@ -235,12 +254,13 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def spawn(self, spec: ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str],
-              log_fds: tuple[int, int] | None, on_join: Callable[[], None]) -> Child:
+              log_fds: tuple[int, int] | None, news: News) -> Child:
         """Start one controller.  ``lifeline_fd`` is the read end of a pipe
         only the launcher writes to; a local child must hold it open.
-        ``extra_env`` holds the error and joined files' paths (contract.ERROR_FILE,
-        contract.JOINED_FILE) on the launcher's machine; ``on_join`` is for a
-        child whose ``reports_joins`` is true, from any thread."""
+        ``extra_env`` holds the error, joined and progress files' paths
+        (contract.ERROR_FILE, contract.JOINED_FILE, contract.PROGRESS_FILE) on
+        the launcher's machine; ``news`` is for a child whose ``reports_joins``
+        is true, from any thread."""
 
     def end_attempt(self) -> None:
         """The attempt is over and every child has exited."""

@@ -80,6 +80,14 @@ class LogWriteFailed:
 
 
 @dataclasses.dataclass(frozen=True)
+class Progress:
+    """A process changed between busy and idle, as its child reported (``News.progress``)."""
+
+    rank: int
+    state: str  # contract.BUSY or contract.IDLE
+
+
+@dataclasses.dataclass(frozen=True)
 class Joined:
     """A process arrived at the job's rendezvous, as its child reported (``on_join``)."""
 

@@ -1,11 +1,14 @@
-"""For the far-end agents: notice when their controller has joined the job.
+"""For the far-end agents: notice when their controller has joined the job,
+and when it changes between busy and idle (the stall watchdog's).
 
 The shim creates its joined file (``contract.JOINED_FILE``) when it arrives at
-the rendezvous.  An agent (SSH, scheduler task) gives the shim a path in its
-private folder on the host, and a :class:`JoinWatch` looks for it there ten
-times a second, until it appears or the controller ends, then tells the
-launcher once, in the agent's own way (a marker on the SSH stream, a message
-on the task channel).
+the rendezvous, and its sampler rewrites its progress file
+(``contract.PROGRESS_FILE``) each time the process's state changes.  An agent
+(SSH, scheduler task) gives the shim paths in its private folder on the
+host, and a :class:`JoinWatch` looks at them there ten times a second (a
+``stat`` each) until the controller ends, and tells the launcher in the
+agent's own way (a marker on the SSH stream, a message on the task channel):
+the join once, each change of state as it sees it.
 """
 
 from __future__ import annotations
@@ -14,40 +17,72 @@ import os
 import threading
 from collections.abc import Callable
 
+from jaxrun import contract
+
 LOOK_EVERY = 0.1  # seconds between looks: one stat each
 
 
+def _nothing(_state: str) -> None:
+    pass
+
+
 class JoinWatch:
-    def __init__(self, path: str, announce: Callable[[], None], interval: float = LOOK_EVERY):
+    def __init__(self, path: str, announce: Callable[[], None], interval: float = LOOK_EVERY,
+                 progress_path: str | None = None, progress: Callable[[str], None] = _nothing):
         self.path, self.announce, self.interval = path, announce, interval
+        self.progress_path, self.progress = progress_path, progress
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, name="join-watch", daemon=True)
+        self._seen: tuple | None = None  # the progress file's (inode, mtime, size) when last read
+        self._state: str | None = None  # the state last told
 
     def start(self) -> JoinWatch:
         self.thread.start()
         return self
 
     def _run(self) -> None:
+        joined = False
         while not self.done.is_set():
-            if os.path.lexists(self.path):
-                self._remove()
-                try:
+            try:
+                if not joined and os.path.lexists(self.path):
+                    joined = True
+                    self._remove(self.path)
                     self.announce()
-                except OSError:
-                    pass  # the launcher is gone: the agent learns it elsewhere
+                if self.progress_path:
+                    self._look_at_progress()
+            except OSError:
+                return  # the launcher is gone: the agent learns it elsewhere
+            if joined and not self.progress_path:
                 return
             self.done.wait(self.interval)
 
+    def _look_at_progress(self) -> None:
+        try:
+            st = os.lstat(self.progress_path)
+        except OSError:
+            return
+        seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if seen == self._seen:
+            return
+        self._seen = seen
+        state = contract.read_progress(self.progress_path)
+        if state is not None and state != self._state:
+            self._state = state
+            self.progress(state)
+
     def stop(self) -> None:
-        """The controller has ended: no announcement after this returns, and
+        """The controller has ended: nothing is told after this returns, and
         no file is left (the agent removes its private folder next)."""
         self.done.set()
         if self.thread.ident is not None:  # started
             self.thread.join()
-        self._remove()
+        for path in (self.path, self.progress_path):
+            if path:
+                self._remove(path)
 
-    def _remove(self) -> None:
+    @staticmethod
+    def _remove(path: str) -> None:
         try:
-            os.unlink(self.path)
+            os.unlink(path)
         except OSError:
             pass

@@ -194,3 +194,12 @@ def write_atomically(path: str, data: bytes) -> None:
     except BaseException:
         _unlink(tmp)
         raise
+
+def folder_is_full(path: str) -> bool:
+    """No block left for an unprivileged writer: the processes' own log
+    writes may have failed (and so may the processes themselves)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_bavail == 0

@@ -29,6 +29,7 @@ class StopReason(enum.Enum):
     SIGNAL = "signal"
     TIMEOUT = "timeout"
     INTERNAL = "internal error"  # a launcher thread died: jaxrun's bug, not the job's
+    STALL = "stall"  # no process made progress for --stall-timeout, and they wait at different places
     NOT_STARTED = "not started"  # a restart stopped in its start-up: planning, a preflight, a connection
 
 
@@ -55,6 +56,58 @@ class ProcessRecord:
 
 
 @dataclasses.dataclass(frozen=True)
+class Place:
+    """Where a stalled process waits, from its stack dump: the innermost line
+    of the user's code, and whether it was in the script or past it."""
+
+    file: str | None
+    line: int | None
+    func: str | None = None
+    source: str | None = None
+    state: str | None = None  # contract.IN_SCRIPT, contract.IN_SHUTDOWN, ...
+
+    @property
+    def key(self) -> tuple:
+        if self.state == contract.IN_SHUTDOWN:
+            return (self.state,)
+        return self.file, self.line
+
+    @property
+    def at(self) -> str | None:
+        return None if self.file is None else f"{self.file}:{self.line}"
+
+    def text(self) -> str:
+        if self.state == contract.IN_SHUTDOWN:
+            return "JAX's shutdown, past the end of the script"
+        if self.file is None:
+            return "an unknown place (no stack dump in its log)"
+        return f"{self.file}:{self.line} in {self.func}" + (f": {self.source}" if self.source else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class StallGroup:
+    ranks: tuple[int, ...]
+    place: Place
+
+
+@dataclasses.dataclass(frozen=True)
+class Stall:
+    """What the stall watchdog found: how long nobody moved, where most of
+    the processes wait (None: no place holds more than the others), and the
+    processes that stand out, each group at its place."""
+
+    seconds: float
+    waiting: StallGroup | None
+    odd: tuple[StallGroup, ...]
+
+    @property
+    def fingerprint(self) -> tuple:
+        """The same stall again: processes standing out at the same lines
+        (whichever processes they are)."""
+        return ("stall", *sorted(repr(g.place.key) for g in self.odd))
+
+
+@dataclasses.dataclass(frozen=True)
 class PlacementRecord:
     """Where an attempt ran, as the report keeps it: its hosts in rank order, and the hosts left out
     before it with why (a lost host, one that failed its check again)."""
@@ -77,6 +130,7 @@ class Outcome:
     start_error: str | None = None  # why this attempt never started its processes
     stop_seconds: float | None = None  # a stop on a signal: from the signal to the last process's end
     placement: PlacementRecord | None = None  # where it ran (the run loop fills it in)
+    stall: Stall | None = None  # the watchdog stopped it (reason STALL)
     # reporting.diagnosis.Diagnosis, kept once the run loop has read the logs, so
     # that no report reads them again (core cannot name reporting's type).
     diagnosis: object | None = dataclasses.field(default=None, compare=False, repr=False)

@@ -72,6 +72,7 @@ class LaunchOptions:
     host_machines: Mapping[str, str] = dataclasses.field(default_factory=dict)
     flight_recorder: int | None = None  # --flight-recorder K: entries each process keeps
     check_divergence: bool = False  # --check-divergence
+    stall_timeout: float = 0.0  # --stall-timeout: 0 is off
 
 
 @dataclasses.dataclass(frozen=True)

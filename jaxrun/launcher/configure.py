@@ -118,6 +118,8 @@ def config_from_args(values: Mapping[str, Any], backends: Mapping[str, BackendEn
         scheduled=entry.scheduled,
         flight_recorder=values["flight_recorder"],
         check_divergence=values["check_divergence"],
+        # A session waits for its user, which is not a stall.
+        stall_timeout=0.0 if interactive else values.get("stall_timeout", 0.0),
     )
     # The entry's own checks first: it may say better why it takes no flag of
     # another's (Ray, of --nodes).

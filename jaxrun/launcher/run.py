@@ -31,6 +31,9 @@ from jaxrun.launcher.control import BUG_REPORT, RunControl
 from jaxrun.launcher.supervisor import Supervisor
 from jaxrun.reporting import github, history, report, summary
 
+# The ends --max-restarts restarts: a failure, and a stall (a hang is a failure too).
+RESTARTED = (StopReason.FAILURE, StopReason.STALL)
+
 
 def attempt_dir(log_dir: str, attempt: int) -> str:
     return log_dir if attempt == 0 else os.path.join(log_dir, f"restart-{attempt}")
@@ -166,7 +169,7 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
             last = attempt == config.max_restarts
             repeated = None if last else repeated_failure(config, outcomes)
             report_attempt(config, outcomes, dirs, console, repeated)
-            if outcome.reason is not StopReason.FAILURE or last or repeated:
+            if outcome.reason not in RESTARTED or last or repeated:
                 break
     return outcomes[-1].exit_code
 
@@ -222,7 +225,7 @@ def repeated_failure(config: RunConfig, outcomes: list[Outcome]) -> str | None:
     restart would run into the same bug again.  Attempts count from 1 here."""
     from jaxrun.reporting import diagnosis
 
-    if len(outcomes) < 2 or outcomes[-1].reason is not StopReason.FAILURE:
+    if len(outcomes) < 2 or outcomes[-1].reason not in RESTARTED:
         return None
     outputs = bool(config.junit_path)  # as report_attempt attaches it, so that the logs are read once
     last, before = diagnosis.attach(outcomes[-1], outputs), diagnosis.attach(outcomes[-2], outputs)
@@ -269,7 +272,7 @@ def run_attempt(config: RunConfig, specs, backend: Backend, log_dir: str, consol
     before = reaper.descendants()  # what the backend holds across attempts (ssh masters)
     deadline = deadline or Deadline(config.timeout)  # one attempt, one clock: see core.deadline
     supervisor = Supervisor(specs, backend, printer, log_dir, grace=config.grace, deadline=deadline,
-                            events=control.events, hooks=control.hooks)
+                            events=control.events, hooks=control.hooks, stall_timeout=config.options.stall_timeout)
     running[:] = [supervisor]
     control.deadline = deadline
     try:

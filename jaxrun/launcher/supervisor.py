@@ -1,19 +1,22 @@
 """The event loop that watches one attempt of a job until every process is gone.
 
 Threads only produce typed events (see :mod:`jaxrun.core.events`): one waiter
-per child, signal handlers, the children's ``on_join``, and the output pump
+per child, signal handlers, the children's ``News``, and the output pump
 (which also draws the console view itself, and reports only the end of each
 stream).  The loop in ``Supervisor.run`` is the single consumer and the only
 place that decides anything.
 
 Every child keeps the Child contract (:mod:`jaxrun.core.backend`), and the
 supervisor asks it nothing else: its exit and resources come from ``wait``,
-its join as a ``Joined`` event (or, for a child that does not report joins,
-from the joined file it watches), its error record in the error file it
+its join and its changes between busy and idle as ``Joined`` and
+``Progress`` events (or, for a child that does not report them, from the
+joined and progress files it watches), its error record in the error file it
 named; what a backend sends in-band on a pipe, the child's own
 ``stream_filter`` takes out on the pump's thread.
 
-Stopping is the same in every case (a failure, a signal, ``--timeout``): ask
+A stall (``--stall-timeout``, ``launcher.stall``) is found in the loop too.
+
+Stopping is the same in every case (a failure, a signal, ``--timeout``, a stall): ask
 the survivors for a stack dump or forward the signal, wait out a deadline
 shared by all of them, then SIGKILL their process groups.  JAX catches SIGTERM
 as a preemption notice and a process blocked in a collective ignores it, so
@@ -47,17 +50,18 @@ import time
 from collections.abc import Callable, Sequence
 
 from jaxrun import contract
-from jaxrun.core import causes
-from jaxrun.core.backend import Backend, Child, Interrupted, RunHooks, StreamFilter, start_thread
+from jaxrun.core import causes, events as ev
+from jaxrun.core.backend import Backend, Child, Interrupted, News, RunHooks, StreamFilter, start_thread
 from jaxrun.core.deadline import NEVER, Deadline
 from jaxrun.core.events import Exited, Forward, Joined, LogWriteFailed, SignalReceived, Stream, StreamClosed, ThreadDied
-from jaxrun.core.logfiles import log_paths, open_log, open_pumped_log, prepare_log_dir
-from jaxrun.core.outcome import Outcome, ProcessRecord, StopReason, Verdict
+from jaxrun.core.logfiles import folder_is_full, log_paths, open_log, open_pumped_log, prepare_log_dir
+from jaxrun.core.outcome import Outcome, ProcessRecord, Stall, StopReason, Verdict
 from jaxrun.core.spec import ProcessSpec
 from jaxrun.launcher.console import ConsolePrinter
 from jaxrun.launcher.control import INTERNAL_ERROR
 from jaxrun.launcher.progress import JoinProgress, joined_path
 from jaxrun.launcher.pump import OutputPump, enlarge_pipe
+from jaxrun.launcher.stall import StallWatch, progress_path
 
 # After a failure or a timeout, how long survivors get to write their stack dumps.
 DUMP_WAIT = 0.5
@@ -88,6 +92,7 @@ class Supervisor:
         clock: Callable[[], float] = time.monotonic,
         events: queue.SimpleQueue | None = None,
         hooks: RunHooks | None = None,
+        stall_timeout: float = 0.0,
     ):
         self.specs = list(specs)
         self.backend = backend
@@ -121,6 +126,9 @@ class Supervisor:
         self.stop_began: float | None = None  # when a stop on a signal began (self.clock)
         self.last_end: float | None = None  # when the last exit was heard (self.clock)
         self.progress: JoinProgress | None = None  # made when the run starts
+        self.stall_timeout = stall_timeout
+        self.stall: StallWatch | None = None  # made when the run starts
+        self.stall_found: Stall | None = None
 
     def joins_settled(self) -> bool:
         """The start-up progress is over (its last line is out)."""
@@ -140,6 +148,8 @@ class Supervisor:
                                      live=self.printer.can_show_status(), clock=self.clock)
         lifeline_r, lifeline_w = os.pipe()
         self.records = {spec.rank: ProcessRecord(spec, *log_paths(self.log_dir, spec.rank)) for spec in self.specs}
+        self.stall = StallWatch(self.specs, self.stall_timeout, self.clock, self.printer.note,
+                                {rank: rec.stderr_log for rank, rec in self.records.items()})
         try:
             try:
                 self._start(lifeline_r)
@@ -151,6 +161,7 @@ class Supervisor:
             for child in self.children.values():
                 child.send(signal.SIGKILL)  # grandchildren left in a group
             self.progress.finish()
+            self.stall.finish()
             os.close(lifeline_w)
             self.pump.stop()
         return self._outcome()
@@ -186,15 +197,19 @@ class Supervisor:
             record = self.records[spec.rank]
             out, err, error_file = record.stdout_log, record.stderr_log, record.error_file
             joined_file = joined_path(self.log_dir, spec.rank)
-            for stale in (error_file, joined_file):
+            progress_file = progress_path(self.log_dir, spec.rank)
+            for stale in (error_file, joined_file, progress_file):
                 if os.path.lexists(stale):
                     os.unlink(stale)
             env = {contract.ERROR_FILE: error_file, contract.JOINED_FILE: joined_file}
-            on_join = functools.partial(self.events.put, Joined(spec.rank))
+            if self.stall.active:
+                env[contract.PROGRESS_FILE] = progress_file
+            news = News(functools.partial(self.events.put, Joined(spec.rank)),
+                        lambda state, rank=spec.rank: self.events.put(ev.Progress(rank, state)))
             if direct:
                 fds = (open_log(out), open_log(err))
                 try:
-                    child = self.backend.spawn(spec, lifeline_r, env, fds, on_join)
+                    child = self.backend.spawn(spec, lifeline_r, env, fds, news)
                 finally:
                     for fd in fds:
                         os.close(fd)
@@ -203,13 +218,14 @@ class Supervisor:
                         self.open_streams += 1
                         self.pump.follow(path, spec.rank, stream)
             else:
-                child = self.backend.spawn(spec, lifeline_r, env, None, on_join)
+                child = self.backend.spawn(spec, lifeline_r, env, None, news)
                 for pipe, path, stream in ((child.stdout, out, Stream.STDOUT), (child.stderr, err, Stream.STDERR)):
                     self._start_pump(pipe, path, spec.rank, stream, child.stream_filter(stream))
             record.pid, record.started_at = child.pid, time.time()
             self.children[spec.rank] = child
-            if not child.reports_joins:  # else it calls on_join: a Joined event
+            if not child.reports_joins:  # else it tells its News: Joined and Progress events
                 self.progress.watch(spec.rank, joined_file)
+                self.stall.watch(spec.rank, progress_file)
             start_thread(f"process-waiter:{spec.rank}", self._wait, spec.rank, child, hooks=self.hooks)
 
     def _start_pump(self, pipe, path: str, rank: int, stream: Stream, stream_filter: StreamFilter | None) -> None:
@@ -244,8 +260,9 @@ class Supervisor:
                 self._kill_survivors()
             if self.deadline is not None and now >= self.deadline and self.reason is None:
                 self._begin_stop(StopReason.TIMEOUT, TIMEOUT_DUMP_WAIT, signal.SIGUSR1)
+            stall_at = self._watch_stall() if self.reason is None else None
             wake = [t for t in (self.kill_at, self.deadline if self.reason is None else None, show_at,
-                                self.hold_until) if t is not None]
+                                self.hold_until, stall_at) if t is not None]
             wait = max(0.0, min(wake) - now) if wake else None
             try:
                 event = self.events.get(timeout=wait)
@@ -265,6 +282,8 @@ class Supervisor:
                 self._send_all(event.signum)
         elif isinstance(event, Joined):
             self.progress.joined(event.rank)
+        elif isinstance(event, ev.Progress):
+            self.stall.heard(event.rank, event.state)
         elif isinstance(event, ThreadDied):
             self._on_fault(event)
         elif isinstance(event, LogWriteFailed):
@@ -275,6 +294,7 @@ class Supervisor:
     def _on_exit(self, event: Exited) -> None:
         self.pump.wake()
         self.progress.ended(event.rank)
+        self.stall.ended(event.rank)
         self.last_end = self.clock()
         record, end = self.records[event.rank], event.end
         record.returncode, record.ended_at = end.returncode, time.time()
@@ -333,10 +353,22 @@ class Supervisor:
             self._send_all(signal.SIGUSR1)
             self.kill_at = min(self.kill_at or float("inf"), self.clock() + DUMP_WAIT)
 
-    def _begin_stop(self, reason: StopReason, wait: float, signum: int) -> None:
+    def _watch_stall(self) -> float | None:
+        """The stall watch's turn: a probe (every stack dumped), or the stall
+        itself, which stops the job; when to look again."""
+        wake, action = self.stall.tick()
+        if action == "probe":
+            self._send_all(signal.SIGUSR1)
+        elif isinstance(action, Stall):  # the probe's dumps are in the logs: no second one
+            self.stall_found = action
+            self._begin_stop(StopReason.STALL, DUMP_WAIT, None)
+        return wake
+
+    def _begin_stop(self, reason: StopReason, wait: float, signum: int | None) -> None:
         self.reason = reason
         self.hooks.stop_begun(wait)
-        self._send_all(signum)
+        if signum is not None:
+            self._send_all(signum)
         self.kill_at = self.clock() + wait
         if reason is not StopReason.FAILURE:
             self._release_held()  # the ends held for a stop signal were part of this stop
@@ -397,6 +429,8 @@ class Supervisor:
             code = 128 + self.signum
         elif self.reason is StopReason.TIMEOUT:
             code = 124
+        elif self.reason is StopReason.STALL:
+            code = contract.STALL_EXIT
         elif self.root_cause is not None:
             code = self.records[self.root_cause].exit_status
         else:
@@ -412,14 +446,4 @@ class Supervisor:
         if self.reason is StopReason.SIGNAL and self.stop_began is not None and self.last_end is not None:
             took = max(0.0, self.last_end - self.stop_began)
         return Outcome(records, code, self.reason, self.signum, self.root_cause, fault=fault,
-                       log_errors=problems, lost=self.lost, stop_seconds=took)
-
-
-def folder_is_full(path: str) -> bool:
-    """No block left for an unprivileged writer: the processes' own log
-    writes may have failed (and so may the processes themselves)."""
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return False
-    return st.f_bavail == 0
+                       log_errors=problems, lost=self.lost, stop_seconds=took, stall=self.stall_found)

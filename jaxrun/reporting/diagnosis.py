@@ -18,7 +18,7 @@ import enum
 
 from jaxrun import contract
 from jaxrun.contract import ErrorRecord, FlightLog, signal_name
-from jaxrun.core.outcome import Outcome, ProcessRecord, StopReason, Verdict
+from jaxrun.core.outcome import Outcome, ProcessRecord, Stall, StallGroup, StopReason, Verdict
 from jaxrun.core.ranks import format_ranks
 from jaxrun.reporting.stacks import DUMP_TAIL, Frame, dumped_state, raised_at, user_frame
 
@@ -43,6 +43,7 @@ class Kind(enum.Enum):
     PROCESS_FAILURE = "process failure"  # a process failed first: the root cause
     FAILURE = "failure"  # a failure that names no process
     TIMEOUT = "timeout"
+    STALL = "stall"  # the stall watchdog stopped it: the root cause is the process that stands out
     SIGNAL = "signal"
     INTERNAL = "internal error"
 
@@ -84,11 +85,14 @@ class RootCause:
     # at the innermost line of the user's code; None where nothing pins it
     # to a line of the user's (a lost host, an exit code alone, a SIGKILL).
     fingerprint: tuple | None = None
+    place: str | None = None  # a stall's: FILE:LINE where it stood out
 
     @property
     def at(self) -> str | None:
-        """The fingerprint's line, FILE:LINE."""
-        return None if self.fingerprint is None else f"{self.fingerprint[-2]}:{self.fingerprint[-1]}"
+        """The line of the user's where it failed (or stood out), FILE:LINE."""
+        if self.place is not None or self.fingerprint is None or self.fingerprint[0] == "stall":
+            return self.place
+        return f"{self.fingerprint[-2]}:{self.fingerprint[-1]}"
 
     @property
     def failure(self) -> str:
@@ -119,6 +123,7 @@ class Diagnosis:
     engine: EngineFailure | None  # set with root: the engine ended the root cause
     processes: tuple[ProcessFacts, ...]  # in the outcome's record order
     outputs: bool  # whether processes hold every log's last lines
+    stall: Stall | None = None  # what the stall watchdog found (kind STALL)
 
 
 def describe_exit(record: ProcessRecord) -> str:
@@ -166,7 +171,9 @@ def diagnose(outcome: Outcome, outputs: bool = False) -> Diagnosis:
                                         stderr=tuple(lines[-OUTPUT_LINES:]))
         processes.append(facts)
     root = engine = None
-    if outcome.root_cause is not None:
+    if outcome.stall is not None:
+        root = _stall_root(outcome.stall, records, stderr_lines)
+    elif outcome.root_cause is not None:
         i = outcome.root_cause
         root = _root_cause(records[i], stderr_lines[i], processes[i].stdout if outputs else None)
         root = _with_fingerprint(root, records[i], processes[i].frame)
@@ -174,7 +181,39 @@ def diagnose(outcome: Outcome, outputs: bool = False) -> Diagnosis:
             ranks = tuple(sorted(r.spec.rank for r, note in zip(records, notes)
                                  if r.verdict in ENDED_BY_OTHERS + (Verdict.ROOT_CAUSE,) and note == notes[i]))
             engine = EngineFailure(notes[i], ranks, tuple(tail(notes[i].log)))
-    return Diagnosis(_kind(outcome, root, engine), root, engine, tuple(processes), outputs)
+    return Diagnosis(_kind(outcome, root, engine), root, engine, tuple(processes), outputs, outcome.stall)
+
+
+def _stall_root(stall: Stall, records: list[ProcessRecord], stderr: list[list[str]]) -> RootCause:
+    """A stall's root cause: the first process that stands out (with no
+    place holding most processes, the first of them all), at its place."""
+    group = stall.odd[0]
+    i = next(i for i, rec in enumerate(records) if rec.spec.rank == group.ranks[0])
+    rec = records[i]
+    return RootCause(rec.spec.rank, rec.spec.host.name, where(rec), rec.pid,
+                     f"stalled at {group.place.text()}", None, None, tuple(stderr[i][-TAIL_LINES:]),
+                     rec.stderr_log, (), stall.fingerprint, group.place.at)
+
+
+def group_name(group: StallGroup, records: list[ProcessRecord]) -> str:
+    """"process 1 on hostB", "processes 0, 2"."""
+    if len(group.ranks) == 1:
+        rec = next((r for r in records if r.spec.rank == group.ranks[0]), None)
+        return where(rec) if rec is not None else f"process {group.ranks[0]}"
+    return "processes " + ", ".join(map(str, group.ranks))
+
+
+def stall_lines(stall: Stall, records: list[ProcessRecord]) -> list[str]:
+    """The stall in two lines: how long, then who stands out and where the others wait."""
+    head = f"the job stalled: no process made progress for {stall.seconds:g} s"
+    if stall.waiting is None:
+        parts = "; ".join(f"{group_name(g, records)} at {g.place.text()}" for g in stall.odd)
+        return [head, f"the processes wait at different places: {parts}"]
+    odd = "; ".join(f"{group_name(g, records)} {'stand' if len(g.ranks) > 1 else 'stands'} out, at "
+                    f"{g.place.text()}" for g in stall.odd)
+    waiting = stall.waiting
+    return [head, f"{odd}; {group_name(waiting, records)} {'wait' if len(waiting.ranks) > 1 else 'waits'} "
+                  f"at {waiting.place.text()}"]
 
 
 def _stack_facts(rec: ProcessRecord, text: str) -> ProcessFacts:
@@ -227,6 +266,8 @@ _KINDS = {StopReason.TIMEOUT: Kind.TIMEOUT, StopReason.SIGNAL: Kind.SIGNAL, Stop
 def _kind(outcome: Outcome, root: RootCause | None, engine: EngineFailure | None) -> Kind:
     if outcome.start_error is not None:
         return Kind.START_ERROR
+    if outcome.stall is not None:
+        return Kind.STALL
     if engine is not None:
         return Kind.ENGINE_FAILURE
     if root is not None:

@@ -58,6 +58,12 @@ def error_annotation(outcome: Outcome, workspace: str | None = None) -> str | No
             location = user_location(root.error.traceback, workspace)
         else:
             message = "\n".join(root.output) or title
+    elif found.kind is Kind.STALL:
+        title, message = diagnosis.stall_lines(outcome.stall, outcome.records)
+        title = f"jaxrun: {title}"
+        place = outcome.stall.odd[0].place
+        if place.file is not None:
+            location = user_location(f'File "{place.file}", line {place.line}, in {place.func}', workspace)
     elif found.kind is Kind.TIMEOUT:
         title = "jaxrun: --timeout expired"
         frames = [f"{where(rec)} was at {facts.frame[0]}:{facts.frame[1]} in {facts.frame[2]}"

@@ -94,6 +94,12 @@ def _result(outcome: Outcome, rec: ProcessRecord, facts: ProcessFacts,
         if rec.verdict is Verdict.CONSEQUENCE:
             return "skipped", f"{describe_exit(rec)} after {cause} failed first", ""
         return "skipped", f"stopped by jaxrun after {cause} failed", ""
+    if outcome.stall is not None:
+        group = next((g for g in outcome.stall.odd if rec.spec.rank in g.ranks), None)
+        if group is not None:
+            return "failure", f"stalled at {group.place.text()} (--stall-timeout {outcome.stall.seconds:g})", \
+                "\n".join(diagnosis.stall_lines(outcome.stall, outcome.records))
+        return "skipped", f"stopped by jaxrun after the job stalled; it waited at {_frame_text(facts)}", ""
     if outcome.reason is StopReason.TIMEOUT:
         frame = facts.frame
         where = f" at {frame[0]}:{frame[1]} in {frame[2]}: {frame[3]}" if frame else ""
@@ -101,6 +107,11 @@ def _result(outcome: Outcome, rec: ProcessRecord, facts: ProcessFacts,
     if outcome.reason is StopReason.SIGNAL and outcome.signum:
         return "error", f"stopped when jaxrun received {signal_name(outcome.signum)}", ""
     return "error", describe_exit(rec), ""
+
+
+def _frame_text(facts: ProcessFacts) -> str:
+    frame = facts.frame
+    return f"{frame[0]}:{frame[1]} in {frame[2]}: {frame[3]}" if frame else "an unknown place"
 
 
 def write(path: str, outcome: Outcome, suite: str = "jaxrun") -> None:

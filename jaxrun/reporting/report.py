@@ -59,6 +59,8 @@ def _root_cause(found: diagnosis.Diagnosis) -> dict | None:
     if root is None:
         return None
     return {
+        # "process failure", "engine failure" or "stall": what the fields below name
+        "kind": found.kind.value,
         "process_id": root.rank,
         "host": root.host,
         "exit": root.exit,
@@ -74,7 +76,23 @@ def _root_cause(found: diagnosis.Diagnosis) -> dict | None:
             "log": failure.note.log,
             "log_tail": list(failure.log_tail),
         },
+        # The stall watchdog stopped the job: how long nobody moved, where most
+        # processes waited (null: no place held more than the others) and
+        # those that stood out, the first of which is the process above.
+        "stall": None if found.stall is None else {
+            "seconds": found.stall.seconds,
+            "waiting": _group(found.stall.waiting),
+            "stand_out": [_group(g) for g in found.stall.odd],
+        },
     }
+
+
+def _group(group) -> dict | None:
+    if group is None:
+        return None
+    place = group.place
+    return {"process_ids": list(group.ranks), "at": place.at, "function": place.func, "source": place.source,
+            "state": place.state}
 
 
 def _process_dict(r: ProcessRecord) -> dict:

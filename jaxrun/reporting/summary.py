@@ -24,6 +24,10 @@ def summary_lines(outcome: Outcome, log_dir: str) -> list[str]:
     started = any(r.pid is not None for r in outcome.records)
     if outcome.reason is StopReason.TIMEOUT:
         lines.append("jaxrun: --timeout expired; stack dumps are in each process's stderr log")
+    elif outcome.stall is not None:
+        first, second = diagnosis.stall_lines(outcome.stall, outcome.records)
+        lines.append(f"jaxrun: {first} (--stall-timeout); stack dumps are in each process's stderr log")
+        lines.append(f"jaxrun:   {second}")
     elif outcome.reason is StopReason.SIGNAL:
         lines.append(signal_line(outcome, started))
     elif outcome.reason is StopReason.INTERNAL:
@@ -36,7 +40,7 @@ def summary_lines(outcome: Outcome, log_dir: str) -> list[str]:
     if failure is not None:
         shared = set(failure.ranks)
         lines.extend(engine_failure_lines(failure, root.pid))
-    elif root is not None:
+    elif root is not None and found.kind is not Kind.STALL:
         lines.append(f"jaxrun: {root.where} failed first: {root.exit} (pid {root.pid})")
         if root.error:
             lines.append(f"jaxrun:   {root.error.headline}")

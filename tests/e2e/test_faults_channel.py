@@ -377,6 +377,7 @@ sys.path.insert(0, {str(ROOT)!r})
 from jaxrun.backends.scheduler.slurm import SlurmBackend
 from jaxrun.launcher import plan
 from jaxrun.backends.scheduler.options import SlurmOptions
+from jaxrun.core.backend import NO_NEWS
 
 how, log_dir = sys.argv[1], sys.argv[2]
 options = SlurmOptions(nodes=2)
@@ -386,7 +387,7 @@ backend.choose_coordinator(None)
 specs = plan.plan(launch)
 backend.begin_attempt(specs, log_dir)
 for spec in specs:
-    backend.spawn(spec, -1, {{}}, None, lambda: None)
+    backend.spawn(spec, -1, {{}}, None, NO_NEWS)
 step = backend.step.process
 deadline = time.monotonic() + 20
 while step.queued_job is None and time.monotonic() < deadline:

@@ -1,5 +1,5 @@
 """What an SSH child takes out of its stderr (``ssh_stream.AgentStderr``):
-the joined marker, cut out wherever a read splits it, and the report home,
+the joined and progress markers, cut out wherever a read splits them, and the report home,
 taken off the end of the stream when it is one, and never a byte of the
 process's own lost when it is not.  Streams are cut into random pieces, as
 pipes deliver them."""
@@ -19,6 +19,7 @@ import pytest
 from jaxrun import contract, wire
 from jaxrun.backends.ssh.children import SessionChild
 from jaxrun.backends.ssh.stream import AgentStderr
+from jaxrun.core.backend import News
 from jaxrun.core.events import Stream, StreamClosed
 from jaxrun.launcher.pump import OutputPump
 
@@ -32,9 +33,11 @@ FACTS = {"pid": 4242, "reaped_at": 1796161488.25, "clock": "hostB"}
 def cut_through(stream: bytes, seed: int, error_file: str | None = None,
                 steps=(1, 2, 3, 5, 7, 11, 20, 4096)) -> tuple[bytes, int, AgentStderr]:
     """(bytes passed on, joins heard, the filter), ``stream`` cut at random
-    and fed through the filter as the pump feeds it."""
-    joins = []
-    heard = AgentStderr(lambda: joins.append(1), error_file)
+    and fed through the filter as the pump feeds it; the states heard are
+    the filter's ``states``."""
+    joins, states = [], []
+    heard = AgentStderr(News(lambda: joins.append(1), states.append), error_file)
+    heard.states = states
     rng = random.Random(seed)
     out, at = b"", 0
     while at < len(stream):
@@ -84,7 +87,7 @@ def test_the_process_own_bytes_are_never_lost(seed, own, tmp_path):
 
 
 def test_a_huge_false_report_is_released_without_waiting_for_the_end():
-    heard = AgentStderr(lambda: None, None)
+    heard = AgentStderr(News(), None)
     assert heard.feed(b"x" + wire.HOME_REPORT_MARK) == b"x"
     released = heard.feed(b"y" * wire.MAX_HOME_REPORT)
     assert released == wire.HOME_REPORT_MARK + b"y" * wire.MAX_HOME_REPORT
@@ -101,6 +104,16 @@ def test_the_joined_marker_is_cut_out_wherever_a_read_splits_it(seed, tmp_path):
                                     seed, error_file)
     assert (out, joins) == (before + after, 1)
     assert contract.ErrorRecord.load(error_file) == contract.ErrorRecord.from_json(RECORD)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_progress_markers_are_cut_out_and_told_in_order(seed):
+    busy, idle = wire.PROGRESS_MARKERS[contract.BUSY], wire.PROGRESS_MARKERS[contract.IDLE]
+    own = [b"step 1\n", b"half a line ", b"\x00\x1bjaxrun-bus and not a marker\n", b"end\n"]
+    stream = own[0] + busy + own[1] + idle + wire.JOINED_MARKER + own[2] + busy + idle + own[3]
+    out, joins, heard = cut_through(stream, seed)
+    assert (out, joins) == (b"".join(own), 1)
+    assert heard.states == [contract.BUSY, contract.IDLE, contract.BUSY, contract.IDLE]
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -124,7 +137,7 @@ def test_a_real_pump_feeds_the_filter_and_logs_only_the_process_bytes(tmp_path):
     log_path = tmp_path / "process-0.stderr"
     log = open(log_path, "wb", buffering=0)
     joins: list[int] = []
-    heard = AgentStderr(lambda: joins.append(0), str(tmp_path / "process-0.error.json"))
+    heard = AgentStderr(News(lambda: joins.append(0)), str(tmp_path / "process-0.error.json"))
     pump.add(read_end, log, 0, Stream.STDERR, lambda: (log.close(), os.close(read_end)), path=str(log_path),
              stream_filter=heard)
     try:

@@ -16,6 +16,7 @@ import pytest
 from jaxrun import contract
 from jaxrun.backends.scheduler.backend import task_argv
 from jaxrun.backends.scheduler.step import Command, Step
+from jaxrun.core.backend import NO_NEWS
 from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
 
 pytestmark = pytest.mark.timeout(60)
@@ -54,7 +55,7 @@ def specs(count: int) -> list[ProcessSpec]:
 def started(process: Command, count: int, tmp_path, console: io.StringIO) -> tuple[Step, list]:
     env = {k: v for k, v in os.environ.items() if k != contract.RANK_SOURCE}
     step = Step(process, specs(count), env, str(tmp_path), console, channel_host="127.0.0.1")
-    children = [step.spawn(spec, {}, lambda: None) for spec in specs(count)]
+    children = [step.spawn(spec, {}, NO_NEWS) for spec in specs(count)]
     return step, children
 
 

@@ -147,7 +147,7 @@ class FakeChild:
         else:
             self.stdout = self.stderr = None
         self.spawned_with: tuple | None = None  # (extra_env, log_fds)
-        self.on_join = None
+        self.news = None
         self.filters: dict = {}
         self.resources: contract.Resources | None = None
         self.end = ChildExit(0)
@@ -203,11 +203,11 @@ class FakeBackend(Backend):
     def choose_coordinator(self, fixed):
         return fixed or "127.0.0.1:1", None
 
-    def spawn(self, spec, lifeline_fd, extra_env, log_fds, on_join):
+    def spawn(self, spec, lifeline_fd, extra_env, log_fds, news):
         child = self.children[spec.rank]
         assert (log_fds is not None) == self.writes_log_files
         child.spawned_with = (dict(extra_env), log_fds)
-        child.on_join = on_join
+        child.news = news
         if log_fds is not None:  # as a local child would, into the files it was given
             os.write(log_fds[0], b"out %d\n" % spec.rank)
             os.write(log_fds[1], b"err %d\n" % spec.rank)
@@ -663,7 +663,7 @@ def test_joins_are_heard_the_way_each_child_reports_them(tmp_path, reports_joins
 
     def join(kid):
         if how == "on_join":
-            kid.on_join()
+            kid.news.joined()
         else:
             env, _ = kid.spawned_with
             open(env[contract.JOINED_FILE], "w").close()

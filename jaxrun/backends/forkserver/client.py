@@ -35,7 +35,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TextIO
 
 import psutil
@@ -44,7 +44,7 @@ from jaxrun import contract, portable, wire
 from jaxrun.backends.local import LocalBackend, LocalChild, child_env
 from jaxrun.backends.shield import shielded
 from jaxrun.core import causes, usage
-from jaxrun.core.backend import POLL, ChildExit, Interrupted, RunHooks, start_thread
+from jaxrun.core.backend import POLL, ChildExit, Interrupted, News, RunHooks, start_thread
 from jaxrun.core.config import LaunchError
 from jaxrun.core.events import Stream
 from jaxrun.core.reaper import ProcessGroup, kill_group
@@ -285,9 +285,9 @@ class ForkServerBackend(LocalBackend):
         self.server.wait_ready(self.preload)
 
     def spawn(self, spec: ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str],
-              log_fds: tuple[int, int] | None, on_join: Callable[[], None]) -> ForkedChild | LocalChild:
+              log_fds: tuple[int, int] | None, news: News) -> ForkedChild | LocalChild:
         if self.server is None:
-            return super().spawn(spec, lifeline_fd, extra_env, log_fds, on_join)
+            return super().spawn(spec, lifeline_fd, extra_env, log_fds, news)
         env = child_env(self.base_env, spec, extra_env, lifeline_fd)
         del env[contract.LIFELINE_FD]  # the fd number is the server's to give
         child = self.server.fork(spec, env, [*log_fds, lifeline_fd])

@@ -44,7 +44,7 @@ from jaxrun.backends.scheduler.mpirun import MPI_FORWARD, MPI_FORWARD_PREFIXES
 from jaxrun.backends.scheduler.step import Say, Step, StepProcess
 from jaxrun.backends.shield import shielded
 from jaxrun.core import reaper, spec as planning
-from jaxrun.core.backend import Ask, Backend, Placement, RunHooks, start_thread, wait_until
+from jaxrun.core.backend import Ask, Backend, News, Placement, RunHooks, start_thread, wait_until
 from jaxrun.core.config import LaunchError
 
 NO_RAY = "--launcher ray needs Ray, which this Python cannot import: pip install 'jaxrun[ray]'"
@@ -269,8 +269,8 @@ class RayBackend(Backend):
         self.step = Step(process, specs, {}, log_dir, self.console, self.fixed, channel_host, self.hooks)
 
     def spawn(self, spec: planning.ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str],
-              log_fds: tuple[int, int] | None, on_join) -> Any:
-        return self.step.spawn(spec, extra_env, on_join)
+              log_fds: tuple[int, int] | None, news: News) -> Any:
+        return self.step.spawn(spec, extra_env, news)
 
     def end_attempt(self) -> None:
         step, driver, self.step, self.driver = self.step, self.driver, None, None

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import abc
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, TextIO
 
 from jaxrun import contract
 from jaxrun.backends.scheduler.options import SchedulerOptions
 from jaxrun.core import spec as planning
-from jaxrun.core.backend import Backend
+from jaxrun.core.backend import Backend, News
 
 if TYPE_CHECKING:  # the step is loaded only when one is started
     from jaxrun.backends.scheduler.child import RankChild
@@ -90,8 +90,8 @@ class SchedulerBackend(Backend):
         self.step = Step(process, specs, env, log_dir, self.console, self.fixed, hooks=self.hooks)
 
     def spawn(self, spec: planning.ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str],
-              log_fds: tuple[int, int] | None, on_join: Callable[[], None]) -> RankChild:
-        return self.step.spawn(spec, extra_env, on_join)
+              log_fds: tuple[int, int] | None, news: News) -> RankChild:
+        return self.step.spawn(spec, extra_env, news)
 
     def end_attempt(self) -> None:
         if self.step is not None:

@@ -30,11 +30,10 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Callable
 from typing import Protocol
 
 from jaxrun import contract, wire
-from jaxrun.core.backend import ChildExit, RunHooks, start_thread
+from jaxrun.core.backend import NO_NEWS, ChildExit, News, RunHooks, start_thread
 from jaxrun.core.events import Stream
 
 CHUNK = 1 << 16
@@ -57,7 +56,7 @@ class StepSide(Protocol):
 class RankChild:
     """One rank of the step, seen through its task's channel connections."""
 
-    reports_joins = True  # a Joined message calls on_join; no joined file is watched
+    reports_joins = True  # Joined and Progress messages tell the spawn's News; no file is watched
 
     def __init__(self, rank: int, step: StepSide):
         self.rank = rank
@@ -67,7 +66,7 @@ class RankChild:
         self.stdout = os.fdopen(out_r, "rb", buffering=0)
         self.stderr = os.fdopen(err_r, "rb", buffering=0)
         self.error_file: str | None = None  # the launcher's, where the task's error record goes
-        self.on_join: Callable[[], None] | None = None
+        self.news: News = NO_NEWS
         self._resources: contract.Resources | None = None  # measured by the task agent
         self._end: wire.Exit | None = None  # the task agent's report of its controller's end
         self._lost = "its task agent"  # what ended instead, if no Exit comes
@@ -179,8 +178,9 @@ class RankChild:
                 if isinstance(msg, wire.Coordinator):
                     self.step.set_coordinator(msg.address)
                 elif isinstance(msg, wire.Joined):
-                    if self.on_join is not None:
-                        self.on_join()
+                    self.news.joined()
+                elif isinstance(msg, wire.Progress):
+                    self.news.progress(msg.state)
                 elif isinstance(msg, wire.Error) and self.error_file:
                     record = contract.ErrorRecord.from_json(msg.record)
                     if record:

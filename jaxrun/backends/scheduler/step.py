@@ -45,7 +45,7 @@ from jaxrun.backends.scheduler.channel import TaskListener, channel_address
 from jaxrun.backends.scheduler.child import RankChild
 from jaxrun.backends.shield import shielded
 from jaxrun.core import reaper
-from jaxrun.core.backend import RunHooks, start_thread
+from jaxrun.core.backend import News, RunHooks, start_thread
 from jaxrun.core.spec import ProcessSpec
 
 # After the step exits, how long ranks may still report their exit codes.
@@ -192,10 +192,10 @@ class Step:
     def pid(self) -> int:
         return self.process.pid
 
-    def spawn(self, spec: ProcessSpec, extra_env: Mapping[str, str], on_join: Callable[[], None]) -> RankChild:
+    def spawn(self, spec: ProcessSpec, extra_env: Mapping[str, str], news: News) -> RankChild:
         child = self.children[spec.rank]
         child.error_file = extra_env.get(contract.ERROR_FILE)
-        child.on_join = on_join
+        child.news = news
         if not self.process.started:
             env = dict(self.step_env)
             env[contract.TASK_CHANNEL] = self.channel

@@ -229,6 +229,9 @@ class TaskHome:
     def joined(self) -> None:
         self.channel.send(wire.Joined())
 
+    def progress(self, state: str) -> None:
+        self.channel.send(wire.Progress(state))
+
     def cannot_start(self, command: list[str], error: OSError) -> None:
         try:
             far_end.write_all(self.err, f"jaxrun task {self.rank}: cannot start {command[0]}: {error}\n".encode())

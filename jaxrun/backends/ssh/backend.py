@@ -24,7 +24,7 @@ import os
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TextIO
 
 from jaxrun import contract, wire
@@ -32,7 +32,7 @@ from jaxrun.backends.ssh.children import ChannelChild, SessionChild
 from jaxrun.backends.ssh.commands import preflight_table, process_env, process_words, remote_command, server_words
 from jaxrun.backends.ssh.connections import MASTER_CLOSE_WAIT, Connections
 from jaxrun.backends.ssh.options import SshOptions
-from jaxrun.core.backend import Ask, Backend, Placement
+from jaxrun.core.backend import Ask, Backend, News, Placement
 from jaxrun.core.spec import Host, ProcessSpec
 
 
@@ -181,7 +181,7 @@ class SshBackend(Backend):
         return fixed or f"{self.hosts[0].name}:PORT", None  # no host is contacted
 
     def spawn(self, spec: ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str],
-              log_fds: tuple[int, int] | None, on_join: Callable[[], None]) -> SessionChild | ChannelChild:
+              log_fds: tuple[int, int] | None, news: News) -> SessionChild | ChannelChild:
         del lifeline_fd  # the remote side's lifeline is the ssh channel itself
         server = self.servers[spec.host.name][0] if spec.host.name in self.serving else None
         env = process_env(spec, extra_env)
@@ -190,10 +190,10 @@ class SshBackend(Backend):
         if channel:
             master = self.connections.masters[spec.host.name]
             return ChannelChild(channel, wire.Spawn(list(spec.argv), env, self.settings.chdir, server or ""),
-                                master.pid, spec.host.name, on_join, error_file)
+                                master.pid, spec.host.name, news, error_file)
         words = process_words(spec, self.settings.chdir, self.settings.python, server)
         return SessionChild(self.connections.start_session(spec.host, remote_command(words), env),
-                            on_join, error_file)
+                            news, error_file)
 
     def close(self) -> None:
         self._stop_servers()

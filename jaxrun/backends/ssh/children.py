@@ -36,7 +36,7 @@ from collections.abc import Callable
 
 from jaxrun import contract, wire
 from jaxrun.backends.ssh.stream import AgentStderr
-from jaxrun.core.backend import ChildExit
+from jaxrun.core.backend import NO_NEWS, ChildExit, News
 from jaxrun.core.events import Stream
 
 # After SIGKILL has been written, how long the remote side gets to finish
@@ -48,18 +48,14 @@ CLIENT_KILL_WAIT = 3.0
 REPORT_WAIT = 1.5
 
 
-def _nothing() -> None:
-    pass
-
-
 class AgentChild:
     """What both SSH children share: a controller run by an agent whose
     facts come on its stderr."""
 
-    reports_joins = True  # the joined marker on stderr calls on_join
+    reports_joins = True  # the markers on stderr tell the spawn's News
 
-    def __init__(self, on_join: Callable[[], None], error_file: str | None):
-        self._on_join = on_join
+    def __init__(self, news: News, error_file: str | None):
+        self._news = news
         self._error_file = error_file
         self._stderr_filter: AgentStderr | None = None
         self._cut_off = False  # jaxrun ended the connection itself: no report home will come
@@ -68,7 +64,7 @@ class AgentChild:
         if stream is not Stream.STDERR:
             return None
         if self._stderr_filter is None:
-            self._stderr_filter = AgentStderr(self._on_join, self._error_file)
+            self._stderr_filter = AgentStderr(self._news, self._error_file)
         return self._stderr_filter
 
     def _exit(self, returncode: int, confirmed: bool, helper: str, pid: int | None = None) -> ChildExit:
@@ -99,8 +95,8 @@ class ChannelChild(AgentChild):
     :mod:`jaxrun.backends.ssh.host_agent`)."""
 
     def __init__(self, path: str, spawn: wire.Spawn, pid: int, host: str,
-                 on_join: Callable[[], None] = _nothing, error_file: str | None = None):
-        super().__init__(on_join, error_file)
+                 news: News = NO_NEWS, error_file: str | None = None):
+        super().__init__(news, error_file)
         self.pid = pid  # the local master's; the controller's own comes with its exit
         self._host = host
         self._remote_pid: int | None = None  # the controller's own, once its host agent says
@@ -203,9 +199,9 @@ class SessionChild(AgentChild):
     session agent (:mod:`jaxrun.backends.ssh.session_agent`), seen through its local
     ssh client: signals go to the agent's stdin, and the exit is the client's."""
 
-    def __init__(self, popen: subprocess.Popen, on_join: Callable[[], None] = _nothing,
+    def __init__(self, popen: subprocess.Popen, news: News = NO_NEWS,
                  error_file: str | None = None):
-        super().__init__(on_join, error_file)
+        super().__init__(news, error_file)
         self.popen = popen
         self.pid = popen.pid  # the local ssh client's; the controller's own comes with its exit
         self.stdout = popen.stdout

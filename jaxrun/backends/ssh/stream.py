@@ -6,8 +6,10 @@ back to the launcher but the controller's own stderr, so it writes two
 things there:
 
 - ``wire.JOINED_MARKER``, once, in one write, when the controller arrives at
-  the job's rendezvous.  It may land anywhere, even inside a line of the
-  process's own, and a read may cut it in two;
+  the job's rendezvous, and ``wire.PROGRESS_MARKERS``, each time its
+  sampler changes between busy and idle (``--stall-timeout``).  A marker may
+  land anywhere, even inside a line of the process's own, and a read may
+  cut it in two;
 - the report home (``wire.home_report``): the error record, the resources,
   the controller's own pid and when its end was seen there, as the very
   last bytes, once the controller and what it started are gone.
@@ -20,8 +22,8 @@ more bytes was the process's own after all.  A "report" longer than
 ``wire.MAX_HOME_REPORT`` is let go at once, so a process that prints the
 mark (a hex dump of jaxrun's own stream, say) costs no unbounded memory.
 
-The facts go where every backend puts them: a join to the spawn's
-``on_join``, the error record into the launcher's error file, and the
+The facts go where every backend puts them: a join and each change of
+state to the spawn's ``News``, the error record into the launcher's error file, and the
 resources and the end's facts to the child's ``wait`` (``resources`` and
 ``facts`` once ``closed``; ``came_home`` says whether a report came at all).
 """
@@ -29,48 +31,73 @@ resources and the end's facts to the child's ``wait`` (``resources`` and
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 
 from jaxrun import contract, wire
+from jaxrun.core.backend import News
+
+# The in-band markers, with the state each progress marker tells (None: the join).
+MARKERS = {wire.JOINED_MARKER: None, **{m: state for state, m in wire.PROGRESS_MARKERS.items()}}
+MARKER_HEAD = b"\x00\x1bjaxrun-"  # what every marker begins with
+assert all(m.startswith(MARKER_HEAD) for m in MARKERS)
 
 
 class AgentStderr:
     """The StreamFilter of an SSH child's stderr (fed by one thread, the pump)."""
 
-    def __init__(self, on_join: Callable[[], None], error_file: str | None):
-        self.on_join = on_join
+    def __init__(self, news: News, error_file: str | None):
+        self.news = news
         self.error_file = error_file  # the launcher's, for the record that comes home
         self.resources: contract.Resources | None = None  # what came home, once closed
         self.facts: dict = {}  # the end's facts that came home (wire.HOME_REPORT_FACTS), once closed
         self.came_home = False  # a report home was read: the far end saw the controller's end
         self.closed = threading.Event()  # the end of the stream was read: nothing more will come
-        self._join_held = b""  # what may begin a joined marker
+        self._join_held = b""  # what may begin a marker
         self._held = b""  # what may begin the report home's mark
         self._tail: bytearray | None = None  # from the mark on, until the end
 
     def feed(self, data: bytes) -> bytes:
-        return self._hold_report(self._cut_joins(data, end=False))
+        return self._hold_report(self._cut_markers(data, end=False))
 
     def close(self) -> bytes:
         try:
-            return self._hold_report(self._cut_joins(b"", end=True)) + self._release_report()
+            return self._hold_report(self._cut_markers(b"", end=True)) + self._release_report()
         finally:
             self.closed.set()
 
-    def _cut_joins(self, data: bytes, end: bool) -> bytes:
-        """The bytes without joined markers; the start of a marker a read
-        cut in two is held until the next read (at the end: released)."""
-        marker = wire.JOINED_MARKER
+    def _cut_markers(self, data: bytes, end: bool) -> bytes:
+        """The bytes without the joined and progress markers; the start of a
+        marker a read cut in two is held until the next read (at the end:
+        released).  The markers share their first bytes (``MARKER_HEAD``), so
+        the common case, no marker, costs one search."""
         data, self._join_held = self._join_held + data, b""
-        if marker in data:
-            for _ in range(data.count(marker)):
-                self.on_join()
-            data = data.replace(marker, b"")
+        if MARKER_HEAD in data:
+            data = self._take_markers(data)
         if not end:
-            keep = marker_start(data, marker)
+            keep = max(marker_start(data, m) for m in MARKERS)
             if keep:
                 self._join_held, data = data[-keep:], data[:-keep]
         return data
+
+    def _take_markers(self, data: bytes) -> bytes:
+        """Every whole marker out of ``data``, each told in the order it came."""
+        out, at = [], 0
+        while True:
+            found = data.find(MARKER_HEAD, at)
+            if found < 0:
+                break
+            marker = next((m for m in MARKERS if data.startswith(m, found)), None)
+            if marker is None:
+                out.append(data[at:found + 1])
+                at = found + 1
+                continue
+            out.append(data[at:found])
+            at = found + len(marker)
+            if marker == wire.JOINED_MARKER:
+                self.news.joined()
+            else:
+                self.news.progress(MARKERS[marker])
+        out.append(data[at:])
+        return b"".join(out)
 
     def _hold_report(self, data: bytes) -> bytes:
         """The bytes that are surely the process's own; a possible report is held."""

@@ -1,0 +1,198 @@
+"""The stall watchdog (``--stall-timeout``): the launcher's half.
+
+Each process's sampler (``child.liveness``) says when the process changes
+between busy and idle; a local one writes it to its progress file, which
+this watch reads when its ``stat`` changes, and a remote one's agent sends
+it home (the SSH stream's marker, the task channel's message), which the
+supervisor passes to ``heard``.  No thread: the supervisor's loop calls
+``tick``.
+
+When every running process has been idle for the timeout, the watch asks
+for stack dumps (``probe``: the supervisor sends SIGUSR1), waits
+``PROBE_WAIT`` for them to land in the logs, and reads where each process
+waits (the dump's innermost line of the user's code, or JAX's shutdown):
+
+- every process at one place: a long checkpoint save, an input pipeline
+  that waits for data, or one long program on an accelerator look exactly
+  like that, so this is not a stall.  One line names the place, at most
+  once per timeout, and the watch waits on;
+- a process whose place cannot be read (no dump in its log): the same, a
+  line that says so;
+- otherwise the job has stalled (:class:`~jaxrun.core.outcome.Stall`):
+  the place most processes wait at, and those that stand out; with no
+  place holding more processes than every other, every group stands out.
+
+A process that has not said anything yet (its sampler did not start: a
+process still being started, a script not run through the shim) keeps the
+job from stalling.  So does any process that is busy.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+
+from jaxrun import contract
+from jaxrun.core.outcome import Place, Stall, StallGroup
+from jaxrun.core.spec import ProcessSpec
+from jaxrun.reporting.stacks import DUMP_TAIL, dumped_state, user_frame
+
+PROBE_WAIT = 1.5  # for the dumps to be written (and, from a far end, to arrive)
+
+
+def progress_path(log_dir: str, rank: int) -> str:
+    """Where a local process's sampler writes its state: beside its logs."""
+    return os.path.join(log_dir, f"process-{rank}.progress")
+
+
+def read_after(path: str, offset: int, limit: int = DUMP_TAIL) -> str:
+    """A log's text from ``offset`` on (at most its last ``limit`` bytes)."""
+    f = contract.open_regular(path)
+    if f is None:
+        return ""
+    with f:
+        try:
+            size = os.fstat(f.fileno()).st_size
+            f.seek(max(offset, size - limit))
+            return f.read(limit).decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+
+def log_size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def place_in(text: str) -> Place:
+    """Where the last stack dump in ``text`` found the main thread."""
+    state = dumped_state(text)
+    frame = user_frame(text)
+    if frame is None:
+        return Place(None, None, state=state)
+    file, line, func, source = frame
+    return Place(file, line, func, source, state)
+
+
+def classify(places: dict[int, Place], seconds: float) -> Stall | None:
+    """The stall among these places, or None where they are all one place
+    (or one of them is unknown)."""
+    groups: dict[tuple, list[int]] = {}
+    for rank in sorted(places):
+        groups.setdefault(places[rank].key, []).append(rank)
+    if len(groups) < 2 or any(places[ranks[0]].file is None and places[ranks[0]].state != contract.IN_SHUTDOWN
+                              for ranks in groups.values()):
+        return None
+    made = sorted((StallGroup(tuple(ranks), places[ranks[0]]) for ranks in groups.values()),
+                  key=lambda g: (-len(g.ranks), g.ranks))
+    if len(made[0].ranks) > 1 and len(made[0].ranks) > len(made[1].ranks):
+        return Stall(seconds, made[0], tuple(sorted(made[1:], key=lambda g: (len(g.ranks), g.ranks))))
+    return Stall(seconds, None, tuple(sorted(made, key=lambda g: g.ranks)))
+
+
+def waiting_line(places: dict[int, Place], seconds: float) -> str:
+    """The warning when nobody moved but the job has not stalled."""
+    unknown = sorted(r for r, p in places.items() if p.file is None and p.state != contract.IN_SHUTDOWN)
+    head = f"jaxrun: no process has made progress for {seconds:g} s"
+    if unknown:
+        who = ("process " if len(unknown) == 1 else "processes ") + ", ".join(map(str, unknown))
+        return f"{head}; cannot tell where {who} waits (no stack dump in its log): not taken for a stall"
+    place = next(iter(places.values()))
+    return (f"{head}; every process waits at {place.text()}: not a stall (a long save, an input "
+            f"pipeline or one long program look the same); waiting on")
+
+
+class StallWatch:
+    """The busy and idle states of an attempt's processes, and when they stall."""
+
+    def __init__(self, specs: Sequence[ProcessSpec], timeout: float, clock: Callable[[], float],
+                 note: Callable[[str], None], stderr_logs: dict[int, str], poll: float | None = None):
+        self.timeout, self.clock, self.note = timeout, clock, note
+        self.active = timeout > 0 and len(specs) > 0
+        self.running = {s.rank for s in specs}
+        self.stderr_logs = stderr_logs
+        self.state: dict[int, str] = {}  # rank -> BUSY or IDLE, once heard
+        self.idle_since: dict[int, float] = {}
+        self.paths: dict[int, str] = {}  # local progress files
+        self.seen: dict[int, tuple] = {}
+        self.poll = poll if poll is not None else min(1.0, max(0.05, timeout / 20))
+        self.quiet_until = 0.0  # after a warning: no new probe before this
+        self.probe_at: float | None = None  # the dumps were asked for; read them then
+        self.offsets: dict[int, int] = {}  # each stderr log's size when they were
+
+    def watch(self, rank: int, path: str) -> None:
+        self.paths[rank] = path
+
+    def heard(self, rank: int, state: str) -> None:
+        if rank not in self.running or state not in (contract.BUSY, contract.IDLE):
+            return
+        if state == contract.IDLE and self.state.get(rank) != contract.IDLE:
+            self.idle_since[rank] = self.clock()
+        self.state[rank] = state
+        if state == contract.BUSY:
+            self.probe_at = None  # someone moved: whatever was asked is moot
+
+    def ended(self, rank: int) -> None:
+        self.running.discard(rank)
+
+    def _read_files(self) -> None:
+        for rank, path in self.paths.items():
+            if rank not in self.running:
+                continue
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+            if seen != self.seen.get(rank):
+                self.seen[rank] = seen
+                state = contract.read_progress(path)
+                if state is not None:
+                    self.heard(rank, state)
+
+    def _all_idle_since(self) -> float | None:
+        if not self.running or any(self.state.get(r) != contract.IDLE for r in self.running):
+            return None
+        return max(self.idle_since[r] for r in self.running)
+
+    def tick(self) -> tuple[float | None, str | Stall | None]:
+        """(when to be called again, what to do now): ``"probe"`` (ask every
+        process for a stack dump), a :class:`Stall`, or None."""
+        if not self.active:
+            return None, None
+        self._read_files()
+        now = self.clock()
+        since = self._all_idle_since()
+        if since is None:
+            self.probe_at = None
+            return now + self.poll, None
+        if self.probe_at is not None:
+            if now < self.probe_at:
+                return self.probe_at, None
+            self.probe_at = None
+            return self._decide(now)
+        due = max(since + self.timeout, self.quiet_until)
+        if now < due:
+            return min(due, now + self.poll), None
+        self.offsets = {r: log_size(self.stderr_logs[r]) for r in self.running}
+        self.probe_at = now + PROBE_WAIT
+        return self.probe_at, "probe"
+
+    def _decide(self, now: float) -> tuple[float | None, str | Stall | None]:
+        places = {r: place_in(read_after(self.stderr_logs[r], self.offsets.get(r, 0))) for r in sorted(self.running)}
+        stall = classify(places, self.timeout)
+        if stall is not None:
+            self.active = False
+            return None, stall
+        self.note(waiting_line(places, self.timeout))
+        self.quiet_until = now + self.timeout
+        return now + self.poll, None
+
+    def finish(self) -> None:
+        for path in self.paths.values():
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
