@@ -19,7 +19,9 @@ FAULT is one of: ``exit`` (process 3 calls ``os._exit(7)``), ``exception``
 (process 2 raises), ``segv`` (process 1 sends itself SIGSEGV), in each case
 while the others have entered a second collective; ``idle`` (every process
 waits, in Python, for the signal the test sends); ``hang`` (process 2 sleeps
-while the others wait for it in a collective, until ``--timeout``).
+while the others wait for it in a collective, until ``--timeout``); ``stuck``
+(process 2 sleeps in one call, marking ``fault`` first, while the others wait
+for it in a collective, until the stall watchdog stops the job).
 """
 
 import os
@@ -94,6 +96,11 @@ elif FAULT == "hang" and RANK == 2:
     while True:
         time.sleep(0.05)
 elif FAULT == "hang":
+    collective()
+elif FAULT == "stuck" and RANK == 2:
+    mark("fault", repr(time.time()))
+    time.sleep(600)
+elif FAULT == "stuck":
     collective()
 elif FAULT == "idle":
     # Python code between short sleeps, so that the handler runs at once.

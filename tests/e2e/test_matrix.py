@@ -61,6 +61,7 @@ GRACE = 5.0
 # others (BESIDE_TIMEOUT).  Its grace is short: the sigterm cells check what a
 # grace gives.
 TIMEOUT, HANG_GRACE = 12.0, 1.0
+STALL = 3.0  # the stuck cell's --stall-timeout
 # Seconds a cell may take to start its job, and to end after its fault, before
 # it counts as stuck: far beyond any bound below, even on a loaded machine.
 START = 90.0
@@ -166,8 +167,13 @@ FAULTS = [
     Fault("sigkill", "idle", "sigkill", -9, within=10, saved=frozenset()),
     Fault("hang", "hang", "timeout", 124, within=HANG_GRACE + 7, says=r"^jaxrun: --timeout expired",
           flags=("--timeout", TIMEOUT, "--grace", HANG_GRACE), extra=stacks_dumped),
+    # Alive but stuck: found by the stall watchdog, with the process that stands out named.
+    Fault("stuck", "stuck", "job", 125, within=STALL + 9, root=2,
+          says=r"^jaxrun:   process 2( on \S+)? stands out, at \S+matrix_job.py:\d+ in <module>: time.sleep\(600\); "
+               r"processes 0, 1, 3 wait at \S+matrix_job.py:\d+ in collective",
+          flags=("--stall-timeout", STALL), extra=stacks_dumped),
 ]
-CRASHES = [f for f in FAULTS if f.crash]
+CRASHES = [f for f in FAULTS if f.crash and f.name != "stuck"]
 
 
 # -- the backends ----------------------------------------------------------------
@@ -377,7 +383,7 @@ def problems(backend: Backend, fault: Fault, seen: Seen, *, loaded: bool = False
             found.append(f"root cause {named}, not {fault.root}")
     if fault.says and not re.search(fault.says, seen.err, re.M):
         found.append(f"the console lacks {fault.says!r}")
-    if fault.crash:
+    if fault.crash and fault.name != "stuck":
         wrong = re.findall(r"process \d+(?: on \S+)? failed first: [^\n]*", seen.err)
         if any(not re.match(fault.says, "jaxrun: " + w) for w in wrong):
             found.append(f"the summary says {wrong}")
