@@ -6,8 +6,9 @@ A thread of the shim's looks at the process every ``interval`` seconds
 anything moved since its last look.  Progress is any of:
 
 - CPU time: the process (every thread: XLA's executing a program or a
-  compile, Python's data loading) used at least ``BUSY_SHARE`` of a core.
-  A process that waits in a collective, in ``time.sleep`` or on a lock uses
+  compile, Python's data loading) or one of the processes it started (a
+  ``gsutil cp`` it waits for) used at least ``BUSY_SHARE`` of a core.  A
+  process that waits in a collective, in ``time.sleep`` or on a lock uses
   well under 1% (JAX's own background threads included);
 - I/O: at least ``BUSY_IO`` bytes read or written, files and sockets alike
   (a checkpoint save, a download), where the system counts them;
@@ -72,6 +73,25 @@ def main_stack(main: int) -> tuple:
     return tuple(stack)
 
 
+def children_cpu() -> dict[int, float]:
+    """CPU seconds of each process this one started and that still runs
+    (grandchildren too): a tool the script waits for works for it."""
+    import psutil  # here: the sampler's thread pays for the import, not the script's start
+
+    used = {}
+    try:
+        kids = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return used
+    for kid in kids:
+        try:
+            times = kid.cpu_times()
+        except psutil.Error:
+            continue
+        used[kid.pid] = times.user + times.system
+    return used
+
+
 def busy_place(stack: tuple) -> bool:
     """Inside JAX's compiler, or in its ``initialize()`` (waiting for the others to join)."""
     for code, _ in stack:
@@ -85,23 +105,27 @@ class Liveness:
     """The sampler: its thread, its last look, and the state last written."""
 
     def __init__(self, path: str, interval: float, clock=time.monotonic, cpu=time.process_time,
-                 io=portable.io_bytes, stack=None):
+                 io=portable.io_bytes, stack=None, children=None):
         self.path, self.interval = path, interval
         self.clock, self.cpu, self.io = clock, cpu, io
         main = threading.main_thread().ident
         self.stack = stack or (lambda: main_stack(main))
+        self.children = children or children_cpu
         self.state: str | None = None
         self.last = self._look()
 
     def _look(self) -> tuple:
-        return self.clock(), self.cpu(), self.io(), self.stack(), _beats
+        return self.clock(), self.cpu(), self.io(), self.stack(), _beats, self.children()
 
     def moved(self) -> bool:
         """Whether the process made progress since the last look."""
-        (t0, cpu0, io0, stack0, beats0), now = self.last, self._look()
+        (t0, cpu0, io0, stack0, beats0, kids0), now = self.last, self._look()
         self.last = now
-        t, cpu, io, stack, beats = now
-        if cpu - cpu0 >= BUSY_SHARE * max(t - t0, 1e-9) or beats != beats0 or stack != stack0:
+        t, cpu, io, stack, beats, kids = now
+        enough = BUSY_SHARE * max(t - t0, 1e-9)
+        if cpu - cpu0 >= enough or beats != beats0 or stack != stack0:
+            return True
+        if any(used - kids0.get(pid, 0.0) >= enough for pid, used in kids.items()):
             return True
         if io is not None and io0 is not None and io - io0 >= BUSY_IO:
             return True

@@ -1,0 +1,225 @@
+"""The stall watchdog (``--stall-timeout``, docs/restarts.md "Hangs"), with
+real JAX jobs, locally in both modes and over SSH on the namespaced hosts.
+
+Per place, three jobs run side by side:
+
+- ``stuck``: process 1 of 3 sleeps in user code at step 5 of its first
+  attempt while the others wait in the step's collective; the watchdog
+  names it, its host and its line, and where the others wait, and
+  ``--max-restarts 1`` resumes from the checkpoint and finishes with exit 0;
+- ``calm``: everything a stall must never be taken for, one after the
+  other (a start-up longer than the timeout, a compile longer than it, one
+  program longer than it, steps that print nothing, an external tool that
+  process 0 waits for, a long wait that says ``jaxrun.alive()``), then every
+  process waits at one place outside JAX (a "checkpoint save"), which is
+  warned of once and waited out: exit 0;
+- ``parted``: examples/hang.py, whose processes issue their collectives in
+  different orders, with ``--flight-recorder``: the watchdog stops it and
+  the summary says where the processes parted.
+
+The time from the stall's start to the end of the stalled attempt, and to
+the restart's first step, are printed for the note (``-s``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+
+import pytest
+from fixtures.jobs import EXAMPLES, ROOT, TOKEN
+
+TIMEOUT = 2.0  # --stall-timeout: every phase of the calm job lasts about twice as long
+
+STUCK = '''
+import json, os, sys, time
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+state = sys.argv[1]
+attempt = int(os.environ["JAXRUN_RESTART_COUNT"])
+mesh = jax.make_mesh((jax.device_count(),), ("i",))
+x = jax.device_put(np.ones((jax.device_count(), 4), np.float32), NamedSharding(mesh, P("i")))
+checkpoint = os.path.join(state, "checkpoint")
+start = int(open(checkpoint).read()) if os.path.exists(checkpoint) else 0
+for step in range(start, 10):
+    total = float(jnp.sum(x * step))  # a collective: every process takes part
+    if step == start:
+        print(f"attempt {attempt} first step {step} at {time.time()!r}", flush=True)
+    if jax.process_index() == 0:
+        with open(checkpoint + ".new", "w") as f:
+            f.write(str(step + 1))
+        os.replace(checkpoint + ".new", checkpoint)
+    if step == 5 and attempt == 0 and jax.process_index() == 1:
+        print(f"stuck at {time.time()!r}", flush=True)
+        time.sleep(600)  # alive, and stuck
+print("done", total)
+'''
+
+CALM = '''
+import os, subprocess, sys, threading, time
+import jax, jax.numpy as jnp, numpy as np
+import jaxrun
+
+T = float(os.environ["JAXRUN_STALL_TIMEOUT"])
+rank = int(os.environ["JAXRUN_PROCESS_ID"])
+
+
+def python_work(seconds):  # a start-up: data loading in pure Python, before the first step
+    end, n = time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        n += sum(range(1000))
+
+
+python_work(2 * T)
+mesh = jax.make_mesh((jax.device_count(),), ("i",))
+x = jax.device_put(np.ones((jax.device_count(), 8), np.float32), jax.sharding.NamedSharding(mesh, jax.P("i")))
+total = jax.jit(lambda x: jnp.sum(jnp.tanh(x)))
+float(total(x))
+
+
+def chain(x):  # a program whose compile takes longer than the timeout
+    for i in range(5000):
+        x = jnp.sin(x) if i % 2 else jnp.cos(x)
+    return jnp.sum(x)
+
+
+t = time.monotonic()
+compiled = jax.jit(chain).lower(x).compile()
+print(f"compile {time.monotonic() - t:.1f} s", flush=True)
+float(compiled(x))
+
+# One program longer than the timeout, in every process.
+long = jax.jit(lambda y, n: jax.lax.fori_loop(0, n, lambda i, y: jnp.tanh(y @ y), y))
+y = jnp.ones((256, 256), jnp.float32)
+long(y, 10).block_until_ready()
+t = time.monotonic()
+long(y, 100).block_until_ready()
+n = int(100 * 2 * T / max(time.monotonic() - t, 1e-3))
+t = time.monotonic()
+long(y, n).block_until_ready()
+print(f"one program {time.monotonic() - t:.1f} s", flush=True)
+
+# Steps that print nothing, for twice the timeout: each process's own (no
+# collective, so that the processes may run different numbers of them).
+step = jax.jit(lambda y: jnp.sum(jnp.tanh(y @ y)))
+end = time.monotonic() + 2 * T
+while time.monotonic() < end:
+    float(step(y))
+
+# Process 0 waits for an external tool; the others wait for it in a collective.
+if rank == 0:
+    subprocess.run([sys.executable, "-c", f"import time\\nend = time.monotonic() + {2 * T}\\n"
+                    "while time.monotonic() < end: pass"], check=True)
+float(total(x))
+
+# Process 1 waits in one call that shows nothing, and says it is alive.
+if rank == 1:
+    done = threading.Event()
+
+    def beat():
+        while not done.wait(0.1):
+            jaxrun.alive()
+
+    threading.Thread(target=beat, daemon=True).start()
+    threading.Event().wait(2 * T)
+    done.set()
+float(total(x))
+
+
+def save_checkpoint():  # every process waits here, outside JAX: a long save looks the same
+    time.sleep(2.5 * T)
+
+
+save_checkpoint()
+float(total(x))
+print("calm done", flush=True)
+'''
+
+
+def line_of(text: str, needle: str) -> int:
+    return 1 + next(i for i, line in enumerate(text.splitlines()) if needle in line)
+
+
+@pytest.fixture(params=["preload", "no-preload", "ssh"])
+def place(request, monkeypatch, tmp_path):
+    """(n -> the flags that start n processes there, a folder every host
+    sees, where process 1 of 3 runs)."""
+    if request.param == "ssh":
+        hosts = request.getfixturevalue("sshd_hosts")
+        common = ["--ssh-config", hosts.config, "--env", f"PYTHONPATH={ROOT}", "-x", TOKEN]
+        spread = {2: "hostA,hostB", 3: "hostA:1,hostB:2", 4: "hostA:2,hostB:2"}
+        return (lambda n: ["-H", spread[n], *common]), request.getfixturevalue("shared_dir"), " on hostB"
+    if request.param == "no-preload":
+        monkeypatch.setenv("JAXRUN_NO_PRELOAD", "1")
+    else:
+        monkeypatch.delenv("JAXRUN_NO_PRELOAD", raising=False)
+    return (lambda n: ["-n", n]), tmp_path, ""
+
+
+@pytest.mark.timeout(240)
+def test_stalls_are_found_and_never_taken_for_slow_work(place, start_job, tmp_path):
+    where, folder, host1 = place
+    jobs = {}
+    for name, text, n, extra in (("stuck", STUCK, 3, ["--max-restarts", 1]), ("calm", CALM, 2, [])):
+        script = folder / f"{name}.py"
+        script.write_text(textwrap.dedent(text))
+        state = folder / f"{name}-state"
+        state.mkdir()
+        jobs[name] = start_job(*where(n), "--cpu-devices", 1, "--stall-timeout", TIMEOUT, *extra,
+                               "--report", tmp_path / f"{name}.json", "--log-dir", tmp_path / f"{name}-logs",
+                               script, state)
+    hang = folder / "hang.py"  # where every host finds it
+    hang.write_text((EXAMPLES / "hang.py").read_text())
+    jobs["parted"] = start_job(*where(4), "--cpu-devices", 2, "--stall-timeout", TIMEOUT, "--flight-recorder",
+                               "--report", tmp_path / "parted.json", hang)
+    codes = {name: job.wait(timeout=200) for name, job in jobs.items()}
+
+    # -- stuck: named, stopped, restarted from the checkpoint --------------------------
+    job = jobs["stuck"]
+    assert codes["stuck"] == 0, job.stderr
+    script = folder / "stuck.py"
+    sleeping, waiting = line_of(STUCK, "time.sleep(600)"), line_of(STUCK, "total = float(")
+    assert re.search(rf"^jaxrun: the job stalled: no process made progress for {TIMEOUT:g} s", job.stderr, re.M)
+    said = (f"jaxrun:   process 1{host1} stands out, at {script}:{sleeping} in <module>: time.sleep(600)"
+            f"  # alive, and stuck; processes 0, 2 wait at {script}:{waiting} in <module>: ")
+    assert said in job.stderr, job.stderr
+    assert "jaxrun: restarting the whole job (restart 1 of 1)" in job.stderr
+    report = json.loads((tmp_path / "stuck.json").read_text())
+    first, second = report["attempts"]
+    assert first["exit_code"] == 125 and first["stop_reason"] == "stall"
+    cause = first["root_cause"]
+    assert (cause["kind"], cause["process_id"], cause["at"]) == ("stall", 1, f"{script}:{sleeping}"), cause
+    assert [g["process_ids"] for g in cause["stall"]["stand_out"]] == [[1]]
+    assert cause["stall"]["waiting"]["process_ids"] == [0, 2]
+    assert second["exit_code"] == 0 and report["exit_code"] == 0
+    assert "[0] attempt 1 first step 6 at" in job.stdout  # resumed from the checkpoint
+    assert job.stdout.count("done 108.0") == 3, job.stdout
+    stuck_at = float(re.search(r"\[1\] stuck at ([\d.]+)", job.stdout)[1])
+    resumed_at = float(re.search(r"\[0\] attempt 1 first step 6 at ([\d.]+)", job.stdout)[1])
+    ended_at = max(p["ended_at"] for p in first["processes"])
+    print(f"stall start -> attempt end {ended_at - stuck_at:.1f} s, -> restart's first step "
+          f"{resumed_at - stuck_at:.1f} s (--stall-timeout {TIMEOUT:g})")
+    assert TIMEOUT < ended_at - stuck_at < TIMEOUT + 15
+
+    # -- calm: nothing taken for a stall; the shared wait warned of ------------------
+    job = jobs["calm"]
+    assert codes["calm"] == 0, job.stderr
+    assert "stalled" not in job.stderr
+    assert job.stdout.count("calm done") == 2, job.stdout
+    compile_s = float(re.search(r"compile ([\d.]+) s", job.stdout)[1])
+    program_s = float(re.search(r"one program ([\d.]+) s", job.stdout)[1])
+    assert compile_s > TIMEOUT and program_s > TIMEOUT, job.stdout  # the phases did outlast the timeout
+    warnings = re.findall(r"^jaxrun: no process has made progress for .*$", job.stderr, re.M)
+    save = line_of(CALM, "time.sleep(2.5 * T)")
+    assert 1 <= len(warnings) <= 2, job.stderr
+    assert all(f"every process waits at {folder / 'calm.py'}:{save} in save_checkpoint: " in w for w in warnings)
+
+    # -- parted: the processes' collectives in different orders ----------------------
+    job = jobs["parted"]
+    assert codes["parted"] == 125, job.stderr
+    assert "jaxrun: the job stalled" in job.stderr
+    assert re.search(r"^jaxrun:   process 2( on hostB)? stands out, at \S+hang.py:\d+ in check_config", job.stderr,
+                     re.M), job.stderr
+    assert re.search(r"^jaxrun: the processes parted at call \d+: ", job.stderr, re.M), job.stderr
