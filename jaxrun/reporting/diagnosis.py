@@ -97,6 +97,8 @@ class RootCause:
     @property
     def failure(self) -> str:
         """The failure in a few words: "ValueError: bad batch at train.py:12"."""
+        if self.place is not None:  # a stall: its exit says where already
+            return self.exit
         if self.error is None:
             what = self.exit
         else:
@@ -190,8 +192,11 @@ def _stall_root(stall: Stall, records: list[ProcessRecord], stderr: list[list[st
     group = stall.odd[0]
     i = next(i for i, rec in enumerate(records) if rec.spec.rank == group.ranks[0])
     rec = records[i]
+    exit = f"stalled at {group.place.text()}"
+    if stall.waiting is None:  # no place holds most: the others' places belong to it too
+        exit += "".join(f"; {group_name(g, records)} at {g.place.text()}" for g in stall.odd[1:])
     return RootCause(rec.spec.rank, rec.spec.host.name, where(rec), rec.pid,
-                     f"stalled at {group.place.text()}", None, None, tuple(stderr[i][-TAIL_LINES:]),
+                     exit, None, None, tuple(stderr[i][-TAIL_LINES:]),
                      rec.stderr_log, (), stall.fingerprint, group.place.at)
 
 

@@ -1,6 +1,7 @@
 """Restarts that are not wasted (docs/restarts.md, "The same failure twice"):
-an attempt that fails exactly as the one before it is not restarted; any
-other failure is.  The three jobs run side by side: each attempt is a real
+an attempt that fails exactly as the one before it (the same error, crash
+signal or stall at the same line) is not restarted; any other failure is.
+The four jobs run side by side: each attempt is a real
 2-process JAX job."""
 
 from __future__ import annotations
@@ -30,6 +31,20 @@ if jax.process_index() == 1:
     os.kill(os.getpid(), signal.SIGSEGV)
 '''
 
+# The same stall every attempt: process 1 alive in user code while process 0
+# waits for it in a collective.
+STALL = '''
+import time
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+mesh = jax.make_mesh((jax.device_count(),), ("i",))
+x = jax.device_put(np.ones((jax.device_count(), 4), np.float32), NamedSharding(mesh, P("i")))
+if jax.process_index() == 1:
+    time.sleep(600)
+print(float(jnp.sum(x)))
+'''
+
 # Each attempt fails differently from the one before, until the fifth succeeds:
 # the same message at another line; a SIGKILL (from outside, as far as
 # jaxrun can tell), twice; then nothing.
@@ -52,11 +67,11 @@ print("done in attempt", attempt)
 @pytest.mark.timeout(120)
 def test_the_same_failure_twice_stops_the_restarts_and_a_changing_failure_is_restarted(launch, tmp_path):
     jobs = {}
-    for name, text in (("bug", BUG), ("changing", CHANGING), ("segv", SEGV)):
+    for name, text in (("bug", BUG), ("changing", CHANGING), ("segv", SEGV), ("stall", STALL)):
         script = tmp_path / f"{name}.py"
         script.write_text(textwrap.dedent(text))
         report = tmp_path / f"{name}.json"
-        jobs[name] = (launch("-n", 2, "--cpu-devices", 1, "--max-restarts", 5, "--report", report,
+        jobs[name] = (launch("-n", 2, "--cpu-devices", 1, "--max-restarts", 5, "--report", report, "--stall-timeout", 2,
                              "--log-dir", tmp_path / f"{name}-logs", script, env={"PYTHONFAULTHANDLER": "1"}),
                       report, script)
     codes = {name: job.wait(timeout=100) for name, (job, _, _) in jobs.items()}
@@ -85,3 +100,13 @@ def test_the_same_failure_twice_stops_the_restarts_and_a_changing_failure_is_res
     assert codes["segv"] == 139, job.stderr
     assert f"not restarting: the same failure as attempt 1 (killed by SIGSEGV at {script}:6)" in job.stderr
     assert len(json.loads(report.read_text())["attempts"]) == 2
+
+    job, report, script = jobs["stall"]
+    assert codes["stall"] == 125, job.stderr
+    line = 1 + next(i for i, text in enumerate(STALL.splitlines()) if "time.sleep(600)" in text)
+    # Two processes at two places: neither stands out, so both are named.
+    assert (f"not restarting: the same failure as attempt 1 (stalled at {script}:{line + 1} in <module>: "
+            f"print(float(jnp.sum(x))); process 1 at {script}:{line} in <module>: time.sleep(600))") in job.stderr, \
+        job.stderr
+    found = json.loads(report.read_text())
+    assert [a["root_cause"]["kind"] for a in found["attempts"]] == ["stall", "stall"]

@@ -17,18 +17,20 @@ Per place, three jobs run side by side:
   different orders, with ``--flight-recorder``: the watchdog stops it and
   the summary says where the processes parted.
 
-The time from the stall's start to the end of the stalled attempt, and to
+The default local mode runs them again under CPU overload.  The time from
+the stall's start to the end of the stalled attempt, and to
 the restart's first step, are printed for the note (``-s``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import textwrap
 
 import pytest
-from fixtures.jobs import EXAMPLES, ROOT, TOKEN
+from fixtures.jobs import EXAMPLES, ROOT, TOKEN, overload
 
 TIMEOUT = 2.0  # --stall-timeout: every phase of the calm job lasts about twice as long
 
@@ -142,23 +144,26 @@ def line_of(text: str, needle: str) -> int:
     return 1 + next(i for i, line in enumerate(text.splitlines()) if needle in line)
 
 
-@pytest.fixture(params=["preload", "no-preload", "ssh"])
+@pytest.fixture(params=["preload", "no-preload", "ssh", "loaded"])
 def place(request, monkeypatch, tmp_path):
     """(n -> the flags that start n processes there, a folder every host
-    sees, where process 1 of 3 runs)."""
+    sees, where process 1 of 3 runs).  ``loaded``: the default local mode
+    with a CPU burner per core beside the jobs, as on a shared CI machine."""
     if request.param == "ssh":
         hosts = request.getfixturevalue("sshd_hosts")
         common = ["--ssh-config", hosts.config, "--env", f"PYTHONPATH={ROOT}", "-x", TOKEN]
         spread = {2: "hostA,hostB", 3: "hostA:1,hostB:2", 4: "hostA:2,hostB:2"}
-        return (lambda n: ["-H", spread[n], *common]), request.getfixturevalue("shared_dir"), " on hostB"
+        yield (lambda n: ["-H", spread[n], *common]), request.getfixturevalue("shared_dir"), " on hostB"
+        return
     if request.param == "no-preload":
         monkeypatch.setenv("JAXRUN_NO_PRELOAD", "1")
     else:
         monkeypatch.delenv("JAXRUN_NO_PRELOAD", raising=False)
-    return (lambda n: ["-n", n]), tmp_path, ""
+    with overload() if request.param == "loaded" else contextlib.nullcontext():
+        yield (lambda n: ["-n", n]), tmp_path, ""
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)
 def test_stalls_are_found_and_never_taken_for_slow_work(place, start_job, tmp_path):
     where, folder, host1 = place
     jobs = {}

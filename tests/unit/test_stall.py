@@ -1,0 +1,217 @@
+"""The stall watchdog's pure parts: the child's sampler deciding busy or
+idle (``child.liveness``), and the launcher's watch deciding when the job
+has stalled and who stands out (``launcher.stall``).  The real processes
+are in tests/e2e/test_stall.py and the matrix's stuck row."""
+
+from __future__ import annotations
+
+import pytest
+
+from jaxrun import contract
+from jaxrun.child import liveness
+from jaxrun.core.outcome import Place
+from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
+from jaxrun.launcher import stall
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def code(filename: str, name: str = "f"):
+    return compile("pass", filename, "exec").replace(co_name=name)
+
+
+class Sampler:
+    """A Liveness whose every input the test sets."""
+
+    def __init__(self, tmp_path):
+        self.clock, self.cpu, self.io, self.kids = Clock(), 0.0, 0, {}
+        self.stack = ((code("/work/train.py", "<module>"), 12),)
+        self.live = liveness.Liveness(str(tmp_path / "progress"), 1.0, clock=self.clock, cpu=lambda: self.cpu,
+                                      io=lambda: self.io, stack=lambda: self.stack, children=lambda: self.kids)
+
+    def after(self, seconds: float, **changes) -> bool:
+        self.clock.now += seconds
+        for name, value in changes.items():
+            setattr(self, name, value)
+        return self.live.moved()
+
+
+def test_a_process_that_only_waits_is_idle_and_each_sign_of_work_is_progress(tmp_path):
+    s = Sampler(tmp_path)
+    assert not s.after(1.0, cpu=0.004, io=160)  # JAX's background threads, a heartbeat
+    assert s.after(1.0, cpu=0.1)  # 10% of a core
+    assert not s.after(1.0)
+    assert s.after(1.0, io=160 + 10 * liveness.BUSY_IO)  # a checkpoint written
+    assert not s.after(1.0)
+    assert s.after(1.0, stack=((code("/work/train.py", "<module>"), 13),))  # a new line
+    assert not s.after(1.0)
+    assert s.after(1.0, kids={42: 0.5})  # a tool it started works for it
+    assert not s.after(1.0, kids={42: 0.501})
+    liveness.alive()
+    assert s.after(1.0)  # the script said so
+    assert not s.after(1.0, io=None)  # a system that counts no I/O
+
+
+@pytest.mark.parametrize("frames, busy", [
+    ((("/site-packages/jax/_src/compiler.py", "backend_compile"), ("/work/train.py", "<module>")), True),
+    ((("/site-packages/jax/_src/distributed.py", "initialize"),), True),
+    ((("/site-packages/jax/_src/distributed.py", "shutdown"),), False),
+    ((("/work/train.py", "<module>"),), False),
+], ids=["compiling", "joining", "shutdown", "user-code"])
+def test_a_compile_and_a_join_are_work(tmp_path, frames, busy):
+    s = Sampler(tmp_path)
+    s.stack = tuple((code(f, n), 1) for f, n in frames)
+    s.live.last = s.live._look()
+    assert s.after(1.0) is busy
+
+
+def test_the_interval_is_a_tenth_of_the_timeout_within_bounds():
+    assert liveness.interval_for(600) == liveness.MAX_INTERVAL
+    assert liveness.interval_for(2) == pytest.approx(0.2)
+    assert liveness.interval_for(0.01) == liveness.MIN_INTERVAL
+
+
+def test_the_state_is_written_only_when_it_changes(tmp_path):
+    s = Sampler(tmp_path)
+    path = tmp_path / "progress"
+    s.live.write(contract.BUSY)
+    first = path.stat()
+    s.live.write(contract.BUSY)
+    assert path.stat().st_ino == first.st_ino and contract.read_progress(str(path)) == contract.BUSY
+    s.live.write(contract.IDLE)
+    assert contract.read_progress(str(path)) == contract.IDLE and path.stat().st_mode & 0o777 == 0o600
+    path.write_text("nonsense\n")
+    assert contract.read_progress(str(path)) is None
+
+
+# -- the launcher's watch ----------------------------------------------------------------
+
+def at(file: str, line: int, func: str = "<module>", source: str = "x") -> Place:
+    return Place(file, line, func, source, contract.IN_SCRIPT)
+
+
+SHUTDOWN = Place(None, None, state=contract.IN_SHUTDOWN)
+
+
+def test_the_odd_one_out_is_named_and_where_the_others_wait():
+    found = stall.classify({0: at("t.py", 9), 1: at("t.py", 7, source="time.sleep(9)"), 2: at("t.py", 9)}, 600)
+    assert found.waiting.ranks == (0, 2) and [g.ranks for g in found.odd] == [(1,)]
+    assert found.fingerprint == ("stall", repr(("t.py", 7)))
+
+
+def test_without_a_majority_every_group_stands_out():
+    found = stall.classify({0: at("t.py", 9), 1: at("t.py", 7)}, 600)
+    assert found.waiting is None and [g.ranks for g in found.odd] == [(0,), (1,)]
+    found = stall.classify({0: at("t.py", 9), 1: at("t.py", 9), 2: at("u.py", 1), 3: at("u.py", 1)}, 600)
+    assert found.waiting is None and [g.ranks for g in found.odd] == [(0, 1), (2, 3)]
+
+
+def test_a_process_past_its_script_stands_out_among_waiting_ones():
+    found = stall.classify({0: at("t.py", 9), 1: SHUTDOWN, 2: at("t.py", 9)}, 600)
+    assert [g.ranks for g in found.odd] == [(1,)] and "JAX's shutdown" in found.odd[0].place.text()
+
+
+def test_one_shared_place_or_an_unknown_one_is_no_stall():
+    assert stall.classify({0: at("ckpt.py", 3), 1: at("ckpt.py", 3)}, 600) is None
+    unknown = {0: at("t.py", 9), 1: Place(None, None, state=contract.IN_SCRIPT)}
+    assert stall.classify(unknown, 600) is None
+    assert "cannot tell where process 1 waits" in stall.waiting_line(unknown, 600)
+    line = stall.waiting_line({0: at("ckpt.py", 3, "save", "time.sleep(30)")} , 600)
+    assert "every process waits at ckpt.py:3 in save: time.sleep(30): not a stall" in line
+
+
+DUMP = """Thread 0x01 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 320 in wait
+
+Current thread 0x02 (most recent call first):
+  File "{file}", line {line} in <module>
+  File "/x/jaxrun/child/shim.py", line 180 in run_script
+  File "/x/jaxrun/child/shim.py", line 141 in run_target
+"""
+
+
+def watch(tmp_path, n=3, timeout=10.0):
+    clock, notes = Clock(), []
+    specs = [ProcessSpec(rank=r, local_rank=r, host=LOCAL_HOST, python="python", shim_args=("--", "x.py"), env={})
+             for r in range(n)]
+    logs = {r: str(tmp_path / f"process-{r}.stderr") for r in range(n)}
+    for path in logs.values():
+        open(path, "w").close()
+    w = stall.StallWatch(specs, timeout, clock, notes.append, logs)
+    return w, clock, notes, logs
+
+
+def test_the_watch_probes_once_every_process_has_been_idle_for_the_timeout(tmp_path):
+    w, clock, notes, logs = watch(tmp_path)
+    assert w.tick()[1] is None  # nobody has said anything yet
+    for r in range(3):
+        w.heard(r, contract.IDLE)
+    clock.now += 9.9
+    assert w.tick()[1] is None
+    w.heard(0, contract.BUSY)  # one moves: the wait starts again when it stops
+    clock.now += 1
+    w.heard(0, contract.IDLE)
+    clock.now += 9.9
+    assert w.tick()[1] is None
+    clock.now += 0.2
+    wake, action = w.tick()
+    assert action == "probe" and wake == pytest.approx(clock.now + stall.PROBE_WAIT)
+    for r, line in ((0, 9), (1, 7), (2, 9)):
+        with open(logs[r], "a") as f:
+            f.write(DUMP.format(file="/work/t.py", line=line))
+    clock.now += stall.PROBE_WAIT
+    wake, found = w.tick()
+    assert wake is None and found.waiting.ranks == (0, 2) and found.odd[0].ranks == (1,)
+    assert found.odd[0].place.at == "/work/t.py:7"
+
+
+def test_a_shared_wait_is_warned_of_once_per_timeout_and_a_move_cancels_a_probe(tmp_path):
+    w, clock, notes, logs = watch(tmp_path, n=2)
+    for r in range(2):
+        w.heard(r, contract.IDLE)
+        with open(logs[r], "a") as f:
+            f.write("an old dump:\n" + DUMP.format(file="/work/old.py", line=1))
+    clock.now += 10
+    assert w.tick()[1] == "probe"
+    for r in range(2):
+        with open(logs[r], "a") as f:
+            f.write(DUMP.format(file="/work/ckpt.py", line=3))
+    clock.now += stall.PROBE_WAIT
+    assert w.tick()[1] is None and len(notes) == 1 and "every process waits at /work/ckpt.py:3" in notes[0]
+    clock.now += 9  # within the timeout after the warning: no new probe
+    assert w.tick()[1] is None
+    clock.now += 1.1
+    assert w.tick()[1] == "probe"
+    w.heard(1, contract.BUSY)
+    clock.now += stall.PROBE_WAIT
+    assert w.tick()[1] is None and len(notes) == 1
+
+
+def test_the_watch_reads_local_progress_files_and_forgets_ended_processes(tmp_path):
+    w, clock, notes, logs = watch(tmp_path, n=2)
+    paths = [str(tmp_path / f"process-{r}.progress") for r in range(2)]
+    for r, path in enumerate(paths):
+        w.watch(r, path)
+        contract.write_private(path, b"idle\n")
+    w.tick()
+    assert w.state == {0: contract.IDLE, 1: contract.IDLE}
+    w.ended(1)
+    contract.write_private(paths[0], b"busy\n")
+    w.tick()
+    assert w.state[0] == contract.BUSY
+    w.finish()
+    assert not any(tmp_path.joinpath(f"process-{r}.progress").exists() for r in range(2))
+
+
+def test_an_off_watch_does_nothing(tmp_path):
+    w, clock, notes, logs = watch(tmp_path, timeout=0)
+    for r in range(3):
+        w.heard(r, contract.IDLE)
+    clock.now += 1e6
+    assert w.tick() == (None, None)
