@@ -1,0 +1,134 @@
+"""The cost of the stall watchdog (--stall-timeout, on by default).
+
+    python bench/stall.py [--rounds 5] [--steps 200] [-n 2] [--width 416] [--looks 2000]
+
+Each process runs a data-parallel MLP step (one jitted program, a gradient
+all-reduce across processes) and waits for its loss every step; the width
+is chosen so that a step takes about 16 ms here.  Each round runs three
+jobs in turn: the watchdog off (``--stall-timeout 0``), at its default
+(600 s: one look every 5 s) and at a harsh 1 s (one look every 0.1 s).  The
+table shows each one's median step time over the rounds (process 0's, after
+a warm-up) and its ratio to the watchdog off.  The goal: at most 1% at the
+default.
+
+The watchdog hooks nothing: its whole cost is one look per interval in a
+thread of each process.  So a probe also times a look itself (in one process
+with jax imported and its threads running: CPU time, I/O counters, the main
+thread's stack, the children's CPU) and says what share of one core it
+takes at the default interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import JAXRUN, alternate, median, table  # noqa: E402
+
+TRAIN = textwrap.dedent(
+    """
+    import sys, time
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    steps, width = int(sys.argv[1]), int(sys.argv[2])
+    mesh = jax.make_mesh((jax.device_count(),), ("batch",))
+    rows, replicated = NamedSharding(mesh, P("batch")), NamedSharding(mesh, P())
+    rng = np.random.default_rng(0)
+    layers = [jax.device_put(rng.standard_normal((width, width), np.float32) / width ** 0.5, replicated)
+              for _ in range(3)]
+    x = jax.make_array_from_process_local_data(rows, rng.standard_normal((width // 2, width), np.float32))
+
+    def loss(params, x):
+        for w in params:
+            x = jnp.tanh(x @ w)
+        return jnp.mean(x ** 2)
+
+    @jax.jit
+    def train_step(params, x):
+        value, grads = jax.value_and_grad(loss)(params, x)
+        return [w - 0.01 * g for w, g in zip(params, grads)], value
+
+    for _ in range(5):
+        layers, value = train_step(layers, x)
+        value.block_until_ready()
+    took = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        layers, value = train_step(layers, x)
+        value.block_until_ready()
+        took.append(time.perf_counter() - start)
+    if jax.process_index() == 0:
+        print(f"STEP_MS {np.median(took) * 1000:.3f}", flush=True)
+    """
+)
+
+LOOK = textwrap.dedent(
+    """
+    import statistics, sys, time
+    import jax, jax.numpy as jnp
+    from jaxrun.child import liveness
+
+    jnp.ones(4).block_until_ready()  # jax's backend and its threads are up
+    live = liveness.Liveness("/dev/null", liveness.MAX_INTERVAL)
+    took = []
+    for _ in range(int(sys.argv[1])):
+        start = time.perf_counter()
+        live.moved()
+        took.append(time.perf_counter() - start)
+    print(f"LOOK_US {statistics.median(took) * 1e6:.1f}", flush=True)
+    """
+)
+
+MODES = {"off": "0", "default (600 s)": "600", "harsh (1 s)": "1"}
+
+
+def step_ms(script: str, timeout: str, processes: int, steps: int, width: int) -> float:
+    cmd = [*JAXRUN, "-n", str(processes), "--cpu-devices", "1", "--stall-timeout", timeout, script,
+           str(steps), str(width)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, start_new_session=True)
+    found = re.search(r"STEP_MS ([\d.]+)", proc.stdout)
+    if proc.returncode != 0 or not found:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-1500:]}")
+    return float(found[1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("-n", type=int, default=2)
+    parser.add_argument("--width", type=int, default=416)
+    parser.add_argument("--looks", type=int, default=2000)
+    args = parser.parse_args()
+    folder = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"jaxrun-bench-stall-{os.getpid()}")
+    os.makedirs(folder, exist_ok=True)
+    script = os.path.join(folder, "train.py")
+    with open(script, "w") as f:
+        f.write(TRAIN)
+    print(f"{args.n} processes, width {args.width}, {args.steps} steps a run, {args.rounds} rounds")
+    times = alternate({name: (lambda t=t: step_ms(script, t, args.n, args.steps, args.width))
+                       for name, t in MODES.items()}, args.rounds,
+                      log=lambda line: print(re.sub(r"(\d)s\b", r"\1 ms", line), flush=True))
+    base = median(times["off"])
+    rows = [[name, f"{median(ms):.2f}", f"{median(ms) / base:.3f}"] for name, ms in times.items()]
+    print(table(rows, ("--stall-timeout", "median step ms", "vs off")))
+    look = os.path.join(folder, "look.py")
+    with open(look, "w") as f:
+        f.write(LOOK)
+    proc = subprocess.run([sys.executable, look, str(args.looks)], capture_output=True, text=True, timeout=300)
+    found = re.search(r"LOOK_US ([\d.]+)", proc.stdout)
+    if not found:
+        raise RuntimeError(proc.stderr[-1500:])
+    us = float(found[1])
+    print(f"one look: {us:.1f} us (median of {args.looks}); at the default interval "
+          f"({5:g} s) {us / 5e6 * 100:.4f}% of one core")
+
+
+if __name__ == "__main__":
+    main()
