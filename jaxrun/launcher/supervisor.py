@@ -14,9 +14,8 @@ joined and progress files it watches), its error record in the error file it
 named; what a backend sends in-band on a pipe, the child's own
 ``stream_filter`` takes out on the pump's thread.
 
-A stall (``--stall-timeout``, ``launcher.stall``) is found in the loop too.
-
-Stopping is the same in every case (a failure, a signal, ``--timeout``, a stall): ask
+Stopping is the same in every case (a failure, a signal, ``--timeout``, a stall
+that the loop's ``launcher.stall`` watch found): ask
 the survivors for a stack dump or forward the signal, wait out a deadline
 shared by all of them, then SIGKILL their process groups.  JAX catches SIGTERM
 as a preemption notice and a process blocked in a collective ignores it, so
@@ -129,6 +128,7 @@ class Supervisor:
         self.stall_timeout = stall_timeout
         self.stall: StallWatch | None = None  # made when the run starts
         self.stall_found: Stall | None = None
+        self.full = False  # the log folder was full at the end
 
     def joins_settled(self) -> bool:
         """The start-up progress is over (its last line is out)."""
@@ -160,6 +160,7 @@ class Supervisor:
         finally:
             for child in self.children.values():
                 child.send(signal.SIGKILL)  # grandchildren left in a group
+            self.full = folder_is_full(self.log_dir)  # before the files below free their blocks
             self.progress.finish()
             self.stall.finish()
             os.close(lifeline_w)
@@ -440,7 +441,7 @@ class Supervisor:
                 rec.verdict = Verdict.NOT_STARTED
         fault = f"thread {self.fault.name} died: {self.fault.error}" if self.fault else None
         problems = [f"{e.path}: {e.error}" for e in self.log_errors]
-        if folder_is_full(self.log_dir):  # a local process's own writes failed there
+        if self.full:  # a local process's own writes failed there
             problems.append(f"the log folder {self.log_dir} is full ({os.strerror(errno.ENOSPC)})")
         took = None
         if self.reason is StopReason.SIGNAL and self.stop_began is not None and self.last_end is not None:

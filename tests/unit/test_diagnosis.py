@@ -14,7 +14,7 @@ import pytest
 
 from jaxrun import contract
 from jaxrun.contract import ErrorRecord
-from jaxrun.core.outcome import Outcome, ProcessRecord, StopReason, Verdict
+from jaxrun.core.outcome import Outcome, Place, ProcessRecord, Stall, StallGroup, StopReason, Verdict
 from jaxrun.core.spec import LOCAL_HOST, Host, ProcessSpec
 from jaxrun.reporting import diagnosis, github, junit, report, summary
 from jaxrun.reporting.diagnosis import Kind
@@ -100,8 +100,22 @@ def timed_out(folder) -> Outcome:
     return Outcome(recs, 124, StopReason.TIMEOUT)
 
 
+def stalled(folder) -> Outcome:
+    """Process 1 (on hostB) asleep in the workspace's train.py while 0 and 2 wait at its line 9."""
+    recs = records(folder)
+    waiting, asleep = Place("/w/train.py", 9, "<module>", "float(step(x))", contract.IN_SCRIPT), \
+        Place("/w/train.py", 7, "<module>", "time.sleep(600)", contract.IN_SCRIPT)
+    for rec in recs:
+        line = 7 if rec.spec.rank == 1 else 9
+        with open(rec.stderr_log, "a") as f:
+            f.write(f'Current thread 0x00007f (most recent call first):\n'
+                    f'  File "/w/train.py", line {line} in <module>\n')
+    found = Stall(600.0, StallGroup((0, 2), waiting), (StallGroup((1,), asleep),))
+    return Outcome(recs, contract.STALL_EXIT, StopReason.STALL, stall=found)
+
+
 OUTCOMES = {"raised": raised, "killed quietly": killed_quietly, "engine failed": engine_failed,
-            "timed out": timed_out}
+            "timed out": timed_out, "stalled": stalled}
 
 
 def all_reports(outcome: Outcome, folder) -> dict:
@@ -175,6 +189,28 @@ def test_a_timeout_names_where_every_process_was_alike(tmp_path):
     where = f" at {script}:2 in <module>: time.sleep(60)"
     assert failures(out["junit"]) == {f"process {r}": f"still running when --timeout expired{where}" for r in (0, 1)}
     assert out["github"].startswith("::error title=jaxrun%3A --timeout expired::process 0 was at ")
+
+
+def test_a_stall_names_who_stands_out_alike(tmp_path):
+    outcome = stalled(tmp_path / "logs")
+    found = diagnosis.attach(outcome)
+    assert (found.kind, found.root.rank, found.root.at) == (Kind.STALL, 1, "/w/train.py:7")
+    assert found.root.fingerprint == ("stall", repr(("/w/train.py", 7)))
+    out = all_reports(outcome, tmp_path)
+    assert out["summary"][:2] == [
+        "jaxrun: the job stalled: no process made progress for 600 s (--stall-timeout); stack dumps are in each "
+        "process's stderr log",
+        "jaxrun:   process 1 on hostB stands out, at /w/train.py:7 in <module>: time.sleep(600); processes 0, 2 "
+        "wait at /w/train.py:9 in <module>: float(step(x))"]
+    assert not any("failed first" in line for line in out["summary"])
+    root = out["report"]["root_cause"]
+    assert (root["kind"], root["process_id"], root["at"]) == ("stall", 1, "/w/train.py:7")
+    assert root["stall"]["waiting"]["process_ids"] == [0, 2] and root["stall"]["stand_out"][0]["at"] == "/w/train.py:7"
+    assert out["report"]["attempts"][0]["stop_reason"] == "stall" and out["report"]["exit_code"] == 125
+    assert failures(out["junit"]) == {"process 1": "stalled at /w/train.py:7 in <module>: time.sleep(600) "
+                                                   "(--stall-timeout 600)"}
+    assert out["github"].startswith("::error title=jaxrun%3A the job stalled%3A no process made progress for 600 s,"
+                                    "file=train.py,line=7::process 1 on hostB stands out")
 
 
 def test_a_start_error_and_a_success(tmp_path):
