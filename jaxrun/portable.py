@@ -26,6 +26,7 @@ abstract Unix socket ``"\\0name"``      a socket file in a private 0700 folder
                                        the reap, not before it (``backends.far_end``)
 ``/proc/self/io``                      the stall watchdog's sampler counts no I/O, only
                                        CPU time and the stack (``child.liveness``)
+``ip_local_port_range``                free ports are chosen below 32768 (``free_port``)
 =====================================  ====================================================
 
 (The fork server's messages need none of these: they are framed over a
@@ -38,9 +39,11 @@ is read here and nowhere else.  Nothing here imports jax.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
+import random
 import socket
 import stat
 import struct
@@ -126,15 +129,38 @@ def ended_unreaped(pid: int, block: bool) -> bool | None:
 
 def pid_max() -> int:
     """The largest process id plus one: how many processes and threads the
-    system can number.  Where it cannot be read, Linux's default (macOS
-    numbers up to 99998, more than that)."""
-    if not forced():
-        try:
-            with open("/proc/sys/kernel/pid_max") as f:
-                return int(f.read())
-        except (OSError, ValueError):
-            pass
-    return 32768
+    system can number (where unknown, Linux's default; macOS has more)."""
+    return _first_number("/proc/sys/kernel/pid_max", 32768)
+
+
+def _first_number(path: str, default: int) -> int:
+    """The first number in a file of /proc/sys, or ``default``."""
+    try:
+        with open(path) as f:
+            return default if forced() else int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return default
+
+
+# -- ports -----------------------------------------------------------------------
+def free_port(host: str = "127.0.0.1", low: int = 10000) -> int:
+    """A port free on ``host`` (one address, never a wildcard), at random below
+    the ephemeral range: bind(0)'s can become an outgoing connection's source
+    port before its listener binds it (jax then fails to "add port to server")."""
+    high = ephemeral_low()
+    choices = [random.randrange(low, high) for _ in range(64)] if high - low >= 1024 else []
+    for port in [*choices, 0]:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            with contextlib.suppress(OSError):
+                s.bind((host, port))
+                return s.getsockname()[1]
+    raise OSError(f"no free port on {host}")
+
+
+def ephemeral_low() -> int:
+    """Where the source ports of outgoing connections begin (32768 where
+    unknown: Linux's default, below macOS's 49152)."""
+    return _first_number("/proc/sys/net/ipv4/ip_local_port_range", 32768)
 
 
 # -- the output pump -------------------------------------------------------------
@@ -166,10 +192,8 @@ def set_pipe_size(fd: int, size: int) -> bool:
 
 
 def thread_ids_are_pids() -> bool:
-    """Whether a thread's native id names that thread to ``setpriority``:
-    where threads are numbered among the processes, as the main thread's id
-    being the process id shows.  (Elsewhere a thread id might be some other
-    process's pid.)"""
+    """Whether a thread's native id names that thread to ``setpriority``, as
+    where the main thread's id is the process id (elsewhere it may be a pid)."""
     try:
         return not forced() and threading.main_thread().native_id == os.getpid()
     except AttributeError:
@@ -197,12 +221,8 @@ def io_bytes() -> int | None:
             text = f.read(4096)
     except OSError:
         return None
-    total = 0
-    for line in text.splitlines():
-        key, _, value = line.partition(b":")
-        if key in (b"rchar", b"wchar"):
-            total += int(value)
-    return total
+    fields = (line.partition(b":") for line in text.splitlines())
+    return sum(int(value) for key, _, value in fields if key in (b"rchar", b"wchar"))
 
 
 # -- the preloading server of an SSH host --------------------------------------------

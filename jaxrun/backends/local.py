@@ -17,7 +17,7 @@ import subprocess
 import time
 from collections.abc import Mapping
 
-from jaxrun import contract
+from jaxrun import contract, portable
 from jaxrun.core import causes, usage
 from jaxrun.core.backend import Backend, ChildExit, News
 from jaxrun.core.config import LaunchError
@@ -42,7 +42,7 @@ def local_coordinator(fixed: str | None) -> tuple[str, str]:
         host, port = fixed.rsplit(":", 1)
         check_port_free(host, int(port))
         return fixed, fixed
-    address = contract.join_address("127.0.0.1", contract.free_port("127.0.0.1"))
+    address = contract.join_address("127.0.0.1", portable.free_port("127.0.0.1"))
     return address, address
 
 

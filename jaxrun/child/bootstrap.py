@@ -36,7 +36,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from jaxrun import contract
+from jaxrun import contract, portable
 from jaxrun.child import ending, flight, hooks, mesh
 
 
@@ -124,7 +124,7 @@ def wait_for_coordinator(coordinator: str, within: float = COORDINATOR_WAIT) -> 
 
 def _transfer_address(ip: str) -> str:
     """A free address of our own for cross-process device_put, reachable by peers."""
-    return contract.join_address(ip, contract.free_port(ip))
+    return contract.join_address(ip, portable.free_port(ip))
 
 
 # The bulk transport's default is four listeners on 0.0.0.0:0.

@@ -88,8 +88,9 @@ def main(argv: list[str]) -> None:
         exit_now(2)
     is_module, name, args = argv[0] == "-m", argv[1], argv[2:]
 
-    from jaxrun.child import bootstrap
+    from jaxrun.child import bootstrap, compile_cache
 
+    compile_cache.apply()  # the attempts' shared cache: before anything imports jax (--mesh, in prepare)
     try:
         bootstrap.prepare()
     except bootstrap.BootstrapError as e:

@@ -14,8 +14,10 @@ from collections.abc import Mapping, Sequence
 from jaxrun.contract.names import (  # the names these rules fill in
     COORDINATOR_ADDRESS,
     COORDINATOR_BIND_ADDRESS,
+    JAX_COMPILATION_CACHE_DIR,
     JAX_COORDINATOR_ADDRESS,
     JAX_COORDINATOR_BIND_ADDRESS,
+    JAX_ENABLE_COMPILATION_CACHE,
     JAX_NUM_CPU_DEVICES,
     JAX_PLATFORMS,
     LAUNCHER_RANK_NAMES,
@@ -55,6 +57,16 @@ def bind_env(address: str) -> dict[str, str]:
 
 def cpu_env(devices: int) -> dict[str, str]:
     return {JAX_PLATFORMS: "cpu", JAX_NUM_CPU_DEVICES: str(devices)}
+
+
+def own_compile_cache(environ: Mapping[str, str]) -> bool:
+    """True when ``environ`` already says where JAX keeps its persistent
+    compile cache, or turns JAX's cache off: the cache jaxrun shares between
+    attempts (COMPILE_CACHE) then stays out of the way."""
+    if JAX_COMPILATION_CACHE_DIR in environ:
+        return True
+    enabled = environ.get(JAX_ENABLE_COMPILATION_CACHE)
+    return enabled is not None and enabled.strip().lower() in ("0", "n", "no", "f", "false", "off")
 
 
 def target_args(name: str, args: Sequence[str], is_module: bool) -> tuple[str, ...]:
@@ -125,15 +137,6 @@ def mark_joined(path: str | None) -> bool:
 
 
 # -- addresses -------------------------------------------------------------------------
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free on ``host`` right now.  Always one address: the services
-    jaxrun starts have no authentication, so nothing listens on a wildcard."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def is_loopback(address: str | None) -> bool:
     """True for a loopback IP address, or a name that resolves to one."""
     if not address:

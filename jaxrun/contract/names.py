@@ -28,6 +28,14 @@ PROGRESS_FILE = "JAXRUN_PROGRESS_FILE"
 STALL_EXIT = 125  # jaxrun's exit status when the watchdog stopped a stalled job
 BUSY = "busy"
 IDLE = "idle"
+# Where the attempts of a run share JAX's persistent compile cache (set only
+# when restarts are possible): an absolute path is a folder on the launching
+# machine, in the run's log folder; a bare name (the run id) is a folder of
+# that name in the per-user temp area of whichever host runs the process (an
+# SSH host, a scheduler's node).  Each process makes the folder private and
+# sets JAX_COMPILATION_CACHE_DIR to it, unless its environment has a cache of
+# its own (see contract.own_compile_cache).
+COMPILE_CACHE = "JAXRUN_COMPILE_CACHE"
 # Optional mesh spec, e.g. "i=4,j=2", and its axis types ("auto"/"explicit").
 MESH = "JAXRUN_MESH"
 MESH_AXIS_TYPES = "JAXRUN_MESH_AXIS_TYPES"
@@ -76,6 +84,8 @@ JAX_COORDINATOR_BIND_ADDRESS = "JAX_COORDINATOR_BIND_ADDRESS"
 JAX_PLATFORMS = "JAX_PLATFORMS"
 JAX_NUM_CPU_DEVICES = "JAX_NUM_CPU_DEVICES"
 JAX_LOCAL_DEVICE_IDS = "JAX_LOCAL_DEVICE_IDS"
+JAX_COMPILATION_CACHE_DIR = "JAX_COMPILATION_CACHE_DIR"
+JAX_ENABLE_COMPILATION_CACHE = "JAX_ENABLE_COMPILATION_CACHE"
 
 # Variables forwarded to remote hosts in addition to user-chosen ones.
 CONTRACT_PREFIXES = ("JAXRUN_", "JAX_")

@@ -38,6 +38,8 @@ MAX_DEVICES_PER_PROCESS = 256
 FDS_RESERVED = 64
 # A hosts file lists hosts; more than this is not one (--hosts /dev/zero).
 MAX_HOSTS_FILE = 1 << 20
+# The folder of a local run's log folder where its attempts share JAX's compile cache.
+COMPILE_CACHE_FOLDER = "compile-cache"
 
 
 class System:
@@ -120,6 +122,7 @@ def config_from_args(values: Mapping[str, Any], backends: Mapping[str, BackendEn
         check_divergence=values["check_divergence"],
         # A session waits for its user, which is not a stall.
         stall_timeout=0.0 if interactive else values.get("stall_timeout", 0.0),
+        compile_cache=shared_compile_cache(values, entry, run_id, extra_env, system.environ),
     )
     # The entry's own checks first: it may say better why it takes no flag of
     # another's (Ray, of --nodes).
@@ -234,6 +237,22 @@ def elastic_minimum(values: Mapping[str, Any], entry: BackendEntry, hosts: Seque
     if given is not None and given > used:
         raise LaunchError(f"--min-hosts {given}: the job starts on only {used} host{'' if used == 1 else 's'}")
     return given or 1
+
+
+def shared_compile_cache(values: Mapping[str, Any], entry: BackendEntry, run_id: str,
+                         extra_env: Mapping[str, str], environ: Mapping[str, str]) -> str:
+    """Where the attempts keep JAX's persistent compile cache
+    (``contract.COMPILE_CACHE``): in the run's log folder when the processes
+    run here, else a folder named after the run on each host; empty without
+    restarts, or when the processes get a cache of their own (SSH does not
+    carry this environment to the hosts; the shim checks theirs)."""
+    carried = {} if entry.takes_hosts else environ
+    if not values["max_restarts"] or contract.own_compile_cache({**carried, **extra_env}):
+        return ""
+    if entry.takes_hosts or entry.scheduled:
+        return run_id
+    return os.path.join(os.path.abspath(values["log_dir"]) if values["log_dir"] else default_log_dir(run_id),
+                        COMPILE_CACHE_FOLDER)
 
 
 def read_hosts_text(path: str) -> str:

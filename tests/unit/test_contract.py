@@ -4,7 +4,7 @@ import signal
 
 import pytest
 
-from jaxrun import contract
+from jaxrun import contract, portable
 
 
 @pytest.mark.parametrize("returncode, status",
@@ -65,7 +65,8 @@ def test_rank_sources_accept_the_older_mpi_name():
 
 
 def test_free_port_is_on_the_address_asked_for():
-    assert 0 < contract.free_port("127.0.0.1") < 65536
+    assert 0 < portable.free_port("127.0.0.1") < 65536
+
 
 
 @pytest.mark.parametrize("address, loopback", [("127.0.0.2", True), ("::1", True), ("localhost", True),

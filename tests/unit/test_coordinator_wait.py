@@ -5,7 +5,7 @@ import socket
 import threading
 import time
 
-from jaxrun import contract
+from jaxrun import portable
 from jaxrun.child import bootstrap
 
 
@@ -17,7 +17,7 @@ def test_an_open_port_is_found_at_once():
 
 
 def test_a_port_that_opens_later_is_found_when_it_opens():
-    port = contract.free_port("127.0.0.1")
+    port = portable.free_port("127.0.0.1")
     opened = threading.Event()
 
     def open_later() -> None:
@@ -37,7 +37,7 @@ def test_a_port_that_opens_later_is_found_when_it_opens():
 
 
 def test_a_port_that_never_opens_gives_up_after_the_wait():
-    port = contract.free_port("127.0.0.1")
+    port = portable.free_port("127.0.0.1")
     started = time.monotonic()
     assert not bootstrap.wait_for_coordinator(f"127.0.0.1:{port}", within=0.3)
     assert 0.25 < time.monotonic() - started < 3

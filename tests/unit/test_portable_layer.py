@@ -179,6 +179,7 @@ def test_forced_every_facility_is_off(forced):
         assert portable.peer_uid(a) is None and portable.peer_pid(a) is None
         assert portable.open_file_ids(os.getpid()) is None
         assert portable.pid_max() == 32768
+        assert portable.ephemeral_low() == 32768 and portable.free_port() < 32768
     finally:
         for fd in (r, w):
             os.close(fd)
@@ -313,6 +314,29 @@ def test_a_length_no_jaxrun_peer_would_send_is_refused(pair):
     a.sendall(b"fork [...]")
     with pytest.raises(wire.WireError):
         wire.recv_frame(b)
+
+
+# -- ports ---------------------------------------------------------------------------
+
+def test_free_port_is_below_the_ephemeral_range():
+    """Outgoing connections take their source ports from the ephemeral
+    range, so a port chosen there can be gone before its listener binds it
+    (the cause of a "Failed to add port" crash in jax's transfer server)."""
+    low = portable.ephemeral_low()
+    ports = {portable.free_port("127.0.0.1") for _ in range(20)}
+    assert all(10000 <= p < low for p in ports), (low, ports)
+    assert len(ports) > 1  # chosen at random, not one fixed port
+
+
+def test_free_port_skips_a_port_that_is_taken(monkeypatch):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        taken = held.getsockname()[1]
+        picks = iter([taken, taken])
+        monkeypatch.setattr(portable, "ephemeral_low", lambda: 65000)
+        monkeypatch.setattr("random.randrange", lambda a, b: next(picks, 3007))
+        port = portable.free_port("127.0.0.1")
+    assert port != taken
 
 
 # -- the reaper without a subreaper --------------------------------------------------------

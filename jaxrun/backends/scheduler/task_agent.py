@@ -41,7 +41,7 @@ import sys
 import threading
 import time
 
-from jaxrun import contract, wire
+from jaxrun import contract, portable, wire
 from jaxrun.backends import far_end
 from jaxrun.core import reaper
 from jaxrun.core.spec import local_device_ids
@@ -144,7 +144,7 @@ def pick_coordinator(channel: Channel) -> str:
     """A free port on this node, on the address that reaches the launcher:
     that interface is the one the other nodes can reach too."""
     ip = channel.ctrl.getsockname()[0]
-    return contract.join_address(ip, contract.free_port(ip))
+    return contract.join_address(ip, portable.free_port(ip))
 
 
 def device_env(local: int, local_count: int, environ=os.environ) -> dict[str, str]:
