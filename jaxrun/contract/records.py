@@ -5,6 +5,7 @@ recorder's block; and the one way anything reads back what a process left."""
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import os
 import re
@@ -81,6 +82,16 @@ def write_private(path: str, data: bytes) -> None:
     finally:
         os.close(fd)
     os.replace(new, path)
+
+
+def remove_private(path: str) -> None:
+    """Remove what ``write_private`` wrote at ``path``, and the new copy a
+    writer that ended before its rename left beside it."""
+    for stale in [path, *glob.glob(glob.escape(path) + ".*.new")]:
+        try:
+            os.unlink(stale)
+        except OSError:
+            pass
 
 
 def read_progress(path: str) -> str | None:

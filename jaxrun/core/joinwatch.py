@@ -76,9 +76,10 @@ class JoinWatch:
         self.done.set()
         if self.thread.ident is not None:  # started
             self.thread.join()
-        for path in (self.path, self.progress_path):
-            if path:
-                self._remove(path)
+        if self.path:
+            self._remove(self.path)
+        if self.progress_path:
+            contract.remove_private(self.progress_path)  # with a copy its sampler left unrenamed
 
     @staticmethod
     def _remove(path: str) -> None:

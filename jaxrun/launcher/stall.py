@@ -191,8 +191,7 @@ class StallWatch:
         return now + self.poll, None
 
     def finish(self) -> None:
+        """Remove the progress files, and the new copy a sampler had not yet
+        renamed over one when its process ended (``contract.write_private``)."""
         for path in self.paths.values():
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+            contract.remove_private(path)

@@ -5,6 +5,8 @@ are in tests/e2e/test_stall.py and the matrix's stuck row."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from jaxrun import contract
@@ -215,3 +217,37 @@ def test_an_off_watch_does_nothing(tmp_path):
         w.heard(r, contract.IDLE)
     clock.now += 1e6
     assert w.tick() == (None, None)
+
+
+def test_finishing_removes_the_progress_files_and_a_copy_left_unrenamed(tmp_path):
+    """A process that ends while its sampler writes leaves the new copy
+    (``process-N.progress.PID.new``) beside its logs: the attempt's end takes it away."""
+    w, _, _, _ = watch(tmp_path, n=2)
+    for r in range(2):
+        w.watch(r, str(tmp_path / f"process-{r}.progress"))
+    contract.write_private(str(tmp_path / "process-0.progress"), b"BUSY\n")
+    (tmp_path / "process-1.progress.4242.new").write_text("IDLE\n")
+    (tmp_path / "process-1.progress-notes").write_text("not ours")
+    w.finish()
+    assert sorted(p.name for p in tmp_path.iterdir() if "progress" in p.name) == ["process-1.progress-notes"]
+
+
+def test_a_far_end_watch_leaves_its_private_folder_empty(tmp_path):
+    """The agent removes its folder after the watch stops: a copy the
+    sampler left unrenamed must not keep it there."""
+    from jaxrun.core.joinwatch import JoinWatch
+
+    folder = tmp_path / "jaxrun-agent-x"
+    folder.mkdir(mode=0o700)
+    progress = folder / "progress"
+    heard: list[str] = []
+    w = JoinWatch(str(folder / "joined"), lambda: None, interval=0.01, progress_path=str(progress),
+                  progress=heard.append).start()
+    contract.write_private(str(progress), contract.IDLE.encode() + b"\n")
+    (folder / "progress.4242.new").write_text("BUSY\n")
+    deadline = time.monotonic() + 5
+    while not heard and time.monotonic() < deadline:
+        time.sleep(0.01)
+    w.stop()
+    assert heard == [contract.IDLE]
+    assert list(folder.iterdir()) == []
