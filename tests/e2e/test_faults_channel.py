@@ -349,6 +349,8 @@ def test_a_dead_backend_thread_ends_the_run_and_is_named(request, scheduler, thr
     assert elapsed < 30, f"took {elapsed:.1f} s"
     named = [line for line in job.stderr.splitlines() if thread in line]
     assert named, job.stderr[-3000:]
+    if scheduler == "slurm":  # no job outlives the run (its tasks would sleep on into the next test)
+        assert wait_for(lambda: not squeue_jobs(env), within=10), squeue_jobs(env)
     print(f"{scheduler} {thread}: exit {code} after {elapsed:.1f} s: {named[0]}")
 
 
