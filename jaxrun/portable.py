@@ -45,7 +45,6 @@ import hashlib
 import os
 import random
 import socket
-import stat
 import struct
 import sys
 import tempfile
@@ -285,18 +284,9 @@ def private_socket_folder() -> str | None:
     if len(folder) + 26 > LONGEST_SOCKET_PATH:  # a long $TMPDIR: the socket's name would not fit
         folder = os.path.join("/tmp", SOCKET_FOLDER.format(uid=os.getuid()))
     try:
-        os.mkdir(folder, 0o700)
-    except FileExistsError:
-        pass
+        return None if contract.private_folder(folder) else folder
     except OSError:
         return None
-    try:
-        st = os.lstat(folder)
-    except OSError:
-        return None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        return None
-    return folder
 
 
 def server_address(name: str) -> str | None:

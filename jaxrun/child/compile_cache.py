@@ -18,7 +18,6 @@ refused with one line on stderr, and the process runs without the cache.
 from __future__ import annotations
 
 import os
-import stat
 import sys
 import tempfile
 from collections.abc import MutableMapping
@@ -46,29 +45,12 @@ def apply(environ: MutableMapping[str, str] = os.environ, tmpdir: str | None = N
     else:
         folders = [host_base(tmpdir), os.path.join(host_base(tmpdir), name)]
     for folder in folders:
-        problem = make_private(folder)
+        try:
+            problem = contract.private_folder(folder)
+        except OSError as e:
+            problem = f"it cannot be created ({e.strerror})"
         if problem:
-            print(f"jaxrun: no shared compile cache: {folder} {problem}", file=sys.stderr, flush=True)
+            print(f"jaxrun: no shared compile cache: {folder} is not private: {problem}", file=sys.stderr, flush=True)
             return None
     environ[contract.JAX_COMPILATION_CACHE_DIR] = folders[-1]
     return folders[-1]
-
-
-def make_private(folder: str) -> str | None:
-    """Create ``folder`` 0700, or check that the one there (made by another
-    process of this run, or an earlier attempt) is this user's alone; what
-    is wrong with it, or None.  Never through a symlink, never repaired."""
-    try:
-        os.mkdir(folder, 0o700)
-    except FileExistsError:
-        pass
-    except OSError as e:
-        return f"cannot be created ({e.strerror})"
-    st = os.lstat(folder)
-    if not stat.S_ISDIR(st.st_mode):
-        return "is not a folder (a symlink or a file)"
-    if st.st_uid != os.geteuid():
-        return f"belongs to uid {st.st_uid}"
-    if st.st_mode & 0o077:
-        return f"is open to other users (mode {stat.S_IMODE(st.st_mode):04o})"
-    return None

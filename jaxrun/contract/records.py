@@ -68,6 +68,25 @@ def read_small(path: str, limit: int) -> bytes | None:
     return None if len(data) > limit else data
 
 
+def private_folder(path: str) -> str | None:
+    """Create ``path`` 0700, or check that the folder there is this user's
+    alone: what is wrong with it ("it belongs to uid 65534"), or None.
+    Checked with lstat: a symlink, another user's folder or one that others
+    may enter is refused, never repaired.  OSError when it cannot be made."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        return "it is not a folder (a symlink or a file)"
+    if st.st_uid != os.geteuid():
+        return f"it belongs to uid {st.st_uid}"
+    if st.st_mode & 0o077:
+        return f"other users have access to it (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
 def write_private(path: str, data: bytes) -> None:
     """``data`` as the whole of ``path``, at once for a reader: a new file
     (0600, never through a symlink) renamed over the old one."""

@@ -26,6 +26,7 @@ import stat
 import tempfile
 from typing import BinaryIO
 
+from jaxrun import contract
 from jaxrun.core.config import LaunchError
 
 _ERROR_RECORD = re.compile(r"process-\d+\.error\.json\Z")
@@ -51,19 +52,9 @@ def ensure_private_base(path: str) -> None:
     may read or write is refused, never repaired (changing the mode of another
     user's folder is not ours to do)."""
     try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
+        problem = contract.private_folder(path)
     except OSError as e:
         raise LaunchError(f"cannot create the log folder {path} ({e.strerror}); pass --log-dir DIR") from None
-    st = os.lstat(path)
-    problem = None
-    if not stat.S_ISDIR(st.st_mode):
-        problem = "it is not a folder (a symlink or a file)"
-    elif st.st_uid != os.geteuid():
-        problem = f"it belongs to uid {st.st_uid}"
-    elif st.st_mode & 0o077:
-        problem = f"other users have access to it (mode {stat.S_IMODE(st.st_mode):04o})"
     if problem:
         raise LaunchError(f"the default log folder {path} is not private: {problem}; remove it or pass --log-dir DIR")
 
