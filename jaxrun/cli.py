@@ -123,8 +123,8 @@ HELP_SECTIONS = {
     "Processes": ("num_processes", "cpu_devices", "devices_per_process", "coordinator", "env_pairs", "exports",
                   "python", "preload", "preload_modules"),
     "Output": ("log_dir", "output", "console_ranks", "timestamps", "report_path", "junit_path", "verbose"),
-    "Failures": ("stall_timeout", "timeout", "grace", "max_restarts", "min_hosts", "flight_recorder",
-                 "check_divergence"),
+    "Failures": ("stall_timeout", "timeout", "grace", "max_restarts", "min_hosts", "recoverable",
+                 "flight_recorder", "check_divergence"),
     "Across hosts (SSH)": ("hosts_file", "host_opts", "hosts_command"),
     "Engines (Slurm, Open MPI)": ("launcher",),
     "Runtime": ("mesh", "mesh_axis_types"),
@@ -192,6 +192,10 @@ class SectionedCommand(click.Command):
               help="After forwarding SIGINT/SIGTERM/SIGHUP, wait this long before SIGKILL.")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True,
               help="Restart the whole job this many times after a failure.")
+@click.option("--recoverable/--no-recoverable", default=None,
+              help="A fault-tolerant JAX job (every process enabled jax_enable_recoverability, or "
+                   "--recoverable): a failed process other than 0 leaves the others running, and "
+                   "--max-restarts starts it again alone. --no-recoverable: fail fast whatever the processes say.")
 @click.option("--min-hosts", type=click.IntRange(min=1), metavar="K",
               help="Elastic restarts: a restart leaves out lost hosts, fills their places from spare hosts "
                    "(those beyond -n), and goes on with fewer processes while at least K hosts remain.")

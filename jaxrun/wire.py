@@ -94,6 +94,8 @@ MAX_HOME_REPORT = 1 << 20  # a longer "report" is the process's own bytes after 
 # anywhere in the stream, even inside a line of the process's own; the
 # launcher cuts it out wherever it is, and it never reaches the log.
 JOINED_MARKER = b"\x00\x1bjaxrun-joined\n"
+# The same, from a controller that enabled recoverability (contract.RECOVERABLE).
+JOINED_RECOVERABLE_MARKER = b"\x00\x1bjaxrun-joined-recoverable\n"
 # Written the same way each time the controller's stall-watchdog sampler
 # changes between busy and idle (see contract.PROGRESS_FILE).
 PROGRESS_MARKERS = {state: b"\x00\x1bjaxrun-%s\n" % state.encode() for state in (contract.BUSY, contract.IDLE)}
@@ -318,7 +320,9 @@ class Start(Message):
 
 @message("joined")
 class Joined(Message):
-    """The controller has arrived at the job's rendezvous."""
+    """The controller has arrived at the job's rendezvous (``recoverable``: it enabled JAX's fault tolerance)."""
+
+    recoverable: bool = False
 
 
 @message("progress")

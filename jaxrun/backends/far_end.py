@@ -90,8 +90,9 @@ class Home(Protocol):
         done with this controller; ``controller.lost()`` when it is gone.
         Runs in a daemon thread of its own, from the controller's start."""
 
-    def joined(self) -> None:
-        """The controller has arrived at the job's rendezvous (once at most)."""
+    def joined(self, recoverable: bool) -> None:
+        """The controller has arrived at the job's rendezvous (once at most);
+        ``recoverable``: it enabled JAX's fault tolerance."""
 
     def progress(self, state: str) -> None:
         """The controller's sampler says it is now ``contract.BUSY`` or ``contract.IDLE``."""

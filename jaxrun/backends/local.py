@@ -86,6 +86,7 @@ class LocalChild:
 class LocalBackend(Backend):
     name = "local"
     writes_log_files = True
+    starts_one_again = True  # a child like any other (the fork server forks it)
 
     def __init__(self, base_env: Mapping[str, str] | None = None):
         self.base_env = dict(os.environ if base_env is None else base_env)

@@ -38,10 +38,7 @@ from typing import Any
 
 from jaxrun import contract, portable
 from jaxrun.child import ending, flight, hooks, mesh
-
-
-class BootstrapError(RuntimeError):
-    """The process cannot join the job; the message says why."""
+from jaxrun.child.versions import BootstrapError, check_versions, format_preflight
 
 
 @dataclasses.dataclass
@@ -247,6 +244,16 @@ def _script_initialize(real, args: tuple, kwargs: dict) -> None:
     _join(real, given)
 
 
+def recoverable() -> bool:
+    """Whether this process enabled JAX's fault tolerance
+    (``jax_enable_recoverability``, set by the script or its environment)
+    before it joins: the launcher then lets the others go on without it."""
+    from jax._src import config
+
+    holder = config.config._value_holders.get("jax_enable_recoverability")
+    return bool(holder is not None and holder.value)
+
+
 def ensure_initialized() -> list[dict] | None:
     """Join the job now, unless this process has already; the preflight rows."""
     if _launch is None or _launch.initialized or _launch.busy:
@@ -255,7 +262,7 @@ def ensure_initialized() -> list[dict] | None:
 
     if distributed.global_state.client is not None:  # joined by other means
         _launch.initialized = True
-        contract.mark_joined(_launch.joined_file)
+        contract.mark_joined(_launch.joined_file, recoverable())
         return None
     return _join(getattr(distributed, "_jaxrun_real_initialize", distributed.initialize), {})
 
@@ -294,7 +301,7 @@ def _join(real, given: dict) -> list[dict]:
     _launch.busy = True
     # Arrived: tell the launcher now, not when initialize() returns, which
     # it does in every process at once, when the last one has arrived.
-    contract.mark_joined(_launch.joined_file)
+    contract.mark_joined(_launch.joined_file, recoverable())
     if _launch.rank != 0:
         wait_for_coordinator(_launch.coordinator)
     try:
@@ -302,6 +309,8 @@ def _join(real, given: dict) -> list[dict]:
     finally:
         _launch.busy = False
     _launch.initialized = True
+    if os.environ.get(contract.PROCESS_RESTARTS, "0") != "0":
+        return []  # restarted alone: the others passed the preflight's barrier long ago
     return preflight()
 
 
@@ -386,30 +395,6 @@ def preflight() -> list[dict]:
     except BootstrapError as e:
         ending.fail(e)  # mixed versions: nothing the script does can go right
     return rows
-
-
-# Every process must run the same jax and jaxlib: mixed versions fail later in
-# obscure ways (mismatched HLO, hangs in collectives).
-_MUST_MATCH = ("jax", "jaxlib")
-
-
-def check_versions(rows: list[dict]) -> None:
-    """BootstrapError naming the processes when jax or jaxlib versions differ."""
-    for field in _MUST_MATCH:
-        seen: dict[str, list[int]] = {}
-        for row in rows:
-            seen.setdefault(row[field], []).append(row["process"])
-        if len(seen) > 1:
-            parts = "; ".join(
-                f"{v} on process{'es' if len(ps) > 1 else ''} {', '.join(map(str, ps))}" for v, ps in seen.items()
-            )
-            raise BootstrapError(f"{field} versions differ across processes: {parts}")
-
-
-def format_preflight(rows: list[dict]) -> str:
-    header = ("process", "host", "pid", "jax", "jaxlib", "python")
-    table = [header] + [(str(r["process"]), r["host"], str(r["pid"]), r["jax"], r["jaxlib"], r["python"]) for r in rows]
-    return "jaxrun: preflight\n" + "\n".join("  " + line for line in contract.align_columns(table))
 
 
 _rounds = itertools.count()

@@ -27,6 +27,7 @@ from jaxrun.contract.names import (  # the names these rules fill in
     PROCESS_ID,
     RANK_SOURCE,
     RANK_SOURCES,
+    RECOVERABLE,
     RESTART_COUNT,
     RUN_ID,
     SHIM_MODULE,
@@ -121,19 +122,44 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def mark_joined(path: str | None) -> bool:
-    """Create the empty file that says "this process has joined" (see
-    JOINED_FILE): new, 0600, never a symlink followed.  False when it could
-    not be made (it is a progress hint; nothing depends on it)."""
+def mark_joined(path: str | None, recoverable: bool = False) -> bool:
+    """Create the file that says "this process has joined" (see
+    JOINED_FILE): new, 0600, never a symlink followed, whole when it
+    appears (RECOVERABLE, or empty).  False when it could not be made (it is
+    a hint and a flag; nothing waits on it)."""
     if not path:
         return False
+    new = f"{path}.{os.getpid()}.new"
     try:
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+        fd = os.open(new, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            if recoverable:
+                os.write(fd, RECOVERABLE.encode())
+        finally:
+            os.close(fd)
+        try:
+            os.link(new, path)  # never replaces: an earlier join of this process stays as it was
+        finally:
+            os.unlink(new)
     except FileExistsError:
         return True  # an earlier join of this process (a checked no-op initialize)
     except OSError:
         return False
     return True
+
+
+def joined_recoverable(path: str) -> bool:
+    """Whether the joined file at ``path`` says its process enabled recoverability."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        return os.read(fd, 64).strip() == RECOVERABLE.encode()
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 # -- addresses -------------------------------------------------------------------------

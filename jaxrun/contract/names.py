@@ -11,15 +11,26 @@ LOCAL_PROCESS_ID = "JAXRUN_LOCAL_PROCESS_ID"
 LOCAL_PROCESS_COUNT = "JAXRUN_LOCAL_PROCESS_COUNT"
 RUN_ID = "JAXRUN_RUN_ID"
 RESTART_COUNT = "JAXRUN_RESTART_COUNT"
+# How many times this process was started again alone within its attempt (a
+# recoverable job's, see RECOVERABLE_MODE); 0 or unset on its first run.
+PROCESS_RESTARTS = "JAXRUN_PROCESS_RESTARTS"
 # Read end of a pipe whose write end only the launcher holds.  EOF means the
 # launcher is gone, and the shim kills its own process group.
 LIFELINE_FD = "JAXRUN_LIFELINE_FD"
 # Where the shim records an uncaught exception (see ErrorRecord).
 ERROR_FILE = "JAXRUN_ERROR_FILE"
-# A path the shim creates (empty, 0600, never through a symlink) when the
-# process arrives at the job's rendezvous, right before the real
+# A path the shim creates (0600, never through a symlink) when the process
+# arrives at the job's rendezvous, right before the real
 # jax.distributed.initialize() call: how the launcher counts joined processes.
+# It holds RECOVERABLE when the process enabled jax_enable_recoverability, and
+# is empty otherwise.
 JOINED_FILE = "JAXRUN_JOINED_FILE"
+RECOVERABLE = "recoverable"
+# Whether the job is recoverable (--recoverable, --no-recoverable, or by what
+# its processes announce), as the scheduler's task agents are told it: "on",
+# "off" or "auto".  A task agent whose process is not process 0 exits 0 in a
+# recoverable job, so that the scheduler's own fail-fast leaves the others be.
+RECOVERABLE_MODE = "JAXRUN_RECOVERABLE"
 # The stall watchdog (--stall-timeout): its timeout in seconds, and the path
 # of the file where the shim's sampler writes this process's state (BUSY or
 # IDLE, see child.liveness) each time it changes.

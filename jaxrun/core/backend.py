@@ -106,11 +106,11 @@ def _unheard(*_args) -> None:
 @dataclasses.dataclass(frozen=True)
 class News:
     """What a child whose far end reports (``reports_joins``) passes on to the
-    supervisor, from any thread: the controller's arrival at the rendezvous,
-    and each change of its state between ``contract.BUSY`` and
+    supervisor, from any thread: the controller's arrival at the rendezvous
+    (and whether it enabled recoverability), and each change of its state between ``contract.BUSY`` and
     ``contract.IDLE`` (the stall watchdog's)."""
 
-    joined: Callable[[], None] = _unheard
+    joined: Callable[[bool], None] = _unheard  # recoverable: it enabled JAX's fault tolerance
     progress: Callable[[str], None] = _unheard
 
 
@@ -216,7 +216,12 @@ class Placement:
 
 class Backend(abc.ABC):
     name: str = ""
+    title: str = ""  # the engine as users call it, in a sentence ("Slurm"); empty: the name
     writes_log_files: bool = False
+    # ``spawn`` may start one process again while the others of its attempt
+    # run (a recoverable job's; see launcher.recovery).  False: the backend
+    # starts an attempt's processes as one gang (a scheduler step, Ray's group).
+    starts_one_again: bool = False
     hooks: RunHooks = RunHooks()  # the run loop sets its own before open()
 
     def start_thread(self, name: str, target: Callable, *args) -> threading.Thread:

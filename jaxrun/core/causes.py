@@ -33,9 +33,10 @@ import dataclasses
 import enum
 import re
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from jaxrun import contract
+from jaxrun.core.outcome import ProcessRecord, Verdict
 
 # How much of the end of a stderr log is read for evidence: a C++ check's
 # fatal line is followed by its stack and a Python stack dump, both short.
@@ -116,6 +117,19 @@ def first_failure(failures: Sequence[Failure]) -> int | None:
         return first.rank
     same_clock = [f for f in failures if f.kind == lowest and f.clock == first.clock and f.at is not None]
     return min(same_clock, key=lambda f: f.at).rank  # min keeps the first heard of equal times
+
+
+def settle(records: Mapping[int, ProcessRecord], heard: Sequence[int], root: int) -> int:
+    """The root cause among the failures ``heard`` (ranks, in order), where
+    the run took ``root`` for it as it heard them; the verdicts follow."""
+    failures = [failure_of(rec.spec.rank, rec.error_file, rec.stderr_log, rec.reaped_at, rec.clock, rec.lost)
+                for rec in (records[rank] for rank in heard)
+                if rec.verdict in (Verdict.ROOT_CAUSE, Verdict.CONSEQUENCE)]
+    first = first_failure(failures)
+    if first is None or first == root:
+        return root
+    records[root].verdict, records[first].verdict = Verdict.CONSEQUENCE, Verdict.ROOT_CAUSE
+    return first
 
 
 def failure_of(rank: int, error_file: str | None, stderr_log: str | None, reaped_at: float | None,

@@ -92,3 +92,4 @@ class Joined:
     """A process arrived at the job's rendezvous, as its child reported (``on_join``)."""
 
     rank: int
+    recoverable: bool = False  # it enabled JAX's fault tolerance

@@ -8,7 +8,8 @@ the rendezvous, and its sampler rewrites its progress file
 host, and a :class:`JoinWatch` looks at them there ten times a second (a
 ``stat`` each) until the controller ends, and tells the launcher in the
 agent's own way (a marker on the SSH stream, a message on the task channel):
-the join once, each change of state as it sees it.
+the join once (and whether the controller enabled recoverability, which the
+joined file says), each change of state as it sees it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def _nothing(_state: str) -> None:
 
 
 class JoinWatch:
-    def __init__(self, path: str, announce: Callable[[], None], interval: float = LOOK_EVERY,
+    def __init__(self, path: str, announce: Callable[[bool], None], interval: float = LOOK_EVERY,
                  progress_path: str | None = None, progress: Callable[[str], None] = _nothing):
         self.path, self.announce, self.interval = path, announce, interval
         self.progress_path, self.progress = progress_path, progress
@@ -46,8 +47,9 @@ class JoinWatch:
             try:
                 if not joined and os.path.lexists(self.path):
                     joined = True
+                    recoverable = contract.joined_recoverable(self.path)
                     self._remove(self.path)
-                    self.announce()
+                    self.announce(recoverable)
                 if self.progress_path:
                     self._look_at_progress()
             except OSError:

@@ -21,6 +21,8 @@ class Verdict(enum.Enum):
     ROOT_CAUSE = "failed first"
     CONSEQUENCE = "failed after the root cause"
     STOPPED = "stopped by jaxrun"
+    RESTARTED = "failed, started again alone"  # an earlier run of a recoverable job's process
+    FAILED_ALONE = "failed, the others went on"  # a recoverable job's, after the one that failed first
     NOT_STARTED = "never started"
 
 
@@ -48,6 +50,13 @@ class ProcessRecord:
     reaped_at: float | None = None  # wall clock of the machine that reaped it, as it did
     clock: str | None = None  # that machine (core.causes.clock_id), to compare reaped_at within
     lost: str | None = None  # its end was never reported: this helper ended instead
+    run: int = 0  # a recoverable job's process started again alone: which run this is (0: the first)
+    earlier: list[ProcessRecord] = dataclasses.field(default_factory=list)  # its earlier runs, oldest first
+
+    @property
+    def runs(self) -> list[ProcessRecord]:
+        """Every run of this process in the attempt, oldest first, this one last."""
+        return [*self.earlier, self]
 
     @property
     def exit_status(self) -> int | None:
@@ -131,6 +140,10 @@ class Outcome:
     stop_seconds: float | None = None  # a stop on a signal: from the signal to the last process's end
     placement: PlacementRecord | None = None  # where it ran (the run loop fills it in)
     stall: Stall | None = None  # the watchdog stopped it (reason STALL)
+    # False: a recoverable job whose processes restarted alone ran to its end;
+    # its failure is not restarted whole.
+    whole_restart: bool = True
+    recoverable: bool = False  # the processes did not share fate (launcher.recovery)
     # reporting.diagnosis.Diagnosis, kept once the run loop has read the logs, so
     # that no report reads them again (core cannot name reporting's type).
     diagnosis: object | None = dataclasses.field(default=None, compare=False, repr=False)
@@ -142,3 +155,17 @@ class Outcome:
         be reached, 128+N for a signal), and it is the run's."""
         reason = StopReason.SIGNAL if signum else StopReason.NOT_STARTED
         return cls([], exit_code, reason, signum=signum, start_error=why)
+
+
+def exit_code(reason: StopReason | None, signum: int | None, root_status: int | None) -> int:
+    """jaxrun's exit status for an attempt that ended so: ``root_status`` is
+    the root cause's own (shell style), where a process failed first."""
+    if reason is StopReason.INTERNAL:
+        return INTERNAL_ERROR
+    if reason is StopReason.SIGNAL:
+        return 128 + signum
+    if reason is StopReason.TIMEOUT:
+        return 124
+    if reason is StopReason.STALL:
+        return contract.STALL_EXIT
+    return root_status if root_status is not None else 0

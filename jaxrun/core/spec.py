@@ -73,6 +73,7 @@ class LaunchOptions:
     flight_recorder: int | None = None  # --flight-recorder K: entries each process keeps
     check_divergence: bool = False  # --check-divergence
     stall_timeout: float = 0.0  # --stall-timeout: 0 is off
+    recoverable: bool | None = None  # --recoverable (True), --no-recoverable (False); None: as the processes say
     compile_cache: str = ""  # contract.COMPILE_CACHE: a folder here, a run's name elsewhere; empty: none
 
 

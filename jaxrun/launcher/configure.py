@@ -122,6 +122,7 @@ def config_from_args(values: Mapping[str, Any], backends: Mapping[str, BackendEn
         check_divergence=values["check_divergence"],
         # A session waits for its user, which is not a stall.
         stall_timeout=0.0 if interactive else values.get("stall_timeout", 0.0),
+        recoverable=values.get("recoverable"),
         compile_cache=shared_compile_cache(values, entry, run_id, extra_env, system.environ),
     )
     # The entry's own checks first: it may say better why it takes no flag of

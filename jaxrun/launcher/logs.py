@@ -29,8 +29,10 @@ def show(folder: str, ranks: list[int], output: str) -> None:
     """The logs as the console shows them: rank-prefixed lines (one process
     after another: their interleaving in time is not recorded), or blocks."""
     printer = ConsolePrinter(output)  # stdout to stdout, stderr to stderr, as live
-    for rank in ranks:
-        out, err, _ = logfiles.log_paths(folder, rank)
+    every_run = ((rank, run, paths) for rank in ranks for run, paths in enumerate(logfiles.run_paths(folder, rank)))
+    for rank, run, (out, err, _) in every_run:
+        if run:  # a recoverable job's process that started again alone: each run apart
+            click.echo(f"jaxrun: process {rank}, run {run + 1} (started again alone):")
         if output == "grouped":
             printer.grouped(rank, out, err)
             continue

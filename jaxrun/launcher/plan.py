@@ -120,6 +120,8 @@ def contract_env(opts: LaunchOptions, rank: int, local_rank: int, local_count: i
         env[contract.CHECK_DIVERGENCE] = "1"
     if opts.stall_timeout:
         env[contract.STALL_TIMEOUT] = f"{opts.stall_timeout:g}"
+    if opts.recoverable is not None:  # unset: as the processes announce (a task agent's "auto")
+        env[contract.RECOVERABLE_MODE] = "on" if opts.recoverable else "off"
     if opts.compile_cache and not contract.own_compile_cache(opts.extra_env):
         env[contract.COMPILE_CACHE] = opts.compile_cache
     return env

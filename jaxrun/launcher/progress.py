@@ -35,6 +35,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Sequence
 
+from jaxrun import contract
 from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
 
 JOIN_POLL = 0.25  # seconds between looks at the joined files of those not yet in
@@ -83,13 +84,15 @@ class JoinProgress:
                  note: Callable[[str], None], *, live: bool, clock: Callable[[], float],
                  poll: float = JOIN_POLL, naming_after: float = JOIN_NAMING_AFTER,
                  exists: Callable[[str], bool] = os.path.exists,
-                 remove: Callable[[str], None] = None):
+                 remove: Callable[[str], None] = None,
+                 on_join: Callable[[int, bool], None] = lambda rank, recoverable: None):
         self.total = len(specs)
         self.hosts = {s.rank: (None if s.host.name == LOCAL_HOST.name else s.host.name) for s in specs}
         self.status, self.note, self.live, self.clock = status, note, live, clock
         self.poll, self.naming_after = poll, naming_after
         self.exists = exists
         self.remove = remove if remove is not None else _unlink
+        self.on_join = on_join  # each join as it is heard, and whether the process enabled recoverability
         self.waiting: dict[int, str | None] = {}  # not yet in: rank -> its joined file, if watched
         self.paths: list[str] = []  # every file watched, removed at the end
         self.started: float | None = None
@@ -102,15 +105,20 @@ class JoinProgress:
         self.waiting = {rank: None for rank in (self.hosts if ranks is None else ranks)}
 
     def watch(self, rank: int, path: str) -> None:
-        """Look for ``path``: the process creates it when it joins."""
+        """Look for ``path``: the process creates it when it joins (a process
+        started again alone is not waited for; its file goes at the end)."""
+        self.paths.append(path)
         if rank in self.waiting:
             self.waiting[rank] = path
-            self.paths.append(path)
 
-    def joined(self, rank: int) -> None:
+    def joined(self, rank: int, recoverable: bool | None = None) -> None:
+        """``recoverable``: as its agent reported it; None: its file says."""
         path = self.waiting.pop(rank, None)
+        if recoverable is None:
+            recoverable = path is not None and contract.joined_recoverable(path)
         if path is not None:
             self.remove(path)
+        self.on_join(rank, recoverable)
 
     def ended(self, rank: int) -> None:
         """A process exited: if it never joined, not everyone will.  One that

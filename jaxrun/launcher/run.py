@@ -28,6 +28,7 @@ from jaxrun.core.spec import PlanError
 from jaxrun.launcher import elastic, plan as planning
 from jaxrun.launcher.console import ConsolePrinter, SafeConsole
 from jaxrun.launcher.control import BUG_REPORT, RunControl
+from jaxrun.launcher.recovery import Recovery
 from jaxrun.launcher.supervisor import Supervisor
 from jaxrun.reporting import github, history, report, summary
 
@@ -169,7 +170,7 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
             last = attempt == config.max_restarts
             repeated = None if last else repeated_failure(config, outcomes)
             report_attempt(config, outcomes, dirs, console, repeated)
-            if outcome.reason not in RESTARTED or last or repeated:
+            if outcome.reason not in RESTARTED or last or repeated or not outcome.whole_restart:
                 break
     return outcomes[-1].exit_code
 
@@ -271,8 +272,11 @@ def run_attempt(config: RunConfig, specs, backend: Backend, log_dir: str, consol
     running = running if running is not None else []
     before = reaper.descendants()  # what the backend holds across attempts (ssh masters)
     deadline = deadline or Deadline(config.timeout)  # one attempt, one clock: see core.deadline
+    recovery = Recovery(config.options.recoverable, config.max_restarts, backend.starts_one_again,
+                        backend.title or backend.name, len(specs), printer.note)
     supervisor = Supervisor(specs, backend, printer, log_dir, grace=config.grace, deadline=deadline,
-                            events=control.events, hooks=control.hooks, stall_timeout=config.options.stall_timeout)
+                            events=control.events, hooks=control.hooks, stall_timeout=config.options.stall_timeout,
+                            recovery=recovery)
     running[:] = [supervisor]
     control.deadline = deadline
     try:
@@ -283,6 +287,6 @@ def run_attempt(config: RunConfig, specs, backend: Backend, log_dir: str, consol
         reaper.kill_descendants(spare=before)
         if control.signum is None and control.fault is None:
             control.reset()  # a failure or --timeout ended this attempt; a restart may follow
-    for rec in outcome.records:
-        printer.grouped(rec.spec.rank, rec.stdout_log, rec.stderr_log)
+    for run in (run for rec in outcome.records for run in rec.runs):  # a process that restarted alone: each run
+        printer.grouped(run.spec.rank, run.stdout_log, run.stderr_log)
     return outcome

@@ -137,6 +137,13 @@ class StallWatch:
     def ended(self, rank: int) -> None:
         self.running.discard(rank)
 
+    def again(self, rank: int, stderr_log: str) -> None:
+        """A process starts again alone (a recoverable job's): watched anew."""
+        self.running.add(rank)
+        self.stderr_logs[rank] = stderr_log
+        for known in (self.state, self.idle_since, self.seen, self.offsets):
+            known.pop(rank, None)
+
     def _read_files(self) -> None:
         for rank, path in self.paths.items():
             if rank not in self.running:

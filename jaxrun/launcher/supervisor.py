@@ -28,20 +28,18 @@ After SIGKILL, a process whose end is not confirmed within
 given up on.  A launcher thread that dies is an event like any other: the job
 is stopped and the summary names the thread.
 
-The root cause is settled at the end, from evidence (``core.causes``): among
-the failures heard before SIGKILL, one that ended on its own comes before one
-that failed because a peer was gone, whatever order the exits arrived in.
-An end that may be part of a stop jaxrun is about to hear of (a helper's,
-such as a local ssh client's, or a death by SIGTERM, SIGINT or SIGHUP) is
-held for ``HOLD_WAIT`` before it counts as a failure: a signal to the whole
-process tree reaches the helpers too, and their ends may be heard before
-jaxrun's own signal handler has run.
+The root cause is settled at the end, from evidence (``core.causes.settle``).
+An end that may be part of a stop jaxrun is about to hear of (a helper's, or a
+death by SIGTERM, SIGINT or SIGHUP) is held for ``HOLD_WAIT`` before it counts
+as a failure: a signal to the whole process tree reaches the helpers too.
+
+In a recoverable job (``launcher.recovery``) a failed process other than 0
+stops nothing: the others go on, and it may start again alone.
 """
 
 from __future__ import annotations
 
 import errno
-import functools
 import os
 import queue
 import signal
@@ -54,12 +52,12 @@ from jaxrun.core.backend import Backend, Child, Interrupted, News, RunHooks, Str
 from jaxrun.core.deadline import NEVER, Deadline
 from jaxrun.core.events import Exited, Forward, Joined, LogWriteFailed, SignalReceived, Stream, StreamClosed, ThreadDied
 from jaxrun.core.logfiles import folder_is_full, log_paths, open_log, open_pumped_log, prepare_log_dir
-from jaxrun.core.outcome import Outcome, ProcessRecord, Stall, StopReason, Verdict
+from jaxrun.core.outcome import Outcome, ProcessRecord, Stall, StopReason, Verdict, exit_code
 from jaxrun.core.spec import ProcessSpec
 from jaxrun.launcher.console import ConsolePrinter
-from jaxrun.launcher.control import INTERNAL_ERROR
 from jaxrun.launcher.progress import JoinProgress, joined_path
 from jaxrun.launcher.pump import OutputPump, enlarge_pipe
+from jaxrun.launcher.recovery import Recovery, next_run
 from jaxrun.launcher.stall import StallWatch, progress_path
 
 # After a failure or a timeout, how long survivors get to write their stack dumps.
@@ -74,8 +72,6 @@ KILL_CONFIRM_WAIT = 5.0
 # How long an end that may belong to a stop (see above) waits for the stop
 # signal before it is taken for a failure.
 HOLD_WAIT = 0.3
-# Ends by these signals (or the shell's 128+N for them) may be the stop jaxrun
-# is about to hear of.
 
 
 class Supervisor:
@@ -92,12 +88,9 @@ class Supervisor:
         events: queue.SimpleQueue | None = None,
         hooks: RunHooks | None = None,
         stall_timeout: float = 0.0,
+        recovery: Recovery | None = None,
     ):
-        self.specs = list(specs)
-        self.backend = backend
-        self.printer = printer
-        self.log_dir = log_dir
-        self.grace = grace
+        self.specs, self.backend, self.printer, self.log_dir, self.grace = list(specs), backend, printer, log_dir, grace
         # --timeout, made by the run loop before the attempt was placed (on
         # this clock): the start-up waits and the loop give up at one moment.
         self.limit = deadline
@@ -107,28 +100,28 @@ class Supervisor:
         # start-up waits give up on a signal or --timeout.
         self.hooks = hooks or RunHooks(thread_died=lambda name, error: self.events.put(
             ThreadDied(name, f"{type(error).__name__}: {error}")))
-        self.fault: ThreadDied | None = None
-        self.log_errors: list[LogWriteFailed] = []
+        self.fault, self.log_errors = None, []  # a dead launcher thread (ThreadDied); LogWriteFailed events
         self.lost: list[int] = []  # ranks given up on after SIGKILL
         self.children: dict[int, Child] = {}
         self.records: dict[int, ProcessRecord] = {}
         self.reason: StopReason | None = None
-        self.signum: int | None = None
-        self.root_cause: int | None = None
+        self.signum: int | None = None  # the stop's signal
+        self.root_cause: int | None = None  # rank
         self.kill_at: float | None = None
         self.kill_sent = False  # SIGKILL went out: later exits are ours, not failures
         self.deadline: float | None = None  # the supervisor's clock reads it: see _start
-        self.open_streams = 0
+        self.open_streams = 0  # pumped or followed streams not yet at their end
         self.heard: list[int] = []  # ranks that ended with a failure, in the order heard
-        self.held: list[int] = []  # failures waiting out HOLD_WAIT for a stop signal
+        self.held: list[int] = []  # failures waiting out HOLD_WAIT for a stop signal (until hold_until)
         self.hold_until: float | None = None
         self.stop_began: float | None = None  # when a stop on a signal began (self.clock)
         self.last_end: float | None = None  # when the last exit was heard (self.clock)
-        self.progress: JoinProgress | None = None  # made when the run starts
-        self.stall_timeout = stall_timeout
-        self.stall: StallWatch | None = None  # made when the run starts
-        self.stall_found: Stall | None = None
+        self.progress: JoinProgress | None = None  # made when the run starts, as the stall watch is
+        self.stall_timeout, self.stall_found = stall_timeout, None  # the watchdog's, and the Stall it found
+        self.stall: StallWatch | None = None
         self.full = False  # the log folder was full at the end
+        self.recovery = recovery or Recovery(False, 0, False, backend.name, len(self.specs))  # default: fail fast
+        self.lifeline_r: int | None = None  # held for processes started again alone
 
     def joins_settled(self) -> bool:
         """The start-up progress is over (its last line is out)."""
@@ -145,16 +138,14 @@ class Supervisor:
         is part of the start, and ``end`` is the caller's."""
         self.pump = OutputPump(self.events, self.printer.write, self.printer.flush, hooks=self.hooks)
         self.progress = JoinProgress(self.specs, self.printer.status, self.printer.note,
-                                     live=self.printer.can_show_status(), clock=self.clock)
-        lifeline_r, lifeline_w = os.pipe()
+                                     live=self.printer.can_show_status(), clock=self.clock,
+                                     on_join=self.recovery.joined)
+        self.lifeline_r, lifeline_w = lifeline_r, _ = os.pipe()
         self.records = {spec.rank: ProcessRecord(spec, *log_paths(self.log_dir, spec.rank)) for spec in self.specs}
         self.stall = StallWatch(self.specs, self.stall_timeout, self.clock, self.printer.note,
                                 {rank: rec.stderr_log for rank, rec in self.records.items()})
         try:
-            try:
-                self._start(lifeline_r)
-            finally:
-                os.close(lifeline_r)
+            self._start(lifeline_r)
             self._loop()
             self._drain()
         finally:
@@ -163,12 +154,14 @@ class Supervisor:
             self.full = folder_is_full(self.log_dir)  # before the files below free their blocks
             self.progress.finish()
             self.stall.finish()
+            os.close(lifeline_r)
             os.close(lifeline_w)
             self.pump.stop()
         return self._outcome()
 
     def _start(self, lifeline_r: int) -> None:
         self.deadline = self.limit.at
+        self.recovery.begin()
         try:
             self.backend.begin_attempt(self.specs, self.log_dir)  # bad input raises before any file is made
             prepare_log_dir(self.log_dir)
@@ -185,9 +178,6 @@ class Supervisor:
                 self._begin_stop(StopReason.TIMEOUT, TIMEOUT_DUMP_WAIT, signal.SIGUSR1)
 
     def _start_all(self, lifeline_r: int) -> None:
-        # Local backends let each child write its own log files: no byte of a
-        # flood passes through jaxrun unless the console shows it.
-        direct = self.backend.writes_log_files
         self.progress.begin()
         show_at = self.clock()
         for spec in self.specs:
@@ -195,39 +185,46 @@ class Supervisor:
                 raise Interrupted()
             if self.clock() >= show_at:  # a long start (many processes) shows its progress too
                 show_at = self.progress.tick() or float("inf")
-            record = self.records[spec.rank]
-            out, err, error_file = record.stdout_log, record.stderr_log, record.error_file
-            joined_file = joined_path(self.log_dir, spec.rank)
-            progress_file = progress_path(self.log_dir, spec.rank)
-            for stale in (error_file, joined_file, progress_file):
-                if os.path.lexists(stale):
-                    os.unlink(stale)
-            env = {contract.ERROR_FILE: error_file, contract.JOINED_FILE: joined_file}
-            if self.stall.active:
-                env[contract.PROGRESS_FILE] = progress_file
-            news = News(functools.partial(self.events.put, Joined(spec.rank)),
-                        lambda state, rank=spec.rank: self.events.put(ev.Progress(rank, state)))
-            if direct:
-                fds = (open_log(out), open_log(err))
-                try:
-                    child = self.backend.spawn(spec, lifeline_r, env, fds, news)
-                finally:
-                    for fd in fds:
-                        os.close(fd)
-                if self.printer.shows(spec.rank):  # else nobody needs the bytes until the end
-                    for path, stream in ((out, Stream.STDOUT), (err, Stream.STDERR)):
-                        self.open_streams += 1
-                        self.pump.follow(path, spec.rank, stream)
-            else:
-                child = self.backend.spawn(spec, lifeline_r, env, None, news)
-                for pipe, path, stream in ((child.stdout, out, Stream.STDOUT), (child.stderr, err, Stream.STDERR)):
-                    self._start_pump(pipe, path, spec.rank, stream, child.stream_filter(stream))
-            record.pid, record.started_at = child.pid, time.time()
-            self.children[spec.rank] = child
-            if not child.reports_joins:  # else it tells its News: Joined and Progress events
-                self.progress.watch(spec.rank, joined_file)
-                self.stall.watch(spec.rank, progress_file)
-            start_thread(f"process-waiter:{spec.rank}", self._wait, spec.rank, child, hooks=self.hooks)
+            self._start_one(spec, lifeline_r)
+
+    def _start_one(self, spec: ProcessSpec, lifeline_r: int) -> None:
+        """Start one process of the attempt (again, for one that restarts alone)."""
+        # Local backends let each child write its own log files: no byte of a
+        # flood passes through jaxrun unless the console shows it.
+        direct = self.backend.writes_log_files
+        record = self.records[spec.rank]
+        out, err, error_file = record.stdout_log, record.stderr_log, record.error_file
+        joined_file = joined_path(self.log_dir, spec.rank)
+        progress_file = progress_path(self.log_dir, spec.rank)
+        for stale in (error_file, joined_file, progress_file):
+            if os.path.lexists(stale):
+                os.unlink(stale)
+        env = {contract.ERROR_FILE: error_file, contract.JOINED_FILE: joined_file}
+        if self.stall.active:
+            env[contract.PROGRESS_FILE] = progress_file
+        news = News(lambda recoverable=False, rank=spec.rank: self.events.put(Joined(rank, recoverable)),
+                    lambda state, rank=spec.rank: self.events.put(ev.Progress(rank, state)))
+        if direct:
+            fds = (open_log(out), open_log(err))
+            try:
+                child = self.backend.spawn(spec, lifeline_r, env, fds, news)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            if self.printer.shows(spec.rank):  # else nobody needs the bytes until the end
+                for path, stream in ((out, Stream.STDOUT), (err, Stream.STDERR)):
+                    self.open_streams += 1
+                    self.pump.follow(path, spec.rank, stream)
+        else:
+            child = self.backend.spawn(spec, lifeline_r, env, None, news)
+            for pipe, path, stream in ((child.stdout, out, Stream.STDOUT), (child.stderr, err, Stream.STDERR)):
+                self._start_pump(pipe, path, spec.rank, stream, child.stream_filter(stream))
+        record.pid, record.started_at = child.pid, time.time()
+        self.children[spec.rank] = child
+        if not child.reports_joins:  # else it tells its News: Joined and Progress events
+            self.progress.watch(spec.rank, joined_file)
+            self.stall.watch(spec.rank, progress_file)
+        start_thread(f"process-waiter:{spec.rank}", self._wait, spec.rank, child, hooks=self.hooks)
 
     def _start_pump(self, pipe, path: str, rank: int, stream: Stream, stream_filter: StreamFilter | None) -> None:
         log = open_pumped_log(path)
@@ -282,7 +279,7 @@ class Supervisor:
             if self.reason is None:
                 self._send_all(event.signum)
         elif isinstance(event, Joined):
-            self.progress.joined(event.rank)
+            self.progress.joined(event.rank, event.recoverable)
         elif isinstance(event, ev.Progress):
             self.stall.heard(event.rank, event.state)
         elif isinstance(event, ThreadDied):
@@ -318,7 +315,9 @@ class Supervisor:
     def _judge(self, rank: int) -> None:
         """The verdict on a failure, by what the run was doing when it was heard."""
         record = self.records[rank]
-        if self.reason is None:
+        if self.reason is None and self.recovery.spares_others(rank):
+            self._recover(rank)
+        elif self.reason is None:
             record.verdict = Verdict.ROOT_CAUSE
             self.root_cause = rank
             self._begin_stop(StopReason.FAILURE, DUMP_WAIT, signal.SIGUSR1)
@@ -326,6 +325,25 @@ class Supervisor:
             record.verdict = Verdict.CONSEQUENCE
         else:
             record.verdict = Verdict.STOPPED
+
+    def _recover(self, rank: int) -> None:
+        """A recoverable job's process other than 0 failed: the others go on;
+        it may start again alone (``launcher.recovery``)."""
+        from jaxrun.reporting import diagnosis
+
+        record = self.records[rank]
+        fingerprint, failure = diagnosis.run_failure(record)
+        if self.recovery.after_failure(rank, diagnosis.where(record), diagnosis.describe_exit(record),
+                                       fingerprint, failure):
+            self.records[rank] = again = next_run(record, self.log_dir)
+            self.stall.again(rank, again.stderr_log)
+            try:
+                return self._start_one(again.spec, self.lifeline_r)
+            except Exception as error:  # noqa: BLE001 -- a spawn's failure (a host gone) ends its runs
+                self.records[rank], record.earlier = record, again.earlier[:-1]
+                self.stall.ended(rank)
+                self.recovery.cannot_restart(rank, f"{type(error).__name__}: {error}")
+        record.verdict = Verdict.ROOT_CAUSE if self.recovery.failed[0] == rank else Verdict.FAILED_ALONE
 
     def _release_held(self) -> None:
         held, self.held, self.hold_until = self.held, [], None
@@ -386,11 +404,10 @@ class Supervisor:
     def _give_up(self) -> None:
         """SIGKILL went out long ago and these never confirmed their end."""
         self.lost = self._running()
-        for rank in self.lost:
-            record = self.records[rank]
+        for record in (self.records[rank] for rank in self.lost):
             record.returncode, record.ended_at, record.verdict = -signal.SIGKILL, time.time(), Verdict.STOPPED
-        ranks = ",".join(map(str, self.lost))
-        self.printer.note(f"jaxrun: gave up waiting for process {ranks} {KILL_CONFIRM_WAIT:g} s after SIGKILL")
+        self.printer.note(f"jaxrun: gave up waiting for process {','.join(map(str, self.lost))} "
+                          f"{KILL_CONFIRM_WAIT:g} s after SIGKILL")
 
     def _drain(self) -> None:
         """Print what the pumps still hold; pipes close once the groups are dead."""
@@ -406,36 +423,19 @@ class Supervisor:
             self._handle(event)
 
     def _settle_root_cause(self) -> None:
-        """The root cause from evidence, not arrival order (``core.causes``):
-        among the failures heard before SIGKILL, one that ended on its own
-        before one that failed because a peer was gone; on one machine's
-        clock, the earliest."""
-        if self.reason is not StopReason.FAILURE or self.root_cause is None:
-            return
-        failed = [self.records[rank] for rank in self.heard]
-        failures = [causes.failure_of(rec.spec.rank, rec.error_file, rec.stderr_log, rec.reaped_at, rec.clock, rec.lost)
-                    for rec in failed if rec.verdict in (Verdict.ROOT_CAUSE, Verdict.CONSEQUENCE)]
-        first = causes.first_failure(failures)
-        if first is not None and first != self.root_cause:
-            self.records[self.root_cause].verdict = Verdict.CONSEQUENCE
-            self.records[first].verdict = Verdict.ROOT_CAUSE
-            self.root_cause = first
+        """The root cause from evidence, not arrival order (``core.causes``)."""
+        if self.reason is StopReason.FAILURE and self.root_cause is not None:
+            self.root_cause = causes.settle(self.records, self.heard, self.root_cause)
 
     def _outcome(self) -> Outcome:
+        recovered = self.recovery.on
+        ran_out = recovered and self.reason is None  # every process ran to its end
+        if ran_out and self.recovery.failed:  # and some of their last runs failed
+            self.reason, self.root_cause = StopReason.FAILURE, self.recovery.failed[0]
         self._settle_root_cause()
         records = [self.records[s.rank] for s in self.specs]
-        if self.reason is StopReason.INTERNAL:
-            code = INTERNAL_ERROR
-        elif self.reason is StopReason.SIGNAL:
-            code = 128 + self.signum
-        elif self.reason is StopReason.TIMEOUT:
-            code = 124
-        elif self.reason is StopReason.STALL:
-            code = contract.STALL_EXIT
-        elif self.root_cause is not None:
-            code = self.records[self.root_cause].exit_status
-        else:
-            code = 0
+        root = None if self.root_cause is None else self.records[self.root_cause].exit_status
+        code = exit_code(self.reason, self.signum, root)
         for rec in records:
             if rec.pid is None:
                 rec.verdict = Verdict.NOT_STARTED
@@ -443,8 +443,8 @@ class Supervisor:
         problems = [f"{e.path}: {e.error}" for e in self.log_errors]
         if self.full:  # a local process's own writes failed there
             problems.append(f"the log folder {self.log_dir} is full ({os.strerror(errno.ENOSPC)})")
-        took = None
-        if self.reason is StopReason.SIGNAL and self.stop_began is not None and self.last_end is not None:
-            took = max(0.0, self.last_end - self.stop_began)
+        signal_stop = self.reason is StopReason.SIGNAL and None not in (self.stop_began, self.last_end)
+        took = max(0.0, self.last_end - self.stop_began) if signal_stop else None
         return Outcome(records, code, self.reason, self.signum, self.root_cause, fault=fault,
-                       log_errors=problems, lost=self.lost, stop_seconds=took, stall=self.stall_found)
+                       log_errors=problems, lost=self.lost, stop_seconds=took, stall=self.stall_found,
+                       whole_restart=not ran_out or self.recovery.restarts_whole, recoverable=recovered)

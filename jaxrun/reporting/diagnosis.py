@@ -256,6 +256,17 @@ def _with_fingerprint(root: RootCause, rec: ProcessRecord, frame: Frame | None) 
     return root
 
 
+def run_failure(rec: ProcessRecord) -> tuple[tuple | None, str]:
+    """One failed run of one process, read from its files: its fingerprint
+    (None: unknown) and its failure in short, for a process that restarts
+    alone (``launcher.recovery``)."""
+    data = contract.read_tail(rec.stderr_log, DUMP_TAIL)
+    lines = _lines(data)
+    frame = _stack_facts(rec, data.decode("utf-8", "replace")).frame if data else None
+    root = _with_fingerprint(_root_cause(rec, lines, None), rec, frame)
+    return root.fingerprint, root.failure
+
+
 def same_failure(last: Diagnosis, before: Diagnosis) -> bool:
     """Whether two attempts failed the same way, as a deterministic bug does:
     the same fingerprint, never an unknown one."""

@@ -41,16 +41,20 @@ def render(outcome: Outcome, suite: str = "jaxrun") -> str:
         counts["error"] += 1
     for rec, facts in zip(outcome.records, found.processes):
         case = ET.SubElement(suite_el, "testcase", classname=suite, name=f"process {rec.spec.rank}")
-        if rec.started_at is not None and rec.ended_at is not None:
-            case.set("time", f"{max(0.0, rec.ended_at - rec.started_at):.3f}")
+        first = rec.runs[0].started_at  # its first run's start: a process that restarted alone ran longer
+        if first is not None and rec.ended_at is not None:
+            case.set("time", f"{max(0.0, rec.ended_at - first):.3f}")
         verdict = _result(outcome, rec, facts, found)
+        earlier = _earlier_runs(rec)
         if verdict is not None:
             kind, message, body = verdict
             counts[kind] += 1
             el = ET.SubElement(case, kind, message=clean(message))
-            if body:
-                el.text = clean(body)
+            if body or earlier:
+                el.text = clean("\n".join(filter(None, [body, *earlier])))
         out, err = _output_tail(facts.stdout), _output_tail(facts.stderr)
+        if earlier and verdict is None:  # it passed in the end: its failed runs go with its output
+            out = [*earlier, *out]
         if out:
             ET.SubElement(case, "system-out").text = clean("\n".join(out) + "\n")
         if err:
@@ -68,6 +72,12 @@ def render(outcome: Outcome, suite: str = "jaxrun") -> str:
     root.append(suite_el)
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def _earlier_runs(rec: ProcessRecord) -> list[str]:
+    """A line for each failed run of a process that restarted alone."""
+    return [f"jaxrun: run {i + 1} of {len(rec.runs)} (pid {run.pid}) {describe_exit(run)}; started again alone; "
+            f"its output is in {run.stdout_log} and {run.stderr_log}" for i, run in enumerate(rec.earlier)]
 
 
 def _output_tail(lines: tuple[str, ...]) -> list[str]:
@@ -89,6 +99,8 @@ def _result(outcome: Outcome, rec: ProcessRecord, facts: ProcessFacts,
         if root.error:
             return "failure", root.error.headline, root.error.traceback
         return "failure", root.exit, "\n".join(root.output)
+    if rec.verdict is Verdict.FAILED_ALONE:  # a recoverable job's: the others went on without it
+        return "failure", describe_exit(rec), ""
     if outcome.reason is StopReason.FAILURE and root is not None:
         cause = failure.note.engine if failure else root.where
         if rec.verdict is Verdict.CONSEQUENCE:

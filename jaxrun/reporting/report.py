@@ -36,6 +36,9 @@ def report_dict(outcomes: list[Outcome], run_id: str, log_dirs: list[str], not_r
                 # empty), or null.
                 "not_started": outcome.start_error,
                 "processes": [_process_dict(r) for r in outcome.records],
+                # The processes did not share fate (a recoverable job): a failed
+                # process other than 0 left the others running.
+                "recoverable": outcome.recoverable,
                 "not_restarted": None,
             }
         )
@@ -95,12 +98,9 @@ def _group(group) -> dict | None:
             "state": place.state}
 
 
-def _process_dict(r: ProcessRecord) -> dict:
+def _run_dict(r: ProcessRecord) -> dict:
     code = r.returncode
     return {
-        "process_id": r.spec.rank,
-        "local_process_id": r.spec.local_rank,
-        "host": r.spec.host.name,
         "pid": r.pid,
         "exit_code": code if code is not None and code >= 0 else None,
         "signal": signal_name(-code) if code is not None and code < 0 else None,
@@ -113,6 +113,19 @@ def _process_dict(r: ProcessRecord) -> dict:
         "stdout_log": r.stdout_log,
         "stderr_log": r.stderr_log,
         "resources": r.resources.to_dict() if r.resources else None,
+    }
+
+
+def _process_dict(r: ProcessRecord) -> dict:
+    """The process's last run, and every run it had in the attempt: more
+    than one where it restarted alone (a recoverable job)."""
+    return {
+        "process_id": r.spec.rank,
+        "local_process_id": r.spec.local_rank,
+        "host": r.spec.host.name,
+        **_run_dict(r),
+        "restarts": r.run,  # how many times it started again alone
+        "runs": [_run_dict(run) for run in r.runs],
     }
 
 

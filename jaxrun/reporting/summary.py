@@ -49,7 +49,8 @@ def summary_lines(outcome: Outcome, log_dir: str) -> list[str]:
         if root.output:
             lines.append(f"jaxrun:   last lines of {root.output_path}:")
             lines.extend(f"    {line}" for line in root.output)
-    others = _group(r for r in outcome.records if r.verdict in ENDED_BY_OTHERS and r.spec.rank not in shared)
+    others = _group(r for r in outcome.records
+                    if r.verdict in (*ENDED_BY_OTHERS, Verdict.FAILED_ALONE) and r.spec.rank not in shared)
     for verdict, ranks in others.items():
         noun = "processes" if "," in ranks else "process"
         lines.append(f"jaxrun: {noun} {ranks} {verdict.value}")
@@ -62,9 +63,18 @@ def summary_lines(outcome: Outcome, log_dir: str) -> list[str]:
     for rec in outcome.records:
         if rec.resources and rec.resources.oom and rec.spec.rank != outcome.root_cause:
             lines.append(f"jaxrun: {where(rec)}: {rec.resources.oom}")
+    lines.extend(rerun_line(rec) for rec in outcome.records if rec.earlier)
     lines.extend(resource_lines(outcome.records))
     lines.append(f"jaxrun: logs in {log_dir}")
     return lines
+
+
+def rerun_line(rec: ProcessRecord) -> str:
+    """A recoverable job's process that started again alone: each run's end."""
+    runs = "; ".join(f"run {i + 1} (pid {run.pid}) {diagnosis.describe_exit(run)}" for i, run in enumerate(rec.earlier))
+    last = "exited 0" if rec.returncode == 0 else diagnosis.describe_exit(rec)
+    times = "once" if len(rec.earlier) == 1 else f"{len(rec.earlier)} times"
+    return f"jaxrun: {where(rec)} started again alone {times}: {runs}; its last run (pid {rec.pid}) {last}"
 
 
 def signal_line(outcome: Outcome, started: bool) -> str:

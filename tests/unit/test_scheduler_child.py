@@ -81,12 +81,12 @@ def test_it_declares_what_the_supervisor_may_rely_on(rank):
 def test_joined_calls_on_join_and_exit_is_what_wait_returns(rank, tmp_path):
     child, step = rank
     joins = threading.Event()
-    states = []
-    child.news = News(joins.set, states.append)
+    states, flags = [], []
+    child.news = News(lambda recoverable: (flags.append(recoverable), joins.set()), states.append)
     child.error_file = str(tmp_path / "process-3.error")
     task = Task(child)
     task.say(wire.Coordinator("node:1234"))
-    task.say(wire.Joined())
+    task.say(wire.Joined(True))
     task.say(wire.Progress(contract.IDLE))
     assert joins.wait(5)
     record = contract.ErrorRecord("ValueError", "bad shard", "Traceback ...", 1.5)
@@ -94,7 +94,7 @@ def test_joined_calls_on_join_and_exit_is_what_wait_returns(rank, tmp_path):
     used = contract.Resources(123456, 2.5)
     task.say(wire.Exit(7, used.to_dict()))
     assert task.hear() == wire.Ack()
-    assert states == [contract.IDLE]
+    assert states == [contract.IDLE] and flags == [True]  # the recoverable flag came with the join
     assert child.wait() == ChildExit(7, used)
     assert contract.ErrorRecord.load(child.error_file) == record
     assert step.coordinators == ["node:1234"] and step.connected == [child]

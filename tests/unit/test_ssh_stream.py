@@ -36,7 +36,7 @@ def cut_through(stream: bytes, seed: int, error_file: str | None = None,
     and fed through the filter as the pump feeds it; the states heard are
     the filter's ``states``."""
     joins, states = [], []
-    heard = AgentStderr(News(lambda: joins.append(1), states.append), error_file)
+    heard = AgentStderr(News(lambda recoverable: joins.append(1), states.append), error_file)
     heard.states = states
     rng = random.Random(seed)
     out, at = b"", 0
@@ -137,7 +137,7 @@ def test_a_real_pump_feeds_the_filter_and_logs_only_the_process_bytes(tmp_path):
     log_path = tmp_path / "process-0.stderr"
     log = open(log_path, "wb", buffering=0)
     joins: list[int] = []
-    heard = AgentStderr(News(lambda: joins.append(0)), str(tmp_path / "process-0.error.json"))
+    heard = AgentStderr(News(lambda recoverable: joins.append(0)), str(tmp_path / "process-0.error.json"))
     pump.add(read_end, log, 0, Stream.STDERR, lambda: (log.close(), os.close(read_end)), path=str(log_path),
              stream_filter=heard)
     try:

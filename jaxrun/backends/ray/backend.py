@@ -229,6 +229,7 @@ class RayBackend(Backend):
     """Every attempt is one Ray driver and its actors; each rank is a Child."""
 
     name = "ray"
+    title = "Ray"
     writes_log_files = False
 
     def __init__(self, options: RayOptions, launch: planning.LaunchOptions, console: TextIO,

@@ -178,7 +178,7 @@ class RankChild:
                 if isinstance(msg, wire.Coordinator):
                     self.step.set_coordinator(msg.address)
                 elif isinstance(msg, wire.Joined):
-                    self.news.joined()
+                    self.news.joined(bool(msg.recoverable))
                 elif isinstance(msg, wire.Progress):
                     self.news.progress(msg.state)
                 elif isinstance(msg, wire.Error) and self.error_file:

@@ -57,6 +57,7 @@ class MpirunBackend(SchedulerBackend):
     """Every attempt is one mpirun step."""
 
     name = "mpirun"
+    title = "Open MPI's mpirun"
     options_type = MpirunOptions
     rank_source = "mpirun"
 

@@ -197,6 +197,7 @@ class SlurmBackend(SchedulerBackend):
     with sinfo first and leaves out those Slurm cannot use."""
 
     name = "slurm"
+    title = "Slurm"
     options_type = SlurmOptions
     rank_source = "slurm"
 

@@ -20,7 +20,8 @@ would:
   our private folder), a ``Joined`` message says so, for the start-up progress;
 - the child's exit code (Popen style) and its error record come back as
   ``Error`` and ``Exit``, and this wrapper exits with the same status, so the
-  scheduler's own fail-fast (``--kill-on-bad-exit``) fires too.
+  scheduler's own fail-fast (``--kill-on-bad-exit``) fires too; except in a
+  recoverable job, where a task other than 0 exits 0 and the others go on.
 
 When the control connection drops (the launcher died), the child's group is
 killed; when this wrapper dies, the shim's lifeline pipe kills the child.
@@ -211,6 +212,7 @@ class TaskHome:
     def __init__(self, channel: Channel, rank: int, err: int, scheduler: SchedulerSignals):
         self.channel, self.rank, self.err, self.scheduler = channel, rank, err, scheduler
         self.acked = threading.Event()
+        self.recoverable = False  # its controller enabled JAX's fault tolerance, as it joined
 
     def listen(self, controller: far_end.Controller) -> None:
         """Deliver the launcher's signals until its Ack; a lost launcher means SIGKILL."""
@@ -226,8 +228,9 @@ class TaskHome:
                 break
         self.acked.set()
 
-    def joined(self) -> None:
-        self.channel.send(wire.Joined())
+    def joined(self, recoverable: bool) -> None:
+        self.recoverable = recoverable
+        self.channel.send(wire.Joined(recoverable))
 
     def progress(self, state: str) -> None:
         self.channel.send(wire.Progress(state))
@@ -281,7 +284,16 @@ def main(argv: list[str]) -> int:
     home = TaskHome(channel, rank, fds[1], scheduler)
     code = far_end.run(command, child_env(coordinator, rank, local), home, fds=fds, give_fds=True,
                        on_start=scheduler.started)
+    if rank != 0 and spares_the_others(os.environ.get(contract.RECOVERABLE_MODE), home.recoverable):
+        return 0  # the launcher has the real status; the scheduler's fail-fast must leave the others be
     return contract.exit_status(code)
+
+
+def spares_the_others(mode: str | None, recoverable: bool) -> bool:
+    """Whether this task's end must not end the step: in a recoverable job
+    (``--recoverable``, or, unless ``--no-recoverable``, a controller that
+    enabled recoverability), the others go on without a process other than 0."""
+    return mode == "on" or (mode != "off" and recoverable)
 
 
 def wait_for_start(channel: Channel) -> str | None:

@@ -37,6 +37,7 @@ from jaxrun.core.spec import Host, ProcessSpec
 
 
 class SshBackend(Backend):
+    starts_one_again = True  # the host's agent starts it, as it started the first
     """Controllers on the hosts of a hosts file, over the system's ssh client."""
 
     name = "ssh"

@@ -84,10 +84,10 @@ class SshHome:
             pending += data
         controller.lost()
 
-    def joined(self) -> None:
+    def joined(self, recoverable: bool) -> None:
         """The marker in one write: a pipe never splits it, nor mixes it with
         the controller's own writes to the same stderr."""
-        os.write(self.err, wire.JOINED_MARKER)
+        os.write(self.err, wire.JOINED_RECOVERABLE_MARKER if recoverable else wire.JOINED_MARKER)
 
     def progress(self, state: str) -> None:
         os.write(self.err, wire.PROGRESS_MARKERS[state])  # one write, as the joined marker

@@ -36,7 +36,8 @@ from jaxrun import contract, wire
 from jaxrun.core.backend import News
 
 # The in-band markers, with the state each progress marker tells (None: the join).
-MARKERS = {wire.JOINED_MARKER: None, **{m: state for state, m in wire.PROGRESS_MARKERS.items()}}
+MARKERS = {wire.JOINED_MARKER: False, wire.JOINED_RECOVERABLE_MARKER: True,
+           **{m: state for state, m in wire.PROGRESS_MARKERS.items()}}
 MARKER_HEAD = b"\x00\x1bjaxrun-"  # what every marker begins with
 assert all(m.startswith(MARKER_HEAD) for m in MARKERS)
 
@@ -92,8 +93,8 @@ class AgentStderr:
                 continue
             out.append(data[at:found])
             at = found + len(marker)
-            if marker == wire.JOINED_MARKER:
-                self.news.joined()
+            if marker in (wire.JOINED_MARKER, wire.JOINED_RECOVERABLE_MARKER):
+                self.news.joined(MARKERS[marker])
             else:
                 self.news.progress(MARKERS[marker])
         out.append(data[at:])

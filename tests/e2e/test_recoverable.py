@@ -1,0 +1,119 @@
+"""Recoverable jobs (docs/restarts.md, "Fault-tolerant JAX programs"): when
+every process enabled ``jax_enable_recoverability``, a failed process other
+than 0 leaves the others running and, with restarts, starts again alone; a
+dead process 0 still ends everyone; ``--no-recoverable`` keeps fail-fast.
+
+Real 3-process JAX jobs of ``examples/recoverable.py`` (JAX's pattern without
+collectives), whose ``--crash P`` SIGKILLs process P in its first run.  The
+four cases run side by side, locally in both modes and over SSH (process 2
+on hostB, whose host agent starts it again)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from fixtures.jobs import ROOT, TOKEN
+
+EXAMPLE = ROOT / "examples" / "recoverable.py"
+CASES = {
+    # name: (jaxrun's flags, the example's)
+    "restarts": (("--max-restarts", 1, "--junit-xml", "{tmp}/restarts.xml"), ("--crash", 2)),
+    "no restarts": ((), ("--crash", 2, "--wait", 3)),
+    "process 0": (("--max-restarts", 0), ("--crash", 0)),
+    "fail fast": (("--no-recoverable",), ("--crash", 2)),
+}
+OTHERS_GO_ON = "the others go on (the job is recoverable: every process enabled jax_enable_recoverability)"
+
+
+def start_cases(start, tmp_path, script, *where, **kw) -> dict:
+    jobs = {}
+    for name, (flags, script_args) in CASES.items():
+        flags = [str(f).format(tmp=tmp_path) for f in flags]
+        jobs[name] = start(*where, "--cpu-devices", 1, *flags, "--log-dir", tmp_path / name.replace(" ", "-"),
+                           "--report", tmp_path / f"{name}.json", script, *script_args, **kw)
+    return jobs
+
+
+def report(tmp_path, name: str) -> dict:
+    return json.loads((tmp_path / f"{name}.json").read_text())
+
+
+def check_cases(jobs: dict, tmp_path, two: str = "process 2") -> None:
+    """``two``: how the console names process 2 ("process 2 on hostB")."""
+    codes = {name: job.wait(timeout=150) for name, job in jobs.items()}
+
+    # Process 2 dies, restarts allowed: 0 and 1 run once and finish; 2 runs twice, rejoins, finishes.
+    job = jobs["restarts"]
+    assert codes["restarts"] == 0, job.stderr
+    assert f"{two} failed (killed by SIGKILL); {OTHERS_GO_ON}; starting process 2 again alone " \
+           "(restart 1 of 1)" in job.stderr, job.stderr
+    found = report(tmp_path, "restarts")
+    assert found["restarts"] == 0 and len(found["attempts"]) == 1, found  # no whole-job restart
+    assert found["attempts"][0]["recoverable"] is True
+    runs = {p["process_id"]: p["runs"] for p in found["processes"]}
+    assert [len(runs[r]) for r in (0, 1, 2)] == [1, 1, 2], runs
+    assert [p["pid"] for p in found["processes"][:2]] == [runs[0][0]["pid"], runs[1][0]["pid"]]
+    first, second = runs[2]
+    assert first["signal"] == "SIGKILL" and first["verdict"] == "failed, started again alone", first
+    assert second["exit_code"] == 0 and second["pid"] != first["pid"], second
+    assert second["started_at"] >= first["ended_at"]
+    rerun = open(second["stdout_log"]).read()
+    assert "process 2 run 1 joined: 3 devices" in rerun and "process 2 done" in rerun, rerun
+    for rank in (0, 1):
+        assert f"process {rank} done" in job.stdout, job.stdout
+    assert f"{two} started again alone once: run 1 (pid" in job.stderr
+    junit = (tmp_path / "restarts.xml").read_text()
+    assert junit.count("<testcase ") == 3 and 'failures="0"' in junit, junit
+    assert "run 1 of 2 (pid" in junit and "killed by SIGKILL; started again alone" in junit, junit
+    logs = subprocess.run([sys.executable, "-m", "jaxrun", "logs", "--log-dir", tmp_path, "restarts", "--ranks", "2"],
+                          capture_output=True, text=True, timeout=60)
+    assert "process 2 run 0 joined" in logs.stdout and "process 2, run 2 (started again alone):" in logs.stdout
+    assert logs.stdout.index("process 2, run 2") < logs.stdout.index("process 2 run 1 joined"), logs.stdout
+
+    # Process 2 dies, no restarts: 0 and 1 finish; the status and the summary name process 2.
+    job = jobs["no restarts"]
+    assert codes["no restarts"] == 137, job.stderr
+    assert f"{two} failed (killed by SIGKILL); {OTHERS_GO_ON}\n" in job.stderr, job.stderr
+    assert f"{two} failed first: killed by SIGKILL" in job.stderr, job.stderr
+    found = report(tmp_path, "no restarts")
+    assert [p["verdict"] for p in found["processes"]] == ["ok", "ok", "failed first"], found["processes"]
+    assert found["root_cause"]["process_id"] == 2 and len(found["attempts"]) == 1
+    assert "process 0 done" in job.stdout and "process 1 done" in job.stdout
+
+    # Process 0 dies: every process ends within seconds of it.
+    job = jobs["process 0"]
+    assert codes["process 0"] == 137, job.stderr
+    found = report(tmp_path, "process 0")
+    assert found["root_cause"]["process_id"] == 0, found["root_cause"]
+    ends = [p["ended_at"] for p in found["processes"]]
+    assert max(ends) - ends[0] < 5, ends
+    assert "the others go on" not in job.stderr
+
+    # --no-recoverable: fail-fast, as for any job.
+    job = jobs["fail fast"]
+    assert codes["fail fast"] == 137, job.stderr
+    found = report(tmp_path, "fail fast")
+    assert found["root_cause"]["process_id"] == 2 and found["attempts"][0]["recoverable"] is False
+    assert [p["verdict"] for p in found["processes"][:2]] != ["ok", "ok"], found["processes"]
+    assert "the others go on" not in job.stderr and "done" not in job.stdout, job.stdout
+
+
+@pytest.mark.both_modes  # the replacement is forked by the preloading server, or a fresh interpreter
+@pytest.mark.timeout(200)
+def test_a_failed_process_restarts_alone_and_the_others_go_on(launch, tmp_path):
+    check_cases(start_cases(launch, tmp_path, EXAMPLE, "-n", 3), tmp_path)
+
+
+@pytest.mark.timeout(200)
+def test_over_ssh_the_host_agent_starts_it_again(sshd_hosts, start_job, tmp_path, shared_dir):
+    script = shared_dir / "recoverable.py"
+    shutil.copy(EXAMPLE, script)
+    jobs = start_cases(start_job, tmp_path, script, "-H", "hostA,hostB:2", "--ssh-config", sshd_hosts.config,
+                       "--env", f"PYTHONPATH={ROOT}", "-x", TOKEN, cwd=shared_dir)
+    check_cases(jobs, tmp_path, "process 2 on hostB")
+    found = report(tmp_path, "restarts")
+    assert [p["host"] for p in found["processes"]] == ["hostA", "hostB", "hostB"], found["processes"]
