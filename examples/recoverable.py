@@ -1,6 +1,6 @@
 """A fault-tolerant JAX program: its processes do not share fate.
 
-    jaxrun -n 3 --cpu-devices 1 --max-restarts 1 examples/recoverable.py --crash 2
+    jaxrun -n 4 --cpu-devices 2 --max-restarts 1 --env CRASH_PROCESS=3 examples/recoverable.py
 
 JAX's pattern without collectives. Every process enables
 ``jax_enable_recoverability`` before it joins, then works on its own devices,
@@ -8,12 +8,12 @@ step by step. Each one says it has finished in the coordination service's
 key-value store, and process 0, which hosts that service, waits for the
 others before it leaves (its end would end theirs).
 
-With ``--crash P``, process P kills itself (SIGKILL) partway through its first
-run. jaxrun sees that every process enabled recoverability, so it keeps the
-others running, and with ``--max-restarts`` it starts process P again alone,
-with the same id. The new run rejoins the job, sees every device again, and
-finishes. Without restarts the others still finish, and jaxrun's exit status
-and summary name process P.
+With ``--crash P`` (or ``CRASH_PROCESS=P`` in its environment), process P
+kills itself (SIGKILL) partway through its first run. jaxrun sees that every
+process enabled recoverability, so it keeps the others running, and with
+``--max-restarts`` it starts process P again alone, with the same id. The new
+run rejoins the job, sees every device again, and finishes. Without restarts
+the others still finish, and jaxrun's exit status and summary name process P.
 
 Collectives across a failure (``multihost_utils.live_devices``) work only on
 GPUs in JAX 0.10; ``bench/recoverable_gpu.py`` is that check.
@@ -33,7 +33,8 @@ import jaxrun
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=10)
 parser.add_argument("--step-seconds", type=float, default=0.3)
-parser.add_argument("--crash", type=int, default=None, help="this process kills itself in its first run")
+parser.add_argument("--crash", type=int, default=os.environ.get("CRASH_PROCESS"),
+                    help="this process kills itself in its first run")
 parser.add_argument("--wait", type=float, default=60.0, help="how long process 0 waits for the others at the end")
 args = parser.parse_args()
 

@@ -246,4 +246,10 @@ def check_resume(layout, out):
         one(out[p], r"result 4309189")
 
 
+def check_recoverable(layout, out):
+    for p in ranks(layout):
+        one(out[p], rf"process {p} run 0 joined: {layout.total} devices, {layout.devices} local")
+        one(out[p], rf"process {p} done: total 5040000 \(jaxrun.process_id\(\) = {p}\)")
+
+
 CHECKS = {name.removeprefix("check_"): fn for name, fn in dict(globals()).items() if name.startswith("check_")}

@@ -11,6 +11,7 @@ on hostB, whose host agent starts it again)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -117,3 +118,44 @@ def test_over_ssh_the_host_agent_starts_it_again(sshd_hosts, start_job, tmp_path
     check_cases(jobs, tmp_path, "process 2 on hostB")
     found = report(tmp_path, "restarts")
     assert [p["host"] for p in found["processes"]] == ["hostA", "hostB", "hostB"], found["processes"]
+
+
+# Engines that start an attempt's processes as one gang: a recoverable job
+# says so, keeps the survivors running, and restarts whole jobs only.
+# (id, jaxrun's flags given the engine's fixture, that fixture, a program it needs, environment)
+GANGS = [
+    ("slurm", lambda _: ["--launcher", "slurm"], "slurm_cluster", "srun", {}),
+    ("mpirun", lambda _: ["--launcher", "mpirun"], None, "mpirun", {"OMPI_MCA_rmaps_base_oversubscribe": "1"}),
+    ("ray", lambda cluster: ["--launcher", "ray", "--ray-address", cluster.address], "ray_cluster", None,
+     {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}),
+]
+
+
+@pytest.mark.parametrize("gang", GANGS, ids=[g[0] for g in GANGS])
+@pytest.mark.timeout(200)
+def test_a_gang_keeps_the_survivors_and_restarts_whole_jobs(gang, request, start_job, tmp_path, shared_dir):
+    name, flags, fixture, program, env = gang
+    if program and not shutil.which(program):
+        pytest.skip(f"{program} is not installed")
+    engine = request.getfixturevalue(fixture) if fixture else None
+    script = shared_dir / "recoverable.py"
+    shutil.copy(EXAMPLE, script)
+    job = start_job(*flags(engine), "-n", 3, "--cpu-devices", 1, "--max-restarts", 1, "--log-dir", tmp_path / "logs",
+                    "--report", tmp_path / "report.json", script, "--crash", 2, "--wait", 3, cwd=shared_dir, env=env)
+    assert job.wait(timeout=180) == 137, job.stderr
+    title = {"slurm": "Slurm", "mpirun": "Open MPI's mpirun", "ray": "Ray"}[name]
+    gang_line = (f"jaxrun: the job is recoverable: every process enabled jax_enable_recoverability; {title} starts "
+                 "the processes as one gang and cannot start one of them again: a process other than 0 that fails "
+                 "leaves the others running, and --max-restarts restarts only whole jobs")
+    assert job.stderr.count(gang_line) == 2, job.stderr  # once in each attempt
+    failed = re.findall(rf"process 2( on \S+)? failed \(killed by SIGKILL\); {re.escape(OTHERS_GO_ON)}\n", job.stderr)
+    assert len(failed) == 2, job.stderr
+    assert "jaxrun: restarting the whole job (restart 1 of 1)" in job.stderr
+    found = json.loads((tmp_path / "report.json").read_text())
+    assert len(found["attempts"]) == 2, found
+    for attempt in found["attempts"]:
+        assert attempt["recoverable"] is True and attempt["root_cause"]["process_id"] == 2, attempt
+        assert [p["verdict"] for p in attempt["processes"]] == ["ok", "ok", "failed first"], attempt["processes"]
+        assert [len(p["runs"]) for p in attempt["processes"]] == [1, 1, 1]
+    # The survivors finished in each attempt: the engine's own fail-fast left them be.
+    assert job.stdout.count("process 0 done") == 2 and job.stdout.count("process 1 done") == 2, job.stdout
