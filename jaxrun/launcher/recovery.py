@@ -123,8 +123,8 @@ def next_run(record: ProcessRecord, log_dir: str) -> ProcessRecord:
     coordinator and environment, its own restart count, its own log files;
     the failed run becomes one of its earlier runs."""
     run = record.run + 1
-    env = {**record.spec.env, contract.PROCESS_RESTARTS: str(run),
-           contract.RESTART_COUNT: str(int(record.spec.env.get(contract.RESTART_COUNT, "0")) + run)}
+    attempt = int(record.spec.env.get(contract.RESTART_COUNT, "0")) - record.run  # the attempt's own count
+    env = {**record.spec.env, contract.PROCESS_RESTARTS: str(run), contract.RESTART_COUNT: str(attempt + run)}
     spec = dataclasses.replace(record.spec, env=env)
     record.verdict = Verdict.RESTARTED
     again = ProcessRecord(spec, *log_paths(log_dir, spec.rank, run), run=run, earlier=record.runs)

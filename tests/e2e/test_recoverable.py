@@ -11,13 +11,16 @@ on hostB, whose host agent starts it again)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 
 import pytest
 from fixtures.jobs import ROOT, TOKEN
+from fixtures.sshd import free_port
 
 EXAMPLE = ROOT / "examples" / "recoverable.py"
 CASES = {
@@ -101,6 +104,47 @@ def check_cases(jobs: dict, tmp_path, two: str = "process 2") -> None:
     assert found["root_cause"]["process_id"] == 2 and found["attempts"][0]["recoverable"] is False
     assert [p["verdict"] for p in found["processes"][:2]] != ["ok", "ok"], found["processes"]
     assert "the others go on" not in job.stderr and "done" not in job.stdout, job.stdout
+
+
+# The guide's plain launch, with the restart by hand: each process a background
+# python whose initialize() gets the coordinator, count and id (the example
+# leaves them to its launcher).
+PLAIN = ("import functools, runpy, sys, jax; jax.distributed.initialize = "
+         "functools.partial(jax.distributed.initialize, sys.argv[1], 3, int(sys.argv[2])); "
+         "sys.argv = [sys.argv[3], *sys.argv[4:]]; runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+@pytest.mark.timeout(120)
+def test_the_plain_launch_behaves_alike(tmp_path):
+    """What jaxrun does for the script is what its user would do by hand:
+    the survivors keep their processes, and process 2 started again with its
+    id rejoins and finishes."""
+    coordinator = f"127.0.0.1:{free_port('127.0.0.1')}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAXRUN_") or k == TOKEN}
+    env.update(JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
+
+    def start(rank: int, run: int) -> subprocess.Popen:
+        out = open(tmp_path / f"process-{rank}.run-{run}.out", "wb")
+        with out:
+            return subprocess.Popen([sys.executable, "-c", PLAIN, coordinator, str(rank), str(EXAMPLE), "--crash", "2"],
+                                    env={**env, "JAXRUN_PROCESS_RESTARTS": str(run)}, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+
+    procs = [start(rank, 0) for rank in range(3)]
+    try:
+        assert procs[2].wait(timeout=60) == -9  # the example's fault
+        assert procs[0].poll() is None and procs[1].poll() is None  # nobody else stopped
+        procs.append(start(2, 1))
+        assert [p.wait(timeout=60) for p in (procs[0], procs[1], procs[3])] == [0, 0, 0]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    outputs = {name.name: name.read_text() for name in tmp_path.glob("*.out")}
+    assert "process 2 run 1 joined: 3 devices" in outputs["process-2.run-1.out"], outputs
+    for rank, run in ((0, 0), (1, 0), (2, 1)):
+        assert f"process {rank} done: total 5040000" in outputs[f"process-{rank}.run-{run}.out"], outputs
 
 
 @pytest.mark.both_modes  # the replacement is forked by the preloading server, or a fresh interpreter

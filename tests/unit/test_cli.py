@@ -257,3 +257,15 @@ def test_the_command_hands_over_every_value_the_configuration_reads(script, args
     assert (config.backend, config.dry_run) == (backend, True)
     (launcher,) = [p for p in cli.main.params if p.name == "launcher"]
     assert list(launcher.type.choices) == list(BACKENDS)
+
+
+def test_recoverable_is_a_failures_option_and_reaches_a_task_agent_only_when_given(script):
+    help_text = cli.main.get_help(click.Context(cli.main, info_name="jaxrun"))
+    failures = help_text.split("\nFailures:")[1].split("\nAcross hosts (SSH):")[0]
+    assert "--recoverable / --no-recoverable" in failures
+    seen = {}
+    for flag in ("--recoverable", "--no-recoverable", None):
+        code, out, err = run_cli("-n", "2", "--dry-run", *([flag] if flag else []), script)
+        assert code == 0, err
+        seen[flag] = re.findall(r"JAXRUN_RECOVERABLE=(\w+)", out)
+    assert seen == {"--recoverable": ["on", "on"], "--no-recoverable": ["off", "off"], None: []}

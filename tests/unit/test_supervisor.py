@@ -676,3 +676,117 @@ def test_joins_are_heard_the_way_each_child_reports_them(tmp_path, reports_joins
     # A joined file is seen at the next look (JOIN_POLL), a reported join at once.
     done = b"jaxrun: 2/2 processes joined in " + (b"1.0 s" if how == "on_join" else b"1.2 s")
     assert (done in h.sup.printer.err.getvalue()) == counted
+
+
+# -- a recoverable job (launcher.recovery) -----------------------------------------
+
+class RespawningBackend(FakeBackend):
+    """Starts one process again alone: its second spawn is a new fake child."""
+
+    starts_one_again = True
+
+    def __init__(self, n: int, events: ScriptedEvents, clock: FakeClock):
+        super().__init__(n, events, clock, (), False)
+        self.events, self.clock = events, clock
+        self.again: list[ProcessSpec] = []  # the specs started again alone
+        for child in self.children.values():
+            child.reports_joins = True
+
+    def spawn(self, spec, lifeline_fd, extra_env, log_fds, news):
+        if self.children[spec.rank].returncode is not None:
+            self.again.append(spec)
+            self.children[spec.rank] = FakeChild(spec.rank, self.events, self.clock, (), False)
+            self.children[spec.rank].reports_joins = True
+        return super().spawn(spec, lifeline_fd, extra_env, log_fds, news)
+
+
+def recoverable_harness(tmp_path, restarts: int, announced=(True, True, True, True), mode=None):
+    from jaxrun.launcher.recovery import Recovery
+
+    h = Harness(tmp_path)
+    h.backend = RespawningBackend(4, h.events, h.clock)
+    notes: list[str] = []
+    h.sup.backend = h.backend
+    h.sup.recovery = Recovery(mode, restarts, True, "fake", 4, notes.append)
+    for rank, flag in enumerate(announced):
+        h.at(0.5, lambda rank=rank, flag=flag: h.backend.children[rank].news.joined(flag))
+    return h, notes
+
+
+def kid(h, rank):
+    return h.backend.children[rank]  # the newest child of that rank
+
+
+BAD = contract.ErrorRecord("ValueError", "bad shard", 'Traceback (most recent call last):\n'
+                           '  File "/work/train.py", line 12, in <module>\n    raise ValueError("bad shard")\n'
+                           'ValueError: bad shard\n', 1.0)
+
+
+def test_a_recoverable_failure_restarts_that_process_alone(tmp_path):
+    h, notes = recoverable_harness(tmp_path, restarts=1)
+    h.at(1, lambda: kid(h, 2).exit(-signal.SIGKILL))
+    h.at(2, lambda: kid(h, 2).exit(0))  # the new run
+    for rank in (0, 1, 3):
+        h.at(3, lambda rank=rank: kid(h, rank).exit(0))
+    survivors = [h.backend.children[r] for r in (0, 1, 3)]
+    outcome = h.run()
+    assert (outcome.exit_code, outcome.reason, outcome.recoverable) == (0, None, True)
+    assert all(child.live_signals == [] for child in survivors)  # nobody was stopped
+    (again,) = h.backend.again
+    assert again.env[contract.PROCESS_RESTARTS] == "1" and again.env[contract.RESTART_COUNT] == "1"
+    record = outcome.records[2]
+    assert [r.verdict for r in record.runs] == [Verdict.RESTARTED, Verdict.OK]
+    assert record.runs[0].stdout_log.endswith("process-2.stdout")
+    assert record.stdout_log.endswith("process-2.run-1.stdout")
+    assert [n for n in notes if "failed" in n] == [
+        "jaxrun: process 2 failed (killed by SIGKILL); the others go on (the job is recoverable: every process "
+        "enabled jax_enable_recoverability); starting process 2 again alone (restart 1 of 1)"]
+
+
+def test_without_restarts_the_others_finish_and_the_status_names_it(tmp_path):
+    h, notes = recoverable_harness(tmp_path, restarts=0)
+    h.at(1, lambda: kid(h, 2).exit(7))
+    for rank in (0, 1, 3):
+        h.at(3, lambda rank=rank: kid(h, rank).exit(0))
+    outcome = h.run()
+    assert (outcome.exit_code, outcome.reason, outcome.root_cause, outcome.whole_restart) == \
+        (7, StopReason.FAILURE, 2, False)
+    assert verdicts(outcome) == [Verdict.OK, Verdict.OK, Verdict.ROOT_CAUSE, Verdict.OK]
+    assert not h.backend.again
+    assert "jaxrun: process 2 failed first: exit code 7 (pid 40002)" in summary_lines(outcome, h.log_dir)
+
+
+def test_the_same_failure_twice_stops_that_process_restarts(tmp_path):
+    h, notes = recoverable_harness(tmp_path, restarts=3)
+
+    def fail():
+        BAD.dump(kid(h, 2).spawned_with[0][contract.ERROR_FILE])
+        kid(h, 2).exit(1)
+
+    h.at(1, fail)
+    h.at(2, fail)
+    for rank in (0, 1, 3):
+        h.at(3, lambda rank=rank: kid(h, rank).exit(0))
+    outcome = h.run()
+    assert len(h.backend.again) == 1 and outcome.exit_code == 1
+    assert notes[-1].endswith("; not starting it again: the same failure as its run 1 "
+                              "(ValueError: bad shard at /work/train.py:12)"), notes
+
+
+def test_process_0s_death_still_ends_every_process(tmp_path):
+    h, notes = recoverable_harness(tmp_path, restarts=1)
+    h.at(1, lambda: kid(h, 0).exit(1))
+    outcome = h.run()
+    assert (outcome.exit_code, outcome.root_cause, outcome.whole_restart) == (1, 0, True)
+    assert verdicts(outcome)[1:] == [Verdict.STOPPED] * 3 and not h.backend.again
+
+
+@pytest.mark.parametrize("announced, mode", [((True, True, False, True), None), ((True,) * 4, False)],
+                         ids=["one-process-did-not-enable-it", "no-recoverable"])
+def test_a_job_that_is_not_recoverable_fails_fast(tmp_path, announced, mode):
+    h, notes = recoverable_harness(tmp_path, restarts=1, announced=announced, mode=mode)
+    h.at(1, lambda: kid(h, 2).exit(7))
+    outcome = h.run()
+    assert (outcome.exit_code, outcome.reason, outcome.recoverable) == (7, StopReason.FAILURE, False)
+    assert verdicts(outcome) == [Verdict.STOPPED, Verdict.STOPPED, Verdict.ROOT_CAUSE, Verdict.STOPPED]
+    assert not h.backend.again and not notes
