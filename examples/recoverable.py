@@ -5,8 +5,8 @@
 JAX's pattern without collectives. Every process enables
 ``jax_enable_recoverability`` before it joins, then works on its own devices,
 step by step. Each one says it has finished in the coordination service's
-key-value store, and process 0, which hosts that service, waits for the
-others before it leaves (its end would end theirs).
+key-value store and leaves; process 0, which hosts that service, waits for the
+others to have finished and left before it does (its end would end theirs).
 
 With ``--crash P`` (or ``CRASH_PROCESS=P`` in its environment), process P
 kills itself (SIGKILL) partway through its first run. jaxrun sees that every
@@ -56,7 +56,9 @@ for step in range(args.steps):
 
 client = distributed.global_state.client
 client.key_value_set(f"example/done/{me}", str(total))
-if me == 0:
+if me != 0:
+    jax.distributed.shutdown()  # leave now, while process 0 still hosts the service
+else:
     deadline = time.monotonic() + args.wait
     for other in range(1, count):
         left_ms = max(1, int((deadline - time.monotonic()) * 1000))
@@ -64,4 +66,7 @@ if me == 0:
             client.blocking_key_value_get(f"example/done/{other}", left_ms)
         except Exception:  # noqa: BLE001 -- it never finished: it failed for good
             print(f"process 0: process {other} did not finish within {args.wait:g} s", flush=True)
+    # Then wait for the others to have left: process 0's end ends the service they leave through.
+    while len(client.get_live_nodes(list(range(count)))) > 1 and time.monotonic() < deadline + 10:
+        time.sleep(0.05)
 print(f"process {me} done: total {total} (jaxrun.process_id() = {jaxrun.process_id()})", flush=True)

@@ -139,6 +139,8 @@ def config_from_args(values: Mapping[str, Any], backends: Mapping[str, BackendEn
         config.interactive = "pipe" if values.get("kernel_pipe") else "console"
         if config.max_restarts:
             raise LaunchError("-i takes no --max-restarts: a session's state cannot be restarted")
+        if values.get("recoverable"):
+            raise LaunchError("-i takes no --recoverable: every statement runs in every process")
     return config
 
 

@@ -272,7 +272,8 @@ def run_attempt(config: RunConfig, specs, backend: Backend, log_dir: str, consol
     running = running if running is not None else []
     before = reaper.descendants()  # what the backend holds across attempts (ssh masters)
     deadline = deadline or Deadline(config.timeout)  # one attempt, one clock: see core.deadline
-    recovery = Recovery(config.options.recoverable, config.max_restarts, backend.starts_one_again,
+    mode = False if config.interactive else config.options.recoverable  # a session needs every process
+    recovery = Recovery(mode, config.max_restarts, backend.starts_one_again,
                         backend.title or backend.name, len(specs), printer.note)
     supervisor = Supervisor(specs, backend, printer, log_dir, grace=config.grace, deadline=deadline,
                             events=control.events, hooks=control.hooks, stall_timeout=config.options.stall_timeout,

@@ -19,7 +19,7 @@ import subprocess
 import sys
 
 import pytest
-from fixtures.jobs import ROOT, TOKEN
+from fixtures.jobs import ROOT, TOKEN, overload
 from fixtures.sshd import free_port
 
 EXAMPLE = ROOT / "examples" / "recoverable.py"
@@ -153,6 +153,13 @@ def test_a_failed_process_restarts_alone_and_the_others_go_on(launch, tmp_path):
     check_cases(start_cases(launch, tmp_path, EXAMPLE, "-n", 3), tmp_path)
 
 
+@pytest.mark.timeout(250)
+def test_under_cpu_load_too(launch, tmp_path):
+    """A busy loop per core besides: a shared CI machine is always loaded."""
+    with overload():
+        check_cases(start_cases(launch, tmp_path, EXAMPLE, "-n", 3), tmp_path)
+
+
 @pytest.mark.timeout(200)
 def test_over_ssh_the_host_agent_starts_it_again(sshd_hosts, start_job, tmp_path, shared_dir):
     script = shared_dir / "recoverable.py"
@@ -203,3 +210,19 @@ def test_a_gang_keeps_the_survivors_and_restarts_whole_jobs(gang, request, start
         assert [len(p["runs"]) for p in attempt["processes"]] == [1, 1, 1]
     # The survivors finished in each attempt: the engine's own fail-fast left them be.
     assert job.stdout.count("process 0 done") == 2 and job.stdout.count("process 1 done") == 2, job.stdout
+
+
+@pytest.mark.timeout(150)
+def test_where_a_host_refuses_channels_its_session_agent_starts_it_again(sshd_hosts_without_forwarding, start_job,
+                                                                         tmp_path, shared_dir):
+    script = shared_dir / "recoverable.py"
+    shutil.copy(EXAMPLE, script)
+    job = start_job("-H", "hostC,hostD:2", "--ssh-config", sshd_hosts_without_forwarding.config,
+                    "--env", f"PYTHONPATH={ROOT}", "-x", TOKEN, "--cpu-devices", 1, "--max-restarts", 1,
+                    "--log-dir", tmp_path / "logs", "--report", tmp_path / "report.json", script, "--crash", 2,
+                    cwd=shared_dir)
+    assert job.wait(timeout=120) == 0, job.stderr
+    assert "process 2 on hostD failed (killed by SIGKILL); the others go on" in job.stderr, job.stderr
+    found = json.loads((tmp_path / "report.json").read_text())
+    assert [len(p["runs"]) for p in found["processes"]] == [1, 1, 2], found["processes"]
+    assert "process 2 run 1 joined: 3 devices" in open(found["processes"][2]["stdout_log"]).read()

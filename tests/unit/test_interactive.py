@@ -141,6 +141,7 @@ def test_i_needs_no_script_and_runs_the_interactive_controller():
 @pytest.mark.parametrize("args, message", [
     (("-i", "toy.py"), "-i takes no SCRIPT"),
     (("-i", "--max-restarts", "1"), "-i takes no --max-restarts"),
+    (("-i", "--recoverable"), "-i takes no --recoverable"),
     ((), "missing SCRIPT"),
 ])
 def test_i_refuses_what_a_session_cannot_do(args, message):
