@@ -59,6 +59,7 @@ from jaxrun.launcher.progress import JoinProgress, joined_path
 from jaxrun.launcher.pump import OutputPump, enlarge_pipe
 from jaxrun.launcher.recovery import Recovery, next_run
 from jaxrun.launcher.stall import StallWatch, progress_path
+from jaxrun.reporting import diagnosis
 
 # After a failure or a timeout, how long survivors get to write their stack dumps.
 DUMP_WAIT = 0.5
@@ -121,7 +122,6 @@ class Supervisor:
         self.stall: StallWatch | None = None
         self.full = False  # the log folder was full at the end
         self.recovery = recovery or Recovery(False, 0, False, backend.name, len(self.specs))  # default: fail fast
-        self.lifeline_r: int | None = None  # held for processes started again alone
 
     def joins_settled(self) -> bool:
         """The start-up progress is over (its last line is out)."""
@@ -140,7 +140,8 @@ class Supervisor:
         self.progress = JoinProgress(self.specs, self.printer.status, self.printer.note,
                                      live=self.printer.can_show_status(), clock=self.clock,
                                      on_join=self.recovery.joined)
-        self.lifeline_r, lifeline_w = lifeline_r, _ = os.pipe()
+        lifeline_r, lifeline_w = os.pipe()
+        self.lifeline_r = lifeline_r  # kept open to the end: a process started again alone gets it too
         self.records = {spec.rank: ProcessRecord(spec, *log_paths(self.log_dir, spec.rank)) for spec in self.specs}
         self.stall = StallWatch(self.specs, self.stall_timeout, self.clock, self.printer.note,
                                 {rank: rec.stderr_log for rank, rec in self.records.items()})
@@ -317,9 +318,10 @@ class Supervisor:
         record = self.records[rank]
         if self.reason is None and self.recovery.spares_others(rank):
             self._recover(rank)
-        elif self.reason is None:
-            record.verdict = Verdict.ROOT_CAUSE
-            self.root_cause = rank
+        elif self.reason is None:  # the first failure, or process 0's after a recoverable job's first
+            first = self.recovery.failed[0] if self.recovery.failed else rank
+            record.verdict = Verdict.ROOT_CAUSE if first == rank else Verdict.CONSEQUENCE
+            self.root_cause = first
             self._begin_stop(StopReason.FAILURE, DUMP_WAIT, signal.SIGUSR1)
         elif self.reason is StopReason.FAILURE and not self.kill_sent:
             record.verdict = Verdict.CONSEQUENCE
@@ -329,8 +331,6 @@ class Supervisor:
     def _recover(self, rank: int) -> None:
         """A recoverable job's process other than 0 failed: the others go on;
         it may start again alone (``launcher.recovery``)."""
-        from jaxrun.reporting import diagnosis
-
         record = self.records[rank]
         fingerprint, failure = diagnosis.run_failure(record)
         if self.recovery.after_failure(rank, diagnosis.where(record), diagnosis.describe_exit(record),

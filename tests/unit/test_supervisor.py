@@ -790,3 +790,13 @@ def test_a_job_that_is_not_recoverable_fails_fast(tmp_path, announced, mode):
     assert (outcome.exit_code, outcome.reason, outcome.recoverable) == (7, StopReason.FAILURE, False)
     assert verdicts(outcome) == [Verdict.STOPPED, Verdict.STOPPED, Verdict.ROOT_CAUSE, Verdict.STOPPED]
     assert not h.backend.again and not notes
+
+
+def test_process_0s_death_after_a_spared_failure_names_the_first_failure(tmp_path):
+    h, notes = recoverable_harness(tmp_path, restarts=0)
+    h.at(1, lambda: kid(h, 2).exit(7))
+    h.at(2, lambda: kid(h, 0).exit(1))  # then everyone is stopped
+    outcome = h.run()
+    assert (outcome.exit_code, outcome.reason, outcome.root_cause) == (7, StopReason.FAILURE, 2)
+    assert verdicts(outcome) == [Verdict.CONSEQUENCE, Verdict.STOPPED, Verdict.ROOT_CAUSE, Verdict.STOPPED]
+    assert outcome.whole_restart  # process 0's death: a whole-job restart may follow
