@@ -15,7 +15,7 @@ this module what a failure of a process other than 0 means:
 - where the backend can start one process again (locally, over SSH), and
   ``--max-restarts K`` allows, that process alone starts again, up to K
   times, unless it failed exactly as in its run before (#37's rule, per
-  process: ``reporting.diagnosis.fingerprint``);
+  process: ``reporting.diagnosis.run_failure``);
 - where it cannot (a scheduler's gang, Ray's group), the job says so once,
   and only whole jobs restart, after every process has ended.
 
@@ -37,7 +37,7 @@ class Recovery:
     mode: bool | None  # --recoverable True, --no-recoverable False; None: as the processes announce
     restarts: int  # --max-restarts: how many times each process may start again alone
     alone: bool  # the backend starts one process again (local, SSH); False: a gang
-    engine: str  # the backend's name, for the gang's line
+    engine: str  # the engine as users call it (``Backend.title``), for the gang's line
     total: int  # processes in the attempt
     note: Callable[[str], None] = print
     announced: set[int] = dataclasses.field(default_factory=set)  # ranks that enabled recoverability
