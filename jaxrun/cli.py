@@ -191,7 +191,8 @@ class SectionedCommand(click.Command):
 @click.option("--grace", type=Seconds(min=0), default=30.0, show_default=True, metavar="SECONDS",
               help="After forwarding SIGINT/SIGTERM/SIGHUP, wait this long before SIGKILL.")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Restart the whole job this many times after a failure.")
+              help="Restart the whole job this many times after a failure (in a recoverable job: each failed "
+                   "process other than 0, alone).")
 @click.option("--recoverable/--no-recoverable", default=None,
               help="A fault-tolerant JAX job (every process enabled jax_enable_recoverability, or "
                    "--recoverable): a failed process other than 0 leaves the others running, and "
