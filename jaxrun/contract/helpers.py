@@ -148,20 +148,6 @@ def mark_joined(path: str | None, recoverable: bool = False) -> bool:
     return True
 
 
-def joined_recoverable(path: str) -> bool:
-    """Whether the joined file at ``path`` says its process enabled recoverability."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
-        return False
-    try:
-        return os.read(fd, 64).strip() == RECOVERABLE.encode()
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-
-
 # -- addresses -------------------------------------------------------------------------
 def is_loopback(address: str | None) -> bool:
     """True for a loopback IP address, or a name that resolves to one."""

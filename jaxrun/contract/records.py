@@ -16,7 +16,7 @@ from typing import BinaryIO
 
 from jaxrun.contract.helpers import signal_name  # noqa: F401
 from jaxrun.contract.names import *  # noqa: F401,F403
-from jaxrun.contract.names import BUSY, IDLE
+from jaxrun.contract.names import BUSY, IDLE, RECOVERABLE
 
 # -- reading back what a process left ---------------------------------------------------
 # Every log and record is read after a run through these three: only a regular
@@ -111,6 +111,12 @@ def remove_private(path: str) -> None:
             os.unlink(stale)
         except OSError:
             pass
+
+
+def joined_recoverable(path: str) -> bool:
+    """Whether the joined file at ``path`` says its process enabled recoverability."""
+    data = read_small(path, 64)
+    return data is not None and data.strip() == RECOVERABLE.encode()
 
 
 def read_progress(path: str) -> str | None:

@@ -37,10 +37,10 @@ from jaxrun.core.spec import Host, ProcessSpec
 
 
 class SshBackend(Backend):
-    starts_one_again = True  # the host's agent starts it, as it started the first
     """Controllers on the hosts of a hosts file, over the system's ssh client."""
 
     name = "ssh"
+    starts_one_again = True  # the host's agent starts it, as it started the first
 
     def __init__(self, settings: SshOptions, hosts: Sequence[Host], console: TextIO, verbose: bool = False,
                  preload: bool = False, preload_modules: Sequence[str] = ()):
