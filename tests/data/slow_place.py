@@ -20,6 +20,7 @@ PLACE_SECONDS = float(os.environ["PLACE_SECONDS"])
 
 class SlowToPlace(LocalBackend):
     def place(self, ask):
+        print(f"placing at {time.time():.3f}", file=sys.stderr, flush=True)  # the attempt's start, for the test
         began = time.monotonic()
         wait_until(lambda: False, self.hooks, timeout=PLACE_SECONDS)  # Interrupted once --timeout passes
         print(f"placed after {time.monotonic() - began:.1f} s", file=sys.stderr, flush=True)

@@ -3,13 +3,18 @@ attempt is placed: a slow placement and a slow start-up both count, so no
 attempt outlives it (docs/options.md).
 
 The backend is the real local one, made slow to place (tests/data/slow_place.py);
-the job is real processes that start slowly and then never end.
+the job is real processes that start slowly and then never end.  An attempt's
+life is timed on jaxrun's own record, from the start of its placement to its
+processes' end in the report: the interpreter's start before it and the
+reports after it are not the attempt, and on a loaded machine they took
+seconds (CI once measured 11.8 s from outside for a 6.5 s attempt).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -21,11 +26,11 @@ PROBE = os.path.join(ROOT, "tests", "data", "slow_place.py")
 # Sleeps before it prints: a start-up that takes its time, then a hang.
 SLOW_START = "import time\ntime.sleep(1.5)\nprint('started', flush=True)\ntime.sleep(600)\n"
 TIMEOUT = 5.0
-PLACE = 3.0
-# After --timeout: the stack dumps (TIMEOUT_DUMP_WAIT, 1.5 s), the kill and the
-# reports; on a loaded 2-core machine.  Less than PLACE, so that a deadline
-# that started after the placement would be seen.
-SLACK = 2.9
+PLACE = 4.0
+# After --timeout: the stack dumps (TIMEOUT_DUMP_WAIT, 1.5 s) and the kill, on
+# a loaded 2-core machine.  Less than PLACE, so that a deadline that started
+# after the placement would be seen.
+SLACK = 3.5
 
 
 def run_probe(tmp_path, place: float, *args: str) -> tuple[subprocess.CompletedProcess, float]:
@@ -42,17 +47,20 @@ def run_probe(tmp_path, place: float, *args: str) -> tuple[subprocess.CompletedP
 @pytest.mark.parametrize("restarts", ["0", "1"])
 def test_a_slow_placement_and_a_slow_start_count_against_the_timeout(tmp_path, restarts):
     report = tmp_path / "report.json"
-    done, took = run_probe(tmp_path, PLACE, "--max-restarts", restarts, "--report", str(report))
+    done, _ = run_probe(tmp_path, PLACE, "--max-restarts", restarts, "--report", str(report))
     assert done.returncode == 124, done.stderr
     assert "placed after" in done.stderr and "started" in done.stdout, done.stderr
-    assert took < TIMEOUT + SLACK, f"the attempt outlived --timeout {TIMEOUT:g}: {took:.1f} s\n{done.stderr}"
     attempts = json.loads(report.read_text())["attempts"]
     assert len(attempts) == 1  # a timeout ends the run, restarts or not (docs/restarts.md)
+    placing = float(re.search(r"placing at ([0-9.]+)", done.stderr).group(1))
+    lived = max(p["ended_at"] for p in attempts[0]["processes"]) - placing
+    assert lived < TIMEOUT + SLACK, f"the attempt outlived --timeout {TIMEOUT:g}: {lived:.1f} s\n{done.stderr}"
 
 
 def test_a_placement_longer_than_the_timeout_is_cut_short(tmp_path):
-    done, took = run_probe(tmp_path, 30.0)
+    long_place = 30.0
+    done, took = run_probe(tmp_path, long_place)
     assert done.returncode == 124, done.stderr
     assert "stopped during start-up: --timeout; no process was started" in done.stderr
     assert "placed after" not in done.stderr
-    assert took < TIMEOUT + SLACK
+    assert took < long_place / 2  # from outside: a placement waited out would take all of it
