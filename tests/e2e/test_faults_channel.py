@@ -373,6 +373,43 @@ def test_step_kill_and_close_leave_nothing_queued(slurm_cluster, tmp_path):
         assert wait_for(lambda: not squeue_jobs(slurm_cluster), within=5), (how, squeue_jobs(slurm_cluster))
 
 
+# From srun's first milliseconds (its allocation, its step's launch) to a step
+# that runs.  SIGKILLed at once, as jaxrun's srun was once a task had reached
+# it, srun left its job RUNNING at nearly every one of these moments; on
+# SIGTERM it hung at about one in 19 (see jaxrun.backends.scheduler.slurm).
+STOP_MOMENTS = [i / 1000 for i in range(3, 42, 3)]
+
+
+@pytest.mark.timeout(120)
+def test_srun_stopped_at_any_moment_of_its_start_leaves_no_job(slurm_cluster):
+    """``SrunProcess.stop`` with a task already reached, as when the first
+    task has reached jaxrun and the second is still being launched, then the
+    step watcher's reap and cleanup."""
+    from jaxrun.backends.scheduler.options import SlurmOptions
+    from jaxrun.backends.scheduler.slurm import SrunProcess
+    from jaxrun.core.backend import RunHooks
+
+    left = {}
+    for moment in STOP_MOMENTS:
+        srun = SrunProcess(SlurmOptions(), 2, ["sleep", "30"], None, slurm_cluster, sys.stderr,
+                           job_name=f"jaxrun-test-{os.getpid()}")
+        srun.start(slurm_cluster, RunHooks())
+        try:
+            time.sleep(moment)
+            srun.stop(True, RunHooks())
+            srun.popen.communicate(timeout=15)
+        finally:
+            srun.signal(signal.SIGKILL)
+            srun.popen.wait()
+        srun.cleanup()
+        if not wait_for(lambda: not squeue_jobs(slurm_cluster), within=5):
+            jobs = [line.split()[0] for line in squeue_jobs(slurm_cluster) if line.strip()]
+            left[moment] = jobs
+            subprocess.run(["scancel", *jobs], env=slurm_cluster, check=False)
+            wait_for(lambda: not squeue_jobs(slurm_cluster), within=10)
+    assert not left, f"jobs left behind, by the moment srun was stopped: {left}"
+
+
 DRIVE_STEP = f"""\
 import json, os, signal, subprocess, sys, time
 sys.path.insert(0, {str(ROOT)!r})

@@ -1,5 +1,6 @@
 """The scheduler backend's pure parts: srun and mpirun command lines, usage errors."""
 
+import io
 import subprocess
 import sys
 
@@ -20,6 +21,43 @@ def test_srun_command_is_one_step_that_dies_with_any_task():
         "python3", "-m", "jaxrun.backends.scheduler.task_agent", "--",
         "python3", "-m", "jaxrun.shim", "--", "t.py", "{process_id}",
     ]
+
+
+def test_srun_names_the_job_it_allocates_after_the_run_unless_the_user_does():
+    launch = plan.LaunchOptions(target=plan.Target("t.py"), num_processes=2, coordinator="", run_id="r1",
+                                scheduled=True)
+
+    def argv(base_env, scheduler_args=()):
+        backend = slurm.SlurmBackend(SlurmOptions(scheduler_args=scheduler_args), launch, io.StringIO(), base_env)
+        return backend.step_process(2, ["agent"], []).argv({})
+
+    assert argv({})[:4] == ["srun", "--kill-on-bad-exit=1", "--ntasks=2", "--job-name=jaxrun-r1"]
+    assert not any(a.startswith("--job-name") for a in argv({"SLURM_JOB_ID": "7"}))  # a step of the user's job
+    for mine in (("-J", "mine"), ("-Jmine",), ("--job-name=mine",), ("--job-name", "mine")):
+        assert [a for a in argv({}, mine) if a.startswith(("--job-name", "-J"))] == [mine[0]], mine
+
+
+class Ended:
+    def __init__(self, returncode):
+        self.returncode = returncode
+
+
+@pytest.mark.parametrize(("returncode", "queued", "cancelled"), [
+    (0, None, []),  # srun ended by itself: its job ended with it
+    (137, None, []),  # so did one that ended its job on SIGTERM
+    (-9, None, [["scancel", "--name=jaxrun-r1"]]),  # SIGKILLed: its job may stay allocated
+    (None, None, [["scancel", "--name=jaxrun-r1"]]),  # about to be (the watchdog's settle)
+    (0, "42", [["scancel", "42"]]),  # unnamed, but it said its job was queued
+])
+def test_an_srun_that_did_not_end_by_itself_has_its_job_cancelled(monkeypatch, returncode, queued, cancelled):
+    calls = []
+    monkeypatch.setattr(slurm.subprocess, "run", lambda argv, **kw: calls.append(argv))
+    srun = slurm.SrunProcess(SlurmOptions(), 2, ["agent"], None, {}, io.StringIO(),
+                             job_name=None if queued else "jaxrun-r1")
+    srun.popen, srun.queued_job = Ended(returncode), queued
+    srun.cleanup()
+    srun.cleanup()  # the step watcher and close() both clean up: one scancel
+    assert calls == cancelled
 
 
 def test_launcher_usage_errors(tmp_path):

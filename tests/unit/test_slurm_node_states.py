@@ -67,7 +67,8 @@ def test_a_restart_excludes_the_lost_nodes_and_asks_for_fewer():
 def test_placement_is_decided_once_and_shapes_the_restarts_step():
     run, asked = answering("n1|idle|none\nn2|drained|bad disk\nn3|mixed|none\n")
     launch = LaunchOptions(Target("t.py"), 4, "", "run", scheduled=True)
-    backend = scheduler.SlurmBackend(SlurmOptions(nodes=3), launch, io.StringIO(), {}, run=run)
+    inside = {"SLURM_JOB_ID": "7"}  # an elastic run chooses among its allocation's nodes
+    backend = scheduler.SlurmBackend(SlurmOptions(nodes=3), launch, io.StringIO(), inside, run=run)
     hosts = (Host("n1", 2), Host("n2", 2), Host("n3", 2))
     first = backend.place(Ask(hosts, 4))
     assert (first.hosts, first.num_processes, asked, backend.placement) == (hosts, 4, [], None)

@@ -4,11 +4,24 @@ Here is all that is Slurm's own: srun's command line, the step process and
 how it is stopped, which nodes Slurm reports unusable, and the allocation's
 nodes an elastic restart chooses from.
 
-Stopping a step that Slurm still queues needs care: ``srun`` withdraws its
-pending job on SIGTERM or SIGINT, but after SIGKILL the job stays in the
-queue.  ``SrunProcess.stop`` therefore sends SIGTERM first while no task has
-reached jaxrun, and the job id ``srun`` reported as queued is cancelled with
-``scancel`` if ``srun`` ended without withdrawing it.  Its thread is
+Stopping srun needs care, because an srun that dies by SIGKILL may leave its
+job behind.  On SIGTERM or SIGINT it withdraws a pending job, or ends a
+running one with its step, in about 0.2 s.  After SIGKILL a queued job stays
+in the queue.  An allocation that srun made and had not yet launched its step
+into stays RUNNING with nothing in it, until its time limit where
+``InactiveLimit`` is 0, Slurm's default.  Measured on the suite's cluster
+(tests/e2e/test_faults_channel.py): srun's process group SIGKILLed 5 to 41 ms
+after its start left such a job at nearly every moment tried.  CI once had
+one this way: its first task had reached jaxrun and its second was still
+being launched.
+
+So ``SrunProcess.stop`` always sends SIGTERM first, and SIGKILL only
+``SRUN_WITHDRAW_WAIT`` later.  SIGTERM is not enough alone: an srun that took
+it while launching its step hung there until the SIGKILL at about one moment
+in 19.  So outside an allocation the job is named
+after the run (``jaxrun-RUN_ID``, unless the user names it), and an srun that
+did not end by itself has its job cancelled by that name.  A job that srun
+reported as queued is cancelled by its id.  The stop's thread is
 ``step-kill``.
 """
 
@@ -50,13 +63,15 @@ SLURM_QUERY_TIMEOUT = 30.0
 
 
 def srun_command(options: SlurmOptions, num_processes: int, task: Sequence[str],
-                 placement: Placement | None = None) -> list[str]:
+                 placement: Placement | None = None, job_name: str | None = None) -> list[str]:
     """One step.  Inside an allocation (SLURM_JOB_ID set) srun uses it; outside,
     srun asks for one.  --kill-on-bad-exit ends every task once one fails,
     even if jaxrun itself cannot reach them.  An elastic restart's
     ``placement`` leaves out the nodes it dropped, and asks for no more
-    nodes than it holds."""
+    nodes than it holds.  ``job_name``: the name of the job srun allocates."""
     argv = ["srun", "--kill-on-bad-exit=1", f"--ntasks={num_processes}"]
+    if job_name:
+        argv.append(f"--job-name={job_name}")
     nodes = options.nodes
     if placement is not None and nodes and placement.hosts:
         nodes = min(nodes, len(placement.hosts))
@@ -106,23 +121,31 @@ def _slurm(argv: list[str], run) -> str:
     return done.stdout
 
 
+def names_its_job(args: Sequence[str]) -> bool:
+    """Whether srun's own arguments (``--scheduler-args``) name the job."""
+    return any(a == "-J" or a.startswith(("--job-name", "-J")) for a in args)
+
+
 class SrunProcess(Command):
-    """The srun of one step: it may wait in Slurm's queue, and must then be
-    withdrawn, never left there (see the module docstring)."""
+    """The srun of one step: its job may wait in Slurm's queue, or be
+    allocated, and must then be withdrawn, never left (see the module
+    docstring).  ``job_name``: the name its job is given and may be cancelled
+    by; None where srun allocates nothing, or the user names the job."""
 
     program = "srun"
 
     def __init__(self, options: SlurmOptions, count: int, task: Sequence[str],
-                 placement: Placement | None, scancel_env: Mapping[str, str], console: TextIO):
+                 placement: Placement | None, scancel_env: Mapping[str, str], console: TextIO,
+                 job_name: str | None = None):
         self.options, self.count, self.task, self.placement = options, count, list(task), placement
-        self.scancel_env, self.console = dict(scancel_env), console
+        self.scancel_env, self.console, self.job_name = dict(scancel_env), console, job_name
         self.queued_job: str | None = None  # the job srun said it waits for, until it runs
         self._killing = False
         self._lock = threading.Lock()
         self._withdraw_lock = threading.Lock()
 
     def argv(self, env: Mapping[str, str]) -> list[str]:
-        return srun_command(self.options, self.count, self.task, self.placement)
+        return srun_command(self.options, self.count, self.task, self.placement, self.job_name)
 
     def heard(self, line: bytes) -> None:
         queued = QUEUED.search(line)
@@ -132,12 +155,10 @@ class SrunProcess(Command):
             self.queued_job = None
 
     def stop(self, reached: bool, hooks: RunHooks) -> None:
-        """An srun that no task has reached may still wait for its allocation:
-        it gets SIGTERM, on which it withdraws its job (SIGKILL would leave
-        the job queued), and SIGKILL only ``SRUN_WITHDRAW_WAIT`` later."""
-        if reached:
-            self.signal(signal.SIGKILL)
-            return
+        """SIGTERM, on which srun withdraws or ends its job, whether or not a
+        task has ``reached`` jaxrun (one may have while another is still being
+        launched), and SIGKILL only ``SRUN_WITHDRAW_WAIT`` later (see the
+        module docstring)."""
         self.signal(signal.SIGTERM)
         with self._lock:
             if self._killing:
@@ -152,27 +173,35 @@ class SrunProcess(Command):
         self.signal(signal.SIGKILL)
 
     def cleanup(self, timeout: float = SCANCEL_TIMEOUT) -> None:
-        """srun ended while its job was still queued (it was SIGKILLed before
-        it could withdraw it): cancel that job, or it would run later."""
+        """srun did not end by itself (a signal ended it, or is about to), or
+        ended while its job was still queued: cancel the job, by its name if
+        it has one of ours, else by the id srun reported; a job left queued
+        would run later, and one left allocated would stay RUNNING."""
         with self._withdraw_lock:
             job, self.queued_job = self.queued_job, None
-            if job is None:
+            code = self.popen.returncode if self.popen is not None else 0
+            if self.job_name and (code is None or code < 0):
+                target, self.job_name = f"--name={self.job_name}", None  # once
+            elif job is not None:
+                target = job
+            else:
                 return
             try:
-                subprocess.run(["scancel", job], env=self.scancel_env, stdin=subprocess.DEVNULL,
+                subprocess.run(["scancel", target], env=self.scancel_env, stdin=subprocess.DEVNULL,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout)
             except (OSError, subprocess.SubprocessError):
                 try:
-                    print(f"[srun] jaxrun: could not cancel the queued job {job}; run: scancel {job}",
+                    print(f"[srun] jaxrun: could not cancel its job; run: scancel {target}",
                           file=self.console, flush=True)
                 except (OSError, ValueError):
                     pass  # a console that went away
 
     def settle(self) -> None:
-        """It waits for one thing only, and briefly: a queued job withdrawn
-        (by srun, a few ms, else by scancel), since a SIGKILL that came first
-        would leave the job queued."""
-        if self.queued_job is None:
+        """It waits for one thing only, and briefly: srun's end after the
+        SIGTERM that ``stop`` sent, since a SIGKILL that came first could
+        leave its job queued or allocated; then its job is cancelled, as
+        after any end that srun did not come to by itself."""
+        if not self._killing and self.queued_job is None:
             return
         deadline = time.monotonic() + SRUN_ABORT_WAIT
         while not _has_exited(self.popen.pid) and time.monotonic() < deadline:
@@ -226,4 +255,6 @@ class SlurmBackend(SchedulerBackend):
         return self.placement
 
     def step_process(self, count: int, task: Sequence[str], planned: Iterable[str]) -> SrunProcess:
-        return SrunProcess(self.options, count, task, self.placement, self.base_env, self.console)
+        allocates = "SLURM_JOB_ID" not in self.base_env  # else each step is one of the user's allocation
+        name = f"jaxrun-{self.launch.run_id}" if allocates and not names_its_job(self.options.scheduler_args) else None
+        return SrunProcess(self.options, count, task, self.placement, self.base_env, self.console, name)
