@@ -30,7 +30,7 @@ from pathlib import Path
 import psutil
 import pytest
 from fixtures.engines import BYTES_PROBE, bytes_payload
-from fixtures.jobs import ROOT
+from fixtures.jobs import ROOT, still_running
 
 from jaxrun import contract, wire
 
@@ -472,4 +472,4 @@ def test_daemons_a_task_starts_end_with_it(request, scheduler, start_job, tmp_pa
     assert job.wait(timeout=40) == 0, job.stderr[-3000:]
     started = [int(p.name) for p in pids.iterdir()]
     assert len(started) == 2, started
-    assert wait_for(lambda: not any(psutil.pid_exists(p) for p in started), within=5), started
+    assert wait_for(lambda: not still_running(started), within=5), still_running(started)

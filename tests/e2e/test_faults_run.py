@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from fixtures.jobs import JAXRUN, ROOT, TOKEN, wait_gone
+from fixtures.jobs import JAXRUN, ROOT, TOKEN, still_running, wait_gone
 
 LINES = 100_000
 MANY_LINES = f"""\
@@ -189,7 +189,7 @@ def test_setsid_daemons_do_not_survive(launch_mode, started, tmp_path):
     code, took, err = finish(proc, 40)
     assert code == 0, err[-2000:]
     pids = [int((tmp_path / f"daemon.{rank}").read_text()) for rank in range(2)]
-    alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    alive = still_running(pids)
     for pid in alive:
         os.kill(pid, signal.SIGKILL)
     assert not alive, f"daemons outlived jaxrun: {alive}"
@@ -206,9 +206,9 @@ def test_setsid_daemons_do_not_survive_over_ssh(sshd_hosts, started, tmp_path, s
     assert code == 0, err[-2000:]
     pids = [int((shared_dir / f"daemon.{rank}").read_text()) for rank in range(2)]
     deadline = time.monotonic() + 5  # the agent's kill follows the session's end by a moment
-    while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in pids):
+    while time.monotonic() < deadline and still_running(pids):
         time.sleep(0.1)
-    alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    alive = still_running(pids)
     for pid in alive:
         os.kill(pid, signal.SIGKILL)
     assert not alive, f"remote daemons outlived jaxrun: {alive}"

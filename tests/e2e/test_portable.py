@@ -21,9 +21,8 @@ import threading
 import time
 import uuid
 
-import psutil
 import pytest
-from fixtures.jobs import ROOT, wait_gone
+from fixtures.jobs import ROOT, still_running, wait_gone
 
 from jaxrun import contract
 
@@ -125,8 +124,7 @@ def test_sigkill_to_jaxrun_leaves_no_child_or_grandchild(start_job, tmp_path, no
     job.proc.kill()
     job.proc.wait()
     assert wait_gone(no_leftover_processes, within=5.0) == []
-    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-                   for p in grandchildren)
+    assert not still_running(grandchildren, no_leftover_processes)
 
 
 # A daemon: its own session, its parent gone at once (a double fork), so
@@ -155,7 +153,7 @@ def test_setsid_daemons_do_not_survive(start_job, tmp_path, mode):
     job = start_job("-n", 2, *(["--no-preload"] if mode == "no-preload" else []), script, tmp_path / "daemon")
     assert job.wait(timeout=40) == 0, job.stderr
     pids = [int((tmp_path / f"daemon.{rank}").read_text()) for rank in range(2)]
-    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    alive = still_running(pids)
     for pid in alive:
         os.kill(pid, signal.SIGKILL)
     assert not alive, f"daemons outlived jaxrun: {alive}"
