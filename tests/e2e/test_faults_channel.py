@@ -33,6 +33,9 @@ from fixtures.engines import BYTES_PROBE, bytes_payload
 from fixtures.jobs import ROOT, still_running
 
 from jaxrun import contract, wire
+from jaxrun.backends.scheduler.options import SlurmOptions
+from jaxrun.backends.scheduler.slurm import SrunProcess
+from jaxrun.core.backend import RunHooks
 
 SLURM = ["--launcher", "slurm"]
 FLOOD = 2000  # connections
@@ -385,10 +388,6 @@ def test_srun_stopped_at_any_moment_of_its_start_leaves_no_job(slurm_cluster):
     """``SrunProcess.stop`` with a task already reached, as when the first
     task has reached jaxrun and the second is still being launched, then the
     step watcher's reap and cleanup."""
-    from jaxrun.backends.scheduler.options import SlurmOptions
-    from jaxrun.backends.scheduler.slurm import SrunProcess
-    from jaxrun.core.backend import RunHooks
-
     left = {}
     for moment in STOP_MOMENTS:
         srun = SrunProcess(SlurmOptions(), 2, ["sleep", "30"], None, slurm_cluster, sys.stderr,

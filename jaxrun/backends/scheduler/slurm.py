@@ -18,11 +18,10 @@ being launched.
 So ``SrunProcess.stop`` always sends SIGTERM first, and SIGKILL only
 ``SRUN_WITHDRAW_WAIT`` later.  SIGTERM is not enough alone: an srun that took
 it while launching its step hung there until the SIGKILL at about one moment
-in 19.  So outside an allocation the job is named
-after the run (``jaxrun-RUN_ID``, unless the user names it), and an srun that
-did not end by itself has its job cancelled by that name.  A job that srun
-reported as queued is cancelled by its id.  The stop's thread is
-``step-kill``.
+in 19.  So outside an allocation the job is named after the run
+(``jaxrun-RUN_ID``, unless the user names it), and an srun that did not end
+by itself has its job cancelled by that name.  A job that srun reported as
+queued is cancelled by its id.  The stop's thread is ``step-kill``.
 """
 
 from __future__ import annotations
@@ -123,7 +122,7 @@ def _slurm(argv: list[str], run) -> str:
 
 def names_its_job(args: Sequence[str]) -> bool:
     """Whether srun's own arguments (``--scheduler-args``) name the job."""
-    return any(a == "-J" or a.startswith(("--job-name", "-J")) for a in args)
+    return any(a.startswith(("--job-name", "-J")) for a in args)
 
 
 class SrunProcess(Command):
@@ -140,6 +139,7 @@ class SrunProcess(Command):
         self.options, self.count, self.task, self.placement = options, count, list(task), placement
         self.scancel_env, self.console, self.job_name = dict(scancel_env), console, job_name
         self.queued_job: str | None = None  # the job srun said it waits for, until it runs
+        self._named_cancelled = False  # the step watcher and close() both clean up: one scancel
         self._killing = False
         self._lock = threading.Lock()
         self._withdraw_lock = threading.Lock()
@@ -180,8 +180,8 @@ class SrunProcess(Command):
         with self._withdraw_lock:
             job, self.queued_job = self.queued_job, None
             code = self.popen.returncode if self.popen is not None else 0
-            if self.job_name and (code is None or code < 0):
-                target, self.job_name = f"--name={self.job_name}", None  # once
+            if self.job_name and not self._named_cancelled and (code is None or code < 0):
+                target, self._named_cancelled = f"--name={self.job_name}", True
             elif job is not None:
                 target = job
             else:
