@@ -1,5 +1,5 @@
 """The ``jaxrun`` command line: the command, its options and their help.
-``jaxrun.launcher.configure`` turns the parsed values into a ``RunConfig``,
+``jaxrun.launcher.setup.configure`` turns the parsed values into a ``RunConfig``,
 and ``jaxrun.launcher.run.run`` does the work with the backend that config
 names.  The backends' registry gives ``--launcher`` its choices; no backend
 module is imported here."""
@@ -17,8 +17,8 @@ from jaxrun.backends import BACKENDS
 from jaxrun.core.config import Flag, LaunchError, Value, declared_flags
 from jaxrun.core.ranks import DIGITS, parse_ranks
 from jaxrun.core.spec import PlanError
-from jaxrun.launcher.configure import config_from_args
 from jaxrun.launcher.run import run
+from jaxrun.launcher.setup.configure import config_from_args
 
 # The longest wait any option may ask for (about 31 years).  Beyond it the
 # event loop's waits overflow (threading.TIMEOUT_MAX is about 292 years).
@@ -288,7 +288,7 @@ main.params[-1:-1] = [backend_option(d.flag) for d in declared_flags(BACKENDS).v
 @click.pass_context
 def kernel(ctx):
     """Jupyter kernels that run every cell in every process of a jaxrun launch."""
-    from jaxrun.launcher import kernelspec
+    from jaxrun.launcher.interactive import kernelspec
 
     kernelspec.require_ipykernel()  # one line on how to get it, before anything else
     if ctx.invoked_subcommand is None:
@@ -308,7 +308,7 @@ def kernel_install(name, display_name, user, prefix, launch):
     \b
       jaxrun kernel install --name jax4 -- -n 4 --cpu-devices 2
     """
-    from jaxrun.launcher import kernelspec
+    from jaxrun.launcher.interactive import kernelspec
 
     if user and prefix:
         raise LaunchError("--user and --prefix cannot be used together")
@@ -333,7 +333,7 @@ def entry_point(argv: list[str] | None = None) -> None:
 
         command, prog, argv = k8s.command, "jaxrun k8s", argv[1:]
     elif argv[:1] == ["logs"] and not os.path.isfile("logs"):  # a script named "logs" still runs
-        from jaxrun.launcher import logs
+        from jaxrun.launcher.output import logs
 
         command, prog, argv = logs.command, "jaxrun logs", argv[1:]
     elif argv[:1] == ["kernel"] and not os.path.isfile("kernel"):

@@ -14,7 +14,7 @@ facility (Linux)                       portable path (macOS and the rest)
 child subreaper (``prctl``)            process-group kills, then a walk of the process
                                        tree and of the processes that carry this
                                        process's ``JAXRUN_ORPHAN_MARK`` (``core.reaper``)
-inotify                                the output pump's tick (``launcher.filewatch``)
+inotify                                the output pump's tick (``launcher.output.filewatch``)
 ``F_SETPIPE_SZ``                       the system's default pipe size
 ``setpriority`` on a thread id         the console thread keeps the default priority
 abstract Unix socket ``"\\0name"``      a socket file in a private 0700 folder

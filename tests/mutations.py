@@ -62,7 +62,7 @@ MUTATIONS = [
     Mutation(
         "pump-drops-partial-line",
         "the pumped log writer (SSH, srun, mpirun) drops an unfinished last line",
-        (("jaxrun/launcher/pump.py", "        view = memoryview(data)\n",
+        (("jaxrun/launcher/output/pump.py", "        view = memoryview(data)\n",
           "        held = getattr(src, 'held_line', b'') + data\n"
           "        src.held_line = held[held.rfind(b'\\n') + 1:]\n"
           "        view = memoryview(held[:held.rfind(b'\\n') + 1])\n"),),
@@ -80,7 +80,7 @@ MUTATIONS = [
     Mutation(
         "signals-not-forwarded",
         "SIGINT/SIGTERM/SIGHUP stop the job without reaching the children",
-        (("jaxrun/launcher/supervisor.py", "self._begin_stop(StopReason.SIGNAL, self.grace, signum)",
+        (("jaxrun/launcher/attempt/supervisor.py", "self._begin_stop(StopReason.SIGNAL, self.grace, signum)",
           "self._begin_stop(StopReason.SIGNAL, self.grace, 0)"),),
         ("tests/e2e/test_supervision.py",),
         "forwarded",
@@ -95,7 +95,7 @@ MUTATIONS = [
     Mutation(
         "inotify-never-armed",
         "quiet log files are never watched with inotify",
-        (("jaxrun/launcher/filewatch.py", "        if self._init is None:\n            return None",
+        (("jaxrun/launcher/output/filewatch.py", "        if self._init is None:\n            return None",
           "        if True:\n            return None"),),
         ("tests/e2e/test_console.py",),
         "follows",
@@ -110,14 +110,15 @@ MUTATIONS = [
     Mutation(
         "engine-note-per-process",
         "the console shows a scheduler step's failure once per process again",
-        (("jaxrun/launcher/console.py", "if contract.parse_engine_note(", "if False and contract.parse_engine_note("),),
+        (("jaxrun/launcher/output/printer.py", "if contract.parse_engine_note(",
+          "if False and contract.parse_engine_note("),),
         ("tests/e2e/test_mpirun.py", "tests/unit/test_engine_note.py"),
         "named_once or console",
     ),
     Mutation(
         "recovery-stops-the-others",
         "a recoverable job's failed process other than 0 stops every process (fail-fast as before)",
-        (("jaxrun/launcher/supervisor.py",
+        (("jaxrun/launcher/attempt/supervisor.py",
           "        if self.reason is None and self.recovery.spares_others(rank):",
           "        if False:"),),
         ("tests/unit/test_supervisor.py", "tests/e2e/test_recoverable.py"),
@@ -155,7 +156,7 @@ MUTATIONS = [
     Mutation(
         "root-cause-arrival-order",
         "the first failure heard is the root cause, whatever the evidence (a fork server reaps in rank order)",
-        (("jaxrun/launcher/supervisor.py",
+        (("jaxrun/launcher/attempt/supervisor.py",
           "            self.root_cause = causes.settle(self.records, self.heard, self.root_cause)",
           "            pass"),),
         ("tests/unit/test_supervisor.py", "tests/e2e/test_root_cause.py"),
@@ -163,7 +164,7 @@ MUTATIONS = [
     Mutation(
         "helper-end-is-a-failure",
         "a helper's end (an ssh client, the fork server) heard just before jaxrun's own SIGTERM becomes the failure",
-        (("jaxrun/launcher/supervisor.py", "if self.reason is None and (end.lost or",
+        (("jaxrun/launcher/attempt/supervisor.py", "if self.reason is None and (end.lost or",
           "if False and (end.lost or"),),
         ("tests/unit/test_supervisor.py",),
         "helper or held",
@@ -195,7 +196,7 @@ MUTATIONS = [
     Mutation(
         "elastic-without-spares",
         "an elastic restart never brings in a spare host: it shrinks at once",
-        (("jaxrun/launcher/elastic.py", "[h.name for h in last if h.name in by_name] + list(by_name))",
+        (("jaxrun/launcher/restarts/elastic.py", "[h.name for h in last if h.name in by_name] + list(by_name))",
           "[h.name for h in last if h.name in by_name])"),),
         ("tests/e2e/test_elastic.py",),
         "spare or hosts_command",
@@ -218,7 +219,7 @@ MUTATIONS = [
     Mutation(
         "interactive-output-per-process",
         "jaxrun -i shows output that every process wrote alike once per process, not once with its ranks",
-        (("jaxrun/launcher/merge.py", "            found.setdefault(text, []).append(rank)",
+        (("jaxrun/launcher/interactive/merge.py", "            found.setdefault(text, []).append(rank)",
           "            found.setdefault(f\"{rank}\\0{text}\", []).append(rank)"),),
         ("tests/unit/test_interactive.py", "tests/e2e/test_interactive.py"),
         "toy or identical",
@@ -226,7 +227,7 @@ MUTATIONS = [
     Mutation(
         "interactive-ctrl-c-not-forwarded",
         "Ctrl-C during a statement of jaxrun -i reaches no process: the statement runs on",
-        (("jaxrun/launcher/supervisor.py",
+        (("jaxrun/launcher/attempt/supervisor.py",
           "            if self.reason is None:\n                self._send_all(event.signum)", "            pass"),),
         ("tests/e2e/test_interactive.py",),
         "toy or ctrl_c",

@@ -143,7 +143,7 @@ class Outcome:
     # False: a recoverable job whose processes restarted alone ran to its end;
     # its failure is not restarted whole.
     whole_restart: bool = True
-    recoverable: bool = False  # the processes did not share fate (launcher.recovery)
+    recoverable: bool = False  # the processes did not share fate (launcher.restarts.recovery)
     # reporting.diagnosis.Diagnosis, kept once the run loop has read the logs, so
     # that no report reads them again (core cannot name reporting's type).
     diagnosis: object | None = dataclasses.field(default=None, compare=False, repr=False)

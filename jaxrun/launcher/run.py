@@ -25,11 +25,13 @@ from jaxrun.core.config import LaunchError, RunConfig
 from jaxrun.core.deadline import NEVER, Deadline
 from jaxrun.core.outcome import Outcome, StopReason
 from jaxrun.core.spec import PlanError
-from jaxrun.launcher import elastic, plan as planning
-from jaxrun.launcher.console import ConsolePrinter, SafeConsole
+from jaxrun.launcher.attempt.supervisor import Supervisor
 from jaxrun.launcher.control import BUG_REPORT, RunControl
-from jaxrun.launcher.recovery import Recovery
-from jaxrun.launcher.supervisor import Supervisor
+from jaxrun.launcher.output.printer import ConsolePrinter, SafeConsole
+from jaxrun.launcher.restarts import elastic
+from jaxrun.launcher.restarts.recovery import Recovery
+from jaxrun.launcher.setup import hosts as hostfile, plan as planning
+from jaxrun.launcher.setup.discover import discover
 from jaxrun.reporting import github, history, report, summary
 
 # The ends --max-restarts restarts: a failure, and a stall (a hang is a failure too).
@@ -95,7 +97,7 @@ def run(config: RunConfig, backend: Backend | None = None, console: TextIO | Non
     code = 1
     try:
         if config.interactive:
-            from jaxrun.launcher import interactive
+            from jaxrun.launcher.interactive import frontend as interactive
 
             code = interactive.drive(config, control,
                                      lambda config: run_attempts(config, backend, control, console, running),
@@ -128,7 +130,7 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
     outcomes: list[Outcome] = []
     dirs: list[str] = []
     options = config.options
-    hosts = tuple(elastic.used_hosts(options.hosts, options.num_processes))
+    hosts = tuple(hostfile.used_hosts(options.hosts, options.num_processes))
     with backend:
         for attempt in range(config.max_restarts + 1):
             log_dir = attempt_dir(config.log_dir, attempt)
@@ -177,11 +179,11 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
 
 def elastic_ask(config: RunConfig, backend: Backend, failed: Outcome,
                 last: tuple) -> tuple[Ask, dict[str, str]]:
-    """An elastic restart's ask (see ``launcher.elastic``), and the hosts lost
+    """An elastic restart's ask (see ``launcher.restarts.elastic``), and the hosts lost
     in the failed attempt with why: the backend checks every candidate again,
     and ``choose`` keeps the run's rules (spares fill lost places, never fewer
     than --min-hosts, a fixed --mesh must fit)."""
-    listed = elastic.discover(config.hosts_command) if config.hosts_command else backend.pool()
+    listed = discover(config.hosts_command) if config.hosts_command else backend.pool()
     names = {host.name for host in listed}
     lost = {name: why for name, why in elastic.lost_hosts(failed).items() if name in names}
 

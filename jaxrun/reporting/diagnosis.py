@@ -259,7 +259,7 @@ def _with_fingerprint(root: RootCause, rec: ProcessRecord, frame: Frame | None) 
 def run_failure(rec: ProcessRecord) -> tuple[tuple | None, str]:
     """One failed run of one process, read from its files: its fingerprint
     (None: unknown) and its failure in short, for a process that restarts
-    alone (``launcher.recovery``)."""
+    alone (``launcher.restarts.recovery``)."""
     data = contract.read_tail(rec.stderr_log, DUMP_TAIL)
     lines = _lines(data)
     frame = _stack_facts(rec, data.decode("utf-8", "replace")).frame if data else None

@@ -1,5 +1,5 @@
 """The record of finished runs that ``jaxrun logs`` reads (its view is
-``jaxrun.launcher.logs``).
+``jaxrun.launcher.output.logs``).
 
 What torchrun and Slurm users reach for after a run (``sacct``, ``cat
 slurm-*.out``).  Every run leaves ``run.json`` in its log folder (written by

@@ -413,7 +413,7 @@ DRIVE_STEP = f"""\
 import json, os, signal, subprocess, sys, time
 sys.path.insert(0, {str(ROOT)!r})
 from jaxrun.backends.scheduler.slurm import SlurmBackend
-from jaxrun.launcher import plan
+from jaxrun.launcher.setup import plan
 from jaxrun.backends.scheduler.options import SlurmOptions
 from jaxrun.core.backend import NO_NEWS
 

@@ -37,7 +37,7 @@ ALLOWED = {
     "child": BOTTOM,
     "reporting": BOTTOM | {"core"},
     "backends": BOTTOM | {"core", "child"},
-    "launcher": BOTTOM - {"wire"} | {"core", "backends", "reporting"},
+    "launcher": BOTTOM | {"core", "backends", "reporting"},
     "runtime": BOTTOM | {"child"},
     "shim": {"child"},
     "pytest_plugin": BOTTOM,
@@ -48,6 +48,20 @@ ALLOWED = {
 }
 # In launcher/, only the run loop picks a backend.
 BACKEND_PICKER = "jaxrun.launcher.run"
+# The launcher's rooms, in the order of a run's life, and where each may
+# point: the run loop drives the others; an attempt prints and asks the
+# restart policy; restarts read the hosts; the interactive front ends reach
+# the run only through its control.  setup, output and control lean on no
+# other room.
+ROOMS = {
+    "run": {"setup", "attempt", "restarts", "output", "interactive", "control"},
+    "control": set(),
+    "setup": set(),
+    "attempt": {"output", "restarts"},
+    "restarts": {"setup"},
+    "output": set(),
+    "interactive": {"control"},
+}
 
 
 def module_name(path: Path) -> str:
@@ -119,6 +133,27 @@ def wrong_arrows(graph: dict[str, set[str]]) -> list[str]:
     return sorted(bad)
 
 
+def room_of(module: str) -> str | None:
+    """The launcher's room a module is in (``jaxrun.launcher.attempt.joins``: attempt), if any."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "launcher" else None
+
+
+def wrong_room_arrows(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for module, targets in graph.items():
+        here = room_of(module)
+        if here is None:
+            continue
+        for target in targets:
+            there = room_of(target)
+            if there is None or there == here:
+                continue
+            if there not in ROOMS.get(here, set()):
+                bad.append(f"{module} imports {target} ({here} -> {there})")
+    return sorted(bad)
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected groups of more than one module (Tarjan)."""
     index: dict[str, int] = {}
@@ -157,6 +192,12 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 # -- the rules -----------------------------------------------------------------------
 def test_imports_point_one_way():
     assert wrong_arrows(import_graph()) == []
+
+
+def test_the_launcher_rooms_point_one_way():
+    rooms = {room_of(m) for m in import_graph() if room_of(m)}
+    assert rooms == set(ROOMS), "a new room of launcher/ needs its arrows in ROOMS"
+    assert wrong_room_arrows(import_graph()) == []
 
 
 def test_no_import_cycle():
@@ -329,13 +370,23 @@ def test_contributing_names_every_public_backend_method():
 # -- the checks, tried on what they must find ------------------------------------------
 def test_the_arrow_check_finds_an_upward_import():
     graph = {"jaxrun.backends.ssh.backend": {"jaxrun.launcher.config"},
-             "jaxrun.launcher.supervisor": {"jaxrun.backends.base"},
-             "jaxrun.launcher.run": {"jaxrun.backends"}, "jaxrun.launcher.pump": {"jaxrun.wire"},
-             "jaxrun.core.spec": {"jaxrun.contract"}}
+             "jaxrun.launcher.attempt.supervisor": {"jaxrun.backends.base"},
+             "jaxrun.launcher.run": {"jaxrun.backends"}, "jaxrun.launcher.output.pump": {"jaxrun.wire"},
+             "jaxrun.core.spec": {"jaxrun.contract"}, "jaxrun.wire": {"jaxrun.core.spec"}}
     assert wrong_arrows(graph) == [
         "jaxrun.backends.ssh.backend imports jaxrun.launcher.config (backends -> launcher)",
-        "jaxrun.launcher.pump imports jaxrun.wire (launcher -> wire)",
-        f"jaxrun.launcher.supervisor imports jaxrun.backends.base: only {BACKEND_PICKER} picks a backend",
+        f"jaxrun.launcher.attempt.supervisor imports jaxrun.backends.base: only {BACKEND_PICKER} picks a backend",
+        "jaxrun.wire imports jaxrun.core.spec (wire -> core)",
+    ]
+
+
+def test_the_room_check_finds_an_arrow_against_the_rooms():
+    graph = {"jaxrun.launcher.output.pump": {"jaxrun.launcher.attempt.joins"},
+             "jaxrun.launcher.interactive.frontend": {"jaxrun.launcher.control", "jaxrun.launcher.run"},
+             "jaxrun.launcher.attempt.supervisor": {"jaxrun.launcher.restarts.policy", "jaxrun.core.outcome"}}
+    assert wrong_room_arrows(graph) == [
+        "jaxrun.launcher.interactive.frontend imports jaxrun.launcher.run (interactive -> run)",
+        "jaxrun.launcher.output.pump imports jaxrun.launcher.attempt.joins (output -> attempt)",
     ]
 
 

@@ -13,7 +13,7 @@ from fixtures.jobs import JAXRUN, ROOT
 from jaxrun import cli
 from jaxrun.core.config import LaunchError
 from jaxrun.core.ranks import console_rank_set
-from jaxrun.launcher import configure
+from jaxrun.launcher.setup import configure
 
 
 def run_cli(*args, env=None, cwd=None):

@@ -13,8 +13,8 @@ from jaxrun import cli, contract
 from jaxrun.backends import BACKENDS
 from jaxrun.backends.ssh.commands import process_env
 from jaxrun.child import compile_cache
-from jaxrun.launcher import plan as planning
-from jaxrun.launcher.configure import System, config_from_args
+from jaxrun.launcher.setup import plan as planning
+from jaxrun.launcher.setup.configure import System, config_from_args
 
 CACHE, JAX_DIR = contract.COMPILE_CACHE, contract.JAX_COMPILATION_CACHE_DIR
 
@@ -66,7 +66,7 @@ def test_the_default_log_folder_holds_it_too(script):
 
 
 def contract_default_folder(run_id):
-    from jaxrun.launcher.configure import default_log_dir
+    from jaxrun.launcher.setup.configure import default_log_dir
 
     return default_log_dir(run_id)
 

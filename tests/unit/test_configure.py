@@ -17,7 +17,7 @@ from jaxrun.backends import BACKENDS, create_backend
 from jaxrun.backends.scheduler.options import MpirunOptions, SlurmOptions
 from jaxrun.backends.ssh.options import SshOptions
 from jaxrun.core.config import BackendEntry, Flag, LaunchError
-from jaxrun.launcher.configure import System, config_from_args
+from jaxrun.launcher.setup.configure import System, config_from_args
 
 # Every value the command hands over when nothing is given (click's defaults).
 NOTHING_GIVEN = {

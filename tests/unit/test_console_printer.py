@@ -3,7 +3,7 @@
 import io
 
 from jaxrun.core.events import Stream
-from jaxrun.launcher.console import ConsolePrinter
+from jaxrun.launcher.output.printer import ConsolePrinter
 
 
 def printer(**kw):

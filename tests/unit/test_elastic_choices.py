@@ -1,4 +1,4 @@
-"""Elastic restarts' pure choices (launcher/elastic.py): which hosts the next
+"""Elastic restarts' pure choices (launcher/restarts/elastic.py): which hosts the next
 attempt checks and uses, the count, the stop below --min-hosts, the lines."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ import pytest
 from jaxrun.core.config import LaunchError
 from jaxrun.core.outcome import Outcome, PlacementRecord, ProcessRecord, StopReason
 from jaxrun.core.spec import Host, LaunchOptions, ProcessSpec, Target
-from jaxrun.launcher import elastic
+from jaxrun.launcher.restarts import elastic
+from jaxrun.launcher.setup.discover import discover
+from jaxrun.launcher.setup.hosts import used_hosts
 
 A, B, C, D = Host("hostA"), Host("hostB"), Host("hostC"), Host("hostD", slots=2)
 
@@ -20,9 +22,9 @@ def names(hosts) -> list[str]:
 
 
 def test_spares_are_the_hosts_beyond_what_n_needs():
-    assert names(elastic.used_hosts([A, B, C], 2)) == ["hostA", "hostB"]
-    assert names(elastic.used_hosts([D, A, B], 2)) == ["hostD"]
-    assert names(elastic.used_hosts([A, D, B], 3)) == ["hostA", "hostD"]
+    assert names(used_hosts([A, B, C], 2)) == ["hostA", "hostB"]
+    assert names(used_hosts([D, A, B], 2)) == ["hostD"]
+    assert names(used_hosts([A, D, B], 3)) == ["hostA", "hostD"]
 
 
 def test_candidates_keep_the_last_attempts_order_then_the_spares_without_the_lost():
@@ -99,7 +101,7 @@ def test_a_mesh_that_cannot_fit_the_count_left_is_a_stop_naming_it():
 
 
 def test_the_hosts_command_output_is_a_hosts_file():
-    hosts = elastic.discover("printf 'hostA slots=2\\n# spare\\nhostB\\n'")
+    hosts = discover("printf 'hostA slots=2\\n# spare\\nhostB\\n'")
     assert [(h.name, h.slots) for h in hosts] == [("hostA", 2), ("hostB", 1)]
 
 
@@ -110,5 +112,5 @@ def test_the_hosts_command_output_is_a_hosts_file():
 ])
 def test_a_hosts_command_that_fails_is_one_line(command, error):
     with pytest.raises(LaunchError) as raised:
-        elastic.discover(command)
+        discover(command)
     assert str(raised.value).startswith(error)

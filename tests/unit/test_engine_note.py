@@ -12,7 +12,7 @@ from jaxrun.core.events import Stream
 from jaxrun.core.outcome import Outcome, ProcessRecord, StopReason, Verdict
 from jaxrun.core.ranks import format_ranks
 from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
-from jaxrun.launcher.console import ConsolePrinter
+from jaxrun.launcher.output.printer import ConsolePrinter
 from jaxrun.reporting.summary import summary_lines
 
 

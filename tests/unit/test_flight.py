@@ -9,7 +9,7 @@ import pytest
 
 from jaxrun import cli, contract
 from jaxrun.child import divergence, flight
-from jaxrun.launcher import plan as planning
+from jaxrun.launcher.setup import plan as planning
 from jaxrun.reporting import summary
 
 E = contract.FlightEntry

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from jaxrun.core.spec import Host, PlanError
-from jaxrun.launcher.hosts import (
+from jaxrun.launcher.setup.hosts import (
     HostsError,
     merge_host_options,
     parse_host_option,
@@ -13,7 +13,7 @@ from jaxrun.launcher.hosts import (
     parse_line,
     total_slots,
 )
-from jaxrun.launcher.plan import assign_hosts
+from jaxrun.launcher.setup.plan import assign_hosts
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,8 @@ from jaxrun import cli, contract
 from jaxrun.backends import BACKENDS
 from jaxrun.contract import console as messages
 from jaxrun.core.config import LaunchError
-from jaxrun.launcher import interactive, kernelspec, merge, session
-from jaxrun.launcher.configure import config_from_args
+from jaxrun.launcher.interactive import frontend as interactive, kernelspec, merge, session
+from jaxrun.launcher.setup.configure import config_from_args
 
 
 def result(rank, out="", err="", error=None, name=None):
@@ -169,7 +169,7 @@ def test_the_kernelspec_runs_the_kernel_module_with_the_launch_options(tmp_path)
     folder = kernelspec.install("jax4", ["-n", "4", "--cpu-devices", "2"], None, str(tmp_path))
     spec = json.loads((tmp_path / "share/jupyter/kernels/jax4/kernel.json").read_text())
     assert folder == str(tmp_path / "share/jupyter/kernels/jax4")
-    assert spec["argv"][1:] == ["-m", "jaxrun.launcher.kernel", "-f", "{connection_file}", "--",
+    assert spec["argv"][1:] == ["-m", "jaxrun.launcher.interactive.kernel", "-f", "{connection_file}", "--",
                                 "-n", "4", "--cpu-devices", "2"]
     assert spec["language"] == "python" and spec["interrupt_mode"] == "signal"
     with pytest.raises(LaunchError, match="a kernel's name"):

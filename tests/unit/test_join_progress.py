@@ -10,8 +10,8 @@ import pytest
 
 from jaxrun.core.events import Stream
 from jaxrun.core.spec import LOCAL_HOST, Host, ProcessSpec
-from jaxrun.launcher.console import ERASE_LINE, ConsolePrinter
-from jaxrun.launcher.progress import JOIN_NAMING_AFTER, MAX_NAMED, JoinProgress, done_line, live_line, waiting_text
+from jaxrun.launcher.attempt.joins import JOIN_NAMING_AFTER, MAX_NAMED, JoinProgress, done_line, live_line, waiting_text
+from jaxrun.launcher.output.printer import ERASE_LINE, ConsolePrinter
 
 pytestmark = pytest.mark.timeout(30)
 

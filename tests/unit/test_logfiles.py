@@ -15,7 +15,7 @@ from jaxrun import contract
 from jaxrun.contract import ErrorRecord
 from jaxrun.core import causes, logfiles
 from jaxrun.core.config import LaunchError
-from jaxrun.launcher import logs
+from jaxrun.launcher.output import logs
 from jaxrun.reporting import diagnosis, history, report, stacks
 
 NOBODY = 65534

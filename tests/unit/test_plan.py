@@ -7,7 +7,7 @@ import pytest
 from jaxrun import contract
 from jaxrun.contract import substitute
 from jaxrun.core.spec import Host, LaunchOptions, PlanError, Target, local_device_ids
-from jaxrun.launcher.plan import assign_hosts, plan
+from jaxrun.launcher.setup.plan import assign_hosts, plan
 
 
 def options(**kw):

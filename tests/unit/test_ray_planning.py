@@ -13,7 +13,7 @@ from jaxrun.backends import BACKENDS
 from jaxrun.backends.ray import actor, backend as ray, driver, words
 from jaxrun.core.config import LaunchError
 from jaxrun.core.spec import Host, LaunchOptions, Target
-from jaxrun.launcher import plan as planning
+from jaxrun.launcher.setup import plan as planning
 
 A, B = "a" * 56, "b" * 56  # two Ray node ids
 

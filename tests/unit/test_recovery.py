@@ -1,5 +1,5 @@
 """A recoverable job's pure parts: the recoverable flag from the shim's joined
-file to the launcher (each far end's way), the rules in ``launcher.recovery``,
+file to the launcher (each far end's way), the rules in ``launcher.restarts.recovery``,
 a task agent's exit, the records of each run, and what the reports make of
 them.  The supervisor's side is in test_supervisor.py; real jobs in
 tests/e2e/test_recoverable.py."""
@@ -21,7 +21,7 @@ from jaxrun.core.joinwatch import JoinWatch
 from jaxrun.core.logfiles import log_paths, run_paths
 from jaxrun.core.outcome import Outcome, ProcessRecord, StopReason, Verdict
 from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
-from jaxrun.launcher.recovery import Recovery, next_run
+from jaxrun.launcher.restarts.recovery import Recovery, next_run
 from jaxrun.reporting import junit, report, summary
 
 # -- the flag -------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from jaxrun import contract
 from jaxrun.backends.scheduler import backend as scheduler, engines, mpirun, slurm, task_agent as scheduler_agent
 from jaxrun.backends.scheduler.options import MpirunOptions, SlurmOptions, mpirun_options, slurm_options
 from jaxrun.core.config import LaunchError
-from jaxrun.launcher import plan
+from jaxrun.launcher.setup import plan
 
 
 def test_srun_command_is_one_step_that_dies_with_any_task():

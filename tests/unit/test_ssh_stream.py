@@ -21,7 +21,7 @@ from jaxrun.backends.ssh.children import SessionChild
 from jaxrun.backends.ssh.stream import AgentStderr
 from jaxrun.core.backend import News
 from jaxrun.core.events import Stream, StreamClosed
-from jaxrun.launcher.pump import OutputPump
+from jaxrun.launcher.output.pump import OutputPump
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -1,6 +1,6 @@
 """The stall watchdog's pure parts: the child's sampler deciding busy or
 idle (``child.liveness``), and the launcher's watch deciding when the job
-has stalled and who stands out (``launcher.stall``).  The real processes
+has stalled and who stands out (``launcher.attempt.activity``).  The real processes
 are in tests/e2e/test_stall.py and the matrix's stuck row."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from jaxrun import contract
 from jaxrun.child import liveness
 from jaxrun.core.outcome import Place
 from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
-from jaxrun.launcher import stall
+from jaxrun.launcher.attempt import activity as stall
 
 
 class Clock:

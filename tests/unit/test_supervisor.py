@@ -35,9 +35,9 @@ from jaxrun.core.deadline import Deadline
 from jaxrun.core.events import Exited, Stream, StreamClosed
 from jaxrun.core.outcome import StopReason, Verdict
 from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
-from jaxrun.launcher.console import ConsolePrinter
+from jaxrun.launcher.attempt.supervisor import DUMP_WAIT, HOLD_WAIT, KILL_CONFIRM_WAIT, TIMEOUT_DUMP_WAIT, Supervisor
 from jaxrun.launcher.control import INTERNAL_ERROR
-from jaxrun.launcher.supervisor import DUMP_WAIT, HOLD_WAIT, KILL_CONFIRM_WAIT, TIMEOUT_DUMP_WAIT, Supervisor
+from jaxrun.launcher.output.printer import ConsolePrinter
 from jaxrun.reporting.summary import summary_lines
 
 pytestmark = pytest.mark.timeout(30)
@@ -678,7 +678,7 @@ def test_joins_are_heard_the_way_each_child_reports_them(tmp_path, reports_joins
     assert (done in h.sup.printer.err.getvalue()) == counted
 
 
-# -- a recoverable job (launcher.recovery) -----------------------------------------
+# -- a recoverable job (launcher.restarts.recovery) -----------------------------------------
 
 class RespawningBackend(FakeBackend):
     """Starts one process again alone: its second spawn is a new fake child."""
@@ -701,7 +701,7 @@ class RespawningBackend(FakeBackend):
 
 
 def recoverable_harness(tmp_path, restarts: int, announced=(True, True, True, True), mode=None):
-    from jaxrun.launcher.recovery import Recovery
+    from jaxrun.launcher.restarts.recovery import Recovery
 
     h = Harness(tmp_path)
     h.backend = RespawningBackend(4, h.events, h.clock)

@@ -18,19 +18,14 @@ system but ``discover``, which runs ``--hosts-command``:
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 from collections.abc import Mapping, Sequence
 
 from jaxrun import meshspec
-from jaxrun.core.config import LaunchError
 from jaxrun.core.outcome import Outcome, PlacementRecord
 from jaxrun.core.spec import Host, LaunchOptions
-from jaxrun.launcher import hosts as hostfile
+from jaxrun.launcher.setup import hosts as hostfile
 from jaxrun.reporting import diagnosis
 
-# The longest a --hosts-command may take, and the most it may print.
-DISCOVERY_TIMEOUT = 60.0
-DISCOVERY_MAX_BYTES = 1 << 20
 LAST_WORDS = 60  # characters of a lost host's last output line the reason quotes
 
 
@@ -42,17 +37,6 @@ class ElasticStop(Exception):
 class Choice:
     hosts: tuple[Host, ...]  # where the next attempt runs, in rank order
     num_processes: int
-
-
-def used_hosts(hosts: Sequence[Host], num_processes: int) -> list[Host]:
-    """The first hosts whose slots hold ``num_processes``; the rest are spares."""
-    used, slots = [], 0
-    for host in hosts:
-        if slots >= num_processes:
-            break
-        used.append(host)
-        slots += host.slots
-    return used
 
 
 def candidates(listed: Sequence[Host], last: Sequence[Host], left_out: Mapping[str, str]) -> list[Host]:
@@ -69,7 +53,7 @@ def choose(good: Sequence[Host], wanted: int, min_hosts: int, dropped: Mapping[s
     """Where the next attempt runs, from the hosts that passed their check
     (in ``candidates`` order); ``wanted`` is -n.  Raises ElasticStop below
     ``min_hosts``, naming what was dropped."""
-    hosts = used_hosts(good, wanted)
+    hosts = hostfile.used_hosts(good, wanted)
     if len(hosts) < min_hosts:
         left = ", ".join(h.name for h in hosts) or "none"
         count = f"{len(hosts)} host{'' if len(hosts) == 1 else 's'}"
@@ -136,25 +120,3 @@ def _last_words(path: str) -> str:
 def check_reasons(problems: Mapping[str, str]) -> dict[str, str]:
     """The check's "hostB: ssh failed: ..." as "ssh failed: ..."."""
     return {name: why.removeprefix(f"{name}: ") for name, why in problems.items()}
-
-
-def discover(command: str, environ: Mapping[str, str] | None = None) -> list[Host]:
-    """Run --hosts-command (with the shell, as the user wrote it) and read its
-    output as a hosts file.  Raises LaunchError with one line on failure."""
-    try:
-        done = subprocess.run(["/bin/sh", "-c", command], stdin=subprocess.DEVNULL, capture_output=True,
-                              timeout=DISCOVERY_TIMEOUT, env=dict(environ) if environ is not None else None)
-    except subprocess.TimeoutExpired:
-        raise LaunchError(f"--hosts-command: no answer within {DISCOVERY_TIMEOUT:g} s") from None
-    except OSError as e:
-        raise LaunchError(f"--hosts-command: cannot run it ({e.strerror or e})") from None
-    if done.returncode != 0:
-        said = done.stderr.decode(errors="replace").strip().splitlines()
-        raise LaunchError(f"--hosts-command exited with status {done.returncode}"
-                          + (f": {said[-1]}" if said else ""))
-    if len(done.stdout) > DISCOVERY_MAX_BYTES:
-        raise LaunchError(f"--hosts-command printed more than {DISCOVERY_MAX_BYTES >> 20} MiB; is it a hosts file?")
-    try:
-        return hostfile.parse_hosts_file(done.stdout.decode(errors="replace"), "--hosts-command")
-    except hostfile.HostsError as e:
-        raise LaunchError(str(e)) from None

@@ -19,7 +19,7 @@ from jaxrun.core import logfiles
 from jaxrun.core.events import Stream
 from jaxrun.core.noise import read_lines_in_chunks
 from jaxrun.core.ranks import parse_ranks
-from jaxrun.launcher.console import ConsolePrinter
+from jaxrun.launcher.output.printer import ConsolePrinter
 from jaxrun.reporting.history import ranks_in, runs
 
 LISTED = 20  # runs shown by a bare ``jaxrun logs``

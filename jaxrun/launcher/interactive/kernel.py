@@ -3,7 +3,7 @@
 A kernelspec written by ``jaxrun kernel install`` starts this module with
 the launch options it names.  The kernel runs ``jaxrun LAUNCH OPTIONS -i``
 behind it, through the same launch as the console, with the pipe frontend
-(``launcher.interactive.Pipe``): one cell a JSON line in, every process's
+(``launcher.interactive.frontend.Pipe``): one cell a JSON line in, every process's
 result a line out.  The merged streams become the cell's stream output; the
 last expression's value and what ``IPython.display.display`` showed come from
 process 0; a cell that raised in any process ends in error, naming the ranks.
@@ -26,7 +26,7 @@ import threading
 
 from jaxrun import __version__
 from jaxrun.contract import console as messages
-from jaxrun.launcher import merge
+from jaxrun.launcher.interactive import merge
 
 END_WAIT = 15.0  # after the session is asked to end, how long jaxrun may take before SIGTERM
 JOINED = re.compile(r"jaxrun: \d+/\d+ processes joined")

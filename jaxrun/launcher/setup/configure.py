@@ -25,7 +25,7 @@ from jaxrun import contract
 from jaxrun.core import logfiles
 from jaxrun.core.config import BackendEntry, LaunchError, RunConfig, declared_flags
 from jaxrun.core.ranks import DIGITS, console_rank_set
-from jaxrun.launcher import plan as planning
+from jaxrun.launcher.setup import plan as planning
 from jaxrun.reporting import github
 
 # The most accelerators one process may own when jaxrun cannot count them
@@ -53,7 +53,7 @@ class System:
         return shutil.which(program, path=self.environ.get("PATH"))
 
     def local_gpus(self) -> int | None:
-        from jaxrun.launcher.devices import count_local_gpus
+        from jaxrun.launcher.setup.devices import count_local_gpus
 
         return count_local_gpus(self.environ)
 
@@ -203,12 +203,12 @@ def read_hosts(hosts_file: str | None, host_opts: Sequence[str], command: str | 
     if sum(map(bool, (hosts_file, host_opts, command))) > 1:
         raise LaunchError("--hosts, -H and --hosts-command cannot be used together")
     if command:
-        from jaxrun.launcher import elastic
+        from jaxrun.launcher.setup.discover import discover
 
-        return elastic.discover(command)
+        return discover(command)
     if not hosts_file and not host_opts:
         return []
-    from jaxrun.launcher import hosts as hostfile
+    from jaxrun.launcher.setup import hosts as hostfile
 
     try:
         if hosts_file:
@@ -234,7 +234,7 @@ def elastic_minimum(values: Mapping[str, Any], entry: BackendEntry, hosts: Seque
         raise LaunchError(entry.elastic_refusal)
     if not entry.takes_hosts:  # its engine knows the hosts: nothing to count here
         return given or 1
-    from jaxrun.launcher.elastic import used_hosts
+    from jaxrun.launcher.setup.hosts import used_hosts
 
     used = len(used_hosts(hosts, num_processes))
     if given is not None and given > used:
@@ -310,7 +310,7 @@ def process_count(given: int | None, entry: BackendEntry, hosts: Sequence[planni
     """-n, else every host slot, else the allocation's task count (inside
     sbatch/salloc), else 1."""
     if hosts and not given:
-        from jaxrun.launcher.hosts import total_slots
+        from jaxrun.launcher.setup.hosts import total_slots
 
         given = total_slots(hosts)
     variable = entry.count_variable

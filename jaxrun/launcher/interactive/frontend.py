@@ -7,11 +7,11 @@ thread keeps the frontend, which owns the signals as Python's console does:
 - ``Console``, for a person at a terminal: Python's own console rules
   (``code.InteractiveConsole``) read each block; readline gives line editing
   and the history, kept in ``$XDG_STATE_HOME/jaxrun/history``;
-- ``Pipe``, for the Jupyter kernel (``launcher.kernel``): one JSON request a
+- ``Pipe``, for the Jupyter kernel (``launcher.interactive.kernel``): one JSON request a
   line on stdin, one JSON reply a line on the stdout it was started with.
 
 Every process runs every statement (``child.interactive_controller``); the
-replies are merged (``launcher.merge``).  Ctrl-C while a statement runs goes
+replies are merged (``launcher.interactive.merge``).  Ctrl-C while a statement runs goes
 to every process as SIGINT, again each second until the statement's results
 are in, and the session goes on (a fourth Ctrl-C during one statement stops
 the run as it stops a script); Ctrl-C at the prompt drops the line.  The
@@ -34,9 +34,9 @@ from collections.abc import Callable
 from jaxrun.contract import console as messages
 from jaxrun.core.config import RunConfig
 from jaxrun.core.events import Forward
-from jaxrun.launcher import merge
 from jaxrun.launcher.control import RunControl
-from jaxrun.launcher.session import Session, listen_address
+from jaxrun.launcher.interactive import merge
+from jaxrun.launcher.interactive.session import Session, listen_address
 
 CONSOLE, PIPE = "console", "pipe"
 RESEND = 1.0  # after a Ctrl-C, SIGINT again this often until the statement is over

@@ -146,3 +146,14 @@ def total_slots(hosts: Sequence[Host]) -> int:
 def _identity(host: Host) -> str:
     # The plan counts local ranks by name, so one name means one machine.
     return host.name
+
+
+def used_hosts(hosts: Sequence[Host], num_processes: int) -> list[Host]:
+    """The first hosts whose slots hold ``num_processes``; the rest are spares."""
+    used, slots = [], 0
+    for host in hosts:
+        if slots >= num_processes:
+            break
+        used.append(host)
+        slots += host.slots
+    return used

@@ -15,7 +15,7 @@ named; what a backend sends in-band on a pipe, the child's own
 ``stream_filter`` takes out on the pump's thread.
 
 Stopping is the same in every case (a failure, a signal, ``--timeout``, a stall
-that the loop's ``launcher.stall`` watch found): ask
+that the loop's ``launcher.attempt.activity`` watch found): ask
 the survivors for a stack dump or forward the signal, wait out a deadline
 shared by all of them, then SIGKILL their process groups.  JAX catches SIGTERM
 as a preemption notice and a process blocked in a collective ignores it, so
@@ -33,7 +33,7 @@ An end that may be part of a stop jaxrun is about to hear of (a helper's, or a
 death by SIGTERM, SIGINT or SIGHUP) is held for ``HOLD_WAIT`` before it counts
 as a failure: a signal to the whole process tree reaches the helpers too.
 
-In a recoverable job (``launcher.recovery``) a failed process other than 0
+In a recoverable job (``launcher.restarts.recovery``) a failed process other than 0
 stops nothing: the others go on, and it may start again alone.
 """
 
@@ -54,11 +54,11 @@ from jaxrun.core.events import Exited, Forward, Joined, LogWriteFailed, SignalRe
 from jaxrun.core.logfiles import folder_is_full, log_paths, open_log, open_pumped_log, prepare_log_dir
 from jaxrun.core.outcome import Outcome, ProcessRecord, Stall, StopReason, Verdict, exit_code
 from jaxrun.core.spec import ProcessSpec
-from jaxrun.launcher.console import ConsolePrinter
-from jaxrun.launcher.progress import JoinProgress, joined_path
-from jaxrun.launcher.pump import OutputPump, enlarge_pipe
-from jaxrun.launcher.recovery import Recovery, next_run
-from jaxrun.launcher.stall import StallWatch, progress_path
+from jaxrun.launcher.attempt.activity import StallWatch, progress_path
+from jaxrun.launcher.attempt.joins import JoinProgress, joined_path
+from jaxrun.launcher.output.printer import ConsolePrinter
+from jaxrun.launcher.output.pump import OutputPump, enlarge_pipe
+from jaxrun.launcher.restarts.recovery import Recovery, next_run
 from jaxrun.reporting import diagnosis
 
 # After a failure or a timeout, how long survivors get to write their stack dumps.
@@ -330,7 +330,7 @@ class Supervisor:
 
     def _recover(self, rank: int) -> None:
         """A recoverable job's process other than 0 failed: the others go on;
-        it may start again alone (``launcher.recovery``)."""
+        it may start again alone (``launcher.restarts.recovery``)."""
         record = self.records[rank]
         fingerprint, failure = diagnosis.run_failure(record)
         if self.recovery.after_failure(rank, diagnosis.where(record), diagnosis.describe_exit(record),

@@ -38,7 +38,7 @@ from typing import BinaryIO
 from jaxrun import portable
 from jaxrun.core.backend import RunHooks, StreamFilter, start_thread
 from jaxrun.core.events import LogWriteFailed, Stream, StreamClosed
-from jaxrun.launcher.filewatch import FileWatch
+from jaxrun.launcher.output.filewatch import FileWatch
 
 CHUNK = 1 << 18
 FILE_CHUNK = 1 << 16  # one look at a followed file; small enough for malloc's heap

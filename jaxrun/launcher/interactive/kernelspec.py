@@ -1,8 +1,8 @@
 """``jaxrun kernel install``: a Jupyter kernelspec whose kernel is a jaxrun launch.
 
 The kernelspec names the launch options; a notebook that starts the kernel
-starts ``python -m jaxrun.launcher.kernel -f CONNECTION -- LAUNCH OPTIONS``,
-which runs ``jaxrun LAUNCH OPTIONS -i`` behind it (``launcher.kernel``).
+starts ``python -m jaxrun.launcher.interactive.kernel -f CONNECTION -- LAUNCH OPTIONS``,
+which runs ``jaxrun LAUNCH OPTIONS -i`` behind it (``launcher.interactive.kernel``).
 This module only writes JSON: neither ``--help`` nor ``kernel install``
 imports ipykernel, but both say how to get it when it is missing.
 """
@@ -18,7 +18,7 @@ import sys
 from jaxrun import portable
 from jaxrun.core.config import LaunchError
 
-KERNEL_MODULE = "jaxrun.launcher.kernel"
+KERNEL_MODULE = "jaxrun.launcher.interactive.kernel"
 INSTALL_HINT = "jaxrun kernel needs ipykernel: pip install 'jaxrun[jupyter]'"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")  # what Jupyter accepts as a kernel's name
 
