@@ -72,10 +72,10 @@ LOOK = textwrap.dedent(
     """
     import statistics, sys, time
     import jax, jax.numpy as jnp
-    from jaxrun.child import liveness
+    from jaxrun.child import activity
 
     jnp.ones(4).block_until_ready()  # jax's backend and its threads are up
-    live = liveness.Liveness("/dev/null", liveness.MAX_INTERVAL)
+    live = activity.Sampler("/dev/null", activity.MAX_INTERVAL)
     took = []
     for _ in range(int(sys.argv[1])):
         start = time.perf_counter()

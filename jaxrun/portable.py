@@ -25,7 +25,7 @@ abstract Unix socket ``"\\0name"``      a socket file in a private 0700 folder
 ``waitid(WNOWAIT)``                    a far end kills its controller's group right after
                                        the reap, not before it (``backends.far_end``)
 ``/proc/self/io``                      the stall watchdog's sampler counts no I/O, only
-                                       CPU time and the stack (``child.liveness``)
+                                       CPU time and the stack (``child.activity``)
 ``ip_local_port_range``                free ports are chosen below 32768 (``free_port``)
 =====================================  ====================================================
 

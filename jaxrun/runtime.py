@@ -21,8 +21,8 @@ import jax
 import numpy as np
 
 from jaxrun.child import mesh as child_mesh
+from jaxrun.child.activity import alive as alive  # the stall watchdog's: see --stall-timeout
 from jaxrun.child.bootstrap import allgather_json
-from jaxrun.child.liveness import alive as alive  # the stall watchdog's: see --stall-timeout
 
 # How long a collective helper waits for the slowest process before giving up.
 DEFAULT_TIMEOUT_S = 300.0

@@ -97,8 +97,8 @@ JOINED_MARKER = b"\x00\x1bjaxrun-joined\n"
 # The same, from a controller that enabled recoverability (contract.RECOVERABLE).
 JOINED_RECOVERABLE_MARKER = b"\x00\x1bjaxrun-joined-recoverable\n"
 # Written the same way each time the controller's stall-watchdog sampler
-# changes between busy and idle (see contract.PROGRESS_FILE).
-PROGRESS_MARKERS = {state: b"\x00\x1bjaxrun-%s\n" % state.encode() for state in (contract.BUSY, contract.IDLE)}
+# changes between busy and idle (see contract.ACTIVITY_FILE).
+ACTIVITY_MARKERS = {state: b"\x00\x1bjaxrun-%s\n" % state.encode() for state in (contract.BUSY, contract.IDLE)}
 
 
 def env_frame(env: dict) -> bytes:
@@ -265,7 +265,7 @@ class Signal(Message):
 CONTROL = "ctrl"  # wire messages, both ways
 STDOUT = "stdout"  # the controller's own bytes, untouched
 STDERR = "stderr"
-PING = "ping"  # an SSH host agent's liveness probe (answered CHANNEL_PONG)
+PING = "ping"  # an SSH host agent's activity probe (answered CHANNEL_PONG)
 
 
 # -- an SSH host's channels (see backends.ssh_host) --------------------------------
@@ -325,8 +325,8 @@ class Joined(Message):
     recoverable: bool = False
 
 
-@message("progress")
-class Progress(Message):
+@message("activity")
+class Activity(Message):
     """The controller's sampler changed state: ``contract.BUSY`` or ``contract.IDLE``."""
 
     state: str

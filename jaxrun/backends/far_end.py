@@ -6,8 +6,8 @@ controllers here, a session agent (:mod:`jaxrun.backends.ssh.session_agent`) its
 and so does a task agent (:mod:`jaxrun.backends.scheduler.task_agent`).  The steps:
 
 1. a private folder (mode 0700) for the controller's error record, joined
-   file and progress file (``contract.ERROR_FILE``, ``contract.JOINED_FILE``,
-   ``contract.PROGRESS_FILE``);
+   file and activity file (``contract.ERROR_FILE``, ``contract.JOINED_FILE``,
+   ``contract.ACTIVITY_FILE``);
 2. a lifeline pipe: the shim holds its read end, so when this process dies,
    the controller's whole group dies too;
 3. an OOM watch (``usage.OomWatch``), started before the controller;
@@ -94,7 +94,7 @@ class Home(Protocol):
         """The controller has arrived at the job's rendezvous (once at most);
         ``recoverable``: it enabled JAX's fault tolerance."""
 
-    def progress(self, state: str) -> None:
+    def activity(self, state: str) -> None:
         """The controller's sampler says it is now ``contract.BUSY`` or ``contract.IDLE``."""
 
     def cannot_start(self, command: list[str], error: OSError) -> None:
@@ -117,10 +117,10 @@ def run(command: list[str], env: dict, home: Home, *, cwd: str | None = None, fd
     the launcher sees them end with it).  ``on_start``: told the controller."""
     folder = tempfile.mkdtemp(prefix="jaxrun-agent-")
     record_path, joined_path = os.path.join(folder, "error.json"), os.path.join(folder, "joined")
-    progress_path = os.path.join(folder, "progress")
+    activity_path = os.path.join(folder, "activity")
     lifeline_r, lifeline_w = os.pipe()
     env = {**env, contract.LIFELINE_FD: str(lifeline_r), contract.ERROR_FILE: record_path,
-           contract.JOINED_FILE: joined_path, contract.PROGRESS_FILE: progress_path}
+           contract.JOINED_FILE: joined_path, contract.ACTIVITY_FILE: activity_path}
     watch = usage.OomWatch()
     try:
         child = start(command, env, lifeline_r, fds, cwd, server)
@@ -137,7 +137,7 @@ def run(command: list[str], env: dict, home: Home, *, cwd: str | None = None, fd
     if on_start is not None:
         on_start(controller)
     threading.Thread(target=home.listen, args=(controller,), name="far-end-listen", daemon=True).start()
-    joins = JoinWatch(joined_path, home.joined, progress_path=progress_path, progress=home.progress).start()
+    joins = JoinWatch(joined_path, home.joined, activity_path=activity_path, activity=home.activity).start()
     code, used, reaped_at = wait(child, controller)
     controller.group.reaped()  # from here on, its id may be a stranger's
     joins.stop()  # before the report: nothing may follow it, and the folder goes with the record

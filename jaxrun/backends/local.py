@@ -97,7 +97,7 @@ class LocalBackend(Backend):
 
     def spawn(self, spec: ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str],
               log_fds: tuple[int, int] | None, news: News) -> LocalChild:
-        del news  # the child writes its joined and progress files, which the supervisor watches
+        del news  # the child writes its joined and activity files, which the supervisor watches
         watch = usage.OomWatch()
         popen = subprocess.Popen(
             list(spec.argv),

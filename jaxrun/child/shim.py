@@ -11,7 +11,7 @@ Started as ``python -m jaxrun.shim -- SCRIPT ARGS...`` or
    dump of every thread at any time;
 3. arranges, without importing jax, that the process joins the job before
    jax creates a backend (see :mod:`jaxrun.child.bootstrap`);
-4. starts the stall watchdog's sampler (:mod:`jaxrun.child.liveness`),
+4. starts the stall watchdog's sampler (:mod:`jaxrun.child.activity`),
    where the launcher asks for one;
 5. runs the user's script or module as the real ``__main__``, as ``python``
    would, and on an uncaught exception prints a traceback of the user's
@@ -33,7 +33,7 @@ import traceback
 import types
 
 from jaxrun import contract
-from jaxrun.child import flight, liveness
+from jaxrun.child import activity, flight
 from jaxrun.child.ending import exit_now, fail, record_error
 
 USAGE = f"usage: python -m {contract.SHIM_MODULE} (-- SCRIPT | -m MODULE) [ARGS...]"
@@ -96,7 +96,7 @@ def main(argv: list[str]) -> None:
     except bootstrap.BootstrapError as e:
         fail(e)
     set_title(is_module, name, args)
-    liveness.start()  # --stall-timeout: from the script's first line on
+    activity.start()  # --stall-timeout: from the script's first line on
     run_target(is_module, name, args)
 
 

@@ -33,9 +33,9 @@ RECOVERABLE = "recoverable"
 RECOVERABLE_MODE = "JAXRUN_RECOVERABLE"
 # The stall watchdog (--stall-timeout): its timeout in seconds, and the path
 # of the file where the shim's sampler writes this process's state (BUSY or
-# IDLE, see child.liveness) each time it changes.
+# IDLE, see child.activity) each time it changes.
 STALL_TIMEOUT = "JAXRUN_STALL_TIMEOUT"
-PROGRESS_FILE = "JAXRUN_PROGRESS_FILE"
+ACTIVITY_FILE = "JAXRUN_ACTIVITY_FILE"
 STALL_EXIT = 125  # jaxrun's exit status when the watchdog stopped a stalled job
 BUSY = "busy"
 IDLE = "idle"

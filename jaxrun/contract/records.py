@@ -119,7 +119,7 @@ def joined_recoverable(path: str) -> bool:
     return data is not None and data.strip() == RECOVERABLE.encode()
 
 
-def read_progress(path: str) -> str | None:
+def read_activity(path: str) -> str | None:
     """The state a process's sampler wrote last (BUSY or IDLE), or None."""
     data = read_small(path, 16)
     word = data.strip().decode(errors="replace") if data else None

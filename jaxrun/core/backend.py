@@ -111,7 +111,7 @@ class News:
     ``contract.IDLE`` (the stall watchdog's)."""
 
     joined: Callable[[bool], None] = _unheard  # recoverable: it enabled JAX's fault tolerance
-    progress: Callable[[str], None] = _unheard
+    activity: Callable[[str], None] = _unheard
 
 
 NO_NEWS = News()
@@ -142,7 +142,7 @@ class Child(Protocol):
     spawn's ``extra_env`` (written by the child itself locally, by the
     backend's child when the record came home from a far end); its
     resources with its exit (``wait``); its arrival at the rendezvous and its
-    changes between busy and idle either as the joined and progress files
+    changes between busy and idle either as the joined and activity files
     the supervisor watches (``reports_joins`` False) or through the spawn's
     ``News`` (True)."""
 
@@ -154,7 +154,7 @@ class Child(Protocol):
     pid: int
     stdout: BinaryIO | None  # None: it writes its log file itself
     stderr: BinaryIO | None
-    reports_joins: bool  # True: the child tells the spawn's ``News``; no joined or progress file is watched
+    reports_joins: bool  # True: the child tells the spawn's ``News``; no joined or activity file is watched
 
     def send(self, signum: int) -> None:
         """Signal the controller's whole process group (grandchildren too);
@@ -262,8 +262,8 @@ class Backend(abc.ABC):
               log_fds: tuple[int, int] | None, news: News) -> Child:
         """Start one controller.  ``lifeline_fd`` is the read end of a pipe
         only the launcher writes to; a local child must hold it open.
-        ``extra_env`` holds the error, joined and progress files' paths
-        (contract.ERROR_FILE, contract.JOINED_FILE, contract.PROGRESS_FILE) on
+        ``extra_env`` holds the error, joined and activity files' paths
+        (contract.ERROR_FILE, contract.JOINED_FILE, contract.ACTIVITY_FILE) on
         the launcher's machine; ``news`` is for a child whose ``reports_joins``
         is true, from any thread."""
 

@@ -80,8 +80,8 @@ class LogWriteFailed:
 
 
 @dataclasses.dataclass(frozen=True)
-class Progress:
-    """A process changed between busy and idle, as its child reported (``News.progress``)."""
+class Activity:
+    """A process changed between busy and idle, as its child reported (``News.activity``)."""
 
     rank: int
     state: str  # contract.BUSY or contract.IDLE

@@ -2,8 +2,8 @@
 and when it changes between busy and idle (the stall watchdog's).
 
 The shim creates its joined file (``contract.JOINED_FILE``) when it arrives at
-the rendezvous, and its sampler rewrites its progress file
-(``contract.PROGRESS_FILE``) each time the process's state changes.  An agent
+the rendezvous, and its sampler rewrites its activity file
+(``contract.ACTIVITY_FILE``) each time the process's state changes.  An agent
 (SSH, scheduler task) gives the shim paths in its private folder on the
 host, and a :class:`JoinWatch` looks at them there ten times a second (a
 ``stat`` each) until the controller ends, and tells the launcher in the
@@ -29,12 +29,12 @@ def _nothing(_state: str) -> None:
 
 class JoinWatch:
     def __init__(self, path: str, announce: Callable[[bool], None], interval: float = LOOK_EVERY,
-                 progress_path: str | None = None, progress: Callable[[str], None] = _nothing):
+                 activity_path: str | None = None, activity: Callable[[str], None] = _nothing):
         self.path, self.announce, self.interval = path, announce, interval
-        self.progress_path, self.progress = progress_path, progress
+        self.activity_path, self.activity = activity_path, activity
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, name="join-watch", daemon=True)
-        self._seen: tuple | None = None  # the progress file's (inode, mtime, size) when last read
+        self._seen: tuple | None = None  # the activity file's (inode, mtime, size) when last read
         self._state: str | None = None  # the state last told
 
     def start(self) -> JoinWatch:
@@ -50,27 +50,27 @@ class JoinWatch:
                     recoverable = contract.joined_recoverable(self.path)
                     self._remove(self.path)
                     self.announce(recoverable)
-                if self.progress_path:
-                    self._look_at_progress()
+                if self.activity_path:
+                    self._look_at_activity()
             except OSError:
                 return  # the launcher is gone: the agent learns it elsewhere
-            if joined and not self.progress_path:
+            if joined and not self.activity_path:
                 return
             self.done.wait(self.interval)
 
-    def _look_at_progress(self) -> None:
+    def _look_at_activity(self) -> None:
         try:
-            st = os.lstat(self.progress_path)
+            st = os.lstat(self.activity_path)
         except OSError:
             return
         seen = (st.st_ino, st.st_mtime_ns, st.st_size)
         if seen == self._seen:
             return
         self._seen = seen
-        state = contract.read_progress(self.progress_path)
+        state = contract.read_activity(self.activity_path)
         if state is not None and state != self._state:
             self._state = state
-            self.progress(state)
+            self.activity(state)
 
     def stop(self) -> None:
         """The controller has ended: nothing is told after this returns, and
@@ -80,8 +80,8 @@ class JoinWatch:
             self.thread.join()
         if self.path:
             self._remove(self.path)
-        if self.progress_path:
-            contract.remove_private(self.progress_path)  # with a copy its sampler left unrenamed
+        if self.activity_path:
+            contract.remove_private(self.activity_path)  # with a copy its sampler left unrenamed
 
     @staticmethod
     def _remove(path: str) -> None:

@@ -32,15 +32,15 @@ from jaxrun.core.config import LaunchError
 _ERROR_RECORD = re.compile(r"process-\d+\.error\.json\Z")
 
 
-def log_paths(log_dir: str, rank: int, run: int = 0) -> tuple[str, str, str]:
-    """A process's stdout, stderr and error record; ``run`` > 0: a later run
-    of a process started again alone (``process-2.run-1.stdout``)."""
-    base = os.path.join(log_dir, f"process-{rank}" + (f".run-{run}" if run else ""))
+def log_paths(log_dir: str, rank: int, life: int = 0) -> tuple[str, str, str]:
+    """A process's stdout, stderr and error record; ``life`` > 0: a later life
+    of a process started again alone (``process-2.life-1.stdout``)."""
+    base = os.path.join(log_dir, f"process-{rank}" + (f".life-{life}" if life else ""))
     return base + ".stdout", base + ".stderr", base + ".error.json"
 
 
-def run_paths(log_dir: str, rank: int) -> list[tuple[str, str, str]]:
-    """``log_paths`` of every run a finished process had in ``log_dir``, oldest first."""
+def life_paths(log_dir: str, rank: int) -> list[tuple[str, str, str]]:
+    """``log_paths`` of every life a finished process had in ``log_dir``, oldest first."""
     found = [log_paths(log_dir, rank)]
     while os.path.lexists(log_paths(log_dir, rank, len(found))[0]):
         found.append(log_paths(log_dir, rank, len(found)))

@@ -50,12 +50,14 @@ class ProcessRecord:
     reaped_at: float | None = None  # wall clock of the machine that reaped it, as it did
     clock: str | None = None  # that machine (core.causes.clock_id), to compare reaped_at within
     lost: str | None = None  # its end was never reported: this helper ended instead
-    run: int = 0  # a recoverable job's process started again alone: which run this is (0: the first)
-    earlier: list[ProcessRecord] = dataclasses.field(default_factory=list)  # its earlier runs, oldest first
+    # One life of a process is one start of it; a recoverable job's process
+    # started again alone has more than one in an attempt (0: the first).
+    life: int = 0
+    earlier: list[ProcessRecord] = dataclasses.field(default_factory=list)  # its earlier lives, oldest first
 
     @property
-    def runs(self) -> list[ProcessRecord]:
-        """Every run of this process in the attempt, oldest first, this one last."""
+    def lives(self) -> list[ProcessRecord]:
+        """Every life of this process in the attempt, oldest first, this one last."""
         return [*self.earlier, self]
 
     @property

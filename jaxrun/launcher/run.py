@@ -290,6 +290,6 @@ def run_attempt(config: RunConfig, specs, backend: Backend, log_dir: str, consol
         reaper.kill_descendants(spare=before)
         if control.signum is None and control.fault is None:
             control.reset()  # a failure or --timeout ended this attempt; a restart may follow
-    for run in (run for rec in outcome.records for run in rec.runs):  # a process that restarted alone: each run
-        printer.grouped(run.spec.rank, run.stdout_log, run.stderr_log)
+    for life in (life for rec in outcome.records for life in rec.lives):  # a process that restarted alone: each life
+        printer.grouped(life.spec.rank, life.stdout_log, life.stderr_log)
     return outcome

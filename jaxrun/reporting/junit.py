@@ -41,11 +41,11 @@ def render(outcome: Outcome, suite: str = "jaxrun") -> str:
         counts["error"] += 1
     for rec, facts in zip(outcome.records, found.processes):
         case = ET.SubElement(suite_el, "testcase", classname=suite, name=f"process {rec.spec.rank}")
-        first = rec.runs[0].started_at  # its first run's start: a process that restarted alone ran longer
+        first = rec.lives[0].started_at  # its first life's start: a process that restarted alone ran longer
         if first is not None and rec.ended_at is not None:
             case.set("time", f"{max(0.0, rec.ended_at - first):.3f}")
         verdict = _result(outcome, rec, facts, found)
-        earlier = _earlier_runs(rec)
+        earlier = _earlier_lives(rec)
         if verdict is not None:
             kind, message, body = verdict
             counts[kind] += 1
@@ -53,7 +53,7 @@ def render(outcome: Outcome, suite: str = "jaxrun") -> str:
             if body or earlier:
                 el.text = clean("\n".join(filter(None, [body, *earlier])))
         out, err = _output_tail(facts.stdout), _output_tail(facts.stderr)
-        if earlier and verdict is None:  # it passed in the end: its failed runs go with its output
+        if earlier and verdict is None:  # it passed in the end: its failed lives go with its output
             out = [*earlier, *out]
         if out:
             ET.SubElement(case, "system-out").text = clean("\n".join(out) + "\n")
@@ -74,10 +74,10 @@ def render(outcome: Outcome, suite: str = "jaxrun") -> str:
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
 
 
-def _earlier_runs(rec: ProcessRecord) -> list[str]:
-    """A line for each failed run of a process that restarted alone."""
-    return [f"jaxrun: run {i + 1} of {len(rec.runs)} (pid {run.pid}) {describe_exit(run)}; started again alone; "
-            f"its output is in {run.stdout_log} and {run.stderr_log}" for i, run in enumerate(rec.earlier)]
+def _earlier_lives(rec: ProcessRecord) -> list[str]:
+    """A line for each failed life of a process that restarted alone."""
+    return [f"jaxrun: life {i + 1} of {len(rec.lives)} (pid {life.pid}) {describe_exit(life)}; started again alone; "
+            f"its output is in {life.stdout_log} and {life.stderr_log}" for i, life in enumerate(rec.earlier)]
 
 
 def _output_tail(lines: tuple[str, ...]) -> list[str]:

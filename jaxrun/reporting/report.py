@@ -98,7 +98,7 @@ def _group(group) -> dict | None:
             "state": place.state}
 
 
-def _run_dict(r: ProcessRecord) -> dict:
+def _life_dict(r: ProcessRecord) -> dict:
     code = r.returncode
     return {
         "pid": r.pid,
@@ -117,15 +117,15 @@ def _run_dict(r: ProcessRecord) -> dict:
 
 
 def _process_dict(r: ProcessRecord) -> dict:
-    """The process's last run, and every run it had in the attempt: more
+    """The process's last life, and every life it had in the attempt: more
     than one where it restarted alone (a recoverable job)."""
     return {
         "process_id": r.spec.rank,
         "local_process_id": r.spec.local_rank,
         "host": r.spec.host.name,
-        **_run_dict(r),
-        "restarts": r.run,  # how many times it started again alone
-        "runs": [_run_dict(run) for run in r.runs],
+        **_life_dict(r),
+        "restarts": r.life,  # how many times it started again alone
+        "lives": [_life_dict(life) for life in r.lives],
     }
 
 

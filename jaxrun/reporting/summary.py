@@ -70,11 +70,12 @@ def summary_lines(outcome: Outcome, log_dir: str) -> list[str]:
 
 
 def rerun_line(rec: ProcessRecord) -> str:
-    """A recoverable job's process that started again alone: each run's end."""
-    runs = "; ".join(f"run {i + 1} (pid {run.pid}) {diagnosis.describe_exit(run)}" for i, run in enumerate(rec.earlier))
+    """A recoverable job's process that started again alone: each life's end."""
+    lives = "; ".join(f"life {i + 1} (pid {life.pid}) {diagnosis.describe_exit(life)}"
+                      for i, life in enumerate(rec.earlier))
     last = "exited 0" if rec.returncode == 0 else diagnosis.describe_exit(rec)
     times = "once" if len(rec.earlier) == 1 else f"{len(rec.earlier)} times"
-    return f"jaxrun: {where(rec)} started again alone {times}: {runs}; its last run (pid {rec.pid}) {last}"
+    return f"jaxrun: {where(rec)} started again alone {times}: {lives}; its last life (pid {rec.pid}) {last}"
 
 
 def signal_line(outcome: Outcome, started: bool) -> str:

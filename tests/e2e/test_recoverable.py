@@ -70,7 +70,7 @@ def check_restarts(job, code: int, tmp_path, two: str) -> None:
     found = report(tmp_path, "restarts")
     assert found["restarts"] == 0 and len(found["attempts"]) == 1, found  # no whole-job restart
     assert found["attempts"][0]["recoverable"] is True
-    runs = {p["process_id"]: p["runs"] for p in found["processes"]}
+    runs = {p["process_id"]: p["lives"] for p in found["processes"]}
     assert [len(runs[r]) for r in (0, 1, 2)] == [1, 1, 2], runs
     assert [p["pid"] for p in found["processes"][:2]] == [runs[0][0]["pid"], runs[1][0]["pid"]]
     first, second = runs[2]
@@ -81,14 +81,14 @@ def check_restarts(job, code: int, tmp_path, two: str) -> None:
     assert "process 2 run 1 joined: 3 devices" in rerun and "process 2 done" in rerun, rerun
     for rank in (0, 1):
         assert f"process {rank} done" in job.stdout, job.stdout
-    assert f"{two} started again alone once: run 1 (pid" in job.stderr
+    assert f"{two} started again alone once: life 1 (pid" in job.stderr
     junit = (tmp_path / "restarts.xml").read_text()
     assert junit.count("<testcase ") == 3 and 'failures="0"' in junit, junit
-    assert "run 1 of 2 (pid" in junit and "killed by SIGKILL; started again alone" in junit, junit
+    assert "life 1 of 2 (pid" in junit and "killed by SIGKILL; started again alone" in junit, junit
     logs = subprocess.run([sys.executable, "-m", "jaxrun", "logs", "--log-dir", tmp_path, "restarts", "--ranks", "2"],
                           capture_output=True, text=True, timeout=60)
-    assert "process 2 run 0 joined" in logs.stdout and "process 2, run 2 (started again alone):" in logs.stdout
-    assert logs.stdout.index("process 2, run 2") < logs.stdout.index("process 2 run 1 joined"), logs.stdout
+    assert "process 2 run 0 joined" in logs.stdout and "process 2, life 2 (started again alone):" in logs.stdout
+    assert logs.stdout.index("process 2, life 2") < logs.stdout.index("process 2 run 1 joined"), logs.stdout
 
 
 
@@ -240,6 +240,6 @@ def test_a_gang_keeps_the_survivors_and_restarts_whole_jobs(gang, request, start
     for attempt in found["attempts"]:
         assert attempt["recoverable"] is True and attempt["root_cause"]["process_id"] == 2, attempt
         assert [p["verdict"] for p in attempt["processes"]] == ["ok", "ok", "failed first"], attempt["processes"]
-        assert [len(p["runs"]) for p in attempt["processes"]] == [1, 1, 1]
+        assert [len(p["lives"]) for p in attempt["processes"]] == [1, 1, 1]
     # The survivors finished in each attempt: the engine's own fail-fast left them be.
     assert job.stdout.count("process 0 done") == 2 and job.stdout.count("process 1 done") == 2, job.stdout

@@ -10,7 +10,7 @@ import pytest
 
 from jaxrun.core.events import Stream
 from jaxrun.core.spec import LOCAL_HOST, Host, ProcessSpec
-from jaxrun.launcher.attempt.joins import JOIN_NAMING_AFTER, MAX_NAMED, JoinProgress, done_line, live_line, waiting_text
+from jaxrun.launcher.attempt.joins import JOIN_NAMING_AFTER, MAX_NAMED, Joins, done_line, live_line, waiting_text
 from jaxrun.launcher.output.printer import ERASE_LINE, ConsolePrinter
 
 pytestmark = pytest.mark.timeout(30)
@@ -29,7 +29,7 @@ class Clock:
 
 
 class Screen:
-    """What JoinProgress asked the display for, in order."""
+    """What Joins asked the display for, in order."""
 
     def __init__(self):
         self.calls: list[tuple[str, str | None]] = []
@@ -50,7 +50,7 @@ def progress(hosts, live, files=None):
         removed.append(path)
         files.discard(path)
 
-    p = JoinProgress(specs(hosts), screen.status, screen.note, live=live, clock=clock,
+    p = Joins(specs(hosts), screen.status, screen.note, live=live, clock=clock,
                      exists=files.__contains__, remove=remove)
     return p, clock, screen, files, removed
 

@@ -18,10 +18,10 @@ from jaxrun.backends.scheduler.task_agent import spares_the_others
 from jaxrun.backends.ssh.stream import AgentStderr
 from jaxrun.core.backend import News
 from jaxrun.core.joinwatch import JoinWatch
-from jaxrun.core.logfiles import log_paths, run_paths
+from jaxrun.core.logfiles import life_paths, log_paths
 from jaxrun.core.outcome import Outcome, ProcessRecord, StopReason, Verdict
 from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
-from jaxrun.launcher.restarts.recovery import Recovery, next_run
+from jaxrun.launcher.restarts.recovery import Recovery, next_life
 from jaxrun.reporting import junit, report, summary
 
 # -- the flag -------------------------------------------------------------------------
@@ -127,7 +127,7 @@ def test_the_same_failure_twice_stops_a_process_but_a_new_one_does_not():
     assert recovery.after_failure(2, "process 2", "exit code 1", ("signal", "SIGSEGV", "x.py", 1), "SIGSEGV")
     assert recovery.after_failure(2, "process 2", "exit code 1", bad, "ValueError: bad at /work/train.py:12")
     assert not recovery.after_failure(2, "process 2", "exit code 1", bad, "ValueError: bad at /work/train.py:12")
-    assert notes[-1].endswith("not starting it again: the same failure as its run 2 "
+    assert notes[-1].endswith("not starting it again: the same failure as its life 2 "
                               "(ValueError: bad at /work/train.py:12)")
     unknown, _ = rules(restarts=2, mode=True)  # an unknown fingerprint never counts as the same
     assert unknown.after_failure(1, "process 1", "killed by SIGKILL", None, "killed by SIGKILL")
@@ -159,17 +159,17 @@ def spec(rank=2, env=None):
     return ProcessSpec(rank, rank, LOCAL_HOST, "python", (), env or {contract.RESTART_COUNT: "1"})
 
 
-def test_the_next_run_keeps_id_and_environment_and_counts_its_restarts(tmp_path):
+def test_the_next_life_keeps_id_and_environment_and_counts_its_restarts(tmp_path):
     first = ProcessRecord(spec(), *log_paths(str(tmp_path), 2), pid=11, returncode=-9)
-    second = next_run(first, str(tmp_path))
-    third = next_run(second, str(tmp_path))
+    second = next_life(first, str(tmp_path))
+    third = next_life(second, str(tmp_path))
     assert third.spec.env == {contract.RESTART_COUNT: "3", contract.PROCESS_RESTARTS: "2"}
-    assert (third.spec.rank, third.run, third.stdout_log) == (2, 2, str(tmp_path / "process-2.run-2.stdout"))
-    assert third.runs == [first, second, third] and first.verdict is Verdict.RESTARTED
+    assert (third.spec.rank, third.life, third.stdout_log) == (2, 2, str(tmp_path / "process-2.life-2.stdout"))
+    assert third.lives == [first, second, third] and first.verdict is Verdict.RESTARTED
     assert first.earlier == [] and second.earlier == []  # only the last run holds the list
-    for record in third.runs:
+    for record in third.lives:
         open(record.stdout_log, "w").close()
-    assert [paths[0] for paths in run_paths(str(tmp_path), 2)] == [r.stdout_log for r in third.runs]
+    assert [paths[0] for paths in life_paths(str(tmp_path), 2)] == [r.stdout_log for r in third.lives]
 
 
 def finished_job(tmp_path) -> Outcome:
@@ -178,7 +178,7 @@ def finished_job(tmp_path) -> Outcome:
     records = [ProcessRecord(spec(r, {}), *log_paths(folder, r), pid=100 + r, started_at=1.0, ended_at=9.0,
                              returncode=0, verdict=Verdict.OK) for r in range(3)]
     first = dataclasses.replace(records[2], returncode=-9, ended_at=3.0)
-    records[2] = next_run(first, folder)
+    records[2] = next_life(first, folder)
     records[2].pid, records[2].started_at, records[2].ended_at, records[2].returncode = 200, 3.5, 9.0, 0
     records[2].verdict = Verdict.OK
     for rec in (*records, first):
@@ -193,20 +193,20 @@ def test_the_report_lists_each_process_runs(tmp_path):
     (attempt,) = data["attempts"]
     assert attempt["recoverable"] is True
     two = data["processes"][2]
-    assert (two["pid"], two["restarts"], [r["pid"] for r in two["runs"]]) == (200, 1, [102, 200])
-    assert [(r["signal"], r["exit_code"], r["verdict"]) for r in two["runs"]] == \
+    assert (two["pid"], two["restarts"], [r["pid"] for r in two["lives"]]) == (200, 1, [102, 200])
+    assert [(r["signal"], r["exit_code"], r["verdict"]) for r in two["lives"]] == \
         [("SIGKILL", None, "failed, started again alone"), (None, 0, "ok")]
-    assert [len(p["runs"]) for p in data["processes"][:2]] == [1, 1]
+    assert [len(p["lives"]) for p in data["processes"][:2]] == [1, 1]
 
 
 def test_the_summary_and_junit_name_the_failed_runs(tmp_path):
     outcome = finished_job(tmp_path)
     lines = summary.summary_lines(outcome, str(tmp_path))
-    assert "jaxrun: process 2 started again alone once: run 1 (pid 102) killed by SIGKILL; " \
-           "its last run (pid 200) exited 0" in lines
+    assert "jaxrun: process 2 started again alone once: life 1 (pid 102) killed by SIGKILL; " \
+           "its last life (pid 200) exited 0" in lines
     xml = junit.render(outcome)
     assert xml.count("<testcase ") == 3 and 'failures="0"' in xml
-    assert f"run 1 of 2 (pid 102) killed by SIGKILL; started again alone; its output is in {tmp_path}" in xml
+    assert f"life 1 of 2 (pid 102) killed by SIGKILL; started again alone; its output is in {tmp_path}" in xml
     assert 'name="process 2" time="8.000"' in xml  # from its first run's start
     assert "out of pid 200" in xml
 
@@ -218,5 +218,5 @@ def test_junit_fails_each_process_whose_last_run_failed(tmp_path):
     outcome.reason, outcome.root_cause, outcome.exit_code = StopReason.FAILURE, 1, 3
     xml = junit.render(outcome)
     assert 'failures="2"' in xml and 'message="exit code 4"' in xml
-    assert "run 1 of 2 (pid 102) killed by SIGKILL" in xml.split('name="process 2"')[1]
+    assert "life 1 of 2 (pid 102) killed by SIGKILL" in xml.split('name="process 2"')[1]
     assert "jaxrun: process 2 failed, the others went on" in summary.summary_lines(outcome, str(tmp_path))

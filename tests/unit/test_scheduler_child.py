@@ -87,7 +87,7 @@ def test_joined_calls_on_join_and_exit_is_what_wait_returns(rank, tmp_path):
     task = Task(child)
     task.say(wire.Coordinator("node:1234"))
     task.say(wire.Joined(True))
-    task.say(wire.Progress(contract.IDLE))
+    task.say(wire.Activity(contract.IDLE))
     assert joins.wait(5)
     record = contract.ErrorRecord("ValueError", "bad shard", "Traceback ...", 1.5)
     task.say(wire.Error(record.to_json()))

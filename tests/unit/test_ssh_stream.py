@@ -1,5 +1,5 @@
 """What an SSH child takes out of its stderr (``ssh_stream.AgentStderr``):
-the joined and progress markers, cut out wherever a read splits them, and the report home,
+the joined and activity markers, cut out wherever a read splits them, and the report home,
 taken off the end of the stream when it is one, and never a byte of the
 process's own lost when it is not.  Streams are cut into random pieces, as
 pipes deliver them."""
@@ -108,7 +108,7 @@ def test_the_joined_marker_is_cut_out_wherever_a_read_splits_it(seed, tmp_path):
 
 @pytest.mark.parametrize("seed", range(20))
 def test_progress_markers_are_cut_out_and_told_in_order(seed):
-    busy, idle = wire.PROGRESS_MARKERS[contract.BUSY], wire.PROGRESS_MARKERS[contract.IDLE]
+    busy, idle = wire.ACTIVITY_MARKERS[contract.BUSY], wire.ACTIVITY_MARKERS[contract.IDLE]
     own = [b"step 1\n", b"half a line ", b"\x00\x1bjaxrun-bus and not a marker\n", b"end\n"]
     stream = own[0] + busy + own[1] + idle + wire.JOINED_MARKER + own[2] + busy + idle + own[3]
     out, joins, heard = cut_through(stream, seed)

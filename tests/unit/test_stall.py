@@ -1,5 +1,5 @@
 """The stall watchdog's pure parts: the child's sampler deciding busy or
-idle (``child.liveness``), and the launcher's watch deciding when the job
+idle (``child.activity``), and the launcher's watch deciding when the job
 has stalled and who stands out (``launcher.attempt.activity``).  The real processes
 are in tests/e2e/test_stall.py and the matrix's stuck row."""
 
@@ -10,7 +10,7 @@ import time
 import pytest
 
 from jaxrun import contract
-from jaxrun.child import liveness
+from jaxrun.child import activity
 from jaxrun.core.outcome import Place
 from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
 from jaxrun.launcher.attempt import activity as stall
@@ -29,12 +29,12 @@ def code(filename: str, name: str = "f"):
 
 
 class Sampler:
-    """A Liveness whose every input the test sets."""
+    """A Sampler whose every input the test sets."""
 
     def __init__(self, tmp_path):
         self.clock, self.cpu, self.io, self.kids = Clock(), 0.0, 0, {}
         self.stack = ((code("/work/train.py", "<module>"), 12),)
-        self.live = liveness.Liveness(str(tmp_path / "progress"), 1.0, clock=self.clock, cpu=lambda: self.cpu,
+        self.live = activity.Sampler(str(tmp_path / "progress"), 1.0, clock=self.clock, cpu=lambda: self.cpu,
                                       io=lambda: self.io, stack=lambda: self.stack, children=lambda: self.kids)
 
     def after(self, seconds: float, **changes) -> bool:
@@ -49,13 +49,13 @@ def test_a_process_that_only_waits_is_idle_and_each_sign_of_work_is_progress(tmp
     assert not s.after(1.0, cpu=0.004, io=160)  # JAX's background threads, a heartbeat
     assert s.after(1.0, cpu=0.1)  # 10% of a core
     assert not s.after(1.0)
-    assert s.after(1.0, io=160 + 10 * liveness.BUSY_IO)  # a checkpoint written
+    assert s.after(1.0, io=160 + 10 * activity.BUSY_IO)  # a checkpoint written
     assert not s.after(1.0)
     assert s.after(1.0, stack=((code("/work/train.py", "<module>"), 13),))  # a new line
     assert not s.after(1.0)
     assert s.after(1.0, kids={42: 0.5})  # a tool it started works for it
     assert not s.after(1.0, kids={42: 0.501})
-    liveness.alive()
+    activity.alive()
     assert s.after(1.0)  # the script said so
     assert not s.after(1.0, io=None)  # a system that counts no I/O
 
@@ -74,9 +74,9 @@ def test_a_compile_and_a_join_are_work(tmp_path, frames, busy):
 
 
 def test_the_interval_is_a_tenth_of_the_timeout_within_bounds():
-    assert liveness.interval_for(600) == liveness.MAX_INTERVAL
-    assert liveness.interval_for(2) == pytest.approx(0.2)
-    assert liveness.interval_for(0.01) == liveness.MIN_INTERVAL
+    assert activity.interval_for(600) == activity.MAX_INTERVAL
+    assert activity.interval_for(2) == pytest.approx(0.2)
+    assert activity.interval_for(0.01) == activity.MIN_INTERVAL
 
 
 def test_the_state_is_written_only_when_it_changes(tmp_path):
@@ -85,11 +85,11 @@ def test_the_state_is_written_only_when_it_changes(tmp_path):
     s.live.write(contract.BUSY)
     first = path.stat()
     s.live.write(contract.BUSY)
-    assert path.stat().st_ino == first.st_ino and contract.read_progress(str(path)) == contract.BUSY
+    assert path.stat().st_ino == first.st_ino and contract.read_activity(str(path)) == contract.BUSY
     s.live.write(contract.IDLE)
-    assert contract.read_progress(str(path)) == contract.IDLE and path.stat().st_mode & 0o777 == 0o600
+    assert contract.read_activity(str(path)) == contract.IDLE and path.stat().st_mode & 0o777 == 0o600
     path.write_text("nonsense\n")
-    assert contract.read_progress(str(path)) is None
+    assert contract.read_activity(str(path)) is None
 
 
 # -- the launcher's watch ----------------------------------------------------------------
@@ -145,7 +145,7 @@ def watch(tmp_path, n=3, timeout=10.0):
     logs = {r: str(tmp_path / f"process-{r}.stderr") for r in range(n)}
     for path in logs.values():
         open(path, "w").close()
-    w = stall.StallWatch(specs, timeout, clock, notes.append, logs)
+    w = stall.ActivityWatch(specs, timeout, clock, notes.append, logs)
     return w, clock, notes, logs
 
 
@@ -197,7 +197,7 @@ def test_a_shared_wait_is_warned_of_once_per_timeout_and_a_move_cancels_a_probe(
 
 def test_the_watch_reads_local_progress_files_and_forgets_ended_processes(tmp_path):
     w, clock, notes, logs = watch(tmp_path, n=2)
-    paths = [str(tmp_path / f"process-{r}.progress") for r in range(2)]
+    paths = [str(tmp_path / f"process-{r}.activity") for r in range(2)]
     for r, path in enumerate(paths):
         w.watch(r, path)
         contract.write_private(path, b"idle\n")
@@ -208,7 +208,7 @@ def test_the_watch_reads_local_progress_files_and_forgets_ended_processes(tmp_pa
     w.tick()
     assert w.state[0] == contract.BUSY
     w.finish()
-    assert not any(tmp_path.joinpath(f"process-{r}.progress").exists() for r in range(2))
+    assert not any(tmp_path.joinpath(f"process-{r}.activity").exists() for r in range(2))
 
 
 def test_an_off_watch_does_nothing(tmp_path):
@@ -221,15 +221,15 @@ def test_an_off_watch_does_nothing(tmp_path):
 
 def test_finishing_removes_the_progress_files_and_a_copy_left_unrenamed(tmp_path):
     """A process that ends while its sampler writes leaves the new copy
-    (``process-N.progress.PID.new``) beside its logs: the attempt's end takes it away."""
+    (``process-N.activity.PID.new``) beside its logs: the attempt's end takes it away."""
     w, _, _, _ = watch(tmp_path, n=2)
     for r in range(2):
-        w.watch(r, str(tmp_path / f"process-{r}.progress"))
-    contract.write_private(str(tmp_path / "process-0.progress"), b"BUSY\n")
-    (tmp_path / "process-1.progress.4242.new").write_text("IDLE\n")
-    (tmp_path / "process-1.progress-notes").write_text("not ours")
+        w.watch(r, str(tmp_path / f"process-{r}.activity"))
+    contract.write_private(str(tmp_path / "process-0.activity"), b"BUSY\n")
+    (tmp_path / "process-1.activity.4242.new").write_text("IDLE\n")
+    (tmp_path / "process-1.activity-notes").write_text("not ours")
     w.finish()
-    assert sorted(p.name for p in tmp_path.iterdir() if "progress" in p.name) == ["process-1.progress-notes"]
+    assert sorted(p.name for p in tmp_path.iterdir() if "activity" in p.name) == ["process-1.activity-notes"]
 
 
 def test_a_far_end_watch_leaves_its_private_folder_empty(tmp_path):
@@ -241,8 +241,8 @@ def test_a_far_end_watch_leaves_its_private_folder_empty(tmp_path):
     folder.mkdir(mode=0o700)
     progress = folder / "progress"
     heard: list[str] = []
-    w = JoinWatch(str(folder / "joined"), lambda: None, interval=0.01, progress_path=str(progress),
-                  progress=heard.append).start()
+    w = JoinWatch(str(folder / "joined"), lambda: None, interval=0.01, activity_path=str(progress),
+                  activity=heard.append).start()
     contract.write_private(str(progress), contract.IDLE.encode() + b"\n")
     (folder / "progress.4242.new").write_text("BUSY\n")
     deadline = time.monotonic() + 5

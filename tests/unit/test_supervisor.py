@@ -735,9 +735,9 @@ def test_a_recoverable_failure_restarts_that_process_alone(tmp_path):
     (again,) = h.backend.again
     assert again.env[contract.PROCESS_RESTARTS] == "1" and again.env[contract.RESTART_COUNT] == "1"
     record = outcome.records[2]
-    assert [r.verdict for r in record.runs] == [Verdict.RESTARTED, Verdict.OK]
-    assert record.runs[0].stdout_log.endswith("process-2.stdout")
-    assert record.stdout_log.endswith("process-2.run-1.stdout")
+    assert [r.verdict for r in record.lives] == [Verdict.RESTARTED, Verdict.OK]
+    assert record.lives[0].stdout_log.endswith("process-2.stdout")
+    assert record.stdout_log.endswith("process-2.life-1.stdout")
     assert [n for n in notes if "failed" in n] == [
         "jaxrun: process 2 failed (killed by SIGKILL); the others go on (the job is recoverable: every process "
         "enabled jax_enable_recoverability); starting process 2 again alone (restart 1 of 1)"]
@@ -769,7 +769,7 @@ def test_the_same_failure_twice_stops_that_process_restarts(tmp_path):
         h.at(3, lambda rank=rank: kid(h, rank).exit(0))
     outcome = h.run()
     assert len(h.backend.again) == 1 and outcome.exit_code == 1
-    assert notes[-1].endswith("; not starting it again: the same failure as its run 1 "
+    assert notes[-1].endswith("; not starting it again: the same failure as its life 1 "
                               "(ValueError: bad shard at /work/train.py:12)"), notes
 
 

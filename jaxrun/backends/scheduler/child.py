@@ -179,8 +179,8 @@ class RankChild:
                     self.step.set_coordinator(msg.address)
                 elif isinstance(msg, wire.Joined):
                     self.news.joined(bool(msg.recoverable))
-                elif isinstance(msg, wire.Progress):
-                    self.news.progress(msg.state)
+                elif isinstance(msg, wire.Activity):
+                    self.news.activity(msg.state)
                 elif isinstance(msg, wire.Error) and self.error_file:
                     record = contract.ErrorRecord.from_json(msg.record)
                     if record:

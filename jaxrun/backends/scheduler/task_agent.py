@@ -232,8 +232,8 @@ class TaskHome:
         self.recoverable = recoverable
         self.channel.send(wire.Joined(recoverable))
 
-    def progress(self, state: str) -> None:
-        self.channel.send(wire.Progress(state))
+    def activity(self, state: str) -> None:
+        self.channel.send(wire.Activity(state))
 
     def cannot_start(self, command: list[str], error: OSError) -> None:
         try:

@@ -149,7 +149,7 @@ def process_env(spec: ProcessSpec, extra_env: Mapping[str, str]) -> dict[str, st
     env.pop(contract.LIFELINE_FD, None)
     env.pop(contract.ERROR_FILE, None)
     env.pop(contract.JOINED_FILE, None)
-    env.pop(contract.PROGRESS_FILE, None)
+    env.pop(contract.ACTIVITY_FILE, None)
     return env
 
 

@@ -89,8 +89,8 @@ class SshHome:
         the controller's own writes to the same stderr."""
         os.write(self.err, wire.JOINED_RECOVERABLE_MARKER if recoverable else wire.JOINED_MARKER)
 
-    def progress(self, state: str) -> None:
-        os.write(self.err, wire.PROGRESS_MARKERS[state])  # one write, as the joined marker
+    def activity(self, state: str) -> None:
+        os.write(self.err, wire.ACTIVITY_MARKERS[state])  # one write, as the joined marker
 
     def cannot_start(self, command: list[str], error: OSError) -> None:
         far_end.write_all(self.err, f"jaxrun: cannot start {command[0]!r} on this host: {error.strerror}\n".encode())

@@ -6,7 +6,7 @@ back to the launcher but the controller's own stderr, so it writes two
 things there:
 
 - ``wire.JOINED_MARKER``, once, in one write, when the controller arrives at
-  the job's rendezvous, and ``wire.PROGRESS_MARKERS``, each time its
+  the job's rendezvous, and ``wire.ACTIVITY_MARKERS``, each time its
   sampler changes between busy and idle (``--stall-timeout``).  A marker may
   land anywhere, even inside a line of the process's own, and a read may
   cut it in two;
@@ -35,9 +35,9 @@ import threading
 from jaxrun import contract, wire
 from jaxrun.core.backend import News
 
-# The in-band markers, with the state each progress marker tells (None: the join).
+# The in-band markers, with the state each activity marker tells (None: the join).
 MARKERS = {wire.JOINED_MARKER: False, wire.JOINED_RECOVERABLE_MARKER: True,
-           **{m: state for state, m in wire.PROGRESS_MARKERS.items()}}
+           **{m: state for state, m in wire.ACTIVITY_MARKERS.items()}}
 MARKER_HEAD = b"\x00\x1bjaxrun-"  # what every marker begins with
 assert all(m.startswith(MARKER_HEAD) for m in MARKERS)
 
@@ -66,7 +66,7 @@ class AgentStderr:
             self.closed.set()
 
     def _cut_markers(self, data: bytes, end: bool) -> bytes:
-        """The bytes without the joined and progress markers; the start of a
+        """The bytes without the joined and activity markers; the start of a
         marker a read cut in two is held until the next read (at the end:
         released).  The markers share their first bytes (``MARKER_HEAD``), so
         the common case, no marker, costs one search."""
@@ -96,7 +96,7 @@ class AgentStderr:
             if marker in (wire.JOINED_MARKER, wire.JOINED_RECOVERABLE_MARKER):
                 self.news.joined(MARKERS[marker])
             else:
-                self.news.progress(MARKERS[marker])
+                self.news.activity(MARKERS[marker])
         out.append(data[at:])
         return b"".join(out)
 

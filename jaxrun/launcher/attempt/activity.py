@@ -1,7 +1,7 @@
 """The stall watchdog (``--stall-timeout``): the launcher's half.
 
-Each process's sampler (``child.liveness``) says when the process changes
-between busy and idle; a local one writes it to its progress file, which
+Each process's sampler (``child.activity``) says when the process changes
+between busy and idle; a local one writes it to its activity file, which
 this watch reads when its ``stat`` changes, and a remote one's agent sends
 it home (the SSH stream's marker, the task channel's message), which the
 supervisor passes to ``heard``.  No thread: the supervisor's loop calls
@@ -40,9 +40,9 @@ from jaxrun.reporting.stacks import DUMP_TAIL, dumped_state, user_frame
 PROBE_WAIT = 1.5  # for the dumps to be written (and, from a far end, to arrive)
 
 
-def progress_path(log_dir: str, rank: int) -> str:
+def activity_path(log_dir: str, rank: int) -> str:
     """Where a local process's sampler writes its state: beside its logs."""
-    return os.path.join(log_dir, f"process-{rank}.progress")
+    return os.path.join(log_dir, f"process-{rank}.activity")
 
 
 def read_after(path: str, offset: int, limit: int = DUMP_TAIL) -> str:
@@ -104,7 +104,7 @@ def waiting_line(places: dict[int, Place], seconds: float) -> str:
             f"pipeline or one long program look the same); waiting on")
 
 
-class StallWatch:
+class ActivityWatch:
     """The busy and idle states of an attempt's processes, and when they stall."""
 
     def __init__(self, specs: Sequence[ProcessSpec], timeout: float, clock: Callable[[], float],
@@ -115,7 +115,7 @@ class StallWatch:
         self.stderr_logs = stderr_logs
         self.state: dict[int, str] = {}  # rank -> BUSY or IDLE, once heard
         self.idle_since: dict[int, float] = {}
-        self.paths: dict[int, str] = {}  # local progress files
+        self.paths: dict[int, str] = {}  # local activity files
         self.seen: dict[int, tuple] = {}
         self.poll = poll if poll is not None else min(1.0, max(0.05, timeout / 20))
         self.quiet_until = 0.0  # after a warning: no new probe before this
@@ -155,7 +155,7 @@ class StallWatch:
             seen = (st.st_ino, st.st_mtime_ns, st.st_size)
             if seen != self.seen.get(rank):
                 self.seen[rank] = seen
-                state = contract.read_progress(path)
+                state = contract.read_activity(path)
                 if state is not None:
                     self.heard(rank, state)
 
@@ -198,7 +198,7 @@ class StallWatch:
         return now + self.poll, None
 
     def finish(self) -> None:
-        """Remove the progress files, and the new copy a sampler had not yet
+        """Remove the activity files, and the new copy a sampler had not yet
         renamed over one when its process ended (``contract.write_private``)."""
         for path in self.paths.values():
             contract.remove_private(path)

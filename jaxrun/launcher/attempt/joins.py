@@ -9,7 +9,7 @@ so counting returns would jump from 0 to N.
 How the launcher hears of a join depends on the child (its ``reports_joins``):
 
 - a local process (plain or forked by the preloading server) creates its
-  joined file in the run's log folder, and :class:`JoinProgress` looks for
+  joined file in the run's log folder, and :class:`Joins` looks for
   the files of those not yet in, a few times a second (one ``stat`` each);
 - a remote process's agent does the looking on its host and tells the
   launcher, however its backend carries it; the child calls the spawn's
@@ -72,7 +72,7 @@ def done_line(total: int, elapsed: float) -> str:
     return f"jaxrun: {total}/{total} processes joined in {elapsed:.1f} s"
 
 
-class JoinProgress:
+class Joins:
     """Counts the processes that have joined, and keeps the display up to date.
 
     The supervisor's loop calls ``tick`` when it returns (a time, or None

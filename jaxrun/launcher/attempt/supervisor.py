@@ -10,7 +10,7 @@ Every child keeps the Child contract (:mod:`jaxrun.core.backend`), and the
 supervisor asks it nothing else: its exit and resources come from ``wait``,
 its join and its changes between busy and idle as ``Joined`` and
 ``Progress`` events (or, for a child that does not report them, from the
-joined and progress files it watches), its error record in the error file it
+joined and activity files it watches), its error record in the error file it
 named; what a backend sends in-band on a pipe, the child's own
 ``stream_filter`` takes out on the pump's thread.
 
@@ -54,11 +54,11 @@ from jaxrun.core.events import Exited, Forward, Joined, LogWriteFailed, SignalRe
 from jaxrun.core.logfiles import folder_is_full, log_paths, open_log, open_pumped_log, prepare_log_dir
 from jaxrun.core.outcome import Outcome, ProcessRecord, Stall, StopReason, Verdict, exit_code
 from jaxrun.core.spec import ProcessSpec
-from jaxrun.launcher.attempt.activity import StallWatch, progress_path
-from jaxrun.launcher.attempt.joins import JoinProgress, joined_path
+from jaxrun.launcher.attempt.activity import ActivityWatch, activity_path
+from jaxrun.launcher.attempt.joins import Joins, joined_path
 from jaxrun.launcher.output.printer import ConsolePrinter
 from jaxrun.launcher.output.pump import OutputPump, enlarge_pipe
-from jaxrun.launcher.restarts.recovery import Recovery, next_run
+from jaxrun.launcher.restarts.recovery import Recovery, next_life
 from jaxrun.reporting import diagnosis
 
 # After a failure or a timeout, how long survivors get to write their stack dumps.
@@ -117,15 +117,15 @@ class Supervisor:
         self.hold_until: float | None = None
         self.stop_began: float | None = None  # when a stop on a signal began (self.clock)
         self.last_end: float | None = None  # when the last exit was heard (self.clock)
-        self.progress: JoinProgress | None = None  # made when the run starts, as the stall watch is
+        self.joins: Joins | None = None  # made when the run starts, as the stall watch is
         self.stall_timeout, self.stall_found = stall_timeout, None  # the watchdog's, and the Stall it found
-        self.stall: StallWatch | None = None
+        self.stall: ActivityWatch | None = None
         self.full = False  # the log folder was full at the end
         self.recovery = recovery or Recovery(False, 0, False, backend.name, len(self.specs))  # default: fail fast
 
     def joins_settled(self) -> bool:
         """The start-up progress is over (its last line is out)."""
-        return self.progress is not None and not self.progress.active
+        return self.joins is not None and not self.joins.active
 
     # -- signals -----------------------------------------------------------
     def post_signal(self, signum: int) -> None:
@@ -137,13 +137,13 @@ class Supervisor:
         """Start every process, watch them to the end; the backend's ``begin``
         is part of the start, and ``end`` is the caller's."""
         self.pump = OutputPump(self.events, self.printer.write, self.printer.flush, hooks=self.hooks)
-        self.progress = JoinProgress(self.specs, self.printer.status, self.printer.note,
+        self.joins = Joins(self.specs, self.printer.status, self.printer.note,
                                      live=self.printer.can_show_status(), clock=self.clock,
                                      on_join=self.recovery.joined)
         lifeline_r, lifeline_w = os.pipe()
         self.lifeline_r = lifeline_r  # kept open to the end: a process started again alone gets it too
         self.records = {spec.rank: ProcessRecord(spec, *log_paths(self.log_dir, spec.rank)) for spec in self.specs}
-        self.stall = StallWatch(self.specs, self.stall_timeout, self.clock, self.printer.note,
+        self.stall = ActivityWatch(self.specs, self.stall_timeout, self.clock, self.printer.note,
                                 {rank: rec.stderr_log for rank, rec in self.records.items()})
         try:
             self._start(lifeline_r)
@@ -153,7 +153,7 @@ class Supervisor:
             for child in self.children.values():
                 child.send(signal.SIGKILL)  # grandchildren left in a group
             self.full = folder_is_full(self.log_dir)  # before the files below free their blocks
-            self.progress.finish()
+            self.joins.finish()
             self.stall.finish()
             os.close(lifeline_r)
             os.close(lifeline_w)
@@ -179,13 +179,13 @@ class Supervisor:
                 self._begin_stop(StopReason.TIMEOUT, TIMEOUT_DUMP_WAIT, signal.SIGUSR1)
 
     def _start_all(self, lifeline_r: int) -> None:
-        self.progress.begin()
+        self.joins.begin()
         show_at = self.clock()
         for spec in self.specs:
             if self.hooks.stopping():
                 raise Interrupted()
             if self.clock() >= show_at:  # a long start (many processes) shows its progress too
-                show_at = self.progress.tick() or float("inf")
+                show_at = self.joins.tick() or float("inf")
             self._start_one(spec, lifeline_r)
 
     def _start_one(self, spec: ProcessSpec, lifeline_r: int) -> None:
@@ -196,15 +196,15 @@ class Supervisor:
         record = self.records[spec.rank]
         out, err, error_file = record.stdout_log, record.stderr_log, record.error_file
         joined_file = joined_path(self.log_dir, spec.rank)
-        progress_file = progress_path(self.log_dir, spec.rank)
-        for stale in (error_file, joined_file, progress_file):
+        activity_file = activity_path(self.log_dir, spec.rank)
+        for stale in (error_file, joined_file, activity_file):
             if os.path.lexists(stale):
                 os.unlink(stale)
         env = {contract.ERROR_FILE: error_file, contract.JOINED_FILE: joined_file}
         if self.stall.active:
-            env[contract.PROGRESS_FILE] = progress_file
+            env[contract.ACTIVITY_FILE] = activity_file
         news = News(lambda recoverable=False, rank=spec.rank: self.events.put(Joined(rank, recoverable)),
-                    lambda state, rank=spec.rank: self.events.put(ev.Progress(rank, state)))
+                    lambda state, rank=spec.rank: self.events.put(ev.Activity(rank, state)))
         if direct:
             fds = (open_log(out), open_log(err))
             try:
@@ -223,8 +223,8 @@ class Supervisor:
         record.pid, record.started_at = child.pid, time.time()
         self.children[spec.rank] = child
         if not child.reports_joins:  # else it tells its News: Joined and Progress events
-            self.progress.watch(spec.rank, joined_file)
-            self.stall.watch(spec.rank, progress_file)
+            self.joins.watch(spec.rank, joined_file)
+            self.stall.watch(spec.rank, activity_file)
         start_thread(f"process-waiter:{spec.rank}", self._wait, spec.rank, child, hooks=self.hooks)
 
     def _start_pump(self, pipe, path: str, rank: int, stream: Stream, stream_filter: StreamFilter | None) -> None:
@@ -248,7 +248,7 @@ class Supervisor:
 
     def _loop(self) -> None:
         while self._running() or self.held:
-            show_at = self.progress.tick()
+            show_at = self.joins.tick()
             now = self.clock()
             if self.hold_until is not None and now >= self.hold_until:
                 self._release_held()
@@ -280,8 +280,8 @@ class Supervisor:
             if self.reason is None:
                 self._send_all(event.signum)
         elif isinstance(event, Joined):
-            self.progress.joined(event.rank, event.recoverable)
-        elif isinstance(event, ev.Progress):
+            self.joins.joined(event.rank, event.recoverable)
+        elif isinstance(event, ev.Activity):
             self.stall.heard(event.rank, event.state)
         elif isinstance(event, ThreadDied):
             self._on_fault(event)
@@ -292,7 +292,7 @@ class Supervisor:
 
     def _on_exit(self, event: Exited) -> None:
         self.pump.wake()
-        self.progress.ended(event.rank)
+        self.joins.ended(event.rank)
         self.stall.ended(event.rank)
         self.last_end = self.clock()
         record, end = self.records[event.rank], event.end
@@ -335,7 +335,7 @@ class Supervisor:
         fingerprint, failure = diagnosis.run_failure(record)
         if self.recovery.after_failure(rank, diagnosis.where(record), diagnosis.describe_exit(record),
                                        fingerprint, failure):
-            self.records[rank] = again = next_run(record, self.log_dir)
+            self.records[rank] = again = next_life(record, self.log_dir)
             self.stall.again(rank, again.stderr_log)
             try:
                 return self._start_one(again.spec, self.lifeline_r)

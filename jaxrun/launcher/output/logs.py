@@ -29,10 +29,10 @@ def show(folder: str, ranks: list[int], output: str) -> None:
     """The logs as the console shows them: rank-prefixed lines (one process
     after another: their interleaving in time is not recorded), or blocks."""
     printer = ConsolePrinter(output)  # stdout to stdout, stderr to stderr, as live
-    every_run = ((rank, run, paths) for rank in ranks for run, paths in enumerate(logfiles.run_paths(folder, rank)))
-    for rank, run, (out, err, _) in every_run:
-        if run:  # a recoverable job's process that started again alone: each run apart
-            click.echo(f"jaxrun: process {rank}, run {run + 1} (started again alone):")
+    every_life = ((rank, life, paths) for rank in ranks for life, paths in enumerate(logfiles.life_paths(folder, rank)))
+    for rank, life, (out, err, _) in every_life:
+        if life:  # a recoverable job's process that started again alone: each life apart
+            click.echo(f"jaxrun: process {rank}, life {life + 1} (started again alone):")
         if output == "grouped":
             printer.grouped(rank, out, err)
             continue

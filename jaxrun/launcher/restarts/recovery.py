@@ -14,7 +14,7 @@ this module what a failure of a process other than 0 means:
 - the others go on, and one console line says so and why;
 - where the backend can start one process again (locally, over SSH), and
   ``--max-restarts K`` allows, that process alone starts again, up to K
-  times, unless it failed exactly as in its run before (#37's rule, per
+  times, unless it failed exactly as in its life before (#37's rule, per
   process: ``reporting.diagnosis.run_failure``);
 - where it cannot (a scheduler's gang, Ray's group), the job says so once,
   and only whole jobs restart, after every process has ended.
@@ -92,7 +92,7 @@ class Recovery:
             return False
         if fingerprint is not None and fingerprint == before:
             self._final(rank)
-            self.note(f"{head}; not starting it again: the same failure as its run {used} ({failure})")
+            self.note(f"{head}; not starting it again: the same failure as its life {used} ({failure})")
             return False
         if used >= self.restarts:
             self._final(rank)
@@ -118,15 +118,15 @@ class Recovery:
         return not (self.on and self.alone)
 
 
-def next_run(record: ProcessRecord, log_dir: str) -> ProcessRecord:
-    """The record of a failed process's next run, alone: the same id,
+def next_life(record: ProcessRecord, log_dir: str) -> ProcessRecord:
+    """The record of a failed process's next life, alone: the same id,
     coordinator and environment, its own restart count, its own log files;
-    the failed run becomes one of its earlier runs."""
-    run = record.run + 1
-    attempt = int(record.spec.env.get(contract.RESTART_COUNT, "0")) - record.run  # the attempt's own count
-    env = {**record.spec.env, contract.PROCESS_RESTARTS: str(run), contract.RESTART_COUNT: str(attempt + run)}
+    the failed life becomes one of its earlier lives."""
+    life = record.life + 1
+    attempt = int(record.spec.env.get(contract.RESTART_COUNT, "0")) - record.life  # the attempt's own count
+    env = {**record.spec.env, contract.PROCESS_RESTARTS: str(life), contract.RESTART_COUNT: str(attempt + life)}
     spec = dataclasses.replace(record.spec, env=env)
     record.verdict = Verdict.RESTARTED
-    again = ProcessRecord(spec, *log_paths(log_dir, spec.rank, run), run=run, earlier=record.runs)
+    again = ProcessRecord(spec, *log_paths(log_dir, spec.rank, life), life=life, earlier=record.lives)
     record.earlier = []
     return again

@@ -22,7 +22,7 @@ The looks cost a few microseconds each, once per interval; nothing is
 hooked, so the script's own calls run as fast as without jaxrun.
 
 What the launcher hears is only the changes: the file
-``contract.PROGRESS_FILE`` holds ``busy`` or ``idle`` (``contract``'s
+``contract.ACTIVITY_FILE`` holds ``busy`` or ``idle`` (``contract``'s
 words), rewritten whole (a new file renamed over the old) each time the
 state changes.  The launcher reads it, or the far-end agent does and sends
 the change home.  Where each process waits is not reported here: when
@@ -48,7 +48,7 @@ _BUSY_FILES = (os.sep + os.path.join("jax", "_src", "compiler.py"),)
 _JOIN_FILE = os.sep + os.path.join("jax", "_src", "distributed.py")
 
 _beats = 0
-_started: Liveness | None = None
+_started: Sampler | None = None
 
 
 def alive() -> None:
@@ -101,7 +101,7 @@ def busy_place(stack: tuple) -> bool:
     return False
 
 
-class Liveness:
+class Sampler:
     """The sampler: its thread, its last look, and the state last written."""
 
     def __init__(self, path: str, interval: float, clock=time.monotonic, cpu=time.process_time,
@@ -147,10 +147,10 @@ class Liveness:
             self.write(contract.BUSY if self.moved() else contract.IDLE)
 
 
-def start(environ=os.environ) -> Liveness | None:
+def start(environ=os.environ) -> Sampler | None:
     """Start the sampler if the launcher asked for one (``--stall-timeout``)."""
     global _started
-    path, timeout = environ.get(contract.PROGRESS_FILE), environ.get(contract.STALL_TIMEOUT)
+    path, timeout = environ.get(contract.ACTIVITY_FILE), environ.get(contract.STALL_TIMEOUT)
     if not path or not timeout or _started is not None:
         return _started
     try:
@@ -159,6 +159,6 @@ def start(environ=os.environ) -> Liveness | None:
         return None
     if seconds <= 0:
         return None
-    _started = Liveness(path, interval_for(seconds))
-    threading.Thread(target=_started.run, name="jaxrun-liveness", daemon=True).start()
+    _started = Sampler(path, interval_for(seconds))
+    threading.Thread(target=_started.run, name="jaxrun-activity", daemon=True).start()
     return _started
