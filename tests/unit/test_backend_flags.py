@@ -5,6 +5,7 @@ with a launcher that does not list it."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -22,7 +23,7 @@ BACKEND_ONLY = {
     "scheduler_args": ("slurm", "mpirun"), "ray_address": ("ray",), "placement": ("ray",),
 }
 # The command's options that are everyone's, beyond HELP_SECTIONS' (the "Other" section).
-EVERYONES_OTHERS = {"dry_run", "version", "args"}
+EVERYONES_OTHERS = {"dry_run", "version", "help_all", "args"}
 
 
 def parsed(*args):
@@ -91,8 +92,8 @@ def test_seconds_are_finite_and_from_their_minimum(bad):
 def test_seconds_keep_their_shown_default():
     assert parsed()["connect_timeout"] == 10.0
     assert parsed("--connect-timeout", "2.5")["connect_timeout"] == 2.5
-    help_text = cli.main.get_help(click.Context(cli.main, info_name="jaxrun"))
-    assert "[default: 10.0;" in help_text and "x>=1]" in help_text
+    text = help_text()
+    assert "[default: 10.0;" in text and "x>=1]" in text
 
 
 def test_a_file_must_exist_and_be_a_file(tmp_path):
@@ -123,32 +124,35 @@ def test_given_means_other_than_not_given():
     assert not Flag("x", ("--x",), "").given({})
 
 
-# -- --help --------------------------------------------------------------------------------
+# -- --help-all ----------------------------------------------------------------------------
 
 def help_text():
-    program = "from jaxrun import cli\ncli.entry_point(['--help'])\n"
+    program = "from jaxrun import cli\ncli.entry_point(['--help-all'])\n"
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
     return done.stdout
 
 
 def section(text, title):
-    body = text.split(f"\n{title}:\n", 1)[1].split("\n\n", 1)[0]
-    return [line.split()[0].rstrip(",") for line in body.splitlines() if line.startswith("  -")]
+    """A section's options in order; its paragraph, if any, comes first."""
+    body = re.split(r"\n(?=\S)", text.split(f"\n{title}:\n", 1)[1], maxsplit=1)[0]
+    options = body.rstrip("\n").split("\n\n")[-1]
+    return [line.split()[0].rstrip(",") for line in options.splitlines() if line.startswith("  -")]
 
 
 def test_help_keeps_each_section_s_options_in_their_order():
     text = help_text()
-    assert section(text, "Across hosts (SSH)") == ["--hosts", "--hosts-command", "-H", "--ssh-config",
-                                                   "--ssh-option", "--connect-timeout", "--chdir", "--sync"]
+    assert section(text, "Across hosts (SSH)") == ["--hosts", "-H", "--ssh-config", "--ssh-option",
+                                                   "--connect-timeout", "--chdir", "--sync"]
     assert section(text, "Engines (Slurm, Open MPI)") == ["--launcher", "--nodes", "--ntasks-per-node",
                                                           "--scheduler-arg"]
     assert section(text, "With --launcher ray") == ["--ray-address", "--placement"]
-    assert section(text, "Other") == ["--dry-run", "--version", "-h"]
+    assert section(text, "Restarts") == ["--max-restarts", "--recoverable", "--min-hosts", "--hosts-command"]
+    assert section(text, "Other") == ["--dry-run", "--version", "--help-all", "-h"]
 
 
 def test_an_entry_without_a_section_of_its_own_gets_one_before_other():
     assert BACKENDS["ray"].help_section == "With --launcher ray"
     assert BACKENDS["ssh"].help_section == "Across hosts (SSH)"
     sections = cli.help_sections()
-    assert sections["Across hosts (SSH)"][3:] == ("ssh_config", "ssh_options", "connect_timeout", "chdir", "sync")
+    assert sections["Across hosts (SSH)"][2:] == ("ssh_config", "ssh_options", "connect_timeout", "chdir", "sync")
     assert sections["Engines (Slurm, Open MPI)"] == ("launcher", "nodes", "tasks_per_node", "scheduler_args")

@@ -1,4 +1,4 @@
-"""The command line: parsing, --dry-run, --help cost, and bad input (exit 2, nothing started)."""
+"""The command line: parsing, -x, --dry-run, --help and --help-all, and bad input (exit 2, nothing started)."""
 
 import os
 import re
@@ -8,6 +8,7 @@ import sys
 
 import click
 import pytest
+from click.testing import CliRunner
 from fixtures.jobs import JAXRUN, ROOT
 
 from jaxrun import cli
@@ -68,6 +69,11 @@ def test_dry_run_module():
         (["--bogus-option", "S"], "no such option: --bogus-option"),
         (["--coordinator", "nohost", "S"], "is not HOST:PORT"),
         (["--env", "NOEQUALS", "S"], "is not KEY=VALUE"),
+        (["-x", "=x", "S"], "'=x' is not KEY=VALUE or KEY"),
+        (["-x", "A B=1", "S"], "'A B=1' is not KEY=VALUE or KEY"),
+        (["-x", "1A", "S"], "'1A' is not KEY=VALUE or KEY"),
+        (["-x", "A-B", "S"], "'A-B' is not KEY=VALUE or KEY"),
+        (["-x", "", "S"], "'' is not KEY=VALUE or KEY"),
         ([], "missing SCRIPT"),
     ],
 )
@@ -234,17 +240,104 @@ def test_a_mistyped_option_gets_the_close_match():
     assert done.stderr == "jaxrun: error: no such option: --cpu-device (did you mean --cpu-devices?)\n"
 
 
-def test_help_comes_in_sections_without_importing_jax():
-    import subprocess
-    import sys
-
-    program = ("import sys\nfrom jaxrun import cli\ntry:\n    cli.main.main(['--help'], prog_name='jaxrun')\n"
+def test_help_all_comes_in_sections_without_importing_jax():
+    program = ("import sys\nfrom jaxrun import cli\ntry:\n    cli.main.main(['--help-all'], prog_name='jaxrun')\n"
                "except SystemExit:\n    pass\nprint('JAX', 'jax' in sys.modules)\n")
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
     titles = [line[:-1] for line in done.stdout.splitlines() if line.endswith(":") and not line.startswith(" ")]
-    assert titles == ["Processes", "Output", "Failures", "Across hosts (SSH)", "Engines (Slurm, Open MPI)",
-                      "Runtime", "Interactive", "With --launcher ray", "Other"]
+    assert titles == ["Processes", "Output", "Failures", "Restarts", "Across hosts (SSH)",
+                      "Engines (Slurm, Open MPI)", "Runtime", "Interactive", "With --launcher ray", "Other"]
     assert done.stdout.rstrip().endswith("JAX False")
+
+
+# -- --help for a newcomer, --help-all for everything ----------------------------------------
+
+HELP_ENTRY = re.compile(r"^  (-[\w-]+(?:(?:, | / )-[\w-]+)*)", re.M)  # "  -n, --num-processes N   Number..."
+
+
+def listed_options(text):
+    """Every option name a help text starts an entry with."""
+    return {name for entry in HELP_ENTRY.findall(text) for name in re.split(r", | / ", entry)}
+
+
+def declared_options(hidden):
+    """Every option name the command declares (its help option too), shown or hidden."""
+    ctx = click.Context(cli.main, info_name="jaxrun")
+    return {name for param in cli.main.get_params(ctx) if isinstance(param, click.Option) and param.hidden == hidden
+            for name in (*param.opts, *param.secondary_opts)}
+
+
+def help_all_text():
+    return CliRunner().invoke(cli.main, ["--help-all"], prog_name="jaxrun").output
+
+
+@pytest.mark.parametrize("columns", ["100", None], ids=["COLUMNS=100", "click's default width"])
+def test_help_fits_one_screen_and_ends_naming_help_all(columns):
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | ({"COLUMNS": columns} if columns else {})
+    done = subprocess.run(JAXRUN + ["--help"], capture_output=True, text=True, env=env, timeout=60, check=True)
+    lines = done.stdout.rstrip("\n").splitlines()
+    assert len(lines) <= 50, done.stdout
+    assert "--help-all" in lines[-1] and "--help-all" not in "\n".join(lines[:-1])
+
+
+def test_help_shows_only_the_short_set_and_help_all_shows_every_option():
+    ctx = click.Context(cli.main, info_name="jaxrun")
+    short = {name for param in cli.main.get_params(ctx) if param.name in cli.SHORT_HELP
+             for name in (*param.opts, *param.secondary_opts)}
+    assert {"-n", "-x", "--max-restarts", "--dry-run", "--help"} <= short
+    assert listed_options(cli.main.get_help(ctx)) == short
+    every = declared_options(hidden=False)
+    assert {"--help-all", "--ssh-config", "--ray-address", "--hosts-command"} <= every  # the registry's too
+    assert listed_options(help_all_text()) == every
+
+
+def test_hidden_options_stay_hidden_in_both_helps():
+    hidden = declared_options(hidden=True)
+    assert {"--env", "--export", "--kernel-pipe"} <= hidden
+    for text in (cli.main.get_help(click.Context(cli.main, info_name="jaxrun")), help_all_text()):
+        assert not listed_options(text) & hidden
+        assert not re.search(r"--env\b|--export\b|--kernel-pipe", text)
+
+
+def test_restarts_are_one_section_that_says_how_they_combine():
+    text = help_all_text()
+    body = text.split("\nRestarts:\n", 1)[1].split("\nAcross hosts (SSH):\n", 1)[0]
+    paragraph, options = body.split("\n\n", 1)
+    said = cli.helptext.SECTION_TEXTS["Restarts"]
+    assert re.sub(r"\s", "", paragraph) == re.sub(r"\s", "", said)  # first, however it wraps
+    assert listed_options(options) == {"--max-restarts", "--recoverable", "--no-recoverable", "--min-hosts",
+                                       "--hosts-command"}
+    for words in ("one budget for the whole run", "every restart spends one", "--recoverable forces it",
+                  "--no-recoverable refuses it", "--min-hosts or --hosts-command", "elastic",
+                  "The same failure twice in a row is never restarted"):
+        assert words in said
+
+
+# -- -x KEY[=VALUE], and the spellings it replaced ------------------------------------------
+
+def test_x_sets_a_value_or_forwards_this_shell_s(script):
+    from jaxrun.backends import BACKENDS
+
+    params = cli.main.make_context("jaxrun", ["--dry-run", "-x", "A=1", "-x", "FOO", "-x", "EMPTY=", script]).params
+    assert "variables" not in params
+    assert (params["env_pairs"], params["exports"]) == ((("A", "1"), ("EMPTY", "")), ("FOO",))
+    system = configure.System({"PATH": os.environ["PATH"], "FOO": "from here"})
+    config = configure.config_from_args(params, BACKENDS, system)
+    assert dict(config.options.extra_env) == {"FOO": "from here", "A": "1", "EMPTY": ""}
+    code, out, err = run_cli("-n", "2", "-x", "A=a b", "-x", "FOO", "--dry-run", script, env={"FOO": "here"})
+    assert code == 0 and err == ""
+    assert out.count("  A='a b'\n") == 2 and out.count("  FOO=here\n") == 2
+
+
+def test_the_old_spellings_still_work_and_each_says_so_once(script):
+    code, out, err = run_cli("--env", "A=1", "--env", "B=2", "--export", "FOO", "--export", "BAR", "-x", "C=3",
+                             "--dry-run", script, env={"FOO": "here", "BAR": "there"})
+    assert code == 0, err
+    assert all(f"  {pair}\n" in out for pair in ("A=1", "B=2", "C=3", "FOO=here", "BAR=there"))
+    assert err.splitlines() == ["jaxrun: --env is now -x KEY=VALUE; --env goes away in the next version",
+                                "jaxrun: --export is now -x KEY; --export goes away in the next version"]
+    params = cli.main.make_context("jaxrun", ["--env", "A=1", "--export", "FOO", "-x", "C=3", "s.py"]).params
+    assert (params["env_pairs"], params["exports"]) == ((("A", "1"), ("C", "3")), ("FOO",))
 
 
 @pytest.mark.parametrize("args, backend", [([], "local"), (["-H", "a:2"], "ssh"), (["--launcher", "slurm"], "slurm"),
@@ -259,10 +352,7 @@ def test_the_command_hands_over_every_value_the_configuration_reads(script, args
     assert list(launcher.type.choices) == list(BACKENDS)
 
 
-def test_recoverable_is_a_failures_option_and_reaches_a_task_agent_only_when_given(script):
-    help_text = cli.main.get_help(click.Context(cli.main, info_name="jaxrun"))
-    failures = help_text.split("\nFailures:")[1].split("\nAcross hosts (SSH):")[0]
-    assert "--recoverable / --no-recoverable" in failures
+def test_recoverable_reaches_a_task_agent_only_when_given(script):
     seen = {}
     for flag in ("--recoverable", "--no-recoverable", None):
         code, out, err = run_cli("-n", "2", "--dry-run", *([flag] if flag else []), script)

@@ -1,112 +1,32 @@
-"""The ``jaxrun`` command line: the command, its options and their help.
-``jaxrun.launcher.setup.configure`` turns the parsed values into a ``RunConfig``,
-and ``jaxrun.launcher.run.run`` does the work with the backend that config
-names.  The backends' registry gives ``--launcher`` its choices; no backend
-module is imported here."""
+"""The ``jaxrun`` command: its options, the ``jaxrun kernel`` group, and the
+click option of each backend's own flag.  ``jaxrun.launcher.setup.configure``
+turns the parsed values into a ``RunConfig``, and ``jaxrun.launcher.run.run``
+does the work with the backend that config names.  The backends' registry
+gives ``--launcher`` its choices; no backend module is imported here."""
 
 from __future__ import annotations
 
-import math
-import os
 import sys
 
 import click
 
 from jaxrun import __version__, contract, meshspec
 from jaxrun.backends import BACKENDS
+from jaxrun.cli import helptext
+from jaxrun.cli.params import (
+    HostPort,
+    KeyValue,
+    MeshSpecType,
+    OptionalCount,
+    RankList,
+    Seconds,
+    Variable,
+    deprecated,
+    sort_variables,
+)
 from jaxrun.core.config import Flag, LaunchError, Value, declared_flags
-from jaxrun.core.ranks import DIGITS, parse_ranks
-from jaxrun.core.spec import PlanError
 from jaxrun.launcher.run import run
 from jaxrun.launcher.setup.configure import config_from_args
-
-# The longest wait any option may ask for (about 31 years).  Beyond it the
-# event loop's waits overflow (threading.TIMEOUT_MAX is about 292 years).
-MAX_SECONDS = 1e9
-
-
-class Seconds(click.FloatRange):
-    """A finite number of seconds.  FloatRange takes "nan" and "inf": every
-    comparison with nan is false, so a nan deadline never fires and the loop
-    spins, and an infinite one overflows the first wait."""
-
-    name = "SECONDS"
-
-    def convert(self, value, param, ctx):
-        seconds = super().convert(value, param, ctx)
-        if not math.isfinite(seconds) or seconds > MAX_SECONDS:
-            self.fail(f"{value!r} is not a finite number of seconds up to {MAX_SECONDS:.0f}", param, ctx)
-        return seconds
-
-
-class OptionalCount(click.Option):
-    """An option whose count may be left out: ``--flight-recorder`` or
-    ``--flight-recorder 128``.  Click would take the script that follows a
-    bare option for its count; this one takes the next word only when it is
-    a whole number, and otherwise gives it back to the command line."""
-
-    def add_to_parser(self, parser, ctx) -> None:
-        super().add_to_parser(parser, ctx)
-        for name in self.opts:
-            parsed = getattr(parser, "_long_opt", {}).get(name)
-            if parsed is not None:
-                parsed.process = self._giving_back(parsed.process)
-
-    def _giving_back(self, process):
-        def process_count(value, state):
-            if isinstance(value, str) and not DIGITS.match(value):
-                state.rargs.insert(0, value)
-                value = str(self.flag_value)
-            process(value, state)
-
-        return process_count
-
-
-class RankList(click.ParamType):
-    """--console-ranks and ``jaxrun logs --ranks``: see ``core.ranks.parse_ranks``."""
-
-    name = "RANKS"
-
-    def convert(self, value, param, ctx):
-        try:
-            return parse_ranks(value)
-        except ValueError:
-            self.fail(f"{value!r} is not a list of ranks like 0 or 0,2-3 (or all, or none)", param, ctx)
-
-
-class HostPort(click.ParamType):
-    name = "HOST:PORT"
-
-    def convert(self, value, param, ctx):
-        host, sep, port = str(value).rpartition(":")
-        if not sep or not host or not DIGITS.match(port) or not 0 < int(port) < 65536:
-            self.fail(f"{value!r} is not HOST:PORT with a port between 1 and 65535", param, ctx)
-        return f"{host}:{int(port)}"
-
-
-class KeyValue(click.ParamType):
-    name = "KEY=VALUE"
-
-    def convert(self, value, param, ctx):
-        try:
-            return contract.parse_env_pair(str(value))
-        except ValueError as e:
-            self.fail(str(e), param, ctx)
-
-
-class MeshSpecType(click.ParamType):
-    """Checks --mesh syntax at parse time; the device count is checked in the children."""
-
-    name = "SPEC"
-
-    def convert(self, value, param, ctx):
-        try:
-            spec = meshspec.parse(str(value))
-        except meshspec.MeshSpecError as e:
-            self.fail(str(e), param, ctx)
-        # Children parse the text again; pass it on normalized.
-        return str(spec)
-
 
 CONTEXT = {
     "ignore_unknown_options": True,
@@ -115,50 +35,30 @@ CONTEXT = {
 }
 
 
-# --help shows the options in these sections, in this order; an option not
-# listed lands in the last one.  (Only the listing: parsing is click's.)  A
-# backend's own options name their sections in the registry; a section that
-# only they fill comes before "Other".
-HELP_SECTIONS = {
-    "Processes": ("num_processes", "cpu_devices", "devices_per_process", "coordinator", "env_pairs", "exports",
-                  "python", "preload", "preload_modules"),
-    "Output": ("log_dir", "output", "console_ranks", "timestamps", "report_path", "junit_path", "verbose"),
-    "Failures": ("stall_timeout", "timeout", "grace", "max_restarts", "min_hosts", "recoverable",
-                 "flight_recorder", "check_divergence"),
-    "Across hosts (SSH)": ("hosts_file", "host_opts", "hosts_command"),
-    "Engines (Slurm, Open MPI)": ("launcher",),
-    "Runtime": ("mesh", "mesh_axis_types"),
-    "Interactive": ("interactive", "kernel_pipe"),
-    "Other": (),
-}
-
-
-class SectionedCommand(click.Command):
-    """The one command, with --help in sections and close matches suggested
-    for a mistyped option (which, since unknown options pass through to the
-    script, click never sees)."""
+class JaxrunCommand(click.Command):
+    """The one command: its help in helptext's sections, -x's variables
+    sorted as the configuration reads them, and its long options for the
+    close match a mistyped one gets (since unknown options pass through to
+    the script, click never sees one)."""
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        sections = help_sections()
-        rows: dict[str, list] = {title: [] for title in sections}
-        for param in self.get_params(ctx):
-            record = param.get_help_record(ctx)
-            if record is None:
-                continue
-            title = next((t for t, names in sections.items() if param.name in names), "Other")
-            rows[title].append(record)
-        for title, records in rows.items():
-            if records:
-                with formatter.section(title):
-                    formatter.write_dl(records)
+        helptext.format_options(self, ctx, formatter)
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        helptext.format_footer(ctx, formatter)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        rest = super().parse_args(ctx, args)
+        sort_variables(ctx.params)
+        return rest
 
     def option_names(self) -> list[str]:
-        return [name for param in self.params if isinstance(param, click.Option)
+        return [name for param in self.params if isinstance(param, click.Option) and not param.hidden
                 for name in (*param.opts, *param.secondary_opts) if name.startswith("--")]
 
 
-@click.command(cls=SectionedCommand, context_settings=CONTEXT)
-@click.option("-n", "--num-processes", type=click.IntRange(min=1),
+@click.command(cls=JaxrunCommand, context_settings=CONTEXT)
+@click.option("-n", "--num-processes", type=click.IntRange(min=1), metavar="N",
               help="Number of controllers (default: 1, or every host slot).")
 @click.option("--cpu-devices", type=click.IntRange(min=1), metavar="D",
               help="Simulate D CPU devices per process (JAX_PLATFORMS=cpu).")
@@ -190,16 +90,18 @@ class SectionedCommand(click.Command):
                    "that differs stops the job and names the call (one key-value round trip per execution).")
 @click.option("--grace", type=Seconds(min=0), default=30.0, show_default=True, metavar="SECONDS",
               help="After forwarding SIGINT/SIGTERM/SIGHUP, wait this long before SIGKILL.")
-@click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Restart the whole job this many times after a failure (in a recoverable job: each failed "
-                   "process other than 0, alone).")
+@click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+              help="At most N restarts in the whole run: every restart, of one process alone (a recoverable "
+                   "job) or of the whole job, spends one.")
 @click.option("--recoverable/--no-recoverable", default=None,
-              help="A fault-tolerant JAX job (every process enabled jax_enable_recoverability, or "
-                   "--recoverable): a failed process other than 0 leaves the others running, and "
-                   "--max-restarts starts it again alone. --no-recoverable: fail fast whatever the processes say.")
+              help="Make the job recoverable (a failed process other than 0 leaves the others running and "
+                   "restarts alone), or never (default: when every process enabled jax_enable_recoverability).")
 @click.option("--min-hosts", type=click.IntRange(min=1), metavar="K",
-              help="Elastic restarts: a restart leaves out lost hosts, fills their places from spare hosts "
-                   "(those beyond -n), and goes on with fewer processes while at least K hosts remain.")
+              help="Elastic whole-job restarts: leave out lost hosts, take spare hosts (those beyond -n) in "
+                   "their places, and go on with fewer processes while at least K hosts remain.")
+@click.option("--hosts-command", metavar="CMD",
+              help="Run CMD (a shell command) before each attempt; what it prints is the hosts file, which "
+                   "elastic restarts pick from.")
 @click.option("--timestamps", is_flag=True,
               help="Start each console line with the wall-clock time it arrived (the logs stay byte-exact).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), metavar="FILE.json",
@@ -208,35 +110,36 @@ class SectionedCommand(click.Command):
               help="Write a JUnit XML report: one testcase per process.")
 @click.option("--mesh", type=MeshSpecType(), help="Build a global mesh in every process, e.g. i=4,j=2 or data=-1.")
 @click.option("--mesh-axis-types", type=click.Choice(meshspec.AXIS_TYPES), help="Axis type of every mesh axis.")
-@click.option("--env", "env_pairs", type=KeyValue(), multiple=True,
-              help="Set KEY=VALUE in every process (repeatable).")
+@click.option("-x", "variables", type=Variable(), multiple=True,
+              help="Set KEY=VALUE in every process, or forward this shell's value of KEY (repeatable).")
+# The spellings -x replaced; each says so once per run.
+@click.option("--env", "env_pairs", type=KeyValue(), multiple=True, hidden=True, callback=deprecated)
+@click.option("--export", "exports", multiple=True, hidden=True, callback=deprecated)
 @click.option("--preload/--no-preload", "preload", default=None,
               help="Fork local controllers from one process that already imported jax "
                    f"(default on; {contract.NO_PRELOAD}=1 turns it off).")
 @click.option("--preload-module", "preload_modules", multiple=True, metavar="MOD",
               help="Also import MOD in the preloading process (repeatable).")
-@click.option("-x", "--export", "exports", multiple=True, metavar="KEY",
-              help="Forward this variable's local value to every process (repeatable).")
 # Hosts are no backend's own option: they choose the backend, and the plan
 # places the processes on them.
 @click.option("--hosts", "hosts_file", type=click.Path(exists=True, dir_okay=False), metavar="FILE",
               help="Run over SSH on the hosts in FILE: one '[user@]host[:sshport] [slots=N]' per line.")
-@click.option("--hosts-command", metavar="CMD",
-              help="Run CMD (a shell command) before each attempt; it prints the hosts file to use "
-                   "(elastic: restarts pick from it, see --min-hosts).")
 @click.option("-H", "--host", "host_opts", multiple=True, metavar="HOST[:SLOTS]",
               help="Run over SSH on HOST (repeatable or comma-separated).")
 @click.option("--python", "python", metavar="PATH",
               help="Python interpreter for every process, here or on the hosts (default: this one's path).")
-@click.option("--launcher", type=click.Choice(list(BACKENDS)),
-              help="How to start the controllers (default: local, or ssh when hosts are given).")
+@click.option("--launcher", type=click.Choice(list(BACKENDS)), metavar="NAME",
+              help=f"How to start the controllers: {', '.join(BACKENDS)} (default: local, or ssh when hosts "
+                   "are given).")
 @click.option("--dry-run", is_flag=True, help="Print each process's command and environment, then exit.")
 @click.option("-v", "--verbose", is_flag=True, help="Show JAX's noise lines and the startup preflight table.")
 @click.option("-i", "--interactive", is_flag=True,
-              help="No SCRIPT: a console whose every statement runs in every process, as python -i "
-                   "(see docs/interactive.md; `jaxrun kernel install` makes the launch a Jupyter kernel).")
+              help="No SCRIPT: a console whose every statement runs in every process, as python -i, or a "
+                   "Jupyter kernel (docs/interactive.md).")
 @click.option("--kernel-pipe", is_flag=True, hidden=True)  # -i for the Jupyter kernel: JSON lines on stdin/stdout
 @click.version_option(__version__, "--version", prog_name="jaxrun")
+@click.option("--help-all", is_flag=True, expose_value=False, is_eager=True, callback=helptext.show_every_option,
+              help="Show every option, in sections, and exit.")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def main(**values):
     """Start N JAX controllers that join one distributed job.
@@ -253,16 +156,6 @@ def main(**values):
     {coordinator} in those arguments are replaced in each process.
     """
     sys.exit(run(config_from_args(values, BACKENDS, option_names=main.option_names())))
-
-
-def help_sections() -> dict[str, tuple[str, ...]]:
-    """HELP_SECTIONS with each backend flag in the section the registry names;
-    a section of backends' flags alone goes before "Other"."""
-    sections = {title: list(names) for title, names in HELP_SECTIONS.items() if title != "Other"}
-    for name, declared in declared_flags(BACKENDS).items():
-        sections.setdefault(declared.section, []).append(name)
-    sections["Other"] = list(HELP_SECTIONS["Other"])
-    return {title: tuple(names) for title, names in sections.items()}
 
 
 def backend_option(flag: Flag) -> click.Option:
@@ -322,31 +215,3 @@ def kernel_install(name, display_name, user, prefix, launch):
     config_from_args(ctx.params, BACKENDS, option_names=main.option_names())
     folder = kernelspec.install(name, launch, display_name, prefix)
     print(f"jaxrun: installed the kernelspec {name} in {folder}")
-
-
-def entry_point(argv: list[str] | None = None) -> None:
-    """Console-script entry: click's errors become one line and exit 2."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    command, prog = main, "jaxrun"
-    if argv[:1] == ["k8s"]:  # a subcommand without making `jaxrun SCRIPT` a click group
-        from jaxrun import k8s
-
-        command, prog, argv = k8s.command, "jaxrun k8s", argv[1:]
-    elif argv[:1] == ["logs"] and not os.path.isfile("logs"):  # a script named "logs" still runs
-        from jaxrun.launcher.output import logs
-
-        command, prog, argv = logs.command, "jaxrun logs", argv[1:]
-    elif argv[:1] == ["kernel"] and not os.path.isfile("kernel"):
-        command, prog, argv = kernel, "jaxrun kernel", argv[1:]
-    try:
-        command.main(args=argv, prog_name=prog, standalone_mode=False)
-    except click.exceptions.Exit as e:
-        sys.exit(e.exit_code)
-    except click.ClickException as e:
-        print(f"jaxrun: error: {e.format_message()}", file=sys.stderr)
-        sys.exit(2)
-    except (LaunchError, PlanError) as e:
-        print(f"jaxrun: error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except click.Abort:
-        sys.exit(130)

@@ -1,0 +1,50 @@
+"""The ``jaxrun`` command line: ``entry_point`` is the console script.
+
+``command`` declares the command and its options, ``params`` the kinds of
+value they take, and ``helptext`` what --help and --help-all print.
+``jaxrun.launcher.setup.configure`` turns the parsed values into a
+``RunConfig``, and ``jaxrun.launcher.run.run`` does the work."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from jaxrun.cli.command import backend_option, kernel, main
+from jaxrun.cli.helptext import HELP_SECTIONS, SHORT_HELP, help_sections
+from jaxrun.cli.params import HostPort, KeyValue, MeshSpecType, RankList, Seconds, Variable
+from jaxrun.core.config import LaunchError
+from jaxrun.core.spec import PlanError
+
+__all__ = ["HELP_SECTIONS", "SHORT_HELP", "HostPort", "KeyValue", "MeshSpecType", "RankList", "Seconds", "Variable",
+           "backend_option", "entry_point", "help_sections", "kernel", "main"]
+
+
+def entry_point(argv: list[str] | None = None) -> None:
+    """Console-script entry: click's errors become one line and exit 2."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command, prog = main, "jaxrun"
+    if argv[:1] == ["k8s"]:  # a subcommand without making `jaxrun SCRIPT` a click group
+        from jaxrun import k8s
+
+        command, prog, argv = k8s.command, "jaxrun k8s", argv[1:]
+    elif argv[:1] == ["logs"] and not os.path.isfile("logs"):  # a script named "logs" still runs
+        from jaxrun.launcher.output import logs
+
+        command, prog, argv = logs.command, "jaxrun logs", argv[1:]
+    elif argv[:1] == ["kernel"] and not os.path.isfile("kernel"):
+        command, prog, argv = kernel, "jaxrun kernel", argv[1:]
+    try:
+        command.main(args=argv, prog_name=prog, standalone_mode=False)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.ClickException as e:
+        print(f"jaxrun: error: {e.format_message()}", file=sys.stderr)
+        sys.exit(2)
+    except (LaunchError, PlanError) as e:
+        print(f"jaxrun: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except click.Abort:
+        sys.exit(130)
