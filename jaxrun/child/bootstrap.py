@@ -38,7 +38,8 @@ from typing import Any
 
 from jaxrun import contract, portable
 from jaxrun.child import ending, flight, hooks, mesh
-from jaxrun.child.versions import BootstrapError, check_versions, format_preflight
+from jaxrun.child.bootstrap_error import BootstrapError
+from jaxrun.child.versions import check_versions, format_preflight
 
 
 @dataclasses.dataclass

@@ -4,11 +4,7 @@ check that jax and jaxlib match across processes (pure: rows in, a line out)."""
 from __future__ import annotations
 
 from jaxrun import contract
-
-
-class BootstrapError(RuntimeError):
-    """The process cannot join the job; the message says why."""
-
+from jaxrun.child.bootstrap_error import BootstrapError
 
 # Every process must run the same jax and jaxlib: mixed versions fail later in
 # obscure ways (mismatched HLO, hangs in collectives).

@@ -165,6 +165,17 @@ def test_help_never_imports_ipykernel():
     assert done.stdout.rstrip().endswith("IPYKERNEL False") and "--interactive" in done.stdout
 
 
+def test_without_a_prefix_the_kernelspec_goes_where_jupyter_looks(tmp_path, monkeypatch):
+    kernelspecs = pytest.importorskip("jupyter_client.kernelspec")
+    for name in ("JUPYTER_DATA_DIR", "JUPYTER_PLATFORM_DIRS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    folder = kernelspec.install("jax2", ["-n", "2"], None, None)
+    assert folder.startswith(str(tmp_path))
+    assert kernelspecs.KernelSpecManager().find_kernel_specs()["jax2"] == folder
+
+
 def test_the_kernelspec_runs_the_kernel_module_with_the_launch_options(tmp_path):
     folder = kernelspec.install("jax4", ["-n", "4", "--cpu-devices", "2"], None, str(tmp_path))
     spec = json.loads((tmp_path / "share/jupyter/kernels/jax4/kernel.json").read_text())

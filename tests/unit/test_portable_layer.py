@@ -1,10 +1,10 @@
-"""The portability layer: Linux-only facilities stay inside jaxrun/portable.py,
+"""The portability layer: Linux-only facilities stay inside jaxrun/portable/,
 each one has a portable answer, and the fork server's framing needs none.
 
 The source check parses every module of the package and fails on a use of a
 Linux-only name, a platform check, a /proc or /sys path or an abstract socket
-name outside ``jaxrun/portable.py``; the check itself is tested on snippets,
-so that it cannot quietly stop finding them.
+name outside the ``jaxrun/portable/`` package (any module of it); the check
+itself is tested on snippets, so that it cannot quietly stop finding them.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import pytest
 
 from jaxrun import contract, portable, wire
 
-PACKAGE = Path(portable.__file__).parent
-LAYER = Path(portable.__file__)
+LAYER = Path(portable.__file__).parent  # the package jaxrun/portable/, every module of it
+PACKAGE = LAYER.parent
 
 # Names that only Linux has (or that mean something else elsewhere), each
 # with where its portable answer lives.
@@ -112,15 +112,27 @@ def _starts_with_nul(node) -> bool:
     return isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("\0")
 
 
+def in_the_layer(path: Path) -> bool:
+    return path.is_relative_to(LAYER)
+
+
 def test_no_module_outside_the_layer_uses_a_linux_only_facility():
     found = set()
     for path in sorted(PACKAGE.rglob("*.py")):
-        if path == LAYER:
+        if in_the_layer(path):
             continue
         rel = path.relative_to(PACKAGE.parent).as_posix()
         found |= {(rel, use) for use in linux_only_uses(path.read_text())}
-    assert found - KNOWN == set(), "Linux-only code outside jaxrun/portable.py"
+    assert found - KNOWN == set(), "Linux-only code outside jaxrun/portable/"
     assert KNOWN - found == set(), "KNOWN lists a use that is gone: remove it"
+
+
+def test_the_layer_is_every_module_of_the_package_and_nothing_beside_it():
+    assert in_the_layer(LAYER / "__init__.py") and in_the_layer(LAYER / "sockets.py")
+    assert not any(in_the_layer(PACKAGE / rel) for rel in ("portable.py", "portable_more.py", "core/portable.py"))
+    # What the check bans is really there, each in a module of the layer: the exemption hides something.
+    uses = {path.name: linux_only_uses(path.read_text()) for path in LAYER.glob("*.py")}
+    assert all(uses[name] for name in ("processes.py", "sockets.py", "files.py", "threads.py", "memory.py")), uses
 
 
 @pytest.mark.parametrize("snippet, what", [
@@ -165,7 +177,7 @@ def forced(monkeypatch):
 @pytest.mark.parametrize("value, on", [("1", True), ("yes", True), ("0", False), ("", False)])
 def test_the_switch(monkeypatch, value, on):
     monkeypatch.setenv(contract.PORTABLE, value)
-    assert portable.forced() is on
+    assert portable.probe.forced() is on
 
 
 def test_forced_every_facility_is_off(forced):
@@ -174,12 +186,12 @@ def test_forced_every_facility_is_off(forced):
     try:
         assert portable.inotify() is None
         assert portable.set_pipe_size(w, 1 << 20) is False
-        assert portable.thread_ids_are_pids() is False
+        assert portable.threads.thread_ids_are_pids() is False
         assert portable.lower_thread_priority(19) is False
         assert portable.peer_uid(a) is None and portable.peer_pid(a) is None
         assert portable.open_file_ids(os.getpid()) is None
         assert portable.pid_max() == 32768
-        assert portable.ephemeral_low() == 32768 and portable.free_port() < 32768
+        assert portable.sockets.ephemeral_low() == 32768 and portable.free_port() < 32768
     finally:
         for fd in (r, w):
             os.close(fd)
@@ -211,7 +223,7 @@ def test_forced_the_hosts_server_uses_a_socket_file_in_a_private_folder(forced, 
     folder = os.path.dirname(address)
     assert folder == str(tmp_path / f"jaxrun-sockets-{os.getuid()}")
     assert os.stat(folder).st_mode & 0o777 == 0o700
-    assert len(address) <= portable.LONGEST_SOCKET_PATH
+    assert len(address) <= portable.sockets.LONGEST_SOCKET_PATH
     assert portable.server_address("jaxrun-123-" + "f" * 32) == address  # the agents find it by the name alone
     assert portable.server_address("another") != address
 
@@ -322,7 +334,7 @@ def test_free_port_is_below_the_ephemeral_range():
     """Outgoing connections take their source ports from the ephemeral
     range, so a port chosen there can be gone before its listener binds it
     (the cause of a "Failed to add port" crash in jax's transfer server)."""
-    low = portable.ephemeral_low()
+    low = portable.sockets.ephemeral_low()
     ports = {portable.free_port("127.0.0.1") for _ in range(20)}
     assert all(10000 <= p < low for p in ports), (low, ports)
     assert len(ports) > 1  # chosen at random, not one fixed port
@@ -333,7 +345,7 @@ def test_free_port_skips_a_port_that_is_taken(monkeypatch):
         held.bind(("127.0.0.1", 0))
         taken = held.getsockname()[1]
         picks = iter([taken, taken])
-        monkeypatch.setattr(portable, "ephemeral_low", lambda: 65000)
+        monkeypatch.setattr(portable.sockets, "ephemeral_low", lambda: 65000)
         monkeypatch.setattr("random.randrange", lambda a, b: next(picks, 3007))
         port = portable.free_port("127.0.0.1")
     assert port != taken

@@ -4,7 +4,9 @@ The kernelspec names the launch options; a notebook that starts the kernel
 starts ``python -m jaxrun.launcher.interactive.kernel -f CONNECTION -- LAUNCH OPTIONS``,
 which runs ``jaxrun LAUNCH OPTIONS -i`` behind it (``launcher.interactive.kernel``).
 This module only writes JSON: neither ``--help`` nor ``kernel install``
-imports ipykernel, but both say how to get it when it is missing.
+imports ipykernel, but both say how to get it when it is missing.  Without
+``--prefix`` the kernelspec goes where Jupyter itself looks for this user's
+(jupyter_core, which ipykernel needs, says where that is on this system).
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import os
 import re
 import sys
 
-from jaxrun import portable
 from jaxrun.core.config import LaunchError
 
 KERNEL_MODULE = "jaxrun.launcher.interactive.kernel"
@@ -26,6 +27,15 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")  # what Jupyter accepts 
 def require_ipykernel() -> None:
     if importlib.util.find_spec("ipykernel") is None:  # finds it without importing it
         raise LaunchError(INSTALL_HINT)
+
+
+def user_data_dir() -> str:
+    """Jupyter's data folder for this user, as Jupyter finds it."""
+    try:
+        from jupyter_core.paths import jupyter_data_dir
+    except ImportError:
+        raise LaunchError(INSTALL_HINT) from None
+    return jupyter_data_dir()
 
 
 def kernelspec(launch: list[str], display_name: str, python: str = sys.executable) -> dict:
@@ -42,7 +52,7 @@ def install(name: str, launch: list[str], display_name: str | None, prefix: str 
     """Write the kernelspec; the folder it is in."""
     if not NAME.match(name):
         raise LaunchError(f"--name {name!r}: a kernel's name is letters, digits, '.', '_' and '-'")
-    base = os.path.join(prefix, "share", "jupyter") if prefix else portable.jupyter_data_dir()
+    base = os.path.join(prefix, "share", "jupyter") if prefix else user_data_dir()
     folder = os.path.join(base, "kernels", name.lower())
     os.makedirs(folder, exist_ok=True)
     spec = kernelspec(launch, display_name or f"jaxrun ({' '.join(launch) or 'one process'})")

@@ -1,0 +1,58 @@
+"""The one place that knows which operating-system facilities exist.
+
+jaxrun grew up on Linux and leans on a few facilities only Linux has.  Each of
+them is optional: the function here that stands for it finds out whether
+this system has it (by trying it, or by looking for the name it needs, never
+by the platform's name) and says no where it does not, and its caller then
+takes the portable path.  No other module of jaxrun touches one of these
+facilities or asks which system it runs on (``tests/unit/test_portable_layer.py``
+checks that).
+
+=====================================  ====================================================
+facility (Linux), and its module       portable path (macOS and the rest)
+=====================================  ====================================================
+child subreaper (``prctl``);           process-group kills, then a walk of the process
+``processes``                          tree and of the processes that carry this
+                                       process's ``JAXRUN_ORPHAN_MARK`` (``core.reaper``)
+``/proc/PID/fd``; ``processes``        none: a served controller's fork-only daemons are
+                                       found by their mark or not at all
+``waitid(WNOWAIT)``; ``processes``     a far end kills its controller's group right after
+                                       the reap, not before it (``backends.far_end``)
+``ip_local_port_range``; ``sockets``   free ports are chosen below 32768 (``free_port``)
+abstract Unix socket ``"\\0name"``;     a socket file in a private 0700 folder
+``sockets``
+``SO_PEERCRED``; ``sockets``           ``LOCAL_PEERCRED`` where Python has it, else the
+                                       folder's permissions alone
+inotify; ``files``                     the output pump's tick (``launcher.output.filewatch``)
+``F_SETPIPE_SZ``; ``files``            the system's default pipe size
+``setpriority`` on a thread id;        the console thread keeps the default priority
+``threads``
+``/proc/self/io``; ``threads``         the stall watchdog's sampler counts no I/O, only
+                                       CPU time and the stack (``child.activity``)
+cgroups; ``memory``                    no OOM-kill count and no memory limit
+=====================================  ====================================================
+
+``probe`` holds what they all ask with, and ``notes`` what ``-v`` says about
+the facilities this system lacks.  The rest of jaxrun calls the names this
+package imports below, as ``portable.free_port(...)``.  (The fork server's messages need none of these:
+they are framed over a stream socket, see ``wire.encoding.send_frame``.)
+
+``JAXRUN_PORTABLE=1`` in the environment makes every answer here "no", on
+Linux too: that is how the tests prove the portable paths without a Mac.  It
+is read in ``probe`` and nowhere else.  Nothing here imports jax.
+"""
+
+from __future__ import annotations
+
+from jaxrun.portable.files import inotify, set_pipe_size
+from jaxrun.portable.memory import maxrss_bytes, memory_group
+from jaxrun.portable.notes import notes
+from jaxrun.portable.processes import claim_orphans, ended_unreaped, open_file_ids, pid_max
+from jaxrun.portable.sockets import free_port, is_abstract, peer_pid, peer_uid, server_address
+from jaxrun.portable.threads import io_bytes, lower_thread_priority
+
+__all__ = [
+    "claim_orphans", "ended_unreaped", "free_port", "inotify", "io_bytes", "is_abstract", "lower_thread_priority",
+    "maxrss_bytes", "memory_group", "notes", "open_file_ids", "peer_pid", "peer_uid", "pid_max", "server_address",
+    "set_pipe_size",
+]

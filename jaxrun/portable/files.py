@@ -1,0 +1,39 @@
+"""Files and pipes, as the output pump uses them: inotify, to hear that a
+log file grew instead of ticking, and pipes enlarged past their default."""
+
+from __future__ import annotations
+
+from jaxrun.portable.probe import forced, libc
+
+
+def inotify():
+    """(inotify_init1, inotify_add_watch) from the C library, or None where
+    there is no inotify (the pump then keeps ticking)."""
+    if forced():
+        return None
+    found = libc()
+    init, add_watch = getattr(found, "inotify_init1", None), getattr(found, "inotify_add_watch", None)
+    if init is None or add_watch is None:
+        return None
+    return init, add_watch
+
+
+def pipes_resize() -> bool:
+    """Whether a pipe's size can be set on this system."""
+    import fcntl
+
+    return not forced() and hasattr(fcntl, "F_SETPIPE_SZ")
+
+
+def set_pipe_size(fd: int, size: int) -> bool:
+    """Make a pipe hold ``size`` bytes.  False where pipes have a fixed size,
+    or ``size`` is over the system's limit: the pipe keeps its default."""
+    import fcntl
+
+    if not pipes_resize():
+        return False
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
+        return True
+    except OSError:
+        return False

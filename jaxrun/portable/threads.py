@@ -1,0 +1,44 @@
+"""Threads and what this process does: whether a thread's native id names
+it to the kernel, a thread's own priority, and the I/O counters the stall
+watchdog's sampler reads (``child.activity``)."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from jaxrun.portable.probe import forced
+
+
+def thread_ids_are_pids() -> bool:
+    """Whether a thread's native id names that thread to ``setpriority``, as
+    where the main thread's id is the process id (elsewhere it may be a pid)."""
+    try:
+        return not forced() and threading.main_thread().native_id == os.getpid()
+    except AttributeError:
+        return False
+
+
+def lower_thread_priority(niceness: int) -> bool:
+    """Give the calling thread, not its whole process, this niceness."""
+    if not thread_ids_are_pids():
+        return False
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)
+        return True
+    except OSError:
+        return False
+
+
+def io_bytes() -> int | None:
+    """Bytes this process has read and written so far (files, pipes and
+    sockets alike); None where the system does not count them."""
+    if forced():
+        return None
+    try:
+        with open("/proc/self/io", "rb") as f:
+            text = f.read(4096)
+    except OSError:
+        return None
+    fields = (line.partition(b":") for line in text.splitlines())
+    return sum(int(value) for key, _, value in fields if key in (b"rchar", b"wchar"))
