@@ -134,10 +134,6 @@ class BackendEntry:
     elastic_variable: str | None = None
     elastic_refusal: str = ""
 
-    def flags_given(self, values: Mapping[str, Any]) -> list[str]:
-        """Its own options that the command line gave (their first spelling)."""
-        return [flag.opts[0] for flag in self.flags if flag.given(values)]
-
     @property
     def help_section(self) -> str:
         return self.section or f"With --launcher {self.name}"

@@ -48,12 +48,6 @@ def is_user_file(path: str) -> bool:
 Frame = tuple[str, int, str, str]  # (file, line, function, source text)
 
 
-def innermost_user_frame(stderr_path: str) -> Frame | None:
-    """``user_frame`` of a log's last DUMP_TAIL bytes."""
-    data = contract.read_tail(stderr_path, DUMP_TAIL)
-    return None if data is None else user_frame(data.decode("utf-8", "replace"))
-
-
 def user_frame(text: str) -> Frame | None:
     """From the last faulthandler dump in ``text``: the main thread's innermost
     frame in the user's own code, with its source line (read from the file)."""

@@ -84,21 +84,3 @@ def test_grouped_mode_prints_nothing_live():
     p.write(0, Stream.STDOUT, b"x\n")
     p.flush()
     assert out.getvalue() == b"" and err.getvalue() == b""
-
-
-def test_user_frames_in_a_folder_named_jaxrun_still_count(tmp_path):
-    from jaxrun.child import shim
-    from jaxrun.reporting import stacks
-
-    checkout = tmp_path / "jaxrun" / "examples"
-    checkout.mkdir(parents=True)
-    script = checkout / "hang.py"
-    script.write_text("import time\ntime.sleep(60)\n")
-    own = shim.__file__
-    log = tmp_path / "p.stderr"
-    log.write_text(
-        "Current thread 0x00007f (most recent call first):\n"
-        f'  File "{script}", line 2 in <module>\n'
-        f'  File "{own}", line 120 in run_target\n'
-    )
-    assert stacks.innermost_user_frame(str(log)) == (str(script), 2, "<module>", "time.sleep(60)")

@@ -191,6 +191,23 @@ def test_a_timeout_names_where_every_process_was_alike(tmp_path):
     assert out["github"].startswith("::error title=jaxrun%3A --timeout expired::process 0 was at ")
 
 
+def test_a_script_in_a_folder_named_jaxrun_is_the_user_s_code(tmp_path):
+    """A checkout called jaxrun holds the user's script: only jaxrun's own
+    package is not the user's code, so the summary says where it was."""
+    from jaxrun.child import shim
+
+    checkout = tmp_path / "jaxrun" / "examples"
+    checkout.mkdir(parents=True)
+    script = checkout / "hang.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    recs = records(tmp_path / "logs", ("localhost",))
+    with open(recs[0].stderr_log, "a") as f:
+        f.write(f'Current thread 0x00007f (most recent call first):\n  File "{script}", line 2 in <module>\n'
+                f'  File "{shim.__file__}", line 120 in run_target\n')
+    lines = summary.summary_lines(Outcome(recs, 124, StopReason.TIMEOUT), str(tmp_path))
+    assert f"jaxrun:   process 0 was at {script}:2 in <module>: time.sleep(60)" in lines, lines
+
+
 def test_a_stall_names_who_stands_out_alike(tmp_path):
     outcome = stalled(tmp_path / "logs")
     found = diagnosis.attach(outcome)

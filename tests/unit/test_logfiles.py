@@ -15,6 +15,8 @@ from jaxrun import contract
 from jaxrun.contract import ErrorRecord
 from jaxrun.core import causes, logfiles
 from jaxrun.core.config import LaunchError
+from jaxrun.core.outcome import Outcome, ProcessRecord, StopReason
+from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
 from jaxrun.launcher.output import logs
 from jaxrun.reporting import diagnosis, history, report, stacks
 
@@ -240,14 +242,17 @@ def huge_log(tmp_path):
 
 
 def test_stack_dump_reader_reads_only_the_end_of_a_huge_log(huge_log):
+    """After --timeout, where the process was comes from the end of its log."""
     log, script = huge_log
+    spec = ProcessSpec(0, 0, LOCAL_HOST, "python", (), {})
+    stopped = Outcome([ProcessRecord(spec, str(log.with_suffix(".stdout")), str(log), "")], 124, StopReason.TIMEOUT)
     tracemalloc.start()
     try:
-        frame = stacks.innermost_user_frame(str(log))
+        found = diagnosis.diagnose(stopped)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert frame == (str(script), 2, "<module>", "time.sleep(60)")
+    assert found.processes[0].frame == (str(script), 2, "<module>", "time.sleep(60)")
     assert peak < 8 * stacks.DUMP_TAIL, peak  # the whole log would be 32 MiB, twice (bytes and text)
 
 

@@ -14,6 +14,7 @@ from jaxrun.backends.ray import actor, backend as ray, driver, words
 from jaxrun.core.config import LaunchError
 from jaxrun.core.spec import Host, LaunchOptions, Target
 from jaxrun.launcher.setup import plan as planning
+from jaxrun.launcher.setup.configure import config_from_args
 
 A, B = "a" * 56, "b" * 56  # two Ray node ids
 
@@ -88,8 +89,18 @@ def test_an_unreachable_address_is_named_before_ray_init():
 def test_the_registry_entry_declares_the_ray_options():
     entry = BACKENDS["ray"]
     assert [f.opts for f in entry.flags] == [("--ray-address",), ("--placement",), ("--chdir",)]
-    assert entry.flags_given({"ray_address": None, "placement": "pack"}) == ["--placement"]
     assert set(entry.flags[1].choices) == set(ray.PLACEMENTS)
+
+
+def test_another_launcher_refuses_the_ray_option_given_and_no_other(tmp_path):
+    """``--ray-address`` left out (None) is not given; ``--placement pack`` is."""
+    script = tmp_path / "s.py"
+    script.write_text("print('hi')\n")
+    params = cli.main.make_context("jaxrun", ["--launcher", "local", "--placement", "pack", str(script)]).params
+    assert params["ray_address"] is None
+    with pytest.raises(LaunchError) as refused:
+        config_from_args({**params, "log_dir": str(tmp_path / "logs")}, BACKENDS)
+    assert str(refused.value) == "--placement works with --launcher ray only"
 
 
 def test_the_command_line_takes_them_in_a_section_of_their_own(tmp_path):
