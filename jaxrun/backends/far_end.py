@@ -48,9 +48,10 @@ from typing import Protocol
 
 import psutil
 
-from jaxrun import contract, portable, wire
+from jaxrun import contract, portable
 from jaxrun.core import causes, reaper, usage
 from jaxrun.core.joinwatch import JoinWatch
+from jaxrun.wire import encoding, forkserver
 
 SERVER_WAIT = 3.0  # for the host's server to listen: it started with the preflight, long before us
 CANNOT_START = 127  # the shell's status for a command that could not run
@@ -132,7 +133,7 @@ def run(command: list[str], env: dict, home: Home, *, cwd: str | None = None, fd
     finally:
         os.close(lifeline_r)
         if give_fds:
-            wire.close_all(fds)
+            encoding.close_all(fds)
     controller = Controller(child.pid, watch, group(child.pid))
     if on_start is not None:
         on_start(controller)
@@ -221,13 +222,13 @@ class ServedChild:
         if the server is gone."""
         while True:
             try:
-                frame = wire.recv_frame(self.conn)
-            except (OSError, wire.WireError):
+                frame = encoding.recv_frame(self.conn)
+            except (OSError, encoding.WireError):
                 frame = None
             if frame is None:
                 return None
-            msg = wire.decode(frame[0])
-            if isinstance(msg, wire.ChildExited) and msg.pid == self.pid:
+            msg = encoding.decode(frame[0])
+            if isinstance(msg, forkserver.ChildExited) and msg.pid == self.pid:
                 self.resources = contract.Resources.from_dict(msg.resources)
                 self.reaped_at = msg.reaped_at
                 return msg.returncode
@@ -252,14 +253,14 @@ def fork_by_server(name: str, command: list[str], env: dict, lifeline_r: int, fd
                 conn.close()
                 return None
             time.sleep(0.02)
-    request = wire.ForkRequest(command[3:], env, cwd or os.getcwd()).encode()
+    request = forkserver.ForkRequest(command[3:], env, cwd or os.getcwd()).encode()
     try:
-        wire.send_frame(conn, request, [*fds, lifeline_r])
-        frame = wire.recv_frame(conn)  # waits out the server's imports
-    except (OSError, wire.WireError):
+        encoding.send_frame(conn, request, [*fds, lifeline_r])
+        frame = encoding.recv_frame(conn)  # waits out the server's imports
+    except (OSError, encoding.WireError):
         frame = None
-    msg = wire.decode(frame[0]) if frame else None
-    if not isinstance(msg, wire.Started):
+    msg = encoding.decode(frame[0]) if frame else None
+    if not isinstance(msg, forkserver.Started):
         conn.close()
         return None
     return ServedChild(conn, msg.pid)

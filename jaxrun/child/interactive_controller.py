@@ -13,13 +13,13 @@ launcher sends, in its own fresh ``__main__``:
 - SIGINT (Ctrl-C, forwarded) raises KeyboardInterrupt in the statement that
   runs; between statements it is ignored, so the session goes on.
 
-See :mod:`jaxrun.contract.console` for the messages.
+See :mod:`jaxrun.wire.console` for the messages.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
-import json
 import os
 import signal
 import socket
@@ -28,7 +28,7 @@ import traceback
 
 from jaxrun import contract
 from jaxrun.child import bootstrap, shim
-from jaxrun.contract import console as session
+from jaxrun.wire import console, encoding
 
 WAIT_MS = 250  # each key-value wait is this short, so that a stop is heard between two
 
@@ -78,7 +78,7 @@ class Runner:
         self.formatter = None
         self.patched = False
 
-    def run(self, request: session.Request) -> session.Result:
+    def run(self, request: console.Execute) -> console.Result:
         out, err = Capture(sys.stdout), Capture(sys.stderr)
         echo = "".join(f"{'>>> ' if i == 0 else '... '}{line}\n" for i, line in enumerate(request.code.splitlines()))
         sys.stdout.write(echo)  # the input, in this process's log
@@ -92,7 +92,7 @@ class Runner:
             # handler goes back before an interrupt could reach this code.
             signal.signal(signal.SIGINT, signal.default_int_handler)
             try:
-                if request.mode == session.CELL:
+                if request.mode == console.CELL:
                     self._patch_display()
                     value = self._run_cell(request.code)
                 else:
@@ -108,8 +108,8 @@ class Runner:
             sys.stdout, sys.stderr = saved
             out.flush()
             err.flush()
-        return session.Result(self.rank, session.clip(out.text()), session.clip(err.text()),
-                              error and session.clip(error), name, value, tuple(self.displays))
+        return console.Result(self.rank, console.clip(out.text()), console.clip(err.text()),
+                              error and console.clip(error), name, value, tuple(self.displays))
 
     def _run_cell(self, code: str) -> dict | None:
         import ast
@@ -199,8 +199,16 @@ def connect(address: str, secret: str) -> socket.socket:
     host, _, port = address.rpartition(":")
     sock = socket.create_connection((host.strip("[]"), int(port)), timeout=30)
     sock.settimeout(None)
-    sock.sendall(session.encode(session.Hello(secret)))
+    sock.sendall(console.SessionHello(secret).line())
     return sock
+
+
+def result_of(text: str) -> console.Result:
+    """Another process's result, as it put it in the store."""
+    result = encoding.decode(text)
+    if not isinstance(result, console.Result):
+        raise encoding.WireError(f"a {result.WORD} where a result belongs")
+    return result
 
 
 def serve(rank: int, count: int, link, store: Store | None) -> None:
@@ -208,28 +216,30 @@ def serve(rank: int, count: int, link, store: Store | None) -> None:
     number = 0
     while True:
         if rank == 0:
-            line = link.readline(session.MAX_LINE)
-            request = session.decode_request(line) if line else session.Request(session.QUIT, number)
-            request = session.Request(request.op, number, request.code, request.mode)
+            line = link.readline(console.MAX_LINE)
+            said = encoding.decode(line) if line else None  # the link's end ends the session,
+            request = console.Quit(number)  # and so does anything but a statement
+            if isinstance(said, console.Execute):
+                request = dataclasses.replace(said, number=number)  # numbered by the session's own count
             if store is not None:
-                store.put(session.request_key(number), session.encode(request).decode())
+                store.put(console.request_key(number), request.encode().decode())
         else:
-            request = session.decode_request(store.get(session.request_key(number)))
-        if request.op != session.RUN:
+            request = encoding.decode(store.get(console.request_key(number)))
+        if not isinstance(request, console.Execute):
             return
         result = runner.run(request)
         if rank == 0:
             results = [result]
             for other in range(1, count):
-                key = session.result_key(number, other)
-                results.append(session.decode_result(json.loads(store.get(key))))
+                key = console.result_key(number, other)
+                results.append(result_of(store.get(key)))
                 store.delete(key)
             if number:
-                store.delete(session.request_key(number - 1))
-            link.write(session.encode(session.Reply(number, tuple(results))))
+                store.delete(console.request_key(number - 1))
+            link.write(console.Reply(number, tuple(results)).line())
             link.flush()
         else:
-            store.put(session.result_key(number, rank), session.encode(result).decode())
+            store.put(console.result_key(number, rank), result.encode().decode())
         number += 1
 
 

@@ -16,7 +16,7 @@ from jaxrun import contract
 from jaxrun.child import ending
 
 
-class Controller:
+class ControllerPlugin:
     """Registered only by this module's runner, inside each controller.
 
     A failed test must end its process at once: otherwise pytest moves on and
@@ -71,7 +71,7 @@ class Controller:
 
 def main(argv: list[str]) -> None:
     """One controller's pytest, started by the plugin through jaxrun."""
-    code = pytest.main(argv, plugins=[Controller()])
+    code = pytest.main(argv, plugins=[ControllerPlugin()])
     if code != 0:
         # e.g. nothing collected (5): leave now, not after the shutdown barrier.
         ending.exit_now(int(code))

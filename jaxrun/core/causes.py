@@ -67,7 +67,7 @@ LOST_PEER = re.compile("|".join((
 )), re.IGNORECASE)
 
 
-class Kind(enum.IntEnum):
+class FailureKind(enum.IntEnum):
     """A failure's class; a lower one came first."""
 
     OWN = 0  # it ended on its own: an exception, an exit code, a signal from elsewhere
@@ -80,7 +80,7 @@ class Failure:
     """One process that failed before jaxrun's SIGKILL, in the order heard."""
 
     rank: int
-    kind: Kind
+    kind: FailureKind
     at: float | None = None  # wall clock of ``clock``'s machine: its error record's time, else its reap
     clock: str | None = None  # the machine whose clock ``at`` reads; None: never compared
 
@@ -96,13 +96,13 @@ def is_lost_peer(text: str) -> bool:
     return LOST_PEER.search(text) is not None
 
 
-def classify(record: contract.ErrorRecord | None, stderr_tail: str, lost: str | None = None) -> Kind:
+def classify(record: contract.ErrorRecord | None, stderr_tail: str, lost: str | None = None) -> FailureKind:
     """A failure's class from its evidence: the error record if the process
     left one, else the end of its stderr log."""
     evidence = record.headline if record is not None else stderr_tail
     if is_lost_peer(evidence):
-        return Kind.LOST_PEER
-    return Kind.HELPER_LOST if lost else Kind.OWN
+        return FailureKind.LOST_PEER
+    return FailureKind.HELPER_LOST if lost else FailureKind.OWN
 
 
 def first_failure(failures: Sequence[Failure]) -> int | None:
@@ -113,7 +113,7 @@ def first_failure(failures: Sequence[Failure]) -> int | None:
         return None
     lowest = min(f.kind for f in failures)
     first = next(f for f in failures if f.kind == lowest)
-    if lowest is not Kind.OWN or first.at is None or first.clock is None:
+    if lowest is not FailureKind.OWN or first.at is None or first.clock is None:
         return first.rank
     same_clock = [f for f in failures if f.kind == lowest and f.clock == first.clock and f.at is not None]
     return min(same_clock, key=lambda f: f.at).rank  # min keeps the first heard of equal times

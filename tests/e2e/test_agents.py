@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from jaxrun import contract, wire
+from jaxrun import contract
+from jaxrun.wire import encoding, forkserver, ssh, tasks
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -40,9 +41,9 @@ def test_ssh_agent_relays_signals_to_the_group_and_kills_it_at_eof():
     try:
         assert read_line(agent.stdout) == "ready"
         for signum in (15, 12):  # SIGTERM, SIGUSR2: the agent must pass on each by name
-            agent.stdin.write(wire.Signal.of(signum).line())
+            agent.stdin.write(ssh.Signal.of(signum).line())
             agent.stdin.flush()
-            assert read_line(agent.stdout) == wire.Signal.of(signum).name
+            assert read_line(agent.stdout) == ssh.Signal.of(signum).name
         agent.stdin.write(b"a line from a newer launcher\n")  # ignored, not fatal
         agent.stdin.close()  # the connection dropped: the whole group dies
         assert agent.wait(timeout=20) == contract.exit_status(-9)
@@ -68,13 +69,13 @@ def test_fork_server_forks_on_request_and_reports_the_exit(tmp_path):
         # A child without a coordinator stops at the shim's bootstrap: enough to
         # see the server fork it with our fds and report its exit status.
         env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
-        request = wire.ForkRequest(["--", str(script), "x y"], env)
-        wire.send_frame(ours, request.encode(), [out, err, lifeline_r])
-        assert isinstance(wire.decode(wire.recv_frame(ours)[0]), wire.Ready)
-        started = wire.decode(wire.recv_frame(ours)[0])
-        assert isinstance(started, wire.Started) and started.pid > 0
+        request = forkserver.ForkRequest(["--", str(script), "x y"], env)
+        encoding.send_frame(ours, request.encode(), [out, err, lifeline_r])
+        assert isinstance(encoding.decode(encoding.recv_frame(ours)[0]), forkserver.Ready)
+        started = encoding.decode(encoding.recv_frame(ours)[0])
+        assert isinstance(started, forkserver.Started) and started.pid > 0
         ours.settimeout(30)
-        exited = wire.decode(wire.recv_frame(ours)[0])
+        exited = encoding.decode(encoding.recv_frame(ours)[0])
         heard_at = time.time()
         assert (exited.pid, exited.returncode) == (started.pid, 1)
         # When the server reaped it, by this machine's clock: for the root cause.
@@ -122,8 +123,8 @@ def test_ssh_agent_reports_the_join_once_on_stderr_and_leaves_no_file():
             agent.wait()
     assert agent.returncode == 0, err
     # The join, once, where it happened; last, what comes home (no record, the resources).
-    assert err.startswith(b"before\n" + wire.JOINED_MARKER + b"after\n" + wire.HOME_REPORT_MARK), err
-    error, used, facts = wire.parse_home_report(err[len(b"before\n" + wire.JOINED_MARKER + b"after\n"):])
+    assert err.startswith(b"before\n" + ssh.JOINED_MARKER + b"after\n" + ssh.HOME_REPORT_MARK), err
+    error, used, facts = ssh.parse_home_report(err[len(b"before\n" + ssh.JOINED_MARKER + b"after\n"):])
     assert error is None and contract.Resources.from_dict(used).cpu_seconds > 0, err
     # The controller's own pid (not the agent's), and when its end was seen here.
     assert facts["pid"] != agent.pid and facts["clock"] == socket.gethostname(), facts
@@ -161,7 +162,7 @@ def host_agent():
 def spawn(path: str, code: str, env: dict | None = None):
     from jaxrun.backends.ssh.children import ChannelChild
 
-    spawn_line = wire.Spawn([sys.executable, "-c", code], env or {}, os.getcwd(), "")
+    spawn_line = ssh.Spawn([sys.executable, "-c", code], env or {}, os.getcwd(), "")
     return ChannelChild(path, spawn_line, os.getpid(), "here")
 
 
@@ -181,7 +182,7 @@ def test_host_agent_runs_a_process_over_three_channels(host_agent):
     assert end.pid == int(words[3]) != child.pid
     err = child.stderr.read()
     assert err.startswith(b"to stderr\n")
-    report = wire.parse_home_report(err[err.index(wire.HOME_REPORT_MARK):])  # the resources came home after it
+    report = ssh.parse_home_report(err[err.index(ssh.HOME_REPORT_MARK):])  # the resources came home after it
     assert report is not None and report[1]["cpu_seconds"] > 0
 
 
@@ -238,9 +239,9 @@ class TaskLauncher:
         while len(streams) < 3:
             sock, _ = self.listener.accept()
             sock.settimeout(20)
-            hello = wire.decode(sock.makefile("rb").readline())
-            assert isinstance(hello, wire.Hello) and hello.secret == self.secret, hello
-            sock.sendall(wire.Ack().line())
+            hello = encoding.decode(sock.makefile("rb").readline())
+            assert isinstance(hello, tasks.TaskHello) and hello.secret == self.secret, hello
+            sock.sendall(tasks.Ack().line())
             streams[hello.kind] = sock
         return streams
 
@@ -255,23 +256,23 @@ def test_task_agent_forwards_the_schedulers_signals_and_the_launchers_then_waits
                               RECORDER], env=env, stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         streams = launcher.accept()
-        control = streams[wire.CONTROL].makefile("rb")
-        coordinator = wire.decode(control.readline())  # task 0 picks it
-        assert isinstance(coordinator, wire.Coordinator), coordinator
-        streams[wire.CONTROL].sendall(wire.Start(coordinator.address).line())
-        out = streams[wire.STDOUT].makefile("rb")
+        control = streams[tasks.CONTROL].makefile("rb")
+        coordinator = encoding.decode(control.readline())  # task 0 picks it
+        assert isinstance(coordinator, tasks.Coordinator), coordinator
+        streams[tasks.CONTROL].sendall(tasks.Start(coordinator.address).line())
+        out = streams[tasks.STDOUT].makefile("rb")
         assert read_line(out) == "ready"
         agent.send_signal(15)  # as the scheduler signals its task: the child's to get
         assert read_line(out) == "SIGTERM"
-        streams[wire.CONTROL].sendall(wire.Signal.of(12).line())  # the launcher's
+        streams[tasks.CONTROL].sendall(tasks.Signal.of(12).line())  # the launcher's
         assert read_line(out) == "SIGUSR2"
-        streams[wire.CONTROL].sendall(wire.Signal.of(9).line())
-        exited = wire.decode(control.readline())
-        assert isinstance(exited, wire.Exit) and exited.returncode == -9, exited
+        streams[tasks.CONTROL].sendall(tasks.Signal.of(9).line())
+        exited = encoding.decode(control.readline())
+        assert isinstance(exited, tasks.Exit) and exited.returncode == -9, exited
         assert contract.Resources.from_dict(exited.resources) is not None, exited
         time.sleep(0.3)
         assert agent.poll() is None  # it waits for the launcher to have the code
-        streams[wire.CONTROL].sendall(wire.Ack().line())
+        streams[tasks.CONTROL].sendall(tasks.Ack().line())
         assert agent.wait(timeout=20) == contract.exit_status(-9)
     finally:
         if agent.poll() is None:

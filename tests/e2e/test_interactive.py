@@ -10,7 +10,6 @@ it itself.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -214,12 +213,15 @@ ENGINES = {
 }
 
 
-def ask(job, code: str) -> list[dict]:
-    job.stdin.write(json.dumps({"code": code, "mode": "single"}).encode() + b"\n")
+def ask(job, code: str) -> tuple:
+    """Every process's ``Result`` of one statement, through the pipe frontend."""
+    from jaxrun.wire import console, encoding  # the module's ``console`` is its fixture
+
+    job.stdin.write(console.Execute(code, console.SINGLE).line())
     job.stdin.flush()
     line = job.stdout.readline()
     assert line, job.stderr.read().decode(errors="replace")
-    return json.loads(line)["results"]
+    return encoding.decode(line).results
 
 
 @pytest.mark.timeout(90)
@@ -233,12 +235,14 @@ def test_a_session_over_each_engine(request, name, tmp_path):
                             "--kernel-pipe"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            env={**os.environ, **env}, start_new_session=True)
     try:
-        assert json.loads(job.stdout.readline()) == {"ready": True}
+        from jaxrun.wire import console, encoding
+
+        assert encoding.decode(job.stdout.readline()) == console.SessionReady()
         results = ask(job, "import jax, os; print(jax.process_count(), os.environ['JAXRUN_PROCESS_ID'])")
-        assert [r["out"] for r in results] == ["2 0\n", "2 1\n"]
+        assert [r.out for r in results] == ["2 0\n", "2 1\n"]
         threading.Timer(1.5, job.send_signal, (signal.SIGINT,)).start()  # what the kernel's interrupt does
         results = ask(job, "import time; time.sleep(120)")
-        assert [r["error_name"] for r in results] == ["KeyboardInterrupt"] * 2
+        assert [r.error_name for r in results] == ["KeyboardInterrupt"] * 2
         job.stdin.close()
         assert job.wait(30) == 0, job.stderr.read().decode(errors="replace")
     finally:

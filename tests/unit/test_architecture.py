@@ -278,14 +278,14 @@ def test_wire_words_are_spelled_only_in_wire():
     words = {"ctrl", "stdout", "stderr"}
     found = []
     for module, (_, tree) in sources().items():
-        if module == "jaxrun.wire":
+        if module == "jaxrun.wire" or module.startswith("jaxrun.wire."):
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and any(
                     isinstance(a, ast.Constant) and a.value in words
                     for a in [*node.args, *[k.value for k in node.keywords]]):
                 name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-                if name in {"connect", "Hello", "accept", "channel", "open_channel", "Channel"}:
+                if name in {"connect", "TaskHello", "accept", "channel", "open_channel", "Channel"}:
                     found.append(f"{module}:{node.lineno}")
             if isinstance(node, ast.Constant) and node.value == "ctrl":
                 found.append(f"{module}:{node.lineno}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from jaxrun import contract
-from jaxrun.core.causes import Failure, Kind, classify, failure_of, first_failure, is_lost_peer, read_tail
+from jaxrun.core.causes import Failure, FailureKind, classify, failure_of, first_failure, is_lost_peer, read_tail
 
 # What a JAX 0.10.2 process printed on stderr when a peer (task 3) had died
 # with os._exit: the coordination service's error, polled, then a fatal check
@@ -81,49 +81,52 @@ def test_the_record_speaks_before_the_log():
     read only where there is none."""
     gloo = contract.ErrorRecord("JaxRuntimeError", GLOO_CLOSED)
     own = contract.ErrorRecord("ValueError", "bad")
-    assert classify(gloo, "") is Kind.LOST_PEER
-    assert classify(own, HEARTBEAT_ABORT) is Kind.OWN
-    assert classify(None, HEARTBEAT_ABORT) is Kind.LOST_PEER
-    assert classify(None, SEGFAULT) is Kind.OWN
-    assert classify(None, "", lost="the ssh client") is Kind.HELPER_LOST
-    assert classify(None, HEARTBEAT_ABORT, lost="the ssh client") is Kind.LOST_PEER
+    assert classify(gloo, "") is FailureKind.LOST_PEER
+    assert classify(own, HEARTBEAT_ABORT) is FailureKind.OWN
+    assert classify(None, HEARTBEAT_ABORT) is FailureKind.LOST_PEER
+    assert classify(None, SEGFAULT) is FailureKind.OWN
+    assert classify(None, "", lost="the ssh client") is FailureKind.HELPER_LOST
+    assert classify(None, HEARTBEAT_ABORT, lost="the ssh client") is FailureKind.LOST_PEER
 
 
 def test_failure_of_reads_the_files(tmp_path):
     error_file, stderr_log = tmp_path / "e.json", tmp_path / "process-2.stderr"
     stderr_log.write_text("x" * 100_000 + HEARTBEAT_ABORT)  # only the end is read
     failure = failure_of(2, str(error_file), str(stderr_log), 50.5, "here", None)
-    assert failure == Failure(2, Kind.LOST_PEER, 50.5, "here")
+    assert failure == Failure(2, FailureKind.LOST_PEER, 50.5, "here")
     contract.ErrorRecord("ValueError", "bad", "", 50.25).dump(str(error_file))
-    assert failure_of(2, str(error_file), str(stderr_log), 50.5, "here", None) == Failure(2, Kind.OWN, 50.25, "here")
-    assert failure_of(2, None, None, None, None, "the ssh client") == Failure(2, Kind.HELPER_LOST)
+    failure = failure_of(2, str(error_file), str(stderr_log), 50.5, "here", None)
+    assert failure == Failure(2, FailureKind.OWN, 50.25, "here")
+    assert failure_of(2, None, None, None, None, "the ssh client") == Failure(2, FailureKind.HELPER_LOST)
     assert read_tail(str(tmp_path / "missing")) == ""
 
 
 # -- which came first ----------------------------------------------------------------
 
 def test_an_own_failure_comes_before_consequences_heard_first():
-    heard = [Failure(2, Kind.LOST_PEER, 100.025, "h"), Failure(3, Kind.OWN, 100.03, "h")]
+    heard = [Failure(2, FailureKind.LOST_PEER, 100.025, "h"), Failure(3, FailureKind.OWN, 100.03, "h")]
     assert first_failure(heard) == 3
 
 
 def test_a_lost_helper_comes_after_an_own_failure_and_before_consequences():
-    assert first_failure([Failure(0, Kind.HELPER_LOST), Failure(1, Kind.OWN, 5.0, "a")]) == 1
-    assert first_failure([Failure(0, Kind.LOST_PEER, 1.0, "a"), Failure(1, Kind.HELPER_LOST)]) == 1
+    assert first_failure([Failure(0, FailureKind.HELPER_LOST), Failure(1, FailureKind.OWN, 5.0, "a")]) == 1
+    assert first_failure([Failure(0, FailureKind.LOST_PEER, 1.0, "a"), Failure(1, FailureKind.HELPER_LOST)]) == 1
 
 
 def test_own_failures_on_one_clock_go_by_time_across_clocks_by_arrival():
-    one_clock = [Failure(0, Kind.OWN, 50.2, "a"), Failure(1, Kind.OWN, 50.1, "a"), Failure(2, Kind.OWN, 50.0, "b")]
+    one_clock = [Failure(0, FailureKind.OWN, 50.2, "a"), Failure(1, FailureKind.OWN, 50.1, "a"),
+                 Failure(2, FailureKind.OWN, 50.0, "b")]
     assert first_failure(one_clock) == 1  # 2 is earlier, but by another machine's clock
-    assert first_failure([Failure(0, Kind.OWN, 50.2, "a"), Failure(1, Kind.OWN, 50.1, "b")]) == 0
+    assert first_failure([Failure(0, FailureKind.OWN, 50.2, "a"), Failure(1, FailureKind.OWN, 50.1, "b")]) == 0
     # An unknown time or clock is never compared.
-    assert first_failure([Failure(0, Kind.OWN, None, "a"), Failure(1, Kind.OWN, 50.1, "a")]) == 0
-    assert first_failure([Failure(0, Kind.OWN, 50.2, None), Failure(1, Kind.OWN, 50.1, None)]) == 0
+    assert first_failure([Failure(0, FailureKind.OWN, None, "a"), Failure(1, FailureKind.OWN, 50.1, "a")]) == 0
+    assert first_failure([Failure(0, FailureKind.OWN, 50.2, None), Failure(1, FailureKind.OWN, 50.1, None)]) == 0
     # Equal times keep the order heard.
-    assert first_failure([Failure(3, Kind.OWN, 7.0, "a"), Failure(1, Kind.OWN, 7.0, "a")]) == 3
+    assert first_failure([Failure(3, FailureKind.OWN, 7.0, "a"), Failure(1, FailureKind.OWN, 7.0, "a")]) == 3
 
 
 def test_consequences_alone_keep_the_first_heard():
     """Their times say when each noticed the loss, not who was lost."""
-    assert first_failure([Failure(1, Kind.LOST_PEER, 9.0, "a"), Failure(0, Kind.LOST_PEER, 8.0, "a")]) == 1
+    heard = [Failure(1, FailureKind.LOST_PEER, 9.0, "a"), Failure(0, FailureKind.LOST_PEER, 8.0, "a")]
+    assert first_failure(heard) == 1
     assert first_failure([]) is None

@@ -24,11 +24,11 @@ import time
 import psutil
 import pytest
 
-from jaxrun import wire
 from jaxrun.backends import far_end
 from jaxrun.backends.scheduler.task_agent import SchedulerSignals, TaskHome
 from jaxrun.backends.ssh.session_agent import SshHome
 from jaxrun.core import causes, reaper
+from jaxrun.wire import encoding, ssh, tasks
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -82,13 +82,13 @@ class FakeChannel:
 
     def __init__(self) -> None:
         self.incoming: queue.Queue = queue.Queue()
-        self.sent: list[wire.Message] = []
+        self.sent: list[encoding.Message] = []
         self.on_send = lambda msg: None
 
-    def read(self) -> wire.Message | None:
+    def read(self) -> encoding.Message | None:
         return self.incoming.get()
 
-    def send(self, msg: wire.Message) -> None:
+    def send(self, msg: encoding.Message) -> None:
         self.sent.append(msg)
         self.on_send(msg)
 
@@ -124,7 +124,7 @@ def pipes():
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     yield out_r, out_w, err_r, err_w
-    wire.close_all([out_r, out_w, err_r, err_w])
+    encoding.close_all([out_r, out_w, err_r, err_w])
 
 
 def read_line(fd: int) -> str:
@@ -145,12 +145,12 @@ def test_ssh_far_end_sends_no_signal_to_a_reaped_group(pipes):
     try:
         grandchild = int(read_line(out_r))
         sent_at = time.time()
-        os.write(control_w, wire.Signal.of(signal.SIGTERM).line())
+        os.write(control_w, ssh.Signal.of(signal.SIGTERM).line())
         assert read_line(out_r) == "SIGTERM"
         thread.join(20)
         assert result == [3]
         # The launcher's last words come late: a signal, then its loss.
-        os.write(control_w, wire.Signal.of(signal.SIGUSR2).line())
+        os.write(control_w, ssh.Signal.of(signal.SIGUSR2).line())
     finally:
         os.close(control_w)
     group = groups[0]
@@ -162,7 +162,7 @@ def test_ssh_far_end_sends_no_signal_to_a_reaped_group(pipes):
     assert group.after_the_reap() == [("SIGUSR2", False), ("SIGKILL", False)]
     os.set_blocking(err_r, False)
     report = os.read(err_r, 1 << 16)
-    home = wire.parse_home_report(report[report.index(wire.HOME_REPORT_MARK):])
+    home = ssh.parse_home_report(report[report.index(ssh.HOME_REPORT_MARK):])
     assert home is not None, report
     check_facts(home[2], group.pgid, sent_at)
     os.close(control_r)
@@ -179,10 +179,10 @@ def test_task_far_end_sends_no_signal_to_a_reaped_group(pipes):
     out_r, out_w, _, err_w = pipes
     channel, scheduler = FakeChannel(), SchedulerSignals()
 
-    def launcher_hears(msg: wire.Message) -> None:
-        if isinstance(msg, wire.Exit):  # too late now: a scheduler's signal, the launcher's, its loss
+    def launcher_hears(msg: encoding.Message) -> None:
+        if isinstance(msg, tasks.Exit):  # too late now: a scheduler's signal, the launcher's, its loss
             scheduler.handle(signal.SIGUSR1)
-            channel.incoming.put(wire.Signal.of(signal.SIGUSR2))
+            channel.incoming.put(tasks.Signal.of(signal.SIGUSR2))
             channel.incoming.put(None)
 
     channel.on_send = launcher_hears
@@ -207,7 +207,7 @@ def test_task_far_end_sends_no_signal_to_a_reaped_group(pipes):
     while len(group.after_the_reap()) < len(late) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert sorted(group.after_the_reap()) == late
-    assert [type(m) for m in channel.sent] == [wire.Exit] and channel.sent[0].returncode == 3
+    assert [type(m) for m in channel.sent] == [tasks.Exit] and channel.sent[0].returncode == 3
     assert channel.sent[0].resources["cpu_seconds"] > 0
     end = channel.sent[0]
     check_facts({"pid": end.pid, "reaped_at": end.reaped_at, "clock": end.clock}, group.pgid, sent_at)
@@ -225,4 +225,4 @@ def test_a_controller_that_cannot_start_is_named_on_its_stderr(pipes):
     said = os.read(err_r, 1 << 16).decode()
     assert said.startswith(f"jaxrun: cannot start {missing!r} on this host: No such file or directory\n"), said
     assert f"jaxrun task 5: cannot start {missing}: " in said
-    assert channel.sent == [wire.Exit(far_end.CANNOT_START)]
+    assert channel.sent == [tasks.Exit(far_end.CANNOT_START)]

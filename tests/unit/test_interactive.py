@@ -13,14 +13,15 @@ import pytest
 
 from jaxrun import cli, contract
 from jaxrun.backends import BACKENDS
-from jaxrun.contract import console as messages
+from jaxrun.core import modes
 from jaxrun.core.config import LaunchError
 from jaxrun.launcher.interactive import frontend as interactive, kernelspec, merge, session
 from jaxrun.launcher.setup.configure import config_from_args
+from jaxrun.wire import console, encoding
 
 
 def result(rank, out="", err="", error=None, name=None):
-    return messages.Result(rank, out, err, error, name)
+    return console.Result(rank, out, err, error, name)
 
 
 # -- merging -------------------------------------------------------------------------
@@ -63,7 +64,7 @@ class FakeFrontend:
 
     def execute(self, source, mode):
         self.sent.append((source, mode))
-        return messages.Reply(len(self.sent) - 1, (result(0, "ok\n"),))
+        return console.Reply(len(self.sent) - 1, (result(0, "ok\n"),))
 
     def show(self, reply):
         self.shown.append(reply)
@@ -86,7 +87,7 @@ def test_exit_in_every_process_ends_the_session_and_in_some_is_shown():
             self.ranks = ranks
 
         def execute(self, source, mode):
-            return messages.Reply(0, tuple(result(r, error="SystemExit: None\n",
+            return console.Reply(0, tuple(result(r, error="SystemExit: None\n",
                                                   name="SystemExit" if r in self.ranks else None) for r in range(2)))
 
     with pytest.raises(SystemExit):
@@ -108,20 +109,22 @@ def test_history_lives_in_the_user_s_state_folder():
 
 
 # -- messages ------------------------------------------------------------------------------
-def test_messages_round_trip_and_unknown_fields_are_ignored():
-    reply = messages.Reply(3, (messages.Result(1, "o", "e", "tb", "ValueError", {"text/plain": "1"},
-                                               ({"text/html": "<b>"},)),))
-    assert messages.decode_reply(messages.encode(reply)) == reply
-    request = messages.Request(messages.RUN, 2, "print(1)", messages.CELL)
-    assert messages.decode_request(messages.encode(request)) == request
-    assert messages.decode_hello(json.dumps({"secret": "s", "later": 1}).encode()).secret == "s"
-    with pytest.raises(ValueError):
-        messages.decode_hello(b"[1]")
+def test_messages_round_trip_and_a_reply_rebuilds_its_results():
+    reply = console.Reply(3, (console.Result(1, "o", "e", "tb", "ValueError", {"text/plain": "1"},
+                                             ({"text/html": "<b>"},)),))
+    assert encoding.decode(reply.line()) == reply
+    assert type(encoding.decode(reply.line()).results[0]) is console.Result
+    for msg in (console.Execute("print(1)", console.CELL, 2), console.Quit(3), console.SessionHello("s"),
+                console.SessionReady()):
+        assert encoding.decode(msg.line()) == msg
+    for junk in (b"reply [1, [5]]", b'session-hello ["s", "later"]', b'{"secret": "s"}'):
+        with pytest.raises(encoding.WireError):
+            encoding.decode(junk)
 
 
 def test_a_long_text_keeps_its_end():
-    text = "x" * messages.MAX_TEXT + "the end"
-    clipped = messages.clip(text)
+    text = "x" * console.MAX_TEXT + "the end"
+    clipped = console.clip(text)
     assert clipped.endswith("the end") and len(clipped) < len(text) + 100 and "left out" in clipped
 
 
@@ -133,9 +136,17 @@ def values(*args):
 
 def test_i_needs_no_script_and_runs_the_interactive_controller():
     config = config_from_args(values("-n", "2", "-i"), BACKENDS)
-    assert config.interactive == "console"
+    assert type(config.mode) is modes.Console and interactive.FRONTENDS[type(config.mode)] is interactive.Console
     assert config.options.target.is_module and config.options.target.name == contract.INTERACTIVE_CONTROLLER_MODULE
-    assert config_from_args(values("-i", "--kernel-pipe"), BACKENDS).interactive == "pipe"
+    kernel = config_from_args(values("-i", "--kernel-pipe"), BACKENDS)
+    assert type(kernel.mode) is modes.Kernel and interactive.FRONTENDS[modes.Kernel] is interactive.Pipe
+    # What the session mode supplies, decided once in the frozen config: no stall
+    # watchdog, never recoverable, the console shows only the frontend.
+    assert (config.options.stall_timeout, config.options.recoverable, config.console_ranks) == (0.0, False, frozenset())
+    script = config_from_args(values("-n", "2", __file__), BACKENDS)
+    assert type(script.mode) is modes.Script and script.console_ranks is None and script.options.stall_timeout == 600
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        script.max_restarts = 3
 
 
 @pytest.mark.parametrize("args, message", [
@@ -216,7 +227,7 @@ def test_a_connection_with_a_wrong_secret_is_dropped_and_the_right_one_kept():
 
     def connect(secret):
         sock = socket.create_connection((host, int(port)))
-        sock.sendall(messages.encode(messages.Hello(secret)))
+        sock.sendall(console.SessionHello(secret).line())
         clients.append(sock)
 
     try:
@@ -225,8 +236,8 @@ def test_a_connection_with_a_wrong_secret_is_dropped_and_the_right_one_kept():
         assert listener.accept(lambda: True)
         client.join()
         assert clients[0].recv(1) == b""  # dropped
-        clients[1].sendall(messages.encode(messages.Reply(0, (result(0, "hi\n"),))))
-        assert listener.run("print('hi')", messages.SINGLE, lambda: True).results[0].out == "hi\n"
+        clients[1].sendall(console.Reply(0, (result(0, "hi\n"),)).line())
+        assert listener.run("print('hi')", console.SINGLE, lambda: True).results[0].out == "hi\n"
     finally:
         listener.close()
         for sock in clients:

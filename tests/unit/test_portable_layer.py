@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxrun import contract, portable, wire
+from jaxrun import contract, portable
+from jaxrun.wire import encoding, forkserver
 
 LAYER = Path(portable.__file__).parent  # the package jaxrun/portable/, every module of it
 PACKAGE = LAYER.parent
@@ -29,7 +30,7 @@ PACKAGE = LAYER.parent
 # Names that only Linux has (or that mean something else elsewhere), each
 # with where its portable answer lives.
 LINUX_ONLY = {
-    "SOCK_SEQPACKET": "frame over SOCK_STREAM (wire.send_frame)",
+    "SOCK_SEQPACKET": "frame over SOCK_STREAM (wire.encoding.send_frame)",
     "SO_PEERCRED": "portable.peer_uid / peer_pid",
     "LOCAL_PEERCRED": "portable.peer_uid",
     "LOCAL_PEERPID": "portable.peer_pid",
@@ -281,13 +282,13 @@ def pair():
 def test_a_frame_of_any_size_arrives_whole(pair):
     """A SOCK_SEQPACKET datagram stops at about 208 KiB; a frame does not."""
     a, b = pair
-    payload = wire.ForkRequest(["--", "x.py"], {f"BIG{i}": "x" * 100_000 for i in range(10)}).encode()
-    sender = threading.Thread(target=wire.send_frame, args=(a, payload))
+    payload = forkserver.ForkRequest(["--", "x.py"], {f"BIG{i}": "x" * 100_000 for i in range(10)}).encode()
+    sender = threading.Thread(target=encoding.send_frame, args=(a, payload))
     sender.start()
-    frame = wire.recv_frame(b)
+    frame = encoding.recv_frame(b)
     sender.join()
     assert frame is not None and frame[0] == payload and frame[1] == []
-    assert wire.decode(frame[0]).env["BIG9"] == "x" * 100_000
+    assert encoding.decode(frame[0]).env["BIG9"] == "x" * 100_000
 
 
 def test_descriptors_travel_with_their_own_frame(pair, tmp_path):
@@ -297,10 +298,10 @@ def test_descriptors_travel_with_their_own_frame(pair, tmp_path):
         (tmp_path / name).write_text(name)
         files.append(os.open(tmp_path / name, os.O_RDONLY))
     try:
-        wire.send_frame(a, b"first", [files[0]])
-        wire.send_frame(a, b"second", [files[1]])
-        wire.send_frame(a, b"third")
-        got = [wire.recv_frame(b, max_fds=3) for _ in range(3)]
+        encoding.send_frame(a, b"first", [files[0]])
+        encoding.send_frame(a, b"second", [files[1]])
+        encoding.send_frame(a, b"third")
+        got = [encoding.recv_frame(b, max_fds=3) for _ in range(3)]
         assert [g[0] for g in got] == [b"first", b"second", b"third"]
         assert [len(g[1]) for g in got] == [1, 1, 0]
         assert [os.read(g[1][0], 10) for g in got[:2]] == [b"one", b"two"]
@@ -313,19 +314,19 @@ def test_descriptors_travel_with_their_own_frame(pair, tmp_path):
 
 def test_the_peer_closing_ends_the_frames(pair):
     a, b = pair
-    wire.send_frame(a, b"whole")
-    a.sendall(wire.FRAME_HEADER.pack(100) + b"only part of it")
+    encoding.send_frame(a, b"whole")
+    a.sendall(encoding.FRAME_HEADER.pack(100) + b"only part of it")
     a.close()
-    assert wire.recv_frame(b) == (b"whole", [])
-    assert wire.recv_frame(b) is None  # mid-frame
-    assert wire.recv_frame(b) is None
+    assert encoding.recv_frame(b) == (b"whole", [])
+    assert encoding.recv_frame(b) is None  # mid-frame
+    assert encoding.recv_frame(b) is None
 
 
 def test_a_length_no_jaxrun_peer_would_send_is_refused(pair):
     a, b = pair
     a.sendall(b"fork [...]")
-    with pytest.raises(wire.WireError):
-        wire.recv_frame(b)
+    with pytest.raises(encoding.WireError):
+        encoding.recv_frame(b)
 
 
 # -- ports ---------------------------------------------------------------------------

@@ -125,6 +125,6 @@ def test_the_driver_and_the_actor_are_modules_of_their_own():
     assert driver.__name__ == contract.RAY_DRIVER_MODULE
     assert ray.Placed is words.Placed and driver.Placed is words.Placed and ray.PLACEMENTS is words.PLACEMENTS
     placed = words.Placed([[A, "10.0.0.1"]], "10.0.0.1")
-    assert ray.wire.decode(placed.line()) == placed
+    assert ray.encoding.decode(placed.line()) == placed
     assert driver.main([]).startswith(f"usage: python -m {contract.RAY_DRIVER_MODULE} ")
     assert actor.main(["x"]).startswith(f"usage: python -m {contract.RAY_ACTOR_MODULE} ")

@@ -10,10 +10,11 @@ import threading
 
 import pytest
 
-from jaxrun import contract, wire
+from jaxrun import contract
 from jaxrun.backends.scheduler.child import RankChild
 from jaxrun.core.backend import ChildExit, News, RunHooks
 from jaxrun.core.events import Stream
+from jaxrun.wire import encoding, tasks
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -48,13 +49,13 @@ class Task:
         hooks = RunHooks(thread_died=lambda name, error: self.died.append(error))
         self.sock.settimeout(5)
         self.lines = self.sock.makefile("rb")
-        child.attach(wire.CONTROL, theirs, hooks)
+        child.attach(tasks.CONTROL, theirs, hooks)
 
-    def say(self, msg: wire.Message) -> None:
+    def say(self, msg: encoding.Message) -> None:
         self.sock.sendall(msg.line())
 
-    def hear(self) -> wire.Message:
-        return wire.decode(self.lines.readline())
+    def hear(self) -> encoding.Message:
+        return encoding.decode(self.lines.readline())
 
     def hang_up(self) -> None:
         self.lines.close()  # the file holds the socket open too
@@ -85,15 +86,15 @@ def test_joined_calls_on_join_and_exit_is_what_wait_returns(rank, tmp_path):
     child.news = News(lambda recoverable: (flags.append(recoverable), joins.set()), states.append)
     child.error_file = str(tmp_path / "process-3.error")
     task = Task(child)
-    task.say(wire.Coordinator("node:1234"))
-    task.say(wire.Joined(True))
-    task.say(wire.Activity(contract.IDLE))
+    task.say(tasks.Coordinator("node:1234"))
+    task.say(tasks.TaskJoined(True))
+    task.say(tasks.TaskActivity(contract.IDLE))
     assert joins.wait(5)
     record = contract.ErrorRecord("ValueError", "bad shard", "Traceback ...", 1.5)
-    task.say(wire.Error(record.to_json()))
+    task.say(tasks.Error(record.to_json()))
     used = contract.Resources(123456, 2.5)
-    task.say(wire.Exit(7, used.to_dict()))
-    assert task.hear() == wire.Ack()
+    task.say(tasks.Exit(7, used.to_dict()))
+    assert task.hear() == tasks.Ack()
     assert states == [contract.IDLE] and flags == [True]  # the recoverable flag came with the join
     assert child.wait() == ChildExit(7, used)
     assert contract.ErrorRecord.load(child.error_file) == record
@@ -104,8 +105,8 @@ def test_joined_calls_on_join_and_exit_is_what_wait_returns(rank, tmp_path):
 def test_an_exit_without_resources_has_none(rank):
     child, _ = rank
     task = Task(child)
-    task.say(wire.Exit(127))
-    assert task.hear() == wire.Ack()
+    task.say(tasks.Exit(127))
+    assert task.hear() == tasks.Ack()
     assert child.wait() == ChildExit(127, None)
 
 
@@ -113,9 +114,9 @@ def test_no_signal_follows_the_exit_it_crossed(rank):
     child, _ = rank
     task = Task(child)
     child.send(signal.SIGUSR1)
-    assert task.hear() == wire.Signal.of(signal.SIGUSR1)
-    task.say(wire.Exit(0))
-    assert task.hear() == wire.Ack()
+    assert task.hear() == tasks.Signal.of(signal.SIGUSR1)
+    task.say(tasks.Exit(0))
+    assert task.hear() == tasks.Ack()
     child.send(signal.SIGKILL)
     task.sock.settimeout(0.2)
     with pytest.raises(TimeoutError):
@@ -126,7 +127,7 @@ def test_signals_before_the_task_connected_wait_for_it(rank):
     child, step = rank
     child.send(signal.SIGUSR1)
     task = Task(child)
-    assert task.hear() == wire.Signal.of(signal.SIGUSR1)
+    assert task.hear() == tasks.Signal.of(signal.SIGUSR1)
     assert step.kills == 0
 
 
@@ -154,6 +155,6 @@ def test_a_lost_connection_ends_the_rank_killed_and_the_note_lands_in_stderr():
 def test_the_end_facts_of_an_exit_reach_the_child_exit(rank):
     child, _ = rank
     task = Task(child)
-    task.say(wire.Exit(7, None, 1796161488.25, "node-3", 4242))
-    assert task.hear() == wire.Ack()
+    task.say(tasks.Exit(7, None, 1796161488.25, "node-3", 4242))
+    assert task.hear() == tasks.Ack()
     assert child.wait() == ChildExit(7, None, 1796161488.25, "node-3", 4242)

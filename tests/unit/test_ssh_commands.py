@@ -7,7 +7,7 @@ import shlex
 import pytest
 
 from jaxrun import __version__, contract
-from jaxrun.backends.ssh import commands as ssh
+from jaxrun.backends.ssh import commands
 from jaxrun.backends.ssh.options import SshOptions
 from jaxrun.core.spec import Host, ProcessSpec
 
@@ -15,7 +15,7 @@ SETTINGS = SshOptions(python="/opt/py", chdir="/w", config_file="cfg", options=(
 
 
 def test_ssh_args_order():
-    args = ssh.ssh_args(SETTINGS, Host("n1", user="bob", port=2222), ssh.session_control("/c/m0"))
+    args = commands.ssh_args(SETTINGS, Host("n1", user="bob", port=2222), commands.session_control("/c/m0"))
     assert args == [
         "ssh", "-F", "cfg", "-o", "BatchMode=yes",
         "-o", "ControlMaster=no", "-o", "ControlPath=/c/m0", "-o", "LogLevel=ERROR",
@@ -28,34 +28,34 @@ def test_the_users_keepalive_wins():
     """ssh keeps an option's first value: the user's -o ServerAliveInterval
     comes before jaxrun's default."""
     settings = SshOptions(python="/opt/py", chdir="/w", options=("ServerAliveInterval=60",))
-    args = ssh.ssh_args(settings, Host("n1"), [])
+    args = commands.ssh_args(settings, Host("n1"), [])
     assert args.index("ServerAliveInterval=60") < args.index("ServerAliveInterval=5")
 
 
 def test_session_without_master_connects_directly():
-    assert "ControlPath=none" in ssh.session_control(None)
+    assert "ControlPath=none" in commands.session_control(None)
 
 
 def test_master_does_not_persist():
-    assert ssh.master_control("/c/m0") == [
+    assert commands.master_control("/c/m0") == [
         "-o", "ControlMaster=yes", "-o", "ControlPath=/c/m0", "-o", "ControlPersist=no",
     ]
 
 
 def test_remote_command_quotes_every_word_and_holds_no_value():
     spec = ProcessSpec(0, 0, Host("n1"), "/opt/py", ("--", "t.py", "a b", "$X", "'"), {"A": "secret y"})
-    words = ssh.process_words(spec, "/my dir", "/opt/py")
+    words = commands.process_words(spec, "/my dir", "/opt/py")
     assert words == [
-        "/opt/py", "-c", ssh.RUN_MODULE, "jaxrun.backends.ssh.session_agent", "--chdir", "/my dir", "--",
+        "/opt/py", "-c", commands.RUN_MODULE, "jaxrun.backends.ssh.session_agent", "--chdir", "/my dir", "--",
         "/opt/py", "-m", "jaxrun.shim", "--", "t.py", "a b", "$X", "'",
     ]
-    assert shlex.split(ssh.remote_command(words)) == words
+    assert shlex.split(commands.remote_command(words)) == words
     assert not any("secret" in w for w in words)
 
 
 def test_remote_env_is_the_specs_without_launcher_paths():
     spec = ProcessSpec(0, 0, Host("n1"), "/opt/py", ("t.py",), {"A": "x y"})
-    env = ssh.process_env(spec, {"JAXRUN_ERROR_FILE": "/l/e.json", "JAXRUN_LIFELINE_FD": "5", "B": "1"})
+    env = commands.process_env(spec, {"JAXRUN_ERROR_FILE": "/l/e.json", "JAXRUN_LIFELINE_FD": "5", "B": "1"})
     assert env == {"A": "x y", "B": "1"}
 
 
@@ -65,10 +65,10 @@ def test_env_stub_reads_exactly_one_frame(tmp_path):
     import subprocess
     import sys
 
-    from jaxrun import wire
+    from jaxrun.wire import ssh
 
-    program = ssh.ENV_STUB + "import sys\nprint(os.environ['SECRET'], sys.path[1], sys.stdin.read(), end='')\n"
-    frame = wire.env_frame({"SECRET": "tok 1", "PYTHONPATH": "/x/y"})
+    program = commands.ENV_STUB + "import sys\nprint(os.environ['SECRET'], sys.path[1], sys.stdin.read(), end='')\n"
+    frame = ssh.env_frame({"SECRET": "tok 1", "PYTHONPATH": "/x/y"})
     done = subprocess.run([sys.executable, "-c", program], input=frame + b"signal [\"SIGTERM\"]\n",
                           capture_output=True, check=True)
     assert done.stdout.decode() == 'tok 1 /x/y signal ["SIGTERM"]\n'
@@ -91,11 +91,11 @@ def _info(**kw):
 
 
 def test_preflight_all_good():
-    assert ssh.check_preflight({"a": _info(), "b": _info(python="3.11.9")}, "py") == []
+    assert commands.check_preflight({"a": _info(), "b": _info(python="3.11.9")}, "py") == []
 
 
 def test_preflight_problems_name_hosts():
-    problems = ssh.check_preflight(
+    problems = commands.check_preflight(
         {
             "a": _info(),
             "b": _info(jax="0.4.1"),
@@ -114,13 +114,13 @@ def test_preflight_problems_name_hosts():
 
 
 def test_preflight_table():
-    lines = ssh.preflight_table({"hostA": _info(), "b": _info(jaxlib=None)})
+    lines = commands.preflight_table({"hostA": _info(), "b": _info(jaxlib=None)})
     assert lines[0].split() == ["jaxrun:", "host", "address", "python", "jax", "jaxlib", "jaxrun"]
     assert lines[2].split() == ["jaxrun:", "b", "10.0.0.1", "3.11.7", "0.10.2", "-", __version__]
 
 
 def test_a_script_missing_on_a_host_is_named_with_the_way_out():
-    problems = ssh.check_preflight({"n1": _info(), "n2": _info(script_missing="/w/main.py")}, "/opt/py")
+    problems = commands.check_preflight({"n1": _info(), "n2": _info(script_missing="/w/main.py")}, "/opt/py")
     assert problems == ["n2: /w/main.py does not exist there (--sync copies the working directory to every host)"]
 
 
@@ -128,12 +128,12 @@ def test_preflight_words_carry_the_script_and_sync_but_no_env():
     from jaxrun.backends.ssh import preflight
     from jaxrun.backends.ssh.options import SshOptions
 
-    words = ssh.preflight_words(SshOptions(python="/opt/py", chdir="/w", env={"TOKEN": "s3cret"},
+    words = commands.preflight_words(SshOptions(python="/opt/py", chdir="/w", env={"TOKEN": "s3cret"},
                                            script="main.py", sync=True))
-    assert words[:3] == ["/opt/py", "-c", ssh.PREFLIGHT]
+    assert words[:3] == ["/opt/py", "-c", commands.PREFLIGHT]
     assert words[3:] == [__version__, contract.SSH_PREFLIGHT_MODULE, "--chdir=/w", "--script=main.py", "--sync"]
     assert not any("s3cret" in w for w in words)
-    first = ssh.preflight_words(SshOptions(python="/opt/py", chdir="/-w"), ("sock", "mod"), hold=True)
+    first = commands.preflight_words(SshOptions(python="/opt/py", chdir="/-w"), ("sock", "mod"), hold=True)
     assert first[5:] == ["--chdir=/-w", "--hold", "--server", "sock", "mod"]
     # The far end reads them as they were meant.
     args = preflight.parse_args(words[5:])
@@ -144,8 +144,8 @@ def test_preflight_words_carry_the_script_and_sync_but_no_env():
 
 def test_a_host_that_could_not_run_the_preflight_is_checked_on_what_it_said():
     """Another jaxrun, or none: the stub says which, and nothing of jax."""
-    problems = ssh.check_preflight({"a": _info(), "b": {"python": "3.11.7", "jaxrun": "9.9"},
+    problems = commands.check_preflight({"a": _info(), "b": {"python": "3.11.7", "jaxrun": "9.9"},
                                     "c": {"python": "3.12.1", "jaxrun": None, "jaxrun_error": "E: no"}}, "py")
     assert problems == [f"b: jaxrun 9.9 there, {__version__} here", "c: cannot import jaxrun with py (E: no)",
                         "hosts disagree on the python version: a has 3.11.7, b has 3.11.7, c has 3.12.1"]
-    assert ssh.check_preflight({"a": _info(), "b": _info(jax=None)}, "py")[0] == "b: jax is not installed for py"
+    assert commands.check_preflight({"a": _info(), "b": _info(jax=None)}, "py")[0] == "b: jax is not installed for py"

@@ -16,12 +16,13 @@ import time
 
 import pytest
 
-from jaxrun import contract, wire
+from jaxrun import contract
 from jaxrun.backends.ssh.children import SessionChild
 from jaxrun.backends.ssh.stream import AgentStderr
 from jaxrun.core.backend import News
 from jaxrun.core.events import Stream, StreamClosed
 from jaxrun.launcher.output.pump import OutputPump
+from jaxrun.wire import ssh
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -56,7 +57,7 @@ def cut_through(stream: bytes, seed: int, error_file: str | None = None,
 def test_a_report_home_is_taken_off_the_end(seed, tmp_path):
     own = b"Traceback...\nValueError: bad\npartial \x00 line"
     error_file = str(tmp_path / "process-0.error.json")
-    out, joins, heard = cut_through(own + wire.home_report(RECORD, USED, **FACTS), seed, error_file)
+    out, joins, heard = cut_through(own + ssh.home_report(RECORD, USED, **FACTS), seed, error_file)
     assert (out, joins) == (own, 0)
     assert contract.ErrorRecord.load(error_file) == contract.ErrorRecord.from_json(RECORD)
     assert heard.resources == contract.Resources.from_dict(USED)
@@ -65,17 +66,17 @@ def test_a_report_home_is_taken_off_the_end(seed, tmp_path):
 
 def test_a_report_home_without_a_record_leaves_no_error_file(tmp_path):
     error_file = tmp_path / "process-0.error.json"
-    out, _, heard = cut_through(b"fine\n" + wire.home_report(None, USED), 0, str(error_file))
+    out, _, heard = cut_through(b"fine\n" + ssh.home_report(None, USED), 0, str(error_file))
     assert out == b"fine\n" and not error_file.exists()
     assert heard.resources == contract.Resources.from_dict(USED)
 
 
 @pytest.mark.parametrize("seed", range(20))
 @pytest.mark.parametrize("own", [
-    b"before " + wire.HOME_REPORT_MARK + b"not json\nmore bytes after\n",  # the mark mid-stream
-    b"ends with half a mark " + wire.HOME_REPORT_MARK[:9],
-    wire.home_report(RECORD, None) + b"and then more",  # a report is only a report at the very end
-    b"two " + wire.home_report(RECORD, None) + wire.home_report(RECORD, None),
+    b"before " + ssh.HOME_REPORT_MARK + b"not json\nmore bytes after\n",  # the mark mid-stream
+    b"ends with half a mark " + ssh.HOME_REPORT_MARK[:9],
+    ssh.home_report(RECORD, None) + b"and then more",  # a report is only a report at the very end
+    b"two " + ssh.home_report(RECORD, None) + ssh.home_report(RECORD, None),
     b"plain bytes, no mark at all\n" * 50,
 ], ids=["mid-stream", "half-mark", "not-at-the-end", "two-reports", "plain"])
 def test_the_process_own_bytes_are_never_lost(seed, own, tmp_path):
@@ -88,9 +89,9 @@ def test_the_process_own_bytes_are_never_lost(seed, own, tmp_path):
 
 def test_a_huge_false_report_is_released_without_waiting_for_the_end():
     heard = AgentStderr(News(), None)
-    assert heard.feed(b"x" + wire.HOME_REPORT_MARK) == b"x"
-    released = heard.feed(b"y" * wire.MAX_HOME_REPORT)
-    assert released == wire.HOME_REPORT_MARK + b"y" * wire.MAX_HOME_REPORT
+    assert heard.feed(b"x" + ssh.HOME_REPORT_MARK) == b"x"
+    released = heard.feed(b"y" * ssh.MAX_HOME_REPORT)
+    assert released == ssh.HOME_REPORT_MARK + b"y" * ssh.MAX_HOME_REPORT
     assert heard.close() == b""
 
 
@@ -100,7 +101,7 @@ def test_a_huge_false_report_is_released_without_waiting_for_the_end():
 def test_the_joined_marker_is_cut_out_wherever_a_read_splits_it(seed, tmp_path):
     before, after = b"line one\npartial ", b"rest of it\n\x00 not a marker \x00\x1bjaxrun\n"
     error_file = str(tmp_path / "process-0.error.json")
-    out, joins, _ = cut_through(before + wire.JOINED_MARKER + after + wire.home_report(RECORD, None),
+    out, joins, _ = cut_through(before + ssh.JOINED_MARKER + after + ssh.home_report(RECORD, None),
                                     seed, error_file)
     assert (out, joins) == (before + after, 1)
     assert contract.ErrorRecord.load(error_file) == contract.ErrorRecord.from_json(RECORD)
@@ -108,9 +109,9 @@ def test_the_joined_marker_is_cut_out_wherever_a_read_splits_it(seed, tmp_path):
 
 @pytest.mark.parametrize("seed", range(20))
 def test_progress_markers_are_cut_out_and_told_in_order(seed):
-    busy, idle = wire.ACTIVITY_MARKERS[contract.BUSY], wire.ACTIVITY_MARKERS[contract.IDLE]
+    busy, idle = ssh.ACTIVITY_MARKERS[contract.BUSY], ssh.ACTIVITY_MARKERS[contract.IDLE]
     own = [b"step 1\n", b"half a line ", b"\x00\x1bjaxrun-bus and not a marker\n", b"end\n"]
-    stream = own[0] + busy + own[1] + idle + wire.JOINED_MARKER + own[2] + busy + idle + own[3]
+    stream = own[0] + busy + own[1] + idle + ssh.JOINED_MARKER + own[2] + busy + idle + own[3]
     out, joins, heard = cut_through(stream, seed)
     assert (out, joins) == (b"".join(own), 1)
     assert heard.states == [contract.BUSY, contract.IDLE, contract.BUSY, contract.IDLE]
@@ -118,8 +119,8 @@ def test_progress_markers_are_cut_out_and_told_in_order(seed):
 
 @pytest.mark.parametrize("seed", range(10))
 @pytest.mark.parametrize("own", [
-    b"ends with half a marker " + wire.JOINED_MARKER[:5],
-    wire.JOINED_MARKER[:-1] + b"x and more\n",
+    b"ends with half a marker " + ssh.JOINED_MARKER[:5],
+    ssh.JOINED_MARKER[:-1] + b"x and more\n",
     b"plain bytes\n" * 40,
 ], ids=["half-marker", "almost-a-marker", "plain"])
 def test_bytes_that_only_look_like_a_marker_are_kept(seed, own):
@@ -141,11 +142,11 @@ def test_a_real_pump_feeds_the_filter_and_logs_only_the_process_bytes(tmp_path):
     pump.add(read_end, log, 0, Stream.STDERR, lambda: (log.close(), os.close(read_end)), path=str(log_path),
              stream_filter=heard)
     try:
-        os.write(write_end, b"before" + wire.JOINED_MARKER[:4])
+        os.write(write_end, b"before" + ssh.JOINED_MARKER[:4])
         time.sleep(0.2)
-        os.write(write_end, wire.JOINED_MARKER[4:] + b" after\n" + wire.home_report(RECORD, USED)[:10])
+        os.write(write_end, ssh.JOINED_MARKER[4:] + b" after\n" + ssh.home_report(RECORD, USED)[:10])
         time.sleep(0.2)
-        os.write(write_end, wire.home_report(RECORD, USED)[10:])
+        os.write(write_end, ssh.home_report(RECORD, USED)[10:])
         os.close(write_end)
         assert events.get(timeout=10) == StreamClosed(0, Stream.STDERR)
     finally:
@@ -177,7 +178,7 @@ def session_child(tmp_path, stderr: bytes, status: int) -> SessionChild:
 
 
 def test_a_session_child_exit_carries_the_controller_pid_and_reap_time(tmp_path):
-    child = session_child(tmp_path, wire.home_report(None, USED, **FACTS), 128 + 9)
+    child = session_child(tmp_path, ssh.home_report(None, USED, **FACTS), 128 + 9)
     end = child.wait()
     assert (end.returncode, end.pid, end.reaped_at, end.clock, end.lost) == (-9, 4242, FACTS["reaped_at"], "hostB",
                                                                             None)

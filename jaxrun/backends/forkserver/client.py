@@ -10,7 +10,7 @@ When variables that jax reads at import differ between processes, one
 server cannot serve them all: that attempt starts fresh interpreters instead.
 
 The server and the launcher talk over a stream socket, one frame per message
-(``wire.send_frame``), so a request of any size (an environment of a few
+(``encoding.send_frame``), so a request of any size (an environment of a few
 hundred KiB) is served like any other; a packet socket would cap it, and
 macOS has no Unix packet sockets at all.
 
@@ -40,7 +40,7 @@ from typing import TextIO
 
 import psutil
 
-from jaxrun import contract, portable, wire
+from jaxrun import contract, portable
 from jaxrun.backends.local import LocalBackend, LocalChild, child_env
 from jaxrun.backends.shield import shielded
 from jaxrun.core import causes, usage
@@ -49,6 +49,7 @@ from jaxrun.core.config import LaunchError
 from jaxrun.core.events import Stream
 from jaxrun.core.reaper import ProcessGroup, kill_group
 from jaxrun.core.spec import ProcessSpec, common_env
+from jaxrun.wire import encoding, forkserver
 
 # Variables that jax reads when it is imported: the server is started with the
 # values common to every process, so they must not differ between processes.
@@ -188,18 +189,18 @@ class ForkServer:
     def _read(self) -> None:
         while True:
             try:
-                frame = wire.recv_frame(self.sock)
-            except (OSError, wire.WireError):
+                frame = encoding.recv_frame(self.sock)
+            except (OSError, encoding.WireError):
                 frame = None
             if frame is None:
                 break
-            msg = wire.decode(frame[0])
+            msg = encoding.decode(frame[0])
             with self.cond:
-                if isinstance(msg, wire.Ready):
+                if isinstance(msg, forkserver.Ready):
                     self.ready = msg.error
-                elif isinstance(msg, wire.Started):
+                elif isinstance(msg, forkserver.Started):
                     self.started.append(msg.pid)
-                elif isinstance(msg, wire.ChildExited):
+                elif isinstance(msg, forkserver.ChildExited):
                     if msg.pid in self.children:
                         self.children[msg.pid].finish(msg.returncode, msg.resources, msg.reaped_at)
                     else:
@@ -232,11 +233,11 @@ class ForkServer:
             raise LaunchError(f"the preloading server exited with status {code} before it was ready; try --no-preload")
 
     def fork(self, spec: ProcessSpec, env: Mapping[str, str], fds: Sequence[int]) -> ForkedChild:
-        request = wire.ForkRequest(list(spec.shim_args), dict(env)).encode()
+        request = forkserver.ForkRequest(list(spec.shim_args), dict(env)).encode()
         watch = usage.OomWatch()
         with self.lock:
             try:
-                wire.send_frame(self.sock, request, fds)
+                encoding.send_frame(self.sock, request, fds)
             except OSError as e:
                 raise PreloadError(f"the preloading server is gone ({e})") from None
             self._wait(lambda: self.started or not self.alive)

@@ -7,8 +7,8 @@ controller per request.  Each controller skips the ~0.5 s of CPU that
 ``import jax`` costs, which on a small machine is most of a short job's wall
 time.
 
-Messages (:mod:`jaxrun.wire`), over a SOCK_STREAM socket, one per frame
-(``wire.send_frame``; a frame may be of any size, and a packet socket is not
+Messages (:mod:`jaxrun.wire.forkserver`), over a SOCK_STREAM socket, one per frame
+(``encoding.send_frame``; a frame may be of any size, and a packet socket is not
 to be had on macOS):
 
 - ``Ready`` (server -> launcher) once the imports are done, or with the
@@ -28,7 +28,7 @@ every process of the tree at once leaves it serving (see
 fork.
 
 On an SSH host the same server runs as ``... -m jaxrun.backends.forkserver.server --listen NAME``
-in a session of its own (see ``ssh_commands.server_words``): it listens on the
+in a session of its own (see ``ssh.commands.server_words``): it listens on the
 Unix socket that ``portable.server_address(NAME)`` names, and each process's
 host agent connects, sends its ``ForkRequest`` with the session's stdout and
 stderr, and hears ``Started`` and ``ChildExited`` on its own connection.  Only
@@ -50,9 +50,10 @@ import sys
 import threading
 import time
 
-from jaxrun import contract, portable, wire
+from jaxrun import contract, portable
 from jaxrun.backends import shield
 from jaxrun.core import usage
+from jaxrun.wire import encoding, forkserver
 
 # An agent writes each request at once; one that stops halfway is hung up on
 # after this long, so that it cannot hold up the other agents of its host.
@@ -80,7 +81,7 @@ def serve(sock: socket.socket | None, listener: socket.socket | None = None, che
         if wake_r in readable:
             os.read(wake_r, 4096)
         for pid, code, used, reaped_at in reap(children, sweep=listener is not None):
-            tell(children.pop(pid), wire.ChildExited(pid, code, used.to_dict() if used else None, reaped_at))
+            tell(children.pop(pid), forkserver.ChildExited(pid, code, used.to_dict() if used else None, reaped_at))
         if 0 in readable and not os.read(0, 4096):
             return
         if listener is not None and listener in readable:
@@ -89,8 +90,8 @@ def serve(sock: socket.socket | None, listener: socket.socket | None = None, che
                 conns.append(conn)
         for conn in [c for c in conns if c in readable]:
             try:
-                frame = wire.recv_frame(conn, max_fds=3)
-            except (OSError, wire.WireError):
+                frame = encoding.recv_frame(conn, max_fds=3)
+            except (OSError, encoding.WireError):
                 frame = None
             if frame is None:
                 if conn is sock:
@@ -107,15 +108,15 @@ def serve(sock: socket.socket | None, listener: socket.socket | None = None, che
                         other.close()
                 if listener is not None:
                     listener.close()
-                become_controller(conn, wire.decode(frame[0]), frame[1])
-            wire.close_all(frame[1])
+                become_controller(conn, encoding.decode(frame[0]), frame[1])
+            encoding.close_all(frame[1])
             children[pid] = conn
-            tell(conn, wire.Started(pid))
+            tell(conn, forkserver.Started(pid))
 
 
-def tell(conn: socket.socket, msg: wire.Message) -> None:
+def tell(conn: socket.socket, msg: encoding.Message) -> None:
     try:
-        wire.send_frame(conn, msg.encode())
+        encoding.send_frame(conn, msg.encode())
     except OSError:
         pass  # that agent is gone; its controller's lifeline ends it
 
@@ -156,7 +157,7 @@ def reap(children, sweep: bool = False):
             yield pid, code, used, reaped_at
 
 
-def become_controller(sock: socket.socket, request: wire.ForkRequest, fds: list[int]) -> None:
+def become_controller(sock: socket.socket, request: forkserver.ForkRequest, fds: list[int]) -> None:
     """In the forked child: look exactly like a freshly started shim, then run it."""
     code = 1
     try:
@@ -263,9 +264,9 @@ def main(argv: list[str]) -> None:
         preload(argv[1:])
         from jaxrun.child import bootstrap, shim  # noqa: F401 - warm the shim's imports too
     except BaseException as e:  # noqa: BLE001 - whatever the imports raise is the launcher's to report
-        wire.send_frame(sock, wire.Ready(f"{type(e).__name__}: {e}").encode())
+        encoding.send_frame(sock, forkserver.Ready(f"{type(e).__name__}: {e}").encode())
         sys.exit(1)
-    wire.send_frame(sock, wire.Ready("").encode())
+    encoding.send_frame(sock, forkserver.Ready("").encode())
     serve(sock)
     leave()
 

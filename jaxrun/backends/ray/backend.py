@@ -38,14 +38,15 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
-from jaxrun import contract, wire
-from jaxrun.backends.ray.words import PLACEMENTS, Failed, Go, Placed
+from jaxrun import contract
+from jaxrun.backends.ray.words import PLACEMENTS, DriverFailed, Go, Placed
 from jaxrun.backends.scheduler.mpirun import MPI_FORWARD, MPI_FORWARD_PREFIXES
 from jaxrun.backends.scheduler.step import Say, Step, StepProcess
 from jaxrun.backends.shield import shielded
 from jaxrun.core import reaper, spec as planning
 from jaxrun.core.backend import Ask, Backend, News, Placement, RunHooks, start_thread, wait_until
 from jaxrun.core.config import LaunchError
+from jaxrun.wire import encoding
 
 NO_RAY = "--launcher ray needs Ray, which this Python cannot import: pip install 'jaxrun[ray]'"
 CLOSE_WAIT = 10.0  # for the driver to end once its stdin is closed
@@ -134,12 +135,12 @@ class Driver:
         start_thread("ray-placement", lambda: heard.append(self.words.readline()), hooks=self.hooks)
         wait_until(lambda: bool(heard), self.hooks)  # a signal cuts it short
         try:
-            said = wire.decode(heard[0])
-        except wire.WireError:  # nothing: it ended first
+            said = encoding.decode(heard[0])
+        except encoding.WireError:  # nothing: it ended first
             said = None
         if isinstance(said, Placed):
             return said
-        if isinstance(said, Failed):
+        if isinstance(said, DriverFailed):
             raise LaunchError(f"--launcher ray: {said.why}")
         self.copied.wait(CLOSE_WAIT)  # its output ends as it does
         code = self.popen.poll()

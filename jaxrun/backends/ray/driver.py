@@ -21,9 +21,10 @@ import sys
 import threading
 from typing import Any
 
-from jaxrun import contract, wire
+from jaxrun import contract
 from jaxrun.backends.ray.actor import ControllerHost
-from jaxrun.backends.ray.words import PLACEMENTS, Failed, Placed
+from jaxrun.backends.ray.words import PLACEMENTS, DriverFailed, Placed
+from jaxrun.wire import encoding
 
 REACH_TIMEOUT = 5.0  # the first look at the cluster's address, before ray.init (which waits minutes)
 WAIT_NOTE = 5.0  # a placement that takes longer is said once, like srun's "queued and waiting"
@@ -49,7 +50,7 @@ def drive(words_fd: int, settings: dict) -> int:
     address, count = settings["address"], len(settings["bundles"])
     problem = unreachable(address)
     if problem:
-        words.write(Failed(problem).line())
+        words.write(DriverFailed(problem).line())
         return 2
     import logging
 
@@ -60,7 +61,7 @@ def drive(words_fd: int, settings: dict) -> int:
     try:  # Ray's forwarding of worker output is off: the task channel carries it
         ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
     except Exception as e:  # noqa: BLE001 -- whatever Ray raises, it is one line for the user
-        words.write(Failed(f"cannot connect to the Ray cluster at {address}: {e}".splitlines()[0]).line())
+        words.write(DriverFailed(f"cannot connect to the Ray cluster at {address}: {e}".splitlines()[0]).line())
         return 2
     group = placement_group(settings["bundles"], strategy=PLACEMENTS[settings["placement"]])
     ready = group.ready()
@@ -72,7 +73,7 @@ def drive(words_fd: int, settings: dict) -> int:
     addresses = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
     nodes = [[table[i], addresses.get(table[i], "unknown")] for i in range(count)]
     words.write(Placed(nodes, ray.util.get_node_ip_address()).line())
-    go = wire.decode(plans.get())
+    go = encoding.decode(plans.get())
     # Ray's working_dir (``ray job submit --working-dir``): each worker starts in its copy.
     cwd = None if ray.get_runtime_context().runtime_env.get("working_dir") else go.cwd
     gpus = settings["bundles"][0].get("GPU", 0)

@@ -1,10 +1,10 @@
 """The scheduler task channel's listening end, where the task agents connect back.
 
 The task agents (:mod:`jaxrun.backends.scheduler.task_agent`) open three TCP
-connections each to one listener here, every one opened by a ``wire.Hello``
+connections each to one listener here, every one opened by a ``tasks.TaskHello``
 that carries the per-run secret, the task's rank and the connection's kind
-(``wire.CONTROL``, ``wire.STDOUT``, ``wire.STDERR``), and answered by a
-``wire.Ack``.  Once a connection has shown the secret, the listener hands it
+(``tasks.CONTROL``, ``tasks.STDOUT``, ``tasks.STDERR``), and answered by a
+``tasks.Ack``.  Once a connection has shown the secret, the listener hands it
 to its rank (:mod:`jaxrun.backends.scheduler.child`) and forgets it.
 
 The listener faces the network, so ``TaskListener`` trusts nothing that has
@@ -37,12 +37,13 @@ import threading
 import time
 from collections.abc import Callable
 
-from jaxrun import contract, wire
+from jaxrun import contract
 from jaxrun.core.backend import RunHooks, start_thread
+from jaxrun.wire import encoding, tasks
 
-# One deadline for a connection's whole Hello line, from its accept.
+# One deadline for a connection's whole TaskHello line, from its accept.
 HEADER_TIMEOUT = 10.0
-MAX_HEADER = 512  # a Hello is about 80 bytes
+MAX_HEADER = 512  # a TaskHello is about 80 bytes
 MAX_UNAUTHENTICATED = 64
 ACCEPT_BATCH = 256  # accepts per wake-up, so a flood cannot starve the headers already in
 ACCEPT_PAUSE = 0.1  # after EMFILE/ENFILE: no accepts for this long, then try again
@@ -59,8 +60,8 @@ class TaskListener:
     ``close()``.
     """
 
-    def __init__(self, host: str, secret: str, expected: int, wanted: Callable[[wire.Hello], bool],
-                 attach: Callable[[wire.Hello, socket.socket], None], hooks: RunHooks):
+    def __init__(self, host: str, secret: str, expected: int, wanted: Callable[[tasks.TaskHello], bool],
+                 attach: Callable[[tasks.TaskHello, socket.socket], None], hooks: RunHooks):
         self.secret = secret.encode()
         self.expected = expected
         self.wanted = wanted
@@ -143,13 +144,13 @@ class TaskListener:
                 if not self._waiting:
                     return False
                 # Out of descriptors: the stranger that has waited longest
-                # makes room.  A task's Hello comes with its connection, so
+                # makes room.  A task's TaskHello comes with its connection, so
                 # it passes at accept time and never waits to be evicted.
                 self._drop(next(iter(self._waiting)), selector)
                 continue
             sock.setblocking(False)
             self._waiting[sock] = (time.monotonic() + HEADER_TIMEOUT, bytearray())
-            # A task sends its Hello with the connection: it is usually here
+            # A task sends its TaskHello with the connection: it is usually here
             # already, and then the connection never counts against the cap.
             if self._read_header(sock, None) and len(self._waiting) > MAX_UNAUTHENTICATED:
                 self._drop(sock, None)
@@ -176,10 +177,10 @@ class TaskListener:
             return False
         self._forget(sock, selector)
         try:
-            sent = sock.send(wire.Ack().line())
+            sent = sock.send(tasks.Ack().line())
         except OSError:
             sent = 0
-        if sent != len(wire.Ack().line()):
+        if sent != len(tasks.Ack().line()):
             sock.close()
             return False
         sock.setblocking(True)
@@ -187,18 +188,18 @@ class TaskListener:
         self.attach(hello, sock)
         return False
 
-    def _authenticate(self, line: bytes) -> wire.Hello | None:
+    def _authenticate(self, line: bytes) -> tasks.TaskHello | None:
         try:
-            hello = wire.decode(line)
+            hello = encoding.decode(line)
         except (ValueError, RecursionError):  # WireError is a ValueError
             return None
-        if not isinstance(hello, wire.Hello) or not isinstance(hello.secret, str):
+        if not isinstance(hello, tasks.TaskHello) or not isinstance(hello.secret, str):
             return None
         # Bytes, compared in constant time; any text (non-ASCII, lone
         # surrogates from a JSON escape) encodes under surrogatepass.
         if not secrets.compare_digest(hello.secret.encode("utf-8", "surrogatepass"), self.secret):
             return None
-        if type(hello.rank) is not int or hello.kind not in wire.Hello.STREAM_KINDS:
+        if type(hello.rank) is not int or hello.kind not in tasks.TaskHello.STREAM_KINDS:
             return None
         return hello if self.wanted(hello) else None
 

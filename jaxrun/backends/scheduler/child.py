@@ -4,17 +4,18 @@ A ``RankChild`` stands for the controller one task of the scheduler step
 runs.  The task's three connections to the task channel
 (:mod:`jaxrun.backends.scheduler.channel`) are attached to it as they arrive:
 
-- ``wire.STDOUT`` and ``wire.STDERR`` carry the controller's bytes
+- ``tasks.STDOUT`` and ``tasks.STDERR`` carry the controller's bytes
   unchanged; a forwarder thread copies them into the pipe the supervisor's
   pump already reads, so the streams hold only the process's own bytes and
   ``stream_filter`` takes nothing out;
-- ``wire.CONTROL`` carries ``wire`` messages.  Out: ``Start`` with the
-  coordinator address, ``Signal``, and the ``Ack`` of an exit.  In: task 0's
-  ``Coordinator``, and the facts the Child contract passes on one way for
-  every backend: ``Joined`` calls the spawn's ``on_join``, ``Error`` is
-  written to the error file the supervisor named, and ``Exit`` (its code, the
-  resources the task agent measured, when its node's clock saw the end, and
-  the controller's own pid there) is what ``wait`` returns.  A rank that
+- ``tasks.CONTROL`` carries :mod:`jaxrun.wire.tasks` messages.  Out:
+  ``Start`` with the coordinator address, ``Signal``, and the ``Ack`` of an
+  exit.  In: task 0's ``Coordinator``, and the facts the Child contract
+  passes on one way for every backend: ``TaskJoined`` calls the spawn's
+  ``on_join``, ``Error`` is written to the error file the supervisor named,
+  and ``Exit`` (its code, the resources the task agent measured, when its
+  node's clock saw the end, and the controller's own pid there) is what
+  ``wait`` returns.  A rank that
   ends without an ``Exit`` (its task agent, or the whole step, ended first)
   says so: ``ChildExit.lost``.
 
@@ -32,16 +33,17 @@ import socket
 import threading
 from typing import Protocol
 
-from jaxrun import contract, wire
+from jaxrun import contract
 from jaxrun.core.backend import NO_NEWS, ChildExit, News, RunHooks, start_thread
 from jaxrun.core.events import Stream
+from jaxrun.wire import encoding, tasks
 
 CHUNK = 1 << 16
 ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL)
 
 
 class StepSide(Protocol):
-    """What a rank needs from its scheduler step (``scheduler_step.Step``)."""
+    """What a rank needs from its scheduler step (``step.Step``)."""
 
     pid: int
     reached: bool  # a task has attached: the step runs, it is not queued
@@ -56,7 +58,7 @@ class StepSide(Protocol):
 class RankChild:
     """One rank of the step, seen through its task's channel connections."""
 
-    reports_joins = True  # Joined and Progress messages tell the spawn's News; no file is watched
+    reports_joins = True  # TaskJoined and TaskActivity messages tell the spawn's News; no file is watched
 
     def __init__(self, rank: int, step: StepSide):
         self.rank = rank
@@ -68,9 +70,9 @@ class RankChild:
         self.error_file: str | None = None  # the launcher's, where the task's error record goes
         self.news: News = NO_NEWS
         self._resources: contract.Resources | None = None  # measured by the task agent
-        self._end: wire.Exit | None = None  # the task agent's report of its controller's end
+        self._end: tasks.Exit | None = None  # the task agent's report of its controller's end
         self._lost = "its task agent"  # what ended instead, if no Exit comes
-        self._unattached = {wire.STDOUT: out_w, wire.STDERR: err_w}  # write ends no task holds yet
+        self._unattached = {tasks.STDOUT: out_w, tasks.STDERR: err_w}  # write ends no task holds yet
         self._control: socket.socket | None = None
         self._pending: list[int] = []  # signals sent before the task connected
         self._lock = threading.Lock()
@@ -94,7 +96,7 @@ class RankChild:
                 if not attached:
                     self._pending.append(signum)
             if attached:
-                self.tell(wire.Signal.of(signum))
+                self.tell(tasks.Signal.of(signum))
                 return
         if signum == signal.SIGKILL or (signum in ENDING_SIGNALS and not self.step.reached):
             # The task has not reached us (still queued or starting): only
@@ -120,14 +122,14 @@ class RankChild:
         with self._lock:
             if self._done.is_set():
                 return False
-            return self._control is None if kind == wire.CONTROL else kind in self._unattached
+            return self._control is None if kind == tasks.CONTROL else kind in self._unattached
 
     def attach(self, kind: str, sock: socket.socket, hooks: RunHooks) -> None:
         """Take a connection that showed the secret; serve it in its own thread."""
         with self._lock:
             if self._done.is_set():
                 target = None
-            elif kind == wire.CONTROL:
+            elif kind == tasks.CONTROL:
                 target = None if self._control is not None else self._serve_control
                 if target:
                     self._control = sock
@@ -160,7 +162,7 @@ class RankChild:
             with self._lock:
                 pending, self._pending = self._pending, []
             for signum in pending:
-                self.tell(wire.Signal.of(signum))
+                self.tell(tasks.Signal.of(signum))
             self.step.control_connected(self)
             self._read_control(sock)
         finally:
@@ -174,26 +176,26 @@ class RankChild:
         lines = sock.makefile("rb")
         try:
             for raw in lines:
-                msg = wire.decode(raw)
-                if isinstance(msg, wire.Coordinator):
+                msg = encoding.decode(raw)
+                if isinstance(msg, tasks.Coordinator):
                     self.step.set_coordinator(msg.address)
-                elif isinstance(msg, wire.Joined):
+                elif isinstance(msg, tasks.TaskJoined):
                     self.news.joined(bool(msg.recoverable))
-                elif isinstance(msg, wire.Activity):
+                elif isinstance(msg, tasks.TaskActivity):
                     self.news.activity(msg.state)
-                elif isinstance(msg, wire.Error) and self.error_file:
+                elif isinstance(msg, tasks.Error) and self.error_file:
                     record = contract.ErrorRecord.from_json(msg.record)
                     if record:
                         record.dump(self.error_file)
-                elif isinstance(msg, wire.Exit):
+                elif isinstance(msg, tasks.Exit):
                     with self._write_lock:
                         self._resources = contract.Resources.from_dict(msg.resources)
                         self.finish(msg.returncode, end=msg)
-                        self.tell(wire.Ack())
+                        self.tell(tasks.Ack())
         except (OSError, ValueError):
             pass
 
-    def tell(self, msg: wire.Message) -> None:
+    def tell(self, msg: encoding.Message) -> None:
         try:
             with self._write_lock:
                 self._control.sendall(msg.line())
@@ -212,7 +214,7 @@ class RankChild:
             except OSError:
                 pass
 
-    def finish(self, code: int, note: str | None = None, end: wire.Exit | None = None) -> None:
+    def finish(self, code: int, note: str | None = None, end: tasks.Exit | None = None) -> None:
         """The rank ended: its task agent's ``end``, or, without one, ``code``
         stands in (``note``: the step's own end, written to its stderr log)."""
         with self._lock:
@@ -224,7 +226,7 @@ class RankChild:
             leftovers, self._unattached = self._unattached, {}
             self._done.set()
         for kind, fd in leftovers.items():
-            if note and kind == wire.STDERR:
+            if note and kind == tasks.STDERR:
                 try:
                     os.write(fd, note.encode())
                 except OSError:

@@ -40,13 +40,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TextIO
 
-from jaxrun import contract, wire
+from jaxrun import contract
 from jaxrun.backends.scheduler.channel import TaskListener, channel_address
 from jaxrun.backends.scheduler.child import RankChild
 from jaxrun.backends.shield import shielded
 from jaxrun.core import reaper
 from jaxrun.core.backend import News, RunHooks, start_thread
 from jaxrun.core.spec import ProcessSpec
+from jaxrun.wire import tasks
 
 # After the step exits, how long ranks may still report their exit codes.
 LATE_REPORT_WAIT = 3.0
@@ -232,11 +233,11 @@ class Step:
             return False
 
     # -- the channel -------------------------------------------------------------
-    def _wanted(self, hello: wire.Hello) -> bool:
+    def _wanted(self, hello: tasks.TaskHello) -> bool:
         child = self.children.get(hello.rank)
         return child is not None and child.wants(hello.kind)
 
-    def _attach(self, hello: wire.Hello, sock: socket.socket) -> None:
+    def _attach(self, hello: tasks.TaskHello, sock: socket.socket) -> None:
         self.reached = True
         self.children[hello.rank].attach(hello.kind, sock, self.hooks)
 
@@ -245,7 +246,7 @@ class Step:
             self.connected.append(child)
             coordinator = self.coordinator
         if coordinator:
-            child.tell(wire.Start(coordinator))
+            child.tell(tasks.Start(coordinator))
 
     def set_coordinator(self, address: str) -> None:
         with self.lock:
@@ -254,7 +255,7 @@ class Step:
             self.coordinator = address
             ready = list(self.connected)
         for child in ready:
-            child.tell(wire.Start(address))
+            child.tell(tasks.Start(address))
 
     # -- stopping --------------------------------------------------------------
     def kill(self) -> None:

@@ -7,8 +7,8 @@ would:
 - three TCP connections to the launcher's task channel (see
   :mod:`jaxrun.backends.scheduler.channel`): the child's stdout and stderr go
   straight into two of them, byte for byte, so per-process logs stay exact;
-  the third carries :mod:`jaxrun.wire` messages both ways.  Each connection
-  counts once the launcher has answered its ``Hello`` with an ``Ack``; one
+  the third carries :mod:`jaxrun.wire.tasks` messages both ways.  Each connection
+  counts once the launcher has answered its ``TaskHello`` with an ``Ack``; one
   it closed instead (too many strangers connecting at once) is made again;
 - with ``--devices-per-process K``, the child's ``JAX_LOCAL_DEVICE_IDS``,
   from the local rank the scheduler gave us;
@@ -17,7 +17,7 @@ would:
 - ``Signal`` messages are delivered to the child's process group, so the
   supervisor can dump stacks or kill one rank like a local child;
 - when the child arrives at the job's rendezvous (its joined file appears in
-  our private folder), a ``Joined`` message says so, for the start-up progress;
+  our private folder), a ``TaskJoined`` message says so, for the start-up progress;
 - the child's exit code (Popen style) and its error record come back as
   ``Error`` and ``Exit``, and this wrapper exits with the same status, so the
   scheduler's own fail-fast (``--kill-on-bad-exit``) fires too; except in a
@@ -42,10 +42,11 @@ import sys
 import threading
 import time
 
-from jaxrun import contract, portable, wire
+from jaxrun import contract, portable
 from jaxrun.backends import far_end
 from jaxrun.core import reaper
 from jaxrun.core.spec import local_device_ids
+from jaxrun.wire import encoding, tasks
 
 USAGE = f"usage: python -m {contract.SCHEDULER_AGENT_MODULE} -- COMMAND..."
 CONNECT_TIMEOUT = 30.0  # per connection, retries included
@@ -73,14 +74,14 @@ def tasks_on_node(per_node: str, node_index: int) -> int:
     return counts[node_index] if node_index < len(counts) else 1
 
 
-class Channel:
+class TaskChannel:
     def __init__(self, address: str, secret: str, rank: int):
         host, port = address.rsplit(":", 1)
         self.address = (host.strip("[]"), int(port))  # an IPv6 address comes in brackets
         self.secret = secret
         self.rank = rank
         self.send_lock = threading.Lock()
-        self.ctrl = self.connect(wire.CONTROL)
+        self.ctrl = self.connect(tasks.CONTROL)
         self.ctrl_file = self.ctrl.makefile("rb")
 
     def connect(self, kind: str) -> socket.socket:
@@ -101,8 +102,8 @@ class Channel:
     def _try_connect(self, kind: str, deadline: float) -> socket.socket:
         sock = socket.create_connection(self.address, timeout=max(0.1, deadline - time.monotonic()))
         try:
-            sock.sendall(wire.Hello(self.secret, self.rank, kind).line())
-            if _read_line(sock) != wire.Ack().line():
+            sock.sendall(tasks.TaskHello(self.secret, self.rank, kind).line())
+            if _read_line(sock) != tasks.Ack().line():
                 raise ConnectionResetError("the launcher closed the connection")
         except BaseException:
             sock.close()
@@ -110,11 +111,11 @@ class Channel:
         sock.settimeout(None)
         return sock
 
-    def send(self, msg: wire.Message) -> None:
+    def send(self, msg: encoding.Message) -> None:
         with self.send_lock:
             self.ctrl.sendall(msg.line())
 
-    def read(self) -> wire.Message | None:
+    def read(self) -> encoding.Message | None:
         """The next control message; None when the launcher is gone."""
         while True:
             try:
@@ -124,8 +125,8 @@ class Channel:
             if not line:
                 return None
             try:
-                return wire.decode(line)
-            except wire.WireError:
+                return encoding.decode(line)
+            except encoding.WireError:
                 continue  # from a newer launcher: not ours to act on
 
 
@@ -141,7 +142,7 @@ def _read_line(sock: socket.socket, limit: int = 64) -> bytes:
     return line
 
 
-def pick_coordinator(channel: Channel) -> str:
+def pick_coordinator(channel: TaskChannel) -> str:
     """A free port on this node, on the address that reaches the launcher:
     that interface is the one the other nodes can reach too."""
     ip = channel.ctrl.getsockname()[0]
@@ -209,7 +210,7 @@ class TaskHome:
     ways, and the scheduler's own signals.  ``err``: the child's stderr
     connection, for a child that never starts."""
 
-    def __init__(self, channel: Channel, rank: int, err: int, scheduler: SchedulerSignals):
+    def __init__(self, channel: TaskChannel, rank: int, err: int, scheduler: SchedulerSignals):
         self.channel, self.rank, self.err, self.scheduler = channel, rank, err, scheduler
         self.acked = threading.Event()
         self.recoverable = False  # its controller enabled JAX's fault tolerance, as it joined
@@ -222,30 +223,30 @@ class TaskHome:
             if msg is None:
                 controller.lost()
                 break
-            if isinstance(msg, wire.Signal):
+            if isinstance(msg, tasks.Signal):
                 controller.signal(msg.signum)
-            elif isinstance(msg, wire.Ack):
+            elif isinstance(msg, tasks.Ack):
                 break
         self.acked.set()
 
     def joined(self, recoverable: bool) -> None:
         self.recoverable = recoverable
-        self.channel.send(wire.Joined(recoverable))
+        self.channel.send(tasks.TaskJoined(recoverable))
 
     def activity(self, state: str) -> None:
-        self.channel.send(wire.Activity(state))
+        self.channel.send(tasks.TaskActivity(state))
 
     def cannot_start(self, command: list[str], error: OSError) -> None:
         try:
             far_end.write_all(self.err, f"jaxrun task {self.rank}: cannot start {command[0]}: {error}\n".encode())
-            self.channel.send(wire.Exit(far_end.CANNOT_START))
+            self.channel.send(tasks.Exit(far_end.CANNOT_START))
         except OSError:
             pass  # the launcher is gone: the scheduler ends the step
 
     def report(self, code: int, record: contract.ErrorRecord | None, used: contract.Resources | None,
                reaped: far_end.Reaped) -> None:
-        exit_msg = wire.Exit(code, used.to_dict() if used else None, reaped.at, reaped.clock, reaped.pid)
-        for msg in ([wire.Error(record.to_json())] if record else []) + [exit_msg]:
+        exit_msg = tasks.Exit(code, used.to_dict() if used else None, reaped.at, reaped.clock, reaped.pid)
+        for msg in ([tasks.Error(record.to_json())] if record else []) + [exit_msg]:
             try:
                 self.channel.send(msg)
             except OSError:
@@ -267,13 +268,13 @@ def main(argv: list[str]) -> int:
     scheduler = SchedulerSignals()
     scheduler.install()
     try:
-        channel = Channel(os.environ[contract.TASK_CHANNEL], os.environ[contract.TASK_SECRET], rank)
-        out, err = channel.connect(wire.STDOUT), channel.connect(wire.STDERR)
+        channel = TaskChannel(os.environ[contract.TASK_CHANNEL], os.environ[contract.TASK_SECRET], rank)
+        out, err = channel.connect(tasks.STDOUT), channel.connect(tasks.STDERR)
     except (KeyError, OSError) as e:
         print(f"jaxrun task {rank}: cannot reach the launcher's task channel: {e}", file=sys.stderr)
         return 1
     if rank == 0:
-        channel.send(wire.Coordinator(pick_coordinator(channel)))
+        channel.send(tasks.Coordinator(pick_coordinator(channel)))
     coordinator = wait_for_start(channel)
     if coordinator is None:
         return 1
@@ -296,14 +297,14 @@ def spares_the_others(mode: str | None, recoverable: bool) -> bool:
     return mode == "on" or (mode != "off" and recoverable)
 
 
-def wait_for_start(channel: Channel) -> str | None:
+def wait_for_start(channel: TaskChannel) -> str | None:
     while True:
         msg = channel.read()
         if msg is None:
             return None
-        if isinstance(msg, wire.Start):
+        if isinstance(msg, tasks.Start):
             return msg.address
-        if isinstance(msg, wire.Signal) and msg.signum != signal.SIGUSR1:
+        if isinstance(msg, tasks.Signal) and msg.signum != signal.SIGUSR1:
             os._exit(128 + msg.signum)
 
 

@@ -5,9 +5,9 @@ own session is the preflight check and then the host agent
 (:mod:`jaxrun.backends.ssh.connections`).  The host agent runs every process
 of its host, each over three channels of that connection, so a process costs
 no session, no remote shell and no interpreter of its own
-(``ssh_children.ChannelChild``).  Where the server refuses to forward, each
+(``children.ChannelChild``).  Where the server refuses to forward, each
 process gets a session on the master instead, running its own session agent
-(``ssh_children.SessionChild``).  Either way ``send`` works like a local
+(``children.SessionChild``).  Either way ``send`` works like a local
 ``killpg``, and a dropped connection or a dead jaxrun ends the remote job.
 
 What the agents report comes back in-band on each controller's stderr, and
@@ -27,13 +27,14 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import TextIO
 
-from jaxrun import contract, wire
+from jaxrun import contract
 from jaxrun.backends.ssh.children import ChannelChild, SessionChild
 from jaxrun.backends.ssh.commands import preflight_table, process_env, process_words, remote_command, server_words
 from jaxrun.backends.ssh.connections import MASTER_CLOSE_WAIT, Connections
 from jaxrun.backends.ssh.options import SshOptions
 from jaxrun.core.backend import Ask, Backend, News, Placement
 from jaxrun.core.spec import Host, ProcessSpec
+from jaxrun.wire import ssh
 
 
 class SshBackend(Backend):
@@ -190,7 +191,7 @@ class SshBackend(Backend):
         channel = self.channels.get(spec.host.name)
         if channel:
             master = self.connections.masters[spec.host.name]
-            return ChannelChild(channel, wire.Spawn(list(spec.argv), env, self.settings.chdir, server or ""),
+            return ChannelChild(channel, ssh.Spawn(list(spec.argv), env, self.settings.chdir, server or ""),
                                 master.pid, spec.host.name, news, error_file)
         words = process_words(spec, self.settings.chdir, self.settings.python, server)
         return SessionChild(self.connections.start_session(spec.host, remote_command(words), env),

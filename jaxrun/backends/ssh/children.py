@@ -19,7 +19,7 @@ or ``REPORT_WAIT`` seconds after the exit, whichever comes first.
 
 The report home also brings the controller's own pid on its host and when
 its end was seen there (a host agent says the pid at the start too, in a
-``wire.Started`` line): ``ChildExit.pid``, ``reaped_at`` and ``clock``.  An
+``ssh.Started`` line): ``ChildExit.pid``, ``reaped_at`` and ``clock``.  An
 exit that no far end confirmed (no ``Exit`` line on a channel, no report
 home and ssh's own failure or death) is the helper's: ``ChildExit.lost``.
 """
@@ -34,10 +34,11 @@ import threading
 import uuid
 from collections.abc import Callable
 
-from jaxrun import contract, wire
+from jaxrun import contract
 from jaxrun.backends.ssh.stream import AgentStderr
 from jaxrun.core.backend import NO_NEWS, ChildExit, News
 from jaxrun.core.events import Stream
+from jaxrun.wire import encoding, ssh
 
 # After SIGKILL has been written, how long the remote side gets to finish
 # before the local end is cut (which closes the channel anyway).
@@ -94,7 +95,7 @@ class ChannelChild(AgentChild):
     channels of its host's connection, to that host's agent (see
     :mod:`jaxrun.backends.ssh.host_agent`)."""
 
-    def __init__(self, path: str, spawn: wire.Spawn, pid: int, host: str,
+    def __init__(self, path: str, spawn: ssh.Spawn, pid: int, host: str,
                  news: News = NO_NEWS, error_file: str | None = None):
         super().__init__(news, error_file)
         self.pid = pid  # the local master's; the controller's own comes with its exit
@@ -107,11 +108,11 @@ class ChannelChild(AgentChild):
         key = uuid.uuid4().hex
         socks = []
         try:
-            for role in (wire.STDOUT, wire.STDERR, wire.CONTROL):
+            for role in (ssh.STDOUT, ssh.STDERR, ssh.CONTROL):
                 sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 socks.append(sock)
                 sock.connect(path)
-                sock.sendall(wire.Channel(key, role).line())
+                sock.sendall(ssh.Channel(key, role).line())
             socks[2].sendall(spawn.line())
         except OSError as e:
             for sock in socks:
@@ -141,7 +142,7 @@ class ChannelChild(AgentChild):
             if self._write_closed:
                 return
             try:
-                self._ctrl.sendall(wire.Signal.of(signum).line())
+                self._ctrl.sendall(ssh.Signal.of(signum).line())
                 if signum == signal.SIGKILL:
                     self._killed = True
                     self._write_closed = True
@@ -173,12 +174,12 @@ class ChannelChild(AgentChild):
                 with self._ctrl.makefile("rb") as lines:
                     for raw in lines:
                         try:
-                            msg = wire.decode(raw)
-                        except wire.WireError:
+                            msg = encoding.decode(raw)
+                        except encoding.WireError:
                             continue
-                        if isinstance(msg, wire.Started) and isinstance(msg.pid, int):
+                        if isinstance(msg, ssh.Started) and isinstance(msg.pid, int):
                             self._remote_pid = msg.pid
-                        elif isinstance(msg, wire.Exit):
+                        elif isinstance(msg, ssh.Exit):
                             code, confirmed = msg.returncode, True
                             break
                     else:
@@ -214,7 +215,7 @@ class SessionChild(AgentChild):
             if stdin.closed:
                 return
             try:
-                stdin.write(wire.Signal.of(signum).line())
+                stdin.write(ssh.Signal.of(signum).line())
                 if signum == signal.SIGKILL:
                     stdin.close()  # EOF: the agent kills the group
             except OSError:

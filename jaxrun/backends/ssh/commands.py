@@ -11,20 +11,21 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping, Sequence
 
-from jaxrun import __version__, contract, wire
+from jaxrun import __version__, contract
 from jaxrun.backends.ssh.options import SshOptions
 from jaxrun.core.spec import Host, ProcessSpec
-from jaxrun.wire import PreflightKey as Key
+from jaxrun.wire import preflight, ssh
+from jaxrun.wire.preflight import PreflightKey as Key
 
 # The first lines of every program a session runs with an environment: read
-# the environment from stdin (``wire.env_frame``), so that no value (a token
+# the environment from stdin (``ssh.env_frame``), so that no value (a token
 # given with --env) ever appears on a command line, where any local user's
 # ``ps`` can read it.  PYTHONPATH is applied to this interpreter too, since it
 # may be what makes jaxrun importable there.  Before anything, the stop
 # signals are blocked: what runs here is a far end (an agent, a server), and
 # the launcher alone decides what SIGINT, SIGTERM and SIGHUP mean (see
 # ``backends.shield``); every controller unblocks them again.
-ENV_STUB = f"_DIGITS = {wire.ENV_FRAME_DIGITS}\n" + r"""
+ENV_STUB = f"_DIGITS = {ssh.ENV_FRAME_DIGITS}\n" + r"""
 import signal
 signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
 import json, os, sys
@@ -76,7 +77,8 @@ runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
 # answers, then serves the launcher's requests) if this host's jaxrun is the
 # launcher's VERSION.  A host without it, or with another version, still
 # answers in one line: its python, and which jaxrun it has, or why none.
-_STUB_WORDS = (wire.PREFLIGHT_ANSWER.decode(), *map(str, (Key.PYTHON, Key.EXECUTABLE, Key.JAXRUN, Key.JAXRUN_ERROR)))
+_STUB_WORDS = (preflight.PREFLIGHT_ANSWER.decode(),
+               *map(str, (Key.PYTHON, Key.EXECUTABLE, Key.JAXRUN, Key.JAXRUN_ERROR)))
 PREFLIGHT = ENV_STUB + f"_ANSWER, _PYTHON, _EXECUTABLE, _JAXRUN, _ERROR = {_STUB_WORDS!r}\n" + r"""
 import importlib, platform
 _found = {_PYTHON: platform.python_version(), _EXECUTABLE: sys.executable, _JAXRUN: None}
@@ -168,15 +170,15 @@ def preflight_words(settings: SshOptions, server: Sequence[str] = (), hold: bool
     it from the preflight session; empty for none.  ``hold``: listen on a free
     port for the coordinator at once (the first host)."""
     words = [settings.python, "-c", PREFLIGHT, __version__, contract.SSH_PREFLIGHT_MODULE,
-             f"{wire.PREFLIGHT_CHDIR}={settings.chdir}"]
+             f"{preflight.PREFLIGHT_CHDIR}={settings.chdir}"]
     if settings.script:
-        words.append(f"{wire.PREFLIGHT_SCRIPT}={settings.script}")
+        words.append(f"{preflight.PREFLIGHT_SCRIPT}={settings.script}")
     if settings.sync:
-        words.append(wire.PREFLIGHT_SYNC)
+        words.append(preflight.PREFLIGHT_SYNC)
     if hold:
-        words.append(wire.PREFLIGHT_HOLD)
+        words.append(preflight.PREFLIGHT_HOLD)
     if server:
-        words += [wire.PREFLIGHT_SERVER, *server]  # last: it takes every word after it
+        words += [preflight.PREFLIGHT_SERVER, *server]  # last: it takes every word after it
     return words
 
 

@@ -32,7 +32,7 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 
-from jaxrun import contract, portable, wire
+from jaxrun import contract, portable
 from jaxrun.backends.shield import shielded
 from jaxrun.backends.ssh.commands import (
     check_preflight,
@@ -47,7 +47,8 @@ from jaxrun.backends.ssh.options import SshOptions
 from jaxrun.core.backend import RunHooks, start_thread, wait_until
 from jaxrun.core.config import LaunchError
 from jaxrun.core.spec import Host
-from jaxrun.wire import PreflightKey as Key
+from jaxrun.wire import encoding, preflight, ssh
+from jaxrun.wire.preflight import PreflightKey as Key
 
 # A server's default MaxSessions is 10 per connection; the master's own session
 # takes one.  Processes beyond this many on one host get a connection of their own.
@@ -63,7 +64,7 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def read_answer(stdout, answers: dict[str, bytes], name: str, mark: bytes = wire.PREFLIGHT_ANSWER,
+def read_answer(stdout, answers: dict[str, bytes], name: str, mark: bytes = preflight.PREFLIGHT_ANSWER,
                 skip: int = 0) -> None:
     """The preflight session's next line that starts with ``mark`` (its
     answer, or a reply) after ``skip`` such lines, or b"" if the session
@@ -77,25 +78,25 @@ def read_answer(stdout, answers: dict[str, bytes], name: str, mark: bytes = wire
     answers[name] = b""
 
 
-def read_reply(line: bytes | None) -> wire.Message | None:
-    """The request's reply in a ``wire.PREFLIGHT_REPLY`` line (a line that
+def read_reply(line: bytes | None) -> encoding.Message | None:
+    """The request's reply in a ``preflight.PREFLIGHT_REPLY`` line (a line that
     says something else fails), or None for none."""
     if not line:
         return None
     try:
-        return wire.decode(line[len(wire.PREFLIGHT_REPLY):])
-    except wire.WireError as e:
-        return wire.Failed(str(e))
+        return encoding.decode(line[len(preflight.PREFLIGHT_REPLY):])
+    except encoding.WireError as e:
+        return preflight.Failed(str(e))
 
 
-def _reason(reply: wire.Message) -> str:
-    return reply.reason if isinstance(reply, wire.Failed) else f"unexpected reply {reply.encode()[:200]!r}"
+def _reason(reply: encoding.Message) -> str:
+    return reply.reason if isinstance(reply, preflight.Failed) else f"unexpected reply {reply.encode()[:200]!r}"
 
 
 def send_env(popen: subprocess.Popen, env: Mapping[str, str]) -> None:
     """The environment, first thing on the session's stdin.  The pipe is made
     big enough to take it at once, so this never waits on the network."""
-    frame = wire.env_frame(dict(env))
+    frame = ssh.env_frame(dict(env))
     # Where pipes have a fixed size, or over the system's limit, the write
     # below may wait for ssh to read.
     portable.set_pipe_size(popen.stdin.fileno(), max(len(frame) + 4096, 1 << 16))
@@ -220,8 +221,8 @@ class Connections:
         master = self.masters[host.name]
         if line:
             try:
-                return wire.parse_preflight_answer(line)
-            except wire.WireError:
+                return preflight.parse_preflight_answer(line)
+            except encoding.WireError:
                 raise LaunchError(f"{host.name}: unexpected preflight answer {line[:200]!r}") from None
         if line is None:
             master.kill()
@@ -265,7 +266,7 @@ class Connections:
         where = contract.join_address(address, port)
         return where, where
 
-    def ask(self, requests: Mapping[str, wire.Message], within: float) -> dict[str, wire.Message | None]:
+    def ask(self, requests: Mapping[str, encoding.Message], within: float) -> dict[str, encoding.Message | None]:
         """Send each named host's preflight session one request (see
         :mod:`jaxrun.backends.ssh.preflight`), all at once, and wait for the
         replies together: {host: reply, or None for none within ``within`` seconds}."""
@@ -279,14 +280,14 @@ class Connections:
                 answers[name] = b""
                 continue
             readers.append(start_thread(f"ssh-ask:{name}", read_answer, master.stdout, answers, name,
-                                        wire.PREFLIGHT_REPLY,
+                                        preflight.PREFLIGHT_REPLY,
                                         self.unread.pop(name, 0), hooks=self.hooks))
         wait_until(lambda: not any(r.is_alive() for r in readers), self.hooks, within)
         return {name: read_reply(answers.get(name)) for name in requests}
 
-    def tell(self, name: str, request: wire.Message) -> None:
+    def tell(self, name: str, request: encoding.Message) -> None:
         """A request whose reply nobody waits for: the next ``ask`` of that
-        host skips it (replies come in order).  ``wire.Unlisten`` lets the
+        host skips it (replies come in order).  ``preflight.Unlisten`` lets the
         port go long before process 0, still to start, binds it."""
         try:
             self.masters[name].stdin.write(request.line())
@@ -297,11 +298,11 @@ class Connections:
     def _hold_port(self, host: Host, address: str, port: int, what: str) -> int:
         """Listen on ``address``:``port`` on ``host`` (0: a free port) until the
         next request to that host; the port."""
-        reply = self.ask({host.name: wire.Listen(address, port)},
+        reply = self.ask({host.name: preflight.Listen(address, port)},
                          self.settings.connect_timeout + PREFLIGHT_SLACK)[host.name]
         if reply is None:
             raise LaunchError(f"{what}: no answer from {host.name} while looking for a free port")
-        if not isinstance(reply, wire.Listening):
+        if not isinstance(reply, preflight.Listening):
             raise LaunchError(f"{what}: cannot listen on {address}:{port} on {host.name} ({_reason(reply)})")
         return reply.port
 
@@ -313,16 +314,16 @@ class Connections:
         limit = self.settings.connect_timeout
         others = {h.name for h in self.hosts if h.name != first.name}
         try:
-            replies = self.ask({name: wire.Connect(address, port, limit) for name in others},
+            replies = self.ask({name: preflight.Connect(address, port, limit) for name in others},
                                limit + PREFLIGHT_SLACK)
         finally:
-            self.tell(first.name, wire.Unlisten())
+            self.tell(first.name, preflight.Unlisten())
         problems = []
         for name in sorted(others, key=[h.name for h in self.hosts].index):
             reply = replies[name]
             if reply is None:
                 problems.append(f"{name}: no answer while checking that it reaches the coordinator")
-            elif not isinstance(reply, wire.Reached):
+            elif not isinstance(reply, preflight.Reached):
                 problems.append(f"{name}: cannot reach the coordinator at {address}:{port} on {first.name} "
                                 f"({_reason(reply)}); check firewalls, or pass --coordinator HOST:PORT")
         if problems:
@@ -396,10 +397,10 @@ def ping(path: str) -> bool:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(PING_WAIT)
             sock.connect(path)
-            sock.sendall(wire.Channel("", wire.PING).line())
+            sock.sendall(ssh.Channel("", ssh.PING).line())
             answer = b""
-            while len(answer) < len(wire.CHANNEL_PONG) and (data := sock.recv(64)):
+            while len(answer) < len(ssh.CHANNEL_PONG) and (data := sock.recv(64)):
                 answer += data
-            return answer == wire.CHANNEL_PONG
+            return answer == ssh.CHANNEL_PONG
     except OSError:
         return False

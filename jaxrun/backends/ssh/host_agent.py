@@ -8,15 +8,15 @@ to it over the host's ControlMaster (``ssh -O forward -L LOCAL:REMOTE``), so
 that each connection it opens there is a new channel of the SSH connection
 that already exists: no session, no remote shell (and its rc files), no
 interpreter per process.  A process costs three connections, each opened by a
-``wire.Channel`` line with the process's key:
+``ssh.Channel`` line with the process's key:
 
 - ``stdout`` and ``stderr`` become the controller's own stdout and stderr:
   its bytes travel unchanged, never through this process;
-- ``ctrl`` carries a ``wire.Spawn`` line (what to run, the environment it
-  adds, the folder, the host's preloading server), then ``wire.Signal`` lines
+- ``ctrl`` carries a ``ssh.Spawn`` line (what to run, the environment it
+  adds, the folder, the host's preloading server), then ``ssh.Signal`` lines
   for the controller's group; its EOF kills the group.  The agent answers
-  with a ``wire.Started`` line (the controller's own pid, for the reports)
-  once it runs, and one ``wire.Exit`` line once it has ended.
+  with a ``ssh.Started`` line (the controller's own pid, for the reports)
+  once it runs, and one ``ssh.Exit`` line once it has ended.
 
 Each controller is run by ``far_end.run``, with an ``session_agent.SshHome`` on
 its channels, as a session agent runs it on the session's streams: its error
@@ -41,10 +41,11 @@ import tempfile
 import threading
 import time
 
-from jaxrun import portable, wire
+from jaxrun import portable
 from jaxrun.backends import far_end
 from jaxrun.backends.ssh import session_agent as ssh_agent
 from jaxrun.core import reaper
+from jaxrun.wire import encoding, ssh
 
 HEADER_WAIT = 10.0  # for a connection's first lines, from its accept
 REPORT_WAIT = 2.0  # at the end, for the controllers just killed to be reported
@@ -55,10 +56,10 @@ def read_line(conn: socket.socket, buffered: bytes = b"") -> tuple[bytes, bytes]
     """The next line from ``conn`` and the bytes read past it."""
     while b"\n" not in buffered:
         if len(buffered) > MAX_LINE:
-            raise wire.WireError("line too long")
+            raise encoding.WireError("line too long")
         data = conn.recv(1 << 16)
         if not data:
-            raise wire.WireError("connection closed before a whole line")
+            raise encoding.WireError("connection closed before a whole line")
         buffered += data
     line, _, rest = buffered.partition(b"\n")
     return line, rest
@@ -79,7 +80,7 @@ class HostAgent:
             shutil.rmtree(self.folder, ignore_errors=True)
             raise
         self.lock = threading.Lock()
-        self.waiting: dict[str, dict[str, tuple[socket.socket, bytes, wire.Spawn | None]]] = {}
+        self.waiting: dict[str, dict[str, tuple[socket.socket, bytes, ssh.Spawn | None]]] = {}
         self.running: dict[str, far_end.Controller | None] = {}  # key -> its controller, once started
         self.threads: dict[str, threading.Thread] = {}  # key -> the thread that runs it
         self.stopped = False
@@ -103,26 +104,26 @@ class HostAgent:
         conn.settimeout(HEADER_WAIT)
         try:
             line, rest = read_line(conn)
-            hello = wire.decode(line)
-            if not isinstance(hello, wire.Channel) or hello.role not in wire.Channel.ROLES:
-                raise wire.WireError("not a channel")
-            if hello.role == wire.PING:
-                conn.sendall(wire.CHANNEL_PONG)
+            hello = encoding.decode(line)
+            if not isinstance(hello, ssh.Channel) or hello.role not in ssh.Channel.ROLES:
+                raise encoding.WireError("not a channel")
+            if hello.role == ssh.PING:
+                conn.sendall(ssh.CHANNEL_PONG)
                 conn.close()
                 return
             spawn = None
-            if hello.role == wire.CONTROL:
+            if hello.role == ssh.CONTROL:
                 line, rest = read_line(conn, rest)
-                spawn = wire.decode(line)
-                if not isinstance(spawn, wire.Spawn):
-                    raise wire.WireError("no spawn line")
+                spawn = encoding.decode(line)
+                if not isinstance(spawn, ssh.Spawn):
+                    raise encoding.WireError("no spawn line")
             conn.settimeout(None)
-        except (OSError, wire.WireError):
+        except (OSError, encoding.WireError):
             conn.close()
             return
         self._offer(hello.key, hello.role, (conn, rest, spawn))
 
-    def _offer(self, key: str, role: str, part: tuple[socket.socket, bytes, wire.Spawn | None]) -> None:
+    def _offer(self, key: str, role: str, part: tuple[socket.socket, bytes, ssh.Spawn | None]) -> None:
         """Keep a process's connection until it has all three; then run it,
         in this thread."""
         with self.lock:
@@ -139,7 +140,7 @@ class HostAgent:
         self._run(key, parts)
 
     def _run(self, key: str, parts: dict) -> None:
-        (out, _, _), (err, _, _), (ctrl, pending, spawn) = parts[wire.STDOUT], parts[wire.STDERR], parts[wire.CONTROL]
+        (out, _, _), (err, _, _), (ctrl, pending, spawn) = parts[ssh.STDOUT], parts[ssh.STDERR], parts[ssh.CONTROL]
         env = dict(self.env)
         env.update(spawn.env)
         code = -signal.SIGKILL
@@ -154,7 +155,7 @@ class HostAgent:
             try:
                 # The code alone: an older launcher reads no more fields (the
                 # end's facts went home on stderr, the pid in Started).
-                ctrl.sendall(wire.Exit(code).line())
+                ctrl.sendall(ssh.Exit(code).line())
             except OSError:
                 pass  # the launcher is gone
             ctrl.close()
@@ -164,7 +165,7 @@ class HostAgent:
 
     def _started(self, key: str, controller: far_end.Controller, ctrl: socket.socket) -> None:
         try:  # this thread alone writes to ctrl: the Exit line comes later, from it too
-            ctrl.sendall(wire.Started(controller.pid).line())
+            ctrl.sendall(ssh.Started(controller.pid).line())
         except OSError:
             pass  # the launcher is gone; the listener hears the EOF and kills the group
         with self.lock:

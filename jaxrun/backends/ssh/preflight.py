@@ -5,20 +5,20 @@ stub that reads the environment from stdin and calls :func:`main` once it
 has found this host's jaxrun, of the launcher's version.  By hand, with the
 environment as it is: ``python -m jaxrun.backends.ssh.preflight --chdir=DIR``.
 
-It answers one line (``wire.preflight_answer``, keyed by
-``wire.PreflightKey``): the versions of python, jax and jaxlib, the address
+It answers one line (``preflight.preflight_answer``, keyed by
+``preflight.PreflightKey``): the versions of python, jax and jaxlib, the address
 the launcher reached the host at, whether the job's folder and script are
 there, rsync, the machine and its GPUs.  Then it holds the connection until
 EOF and answers the launcher's requests on stdin, one line each way (a
-``wire.PREFLIGHT_REPLY`` line each), so that finding the coordinator's port
+``preflight.PREFLIGHT_REPLY`` line each), so that finding the coordinator's port
 and checking that every host reaches it cost no session and no interpreter
 start of their own:
 
-    wire.Listen(address, port)        -> wire.Listening(port), held until the next request
-    wire.Connect(address, port, secs) -> wire.Reached()
-    wire.Unlisten()                   -> wire.Closed()
+    preflight.Listen(address, port)        -> preflight.Listening(port), held until the next request
+    preflight.Connect(address, port, secs) -> preflight.Reached()
+    preflight.Unlisten()                   -> preflight.Closed()
 
-and ``wire.Failed(reason)`` for a request that fails.  With ``--hold`` (the
+and ``preflight.Failed(reason)`` for a request that fails.  With ``--hold`` (the
 first host) it listens on a free port of the address the launcher reached it
 at before it answers, and says which: one request fewer.
 
@@ -44,19 +44,20 @@ import sys
 from importlib import metadata
 
 import jaxrun
-from jaxrun import contract, wire
-from jaxrun.wire import PreflightKey as Key
+from jaxrun import contract
+from jaxrun.wire import encoding, preflight
+from jaxrun.wire.preflight import PreflightKey as Key
 
 GPU_LIST_WAIT = 20.0  # for nvidia-smi -L, whose driver may be slow to wake
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=f"python -m {contract.SSH_PREFLIGHT_MODULE}", allow_abbrev=False)
-    parser.add_argument(wire.PREFLIGHT_CHDIR, dest="chdir", default="", metavar="FOLDER")
-    parser.add_argument(wire.PREFLIGHT_SCRIPT, dest="script", default="", metavar="PATH")
-    parser.add_argument(wire.PREFLIGHT_SYNC, dest="sync", action="store_true")
-    parser.add_argument(wire.PREFLIGHT_HOLD, dest="hold", action="store_true")
-    parser.add_argument(wire.PREFLIGHT_SERVER, dest="server", nargs="+", default=[], metavar="WORD",
+    parser.add_argument(preflight.PREFLIGHT_CHDIR, dest="chdir", default="", metavar="FOLDER")
+    parser.add_argument(preflight.PREFLIGHT_SCRIPT, dest="script", default="", metavar="PATH")
+    parser.add_argument(preflight.PREFLIGHT_SYNC, dest="sync", action="store_true")
+    parser.add_argument(preflight.PREFLIGHT_HOLD, dest="hold", action="store_true")
+    parser.add_argument(preflight.PREFLIGHT_SERVER, dest="server", nargs="+", default=[], metavar="WORD",
                         help="the preloading server's socket name, then its modules")
     return parser.parse_args(argv)
 
@@ -162,17 +163,17 @@ def listen(address: str, port: int) -> socket.socket:
     return sock
 
 
-def answer(request: wire.Message) -> tuple[wire.Message, socket.socket | None]:
+def answer(request: encoding.Message) -> tuple[encoding.Message, socket.socket | None]:
     """The reply to one request, and the socket it leaves listening, if any."""
-    if isinstance(request, wire.Listen):
+    if isinstance(request, preflight.Listen):
         held = listen(request.address, request.port)
-        return wire.Listening(held.getsockname()[1]), held
-    if isinstance(request, wire.Connect):
+        return preflight.Listening(held.getsockname()[1]), held
+    if isinstance(request, preflight.Connect):
         socket.create_connection((request.address, request.port), timeout=request.seconds).close()
-        return wire.Reached(), None
-    if isinstance(request, wire.Unlisten):
-        return wire.Closed(), None
-    return wire.Failed(f"unknown request {request.WORD!r}"), None
+        return preflight.Reached(), None
+    if isinstance(request, preflight.Unlisten):
+        return preflight.Closed(), None
+    return preflight.Failed(f"unknown request {request.WORD!r}"), None
 
 
 def serve(requests, out, held: socket.socket | None = None) -> None:
@@ -183,10 +184,10 @@ def serve(requests, out, held: socket.socket | None = None) -> None:
             held.close()
             held = None
         try:
-            reply, held = answer(wire.decode(line))
+            reply, held = answer(encoding.decode(line))
         except (OSError, ValueError, TypeError, OverflowError) as e:  # a WireError is a ValueError
-            reply = wire.Failed(getattr(e, "strerror", None) or str(e) or type(e).__name__)
-        out.write(wire.PREFLIGHT_REPLY + reply.line())
+            reply = preflight.Failed(getattr(e, "strerror", None) or str(e) or type(e).__name__)
+        out.write(preflight.PREFLIGHT_REPLY + reply.line())
         out.flush()
     if held is not None:
         held.close()
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             pass  # the launcher asks again, and hears why
     out = sys.stdout.buffer
-    out.write(wire.preflight_answer(facts))
+    out.write(preflight.preflight_answer(facts))
     out.flush()
     serve(sys.stdin.buffer, out, held)
     if agent is not None:

@@ -7,7 +7,7 @@ stdin, stdout and stderr, and, where a server refuses channels, in a session
 of the process's own, run by this module's session agent, as described here.
 
 Started by the launcher over SSH, once its environment has arrived on stdin
-(see ``ssh_commands.RUN_MODULE``), as::
+(see ``commands.RUN_MODULE``), as::
 
     python -m jaxrun.backends.ssh.session_agent [--chdir DIR] -- PYTHON -m jaxrun.shim ...
 
@@ -16,7 +16,7 @@ so this module gives the launcher a handle on the remote process:
 
 - The shim runs in a process group of its own, with stdout and stderr passed
   straight through (the bytes are never touched here).
-- Each line on stdin is a :class:`jaxrun.wire.Signal`, which is sent to the
+- Each line on stdin is a :class:`jaxrun.wire.ssh.Signal`, which is sent to the
   whole group.
 - EOF on stdin means the launcher closed the channel, died, or the connection
   dropped: the group is SIGKILLed at once.
@@ -30,10 +30,10 @@ with whatever else is left once the shim ends.
 The shim's error record goes to a private file on this host; once the shim
 and everything it started are gone, the agent sends it home, with the
 resources the shim used (``core.usage``), as the last bytes on stderr
-(``wire.home_report``), which the launcher takes off the stream.
+(``ssh.home_report``), which the launcher takes off the stream.
 
 When the controller arrives at the job's rendezvous (its joined file appears
-in the same private folder), the agent writes ``wire.JOINED_MARKER`` on stderr
+in the same private folder), the agent writes ``ssh.JOINED_MARKER`` on stderr
 once, which the launcher also takes off the stream.
 
 The exit status is the shim's, or 128+N when it died of signal N, since SSH
@@ -45,15 +45,16 @@ from __future__ import annotations
 import os
 import sys
 
-from jaxrun import contract, wire
+from jaxrun import contract
 from jaxrun.backends import far_end
 from jaxrun.core import reaper
+from jaxrun.wire import encoding, ssh
 
 USAGE = f"usage: python -m {contract.SSH_AGENT_MODULE} [--chdir DIR] [--forkserver NAME] -- COMMAND..."
 
 
 class SshHome:
-    """The SSH far end's side of the launcher: ``wire.Signal`` lines read
+    """The SSH far end's side of the launcher: ``ssh.Signal`` lines read
     from ``control`` (stdin, or a host agent's control channel; ``pending``:
     bytes of it read already), whose EOF means the launcher is gone; the join
     and the report home written on ``err``, the controller's own stderr."""
@@ -69,9 +70,9 @@ class SshHome:
             *lines, pending = pending.split(b"\n")
             for raw in lines:
                 try:
-                    msg = wire.decode(raw)
-                    signum = msg.signum if isinstance(msg, wire.Signal) else None
-                except wire.WireError:
+                    msg = encoding.decode(raw)
+                    signum = msg.signum if isinstance(msg, ssh.Signal) else None
+                except encoding.WireError:
                     signum = None  # an unknown line is not worth a crash mid-run
                 if signum is not None:
                     controller.signal(signum)
@@ -87,10 +88,10 @@ class SshHome:
     def joined(self, recoverable: bool) -> None:
         """The marker in one write: a pipe never splits it, nor mixes it with
         the controller's own writes to the same stderr."""
-        os.write(self.err, wire.JOINED_RECOVERABLE_MARKER if recoverable else wire.JOINED_MARKER)
+        os.write(self.err, ssh.JOINED_RECOVERABLE_MARKER if recoverable else ssh.JOINED_MARKER)
 
     def activity(self, state: str) -> None:
-        os.write(self.err, wire.ACTIVITY_MARKERS[state])  # one write, as the joined marker
+        os.write(self.err, ssh.ACTIVITY_MARKERS[state])  # one write, as the joined marker
 
     def cannot_start(self, command: list[str], error: OSError) -> None:
         far_end.write_all(self.err, f"jaxrun: cannot start {command[0]!r} on this host: {error.strerror}\n".encode())
@@ -101,7 +102,7 @@ class SshHome:
         controller's own pid and the time of its end, as the last bytes on
         stderr."""
         sys.stderr.flush()
-        far_end.write_all(self.err, wire.home_report(record.to_json() if record else None,
+        far_end.write_all(self.err, ssh.home_report(record.to_json() if record else None,
                                                      used.to_dict() if used else None,
                                                      pid=reaped.pid, reaped_at=reaped.at, clock=reaped.clock))
 

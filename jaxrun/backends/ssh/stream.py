@@ -5,12 +5,12 @@ The agent that runs a controller on a host (``far_end.run`` with
 back to the launcher but the controller's own stderr, so it writes two
 things there:
 
-- ``wire.JOINED_MARKER``, once, in one write, when the controller arrives at
-  the job's rendezvous, and ``wire.ACTIVITY_MARKERS``, each time its
+- ``ssh.JOINED_MARKER``, once, in one write, when the controller arrives at
+  the job's rendezvous, and ``ssh.ACTIVITY_MARKERS``, each time its
   sampler changes between busy and idle (``--stall-timeout``).  A marker may
   land anywhere, even inside a line of the process's own, and a read may
   cut it in two;
-- the report home (``wire.home_report``): the error record, the resources,
+- the report home (``ssh.home_report``): the error record, the resources,
   the controller's own pid and when its end was seen there, as the very
   last bytes, once the controller and what it started are gone.
 
@@ -19,7 +19,7 @@ loses a byte of the process's own: bytes that may begin a marker are held
 until the next read shows what they are, and from the report home's mark on
 everything is held until the end of the stream, since a mark followed by
 more bytes was the process's own after all.  A "report" longer than
-``wire.MAX_HOME_REPORT`` is let go at once, so a process that prints the
+``ssh.MAX_HOME_REPORT`` is let go at once, so a process that prints the
 mark (a hex dump of jaxrun's own stream, say) costs no unbounded memory.
 
 The facts go where every backend puts them: a join and each change of
@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import threading
 
-from jaxrun import contract, wire
+from jaxrun import contract
 from jaxrun.core.backend import News
+from jaxrun.wire import ssh
 
 # The in-band markers, with the state each activity marker tells (None: the join).
-MARKERS = {wire.JOINED_MARKER: False, wire.JOINED_RECOVERABLE_MARKER: True,
-           **{m: state for state, m in wire.ACTIVITY_MARKERS.items()}}
+MARKERS = {ssh.JOINED_MARKER: False, ssh.JOINED_RECOVERABLE_MARKER: True,
+           **{m: state for state, m in ssh.ACTIVITY_MARKERS.items()}}
 MARKER_HEAD = b"\x00\x1bjaxrun-"  # what every marker begins with
 assert all(m.startswith(MARKER_HEAD) for m in MARKERS)
 
@@ -49,7 +50,7 @@ class AgentStderr:
         self.news = news
         self.error_file = error_file  # the launcher's, for the record that comes home
         self.resources: contract.Resources | None = None  # what came home, once closed
-        self.facts: dict = {}  # the end's facts that came home (wire.HOME_REPORT_FACTS), once closed
+        self.facts: dict = {}  # the end's facts that came home (ssh.HOME_REPORT_FACTS), once closed
         self.came_home = False  # a report home was read: the far end saw the controller's end
         self.closed = threading.Event()  # the end of the stream was read: nothing more will come
         self._join_held = b""  # what may begin a marker
@@ -93,7 +94,7 @@ class AgentStderr:
                 continue
             out.append(data[at:found])
             at = found + len(marker)
-            if marker in (wire.JOINED_MARKER, wire.JOINED_RECOVERABLE_MARKER):
+            if marker in (ssh.JOINED_MARKER, ssh.JOINED_RECOVERABLE_MARKER):
                 self.news.joined(MARKERS[marker])
             else:
                 self.news.activity(MARKERS[marker])
@@ -106,11 +107,11 @@ class AgentStderr:
             return b""
         if self._tail is not None:
             self._tail += data
-            if len(self._tail) <= wire.MAX_HOME_REPORT:
+            if len(self._tail) <= ssh.MAX_HOME_REPORT:
                 return b""
             data, self._tail = bytes(self._tail), None  # too long for a report: the process's bytes
             return data
-        marker = wire.HOME_REPORT_MARK
+        marker = ssh.HOME_REPORT_MARK
         data, self._held = self._held + data, b""
         at = data.find(marker)
         if at >= 0:
@@ -127,7 +128,7 @@ class AgentStderr:
         else held back was the process's own and goes to the log after all."""
         rest, self._held = self._held, b""
         if self._tail is not None:
-            report = wire.parse_home_report(bytes(self._tail))
+            report = ssh.parse_home_report(bytes(self._tail))
             if report is None:
                 rest += bytes(self._tail)
             else:

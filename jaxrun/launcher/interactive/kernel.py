@@ -3,10 +3,11 @@
 A kernelspec written by ``jaxrun kernel install`` starts this module with
 the launch options it names.  The kernel runs ``jaxrun LAUNCH OPTIONS -i``
 behind it, through the same launch as the console, with the pipe frontend
-(``launcher.interactive.frontend.Pipe``): one cell a JSON line in, every process's
-result a line out.  The merged streams become the cell's stream output; the
-last expression's value and what ``IPython.display.display`` showed come from
-process 0; a cell that raised in any process ends in error, naming the ranks.
+(``launcher.interactive.frontend.Pipe``): one cell an ``Execute`` line in,
+every process's result a ``Reply`` line out (:mod:`jaxrun.wire.console`).
+The merged streams become the cell's stream output; the last expression's
+value and what ``IPython.display.display`` showed come from process 0; a cell
+that raised in any process ends in error, naming the ranks.
 
 An interrupt (SIGINT to the kernel) goes to jaxrun, which sends it to every
 process; a shutdown ends the session and waits for every process to end; a
@@ -17,7 +18,6 @@ This is the one module that imports ipykernel (``pip install 'jaxrun[jupyter]'``
 
 from __future__ import annotations
 
-import json
 import re
 import signal
 import subprocess
@@ -25,8 +25,8 @@ import sys
 import threading
 
 from jaxrun import __version__
-from jaxrun.contract import console as messages
 from jaxrun.launcher.interactive import merge
+from jaxrun.wire import console, encoding
 
 END_WAIT = 15.0  # after the session is asked to end, how long jaxrun may take before SIGTERM
 JOINED = re.compile(r"jaxrun: \d+/\d+ processes joined")
@@ -79,9 +79,15 @@ def kernel_class():
             if text:
                 self.send_response(self.iopub_socket, "stream", {"name": "stderr", "text": text})
 
-        def _reply(self) -> dict | None:
+        def _reply(self, kind: type[encoding.Message]):
+            """jaxrun's next line, which must be a ``kind``; None once its output has ended."""
             line = self.jaxrun.stdout.readline()
-            return json.loads(line) if line else None
+            if not line:
+                return None
+            said = encoding.decode(line)
+            if not isinstance(said, kind):
+                raise encoding.WireError(f"jaxrun said {said.WORD} where {kind.WORD} belongs")
+            return said
 
         def _ended(self) -> dict:
             code = self.jaxrun.wait()
@@ -100,20 +106,20 @@ def kernel_class():
             if self.jaxrun.poll() is not None:
                 return self._ended()
             if not self.ready:
-                if self._reply() is None:
+                if self._reply(console.SessionReady) is None:
                     return self._ended()
                 self.ready = True
                 with self.errors_lock:  # the start-up's progress is no output of the first cell
                     self.errors[:] = [line for line in self.errors if not JOINED.match(line)]
             try:
-                self.jaxrun.stdin.write(json.dumps({"code": code, "mode": messages.CELL}).encode() + b"\n")
+                self.jaxrun.stdin.write(console.Execute(code, console.CELL).line())
                 self.jaxrun.stdin.flush()
             except OSError:
                 return self._ended()
-            data = self._reply()
-            if data is None:
+            reply = self._reply(console.Reply)
+            if reply is None:
                 return self._ended()
-            results = messages.decode_reply(json.dumps(data).encode()).results
+            results = reply.results
             self._flush_stderr()
             if not silent:
                 self._publish(results)

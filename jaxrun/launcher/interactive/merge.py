@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from jaxrun.contract import console as session
 from jaxrun.core.ranks import format_ranks
+from jaxrun.wire import console
 
 
 def label(ranks: Iterable[int]) -> str:
@@ -45,19 +45,19 @@ def merge(texts: Sequence[tuple[int, str]]) -> str:
     return "".join(marked(ranks, text) for ranks, text in groups(texts))
 
 
-def render(results: Sequence[session.Result]) -> tuple[str, str]:
+def render(results: Sequence[console.Result]) -> tuple[str, str]:
     """(what goes to stdout, what goes to stderr) for one statement."""
     out = merge([(r.rank, r.out) for r in results])
     err = merge([(r.rank, r.err) for r in results]) + merge([(r.rank, r.error or "") for r in results])
     return out, err
 
 
-def raised(results: Sequence[session.Result]) -> list[tuple[tuple[int, ...], str]]:
+def raised(results: Sequence[console.Result]) -> list[tuple[tuple[int, ...], str]]:
     """Each distinct traceback with the ranks that raised it."""
     return groups([(r.rank, r.error or "") for r in results])
 
 
-def error_summary(results: Sequence[session.Result]) -> tuple[str, str] | None:
+def error_summary(results: Sequence[console.Result]) -> tuple[str, str] | None:
     """(exception name, one line naming the ranks) when any process raised."""
     failed = [r for r in results if r.error]
     if not failed:

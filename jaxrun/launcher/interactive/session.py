@@ -6,8 +6,8 @@ process 0 runs (or, under a scheduler, this host's own name, as the task
 channel does).  Process 0
 connects and proves itself with the session's secret, which travels in its
 environment only; a connection with a wrong secret is dropped.  Then each
-statement goes out as a ``Request`` and comes back as one ``Reply`` with
-every process's result (``jaxrun.contract.console``).
+statement goes out as an ``Execute`` and comes back as one ``Reply`` with
+every process's result (``jaxrun.wire.console``).
 
 Every wait here is short and asks the caller whether to go on, so that a
 run that ended (a process died) or a Ctrl-C is heard at once.
@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable
 
 from jaxrun import contract
-from jaxrun.contract import console as messages
 from jaxrun.core.spec import LaunchOptions
+from jaxrun.wire import console, encoding
 
 TICK = 0.25  # seconds between two looks at the caller's ``go_on``
 HELLO_WAIT = 5.0  # a connection that sends no hello in this long is dropped
@@ -114,28 +114,30 @@ class Session:
                 if not chunk:
                     return False
                 line += chunk
-            hello = messages.decode_hello(line)
-        except (OSError, ValueError, TypeError):
+            hello = encoding.decode(line)
+        except (OSError, encoding.WireError):
+            return False
+        if not isinstance(hello, console.SessionHello) or not isinstance(hello.secret, str):
             return False
         conn.settimeout(None)
-        given = hello.secret.encode("utf-8", "surrogatepass") if isinstance(hello.secret, str) else b""
+        given = hello.secret.encode("utf-8", "surrogatepass")
         return secrets.compare_digest(given, self.secret.encode())
 
-    def run(self, code: str, mode: str, go_on: Callable[[], bool]) -> messages.Reply | None:
+    def run(self, code: str, mode: str, go_on: Callable[[], bool]) -> console.Reply | None:
         """Send one statement; its reply, or None when the link is gone or
         ``go_on`` says to give up."""
-        request = messages.Request(messages.RUN, self.number, code, mode)
+        request = console.Execute(code, mode, self.number)
         self.number += 1
         try:
-            self.link.sendall(messages.encode(request))
+            self.link.sendall(request.line())
         except OSError:
             return None
         while True:
             line = self._line(go_on)
             if line is None:
                 return None
-            reply = messages.decode_reply(line)
-            if reply.number == request.number:
+            reply = encoding.decode(line)
+            if isinstance(reply, console.Reply) and reply.number == request.number:
                 return reply
 
     def _line(self, go_on: Callable[[], bool]) -> bytes | None:
@@ -149,7 +151,7 @@ class Session:
                 chunk = self.link.recv(1 << 20)
             except OSError:
                 return None
-            if not chunk or len(self.buffer) > messages.MAX_LINE:
+            if not chunk or len(self.buffer) > console.MAX_LINE:
                 return None
             self.buffer += chunk
         line, _, self.buffer = self.buffer.partition(b"\n")
@@ -160,7 +162,7 @@ class Session:
         if self.link is None:
             return
         try:
-            self.link.sendall(messages.encode(messages.Request(messages.QUIT, self.number)))
+            self.link.sendall(console.Quit(self.number).line())
         except OSError:
             pass
 

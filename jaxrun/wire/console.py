@@ -1,55 +1,63 @@
 """The interactive session's messages (``jaxrun -i`` and the Jupyter kernel).
 
 The launcher talks to process 0 only, over one TCP connection that process 0
-opens to the launcher's listener (``CONSOLE_ADDRESS``).  Its first line is a
-``Hello`` carrying the session's secret (``CONSOLE_SECRET``); the launcher
-drops a connection whose secret is wrong.  Then the launcher sends one
-``Request`` per statement (or cell) and process 0 answers each with one
-``Reply``: the ``Result`` of every process, in rank order.
+opens to the launcher's listener (``contract.CONSOLE_ADDRESS``).  Its first
+line is a ``SessionHello`` carrying the session's secret
+(``contract.CONSOLE_SECRET``); the launcher drops a connection whose secret
+is wrong.  Then the launcher sends one ``Execute`` per statement (or cell)
+and process 0 answers each with one ``Reply``: the ``Result`` of every
+process, in rank order.  A ``Quit`` ends the session.
 
 Process 0 hands each request to the other processes, and they hand their
 results back, through JAX's coordination service key-value store, under the
 keys below: every process that joined a job has that store, whatever started
 it (a fork here, SSH, Slurm, mpirun, Ray).
 
-The launcher imports no ``jaxrun.wire`` (its backends do), so these messages
-live in the contract, which both sides read.  Each one is a JSON object on
-one line.
+The kernel (``launcher/interactive/kernel.py``) speaks the same words with
+``jaxrun -i``'s pipe frontend, on its stdin and stdout: ``SessionReady`` once
+process 0 is there, then an ``Execute`` in and a ``Reply`` out per cell.
 """
 
-from __future__ import annotations
-
-import dataclasses
-import json
-from typing import Any
+from jaxrun.wire.encoding import Message, message
 
 # A request's modes: "single" as Python's console compiles a statement (an
 # expression's value is printed); "cell" as a notebook runs a cell (the last
 # expression's value is the cell's result, not printed).
 SINGLE = "single"
 CELL = "cell"
-RUN = "run"
-QUIT = "quit"
 # The most text one process sends back for one statement, per stream.
 MAX_TEXT = 1 << 18
 MAX_LINE = 1 << 26  # a longer line is no message of a session's
 
 
-@dataclasses.dataclass(frozen=True)
-class Hello:
+@message("session-hello")
+class SessionHello(Message):
     secret: str
 
 
-@dataclasses.dataclass(frozen=True)
-class Request:
-    op: str  # RUN or QUIT
-    number: int = 0  # counts the session's requests from 0
-    code: str = ""
+@message("session-ready")
+class SessionReady(Message):
+    """The pipe frontend's first line: process 0 is there, cells may come."""
+
+
+@message("execute")
+class Execute(Message):
+    """Run ``code`` in every process."""
+
+    code: str
     mode: str = SINGLE
+    number: int = 0  # counts the session's requests from 0 (the launcher's session numbers them)
 
 
-@dataclasses.dataclass(frozen=True)
-class Result:
+@message("quit")
+class Quit(Message):
+    """End the session: every process exits 0."""
+
+    number: int = 0
+
+
+@message("result")
+class Result(Message):
     """What one process's run of one request gave."""
 
     rank: int
@@ -60,42 +68,19 @@ class Result:
     value: dict | None = None  # cell mode, process 0: the last expression's MIME bundle
     displays: tuple = ()  # process 0: the MIME bundles it displayed, in order
 
+    def __post_init__(self):
+        object.__setattr__(self, "displays", tuple(self.displays or ()))
 
-@dataclasses.dataclass(frozen=True)
-class Reply:
+
+@message("reply")
+class Reply(Message):
     number: int
     results: tuple[Result, ...]
 
-
-def encode(message: Hello | Request | Reply | Result) -> bytes:
-    return json.dumps(dataclasses.asdict(message), separators=(",", ":")).encode() + b"\n"
-
-
-def _fields(cls, data: Any) -> dict:
-    if not isinstance(data, dict):
-        raise ValueError(f"not a {cls.__name__}")
-    names = {f.name for f in dataclasses.fields(cls)}
-    return {k: v for k, v in data.items() if k in names}
-
-
-def decode_hello(line: bytes) -> Hello:
-    return Hello(**_fields(Hello, json.loads(line)))
-
-
-def decode_request(line: bytes | str) -> Request:
-    return Request(**_fields(Request, json.loads(line)))
-
-
-def decode_result(data: Any) -> Result:
-    fields = _fields(Result, data)
-    fields["displays"] = tuple(fields.get("displays") or ())
-    return Result(**fields)
-
-
-def decode_reply(line: bytes) -> Reply:
-    data = json.loads(line)
-    fields = _fields(Reply, data)
-    return Reply(int(fields["number"]), tuple(decode_result(r) for r in fields["results"]))
+    def __post_init__(self):
+        # Each result travels as its fields; a reply rebuilds them.
+        results = tuple(r if isinstance(r, Result) else Result(*r) for r in self.results)
+        object.__setattr__(self, "results", results)
 
 
 # -- the key-value store ------------------------------------------------------------

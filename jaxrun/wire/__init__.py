@@ -1,0 +1,27 @@
+"""Every message between two of jaxrun's processes, one module per protocol,
+each imported by both of its ends, so that a message is spelled once:
+
+- ``encoding``: the one encoding (``message``, ``Message``, ``decode``,
+  ``WireError``; a line per message, or a frame where file descriptors
+  travel with it);
+- ``forkserver``: the fork server's frames;
+- ``ssh``: the SSH far ends' channels, ``Spawn``, signal lines, the
+  environment frame and the in-band markers and report home;
+- ``preflight``: what each SSH host checks before a launch;
+- ``tasks``: the scheduler task channel (srun, mpirun, a Ray actor);
+- ``console``: the interactive session (``jaxrun -i``, the Jupyter kernel);
+- ``controller``: the words every far end says about its controller (its
+  streams, ``Started``, ``Signal``, ``Exit``), which the protocols above
+  re-export.
+
+A caller imports the protocol it speaks (``from jaxrun.wire import encoding,
+tasks``) and names the words through it (``tasks.TaskHello``).  A backend that
+speaks only with a helper of its own may declare its words in its own module
+(``backends/ray/words.py``), with ``encoding.message``.
+"""
+
+# Each protocol comes with the package, so that ``encoding.decode`` knows every
+# word of this version of jaxrun, whichever protocol a process speaks itself.
+from jaxrun.wire import console, controller, encoding, forkserver, preflight, ssh, tasks
+
+__all__ = ["console", "controller", "encoding", "forkserver", "preflight", "ssh", "tasks"]
