@@ -51,7 +51,11 @@ def test_a_slow_placement_and_a_slow_start_count_against_the_timeout(tmp_path, r
     report = tmp_path / "report.json"
     done, _ = run_probe(tmp_path, PLACE, "--max-restarts", restarts, "--report", str(report))
     assert done.returncode == 124, done.stderr
-    assert "placed after" in done.stderr and "started" in done.stdout, done.stderr
+    assert "placed after" in done.stderr, done.stderr
+    # The slow start ended within the deadline: a process's one line, as the
+    # console prints it (both, unless a loaded machine held one back past it).
+    started = done.stdout.splitlines()
+    assert started and set(started) <= {"[0] started", "[1] started"}, done.stdout
     attempts = json.loads(report.read_text())["attempts"]
     assert len(attempts) == 1  # a timeout ends the run, restarts or not (docs/restarts.md)
     placing = float(re.search(r"placing at ([0-9.]+)", done.stderr).group(1))
