@@ -32,10 +32,11 @@ import pytest
 from fixtures.engines import BYTES_PROBE, bytes_payload
 from fixtures.jobs import ROOT, still_running
 
-from jaxrun import contract, wire
+from jaxrun import contract
 from jaxrun.backends.scheduler.options import SlurmOptions
 from jaxrun.backends.scheduler.slurm import SrunProcess
 from jaxrun.core.backend import RunHooks
+from jaxrun.wire import tasks
 
 SLURM = ["--launcher", "slurm"]
 FLOOD = 2000  # connections
@@ -330,8 +331,8 @@ def test_timeout_withdraws_a_queued_step(slurm_cluster, start_job, tmp_path):
 # What an injected fault raises (core.backend.start_thread).
 INJECTED = f"fault injected by {contract.INJECT_THREAD_FAULT}"
 # Every thread the scheduler backend starts, by the name the fault injection matches.
-SCHEDULER_THREADS = ["task-channel", "step-watcher", f"rank-0-{wire.CONTROL}", f"rank-1-{wire.STDOUT}",
-                     f"rank-0-{wire.STDERR}"]
+SCHEDULER_THREADS = ["task-channel", "step-watcher", f"rank-0-{tasks.CONTROL}", f"rank-1-{tasks.STDOUT}",
+                     f"rank-0-{tasks.STDERR}"]
 
 
 @pytest.mark.timeout(60)
