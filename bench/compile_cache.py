@@ -9,7 +9,7 @@ cache saves, are printed apart).  In attempt 0 the processes then meet at a
 barrier and process 0 raises, so the job restarts, and attempt 1 compiles
 the same program again.  Two contenders, run alternately: jaxrun's default
 (the attempts share a cache in the run's log folder), and the same run with
-JAX's cache turned off (``--env JAX_ENABLE_COMPILATION_CACHE=false``).
+JAX's cache turned off (``-x JAX_ENABLE_COMPILATION_CACHE=false``).
 
 The table shows, per contender, the median over the rounds of each
 attempt's compile and of the ratio restart/first: for process 0, which
@@ -69,7 +69,7 @@ PROGRAM = textwrap.dedent(
 
 CONTENDERS = {
     "shared cache": (),
-    "no cache": ("--env", "JAX_ENABLE_COMPILATION_CACHE=false"),
+    "no cache": ("-x", "JAX_ENABLE_COMPILATION_CACHE=false"),
 }
 LINE = re.compile(r"COMPILE attempt=(\d+) process=(\d+) compile=([\d.]+) lower=([\d.]+) hit=(\d+)")
 

@@ -52,7 +52,7 @@ def one_run(shared: Path) -> dict[str, float]:
         ckpt.mkdir()
         job = subprocess.Popen(
             [sys.executable, "-m", "jaxrun", "-n", "2", "--cpu-devices", "2", "-H", "hostE,hostF,hostG",
-             "--ssh-config", hosts.config, "--env", f"PYTHONPATH={ROOT}", "--env", "RESUME_STEP_SECONDS=0.25",
+             "--ssh-config", hosts.config, "-x", f"PYTHONPATH={ROOT}", "-x", "RESUME_STEP_SECONDS=0.25",
              "--max-restarts", "1", "--min-hosts", "2", "--log-dir", str(work / "logs"), "--report", str(report),
              RESUME, str(ckpt), str(STEPS)],
             cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)

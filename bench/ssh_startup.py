@@ -76,7 +76,7 @@ def main() -> None:
             spread = ",".join(f"{p.name}:{args.per_host}" for p in plans)
             base = dict(os.environ, BENCH_MESH=str(n))
             base.pop("JAXRUN_NO_PRELOAD", None)
-            jaxrun = JAXRUN + ["-H", spread, "--ssh-config", str(hosts.config), "--env", f"PYTHONPATH={ROOT}",
+            jaxrun = JAXRUN + ["-H", spread, "--ssh-config", str(hosts.config), "-x", f"PYTHONPATH={ROOT}",
                                "-x", "BENCH_MESH", "--cpu-devices", "1", "--log-dir", str(shared / "logs")]
 
             def hand_made() -> float:

@@ -1,6 +1,6 @@
 """A fault-tolerant JAX program: its processes do not share fate.
 
-    jaxrun -n 4 --cpu-devices 2 --max-restarts 1 --env CRASH_PROCESS=3 examples/recoverable.py
+    jaxrun -n 4 --cpu-devices 2 --max-restarts 1 -x CRASH_PROCESS=3 examples/recoverable.py
 
 JAX's pattern without collectives. Every process enables
 ``jax_enable_recoverability`` before it joins, then works on its own devices,

@@ -110,7 +110,7 @@ def jaxrun_command(opts: JaxrunMark, config: pytest.Config, nodeid: str, workdir
         "--output", "stream",  # the console hides stack dumps; they stay in the logs
         "--log-dir", os.path.join(workdir, "logs"),
         "--report", os.path.join(workdir, "report.json"),
-        "--env", f"{WORKDIR_ENV}={workdir}",  # where controllers note a skip
+        "-x", f"{WORKDIR_ENV}={workdir}",  # where controllers note a skip
         "-m", contract.PYTEST_CONTROLLER_MODULE,
     ]
     return cmd + controller_pytest_args(config, nodeid, workdir)

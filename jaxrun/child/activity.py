@@ -112,6 +112,8 @@ class Sampler:
         self.stack = stack or (lambda: main_stack(main))
         self.children = children or children_cpu
         self.state: str | None = None
+        self.lock = threading.Lock()  # FINISHED is the last word: no look after it writes over it
+        self.finished = False
         self.last = self._look()
 
     def _look(self) -> tuple:
@@ -132,19 +134,27 @@ class Sampler:
         return busy_place(stack)
 
     def write(self, state: str) -> None:
-        if state == self.state:
-            return
-        self.state = state
-        try:
-            contract.write_private(self.path, state.encode() + b"\n")
-        except OSError:
-            pass  # a hint: the launcher then keeps the state it heard last
+        with self.lock:
+            if state == self.state or self.finished:
+                return
+            self.state = state
+            self.finished = state == contract.FINISHED
+            try:
+                contract.write_private(self.path, state.encode() + b"\n")
+            except OSError:
+                pass  # a hint: the launcher then keeps the state it heard last
 
     def run(self) -> None:
         self.write(contract.BUSY)
-        while True:
+        while not self.finished:
             time.sleep(self.interval)
             self.write(contract.BUSY if self.moved() else contract.IDLE)
+
+
+def script_returned() -> None:
+    """The script returned: the process says FINISHED, and its sampler stops."""
+    if _started is not None:
+        _started.write(contract.FINISHED)
 
 
 def start(environ=os.environ) -> Sampler | None:

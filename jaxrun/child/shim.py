@@ -144,7 +144,7 @@ def run_target(is_module: bool, name: str, args: list[str]) -> None:
         code = _exit_code(e)
         if code != 0:
             exit_now(code)
-        flight.script_returned()
+        script_returned()
         raise
     except BaseException as e:  # noqa: BLE001 - every uncaught error ends the process
         text = user_traceback(e)
@@ -152,7 +152,14 @@ def run_target(is_module: bool, name: str, args: list[str]) -> None:
         record_error(e, text)
         exit_now(130 if isinstance(e, KeyboardInterrupt) else 1)
     else:
-        flight.script_returned()
+        script_returned()
+
+
+def script_returned() -> None:
+    """The script is over and the process is in JAX's shutdown: the flight
+    recorder and the activity sampler say so."""
+    flight.script_returned()
+    activity.script_returned()
 
 
 def run_script(name: str, args: list[str]) -> None:

@@ -33,12 +33,14 @@ RECOVERABLE = "recoverable"
 RECOVERABLE_MODE = "JAXRUN_RECOVERABLE"
 # The stall watchdog (--stall-timeout): its timeout in seconds, and the path
 # of the file where the shim's sampler writes this process's state (BUSY or
-# IDLE, see child.activity) each time it changes.
+# IDLE, see child.activity) each time it changes, and FINISHED once the
+# script returned.
 STALL_TIMEOUT = "JAXRUN_STALL_TIMEOUT"
 ACTIVITY_FILE = "JAXRUN_ACTIVITY_FILE"
 STALL_EXIT = 125  # jaxrun's exit status when the watchdog stopped a stalled job
 BUSY = "busy"
 IDLE = "idle"
+FINISHED = "finished"
 # Where the attempts of a run share JAX's persistent compile cache (set only
 # when restarts are possible): an absolute path is a folder on the launching
 # machine, in the run's log folder; a bare name (the run id) is a folder of

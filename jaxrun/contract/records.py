@@ -16,7 +16,7 @@ from typing import BinaryIO
 
 from jaxrun.contract.helpers import signal_name  # noqa: F401
 from jaxrun.contract.names import *  # noqa: F401,F403
-from jaxrun.contract.names import BUSY, IDLE, RECOVERABLE
+from jaxrun.contract.names import BUSY, FINISHED, IDLE, RECOVERABLE
 
 # -- reading back what a process left ---------------------------------------------------
 # Every log and record is read after a run through these three: only a regular
@@ -120,10 +120,10 @@ def joined_recoverable(path: str) -> bool:
 
 
 def read_activity(path: str) -> str | None:
-    """The state a process's sampler wrote last (BUSY or IDLE), or None."""
+    """The state a process's sampler wrote last (BUSY, IDLE or FINISHED), or None."""
     data = read_small(path, 16)
     word = data.strip().decode(errors="replace") if data else None
-    return word if word in (BUSY, IDLE) else None
+    return word if word in (BUSY, IDLE, FINISHED) else None
 
 
 # -- the error record ------------------------------------------------------------------

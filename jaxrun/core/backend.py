@@ -219,7 +219,7 @@ class Backend(abc.ABC):
     title: str = ""  # the engine as users call it, in a sentence ("Slurm"); empty: the name
     writes_log_files: bool = False
     # ``spawn`` may start one process again while the others of its attempt
-    # run (a recoverable job's; see launcher.restarts.recovery).  False: the backend
+    # run (a recoverable job's; see launcher.restarts.policy).  False: the backend
     # starts an attempt's processes as one gang (a scheduler step, Ray's group).
     starts_one_again: bool = False
     hooks: RunHooks = RunHooks()  # the run loop sets its own before open()

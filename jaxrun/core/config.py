@@ -16,6 +16,7 @@ import enum
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
+from jaxrun.core.modes import Mode, Script
 from jaxrun.core.spec import LaunchOptions
 
 if TYPE_CHECKING:
@@ -26,8 +27,10 @@ class LaunchError(Exception):
     """Bad input found before anything started: exit 2 with this one line."""
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
+    """Built once, from the command line, and never changed after."""
+
     options: LaunchOptions  # coordinator filled in per attempt
     log_dir: str
     output: str = "stream"
@@ -50,12 +53,7 @@ class RunConfig:
     # their places from the spares and goes on with at least this many hosts.
     min_hosts: int | None = None
     hosts_command: str | None = None  # --hosts-command: prints the hosts file again before each restart
-    # -i: an interactive session instead of a script, with this frontend
-    # ("console" at a terminal, "pipe" for the Jupyter kernel); None: a script.
-    interactive: str | None = None
-    # An interactive session's variables for the processes, given the
-    # attempt's coordinator address (set by the session; None: none).
-    session_env: Callable[[str], dict[str, str]] | None = None
+    mode: Mode = dataclasses.field(default_factory=Script)  # a script, or an interactive session (-i)
 
 
 def no_options(values: Mapping[str, Any], launch: LaunchOptions) -> None:

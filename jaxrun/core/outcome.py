@@ -142,10 +142,11 @@ class Outcome:
     stop_seconds: float | None = None  # a stop on a signal: from the signal to the last process's end
     placement: PlacementRecord | None = None  # where it ran (the run loop fills it in)
     stall: Stall | None = None  # the watchdog stopped it (reason STALL)
-    # False: a recoverable job whose processes restarted alone ran to its end;
-    # its failure is not restarted whole.
-    whole_restart: bool = True
-    recoverable: bool = False  # the processes did not share fate (launcher.restarts.recovery)
+    # A recoverable job whose processes ran to their own ends (nothing stopped
+    # it), some of them failed: where they could start again alone, a whole
+    # restart would only repeat that (restarts.policy).
+    ran_out: bool = False
+    recoverable: bool = False  # the processes did not share fate (launcher.restarts.policy)
     # reporting.diagnosis.Diagnosis, kept once the run loop has read the logs, so
     # that no report reads them again (core cannot name reporting's type).
     diagnosis: object | None = dataclasses.field(default=None, compare=False, repr=False)

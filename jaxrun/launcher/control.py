@@ -31,7 +31,7 @@ from jaxrun import contract
 from jaxrun.core.backend import RunHooks
 from jaxrun.core.deadline import NEVER, Deadline
 from jaxrun.core.events import SignalReceived, ThreadDied
-from jaxrun.core.outcome import BUG_REPORT, INTERNAL_ERROR  # noqa: F401 -- part of this module's vocabulary
+from jaxrun.core.outcome import INTERNAL_ERROR, StopReason, exit_code
 
 # Beyond --grace (or a dump wait): SIGKILL, exits, the last output, a backend's
 # clean-up.  A run still alive after this is stuck in jaxrun itself.
@@ -62,15 +62,21 @@ class RunControl:
         return (self.signum is not None or self.fault is not None
                 or self.deadline.passed())
 
-    def exit_status(self) -> int | None:
-        """What a run that stopped before its processes ran exits with."""
+    def stop_reason(self) -> StopReason | None:
+        """Why the run is stopping, if it is: jaxrun's fault first, then a signal, then --timeout."""
         if self.fault is not None:
-            return INTERNAL_ERROR
+            return StopReason.INTERNAL
         if self.signum is not None:
-            return 128 + self.signum
+            return StopReason.SIGNAL
         if self.deadline.passed():
-            return 124
+            return StopReason.TIMEOUT
         return None
+
+    def exit_status(self) -> int | None:
+        """What a run that stopped before its processes ran exits with: the
+        one exit-status rule (``core.outcome.exit_code``) with no process to blame."""
+        reason = self.stop_reason()
+        return None if reason is None else exit_code(reason, self.signum, None)
 
     def thread_died(self, name: str, error: BaseException) -> None:
         event = ThreadDied(name, f"{type(error).__name__}: {error}".rstrip(": "))

@@ -15,27 +15,29 @@ import shlex
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 from jaxrun import portable
 from jaxrun.backends import create_backend
-from jaxrun.core import reaper
+from jaxrun.core import modes, reaper
 from jaxrun.core.backend import Ask, Backend, Interrupted, Placement
 from jaxrun.core.config import LaunchError, RunConfig
 from jaxrun.core.deadline import NEVER, Deadline
-from jaxrun.core.outcome import Outcome, StopReason
+from jaxrun.core.outcome import BUG_REPORT, Outcome
 from jaxrun.core.spec import PlanError
 from jaxrun.launcher.attempt.supervisor import Supervisor
-from jaxrun.launcher.control import BUG_REPORT, RunControl
+from jaxrun.launcher.control import RunControl
 from jaxrun.launcher.output.printer import ConsolePrinter, SafeConsole
 from jaxrun.launcher.restarts import elastic
-from jaxrun.launcher.restarts.recovery import Recovery
+from jaxrun.launcher.restarts.policy import Answer, AttemptEnd, Decision, Engine, RestartPolicy
 from jaxrun.launcher.setup import hosts as hostfile, plan as planning
 from jaxrun.launcher.setup.discover import discover
 from jaxrun.reporting import github, history, report, summary
 
-# The ends --max-restarts restarts: a failure, and a stall (a hang is a failure too).
-RESTARTED = (StopReason.FAILURE, StopReason.STALL)
+# An interactive session's variables for the processes, given the attempt's
+# coordinator address (where process 0 finds the session).
+SessionEnv = Callable[[str], dict[str, str]]
 
 
 def attempt_dir(log_dir: str, attempt: int) -> str:
@@ -54,13 +56,13 @@ def dry_run_text(specs: list[planning.ProcessSpec]) -> str:
 
 
 def plan_attempt(config: RunConfig, coordinator: tuple[str, str | None], attempt: int,
-                 placement: Placement | None = None):
+                 placement: Placement | None = None, session_env: SessionEnv | None = None):
     """The attempt's specs: the launch, with its coordinator and where the
     backend placed it (its process count and what else the plan needs)."""
     address, bind = coordinator
     changes = {} if placement is None else {"num_processes": placement.num_processes, **placement.facts}
-    if config.session_env is not None:  # -i: where process 0 finds the session
-        changes["extra_env"] = {**config.options.extra_env, **config.session_env(address)}
+    if session_env is not None:
+        changes["extra_env"] = {**config.options.extra_env, **session_env(address)}
     opts = dataclasses.replace(config.options, coordinator=address, bind_address=bind, restart_count=attempt,
                                **changes)
     return opts, planning.plan(opts)
@@ -82,7 +84,7 @@ def run(config: RunConfig, backend: Backend | None = None, console: TextIO | Non
     def emergency(why: str, code: int) -> None:
         """The watchdog's last resort, from its own thread: kill, tell, exit."""
         for supervisor in running:
-            for child in supervisor.children.values():
+            for child in supervisor.slots.children():
                 child.send(signal.SIGKILL)
         backend.abort()
         reaper.kill_descendants()
@@ -96,14 +98,10 @@ def run(config: RunConfig, backend: Backend | None = None, console: TextIO | Non
     control.start_watchdog()
     code = 1
     try:
-        if config.interactive:
-            from jaxrun.launcher.interactive import frontend as interactive
-
-            code = interactive.drive(config, control,
-                                     lambda config: run_attempts(config, backend, control, console, running),
-                                     settled=lambda: bool(running) and running[0].joins_settled())
-        else:
-            code = run_attempts(config, backend, control, console, running)
+        drive = DRIVERS[type(config.mode)]
+        code = drive(config, control,
+                     lambda session_env=None: run_attempts(config, backend, control, console, running, session_env),
+                     lambda: bool(running) and running[0].joins_settled())
         return code
     except Interrupted:  # stopped while connecting, before any process started
         print(f"jaxrun: stopped during start-up: {stop_cause(control)}; no process was started",
@@ -121,40 +119,60 @@ def run(config: RunConfig, backend: Backend | None = None, console: TextIO | Non
         control.close()
 
 
+def drive_script(config: RunConfig, control: RunControl, attempts: Callable[..., int],
+                 settled: Callable[[], bool]) -> int:
+    return attempts()
+
+
+def drive_session(config: RunConfig, control: RunControl, attempts: Callable[..., int],
+                  settled: Callable[[], bool]) -> int:
+    """The attempts in a thread, an interactive frontend here (``interactive.frontend``)."""
+    from jaxrun.launcher.interactive import frontend
+
+    return frontend.drive(config, control, attempts, settled)
+
+
+# How each mode is driven: a script's attempts run here; a session's under its frontend.
+DRIVERS: dict[type[modes.Mode], Callable[..., int]] = {
+    modes.Script: drive_script, modes.Terminal: drive_session, modes.Jupyter: drive_session}
+
+
 def run_attempts(config: RunConfig, backend: Backend, control: RunControl, console: TextIO,
-                 running: list) -> int:
+                 running: list, session_env: SessionEnv | None = None) -> int:
     """Every attempt: placed once, started, supervised, diagnosed, each
-    reported as it ends; jaxrun's exit status is the last attempt's, so the
-    report, ``run.json`` and the exit agree.  Each attempt has one deadline
-    (``--timeout``), made before it is placed."""
+    reported as it ends; after each, the restart policy says whether another
+    follows (``restarts.policy``).  jaxrun's exit status is the last
+    attempt's, so the report, ``run.json`` and the exit agree.  Each attempt
+    has one deadline (``--timeout``), made before it is placed."""
     outcomes: list[Outcome] = []
     dirs: list[str] = []
     options = config.options
     hosts = tuple(hostfile.used_hosts(options.hosts, options.num_processes))
+    policy = restart_policy(config, backend)
+    decision = Decision(Answer.RESTART_JOB)  # the first attempt
     with backend:
-        for attempt in range(config.max_restarts + 1):
+        while decision.answer in (Answer.RESTART_JOB, Answer.RESTART_ELASTIC):
+            attempt = len(outcomes)
             log_dir = attempt_dir(config.log_dir, attempt)
             control.deadline = deadline = Deadline(config.timeout)
-            elastic_restart = bool(attempt and config.min_hosts)  # its own hosts and count
             lost: dict[str, str] = {}
             try:
-                if elastic_restart:
+                if decision.answer is Answer.RESTART_ELASTIC:  # its own hosts and count
                     ask, lost = elastic_ask(config, backend, outcomes[-1], hosts)
                 else:
-                    if attempt:
-                        print(f"jaxrun: restarting the whole job (restart {attempt} of {config.max_restarts})",
-                              file=console, flush=True)
+                    if decision.why:
+                        print(f"jaxrun: {decision.why}", file=console, flush=True)
                     ask = Ask(hosts, options.num_processes)
                 placement = backend.place(ask)
                 dropped = {**lost, **elastic.check_reasons(placement.dropped)}
                 hosts = placement.hosts
                 record = dataclasses.replace(placement.record(), dropped=tuple(dropped.items()))
-                if elastic_restart:
-                    print(elastic.restart_line(attempt, config.max_restarts, record, options.num_processes),
+                if decision.answer is Answer.RESTART_ELASTIC:
+                    print(elastic.restart_line(policy.spent, config.max_restarts, record, options.num_processes),
                           file=console, flush=True)
                 _, specs = plan_attempt(config, backend.choose_coordinator(config.fixed_coordinator), attempt,
-                                        placement)
-                outcome = run_attempt(config, specs, backend, log_dir, console, control, running, deadline)
+                                        placement, session_env)
+                outcome = run_attempt(config, specs, backend, log_dir, console, control, running, deadline, policy)
             except elastic.ElasticStop as stop:  # too few hosts left: the failed attempt's status ends the run
                 print(f"jaxrun: {stop}", file=console, flush=True)
                 if config.report_path:  # the attempts so far, and why none follows
@@ -169,12 +187,25 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
             outcome.placement = record
             outcomes.append(outcome)
             dirs.append(log_dir)
-            last = attempt == config.max_restarts
-            repeated = None if last else repeated_failure(config, outcomes)
-            report_attempt(config, outcomes, dirs, console, repeated)
-            if outcome.reason not in RESTARTED or last or repeated or not outcome.whole_restart:
-                break
+            decision = policy.decide(attempt_end(config, outcome))
+            stopped = decision.why if decision.answer is Answer.STOP else ""  # why no restart follows, if it says
+            report_attempt(config, outcomes, dirs, console, stopped or None)
     return outcomes[-1].exit_code
+
+
+def restart_policy(config: RunConfig, backend: Backend) -> RestartPolicy:
+    """The run's one policy: its budget, what the engine can restart, the job's mode."""
+    engine = Engine(backend.title or backend.name, backend.starts_one_again, elastic=bool(config.min_hosts))
+    return RestartPolicy(config.max_restarts, engine, config.options.recoverable)
+
+
+def attempt_end(config: RunConfig, outcome: Outcome) -> AttemptEnd:
+    """The attempt's end as the policy reads it; the logs are read here, once."""
+    from jaxrun.reporting import diagnosis
+
+    found = diagnosis.attach(outcome, outputs=bool(config.junit_path))  # as report_attempt attaches it
+    failure = found.root.failure if found.root else None
+    return AttemptEnd(outcome.reason, diagnosis.attempt_fingerprint(found), failure, outcome.ran_out)
 
 
 def elastic_ask(config: RunConfig, backend: Backend, failed: Outcome,
@@ -222,21 +253,6 @@ def last_words(line: str) -> None:
         pass
 
 
-def repeated_failure(config: RunConfig, outcomes: list[Outcome]) -> str | None:
-    """Why the failed attempt that just ended is not restarted, or None: it
-    failed exactly as the one before it (``diagnosis.same_failure``), so a
-    restart would run into the same bug again.  Attempts count from 1 here."""
-    from jaxrun.reporting import diagnosis
-
-    if len(outcomes) < 2 or outcomes[-1].reason not in RESTARTED:
-        return None
-    outputs = bool(config.junit_path)  # as report_attempt attaches it, so that the logs are read once
-    last, before = diagnosis.attach(outcomes[-1], outputs), diagnosis.attach(outcomes[-2], outputs)
-    if not diagnosis.same_failure(last, before):
-        return None
-    return f"not restarting: the same failure as attempt {len(outcomes) - 1} ({last.root.failure})"
-
-
 def report_attempt(config: RunConfig, outcomes: list[Outcome], dirs: list[str], console: TextIO,
                    not_restarted: str | None = None) -> None:
     """``not_restarted``: why no restart follows this failed attempt, though
@@ -266,7 +282,7 @@ def report_attempt(config: RunConfig, outcomes: list[Outcome], dirs: list[str], 
 
 def run_attempt(config: RunConfig, specs, backend: Backend, log_dir: str, console: TextIO,
                 control: RunControl | None = None, running: list | None = None,
-                deadline: Deadline | None = None) -> Outcome:
+                deadline: Deadline | None = None, policy: RestartPolicy | None = None) -> Outcome:
     github_options = github.printer_options() if config.github_actions else {}
     printer = ConsolePrinter(config.output, show_noise=config.verbose, ranks=config.console_ranks,
                              timestamps=config.timestamps, **github_options)
@@ -274,12 +290,9 @@ def run_attempt(config: RunConfig, specs, backend: Backend, log_dir: str, consol
     running = running if running is not None else []
     before = reaper.descendants()  # what the backend holds across attempts (ssh masters)
     deadline = deadline or Deadline(config.timeout)  # one attempt, one clock: see core.deadline
-    mode = False if config.interactive else config.options.recoverable  # a session needs every process
-    recovery = Recovery(mode, config.max_restarts, backend.starts_one_again,
-                        backend.title or backend.name, len(specs), printer.note)
     supervisor = Supervisor(specs, backend, printer, log_dir, grace=config.grace, deadline=deadline,
                             events=control.events, hooks=control.hooks, stall_timeout=config.options.stall_timeout,
-                            recovery=recovery)
+                            policy=policy or restart_policy(config, backend))
     running[:] = [supervisor]
     control.deadline = deadline
     try:

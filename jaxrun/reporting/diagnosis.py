@@ -80,7 +80,7 @@ class RootCause:
     stderr_tail: tuple[str, ...]  # its stderr log's last TAIL_LINES lines
     output_path: str  # its stderr log, or its stdout log where stderr is empty
     output: tuple[str, ...]  # that log's last TAIL_LINES lines
-    # What makes it the same failure as another attempt's (``same_failure``):
+    # What makes it the same failure as another attempt's (``attempt_fingerprint``):
     # ("exception", type, message, file, line) or ("signal", name, file, line),
     # at the innermost line of the user's code; None where nothing pins it
     # to a line of the user's (a lost host, an exit code alone, a SIGKILL).
@@ -259,7 +259,7 @@ def _with_fingerprint(root: RootCause, rec: ProcessRecord, frame: Frame | None) 
 def run_failure(rec: ProcessRecord) -> tuple[tuple | None, str]:
     """One failed run of one process, read from its files: its fingerprint
     (None: unknown) and its failure in short, for a process that restarts
-    alone (``launcher.restarts.recovery``)."""
+    alone (``launcher.restarts.policy``)."""
     data = contract.read_tail(rec.stderr_log, DUMP_TAIL)
     lines = _lines(data)
     frame = _stack_facts(rec, data.decode("utf-8", "replace")).frame if data else None
@@ -267,12 +267,13 @@ def run_failure(rec: ProcessRecord) -> tuple[tuple | None, str]:
     return root.fingerprint, root.failure
 
 
-def same_failure(last: Diagnosis, before: Diagnosis) -> bool:
-    """Whether two attempts failed the same way, as a deterministic bug does:
-    the same fingerprint, never an unknown one."""
-    if last.root is None or before.root is None or last.engine is not None or before.engine is not None:
-        return False
-    return last.root.fingerprint is not None and last.root.fingerprint == before.root.fingerprint
+def attempt_fingerprint(found: Diagnosis) -> tuple | None:
+    """What makes an attempt's failure the same as another's, as a
+    deterministic bug's is: its root cause's fingerprint; None (never the
+    same) where no process is to blame or the engine failed."""
+    if found.root is None or found.engine is not None:
+        return None
+    return found.root.fingerprint
 
 
 _KINDS = {StopReason.TIMEOUT: Kind.TIMEOUT, StopReason.SIGNAL: Kind.SIGNAL, StopReason.INTERNAL: Kind.INTERNAL,

@@ -14,8 +14,7 @@ import time
 import pytest
 
 from jaxrun.core.events import Stream, StreamClosed
-from jaxrun.launcher.attempt import filewatch
-from jaxrun.launcher.output import pump as pump_module
+from jaxrun.launcher.output import filewatch, pump as pump_module
 
 # Its scripts are plain Python: one launch mode, without the preloading server.
 pytestmark = [pytest.mark.timeout(120), pytest.mark.plain_python]

@@ -12,7 +12,8 @@ import pytest
 
 from jaxrun.core.deadline import Deadline
 from jaxrun.core.events import SignalReceived, ThreadDied
-from jaxrun.launcher.control import INTERNAL_ERROR, RunControl
+from jaxrun.core.outcome import INTERNAL_ERROR
+from jaxrun.launcher.control import RunControl
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -332,27 +332,33 @@ def raised_at(folder, message: str, line: int) -> Outcome:
     return outcome
 
 
+def same_failure(last, before) -> bool:
+    """The restart policy's rule, on two attempts' fingerprints: known and equal."""
+    fingerprint = diagnosis.attempt_fingerprint(last)
+    return fingerprint is not None and fingerprint == diagnosis.attempt_fingerprint(before)
+
+
 def test_the_same_exception_at_the_same_line_of_the_users_code_is_the_same_failure(tmp_path):
     first = diagnosis.diagnose(raised_at(tmp_path / "a", "bad batch", 12))
     assert first.root.fingerprint == ("exception", "ValueError", "bad batch", "/w/train.py", 12)
     assert first.root.failure == "ValueError: bad batch at /w/train.py:12"  # the user's line, not jax's
     assert report.report_dict([raised_at(tmp_path / "r", "bad batch", 12)], "r", ["l"])["root_cause"]["at"] == \
         "/w/train.py:12"
-    assert diagnosis.same_failure(diagnosis.diagnose(raised_at(tmp_path / "b", "bad batch", 12)), first)
-    assert not diagnosis.same_failure(diagnosis.diagnose(raised_at(tmp_path / "c", "bad batch", 13)), first)
-    assert not diagnosis.same_failure(diagnosis.diagnose(raised_at(tmp_path / "d", "other", 12)), first)
+    assert same_failure(diagnosis.diagnose(raised_at(tmp_path / "b", "bad batch", 12)), first)
+    assert not same_failure(diagnosis.diagnose(raised_at(tmp_path / "c", "bad batch", 13)), first)
+    assert not same_failure(diagnosis.diagnose(raised_at(tmp_path / "d", "other", 12)), first)
 
 
 def test_a_crash_signal_is_the_same_only_at_a_line_its_dump_shows(tmp_path):
     first = diagnosis.diagnose(crashed(tmp_path / "a", 7))
     assert first.root.fingerprint == ("signal", "SIGSEGV", "/w/train.py", 7)
-    assert diagnosis.same_failure(diagnosis.diagnose(crashed(tmp_path / "b", 7)), first)
-    assert not diagnosis.same_failure(diagnosis.diagnose(crashed(tmp_path / "c", 8)), first)
+    assert same_failure(diagnosis.diagnose(crashed(tmp_path / "b", 7)), first)
+    assert not same_failure(diagnosis.diagnose(crashed(tmp_path / "c", 8)), first)
     undumped = [diagnosis.diagnose(crashed(tmp_path / f"u{i}", 7, with_dump=False)) for i in range(2)]
-    assert undumped[0].root.fingerprint is None and not diagnosis.same_failure(*undumped)
+    assert undumped[0].root.fingerprint is None and not same_failure(*undumped)
     # SIGKILL comes from outside, whatever line the process was at.
     killed = [diagnosis.diagnose(crashed(tmp_path / f"k{i}", 7, signum=signal.SIGKILL)) for i in range(2)]
-    assert killed[0].root.fingerprint is None and not diagnosis.same_failure(*killed)
+    assert killed[0].root.fingerprint is None and not same_failure(*killed)
 
 
 def test_a_lost_host_an_exit_code_or_an_engine_failure_is_never_the_same(tmp_path):
@@ -361,8 +367,8 @@ def test_a_lost_host_an_exit_code_or_an_engine_failure_is_never_the_same(tmp_pat
         outcome = raised_at(tmp_path / name, "bad batch", 12)
         outcome.records[1].lost = "the connection to hostB"
         lost.append(diagnosis.diagnose(outcome))
-    assert lost[0].root.fingerprint is None and not diagnosis.same_failure(*lost)
+    assert lost[0].root.fingerprint is None and not same_failure(*lost)
     quiet = [diagnosis.diagnose(killed_quietly(tmp_path / f"q{i}")) for i in range(2)]
-    assert not diagnosis.same_failure(*quiet)
+    assert not same_failure(*quiet)
     engines = [diagnosis.diagnose(engine_failed(tmp_path / f"e{i}")) for i in range(2)]
-    assert not diagnosis.same_failure(*engines)
+    assert not same_failure(*engines)

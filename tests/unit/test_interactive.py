@@ -136,10 +136,10 @@ def values(*args):
 
 def test_i_needs_no_script_and_runs_the_interactive_controller():
     config = config_from_args(values("-n", "2", "-i"), BACKENDS)
-    assert type(config.mode) is modes.Console and interactive.FRONTENDS[type(config.mode)] is interactive.Console
+    assert type(config.mode) is modes.Terminal and interactive.FRONTENDS[type(config.mode)] is interactive.Console
     assert config.options.target.is_module and config.options.target.name == contract.INTERACTIVE_CONTROLLER_MODULE
     kernel = config_from_args(values("-i", "--kernel-pipe"), BACKENDS)
-    assert type(kernel.mode) is modes.Kernel and interactive.FRONTENDS[modes.Kernel] is interactive.Pipe
+    assert type(kernel.mode) is modes.Jupyter and interactive.FRONTENDS[modes.Jupyter] is interactive.Pipe
     # What the session mode supplies, decided once in the frozen config: no stall
     # watchdog, never recoverable, the console shows only the frontend.
     assert (config.options.stall_timeout, config.options.recoverable, config.console_ranks) == (0.0, False, frozenset())

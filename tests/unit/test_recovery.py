@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from jaxrun import contract, wire
+from jaxrun import contract
 from jaxrun.backends.scheduler.task_agent import spares_the_others
 from jaxrun.backends.ssh.stream import AgentStderr
 from jaxrun.core.backend import News
@@ -21,8 +21,9 @@ from jaxrun.core.joinwatch import JoinWatch
 from jaxrun.core.logfiles import life_paths, log_paths
 from jaxrun.core.outcome import Outcome, ProcessRecord, StopReason, Verdict
 from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
-from jaxrun.launcher.restarts.recovery import Recovery, next_life
+from jaxrun.launcher.attempt.slots import Slot
 from jaxrun.reporting import junit, report, summary
+from jaxrun.wire import encoding, ssh, tasks
 
 # -- the flag -------------------------------------------------------------------------
 
@@ -64,7 +65,7 @@ def test_a_far_ends_join_watch_tells_the_flag(tmp_path, recoverable):
 def test_the_ssh_stream_tells_which_join_marker_came(seed):
     joins: list[bool] = []
     heard = AgentStderr(News(joins.append), None)
-    stream = b"a\n" + wire.JOINED_RECOVERABLE_MARKER + b"b\n" + wire.JOINED_MARKER + b"c\n"
+    stream = b"a\n" + ssh.JOINED_RECOVERABLE_MARKER + b"b\n" + ssh.JOINED_MARKER + b"c\n"
     rng, out, at = random.Random(seed), b"", 0
     while at < len(stream):
         step = rng.choice((1, 2, 5, 13, 4096))
@@ -75,8 +76,8 @@ def test_the_ssh_stream_tells_which_join_marker_came(seed):
 
 
 def test_the_task_channels_join_carries_the_flag_both_ways():
-    assert wire.decode(wire.Joined(True).encode()) == wire.Joined(True)
-    assert wire.decode(b"joined []") == wire.Joined(False)  # an agent that says nothing of it
+    assert encoding.decode(tasks.TaskJoined(True).encode()) == tasks.TaskJoined(True)
+    assert encoding.decode(b"joined []") == tasks.TaskJoined(False)  # an agent that says nothing of it
 
 
 @pytest.mark.parametrize("mode, recoverable, spared", [
@@ -86,74 +87,12 @@ def test_a_task_agent_spares_the_gang_only_in_a_recoverable_job(mode, recoverabl
     assert spares_the_others(mode, recoverable) is spared
 
 
-# -- the rules --------------------------------------------------------------------------
-
-
-def rules(restarts=1, alone=True, mode=None, total=3):
-    notes: list[str] = []
-    return Recovery(mode, restarts, alone, "Slurm", total, notes.append), notes
-
-
-def test_a_job_is_recoverable_once_every_process_said_so():
-    recovery, _ = rules()
-    for rank in (0, 1):
-        recovery.joined(rank, True)
-    assert not recovery.on
-    recovery.joined(2, False)
-    assert not recovery.on  # one process did not enable it: fail-fast
-    recovery.joined(2, True)
-    assert recovery.on and recovery.spares_others(2) and not recovery.spares_others(0)
-    assert rules(mode=True)[0].on and not rules(mode=True, total=1)[0].on
-    forced_off, _ = rules(mode=False)
-    for rank in range(3):
-        forced_off.joined(rank, True)
-    assert not forced_off.on
-
-
-def test_each_process_has_its_own_restarts():
-    recovery, notes = rules(restarts=2, mode=True)
-    assert recovery.after_failure(2, "process 2", "exit code 1", None, "exit code 1")
-    assert recovery.after_failure(1, "process 1", "exit code 1", None, "exit code 1")
-    assert recovery.after_failure(2, "process 2", "exit code 1", None, "exit code 1")
-    assert not recovery.after_failure(2, "process 2", "exit code 1", None, "exit code 1")
-    assert notes[-1].endswith("; not starting it again: it was started again 2 times (--max-restarts 2)")
-    assert notes[1].endswith("starting process 1 again alone (restart 1 of 2)")
-    assert recovery.failed == [2] and not recovery.restarts_whole
-
-
-def test_the_same_failure_twice_stops_a_process_but_a_new_one_does_not():
-    recovery, notes = rules(restarts=5, mode=True)
-    bad = ("exception", "ValueError", "bad", "/work/train.py", 12)
-    assert recovery.after_failure(2, "process 2", "exit code 1", ("signal", "SIGSEGV", "x.py", 1), "SIGSEGV")
-    assert recovery.after_failure(2, "process 2", "exit code 1", bad, "ValueError: bad at /work/train.py:12")
-    assert not recovery.after_failure(2, "process 2", "exit code 1", bad, "ValueError: bad at /work/train.py:12")
-    assert notes[-1].endswith("not starting it again: the same failure as its life 2 "
-                              "(ValueError: bad at /work/train.py:12)")
-    unknown, _ = rules(restarts=2, mode=True)  # an unknown fingerprint never counts as the same
-    assert unknown.after_failure(1, "process 1", "killed by SIGKILL", None, "killed by SIGKILL")
-    assert unknown.after_failure(1, "process 1", "killed by SIGKILL", None, "killed by SIGKILL")
-
-
-def test_a_gang_says_so_once_and_restarts_nobody_alone():
-    recovery, notes = rules(restarts=3, alone=False)
-    recovery.begin()
-    assert notes == []  # not recoverable yet
-    for rank in range(3):
-        recovery.joined(rank, True)
-    recovery.joined(2, True)  # a second join says nothing more
-    assert notes == ["jaxrun: the job is recoverable: every process enabled jax_enable_recoverability; Slurm "
-                     "starts the processes as one gang and cannot start one of them again: a process other than 0 "
-                     "that fails leaves the others running, and --max-restarts restarts only whole jobs"]
-    assert not recovery.after_failure(1, "process 1 on node2", "exit code 3", None, "exit code 3")
-    assert notes[-1] == ("jaxrun: process 1 on node2 failed (exit code 3); the others go on (the job is "
-                         "recoverable: every process enabled jax_enable_recoverability)")
-    assert recovery.restarts_whole
-    forced, said = rules(alone=False, mode=True)
-    forced.begin()
-    assert "(--recoverable)" in said[0]
-
-
 # -- the records ----------------------------------------------------------------------------
+
+def next_life(record: ProcessRecord, folder: str) -> ProcessRecord:
+    """The record of the next life in the slot that holds ``record``."""
+    return Slot(record.spec.rank, record).next_life(folder)
+
 
 def spec(rank=2, env=None):
     return ProcessSpec(rank, rank, LOCAL_HOST, "python", (), env or {contract.RESTART_COUNT: "1"})
@@ -185,7 +124,7 @@ def finished_job(tmp_path) -> Outcome:
         with open(rec.stdout_log, "w") as f:
             f.write(f"out of pid {rec.pid}\n")
         open(rec.stderr_log, "w").close()
-    return Outcome(records, 0, None, whole_restart=False, recoverable=True)
+    return Outcome(records, 0, None, ran_out=True, recoverable=True)
 
 
 def test_the_report_lists_each_process_runs(tmp_path):

@@ -251,3 +251,22 @@ def test_a_far_end_watch_leaves_its_private_folder_empty(tmp_path):
     w.stop()
     assert heard == [contract.IDLE]
     assert list(folder.iterdir()) == []
+
+
+def test_a_script_that_returned_says_finished_and_nothing_after(tmp_path):
+    s = Sampler(tmp_path)
+    path = tmp_path / "progress"
+    s.live.write(contract.BUSY)
+    s.live.write(contract.FINISHED)
+    s.live.write(contract.IDLE)  # a look that came late
+    assert contract.read_activity(str(path)) == contract.FINISHED and s.live.finished
+
+
+def test_the_watch_takes_a_finished_process_for_an_idle_one(tmp_path):
+    clock = Clock()
+    w = stall.ActivityWatch([ProcessSpec(r, r, LOCAL_HOST, "python", (), {}) for r in range(2)], 10.0, clock,
+                            lambda line: None, {r: str(tmp_path / f"e{r}") for r in range(2)})
+    w.heard(0, contract.FINISHED)
+    w.heard(1, contract.IDLE)
+    clock.now += 10.0
+    assert w.tick()[1] == "probe"  # every process idle for the stall timeout: their stacks are asked for

@@ -32,11 +32,12 @@ import pytest
 from jaxrun import contract
 from jaxrun.core.backend import Backend, ChildExit
 from jaxrun.core.deadline import Deadline
-from jaxrun.core.events import Exited, Stream, StreamClosed
-from jaxrun.core.outcome import StopReason, Verdict
+from jaxrun.core.events import Exited, SignalReceived, Stream, StreamClosed
+from jaxrun.core.outcome import INTERNAL_ERROR, StopReason, Verdict
 from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
-from jaxrun.launcher.attempt.supervisor import DUMP_WAIT, HOLD_WAIT, KILL_CONFIRM_WAIT, TIMEOUT_DUMP_WAIT, Supervisor
-from jaxrun.launcher.control import INTERNAL_ERROR
+from jaxrun.launcher.attempt.ends import HOLD_WAIT
+from jaxrun.launcher.attempt.stop import DUMP_WAIT, KILL_CONFIRM_WAIT, TIMEOUT_DUMP_WAIT
+from jaxrun.launcher.attempt.supervisor import Supervisor
 from jaxrun.launcher.output.printer import ConsolePrinter
 from jaxrun.reporting.summary import summary_lines
 
@@ -233,7 +234,7 @@ class Harness:
         self.events.at(t, step, *args, **kwargs)
 
     def signal_at(self, t: float, signum: int) -> None:
-        self.at(t, self.sup.post_signal, signum)
+        self.at(t, self.events.put, SignalReceived(signum))
 
     def run(self):
         outcome = self.sup.run()
@@ -282,11 +283,11 @@ def test_a_failure_after_the_root_cause_is_a_consequence(tmp_path):
 
 def record_at(h: Harness, rank: int, at: float, headline: str = "Boom: it broke") -> None:
     kind, _, message = headline.partition(": ")
-    contract.ErrorRecord(kind, message, "", at).dump(h.sup.records[rank].error_file)
+    contract.ErrorRecord(kind, message, "", at).dump(h.sup.slots[rank].record.error_file)
 
 
 def log(h: Harness, rank: int, text: str) -> None:
-    with open(h.sup.records[rank].stderr_log, "a") as f:
+    with open(h.sup.slots[rank].record.stderr_log, "a") as f:
         f.write(text)
 
 
@@ -678,7 +679,56 @@ def test_joins_are_heard_the_way_each_child_reports_them(tmp_path, reports_joins
     assert (done in h.sup.printer.err.getvalue()) == counted
 
 
-# -- a recoverable job (launcher.restarts.recovery) -----------------------------------------
+def test_each_slot_moves_through_its_states_as_its_process_reports(tmp_path):
+    """pending, started, joined, working, waiting, finished, ended: what the
+    supervisor heard of each process, read mid-run and at the end."""
+    from jaxrun.launcher.attempt.slots import State
+
+    h = Harness(tmp_path, n=3)
+    for kid in h.kids.values():
+        kid.reports_joins = True
+    seen = {}
+
+    def look(t):
+        seen[t] = h.sup.slots.states()
+
+    for rank in (0, 1):
+        h.at(1, lambda rank=rank: h.kids[rank].news.joined())
+    h.at(1.5, look, 1.5)
+    h.at(2, lambda: h.kids[0].news.activity(contract.BUSY))
+    h.at(2, lambda: h.kids[1].news.activity(contract.IDLE))
+    h.at(2.5, look, 2.5)
+    h.at(3, lambda: h.kids[0].news.activity(contract.FINISHED))
+    h.at(3, lambda: h.kids[0].news.activity(contract.IDLE))  # FINISHED is the last word
+    h.at(3.5, look, 3.5)
+    for rank in range(3):
+        h.at(4, h.kids[rank].exit, 0)
+    h.run()
+    assert seen[1.5] == {0: State.JOINED, 1: State.JOINED, 2: State.STARTED}
+    assert seen[2.5] == {0: State.WORKING, 1: State.WAITING, 2: State.STARTED}
+    assert seen[3.5] == {0: State.FINISHED, 1: State.WAITING, 2: State.STARTED}
+    assert h.sup.slots.states() == dict.fromkeys(range(3), State.ENDED)
+
+
+def test_a_slot_is_pending_until_its_spawn_and_a_new_life_is_pending_again(tmp_path):
+    from jaxrun.core.outcome import ProcessRecord
+    from jaxrun.launcher.attempt.slots import Slot, State
+
+    spec = ProcessSpec(2, 2, LOCAL_HOST, "python", (), {contract.RESTART_COUNT: "0"})
+    slot = Slot(2, ProcessRecord(spec, "o", "e", "j"))
+    assert slot.state is State.PENDING
+    slot.activity(contract.BUSY)  # nothing to move before its start
+    assert slot.state is State.PENDING
+    slot.started(FakeChild(2, None, FakeClock(), (), False))
+    slot.joined()
+    slot.activity(contract.BUSY)
+    slot.ended()
+    assert slot.state is State.ENDED and slot.record.pid == 40002
+    slot.next_life(str(tmp_path))
+    assert slot.state is State.PENDING and slot.record.life == 1 and slot.child is None
+
+
+# -- a recoverable job (launcher.restarts.policy) -------------------------------------------
 
 class RespawningBackend(FakeBackend):
     """Starts one process again alone: its second spawn is a new fake child."""
@@ -701,13 +751,13 @@ class RespawningBackend(FakeBackend):
 
 
 def recoverable_harness(tmp_path, restarts: int, announced=(True, True, True, True), mode=None):
-    from jaxrun.launcher.restarts.recovery import Recovery
+    from jaxrun.launcher.restarts.policy import Engine, RestartPolicy
 
-    h = Harness(tmp_path)
+    h = Harness(tmp_path, policy=RestartPolicy(restarts, Engine("fake", starts_one_again=True), mode))
     h.backend = RespawningBackend(4, h.events, h.clock)
     notes: list[str] = []
     h.sup.backend = h.backend
-    h.sup.recovery = Recovery(mode, restarts, True, "fake", 4, notes.append)
+    h.sup.printer.note = notes.append
     for rank, flag in enumerate(announced):
         h.at(0.5, lambda rank=rank, flag=flag: h.backend.children[rank].news.joined(flag))
     return h, notes
@@ -749,8 +799,8 @@ def test_without_restarts_the_others_finish_and_the_status_names_it(tmp_path):
     for rank in (0, 1, 3):
         h.at(3, lambda rank=rank: kid(h, rank).exit(0))
     outcome = h.run()
-    assert (outcome.exit_code, outcome.reason, outcome.root_cause, outcome.whole_restart) == \
-        (7, StopReason.FAILURE, 2, False)
+    assert (outcome.exit_code, outcome.reason, outcome.root_cause, outcome.ran_out) == \
+        (7, StopReason.FAILURE, 2, True)
     assert verdicts(outcome) == [Verdict.OK, Verdict.OK, Verdict.ROOT_CAUSE, Verdict.OK]
     assert not h.backend.again
     assert "jaxrun: process 2 failed first: exit code 7 (pid 40002)" in summary_lines(outcome, h.log_dir)
@@ -777,7 +827,7 @@ def test_process_0s_death_still_ends_every_process(tmp_path):
     h, notes = recoverable_harness(tmp_path, restarts=1)
     h.at(1, lambda: kid(h, 0).exit(1))
     outcome = h.run()
-    assert (outcome.exit_code, outcome.root_cause, outcome.whole_restart) == (1, 0, True)
+    assert (outcome.exit_code, outcome.root_cause, outcome.ran_out) == (1, 0, False)
     assert verdicts(outcome)[1:] == [Verdict.STOPPED] * 3 and not h.backend.again
 
 
@@ -789,7 +839,7 @@ def test_a_job_that_is_not_recoverable_fails_fast(tmp_path, announced, mode):
     outcome = h.run()
     assert (outcome.exit_code, outcome.reason, outcome.recoverable) == (7, StopReason.FAILURE, False)
     assert verdicts(outcome) == [Verdict.STOPPED, Verdict.STOPPED, Verdict.ROOT_CAUSE, Verdict.STOPPED]
-    assert not h.backend.again and not notes
+    assert not h.backend.again and not [n for n in notes if "failed" in n or "recoverable" in n]
 
 
 def test_process_0s_death_after_a_spared_failure_names_the_first_failure(tmp_path):
@@ -799,4 +849,4 @@ def test_process_0s_death_after_a_spared_failure_names_the_first_failure(tmp_pat
     outcome = h.run()
     assert (outcome.exit_code, outcome.reason, outcome.root_cause) == (7, StopReason.FAILURE, 2)
     assert verdicts(outcome) == [Verdict.CONSEQUENCE, Verdict.STOPPED, Verdict.ROOT_CAUSE, Verdict.STOPPED]
-    assert outcome.whole_restart  # process 0's death: a whole-job restart may follow
+    assert not outcome.ran_out  # process 0's death stopped the job: a whole-job restart may follow

@@ -126,8 +126,10 @@ class ActivityWatch:
         self.paths[rank] = path
 
     def heard(self, rank: int, state: str) -> None:
-        if rank not in self.running or state not in (contract.BUSY, contract.IDLE):
+        if rank not in self.running or state not in (contract.BUSY, contract.IDLE, contract.FINISHED):
             return
+        if state == contract.FINISHED:  # past its script, in JAX's shutdown: as idle as a wait
+            state = contract.IDLE
         if state == contract.IDLE and self.state.get(rank) != contract.IDLE:
             self.idle_since[rank] = self.clock()
         self.state[rank] = state

@@ -23,7 +23,6 @@ script's, with the supervisor's summary and exit status.
 from __future__ import annotations
 
 import code
-import json
 import os
 import signal
 import sys
@@ -31,14 +30,14 @@ import threading
 import time
 from collections.abc import Callable
 
-from jaxrun.contract import console as messages
+from jaxrun.core import modes
 from jaxrun.core.config import RunConfig
 from jaxrun.core.events import Forward
 from jaxrun.launcher.control import RunControl
 from jaxrun.launcher.interactive import merge
 from jaxrun.launcher.interactive.session import Session, listen_address
+from jaxrun.wire import console, encoding
 
-CONSOLE, PIPE = "console", "pipe"
 RESEND = 1.0  # after a Ctrl-C, SIGINT again this often until the statement is over
 PRESSES = 3  # a Ctrl-C beyond this many during one statement stops the run, as for a script
 QUIT_WAIT = 15.0  # after Ctrl-D, how long the processes may take to end before jaxrun stops them
@@ -50,21 +49,24 @@ class SessionEnded(Exception):
     """The run is over (a process died): the frontend stops reading."""
 
 
-def drive(config: RunConfig, control: RunControl, attempts: Callable[[RunConfig], int],
+def drive(config: RunConfig, control: RunControl, attempts: Callable[..., int],
           settled: Callable[[], bool] = lambda: True) -> int:
     """Run the attempts in a thread, the frontend here; the run's exit status.
-    ``settled`` says when the start-up's progress line is done, so that the
+    ``attempts`` takes the session's variables for each attempt's plan;
+    ``settled`` says when the start-up's joins line is done, so that the
     first prompt comes after it."""
     session = Session()
-    # Each attempt's plan asks for the session's variables once its coordinator is chosen.
-    config.session_env = lambda coordinator: session.listen(listen_address(config.options, coordinator))
-    config.console_ranks = frozenset()  # the frontend shows the session; the logs hold everything
-    frontend = (Pipe if config.interactive == PIPE else Console)(session, control, config.options.num_processes)
+
+    def session_env(coordinator: str) -> dict[str, str]:
+        """Asked by each attempt's plan once its coordinator is chosen."""
+        return session.listen(listen_address(config.options, coordinator))
+
+    frontend = FRONTENDS[type(config.mode)](session, control, config.options.num_processes)
     outcome: dict = {}
 
     def work() -> None:
         try:
-            outcome["code"] = attempts(config)
+            outcome["code"] = attempts(session_env)
         except BaseException as error:  # noqa: BLE001 -- raised again in the main thread
             outcome["error"] = error
         finally:
@@ -152,7 +154,7 @@ class Frontend:
         except SessionEnded:
             return False
 
-    def execute(self, source: str, mode: str) -> messages.Reply | None:
+    def execute(self, source: str, mode: str) -> console.Reply | None:
         self.state, self.interrupted_at, self.presses = Frontend.RUNNING, None, 0
         try:
             return self.session.run(source, mode, self.going_on)
@@ -188,7 +190,7 @@ class Console(Frontend):
         n = self.count
         return f"{n} process{'es' if n != 1 else ''}"
 
-    def show(self, reply: messages.Reply | None) -> None:
+    def show(self, reply: console.Reply | None) -> None:
         if reply is None:
             return
         out, err = merge.render(reply.results)
@@ -219,7 +221,7 @@ class Reader(code.InteractiveConsole):
             return False
         if compiled is None:
             return True  # more lines to come
-        reply = self.frontend.execute(source, messages.SINGLE)
+        reply = self.frontend.execute(source, console.SINGLE)
         if reply is None:  # process 0 is gone: the summary comes before anything else
             self.frontend.wait_over()
             raise SessionEnded()
@@ -277,16 +279,22 @@ class Pipe(Frontend):
         if not self.connect():
             return
         try:
-            self.out.write(json.dumps({"ready": True}).encode() + b"\n")
+            self.out.write(console.SessionReady().line())
             while True:
                 self.state = Frontend.PROMPT
-                line = sys.stdin.buffer.readline(messages.MAX_LINE)
+                line = sys.stdin.buffer.readline(console.MAX_LINE)
                 if not line:
                     return
-                request = json.loads(line)
-                reply = self.execute(request.get("code", ""), request.get("mode", messages.CELL))
+                request = encoding.decode(line)
+                if not isinstance(request, console.Execute):
+                    raise encoding.WireError(f"a {request.WORD} where a cell belongs")
+                reply = self.execute(request.code, request.mode)
                 if reply is None:
                     return
-                self.out.write(messages.encode(reply))
+                self.out.write(reply.line())
         except (SessionEnded, BrokenPipeError):
             return
+
+
+# The frontend of each interactive mode.
+FRONTENDS: dict[type[modes.Interactive], type[Frontend]] = {modes.Terminal: Console, modes.Jupyter: Pipe}

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from jaxrun import contract
-from jaxrun.core import logfiles
+from jaxrun.core import logfiles, modes
 from jaxrun.core.config import BackendEntry, LaunchError, RunConfig, declared_flags
 from jaxrun.core.ranks import DIGITS, console_rank_set
 from jaxrun.launcher.setup import plan as planning
@@ -81,11 +81,12 @@ def config_from_args(values: Mapping[str, Any], backends: Mapping[str, BackendEn
     the words from SCRIPT (or -m) on.  ``option_names`` are the command's
     long options, for the close match a mistyped one gets."""
     system = system or System()
-    interactive = values.get("interactive") or values.get("kernel_pipe")
-    if interactive and values["args"]:
-        raise LaunchError(f"-i takes no SCRIPT (got {values['args'][0]!r}): the session's statements are typed")
-    target = (planning.Target(contract.INTERACTIVE_CONTROLLER_MODULE, (), is_module=True) if interactive
-              else parse_target(values["args"], option_names))
+    mode = chosen_mode(values)
+    try:
+        mode.check(values)
+        target = mode.target(values["args"], lambda args: parse_target(args, option_names))
+    except modes.ModeError as e:
+        raise LaunchError(str(e)) from None
     cpu_devices, per_process = values["cpu_devices"], values["devices_per_process"]
     if cpu_devices is not None and per_process is not None:
         raise LaunchError("--cpu-devices and --devices-per-process cannot be used together")
@@ -97,7 +98,7 @@ def config_from_args(values: Mapping[str, Any], backends: Mapping[str, BackendEn
     if hosts:
         planning.assign_hosts(hosts, num_processes)  # too few slots: exit 2 before any ssh
     min_hosts = elastic_minimum(values, entry, hosts, num_processes, system.environ)
-    console_ranks = console_rank_set(values["console_ranks"], num_processes)
+    console_ranks = mode.console_ranks(console_rank_set(values["console_ranks"], num_processes))
     check_devices_per_process(per_process)  # before counting GPUs, which may run nvidia-smi
     elsewhere = entry.takes_hosts or entry.scheduled
     devices_per_host = local_device_count(cpu_devices, per_process, num_processes, elsewhere, system)
@@ -120,9 +121,8 @@ def config_from_args(values: Mapping[str, Any], backends: Mapping[str, BackendEn
         scheduled=entry.scheduled,
         flight_recorder=values["flight_recorder"],
         check_divergence=values["check_divergence"],
-        # A session waits for its user, which is not a stall.
-        stall_timeout=0.0 if interactive else values.get("stall_timeout", 0.0),
-        recoverable=values.get("recoverable"),
+        stall_timeout=mode.stall_timeout(values.get("stall_timeout", 0.0)),
+        recoverable=mode.recoverable(values.get("recoverable")),
         compile_cache=shared_compile_cache(values, entry, run_id, extra_env, system.environ),
     )
     # The entry's own checks first: it may say better why it takes no flag of
@@ -132,16 +132,16 @@ def config_from_args(values: Mapping[str, Any], backends: Mapping[str, BackendEn
     log_dir = values["log_dir"]
     if not values["dry_run"]:
         log_dir = ready_for_a_run(values, entry, run_id, system)
-    config = run_config(values, launch, console_ranks, log_dir or default_log_dir(run_id), entry.name,
-                        backend_options, system.environ)
-    config.min_hosts, config.hosts_command = min_hosts, values["hosts_command"]
-    if interactive:
-        config.interactive = "pipe" if values.get("kernel_pipe") else "console"
-        if config.max_restarts:
-            raise LaunchError("-i takes no --max-restarts: a session's state cannot be restarted")
-        if values.get("recoverable"):
-            raise LaunchError("-i takes no --recoverable: every statement runs in every process")
-    return config
+    return run_config(values, launch, console_ranks, log_dir or default_log_dir(run_id), entry.name,
+                      backend_options, system.environ, mode=mode, min_hosts=min_hosts,
+                      hosts_command=values["hosts_command"])
+
+
+def chosen_mode(values: Mapping[str, Any]) -> modes.Mode:
+    """What the run is for: -i at a terminal, -i behind the kernel's pipe, or a script."""
+    if values.get("kernel_pipe"):
+        return modes.Jupyter()
+    return modes.Terminal() if values.get("interactive") else modes.Script()
 
 
 def ready_for_a_run(values: Mapping[str, Any], entry: BackendEntry, run_id: str, system: System) -> str:
@@ -154,7 +154,9 @@ def ready_for_a_run(values: Mapping[str, Any], entry: BackendEntry, run_id: str,
 
 
 def run_config(values: Mapping[str, Any], launch: planning.LaunchOptions, console_ranks: frozenset[int] | None,
-               log_dir: str, backend: str, backend_options: Any, environ: Mapping[str, str]) -> RunConfig:
+               log_dir: str, backend: str, backend_options: Any, environ: Mapping[str, str],
+               **rest: Any) -> RunConfig:
+    """``rest``: the RunConfig fields decided above (the mode, elastic restarts)."""
     github_actions = github.on_github_actions(environ)
     preload = values["preload"]
     return RunConfig(
@@ -176,6 +178,7 @@ def run_config(values: Mapping[str, Any], launch: planning.LaunchOptions, consol
         preload_modules=tuple(values["preload_modules"]),
         backend=backend,
         backend_options=backend_options,
+        **rest,
     )
 
 
@@ -295,7 +298,8 @@ def refuse_others_flags(backends: Mapping[str, BackendEntry], entry: BackendEntr
 
 def exported_env(exports: Sequence[str], env_pairs: Sequence[tuple[str, str]],
                  environ: Mapping[str, str]) -> dict[str, str]:
-    """-x KEY takes the local value; --env KEY=VALUE wins over it."""
+    """``exports``: -x KEY (or --export KEY) takes the local value;
+    ``env_pairs``: -x KEY=VALUE (or --env KEY=VALUE) wins over it."""
     env = {}
     for key in exports:
         if key not in environ:

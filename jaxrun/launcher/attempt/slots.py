@@ -1,0 +1,117 @@
+"""One slot per process of an attempt, and the state it is in.
+
+A slot lives from the attempt's plan to its end.  Its state moves one way
+through a life, and a process started again alone begins a new life in the
+same slot:
+
+    PENDING -> STARTED -> JOINED -> WORKING <-> WAITING -> FINISHED -> ENDED
+                  \\__________\\___________\\_________\\____________/
+
+- PENDING: planned, not yet spawned;
+- STARTED: spawned, not yet at the job's rendezvous;
+- JOINED: at the rendezvous, its activity not yet heard;
+- WORKING / WAITING: busy or idle, as its activity sampler says;
+- FINISHED: its script returned, and it is in JAX's shutdown;
+- ENDED: its end was heard (or given up on); its record holds the verdict.
+
+The supervisor moves slots on the events it hears; whoever reads the
+attempt (the run loop, an interactive frontend) reads the states here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Iterator, Sequence
+
+from jaxrun import contract
+from jaxrun.core.backend import Child
+from jaxrun.core.logfiles import log_paths
+from jaxrun.core.outcome import ProcessRecord, Verdict
+from jaxrun.core.spec import ProcessSpec
+
+
+class State(enum.Enum):
+    PENDING = "pending"
+    STARTED = "started"
+    JOINED = "joined"
+    WORKING = "working"
+    WAITING = "waiting"
+    FINISHED = "finished"
+    ENDED = "ended"
+
+
+LIVE = frozenset({State.STARTED, State.JOINED, State.WORKING, State.WAITING, State.FINISHED})
+# What a process's activity sampler says, as the slot's state.
+BY_ACTIVITY = {contract.BUSY: State.WORKING, contract.IDLE: State.WAITING, contract.FINISHED: State.FINISHED}
+
+
+@dataclasses.dataclass
+class Slot:
+    rank: int
+    record: ProcessRecord  # its current life's
+    state: State = State.PENDING
+    child: Child | None = None  # its current life's
+
+    def started(self, child: Child) -> None:
+        self.child, self.state = child, State.STARTED
+        self.record.pid = child.pid
+
+    def joined(self) -> None:
+        if self.state is State.STARTED:
+            self.state = State.JOINED
+
+    def activity(self, said: str) -> None:
+        state = BY_ACTIVITY.get(said)
+        if state is not None and self.state in LIVE and self.state is not State.FINISHED:
+            self.state = state
+
+    def ended(self) -> None:
+        self.state = State.ENDED
+
+    def next_life(self, log_dir: str) -> ProcessRecord:
+        """A new life for a failed process, alone: the same id, coordinator
+        and environment, its own restart count and log files; the failed
+        life becomes one of its earlier lives.  The slot is PENDING again."""
+        record = self.record
+        life = record.life + 1
+        attempt = int(record.spec.env.get(contract.RESTART_COUNT, "0")) - record.life  # the attempt's own count
+        env = {**record.spec.env, contract.PROCESS_RESTARTS: str(life), contract.RESTART_COUNT: str(attempt + life)}
+        spec = dataclasses.replace(record.spec, env=env)
+        record.verdict = Verdict.RESTARTED
+        self.record = ProcessRecord(spec, *log_paths(log_dir, spec.rank, life), life=life, earlier=record.lives)
+        record.earlier = []
+        self.state, self.child = State.PENDING, None
+        return self.record
+
+    def back_to(self, record: ProcessRecord) -> None:
+        """A new life that could not start: the failed one is the last again."""
+        record.earlier, self.record = self.record.earlier[:-1], record
+        self.state = State.ENDED
+
+
+class Slots:
+    """The attempt's slots, by rank, in the plan's order."""
+
+    def __init__(self, specs: Sequence[ProcessSpec], log_dir: str):
+        self.by_rank = {spec.rank: Slot(spec.rank, ProcessRecord(spec, *log_paths(log_dir, spec.rank)))
+                        for spec in specs}
+
+    def __getitem__(self, rank: int) -> Slot:
+        return self.by_rank[rank]
+
+    def __iter__(self) -> Iterator[Slot]:
+        return iter(self.by_rank.values())
+
+    def running(self) -> list[int]:
+        return [slot.rank for slot in self if slot.state in LIVE]
+
+    def children(self) -> list[Child]:
+        """Every life's child that was started, the ended ones too (their groups may hold grandchildren)."""
+        return [slot.child for slot in self if slot.child is not None]
+
+    def records(self) -> list[ProcessRecord]:
+        return [slot.record for slot in self]
+
+    def states(self) -> dict[int, State]:
+        return {slot.rank: slot.state for slot in self}
