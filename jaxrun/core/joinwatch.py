@@ -78,6 +78,11 @@ class JoinWatch:
         self.done.set()
         if self.thread.ident is not None:  # started
             self.thread.join()
+            if self.activity_path:
+                try:
+                    self._look_at_activity()  # its last word (its script returned) goes home too
+                except OSError:
+                    pass
         if self.path:
             self._remove(self.path)
         if self.activity_path:

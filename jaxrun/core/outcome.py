@@ -44,6 +44,7 @@ class ProcessRecord:
     pid: int | None = None
     started_at: float | None = None  # wall clock, for the report
     ended_at: float | None = None
+    finished_at: float | None = None  # wall clock: its script returned (heard through its activity)
     returncode: int | None = None
     verdict: Verdict | None = None
     resources: contract.Resources | None = None  # measured where it ran, once it ended

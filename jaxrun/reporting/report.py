@@ -107,6 +107,9 @@ def _life_dict(r: ProcessRecord) -> dict:
         "verdict": r.verdict.value if r.verdict else None,
         "started_at": r.started_at,
         "ended_at": r.ended_at,
+        # When jaxrun heard that its script returned (null: it never did, or
+        # the stall watchdog's sampler was off, --stall-timeout 0).
+        "finished_at": r.finished_at,
         # When the process that reaped it saw it end, by that machine's clock
         # (null where its far end does not say).
         "reaped_at": r.reaped_at,

@@ -86,7 +86,8 @@ JOINED_MARKER = b"\x00\x1bjaxrun-joined\n"
 JOINED_RECOVERABLE_MARKER = b"\x00\x1bjaxrun-joined-recoverable\n"
 # Written the same way each time the controller's stall-watchdog sampler
 # changes between busy and idle (see contract.ACTIVITY_FILE).
-ACTIVITY_MARKERS = {state: b"\x00\x1bjaxrun-%s\n" % state.encode() for state in (contract.BUSY, contract.IDLE)}
+ACTIVITY_MARKERS = {state: b"\x00\x1bjaxrun-%s\n" % state.encode()
+                    for state in (contract.BUSY, contract.IDLE, contract.FINISHED)}
 # What a report home may say about the controller's end besides its record and
 # resources (each optional: an older far end leaves them out), with its type:
 # its own pid on its host, and when its reaper saw it end, by which machine's

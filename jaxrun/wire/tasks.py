@@ -55,7 +55,7 @@ class TaskJoined(Message):
 
 @message("activity")
 class TaskActivity(Message):
-    """The controller's sampler changed state: ``contract.BUSY`` or ``contract.IDLE``."""
+    """The controller's sampler changed state: ``contract.BUSY``, ``contract.IDLE`` or ``contract.FINISHED``."""
 
     state: str
 

@@ -65,7 +65,6 @@ def check_cases(jobs: dict, tmp_path, two: str = "process 2") -> None:
 
 
 def check_restarts(job, code: int, tmp_path, two: str) -> None:
-
     """Process 2 dies, restarts allowed: 0 and 1 run once and finish; 2 runs twice, rejoins, finishes."""
     assert code == 0, job.stderr
     assert f"{two} failed (killed by SIGKILL); {OTHERS_GO_ON}; starting process 2 again alone " \
@@ -80,6 +79,10 @@ def check_restarts(job, code: int, tmp_path, two: str) -> None:
     assert first["signal"] == "SIGKILL" and first["verdict"] == "failed, started again alone", first
     assert second["exit_code"] == 0 and second["pid"] != first["pid"], second
     assert second["started_at"] >= first["ended_at"]
+    # Each life that ran its script to the end said so before it ended; the killed one never did.
+    for life in (runs[0][0], runs[1][0], second):
+        assert life["started_at"] < life["finished_at"] <= life["ended_at"], life
+    assert first["finished_at"] is None, first
     rerun = open(second["stdout_log"]).read()
     assert "process 2 run 1 joined: 3 devices" in rerun and "process 2 done" in rerun, rerun
     for rank in (0, 1):
@@ -245,5 +248,7 @@ def test_a_gang_keeps_the_survivors_and_restarts_whole_jobs(gang, request, start
         assert attempt["recoverable"] is True and attempt["root_cause"]["process_id"] == 2, attempt
         assert [p["verdict"] for p in attempt["processes"]] == ["ok", "ok", "failed first"], attempt["processes"]
         assert [len(p["lives"]) for p in attempt["processes"]] == [1, 1, 1]
+        # The task agents passed on that the survivors' scripts returned; the killed one's never did.
+        assert [p["finished_at"] is not None for p in attempt["processes"]] == [True, True, False], attempt
     # The survivors finished in each attempt: the engine's own fail-fast left them be.
     assert job.stdout.count("process 0 done") == 2 and job.stdout.count("process 1 done") == 2, job.stdout

@@ -707,6 +707,8 @@ def test_each_slot_moves_through_its_states_as_its_process_reports(tmp_path):
     assert seen[1.5] == {0: State.JOINED, 1: State.JOINED, 2: State.STARTED}
     assert seen[2.5] == {0: State.WORKING, 1: State.WAITING, 2: State.STARTED}
     assert seen[3.5] == {0: State.FINISHED, 1: State.WAITING, 2: State.STARTED}
+    finished = [slot.record.finished_at for slot in h.sup.slots]
+    assert finished[0] is not None and finished[1:] == [None, None]  # the report's finished_at
     assert h.sup.slots.states() == dict.fromkeys(range(3), State.ENDED)
 
 

@@ -108,8 +108,10 @@ class ActivityWatch:
     """The busy and idle states of an attempt's processes, and when they stall."""
 
     def __init__(self, specs: Sequence[ProcessSpec], timeout: float, clock: Callable[[], float],
-                 note: Callable[[str], None], stderr_logs: dict[int, str], poll: float | None = None):
+                 note: Callable[[str], None], stderr_logs: dict[int, str], poll: float | None = None,
+                 on_heard: Callable[[int, str], None] = lambda rank, state: None):
         self.timeout, self.clock, self.note = timeout, clock, note
+        self.on_heard = on_heard  # every state heard, as said (the attempt's slots follow it)
         self.active = timeout > 0 and len(specs) > 0
         self.running = {s.rank for s in specs}
         self.stderr_logs = stderr_logs
@@ -128,6 +130,7 @@ class ActivityWatch:
     def heard(self, rank: int, state: str) -> None:
         if rank not in self.running or state not in (contract.BUSY, contract.IDLE, contract.FINISHED):
             return
+        self.on_heard(rank, state)
         if state == contract.FINISHED:  # past its script, in JAX's shutdown: as idle as a wait
             state = contract.IDLE
         if state == contract.IDLE and self.state.get(rank) != contract.IDLE:
@@ -137,6 +140,9 @@ class ActivityWatch:
             self.probe_at = None  # someone moved: whatever was asked is moot
 
     def ended(self, rank: int) -> None:
+        """Its end was heard: its file's last word first (a script that returned just before)."""
+        if rank in self.paths and rank in self.running:
+            self._read_file(rank, self.paths[rank])
         self.running.discard(rank)
 
     def again(self, rank: int, stderr_log: str) -> None:
@@ -148,18 +154,20 @@ class ActivityWatch:
 
     def _read_files(self) -> None:
         for rank, path in self.paths.items():
-            if rank not in self.running:
-                continue
-            try:
-                st = os.lstat(path)
-            except OSError:
-                continue
-            seen = (st.st_ino, st.st_mtime_ns, st.st_size)
-            if seen != self.seen.get(rank):
-                self.seen[rank] = seen
-                state = contract.read_activity(path)
-                if state is not None:
-                    self.heard(rank, state)
+            if rank in self.running:
+                self._read_file(rank, path)
+
+    def _read_file(self, rank: int, path: str) -> None:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return
+        seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if seen != self.seen.get(rank):
+            self.seen[rank] = seen
+            state = contract.read_activity(path)
+            if state is not None:
+                self.heard(rank, state)
 
     def _all_idle_since(self) -> float | None:
         if not self.running or any(self.state.get(r) != contract.IDLE for r in self.running):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import time
 from collections.abc import Iterator, Sequence
 
 from jaxrun import contract
@@ -65,6 +66,8 @@ class Slot:
         state = BY_ACTIVITY.get(said)
         if state is not None and self.state in LIVE and self.state is not State.FINISHED:
             self.state = state
+            if state is State.FINISHED:
+                self.record.finished_at = time.time()
 
     def ended(self) -> None:
         self.state = State.ENDED

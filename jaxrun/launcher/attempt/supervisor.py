@@ -99,7 +99,8 @@ class Supervisor:
         self.joins = Joins(self.specs, self.printer.status, self.printer.note, live=self.printer.can_show_status(),
                            clock=self.clock, on_join=self._joined)
         self.activity = ActivityWatch(self.specs, self.stall_timeout, self.clock, self.printer.note,
-                                      {slot.rank: slot.record.stderr_log for slot in self.slots})
+                                      {slot.rank: slot.record.stderr_log for slot in self.slots},
+                                      on_heard=lambda rank, state: self.slots[rank].activity(state))
         lifeline_r, lifeline_w = os.pipe()
         self.starter = Starter(self.backend, self.printer, self.pump, self.log_dir, self.events, self.hooks,
                                self.joins, self.activity, lifeline_r, self.clock)
@@ -185,8 +186,7 @@ class Supervisor:
             self.slots[event.rank].joined()
             self.joins.joined(event.rank, event.recoverable)
         elif isinstance(event, Activity):
-            self.slots[event.rank].activity(event.state)
-            self.activity.heard(event.rank, event.state)
+            self.activity.heard(event.rank, event.state)  # and through it, the slot
         elif isinstance(event, ThreadDied):
             self._on_fault(event)
         elif isinstance(event, LogWriteFailed):
