@@ -125,6 +125,15 @@ MUTATIONS = [
         "alone or spared or restarts_alone or ssh or recoverable",
     ),
     Mutation(
+        "gang-not-told-recoverable",
+        "the launcher decides a job is recoverable but never tells a gang's task agents, so the engine ends the others",
+        (("jaxrun/launcher/attempt/supervisor.py",
+          "            self.backend.job_is_recoverable()",
+          "            pass"),),
+        ("tests/e2e/test_recoverable.py",),
+        "gang",
+    ),
+    Mutation(
         "policy-elastic-and-plain-swapped",
         "the restart policy places an elastic job on the same hosts, and a plain one anew",
         (("jaxrun/launcher/restarts/policy.py",

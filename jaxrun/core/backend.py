@@ -267,6 +267,12 @@ class Backend(abc.ABC):
         the launcher's machine; ``news`` is for a child whose ``reports_joins``
         is true, from any thread."""
 
+    def job_is_recoverable(self) -> None:
+        """The restart policy decided, from every process's announcement, that
+        this attempt's job is recoverable.  A backend whose far ends end their
+        tasks themselves (a gang's task agents) tells them here, and they obey;
+        the others have nothing to do: jaxrun itself spares the survivors."""
+
     def end_attempt(self) -> None:
         """The attempt is over and every child has exited."""
 

@@ -67,6 +67,13 @@ class Error(Message):
     record: str
 
 
+@message("recoverable")
+class JobRecoverable(Message):
+    """The launcher decided that the job is recoverable (every process said so
+    at its join): a task whose controller, other than process 0, fails ends
+    with 0, so that the scheduler's own fail-fast leaves the others be."""
+
+
 @message("ack")
 class Ack(Message):
     """The launcher took a connection (its answer to a ``TaskHello``), or has the exit code (the task may end)."""

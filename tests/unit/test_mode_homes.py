@@ -31,7 +31,6 @@ CARRIERS = {
     # The announcement itself, on its way from the child to the policy: each
     # far end passes on what its process said, in its own transport.
     "backends/ssh/session_agent.py": "writes the joined marker that carries the announcement",
-    "backends/scheduler/task_agent.py": "obeys the launcher's word that the job is recoverable",
     "launcher/attempt/joins.py": "reads the announcement from the joined file",
     "contract/helpers.py": "writes the joined file's announcement",
     "launcher/setup/plan.py": "tells each far end what --recoverable or --no-recoverable decided",

@@ -115,16 +115,17 @@ def test_recoverable_is_decided_once_from_every_announcement_and_the_flags():
     policy.joined(0, True)
     policy.joined(1, True)
     assert not policy.recoverable
-    policy.joined(2, True)
-    assert policy.recoverable
+    assert policy.joined(2, True).turned and policy.recoverable  # the far ends are told, once
+    assert not policy.joined(2, True).turned
     policy.begin_attempt(3)  # a new attempt: its processes announce again
     assert not policy.recoverable
     forced, refused = RestartPolicy(1, ENGINES["local"], True), RestartPolicy(1, ENGINES["local"], False)
+    turned = []
     for policy in (forced, refused):
         policy.begin_attempt(3)
-        for rank in range(3):
-            policy.joined(rank, True)
+        turned += [policy.joined(rank, True).turned for rank in range(3)]
     assert forced.recoverable and not refused.recoverable
+    assert turned == [False] * 6  # with either flag the far ends knew from the start
     alone = RestartPolicy(1, ENGINES["local"], True)
     alone.begin_attempt(1)
     assert not alone.recoverable  # one process has nobody to spare
@@ -150,11 +151,11 @@ def test_the_same_failure_lines_name_what_repeats():
 def test_a_gang_says_once_an_attempt_that_only_whole_jobs_restart():
     policy = RestartPolicy(1, ENGINES["slurm"])
     assert policy.begin_attempt(2) is None
-    assert policy.joined(0, True) is None
-    line = policy.joined(1, True)
+    assert policy.joined(0, True).line is None
+    line = policy.joined(1, True).line
     assert line.startswith("jaxrun: the job is recoverable: every process enabled jax_enable_recoverability; Slurm "
                            "starts the processes as one gang")
-    assert policy.joined(1, True) is None
+    assert policy.joined(1, True).line is None
     forced = RestartPolicy(1, ENGINES["slurm"], True)
     assert forced.begin_attempt(2).startswith("jaxrun: the job is recoverable (--recoverable); Slurm")
     assert RestartPolicy(1, ENGINES["local"], True).begin_attempt(2) is None

@@ -80,11 +80,12 @@ def test_the_task_channels_join_carries_the_flag_both_ways():
     assert encoding.decode(b"joined []") == tasks.TaskJoined(False)  # an agent that says nothing of it
 
 
-@pytest.mark.parametrize("mode, recoverable, spared", [
+@pytest.mark.parametrize("mode, told, spared", [
     (None, True, True), (None, False, False), ("auto", True, True),
     ("on", False, True), ("off", True, False)])
-def test_a_task_agent_spares_the_gang_only_in_a_recoverable_job(mode, recoverable, spared):
-    assert spares_the_others(mode, recoverable) is spared
+def test_a_task_agent_spares_the_gang_only_as_the_launcher_decided(mode, told, spared):
+    """``told``: the launcher's word on the control connection (tasks.JobRecoverable)."""
+    assert spares_the_others(mode, told) is spared
 
 
 # -- the records ----------------------------------------------------------------------------

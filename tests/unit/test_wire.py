@@ -29,6 +29,7 @@ EXAMPLES = [
     tasks.Coordinator("10.0.0.1:1234"),
     tasks.Start("[fe80::1]:1234"),
     tasks.TaskJoined(True),
+    tasks.JobRecoverable(),
     tasks.TaskActivity(contract.IDLE),
     tasks.Error(contract.ErrorRecord("ValueError", "bad\nvalue", "Traceback ...\n").to_json()),
     tasks.Exit(137),

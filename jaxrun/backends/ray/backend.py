@@ -274,6 +274,10 @@ class RayBackend(Backend):
               log_fds: tuple[int, int] | None, news: News) -> Any:
         return self.step.spawn(spec, extra_env, news)
 
+    def job_is_recoverable(self) -> None:
+        if self.step is not None:
+            self.step.job_is_recoverable()
+
     def end_attempt(self) -> None:
         step, driver, self.step, self.driver = self.step, self.driver, None, None
         if driver is not None:

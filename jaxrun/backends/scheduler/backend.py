@@ -93,6 +93,10 @@ class SchedulerBackend(Backend):
               log_fds: tuple[int, int] | None, news: News) -> RankChild:
         return self.step.spawn(spec, extra_env, news)
 
+    def job_is_recoverable(self) -> None:
+        if self.step is not None:
+            self.step.job_is_recoverable()
+
     def end_attempt(self) -> None:
         if self.step is not None:
             self.step.close()

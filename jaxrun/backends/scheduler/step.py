@@ -248,6 +248,13 @@ class Step:
         if coordinator:
             child.tell(tasks.Start(coordinator))
 
+    def job_is_recoverable(self) -> None:
+        """Tell every task agent that the launcher decided the job is recoverable."""
+        with self.lock:
+            ready = list(self.connected)
+        for child in ready:
+            child.tell(tasks.JobRecoverable())
+
     def set_coordinator(self, address: str) -> None:
         with self.lock:
             if self.coordinator:

@@ -213,7 +213,7 @@ class TaskHome:
     def __init__(self, channel: TaskChannel, rank: int, err: int, scheduler: SchedulerSignals):
         self.channel, self.rank, self.err, self.scheduler = channel, rank, err, scheduler
         self.acked = threading.Event()
-        self.recoverable = False  # its controller enabled JAX's fault tolerance, as it joined
+        self.told_recoverable = False  # the launcher decided that the job is recoverable
 
     def listen(self, controller: far_end.Controller) -> None:
         """Deliver the launcher's signals until its Ack; a lost launcher means SIGKILL."""
@@ -225,12 +225,13 @@ class TaskHome:
                 break
             if isinstance(msg, tasks.Signal):
                 controller.signal(msg.signum)
+            elif isinstance(msg, tasks.JobRecoverable):
+                self.told_recoverable = True
             elif isinstance(msg, tasks.Ack):
                 break
         self.acked.set()
 
     def joined(self, recoverable: bool) -> None:
-        self.recoverable = recoverable
         self.channel.send(tasks.TaskJoined(recoverable))
 
     def activity(self, state: str) -> None:
@@ -285,16 +286,18 @@ def main(argv: list[str]) -> int:
     home = TaskHome(channel, rank, fds[1], scheduler)
     code = far_end.run(command, child_env(coordinator, rank, local), home, fds=fds, give_fds=True,
                        on_start=scheduler.started)
-    if rank != 0 and spares_the_others(os.environ.get(contract.RECOVERABLE_MODE), home.recoverable):
+    if rank != 0 and spares_the_others(os.environ.get(contract.RECOVERABLE_MODE), home.told_recoverable):
         return 0  # the launcher has the real status; the scheduler's fail-fast must leave the others be
     return contract.exit_status(code)
 
 
-def spares_the_others(mode: str | None, recoverable: bool) -> bool:
-    """Whether this task's end must not end the step: in a recoverable job
-    (``--recoverable``, or, unless ``--no-recoverable``, a controller that
-    enabled recoverability), the others go on without a process other than 0."""
-    return mode == "on" or (mode != "off" and recoverable)
+def spares_the_others(mode: str | None, told: bool) -> bool:
+    """Whether this task's end must not end the step: in a recoverable job,
+    the others go on without a process other than 0.  The launcher decides
+    that, once: ``--recoverable`` ("on") or ``--no-recoverable`` ("off") in
+    the environment, or, by default, its word on the control connection
+    that every process announced it (``told``)."""
+    return mode == "on" or (mode != "off" and told)
 
 
 def wait_for_start(channel: TaskChannel) -> str | None:

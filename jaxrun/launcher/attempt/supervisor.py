@@ -122,7 +122,10 @@ class Supervisor:
                               log_errors=self.log_errors, full_folder=self.log_dir if full else None)
 
     def _joined(self, rank: int, recoverable: bool) -> None:
-        self._say(self.policy.joined(rank, recoverable))
+        heard = self.policy.joined(rank, recoverable)
+        self._say(heard.line)
+        if heard.turned:
+            self.backend.job_is_recoverable()  # a gang's task agents obey the policy's word
 
     def _say(self, line: str | None) -> None:
         if line:

@@ -81,6 +81,16 @@ class Decision:
 
 
 @dataclasses.dataclass(frozen=True)
+class Heard:
+    """What a join changed: a line to print, and whether the job turned
+    recoverable with it, which the far ends that end their own tasks must be
+    told (with --recoverable they knew from the start)."""
+
+    line: str | None = None
+    turned: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class Engine:
     """What the backend can do, as the policy needs it."""
 
@@ -111,11 +121,12 @@ class RestartPolicy:
         self._said_gang = False
         return self._gang_line()
 
-    def joined(self, rank: int, recoverable: bool) -> str | None:
-        """A process joined, and said whether it enabled recoverability; a line to print, if any."""
+    def joined(self, rank: int, recoverable: bool) -> Heard:
+        """A process joined, and said whether it enabled recoverability."""
+        before = self.recoverable
         if recoverable:
             self.announced.add(rank)
-        return self._gang_line()
+        return Heard(self._gang_line(), turned=self.recoverable and not before and self.mode is None)
 
     @property
     def recoverable(self) -> bool:
