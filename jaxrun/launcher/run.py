@@ -1,4 +1,10 @@
-"""The programmatic entry point: run a planned job, with restarts, and report.
+"""The programmatic entry point: options in, exit status out.
+
+Each attempt is placed, started and supervised (``launcher.attempt``), then
+reported; after each, the restart policy (``launcher.restarts.policy``) says
+whether another follows, on the same hosts or placed anew.  A mode's type
+says how the attempts are driven (``DRIVERS``): a script's here, an
+interactive session's under its frontend.
 
 One ``RunControl`` spans the whole run, from opening the backend to the last
 report: signals, ``--timeout`` and a dead launcher thread stop whatever stage
