@@ -42,7 +42,7 @@ if attempt == "0" and jax.process_index() == 1:
     sys.exit(3)  # a failure after the compile: the job restarts
 '''
 LINE = re.compile(r"CACHE attempt=(\d) process=(\d) dir=(\S*) entries=(\d+) hits=(\d+)")
-EVERY_COMPILE = ("--env", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0")
+EVERY_COMPILE = ("-x", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0")
 
 
 def looks(out: str) -> dict[tuple[int, int], tuple[str, int, int]]:
@@ -58,7 +58,7 @@ def test_attempts_share_a_compile_cache_unless_the_user_has_one(launch, tmp_path
     own = tmp_path / "own-cache"
     jobs = {
         "shared": ("--max-restarts", 1),
-        "own": ("--max-restarts", 1, "--env", f"JAX_COMPILATION_CACHE_DIR={own}"),
+        "own": ("--max-restarts", 1, "-x", f"JAX_COMPILATION_CACHE_DIR={own}"),
         "no restarts": (),
     }
     started = {name: launch("-n", 2, "--cpu-devices", 1, *EVERY_COMPILE, *flags, "--log-dir", tmp_path / name,
@@ -94,7 +94,7 @@ def test_each_ssh_host_keeps_its_own_compile_cache(sshd_hosts, start_job, tmp_pa
     process 0's host holds entries (JAX writes from process 0 alone)."""
     script = shared_dir / "cached.py"
     script.write_text(SCRIPT)
-    job = start_job("-H", "hostA,hostB", "--ssh-config", sshd_hosts.config, "--env", f"PYTHONPATH={ROOT}",
+    job = start_job("-H", "hostA,hostB", "--ssh-config", sshd_hosts.config, "-x", f"PYTHONPATH={ROOT}",
                     "-x", TOKEN, "--cpu-devices", 1, *EVERY_COMPILE, "--max-restarts", 1,
                     "--log-dir", tmp_path / "logs", script, cwd=shared_dir)
     assert job.wait(timeout=100) == 0, job.stderr

@@ -53,7 +53,7 @@ def elastic_job(start_job, hosts, mortal_hosts, shared_dir, tmp_path, *flags):
     ckpt.mkdir()
     report = tmp_path / "report.json"
     job = start_job("-n", 2, "--cpu-devices", 2, "-H", ",".join(hosts), "--ssh-config", mortal_hosts.config,
-                    "--env", f"PYTHONPATH={ROOT}", "--env", "RESUME_STEP_SECONDS=0.25", "-x", TOKEN,
+                    "-x", f"PYTHONPATH={ROOT}", "-x", "RESUME_STEP_SECONDS=0.25", "-x", TOKEN,
                     "--log-dir", tmp_path / "logs", "--report", report, *flags, RESUME, ckpt, STEPS,
                     cwd=shared_dir)
     return job, ckpt, report
@@ -154,7 +154,7 @@ def test_the_hosts_command_is_asked_again_before_the_restart(mortal_hosts, start
     ckpt.mkdir()
     report = tmp_path / "report.json"
     job = start_job("-n", 2, "--cpu-devices", 2, "--hosts-command", f"cat {listing}", "--ssh-config",
-                    mortal_hosts.config, "--env", f"PYTHONPATH={ROOT}", "--env", "RESUME_STEP_SECONDS=0.25",
+                    mortal_hosts.config, "-x", f"PYTHONPATH={ROOT}", "-x", "RESUME_STEP_SECONDS=0.25",
                     "-x", TOKEN, "--max-restarts", 1, "--log-dir", tmp_path / "logs", "--report", report,
                     RESUME, ckpt, STEPS, cwd=shared_dir)
     deadline = time.monotonic() + 90

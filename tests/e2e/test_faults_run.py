@@ -105,7 +105,7 @@ def test_console_reader_goes_away_over_ssh(sshd_hosts, started, tmp_path, shared
     and the remote processes blocked forever with empty logs."""
     script = write(shared_dir, "many.py", MANY_LINES)  # shared_dir: on every host
     logs = tmp_path / "logs"
-    proc = start(["-H", "hostA,hostB", "--ssh-config", sshd_hosts.config, "--env", f"PYTHONPATH={ROOT}",
+    proc = start(["-H", "hostA,hostB", "--ssh-config", sshd_hosts.config, "-x", f"PYTHONPATH={ROOT}",
                   "-x", TOKEN, "--log-dir", logs, script])
     started.append(proc)
     assert read_one_line_and_hang_up(proc).startswith(b"[")
@@ -151,7 +151,7 @@ def test_full_log_folder_over_ssh_keeps_the_job(sshd_hosts, small_disk, started,
     status stays the job's."""
     script = write(shared_dir, "many.py", MANY_LINES * 2)
     logs = small_disk / "logs"
-    proc = start(["-H", "hostA,hostB", "--ssh-config", sshd_hosts.config, "--env", f"PYTHONPATH={ROOT}",
+    proc = start(["-H", "hostA,hostB", "--ssh-config", sshd_hosts.config, "-x", f"PYTHONPATH={ROOT}",
                   "-x", TOKEN, "--log-dir", logs, script], stdout=subprocess.DEVNULL)
     started.append(proc)
     code, took, err = finish(proc, 120)
@@ -199,7 +199,7 @@ def test_setsid_daemons_do_not_survive(launch_mode, started, tmp_path):
 def test_setsid_daemons_do_not_survive_over_ssh(sshd_hosts, started, tmp_path, shared_dir):
     """The host agent claims its orphans too, so remote daemons end with the job."""
     script = write(shared_dir, "daemon.py", DAEMON)
-    proc = start(["-H", "hostA,hostB", "--ssh-config", sshd_hosts.config, "--env", f"PYTHONPATH={ROOT}",
+    proc = start(["-H", "hostA,hostB", "--ssh-config", sshd_hosts.config, "-x", f"PYTHONPATH={ROOT}",
                   "-x", TOKEN, "--log-dir", tmp_path / "logs", script, shared_dir / "daemon"])
     started.append(proc)
     code, took, err = finish(proc, 60)
@@ -306,7 +306,7 @@ def test_a_dying_launcher_thread_ends_the_run(thread, started, tmp_path):
 @pytest.mark.timeout(90)
 def test_a_dying_ssh_thread_ends_the_run(sshd_hosts, started, tmp_path, shared_dir):
     script = write(shared_dir, "hello.py", "print('hello')\n")
-    proc = start(["-H", "hostA,hostB", "--ssh-config", sshd_hosts.config, "--env", f"PYTHONPATH={ROOT}",
+    proc = start(["-H", "hostA,hostB", "--ssh-config", sshd_hosts.config, "-x", f"PYTHONPATH={ROOT}",
                   "-x", TOKEN, "--log-dir", tmp_path / "logs", script],
                  env={"JAXRUN_INJECT_THREAD_FAULT": "ssh-preflight"})
     started.append(proc)
@@ -332,7 +332,7 @@ def test_huge_environment_is_served_by_the_preloading_server(started, tmp_path):
     framed over a stream now: the server forks them like any other, every
     byte of the environment intact, and the console has nothing to say."""
     script = write(tmp_path, "sizes.py", HUGE_ENV_SCRIPT)
-    big = [arg for i in range(3) for arg in ("--env", f"BIG{i}={'x' * 100_000}")]
+    big = [arg for i in range(3) for arg in ("-x", f"BIG{i}={'x' * 100_000}")]
     proc = start(["-n", 2, *big, "--log-dir", tmp_path / "logs", script], env={"JAXRUN_NO_PRELOAD": ""})
     started.append(proc)
     out, err = proc.communicate(timeout=60)

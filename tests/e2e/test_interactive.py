@@ -180,7 +180,7 @@ def test_the_console_over_ssh_on_two_hosts(sshd_hosts, tmp_path):
     (first, _), (second, _) = sshd_hosts.addresses.items()
     hosts = tmp_path / "hosts.txt"
     hosts.write_text(f"{first} slots=2\n{second} slots=2\n")
-    flags = ["--ssh-config", sshd_hosts.config, "--env", f"PYTHONPATH={ROOT}", "-x", TOKEN]
+    flags = ["--ssh-config", sshd_hosts.config, "-x", f"PYTHONPATH={ROOT}", "-x", TOKEN]
     session = Console(["--hosts", hosts, *flags, "--cpu-devices", "2", "--log-dir", tmp_path / "logs", "-i"],
                       {**os.environ, "XDG_STATE_HOME": str(tmp_path)})
     try:

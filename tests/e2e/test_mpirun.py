@@ -84,7 +84,7 @@ def test_env_and_x_reach_ranks_on_another_node(sshd_hosts, shared_dir, run_jaxru
     # mpirun reaches hostA through the fixture's sshd, as it would a remote node.
     remote = ["--scheduler-arg=--mca", "--scheduler-arg=plm_rsh_agent", f"--scheduler-arg=ssh -F {sshd_hosts.config}",
               "--scheduler-arg=--host", "--scheduler-arg=hostA:2"]
-    code, _, err, _ = run_jaxrun(*MPIRUN, *remote, "-n", 2, "--env", "FOO=bar $HOME 'q'", "-x", "BAZ",
+    code, _, err, _ = run_jaxrun(*MPIRUN, *remote, "-n", 2, "-x", "FOO=bar $HOME 'q'", "-x", "BAZ",
                                  "--log-dir", logs, script)
     assert code == 0, err
     for rank, seen in probe_lines(logs, 2).items():

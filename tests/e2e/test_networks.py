@@ -41,7 +41,7 @@ def test_a_local_run_listens_on_loopback_only(launch, tmp_path):
 
 
 def netns_flags(hosts) -> list:
-    return ["--ssh-config", hosts.config, "--env", f"PYTHONPATH={ROOT}", "-x", TOKEN]
+    return ["--ssh-config", hosts.config, "-x", f"PYTHONPATH={ROOT}", "-x", TOKEN]
 
 
 @pytest.mark.timeout(150)

@@ -48,7 +48,7 @@ def test_every_process_saves_at_the_same_step_locally(launch, tmp_path):
 def test_every_process_saves_at_the_same_step_over_ssh(sshd_hosts, start_job, tmp_path, shared_dir):
     out, report = shared_dir / "out", tmp_path / "r.json"
     out.mkdir()
-    job = start_job("-H", "hostA,hostB", "--ssh-config", sshd_hosts.config, "--env", f"PYTHONPATH={ROOT}",
+    job = start_job("-H", "hostA,hostB", "--ssh-config", sshd_hosts.config, "-x", f"PYTHONPATH={ROOT}",
                     "-x", TOKEN, "--cpu-devices", 1, "--grace", 20, "--report", report, JOB, out, cwd=shared_dir)
     wait_for(out, "running-", 2, job)
     job.proc.send_signal(signal.SIGTERM)

@@ -194,7 +194,7 @@ def test_over_ssh_the_host_agent_starts_it_again(sshd_hosts, start_job, tmp_path
     script = shared_dir / "recoverable.py"
     shutil.copy(EXAMPLE, script)
     jobs = start_cases(start_job, tmp_path, script, "-H", "hostA,hostB:2", "--ssh-config", sshd_hosts.config,
-                       "--env", f"PYTHONPATH={ROOT}", "-x", TOKEN, cwd=shared_dir)
+                       "-x", f"PYTHONPATH={ROOT}", "-x", TOKEN, cwd=shared_dir)
     check_cases(jobs, tmp_path, "process 2 on hostB")
     found = report(tmp_path, "restarts")
     assert [p["host"] for p in found["processes"]] == ["hostA", "hostB", "hostB"], found["processes"]
@@ -206,7 +206,7 @@ def test_where_a_host_refuses_channels_its_session_agent_starts_it_again(sshd_ho
     script = shared_dir / "recoverable.py"
     shutil.copy(EXAMPLE, script)
     jobs = start_cases(start_job, tmp_path, script, "-H", "hostC,hostD:2", "--ssh-config",
-                       sshd_hosts_without_forwarding.config, "--env", f"PYTHONPATH={ROOT}", "-x", TOKEN,
+                       sshd_hosts_without_forwarding.config, "-x", f"PYTHONPATH={ROOT}", "-x", TOKEN,
                        cases=("restarts", "no restarts"), cwd=shared_dir)
     check_cases(jobs, tmp_path, "process 2 on hostD")
 

@@ -100,7 +100,7 @@ def test_a_restart_on_a_host_that_died_gives_one_status_everywhere(mortal_hosts,
     script.write_text(STEPS)
     base, report, junit = tmp_path / "logs", tmp_path / "r.json", tmp_path / "j.xml"
     run = base / "the-run"
-    job = start_job("-H", "hostE,hostF", "--ssh-config", mortal_hosts.config, "--env", f"PYTHONPATH={ROOT}",
+    job = start_job("-H", "hostE,hostF", "--ssh-config", mortal_hosts.config, "-x", f"PYTHONPATH={ROOT}",
                     "-x", TOKEN, "--max-restarts", 1,
                     "--log-dir", run, "--report", report, "--junit-xml", junit, script, cwd=shared_dir)
     deadline = time.monotonic() + 60

@@ -42,7 +42,7 @@ def launch(start_job):
 
 
 def ssh_flags(hosts) -> list[str]:
-    return ["--ssh-config", hosts.config, "--env", f"PYTHONPATH={ROOT}", "-x", TOKEN]
+    return ["--ssh-config", hosts.config, "-x", f"PYTHONPATH={ROOT}", "-x", TOKEN]
 
 
 def write(folder: Path, name: str, text: str) -> Path:
@@ -215,7 +215,7 @@ def test_arguments_and_env_arrive_verbatim(sshd_hosts, jaxrun, tmp_path, shared_
     monkeypatch.setenv("FROM_X", "it's $HOME; `id`")
     logs = tmp_path / "logs"
     code, _, err = jaxrun(
-        "-H", "hostA,hostB", *ssh_flags(sshd_hosts), "--env", "FROM_ENV=a b $HOME", "-x", "FROM_X",
+        "-H", "hostA,hostB", *ssh_flags(sshd_hosts), "-x", "FROM_ENV=a b $HOME", "-x", "FROM_X",
         "--log-dir", logs, script, *tricky, cwd=shared_dir,
     )
     assert code == 0, err

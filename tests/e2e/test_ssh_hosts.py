@@ -26,7 +26,7 @@ def launch(start_job):
 
 
 def ssh_flags(hosts) -> list:
-    return ["--ssh-config", hosts.config, "--env", f"PYTHONPATH={ROOT}", "-x", TOKEN]
+    return ["--ssh-config", hosts.config, "-x", f"PYTHONPATH={ROOT}", "-x", TOKEN]
 
 
 def script_dir(request, tmp_path):
@@ -213,7 +213,7 @@ def test_each_host_forks_its_processes_from_one_preloaded_server(sshd_hosts, lau
     folder = script_dir(request, tmp_path)
     script = folder / "parent.py"
     script.write_text(PARENT)
-    job = launch("-H", "hostA:2,hostB:2", *ssh_flags(sshd_hosts), f"--{mode}", "--env", f"EXPECT_CWD={folder}",
+    job = launch("-H", "hostA:2,hostB:2", *ssh_flags(sshd_hosts), f"--{mode}", "-x", f"EXPECT_CWD={folder}",
                  "--log-dir", tmp_path / "logs", script, cwd=folder)
     assert job.wait(90) == 0, job.stderr[-3000:]
     lines = sorted(line.split("] ", 1)[1] for line in job.stdout.splitlines() if "parent" in line)
