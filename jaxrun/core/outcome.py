@@ -44,7 +44,6 @@ class ProcessRecord:
     pid: int | None = None
     started_at: float | None = None  # wall clock, for the report
     ended_at: float | None = None
-    finished_at: float | None = None  # wall clock: its script returned (heard through its activity)
     returncode: int | None = None
     verdict: Verdict | None = None
     resources: contract.Resources | None = None  # measured where it ran, once it ended
@@ -55,6 +54,7 @@ class ProcessRecord:
     # started again alone has more than one in an attempt (0: the first).
     life: int = 0
     earlier: list[ProcessRecord] = dataclasses.field(default_factory=list)  # its earlier lives, oldest first
+    finished_at: float | None = None  # wall clock: its script returned (heard through its activity)
 
     @property
     def lives(self) -> list[ProcessRecord]:

@@ -27,6 +27,11 @@ from fixtures.jobs import JAXRUN, Launch, processes_with_token, wait_gone
 RAY = ["--launcher", "ray"]
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed")
 NODE = re.compile(r"^[0-9a-f]{8}@127\.0\.0\.1$")  # a Ray node as the report names it
+# How long the cluster may still show a SIGKILLed run's actors or placement
+# group: Ray ends them within a second or two of the driver's death, but each
+# look (``ray_cluster.state``) starts a Ray client, 2-3 s of CPU, and three
+# times that on a loaded 2-core machine.  Ray's own record times the actors.
+RAY_LOOKS = 30.0
 BYTES_PER_PROCESS = 1 << 20
 
 # Process 3 fails after initialize() while the others wait in a collective,
@@ -88,13 +93,18 @@ def test_a_crash_ends_the_job_within_3_seconds_and_is_named(on_ray, tmp_path):
     job = Launch([*RAY, "-n", 4, "--cpu-devices", 1, "--log-dir", tmp_path / "logs", "--report", report, script, fault])
     try:
         code = job.wait(timeout=75)
-        ended = time.time()
     finally:
         job.kill()
     assert code == 1, job.stderr
+    # From the crash to the attempt's end on jaxrun's record (the report's
+    # last ended_at, this machine's clock): 0.1-0.3 s here, against JAX's
+    # 100 s heartbeat without fail-fast; 3 s holds a loaded 2-core machine.
+    # jaxrun's own exit after it (Ray's driver closing) is not counted:
+    # test_matrix.py's ray cells bound it (WRAP_UP).
+    ended = max(p["ended_at"] for p in processes(report))
     took = ended - float(fault.read_text())
-    print(f"{took:.2f} s from the crash to jaxrun's end")
-    assert took < 3, f"{took:.1f} s from the crash to jaxrun's end"
+    print(f"{took:.2f} s from the crash to the attempt's end")
+    assert took < 3, f"{took:.1f} s from the crash to the attempt's end"
     assert re.search(r"^jaxrun: process 3 on [0-9a-f]{8}@127\.0\.0\.1 failed first: exit code 1", job.stderr, re.M)
     assert "RuntimeError: process 3 broke" in job.stderr
     cause = json.loads(report.read_text())["root_cause"]
@@ -129,15 +139,22 @@ def test_sigkill_of_jaxrun_leaves_no_controller_actor_or_placement_group(on_ray,
         assert len(list(state.glob("up-*"))) == 4, job.proc.poll()
         actors, groups = on_ray.live()
         assert actors >= 4 and groups >= 1, (actors, groups)  # the check sees the job's actors and its group
+        ours = [actor for actor, end in on_ray.ends().items() if not end]
         job.proc.send_signal(signal.SIGKILL)
-        killed = time.monotonic()
+        killed = time.time()
         job.proc.wait()
         # The controllers, their agents and the driver carry the leak guard's token.
         assert wait_gone(no_leftover_processes, within=10) == []
+        gone_by = time.monotonic() + RAY_LOOKS
         while on_ray.live() != (0, 0):  # no live actor, no placement group
-            assert time.monotonic() < killed + 10, on_ray.state()
+            assert time.monotonic() < gone_by, on_ray.state()
             time.sleep(0.2)
-        print(f"nothing of the job left {time.monotonic() - killed:.1f} s after SIGKILL (at most)")
+        # When the actors died, by the GCS's own record: Ray ends a dead
+        # driver's actors in about a second; 10 s holds a loaded machine.
+        ends = on_ray.ends()
+        took = max(ends[actor] for actor in ours) - killed
+        print(f"the job's actors ended {took:.1f} s after SIGKILL")
+        assert took < 10, (took, ends)
     finally:
         job.kill()
 
@@ -186,10 +203,10 @@ def test_a_placement_that_waits_says_so_and_dies_with_jaxrun(on_ray, tmp_path, n
                "strict-spread)" in err.read_text()
         assert on_ray.live() == (0, 1)  # the group waits to be placed
         proc.kill()
-        killed = time.monotonic()
         assert wait_gone(no_leftover_processes, within=10) == []  # the driver carries the token
+        gone_by = time.monotonic() + RAY_LOOKS
         while on_ray.live() != (0, 0):
-            assert time.monotonic() < killed + 10, on_ray.state()
+            assert time.monotonic() < gone_by, on_ray.state()
             time.sleep(0.2)
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -282,12 +299,12 @@ def test_without_ray_the_ray_launcher_says_how_to_install_it(tmp_path):
 
 def test_help_shows_the_ray_options_without_importing_ray():
     done = subprocess.run([sys.executable, "-c", "import sys\nfrom jaxrun import cli\ntry:\n"
-                           "    cli.entry_point(['--help'])\nfinally:\n    print('RAY', 'ray' in sys.modules)\n"],
+                           "    cli.entry_point(['--help-all'])\nfinally:\n    print('RAY', 'ray' in sys.modules)\n"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     section = done.stdout.split("With --launcher ray:\n", 1)[1].split("\n\n", 1)[0]
     assert "--ray-address ADDR" in section and "--placement [pack|spread|strict-spread]" in section, section
-    assert "--launcher [local|ssh|slurm|mpirun|ray]" in done.stdout
+    assert re.search(r"--launcher NAME +How to start the controllers: local, ssh,\s+slurm, mpirun, ray", done.stdout)
     assert done.stdout.rstrip().endswith("RAY False")
 
 
