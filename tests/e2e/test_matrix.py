@@ -15,12 +15,11 @@ saves for 1 s) and checks:
   writes when it faulted, or the test notes when it sent the signal, to a
   folder every host sees, and every host is this machine, on one clock.
   jaxrun's own exit after that (the report, the backend's close) is bounded
-  apart, loosely: on a loaded 2-core machine it is the part that stretches
-  (CI once took 14.7 s from a stall to Ray's exit, against a 12 s bound);
-- the processes left afterwards, the far ends included: the leak guard's
-  token finds what inherited jaxrun's environment, the cell's folder and
-  jaxrun's pid (in the names of the hosts' preloading servers) the SSH far
-  ends that did not;
+  apart (``WRAP_UP``), where a close that hangs would show;
+- the processes left afterwards, the far ends included: the cell's own
+  token (``JAXRUN_TEST_TOKEN``, as the leak guard's) finds what inherited
+  jaxrun's environment, the cell's folder and jaxrun's pid (in the names of
+  the hosts' preloading servers) the SSH far ends that did not;
 - what each process saved: the marker its SIGTERM handler writes.
 
 The crash faults run again under CPU overload (a burner per core) on the
@@ -28,6 +27,9 @@ default local mode and over SSH, where a wrong root cause showed up 1 run in
 5 (issue #29): once each here, the three of a backend side by side;
 ``bench/matrix.py`` runs that held-out version many times (it holds the
 second run each cell made here before).
+
+A backend's cells overlap (``cells``): the hang cell runs beside the others,
+and the next cell starts while a test checks its own.
 
 A new backend is one line in ``BACKENDS``; where an engine cannot keep a
 promise and the docs say what happens instead, its ``differs`` holds that
@@ -48,6 +50,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -76,9 +79,9 @@ STUCK = 45.0
 LOADED = 2.0
 # From the attempt's end on jaxrun's record to jaxrun's exit: the report, the
 # summary and the backend's close (Ray's driver and actors, an SSH master, a
-# scheduler step).  About 1 s unloaded, 3 s for Ray; the rest is for a loaded
-# 2-core machine, where every part is CPU work that may run at a third of its
-# speed.  A close that hangs shows here, long before STUCK.
+# scheduler step).  0.1-1.3 s here, whatever the backend; the rest is for a
+# loaded 2-core machine, where every part is CPU work that may run at a tenth
+# of its speed.  A close that hangs shows here, long before STUCK.
 WRAP_UP = 15.0
 
 
@@ -245,6 +248,7 @@ class Backend:
     # Where an engine cannot keep a promise, the documented behaviour instead:
     # (fault name, {Fault field: value}).
     differs: tuple = ()
+    ahead: bool = True  # room for a third job beside the hang cell and the cell at hand (``cells``)
 
     def expects(self, fault: Fault) -> Fault:
         return dataclasses.replace(fault, **dict(self.differs).get(fault.name, {}))
@@ -262,7 +266,9 @@ BACKENDS = [
             env=(("OMPI_MCA_rmaps_base_oversubscribe", "1"),), far_ends=frozenset({"scheduler.task_agent"})),
     Backend("ray", lambda cluster: ["--launcher", "ray", "--ray-address", cluster.address, "-n", PROCESSES],
             engine="ray_cluster", env=(("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0"),),
-            far_ends=frozenset({"ray.driver", "ray.actor"})),
+            far_ends=frozenset({"ray.driver", "ray.actor"}),
+            # The test cluster's 8 CPUs hold two jobs of 4: the hang cell and one other.
+            ahead=False),
 ]
 BY_NAME = {b.name: b for b in BACKENDS}
 
@@ -340,9 +346,11 @@ def signal_tree(root: int, signum: int) -> None:
             proc.send_signal(signum)
 
 
-def run_cell(backend: Backend, engine, fault: Fault, folder: Path, token: str, *, loaded: bool = False) -> Seen:
+def run_cell(backend: Backend, engine, fault: Fault, folder: Path, token: str, *, loaded: bool = False,
+             started_up: threading.Event | None = None) -> Seen:
     """Run ``fault`` on ``backend`` in ``folder`` (which every host sees) and
-    say what happened.  Whatever the cell leaves is killed before it returns."""
+    say what happened.  Whatever the cell leaves is killed before it returns.
+    ``started_up`` is set once every process is ready (or jaxrun ended)."""
     script = folder / JOB.name  # its own copy: the SSH far ends name it on their command lines
     shutil.copy(JOB, script)
     state, logs, report = folder / "state", folder / "logs", folder / "report.json"
@@ -364,6 +372,8 @@ def run_cell(backend: Backend, engine, fault: Fault, folder: Path, token: str, *
             return everyone or proc.poll() is not None
 
         wait_until(ready, START * (LOADED if loaded else 1), step=0.05)
+        if started_up is not None:
+            started_up.set()
         fault_at = send_fault(fault, proc, started)
         try:
             proc.wait(timeout=STUCK)
@@ -376,6 +386,8 @@ def run_cell(backend: Backend, engine, fault: Fault, folder: Path, token: str, *
         wait_until(lambda: not job_processes(token, signs), within=5)
         left = tuple(describe(p) for p in job_processes(token, signs))
     finally:
+        if started_up is not None:
+            started_up.set()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -475,11 +487,6 @@ def engine(request, backend):
     return request.getfixturevalue(backend.engine) if backend.engine else None
 
 
-def check_cell(backend, engine, fault, folder, token, loaded=False) -> None:
-    fault = backend.expects(fault)
-    check_seen(backend, fault, run_cell(backend, engine, fault, folder, token, loaded=loaded), loaded)
-
-
 def check_seen(backend, fault, seen, loaded=False) -> None:
     print(summary(backend, fault, seen))
     found = problems(backend, fault, seen, loaded=loaded)
@@ -488,42 +495,66 @@ def check_seen(backend, fault, seen, loaded=False) -> None:
 
 HANG = next(f for f in FAULTS if f.how == "timeout")
 # The hang cell mostly waits for its --timeout, so it runs beside its
-# backend's other cells: started with the first of them, checked by its own
-# test.  Its timeout must outlast a start-up slowed by the cell beside it
-# (12 s did not, once, for Ray under load); the other cells take about as long
-# in all, so it costs the suite little.
+# backend's other cells: started before the first of them, which waits until
+# the hang's processes are ready, and checked by its own test.  Its timeout,
+# counted from jaxrun's start, must outlast the job's start-up: 3-8 s alone;
+# 12 s did not, once, for Ray under load, with a cell starting beside it.
+# The other cells take about as long in all, so it costs the suite little.
 BESIDE_TIMEOUT = 24.0
 
 
 @pytest.fixture(scope="module")
-def hang_beside(shared_root):
-    """backend, engine -> (the hang fault as run, the future of its Seen),
-    started on the first call for that backend.  Every cell has ended when
-    the module does: run_cell kills whatever its job leaves."""
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(BACKENDS))
-    started: dict[str, tuple[Fault, concurrent.futures.Future]] = {}
+def cells(request, shared_root):
+    """backend, engine, fault -> (the fault as run, the future of its Seen).
 
-    def start(backend: Backend, engine) -> tuple[Fault, concurrent.futures.Future]:
-        if backend.name not in started:
-            fault = backend.expects(HANG)
-            fault = dataclasses.replace(fault, flags=("--timeout", BESIDE_TIMEOUT, *fault.flags[2:]))
-            folder = Path(tempfile.mkdtemp(prefix=f"{backend.name}-hang-", dir=shared_root))
-            started[backend.name] = fault, pool.submit(run_cell, backend, engine, fault, folder, uuid.uuid4().hex)
-        return started[backend.name]
+    Most of a cell is waiting (a start-up, a save, a grace, a stall), so a
+    backend's cells overlap: a call starts the backend's hang cell, its own
+    cell and, where the backend has room (``Backend.ahead``), the next cell
+    this run will check, each at most once.  The hang cell starts alone:
+    the others wait until its processes are ready.  Each runs in a folder of
+    its own with a token of its own, not the test's: run_cell finds and
+    kills whatever its job leaves, and says so (``left``).  Every cell has
+    ended when the module does."""
+    selected = {item.nodeid for item in request.session.items}
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=3 * len(BACKENDS))
+    started: dict[tuple[str, str], tuple[Fault, concurrent.futures.Future]] = {}
+    started_up: dict[tuple[str, str], threading.Event] = {}
 
-    yield start
+    def wanted(backend: Backend, fault: Fault) -> bool:
+        return f"{request.node.nodeid}::test_matrix[{backend.name}-{fault.name}]" in selected
+
+    def start(backend: Backend, engine, fault: Fault) -> tuple[Fault, concurrent.futures.Future]:
+        if (backend.name, fault.name) not in started:
+            ran = backend.expects(fault)
+            if fault is HANG:
+                ran = dataclasses.replace(ran, flags=("--timeout", BESIDE_TIMEOUT, *ran.flags[2:]))
+            folder = Path(tempfile.mkdtemp(prefix=f"{backend.name}-{fault.name}-", dir=shared_root))
+            event = started_up[backend.name, fault.name] = threading.Event()
+            started[backend.name, fault.name] = ran, pool.submit(run_cell, backend, engine, ran, folder,
+                                                                 uuid.uuid4().hex, started_up=event)
+        return started[backend.name, fault.name]
+
+    def cell(backend: Backend, engine, fault: Fault) -> tuple[Fault, concurrent.futures.Future]:
+        if wanted(backend, HANG):
+            start(backend, engine, HANG)
+            started_up[backend.name, HANG.name].wait(START)
+        own = start(backend, engine, fault)
+        later = FAULTS[FAULTS.index(fault) + 1:]
+        following = next((f for f in later if f is not HANG and wanted(backend, f)), None)
+        if backend.ahead and following is not None:
+            start(backend, engine, following)
+        return own
+
+    yield cell
     pool.shutdown(wait=True)
 
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.name)
 @pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: b.name)
-def test_matrix(backend, engine, fault, shared_dir, no_leftover_processes, hang_beside):
-    hang, beside = hang_beside(backend, engine)
-    if fault is HANG:
-        check_seen(backend, hang, beside.result(timeout=BESIDE_TIMEOUT + START + STUCK))
-    else:
-        check_cell(backend, engine, fault, shared_dir, no_leftover_processes)
+def test_matrix(backend, engine, fault, cells):
+    ran, seen = cells(backend, engine, fault)
+    check_seen(backend, ran, seen.result(timeout=BESIDE_TIMEOUT + START + STUCK))
 
 
 @pytest.mark.timeout(300)
