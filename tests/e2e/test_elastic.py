@@ -130,10 +130,14 @@ def test_below_min_hosts_the_run_stops_at_once_naming_the_host(mortal_hosts, sta
                                     "--max-restarts", 3, "--min-hosts", 2)
     died = power_off_after(6, "hostF", job, ckpt, mortal_hosts)
     code = job.wait(timeout=120)
-    took = time.time() - died
     data = json.loads(report.read_text())
     assert code != 0 and code == data["exit_code"] == data["attempts"][0]["exit_code"], job.stderr
-    assert took < 20, f"{took:.1f} s from the host's death to jaxrun's exit"
+    # From the host's death to the attempt's end on jaxrun's record (the
+    # report's last ended_at): the lost connection, then hostE's process
+    # stopped with its grace; 20 s holds that on a loaded 2-core machine, and
+    # a restart (which the lines below rule out) would come after it.
+    took = max(p["ended_at"] for p in data["attempts"][0]["processes"]) - died
+    assert took < 20, f"{took:.1f} s from the host's death to the attempt's end"
     assert re.search(r"jaxrun: not restarting: 1 host left \(hostE\), fewer than --min-hosts 2 \(hostF lost: ",
                      job.stderr), job.stderr
     assert "restart 1 of" not in job.stderr and len(data["attempts"]) == 1

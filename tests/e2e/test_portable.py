@@ -88,6 +88,7 @@ def test_fail_fast(start_job, tmp_path):
     start = time.monotonic()
     job = start_job("-n", 3, script)
     assert job.wait(timeout=40) == 3, job.stderr
+    # 2 s here, start-up included; without fail-fast the others sleep 60 s.
     assert time.monotonic() - start < 20
     assert "process 1 failed first" in job.stderr, job.stderr
 

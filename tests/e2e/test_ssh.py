@@ -137,6 +137,9 @@ def test_down_host_is_named_and_nothing_runs(sshd_hosts, jaxrun, tmp_path, share
         cwd=shared_dir,
     )
     assert code == 2
+    # A refused connection is known at once (1 s here, the other host's
+    # check included), well before --connect-timeout; 15 s holds a loaded
+    # machine.
     assert time.monotonic() - start < 15
     line = err.strip().splitlines()[-1]
     assert line.startswith("jaxrun: error: hostDown: ssh failed:") and "Connection refused" in line, err
@@ -242,6 +245,7 @@ def test_crash_on_host_b_fails_fast(sshd_hosts, jaxrun, tmp_path, shared_dir):
     code, _, err = jaxrun("-H", "hostA:2,hostB:2", *ssh_flags(sshd_hosts), "--log-dir", tmp_path / "logs", script,
                           cwd=shared_dir)
     assert code == 1, err
+    # 3 s here, start-up included; without fail-fast the others sleep 120 s.
     assert time.monotonic() - start < 30
     assert "jaxrun: process 3 on hostB failed first: exit code 1" in err
     assert "ZeroDivisionError: division by zero" in err

@@ -157,6 +157,8 @@ def test_a_script_only_here_is_refused_without_sync(sshd_hosts, launch, tmp_path
                  cwd=project)
     t0 = time.monotonic()
     assert job.wait(60) == 2, job.stderr[-3000:]
+    # Refused by the preflight, before anything starts: 1 s here; 20 s
+    # holds the hosts' checks on a loaded 2-core machine.
     assert time.monotonic() - t0 < 20
     line = job.stderr.strip().splitlines()
     assert len(line) == 1 and line[0].startswith("jaxrun: error: hostA: ")

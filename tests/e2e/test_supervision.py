@@ -59,7 +59,11 @@ def wait_for_files(folder, prefix, count, timeout=60):
     raise AssertionError(f"only {os.listdir(folder)} appeared in {folder}")
 
 
-@pytest.mark.both_modes
+# One mode: how jaxrun hears an exit differs by launch path (its own waiter,
+# the fork server's reports), and test_matrix.py's exit cells time fail-fast
+# and name the root cause on both (local, preload), as its sigterm cells check
+# each process's resources from either reaper; what this adds (verdicts,
+# the memory line, the survivors' stack dumps) is the same in both.
 def test_fail_fast_when_a_process_exits_after_the_mesh(jaxrun, job_script, tmp_path):
     script = job_script(
         """
@@ -72,14 +76,15 @@ def test_fail_fast_when_a_process_exits_after_the_mesh(jaxrun, job_script, tmp_p
     )
     report = tmp_path / "report.json"
     code, out, err = jaxrun("-n", 4, "--cpu-devices", 2, "--report", report, script, env=job_script.env)
-    ended = time.time()
     died = float((job_script.state / "exit-3").read_text())
     assert code == 7, err
-    # Without fail-fast the others wait for JAX's heartbeat timeout (100 s).
-    # The bound is loose for a shared 2-core machine; bench/failfast.py measures it.
-    assert ended - died < 15.0, f"jaxrun took {ended - died:.2f}s after the failure"
-    assert "process 3 failed first: exit code 7" in err
     data = json.loads(report.read_text())
+    # Without fail-fast the others wait for JAX's heartbeat timeout (100 s).
+    # Timed on jaxrun's record (the report's last ended_at), the stop takes
+    # about 0.1 s (bench/failfast.py measures it); 15 s holds any loaded machine.
+    ended = max(p["ended_at"] for p in data["processes"])
+    assert ended - died < 15.0, f"the attempt ended {ended - died:.2f}s after the failure"
+    assert "process 3 failed first: exit code 7" in err
     assert data["root_cause"]["process_id"] == 3 and data["exit_code"] == 7
     verdicts = {p["process_id"]: p["verdict"] for p in data["processes"]}
     assert verdicts == {0: "stopped by jaxrun", 1: "stopped by jaxrun", 2: "stopped by jaxrun", 3: "failed first"}
@@ -108,6 +113,8 @@ def test_uncaught_exception_ends_the_job_quickly_with_a_clean_traceback(jaxrun, 
     start = time.monotonic()
     code, out, err = jaxrun("-n", 4, "--cpu-devices", 2, script, env=job_script.env)
     assert code == 1
+    # From the start, 4 JAX processes' start-up included: 3-4 s here; a job
+    # that did not fail fast would wait for JAX's heartbeat timeout (100 s).
     assert time.monotonic() - start < 30
     assert "process 1 failed first: exit code 1" in err
     assert "ValueError: boom" in err
@@ -198,6 +205,8 @@ def test_second_ctrl_c_kills_at_once(launch, job_script):
     start = time.monotonic()
     job.proc.send_signal(signal.SIGINT)
     assert job.wait(timeout=30) == 130
+    # At once, not after the 60 s grace: the kill and jaxrun's exit are a
+    # fraction of a second of CPU, which 5 s holds on a loaded machine.
     assert time.monotonic() - start < 5
 
 
@@ -212,12 +221,15 @@ def test_process_ignoring_sigterm_is_killed_after_grace(launch, job_script, tmp_
     report = tmp_path / "r.json"
     job = launch("-n", 2, "--cpu-devices", 1, "--grace", "1.5", "--report", report, script, env=job_script.env)
     wait_for_files(job_script.state, "ready-", 2)
-    start = time.monotonic()
+    sent = time.time()
     job.proc.send_signal(signal.SIGTERM)
     assert job.wait(timeout=30) == 143
-    assert 1.4 < time.monotonic() - start < 10
     processes = json.loads(report.read_text())["processes"]
     assert [p["signal"] for p in processes] == ["SIGKILL", "SIGKILL"]
+    # On jaxrun's record: killed once the 1.5 s grace had passed, not before;
+    # and not long after (10 s: the grace, and the kill slowed many times).
+    ends = [p["ended_at"] - sent for p in processes]
+    assert 1.4 < min(ends) and max(ends) < 10, ends
 
 
 @pytest.mark.both_modes
