@@ -13,6 +13,8 @@ from jaxrun import pytest_plugin
 
 pytest_plugins = ["pytester"]
 
+# Each marked test is a job of its own: the one that fails has 4 processes, so
+# that several are stopped after its root cause; the others need only 2.
 INNER_TESTS = '''
 import sys
 
@@ -35,11 +37,11 @@ def test_plain_test_pays_nothing():
     assert "jax" not in sys.modules
 
 
-@pytest.mark.jaxrun(n=4, cpu_devices=2, timeout=60)
+@pytest.mark.jaxrun(n=2, cpu_devices=4, timeout=60)
 def test_toy_sum():
     import jax
 
-    assert jax.process_count() == 4
+    assert jax.process_count() == 2
     assert toy_result() == pytest.approx(-0.12398731708526611)
 
 
@@ -51,13 +53,13 @@ def test_only_process_2_fails():
     assert jax.process_index() != 2, f"process 2 sees {result}"
 
 
-@pytest.mark.jaxrun(n=4, cpu_devices=1, timeout=60)
+@pytest.mark.jaxrun(n=2, cpu_devices=1, timeout=60)
 def test_skipped_by_one_process():
     import jax
 
-    if jax.process_index() == 3:
-        pytest.skip("no data for process 3")
-    assert jax.process_count() == 4
+    if jax.process_index() == 1:
+        pytest.skip("no data for process 1")
+    assert jax.process_count() == 2
 '''
 
 
@@ -70,7 +72,7 @@ def test_marked_tests_run_in_every_controller(pytester, monkeypatch, tmp_path):
     result = pytester.runpytest_subprocess("-p", "jaxrun.pytest_plugin", "-p", "no:cacheprovider", "-rfEs", timeout=170)
     result.assert_outcomes(passed=2, failed=1, skipped=1)
     # A skip inside a controller is a skip, not a pass.
-    result.stdout.fnmatch_lines(["*skipped in process 3 of 4: no data for process 3*"])
+    result.stdout.fnmatch_lines(["*skipped in process 1 of 2: no data for process 1*"])
     out = result.stdout.str()
     # The root cause, with its own assertion message, heads the failure...
     result.stdout.fnmatch_lines(["*FAILED test_inner.py::test_only_process_2_fails - *process 2 of 4 failed first*"])
