@@ -142,6 +142,9 @@ class Outcome:
     start_error: str | None = None  # why this attempt never started its processes
     stop_seconds: float | None = None  # a stop on a signal: from the signal to the last process's end
     placement: PlacementRecord | None = None  # where it ran (the run loop fills it in)
+    # When the attempt began, by the wall clock (the run loop fills it in): its
+    # --timeout counts from here, placement and start-up included.
+    began_at: float | None = None
     stall: Stall | None = None  # the watchdog stopped it (reason STALL)
     # A recoverable job whose processes ran to their own ends (nothing stopped
     # it), some of them failed: where they could start again alone, a whole

@@ -161,6 +161,7 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
             attempt = len(outcomes)
             log_dir = attempt_dir(config.log_dir, attempt)
             control.deadline = deadline = Deadline(config.timeout)
+            began_at = time.time()
             lost: dict[str, str] = {}
             try:
                 if decision.answer is Answer.RESTART_ELASTIC:  # its own hosts and count
@@ -190,7 +191,7 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
                     raise  # nothing has run: bad input (exit 2), or a stop during start-up
                 outcome = start_failure(error, control)
                 record = Placement(hosts, options.num_processes, lost).record()  # where it was to run
-            outcome.placement = record
+            outcome.placement, outcome.began_at = record, began_at
             outcomes.append(outcome)
             dirs.append(log_dir)
             decision = policy.decide(attempt_end(config, outcome))

@@ -23,6 +23,9 @@ def report_dict(outcomes: list[Outcome], run_id: str, log_dirs: list[str], not_r
         attempts.append(
             {
                 "log_dir": log_dir,
+                # When the attempt began (wall clock, null if unknown): its
+                # --timeout counts from here, placement and start-up included.
+                "began_at": outcome.began_at,
                 # Where it ran, and the hosts left out before it (lost in the
                 # attempt before, or failing their check again), with why.
                 "hosts": list(placement.hosts) if placement else None,

@@ -395,10 +395,12 @@ def run_cell(backend: Backend, engine, fault: Fault, folder: Path, token: str, *
             with contextlib.suppress(psutil.Error):
                 leftover.kill()
     seen_markers = markers(state)
+    written = json.loads(report.read_text()) if report.exists() else None
+    if fault.how == "timeout" and written:  # jaxrun's deadline, on its own record
+        fault_at = written["attempts"][-1]["began_at"] + float(fault.flags[1])
     if fault.crash:
         fault_at = max((float(read(state / f"fault-{r}")) for r in seen_markers.get("fault", ())), default=None)
-    return Seen(proc.returncode, read(folder / "jaxrun.err"),
-                json.loads(report.read_text()) if report.exists() else None, seen_markers, fault_at, ended_at,
+    return Seen(proc.returncode, read(folder / "jaxrun.err"), written, seen_markers, fault_at, ended_at,
                 frozenset(far_ends), left, logs, stuck)
 
 
@@ -417,7 +419,9 @@ def send_fault(fault: Fault, proc: subprocess.Popen, started: float) -> float | 
     if proc.poll() is not None or fault.crash:
         return None
     if fault.how == "timeout":
-        return started + float(fault.flags[1])  # jaxrun's deadline, counted from its start
+        # The latest it can pass: the attempt began after jaxrun started.  The
+        # report's ``began_at`` (read once jaxrun is done) says when it did.
+        return started + float(fault.flags[1])
     at = time.time()
     if fault.how == "sigterm":
         proc.send_signal(signal.SIGTERM)
