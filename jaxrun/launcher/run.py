@@ -35,6 +35,7 @@ from jaxrun.core.spec import PlanError
 from jaxrun.launcher.attempt.supervisor import Supervisor
 from jaxrun.launcher.control import RunControl
 from jaxrun.launcher.output.printer import ConsolePrinter, SafeConsole
+from jaxrun.launcher.output.timeline import Timeline
 from jaxrun.launcher.restarts import elastic
 from jaxrun.launcher.restarts.policy import Answer, AttemptEnd, Decision, Engine, RestartPolicy
 from jaxrun.launcher.setup import hosts as hostfile, plan as planning
@@ -156,12 +157,13 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
     hosts = tuple(hostfile.used_hosts(options.hosts, options.num_processes))
     policy = restart_policy(config, backend)
     decision = Decision(Answer.RESTART_JOB)  # the first attempt
-    with backend:
+    with backend, Timeline(config.log_dir) as timeline:
         while decision.answer in (Answer.RESTART_JOB, Answer.RESTART_ELASTIC):
             attempt = len(outcomes)
             log_dir = attempt_dir(config.log_dir, attempt)
             control.deadline = deadline = Deadline(config.timeout)
             began_at = time.time()
+            timeline.attempt_began(attempt, log_dir, began_at)
             lost: dict[str, str] = {}
             try:
                 if decision.answer is Answer.RESTART_ELASTIC:  # its own hosts and count
@@ -179,7 +181,8 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
                           file=console, flush=True)
                 _, specs = plan_attempt(config, backend.choose_coordinator(config.fixed_coordinator), attempt,
                                         placement, session_env)
-                outcome = run_attempt(config, specs, backend, log_dir, console, control, running, deadline, policy)
+                outcome = run_attempt(config, specs, backend, log_dir, console, control, running, deadline, policy,
+                                      timeline)
             except elastic.ElasticStop as stop:  # too few hosts left: the failed attempt's status ends the run
                 print(f"jaxrun: {stop}", file=console, flush=True)
                 if config.report_path:  # the attempts so far, and why none follows
@@ -192,9 +195,12 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
                 outcome = start_failure(error, control)
                 record = Placement(hosts, options.num_processes, lost).record()  # where it was to run
             outcome.placement, outcome.began_at = record, began_at
+            timeline.attempt_ended(outcome)
             outcomes.append(outcome)
             dirs.append(log_dir)
             decision = policy.decide(attempt_end(config, outcome))
+            if decision.answer in (Answer.RESTART_JOB, Answer.RESTART_ELASTIC):
+                timeline.restart(decision.why, elastic=decision.answer is Answer.RESTART_ELASTIC)
             stopped = decision.why if decision.answer is Answer.STOP else ""  # why no restart follows, if it says
             report_attempt(config, outcomes, dirs, console, stopped or None)
     return outcomes[-1].exit_code
@@ -289,7 +295,8 @@ def report_attempt(config: RunConfig, outcomes: list[Outcome], dirs: list[str], 
 
 def run_attempt(config: RunConfig, specs, backend: Backend, log_dir: str, console: TextIO,
                 control: RunControl | None = None, running: list | None = None,
-                deadline: Deadline | None = None, policy: RestartPolicy | None = None) -> Outcome:
+                deadline: Deadline | None = None, policy: RestartPolicy | None = None,
+                timeline: Timeline | None = None) -> Outcome:
     github_options = github.printer_options() if config.github_actions else {}
     printer = ConsolePrinter(config.output, show_noise=config.verbose, ranks=config.console_ranks,
                              timestamps=config.timestamps, **github_options)
@@ -299,7 +306,7 @@ def run_attempt(config: RunConfig, specs, backend: Backend, log_dir: str, consol
     deadline = deadline or Deadline(config.timeout)  # one attempt, one clock: see core.deadline
     supervisor = Supervisor(specs, backend, printer, log_dir, grace=config.grace, deadline=deadline,
                             events=control.events, hooks=control.hooks, stall_timeout=config.options.stall_timeout,
-                            policy=policy or restart_policy(config, backend))
+                            policy=policy or restart_policy(config, backend), timeline=timeline)
     running[:] = [supervisor]
     control.deadline = deadline
     try:

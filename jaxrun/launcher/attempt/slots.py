@@ -16,6 +16,8 @@ same slot:
 
 The supervisor moves slots on the events it hears; whoever reads the
 attempt (the run loop, an interactive frontend) reads the states here.
+Every change goes through ``Slot.move``, where the run's timeline hears it
+once (``launcher.output.timeline``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from jaxrun.core.backend import Child
 from jaxrun.core.logfiles import log_paths
 from jaxrun.core.outcome import ProcessRecord, Verdict
 from jaxrun.core.spec import ProcessSpec
+from jaxrun.launcher.output.timeline import Timeline
 
 
 class State(enum.Enum):
@@ -53,24 +56,35 @@ class Slot:
     record: ProcessRecord  # its current life's
     state: State = State.PENDING
     child: Child | None = None  # its current life's
+    timeline: Timeline | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    def move(self, state: State) -> None:
+        """The one place a slot's state changes: the run's timeline hears each change once."""
+        if state is not self.state:
+            self.state = state
+            if self.timeline is not None:
+                self.timeline.moved(state.value, self.record)
 
     def started(self, child: Child) -> None:
-        self.child, self.state = child, State.STARTED
+        self.child = child
         self.record.pid = child.pid
+        self.move(State.STARTED)
 
     def joined(self) -> None:
         if self.state is State.STARTED:
-            self.state = State.JOINED
+            self.move(State.JOINED)
+        if self.timeline is not None:
+            self.timeline.joined(self.record)
 
     def activity(self, said: str) -> None:
         state = BY_ACTIVITY.get(said)
         if state is not None and self.state in LIVE and self.state is not State.FINISHED:
-            self.state = state
+            self.move(state)
             if state is State.FINISHED:
                 self.record.finished_at = time.time()
 
     def ended(self) -> None:
-        self.state = State.ENDED
+        self.move(State.ENDED)
 
     def next_life(self, log_dir: str) -> ProcessRecord:
         """A new life for a failed process, alone: the same id, coordinator
@@ -84,21 +98,23 @@ class Slot:
         record.verdict = Verdict.RESTARTED
         self.record = ProcessRecord(spec, *log_paths(log_dir, spec.rank, life), life=life, earlier=record.lives)
         record.earlier = []
-        self.state, self.child = State.PENDING, None
+        self.child = None
+        self.move(State.PENDING)
         return self.record
 
     def back_to(self, record: ProcessRecord) -> None:
         """A new life that could not start: the failed one is the last again."""
         record.earlier, self.record = self.record.earlier[:-1], record
-        self.state = State.ENDED
+        self.move(State.ENDED)
 
 
 class Slots:
     """The attempt's slots, by rank, in the plan's order."""
 
-    def __init__(self, specs: Sequence[ProcessSpec], log_dir: str):
-        self.by_rank = {spec.rank: Slot(spec.rank, ProcessRecord(spec, *log_paths(log_dir, spec.rank)))
-                        for spec in specs}
+    def __init__(self, specs: Sequence[ProcessSpec], log_dir: str, timeline: Timeline | None = None):
+        self.timeline = timeline  # the run's, which hears every slot's changes, and the signals sent
+        self.by_rank = {spec.rank: Slot(spec.rank, ProcessRecord(spec, *log_paths(log_dir, spec.rank)),
+                                        timeline=timeline) for spec in specs}
 
     def __getitem__(self, rank: int) -> Slot:
         return self.by_rank[rank]

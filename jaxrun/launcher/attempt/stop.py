@@ -70,7 +70,10 @@ class StopSequence:
         return False
 
     def send_all(self, signum: int) -> None:
-        for rank in self.slots.running():
+        ranks = self.slots.running()
+        if self.slots.timeline is not None:  # a stack dump asked, a signal forwarded, SIGKILL
+            self.slots.timeline.signalled(signum, ranks)
+        for rank in ranks:
             self.slots[rank].child.send(signum)
 
     def kill_survivors(self) -> None:

@@ -51,6 +51,7 @@ from jaxrun.launcher.attempt.start import Starter
 from jaxrun.launcher.attempt.stop import DUMP_WAIT, TIMEOUT_DUMP_WAIT, StopSequence
 from jaxrun.launcher.output.printer import ConsolePrinter
 from jaxrun.launcher.output.pump import OutputPump
+from jaxrun.launcher.output.timeline import Timeline
 from jaxrun.launcher.restarts.policy import Answer, Engine, ProcessEnd, RestartPolicy
 from jaxrun.reporting import diagnosis
 
@@ -63,7 +64,7 @@ class Supervisor:
     def __init__(self, specs: Sequence[ProcessSpec], backend: Backend, printer: ConsolePrinter, log_dir: str, *,
                  grace: float = 30.0, deadline: Deadline = NEVER, clock: Callable[[], float] = time.monotonic,
                  events: queue.SimpleQueue | None = None, hooks: RunHooks | None = None,
-                 stall_timeout: float = 0.0, policy: RestartPolicy | None = None):
+                 stall_timeout: float = 0.0, policy: RestartPolicy | None = None, timeline: Timeline | None = None):
         self.specs, self.backend, self.printer, self.log_dir = list(specs), backend, printer, log_dir
         self.grace = grace
         # --timeout, made by the run loop before the attempt was placed (on
@@ -77,7 +78,7 @@ class Supervisor:
             ThreadDied(name, f"{type(error).__name__}: {error}")))
         self.policy = policy or RestartPolicy(0, Engine(backend.name, False), recoverable=False)  # fail fast
         self.stall_timeout = stall_timeout
-        self.slots = Slots(self.specs, log_dir)
+        self.slots = Slots(self.specs, log_dir, timeline)
         self.stop = StopSequence(self.slots, self.hooks, clock, printer.note)
         self.ends = ending.Ends(clock)
         self.fault: ThreadDied | None = None  # a dead launcher thread
@@ -203,8 +204,9 @@ class Supervisor:
         self.joins.ended(event.rank)
         self.activity.ended(event.rank)
         slot = self.slots[event.rank]
-        slot.ended()
-        if self.ends.record(slot.record, event, running=self.stop.reason is None):
+        judge = self.ends.record(slot.record, event, running=self.stop.reason is None)
+        slot.ended()  # its end is in its record: the timeline's line holds it
+        if judge:
             self._judge(event.rank)
 
     def _judge(self, rank: int) -> None:

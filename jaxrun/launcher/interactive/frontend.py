@@ -221,6 +221,8 @@ class Reader(code.InteractiveConsole):
             return False
         if compiled is None:
             return True  # more lines to come
+        if says_nothing(source):  # an empty line, or only comments: nothing runs, as at Python's own prompt
+            return False
         reply = self.frontend.execute(source, console.SINGLE)
         if reply is None:  # process 0 is gone: the summary comes before anything else
             self.frontend.wait_over()
@@ -229,6 +231,12 @@ class Reader(code.InteractiveConsole):
             raise SystemExit  # exit() in every process: the session ends, as with Ctrl-D
         self.frontend.show(reply)
         return False
+
+
+def says_nothing(source: str) -> bool:
+    """Blank lines and comments only: Python's console compiles it to ``pass``,
+    which the processes' "single" compile would take for a syntax error."""
+    return all(not line.strip() or line.lstrip().startswith("#") for line in source.split("\n"))
 
 
 def load_history():

@@ -1,5 +1,6 @@
 """``jaxrun logs``: a finished run's output, as the console showed it or
-grouped per process, and the list of recent runs with their exit status.
+grouped per process, and the list of recent runs with their exit status;
+``--trace FILE``: a run's timeline (``reporting.timeline``) as a Chrome trace.
 
 What torchrun and Slurm users reach for after a run (``sacct``, ``cat
 slurm-*.out``).  The runs are found from their ``run.json``
@@ -9,6 +10,7 @@ slurm-*.out``).  The runs are found from their ``run.json``
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import shlex
 
@@ -20,6 +22,7 @@ from jaxrun.core.events import Stream
 from jaxrun.core.noise import read_lines_in_chunks
 from jaxrun.core.ranks import parse_ranks
 from jaxrun.launcher.output.printer import ConsolePrinter
+from jaxrun.reporting import timeline
 from jaxrun.reporting.history import ranks_in, runs
 
 LISTED = 20  # runs shown by a bare ``jaxrun logs``
@@ -56,15 +59,22 @@ def show(folder: str, ranks: list[int], output: str) -> None:
 @click.option("--output", type=click.Choice(["grouped", "stream"]), default="grouped", show_default=True,
               help="One block per process, or rank-prefixed lines.")
 @click.option("--log-dir", "base", metavar="DIR", help="Where runs are (default: your private log folder).")
-def command(run_id, last, ranks, output, base):
+@click.option("--trace", "trace", metavar="FILE",
+              help="Write the run's timeline (the last run's, running or not, without RUN_ID) to FILE as a "
+                   "Chrome trace, which ui.perfetto.dev opens.")
+def command(run_id, last, ranks, output, base, trace):
     """Show a finished run's logs, or list recent runs.
 
     \b
       jaxrun logs                    recent runs, newest first, with exit status
       jaxrun logs --last             the last run's output, grouped per process
       jaxrun logs RUN_ID --ranks 0   one process of that run
+      jaxrun logs --trace t.json     the last run's timeline, for ui.perfetto.dev
     """
     base = base or logfiles.default_base()
+    if trace:
+        write_trace(base, run_id, trace)
+        return
     found = runs(base)
     if not run_id and not last:
         if not found:
@@ -91,3 +101,45 @@ def command(run_id, last, ranks, output, base):
                                  param_hint="'--ranks'") from None
     wanted = [r for r in present if chosen is None or any(r in span for span in chosen)]
     show(folder, wanted, output)
+
+
+def write_trace(base: str, run_id: str | None, path: str) -> None:
+    """The run's timeline as a Chrome trace at ``path``; without a run id,
+    the run that began last, finished or still running."""
+    if run_id:
+        folder = os.path.join(base, run_id)
+        if not os.path.isdir(folder):
+            raise click.UsageError(f"no run {run_id!r} in {base}")
+    else:
+        folder = newest_timeline(base)
+        if folder is None:
+            fail(f"no run in {base} has a timeline ({timeline.FILE})")
+    events = timeline.read(os.path.join(folder, timeline.FILE))
+    if events is None:
+        fail(f"run {os.path.basename(folder)} has no timeline ({timeline.FILE}): it ran before jaxrun kept one")
+    trace = timeline.chrome_trace(events)
+    try:
+        logfiles.write_atomically(path, json.dumps(trace).encode())
+    except OSError as e:
+        fail(f"--trace {path}: cannot write it ({e.strerror or e})")
+    processes = {e["pid"] for e in trace["traceEvents"] if e["pid"] != timeline.JOB_PID}
+    attempts = sum(1 for e in events if e["event"] == timeline.ATTEMPT)
+    click.echo(f"jaxrun: wrote the timeline of run {os.path.basename(folder)} ({len(processes)} processes, "
+               f"{attempts} attempt{'s' if attempts != 1 else ''}) to {path}; open it at https://ui.perfetto.dev "
+               "(Open trace file) or in chrome://tracing")
+
+
+def newest_timeline(base: str) -> str | None:
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return None
+    began = {name: timeline.began(os.path.join(base, name, timeline.FILE)) for name in names}
+    found = [(when, name) for name, when in began.items() if when is not None]
+    return os.path.join(base, max(found)[1]) if found else None
+
+
+def fail(line: str) -> None:
+    """One line, exit 1: the run is there, what was asked of it is not."""
+    click.echo(f"jaxrun: error: {line}", err=True)
+    raise click.exceptions.Exit(1)
