@@ -55,6 +55,16 @@ class ProcessRecord:
     life: int = 0
     earlier: list[ProcessRecord] = dataclasses.field(default_factory=list)  # its earlier lives, oldest first
     finished_at: float | None = None  # wall clock: its script returned (heard through its activity)
+    joined_at: float | None = None  # wall clock: it reached the job's rendezvous (heard)
+
+    @property
+    def phase(self) -> str:
+        """Where in its life it was when it ended, as far as jaxrun heard:
+        "start-up" (before its join), "work" (its script), or "teardown"
+        (its script had returned: exit hooks, JAX's shutdown)."""
+        if self.finished_at is not None:
+            return "teardown"
+        return "start-up" if self.joined_at is None else "work"
 
     @property
     def lives(self) -> list[ProcessRecord]:
@@ -105,12 +115,14 @@ class StallGroup:
 @dataclasses.dataclass(frozen=True)
 class Stall:
     """What the stall watchdog found: how long nobody moved, where most of
-    the processes wait (None: no place holds more than the others), and the
-    processes that stand out, each group at its place."""
+    the processes wait (None: no place holds more than the others), the
+    processes that stand out, each group at its place, and those whose own
+    threads spun while their Python stood still (rank, how many, their CPU)."""
 
     seconds: float
     waiting: StallGroup | None
     odd: tuple[StallGroup, ...]
+    spinning: tuple[tuple[int, contract.Spinning], ...] = ()
 
     @property
     def fingerprint(self) -> tuple:
@@ -154,6 +166,14 @@ class Outcome:
     # reporting.diagnosis.Diagnosis, kept once the run loop has read the logs, so
     # that no report reads them again (core cannot name reporting's type).
     diagnosis: object | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    @property
+    def work_finished(self) -> bool:
+        """The attempt failed, but only once its work was done: every process's
+        script had returned (an abort in an exit hook or in JAX's shutdown).
+        A restart would run the whole work again for nothing."""
+        return (self.reason is StopReason.FAILURE and self.root_cause is not None and bool(self.records)
+                and all(r.finished_at is not None for r in self.records))
 
     @classmethod
     def not_started(cls, exit_code: int, why: str, signum: int | None = None) -> Outcome:

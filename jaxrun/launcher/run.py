@@ -218,7 +218,8 @@ def attempt_end(config: RunConfig, outcome: Outcome) -> AttemptEnd:
 
     found = diagnosis.attach(outcome, outputs=bool(config.junit_path))  # as report_attempt attaches it
     failure = found.root.failure if found.root else None
-    return AttemptEnd(outcome.reason, diagnosis.attempt_fingerprint(found), failure, outcome.ran_out)
+    finished = found.root.where if outcome.work_finished and found.root else None
+    return AttemptEnd(outcome.reason, diagnosis.attempt_fingerprint(found), failure, outcome.ran_out, finished)
 
 
 def elastic_ask(config: RunConfig, backend: Backend, failed: Outcome,

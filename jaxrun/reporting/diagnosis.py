@@ -82,15 +82,16 @@ class RootCause:
     output: tuple[str, ...]  # that log's last TAIL_LINES lines
     # What makes it the same failure as another attempt's (``attempt_fingerprint``):
     # ("exception", type, message, file, line) or ("signal", name, file, line),
-    # at the innermost line of the user's code; None where nothing pins it
-    # to a line of the user's (a lost host, an exit code alone, a SIGKILL).
+    # at the innermost line of the user's code; a crash signal with no line
+    # dumped: ("crash", name, process id, phase); None where nothing pins it
+    # (a lost host, an exit code alone, a SIGKILL or SIGTERM from outside).
     fingerprint: tuple | None = None
     place: str | None = None  # a stall's: FILE:LINE where it stood out
 
     @property
     def at(self) -> str | None:
         """The line of the user's where it failed (or stood out), FILE:LINE."""
-        if self.place is not None or self.fingerprint is None or self.fingerprint[0] == "stall":
+        if self.place is not None or self.fingerprint is None or self.fingerprint[0] in ("stall", "crash"):
             return self.place
         return f"{self.fingerprint[-2]}:{self.fingerprint[-1]}"
 
@@ -242,7 +243,9 @@ def _root_cause(rec: ProcessRecord, stderr: list[str], stdout: tuple[str, ...] |
 def _with_fingerprint(root: RootCause, rec: ProcessRecord, frame: Frame | None) -> RootCause:
     """``root`` with its fingerprint: its exception at the line of the user's
     that raised it, or the crash signal at the line its stack dump shows
-    (where the process dumped one: PYTHONFAULTHANDLER)."""
+    (where the process dumped one: PYTHONFAULTHANDLER); with no line, the
+    same crash signal in the same process in the same phase of its life
+    (start-up, work, teardown) is the same failure."""
     if rec.lost:  # a host or a connection went away: that is not the user's bug
         return root
     if root.error is not None:
@@ -251,8 +254,10 @@ def _with_fingerprint(root: RootCause, rec: ProcessRecord, frame: Frame | None) 
             return root
         return dataclasses.replace(root, fingerprint=("exception", root.error.type, root.error.message, *line))
     code = rec.returncode
-    if code is not None and code < 0 and signal_name(-code) in CRASH_SIGNALS and frame is not None:
-        return dataclasses.replace(root, fingerprint=("signal", signal_name(-code), frame[0], frame[1]))
+    if code is not None and code < 0 and signal_name(-code) in CRASH_SIGNALS:
+        if frame is not None:
+            return dataclasses.replace(root, fingerprint=("signal", signal_name(-code), frame[0], frame[1]))
+        return dataclasses.replace(root, fingerprint=("crash", signal_name(-code), rec.spec.rank, rec.phase))
     return root
 
 

@@ -38,7 +38,7 @@ def report_dict(outcomes: list[Outcome], run_id: str, log_dirs: list[str], not_r
                 # Why the attempt never started its processes (then ``processes`` is
                 # empty), or null.
                 "not_started": outcome.start_error,
-                "processes": [_process_dict(r) for r in outcome.records],
+                "processes": [_process_dict(r, outcome) for r in outcome.records],
                 # The processes did not share fate (a recoverable job): a failed
                 # process other than 0 left the others running.
                 "recoverable": outcome.recoverable,
@@ -113,6 +113,7 @@ def _life_dict(r: ProcessRecord) -> dict:
         # When jaxrun heard that its script returned (null: it never did, or
         # the stall watchdog's sampler was off, --stall-timeout 0).
         "finished_at": r.finished_at,
+        "joined_at": r.joined_at,  # when jaxrun heard it reach the job's rendezvous (null: never)
         # When the process that reaped it saw it end, by that machine's clock
         # (null where its far end does not say).
         "reaped_at": r.reaped_at,
@@ -122,7 +123,7 @@ def _life_dict(r: ProcessRecord) -> dict:
     }
 
 
-def _process_dict(r: ProcessRecord) -> dict:
+def _process_dict(r: ProcessRecord, outcome: Outcome) -> dict:
     """The process's last life, and every life it had in the attempt: more
     than one where it restarted alone (a recoverable job)."""
     return {
@@ -130,6 +131,9 @@ def _process_dict(r: ProcessRecord) -> dict:
         "local_process_id": r.spec.local_rank,
         "host": r.spec.host.name,
         **_life_dict(r),
+        # It failed first, at teardown, once every process's script had
+        # returned: the work was done, and the run was not restarted.
+        "finished_then_failed": outcome.work_finished and r.spec.rank == outcome.root_cause,
         "restarts": r.life,  # how many times it started again alone
         "lives": [_life_dict(life) for life in r.lives],
     }

@@ -41,7 +41,7 @@ def summary_lines(outcome: Outcome, log_dir: str) -> list[str]:
         shared = set(failure.ranks)
         lines.extend(engine_failure_lines(failure, root.pid))
     elif root is not None and found.kind is not Kind.STALL:
-        lines.append(f"jaxrun: {root.where} failed first: {root.exit} (pid {root.pid})")
+        lines.append(root_line(outcome, root))
         if root.error:
             lines.append(f"jaxrun:   {root.error.headline}")
         if root.oom:
@@ -67,6 +67,17 @@ def summary_lines(outcome: Outcome, log_dir: str) -> list[str]:
     lines.extend(resource_lines(outcome.records))
     lines.append(f"jaxrun: logs in {log_dir}")
     return lines
+
+
+def root_line(outcome: Outcome, root) -> str:
+    """The root cause's line; a failure at teardown says that the work was
+    done (every script had returned), or that its own script had."""
+    if outcome.work_finished:
+        return (f"jaxrun: the work finished (every process's script returned); then {root.where} failed at "
+                f"teardown: {root.exit} (pid {root.pid})")
+    rec = next((r for r in outcome.records if r.spec.rank == root.rank), None)
+    after = "; its script had returned (it failed at teardown)" if rec is not None and rec.finished_at else ""
+    return f"jaxrun: {root.where} failed first: {root.exit} (pid {root.pid}){after}"
 
 
 def rerun_line(rec: ProcessRecord) -> str:

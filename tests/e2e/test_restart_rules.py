@@ -1,8 +1,11 @@
 """Restarts that are not wasted (docs/restarts.md, "The same failure twice"):
 an attempt that fails exactly as the one before it (the same error, crash
 signal or stall at the same line) is not restarted; any other failure is.
-The four jobs run side by side: each attempt is a real
-2-process JAX job."""
+A run whose every script returned before a process failed (an abort in an
+exit hook) is not restarted at all ("A finished run is not run again"); the
+same abort before the script returns is, once: the same crash signal in the
+same process and phase, with no line dumped, is the same failure.
+The jobs run side by side: each attempt is a real 2- or 3-process JAX job."""
 
 from __future__ import annotations
 
@@ -64,6 +67,31 @@ print("done in attempt", attempt)
 '''
 
 
+# Every process finishes its work; 2 s later process 1 aborts in an exit hook
+# (registered after jax's own, so it runs first), faulthandler on.
+TEARDOWN = '''
+import atexit, os, time
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+mesh = jax.make_mesh((jax.device_count(),), ("i",))
+x = jax.device_put(np.ones((jax.device_count(), 4), np.float32), NamedSharding(mesh, P("i")))
+if jax.process_index() == 1:
+    atexit.register(lambda: (time.sleep(2), os.abort()))
+print("done", float(jnp.sum(x)))
+'''
+
+# The control: the same abort while the script runs, and no stack dumped.
+ABORT = '''
+import os
+import jax
+
+if jax.process_index() == 1:
+    os.abort()
+print("never here")
+'''
+
+
 @pytest.mark.timeout(120)
 def test_the_same_failure_twice_stops_the_restarts_and_a_changing_failure_is_restarted(launch, tmp_path):
     jobs = {}
@@ -74,6 +102,12 @@ def test_the_same_failure_twice_stops_the_restarts_and_a_changing_failure_is_res
         jobs[name] = (launch("-n", 2, "--cpu-devices", 1, "--max-restarts", 5, "--report", report, "--stall-timeout", 2,
                              "--log-dir", tmp_path / f"{name}-logs", script, env={"PYTHONFAULTHANDLER": "1"}),
                       report, script)
+    for name, text, count, env in (("teardown", TEARDOWN, 3, {"PYTHONFAULTHANDLER": "1"}), ("abort", ABORT, 2, {})):
+        script = tmp_path / f"{name}.py"
+        script.write_text(textwrap.dedent(text))
+        report = tmp_path / f"{name}.json"
+        jobs[name] = (launch("-n", count, "--cpu-devices", 1, "--max-restarts", 2, "--report", report,
+                             "--log-dir", tmp_path / f"{name}-logs", script, env=env), report, script)
     codes = {name: job.wait(timeout=100) for name, (job, _, _) in jobs.items()}
 
     job, report, script = jobs["bug"]
@@ -110,3 +144,25 @@ def test_the_same_failure_twice_stops_the_restarts_and_a_changing_failure_is_res
         job.stderr
     found = json.loads(report.read_text())
     assert [a["root_cause"]["kind"] for a in found["attempts"]] == ["stall", "stall"]
+
+    job, report, script = jobs["teardown"]
+    assert codes["teardown"] == 134, job.stderr
+    assert job.stdout.count("done 12.0") == 3, job.stdout
+    assert re.search(r"^jaxrun: the work finished \(every process's script returned\); then process 1 failed at "
+                     r"teardown: killed by SIGABRT \(pid \d+\)$", job.stderr, re.M), job.stderr
+    why = ("not restarting: the work finished (every process's script returned) before process 1 failed at "
+           "teardown")
+    assert f"jaxrun: {why}" in job.stderr and "restarting the whole job" not in job.stderr, job.stderr
+    assert "most recent call first" in job.stderr, job.stderr  # its stack, where it aborted
+    found = json.loads(report.read_text())
+    assert len(found["attempts"]) == 1 and found["not_restarted"] == why
+    assert [p["finished_then_failed"] for p in found["processes"]] == [False, True, False]
+    assert all(p["finished_at"] and p["joined_at"] <= p["finished_at"] for p in found["processes"])
+
+    job, report, script = jobs["abort"]
+    assert codes["abort"] == 134, job.stderr
+    assert "jaxrun: not restarting: the same failure as attempt 1 (killed by SIGABRT)" in job.stderr, job.stderr
+    found = json.loads(report.read_text())
+    assert len(found["attempts"]) == 2
+    assert [p["finished_then_failed"] for p in found["processes"]] == [False, False]
+    assert found["processes"][1]["finished_at"] is None

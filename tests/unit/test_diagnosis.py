@@ -311,9 +311,12 @@ def test_a_diagnosis_of_a_huge_log_stays_small(tmp_path):
 
 # -- the same failure twice (the restart rule) ----------------------------------------
 
-def crashed(folder, line: int, with_dump: bool = True, signum: int = signal.SIGSEGV) -> Outcome:
-    """Process 0 killed by ``signum``; with its faulthandler dump at ``line``."""
+def crashed(folder, line: int, with_dump: bool = True, signum: int = signal.SIGSEGV, phase: str = "work") -> Outcome:
+    """Process 0 killed by ``signum``; with its faulthandler dump at ``line``;
+    in ``phase`` of its life, as jaxrun heard it."""
     recs = records(folder, ("localhost", "localhost"))
+    recs[0].joined_at = None if phase == "start-up" else 1.0
+    recs[0].finished_at = 2.0 if phase == "teardown" else None
     with open(recs[0].stderr_log, "a") as f:
         if with_dump:
             f.write(f'Fatal Python error: Segmentation fault\n\nCurrent thread 0x00007f (most recent call first):\n'
@@ -349,16 +352,28 @@ def test_the_same_exception_at_the_same_line_of_the_users_code_is_the_same_failu
     assert not same_failure(diagnosis.diagnose(raised_at(tmp_path / "d", "other", 12)), first)
 
 
-def test_a_crash_signal_is_the_same_only_at_a_line_its_dump_shows(tmp_path):
+def test_a_crash_signal_is_the_same_at_the_line_its_dump_shows_or_else_in_the_same_phase(tmp_path):
     first = diagnosis.diagnose(crashed(tmp_path / "a", 7))
     assert first.root.fingerprint == ("signal", "SIGSEGV", "/w/train.py", 7)
     assert same_failure(diagnosis.diagnose(crashed(tmp_path / "b", 7)), first)
     assert not same_failure(diagnosis.diagnose(crashed(tmp_path / "c", 8)), first)
-    undumped = [diagnosis.diagnose(crashed(tmp_path / f"u{i}", 7, with_dump=False)) for i in range(2)]
-    assert undumped[0].root.fingerprint is None and not same_failure(*undumped)
-    # SIGKILL comes from outside, whatever line the process was at.
-    killed = [diagnosis.diagnose(crashed(tmp_path / f"k{i}", 7, signum=signal.SIGKILL)) for i in range(2)]
-    assert killed[0].root.fingerprint is None and not same_failure(*killed)
+    # No line dumped: the same signal in the same process and phase of its life.
+    undumped = {(phase, i): diagnosis.diagnose(crashed(tmp_path / f"u{phase}{i}", 7, with_dump=False, phase=phase))
+                for phase in ("start-up", "work", "teardown") for i in range(2)}
+    assert undumped["work", 0].root.fingerprint == ("crash", "SIGSEGV", 0, "work")
+    assert undumped["work", 0].root.failure == "killed by SIGSEGV" and undumped["work", 0].root.at is None
+    for phase in ("start-up", "work", "teardown"):
+        assert same_failure(undumped[phase, 0], undumped[phase, 1])
+    assert not same_failure(undumped["teardown", 0], undumped["work", 0])
+    assert not same_failure(undumped["start-up", 0], undumped["work", 0])
+    aborted = diagnosis.diagnose(crashed(tmp_path / "abrt", 7, with_dump=False, signum=signal.SIGABRT))
+    assert not same_failure(aborted, undumped["work", 0])
+    # SIGKILL and SIGTERM come from outside, whatever line or phase the process was at.
+    for signum in (signal.SIGKILL, signal.SIGTERM):
+        for dump in (True, False):
+            killed = [diagnosis.diagnose(crashed(tmp_path / f"k{signum}{dump}{i}", 7, with_dump=dump, signum=signum))
+                      for i in range(2)]
+            assert killed[0].root.fingerprint is None and not same_failure(*killed)
 
 
 def test_a_lost_host_an_exit_code_or_an_engine_failure_is_never_the_same(tmp_path):
@@ -372,3 +387,21 @@ def test_a_lost_host_an_exit_code_or_an_engine_failure_is_never_the_same(tmp_pat
     assert not same_failure(*quiet)
     engines = [diagnosis.diagnose(engine_failed(tmp_path / f"e{i}")) for i in range(2)]
     assert not same_failure(*engines)
+
+
+def test_a_failure_at_teardown_once_every_script_returned_says_the_work_finished(tmp_path):
+    outcome = crashed(tmp_path / "all", 7, signum=signal.SIGABRT, phase="teardown")
+    for rec in outcome.records:
+        rec.finished_at = 2.0
+    assert outcome.work_finished
+    out = all_reports(outcome, tmp_path)
+    assert out["summary"][0] == ("jaxrun: the work finished (every process's script returned); then process 0 failed "
+                                 "at teardown: killed by SIGABRT (pid 100)")
+    assert [p["finished_then_failed"] for p in out["report"]["processes"]] == [True, False]
+    # Process 1 had not finished: the usual rules, and the line still says that process 0 had.
+    mixed = crashed(tmp_path / "some", 7, signum=signal.SIGABRT, phase="teardown")
+    assert not mixed.work_finished
+    out = all_reports(mixed, tmp_path)
+    assert out["summary"][0] == ("jaxrun: process 0 failed first: killed by SIGABRT (pid 100); its script had "
+                                 "returned (it failed at teardown)")
+    assert [p["finished_then_failed"] for p in out["report"]["processes"]] == [False, False]

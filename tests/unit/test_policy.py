@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from jaxrun.core.outcome import StopReason
-from jaxrun.launcher.restarts.policy import Answer, AttemptEnd, Engine, ProcessEnd, RestartPolicy
+from jaxrun.launcher.restarts.policy import Answer, AttemptEnd, Decision, Engine, ProcessEnd, RestartPolicy
 
 GO_ON, ALONE, JOB, ELASTIC, STOP = (Answer.GO_ON, Answer.START_ALONE, Answer.RESTART_JOB, Answer.RESTART_ELASTIC,
                                     Answer.STOP)
@@ -32,6 +32,10 @@ TIMEOUT = AttemptEnd(StopReason.TIMEOUT)
 INTERNAL = AttemptEnd(StopReason.INTERNAL)
 NOT_STARTED = AttemptEnd(StopReason.NOT_STARTED)
 SUCCESS = AttemptEnd(None)
+# Every script had returned; then process 1 aborted in an exit hook.
+AT_TEARDOWN = AttemptEnd(StopReason.FAILURE, ("crash", "SIGABRT", 1, "teardown"), "killed by SIGABRT",
+                         finished="process 1 on hostB")
+ABORT_IN_WORK = AttemptEnd(StopReason.FAILURE, ("crash", "SIGABRT", 1, "work"), "killed by SIGABRT")
 RAN_OUT = AttemptEnd(StopReason.FAILURE, ("ValueError", "train.py", 12), "ValueError", ran_out=True)
 
 
@@ -79,6 +83,10 @@ TABLE = [
     ("jaxrun's own fault", [INTERNAL], [STOP, STOP, STOP, STOP]),
     ("a restart that could not start", [CRASH, A, NOT_STARTED], [STOP, STOP, STOP, STOP]),
     ("every process exited 0", [SUCCESS], [STOP, STOP, STOP, STOP]),
+    ("a failure at teardown, once every script had returned", [AT_TEARDOWN], [STOP, STOP, STOP, STOP]),
+    ("the same abort in the work", [ABORT_IN_WORK], [JOB, ELASTIC, JOB, ELASTIC]),
+    ("the same crash signal in the same process and phase again", [ABORT_IN_WORK, A, ABORT_IN_WORK],
+     [STOP, STOP, STOP, STOP]),
     ("the budget spent on whole jobs", [CRASH, A, OTHER_CRASH, A, LOST_HOST], [STOP, STOP, STOP, STOP]),
     ("the budget spent by processes alone", ["join", P1, P2X, P3Y], [GO_ON, GO_ON, GO_ON, GO_ON]),
     ("then a whole restart has no budget left", ["join", P1, P2X, CRASH], [STOP, STOP, JOB, ELASTIC]),
@@ -159,3 +167,12 @@ def test_a_gang_says_once_an_attempt_that_only_whole_jobs_restart():
     forced = RestartPolicy(1, ENGINES["slurm"], True)
     assert forced.begin_attempt(2).startswith("jaxrun: the job is recoverable (--recoverable); Slurm")
     assert RestartPolicy(1, ENGINES["local"], True).begin_attempt(2) is None
+
+
+def test_a_finished_run_says_why_it_is_not_restarted():
+    policy = RestartPolicy(2, ENGINES["local"])
+    policy.begin_attempt(3)
+    decision = policy.decide(AT_TEARDOWN)
+    assert decision == Decision(STOP, "not restarting: the work finished (every process's script returned) before "
+                                      "process 1 on hostB failed at teardown")
+    assert policy.spent == 0

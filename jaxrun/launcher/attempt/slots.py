@@ -71,6 +71,8 @@ class Slot:
         self.move(State.STARTED)
 
     def joined(self) -> None:
+        if self.record.joined_at is None:
+            self.record.joined_at = time.time()
         if self.state is State.STARTED:
             self.move(State.JOINED)
         if self.timeline is not None:

@@ -29,6 +29,9 @@ The rules, each written once:
   nobody.  Process 0 hosts the coordination service, so its end stops the
   attempt.  Where the engine starts processes as one gang (Slurm, Open MPI,
   Ray), no process starts again alone, and only whole jobs restart;
+- **a finished run is never thrown away**: an attempt whose every process
+  had finished its script before it failed (an abort in an exit hook or in
+  JAX's shutdown) is not restarted: a restart would do the work again;
 - what restarts: a failure and a stall.  A signal to jaxrun, ``--timeout``,
   jaxrun's own fault and a restart that could not start stop the run.
 
@@ -72,6 +75,7 @@ class AttemptEnd:
     fingerprint: tuple | None = None  # its root failure's (None: unknown or an engine's)
     failure: str | None = None
     ran_out: bool = False  # a recoverable job whose processes ran to their own ends
+    finished: str | None = None  # every script had returned before it failed: who failed at teardown
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +182,9 @@ class RestartPolicy:
         before, self.last_attempt = self.last_attempt, end.fingerprint if end.reason in RESTARTED else None
         if end.reason not in RESTARTED:
             return Decision(Answer.STOP)
+        if end.finished:
+            return Decision(Answer.STOP, f"not restarting: the work finished (every process's script returned) "
+                                         f"before {end.finished} failed at teardown")
         if end.ran_out and self.engine.starts_one_again:
             return Decision(Answer.STOP)  # its processes had their restarts alone; a whole one would repeat them
         if not self.left:
