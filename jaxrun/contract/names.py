@@ -32,14 +32,18 @@ RECOVERABLE = "recoverable"
 # recoverable job, so that the scheduler's own fail-fast leaves the others be.
 RECOVERABLE_MODE = "JAXRUN_RECOVERABLE"
 # The stall watchdog (--stall-timeout): its timeout in seconds, and the path
-# of the file where the shim's sampler writes this process's state (BUSY or
-# IDLE, see child.activity) each time it changes, and FINISHED once the
-# script returned.
+# of the file where the shim's sampler writes this process's state (BUSY,
+# IDLE or SPIN, see child.activity) each time it changes, and FINISHED once
+# the script returned.  SPIN: the process's own threads burn CPU while its
+# Python has not moved (native threads in a busy wait, as NCCL's in a hang);
+# its line says how many and their CPU in cores ("spin 2 1.97", see
+# contract.Spinning), and counts as not moving, as IDLE does.
 STALL_TIMEOUT = "JAXRUN_STALL_TIMEOUT"
 ACTIVITY_FILE = "JAXRUN_ACTIVITY_FILE"
 STALL_EXIT = 125  # jaxrun's exit status when the watchdog stopped a stalled job
 BUSY = "busy"
 IDLE = "idle"
+SPIN = "spin"
 FINISHED = "finished"
 # Where the attempts of a run share JAX's persistent compile cache (set only
 # when restarts are possible): an absolute path is a folder on the launching

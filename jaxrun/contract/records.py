@@ -16,7 +16,7 @@ from typing import BinaryIO
 
 from jaxrun.contract.helpers import signal_name  # noqa: F401
 from jaxrun.contract.names import *  # noqa: F401,F403
-from jaxrun.contract.names import BUSY, FINISHED, IDLE, RECOVERABLE
+from jaxrun.contract.names import BUSY, FINISHED, IDLE, RECOVERABLE, SPIN
 
 # -- reading back what a process left ---------------------------------------------------
 # Every log and record is read after a run through these three: only a regular
@@ -119,11 +119,48 @@ def joined_recoverable(path: str) -> bool:
     return data is not None and data.strip() == RECOVERABLE.encode()
 
 
+@dataclasses.dataclass(frozen=True)
+class Spinning:
+    """What a SPIN line says: how many of the process's own threads burnt CPU
+    while its Python did not move, and their CPU in cores."""
+
+    threads: int
+    cores: float
+
+    def line(self) -> str:
+        """The activity line that says it: ``spin 2 1.97``."""
+        return f"{SPIN} {self.threads} {self.cores:.2f}"
+
+    @classmethod
+    def of(cls, said: str) -> Spinning | None:
+        """The spinning a SPIN line says; None for any other line."""
+        word, *rest = said.split() or [""]
+        if word != SPIN or len(rest) != 2:
+            return None
+        try:
+            threads, cores = int(rest[0]), float(rest[1])
+        except ValueError:
+            return None
+        return cls(threads, cores) if 0 < threads < 100000 and 0 <= cores < 100000 else None
+
+
+ACTIVITY_LINE_MAX = 40  # bytes: the longest line a sampler writes (a SPIN line)
+
+
+def activity_word(said: str) -> str | None:
+    """The state an activity line says (BUSY, IDLE, SPIN or FINISHED), or
+    None for a line that is none of them."""
+    if said in (BUSY, IDLE, FINISHED):
+        return said
+    return SPIN if Spinning.of(said) is not None else None
+
+
 def read_activity(path: str) -> str | None:
-    """The state a process's sampler wrote last (BUSY, IDLE or FINISHED), or None."""
-    data = read_small(path, 16)
-    word = data.strip().decode(errors="replace") if data else None
-    return word if word in (BUSY, IDLE, FINISHED) else None
+    """The line a process's sampler wrote last (a word of ``activity_word``'s,
+    a SPIN line with its details), or None."""
+    data = read_small(path, ACTIVITY_LINE_MAX)
+    said = data.strip().decode(errors="replace") if data else ""
+    return said if activity_word(said) is not None else None
 
 
 # -- the error record ------------------------------------------------------------------

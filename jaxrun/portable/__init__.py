@@ -29,6 +29,9 @@ inotify; ``files``                     the output pump's tick (``launcher.output
 ``threads``
 ``/proc/self/io``; ``threads``         the stall watchdog's sampler counts no I/O, only
                                        CPU time and the stack (``child.activity``)
+``/proc/self/task/*/stat``;            no CPU time per thread: any CPU time of the
+``threads``                            process counts as work, so native threads that
+                                       spin hide a hang (``child.activity``)
 cgroups; ``memory``                    no OOM-kill count and no memory limit
 =====================================  ====================================================
 
@@ -49,10 +52,10 @@ from jaxrun.portable.memory import maxrss_bytes, memory_group
 from jaxrun.portable.notes import notes
 from jaxrun.portable.processes import claim_orphans, ended_unreaped, open_file_ids, pid_max
 from jaxrun.portable.sockets import free_port, is_abstract, peer_pid, peer_uid, server_address
-from jaxrun.portable.threads import io_bytes, lower_thread_priority
+from jaxrun.portable.threads import io_bytes, lower_thread_priority, thread_cpu
 
 __all__ = [
     "claim_orphans", "ended_unreaped", "free_port", "inotify", "io_bytes", "is_abstract", "lower_thread_priority",
     "maxrss_bytes", "memory_group", "notes", "open_file_ids", "peer_pid", "peer_uid", "pid_max", "server_address",
-    "set_pipe_size",
+    "set_pipe_size", "thread_cpu",
 ]

@@ -1,6 +1,6 @@
 """Threads and what this process does: whether a thread's native id names
-it to the kernel, a thread's own priority, and the I/O counters the stall
-watchdog's sampler reads (``child.activity``)."""
+it to the kernel, a thread's own priority, and the I/O counters and each
+thread's CPU time that the stall watchdog's sampler reads (``child.activity``)."""
 
 from __future__ import annotations
 
@@ -42,3 +42,44 @@ def io_bytes() -> int | None:
         return None
     fields = (line.partition(b":") for line in text.splitlines())
     return sum(int(value) for key, _, value in fields if key in (b"rchar", b"wchar"))
+
+
+def _clock_ticks() -> int:
+    try:
+        return os.sysconf("SC_CLK_TCK")
+    except (AttributeError, ValueError, OSError):
+        return 100
+
+
+TICKS = _clock_ticks()
+
+
+def thread_cpu() -> dict[int, float] | None:
+    """CPU seconds (user and system) each thread of this process has used so
+    far, by its native id; None where the system does not say per thread."""
+    if forced():
+        return None
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    used = {}
+    for tid in tids:
+        try:
+            fd = os.open(f"/proc/self/task/{tid}/stat", os.O_RDONLY)
+        except OSError:
+            continue  # it ended between the two looks
+        try:
+            text = os.read(fd, 1024)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        # After the name in parentheses (which may hold anything): the state,
+        # then fields 4 to 13, then utime and stime (proc(5)'s fields 14, 15).
+        fields = text[text.rfind(b")") + 2:].split()
+        try:
+            used[int(tid)] = (int(fields[11]) + int(fields[12])) / TICKS
+        except (IndexError, ValueError):
+            continue
+    return used or None

@@ -191,6 +191,7 @@ def test_forced_every_facility_is_off(forced):
         assert portable.lower_thread_priority(19) is False
         assert portable.peer_uid(a) is None and portable.peer_pid(a) is None
         assert portable.open_file_ids(os.getpid()) is None
+        assert portable.thread_cpu() is None
         assert portable.pid_max() == 32768
         assert portable.sockets.ephemeral_low() == 32768 and portable.free_port() < 32768
     finally:
