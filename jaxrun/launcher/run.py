@@ -33,6 +33,7 @@ from jaxrun.core.deadline import NEVER, Deadline
 from jaxrun.core.outcome import BUG_REPORT, Outcome
 from jaxrun.core.spec import PlanError
 from jaxrun.launcher.attempt.supervisor import Supervisor
+from jaxrun.launcher.channel import JobView, open_channel
 from jaxrun.launcher.control import RunControl
 from jaxrun.launcher.output.printer import ConsolePrinter, SafeConsole
 from jaxrun.launcher.output.timeline import Timeline
@@ -103,11 +104,16 @@ def run(config: RunConfig, backend: Backend | None = None, console: TextIO | Non
     backend.hooks = control.hooks
     control.install()
     control.start_watchdog()
+    # The channel that `jaxrun stacks` and `jaxrun top` reach this run through.
+    view = JobView(config.options.run_id, ["jaxrun", *sys.argv[1:]], config.log_dir, config.max_restarts, running,
+                   control.events.put)
+    listening = open_channel(view, note=lambda line: print(line, file=console, flush=True) if config.verbose else None)
     code = 1
     try:
         drive = DRIVERS[type(config.mode)]
         code = drive(config, control,
-                     lambda session_env=None: run_attempts(config, backend, control, console, running, session_env),
+                     lambda session_env=None: run_attempts(config, backend, control, console, running, session_env,
+                                                            view),
                      lambda: bool(running) and running[0].joins_settled())
         return code
     except Interrupted:  # stopped while connecting, before any process started
@@ -119,6 +125,8 @@ def run(config: RunConfig, backend: Backend | None = None, console: TextIO | Non
         code = 2
         raise
     finally:
+        if listening is not None:
+            listening.close()
         if os.path.isdir(config.log_dir):
             history.record_run(config.log_dir, ["jaxrun", *sys.argv[1:]], code, started)
         reaper.kill_descendants()  # daemons of the last attempt, and anything a backend left
@@ -145,7 +153,7 @@ DRIVERS: dict[type[modes.Mode], Callable[..., int]] = {
 
 
 def run_attempts(config: RunConfig, backend: Backend, control: RunControl, console: TextIO,
-                 running: list, session_env: SessionEnv | None = None) -> int:
+                 running: list, session_env: SessionEnv | None = None, view: JobView | None = None) -> int:
     """Every attempt: placed once, started, supervised, diagnosed, each
     reported as it ends; after each, the restart policy says whether another
     follows (``restarts.policy``).  jaxrun's exit status is the last
@@ -199,6 +207,8 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
             outcomes.append(outcome)
             dirs.append(log_dir)
             decision = policy.decide(attempt_end(config, outcome))
+            if view is not None:  # `jaxrun top` shows the job restarting until the next attempt starts
+                view.attempt_over(decision.answer in (Answer.RESTART_JOB, Answer.RESTART_ELASTIC))
             if decision.answer in (Answer.RESTART_JOB, Answer.RESTART_ELASTIC):
                 timeline.restart(decision.why, elastic=decision.answer is Answer.RESTART_ELASTIC)
             stopped = decision.why if decision.answer is Answer.STOP else ""  # why no restart follows, if it says

@@ -10,6 +10,8 @@ each imported by both of its ends, so that a message is spelled once:
 - ``preflight``: what each SSH host checks before a launch;
 - ``tasks``: the scheduler task channel (srun, mpirun, a Ray actor);
 - ``console``: the interactive session (``jaxrun -i``, the Jupyter kernel);
+- ``inspect``: the control channel of a running jaxrun (``jaxrun stacks``,
+  ``jaxrun top``);
 - ``controller``: the words every far end says about its controller (its
   streams, ``Started``, ``Signal``, ``Exit``), which the protocols above
   re-export.
@@ -22,6 +24,6 @@ speaks only with a helper of its own may declare its words in its own module
 
 # Each protocol comes with the package, so that ``encoding.decode`` knows every
 # word of this version of jaxrun, whichever protocol a process speaks itself.
-from jaxrun.wire import console, controller, encoding, forkserver, preflight, ssh, tasks
+from jaxrun.wire import console, controller, encoding, forkserver, inspect, preflight, ssh, tasks
 
-__all__ = ["console", "controller", "encoding", "forkserver", "preflight", "ssh", "tasks"]
+__all__ = ["console", "controller", "encoding", "forkserver", "inspect", "preflight", "ssh", "tasks"]

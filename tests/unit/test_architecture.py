@@ -63,13 +63,17 @@ BACKEND_PICKER = "jaxrun.launcher.run"
 # the run only through its control.  setup, output and control lean on no
 # other room.
 ROOMS = {
-    "run": {"setup", "attempt", "restarts", "output", "interactive", "control"},
+    "run": {"setup", "attempt", "restarts", "output", "interactive", "control", "channel"},
     "control": set(),
     "setup": set(),
     "attempt": {"output", "restarts"},
     "restarts": {"setup"},
     "output": set(),
     "interactive": {"control"},
+    # The control channel's listening end reads the running attempt; the
+    # commands that look into a running job reach it only through the channel.
+    "channel": {"attempt"},
+    "inspect": {"channel"},
 }
 
 

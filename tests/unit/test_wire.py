@@ -11,7 +11,7 @@ import pytest
 import jaxrun
 from jaxrun import contract
 from jaxrun.backends.ray import words as ray
-from jaxrun.wire import console, encoding, forkserver, preflight, ssh, tasks
+from jaxrun.wire import console, encoding, forkserver, inspect, preflight, ssh, tasks
 
 PACKAGE = Path(jaxrun.__file__).parent
 
@@ -52,6 +52,15 @@ EXAMPLES = [
     ray.Placed([["node-a", "10.0.0.1"]], "10.0.0.1"),
     ray.DriverFailed("the cluster refused the placement group"),
     ray.Go([[0, ["python", "-m", "jaxrun.shim"], {"A": "b"}]], None),
+    inspect.Describe(),
+    inspect.JobInfo("20261204-010203-abcdef", 4242, 1796161488.5, ["jaxrun", "-n", "2", "t.py"], "/tmp/l"),
+    inspect.AskStacks(2.5),
+    inspect.StackDump(1, "localhost", 4243, 0, "waiting", 'Current thread 0x1 (most recent call first):\n'),
+    inspect.Stacks((inspect.StackDump(0, "h", None, 0, "starting"),), "no stack dump came from process 0"),
+    inspect.AskTable(),
+    inspect.TableRow(0, "localhost", 4243, 1, "working", 99.5, 1 << 30, 0.0, "step 3 \x1b[1mloss\x1b[0m"),
+    inspect.Table("r", 1, 2, 3, (inspect.TableRow(0, "h", None, 0, "starting"),), True),
+    inspect.Refused("this jaxrun does not answer 'x'"),
 ]
 
 
