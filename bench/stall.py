@@ -14,8 +14,8 @@ default.
 The watchdog hooks nothing: its whole cost is one look per interval in a
 thread of each process.  So a probe also times a look itself (in one process
 with jax imported and its threads running: CPU time, I/O counters, the main
-thread's stack, the children's CPU) and says what share of one core it
-takes at the default interval.
+thread's stack, the children's CPU, each thread's CPU when the process
+used some) and says what share of one core it takes at the default interval.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ LOOK = textwrap.dedent(
     took = []
     for _ in range(int(sys.argv[1])):
         start = time.perf_counter()
-        live.moved()
+        live.judge()
         took.append(time.perf_counter() - start)
     print(f"LOOK_US {statistics.median(took) * 1e6:.1f}", flush=True)
     """

@@ -96,8 +96,8 @@ class Home(Protocol):
         ``recoverable``: it enabled JAX's fault tolerance."""
 
     def activity(self, state: str) -> None:
-        """The controller's sampler says it is now ``contract.BUSY``, ``contract.IDLE``
-        or ``contract.FINISHED``."""
+        """The controller's sampler says it is now ``contract.BUSY``, ``contract.IDLE``,
+        ``contract.FINISHED`` or spinning (a SPIN line, ``contract.Spinning``): the line it wrote."""
 
     def cannot_start(self, command: list[str], error: OSError) -> None:
         """The controller never started: say so."""

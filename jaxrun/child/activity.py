@@ -5,28 +5,44 @@ A thread of the shim's looks at the process every ``interval`` seconds
 (a tenth of the stall timeout, at most ``MAX_INTERVAL``) and asks whether
 anything moved since its last look.  Progress is any of:
 
-- CPU time: the process (every thread: XLA's executing a program or a
-  compile, Python's data loading) or one of the processes it started (a
-  ``gsutil cp`` it waits for) used at least ``BUSY_SHARE`` of a core.  A
-  process that waits in a collective, in ``time.sleep`` or on a lock uses
-  well under 1% (JAX's own background threads included);
+- the main thread's stack changed: it moved to another line, or to another
+  instruction of one line (a loop written on one line);
+- CPU time that is the script's own: at least ``BUSY_SHARE`` of a core
+  used by a Python thread of the script's (a helper thread that loads
+  data), or by one of the processes it started (a ``gsutil cp`` it waits
+  for), or by any thread while the main thread is inside JAX (a program
+  executing, a compile, ``block_until_ready``: XLA's threads do the work);
 - I/O: at least ``BUSY_IO`` bytes read or written, files and sockets alike
   (a checkpoint save, a download), where the system counts them;
-- the main thread's stack changed: it moved to another line;
 - the main thread is inside JAX's compiler or its ``initialize()``: a long
   compile is work, and a join waits for the others under JAX's own timeout;
 - the script said so: ``jaxrun.alive()``, for a long phase that shows none
   of the above.
 
-The looks cost a few microseconds each, once per interval; nothing is
-hooked, so the script's own calls run as fast as without jaxrun.
+A process that waits in a collective, in ``time.sleep`` or on a lock uses
+well under 1% of a core (JAX's own background threads included): IDLE.
+A third state is neither: SPIN, the process's own threads burn CPU while
+its Python has not moved.  That is a GPU job's hang as NCCL shows it: the
+culprit's native threads (no Python frame) loop on ``sched_yield`` at 100%
+while its main thread is parked outside JAX at another line; or a main
+thread that spins inside a native call outside JAX, its stack unchanged.
+A busy native thread is not progress, so the launcher counts SPIN as not
+moving, and the line says how many threads spun and their CPU in cores,
+for the summary.  CPU time per thread is read where the system says it
+(``portable.thread_cpu``); elsewhere any CPU time is progress, as before.
+
+The looks cost a few microseconds each, once per interval (reading each
+thread's CPU time, some tens of microseconds, only when the process used
+CPU); nothing is hooked, so the script's own calls run as fast as without
+jaxrun.
 
 What the launcher hears is only the changes: the file
-``contract.ACTIVITY_FILE`` holds ``busy`` or ``idle`` (``contract``'s
-words), rewritten whole (a new file renamed over the old) each time the
-state changes.  The launcher reads it, or the far-end agent does and sends
-the change home.  Where each process waits is not reported here: when
-every process has been idle for the stall timeout, the launcher asks for
+``contract.ACTIVITY_FILE`` holds one line, ``busy``, ``idle`` or ``spin N
+CORES`` (``contract``'s words, ``contract.Spinning``), rewritten whole (a
+new file renamed over the old) each time the state changes (for SPIN: or
+the number of threads).  The launcher reads it, or the far-end agent does
+and sends the change home.  Where each process waits is not reported here:
+when no process has moved for the stall timeout, the launcher asks for
 stack dumps (SIGUSR1), which say it.
 """
 
@@ -46,6 +62,9 @@ BUSY_IO = 64 * 1024  # bytes per interval
 # Frames of JAX's that are work, or a wait that JAX bounds itself.
 _BUSY_FILES = (os.sep + os.path.join("jax", "_src", "compiler.py"),)
 _JOIN_FILE = os.sep + os.path.join("jax", "_src", "distributed.py")
+# Where the main thread is inside JAX: a program executing or awaited.
+_JAX_FOLDERS = (os.sep + os.path.join("jax", "_src") + os.sep, os.sep + "jaxlib" + os.sep)
+_OWN_THREADS = "jaxrun-"  # the names of jaxrun's own threads: neither work nor spin
 
 _beats = 0
 _started: Sampler | None = None
@@ -64,13 +83,26 @@ def interval_for(stall_timeout: float) -> float:
 
 
 def main_stack(main: int) -> tuple:
-    """The main thread's frames as (code, line) pairs, innermost first."""
+    """The main thread's frames as (code, instruction) pairs, innermost
+    first: a loop on one line moves its instruction, a parked call does not."""
     frame = sys._current_frames().get(main)
     stack = []
     while frame is not None:
-        stack.append((frame.f_code, frame.f_lineno))
+        stack.append((frame.f_code, frame.f_lasti))
         frame = frame.f_back
     return tuple(stack)
+
+
+def python_threads(main: int | None) -> tuple[set[int], set[int]]:
+    """The native ids of the script's Python threads other than the main
+    one (their CPU is work), and of jaxrun's own (the sampler's among them:
+    their CPU is neither work nor spin)."""
+    work, own = set(), set()
+    for thread in threading.enumerate():
+        tid = thread.native_id
+        if tid is not None and tid != main:
+            (own if thread.name.startswith(_OWN_THREADS) else work).add(tid)
+    return work, own
 
 
 def children_cpu() -> dict[int, float]:
@@ -101,46 +133,79 @@ def busy_place(stack: tuple) -> bool:
     return False
 
 
+def inside_jax(stack: tuple) -> bool:
+    """The main thread is in JAX's code: whatever CPU the process uses is a
+    program executing (or awaited), JAX's work."""
+    return any(_JAX_FOLDERS[0] in code.co_filename or _JAX_FOLDERS[1] in code.co_filename for code, _ in stack)
+
+
+def judge_threads(before: dict[int, float], now: dict[int, float], seconds: float, work: set[int],
+                  own: set[int]) -> str:
+    """From each thread's CPU seconds at two looks ``seconds`` apart: BUSY
+    where the script's Python threads (``work``) used ``BUSY_SHARE`` of a
+    core, else a SPIN line for the other threads (no Python frame, or the
+    main thread, whose stack did not move) that each used that much, else
+    IDLE.  ``own``: jaxrun's threads, left out."""
+    enough = BUSY_SHARE * max(seconds, 1e-9)
+    used = {tid: cpu - before.get(tid, 0.0) for tid, cpu in now.items() if tid not in own}
+    if sum(used.get(tid, 0.0) for tid in work) >= enough:
+        return contract.BUSY
+    spun = [cpu for tid, cpu in used.items() if tid not in work and cpu >= enough]
+    if not spun:
+        return contract.IDLE
+    return contract.Spinning(len(spun), round(sum(spun) / seconds, 2)).line()
+
+
 class Sampler:
     """The sampler: its thread, its last look, and the state last written."""
 
     def __init__(self, path: str, interval: float, clock=time.monotonic, cpu=time.process_time,
-                 io=portable.io_bytes, stack=None, children=None):
+                 io=portable.io_bytes, stack=None, children=None, threads=portable.thread_cpu, python=None):
         self.path, self.interval = path, interval
         self.clock, self.cpu, self.io = clock, cpu, io
-        main = threading.main_thread().ident
-        self.stack = stack or (lambda: main_stack(main))
+        main = threading.main_thread()
+        self.stack = stack or (lambda: main_stack(main.ident))
         self.children = children or children_cpu
-        self.state: str | None = None
+        self.threads = threads  # each thread's CPU seconds, or None (read only when the process used CPU)
+        self.python = python or (lambda: python_threads(main.native_id))
+        self.state: str | None = None  # the line last written
         self.lock = threading.Lock()  # FINISHED is the last word: no look after it writes over it
         self.finished = False
         self.last = self._look()
+        self.last_threads: dict[int, float] | None = None  # at the last look, where read then
 
     def _look(self) -> tuple:
         return self.clock(), self.cpu(), self.io(), self.stack(), _beats, self.children()
 
-    def moved(self) -> bool:
-        """Whether the process made progress since the last look."""
+    def judge(self) -> str:
+        """What the process did since the last look: BUSY, IDLE, or a SPIN
+        line (``contract.Spinning``)."""
         (t0, cpu0, io0, stack0, beats0, kids0), now = self.last, self._look()
         self.last = now
         t, cpu, io, stack, beats, kids = now
         enough = BUSY_SHARE * max(t - t0, 1e-9)
-        if cpu - cpu0 >= enough or beats != beats0 or stack != stack0:
-            return True
-        if any(used - kids0.get(pid, 0.0) >= enough for pid, used in kids.items()):
-            return True
+        used = cpu - cpu0 >= enough
+        before, self.last_threads = self.last_threads, (self.threads() if used else None)
+        if beats != beats0 or stack != stack0 or busy_place(stack):
+            return contract.BUSY
+        if any(spent - kids0.get(pid, 0.0) >= enough for pid, spent in kids.items()):
+            return contract.BUSY
         if io is not None and io0 is not None and io - io0 >= BUSY_IO:
-            return True
-        return busy_place(stack)
+            return contract.BUSY
+        if not used:
+            return contract.IDLE
+        if inside_jax(stack) or before is None or self.last_threads is None:
+            return contract.BUSY  # JAX's work; or no thread's own count to judge by (yet)
+        return judge_threads(before, self.last_threads, t - t0, *self.python())
 
-    def write(self, state: str) -> None:
+    def write(self, said: str) -> None:
         with self.lock:
-            if state == self.state or self.finished:
+            if self.finished or _key(said) == _key(self.state):
                 return
-            self.state = state
-            self.finished = state == contract.FINISHED
+            self.state = said
+            self.finished = said == contract.FINISHED
             try:
-                contract.write_private(self.path, state.encode() + b"\n")
+                contract.write_private(self.path, said.encode() + b"\n")
             except OSError:
                 pass  # a hint: the launcher then keeps the state it heard last
 
@@ -148,7 +213,14 @@ class Sampler:
         self.write(contract.BUSY)
         while not self.finished:
             time.sleep(self.interval)
-            self.write(contract.BUSY if self.moved() else contract.IDLE)
+            self.write(self.judge())
+
+
+def _key(said: str | None) -> tuple:
+    """What makes a line news: its word, and for SPIN how many threads spin
+    (their CPU varies from look to look; the first look's is told)."""
+    spinning = contract.Spinning.of(said) if said else None
+    return (said,) if spinning is None else (contract.SPIN, spinning.threads)
 
 
 def script_returned() -> None:

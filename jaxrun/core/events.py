@@ -81,10 +81,10 @@ class LogWriteFailed:
 
 @dataclasses.dataclass(frozen=True)
 class Activity:
-    """A process changed between busy and idle, as its child reported (``News.activity``)."""
+    """A process's activity changed (busy, idle, spin), as its child reported (``News.activity``)."""
 
     rank: int
-    state: str  # contract.BUSY or contract.IDLE
+    state: str  # the activity line: contract.BUSY, contract.IDLE, a SPIN line (contract.activity_word)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -193,9 +193,9 @@ def _stall_root(stall: Stall, records: list[ProcessRecord], stderr: list[list[st
     group = stall.odd[0]
     i = next(i for i, rec in enumerate(records) if rec.spec.rank == group.ranks[0])
     rec = records[i]
-    exit = f"stalled at {group.place.text()}"
+    exit = f"stalled at {group.place.text()}{spun(group, stall)}"
     if stall.waiting is None:  # no place holds most: the others' places belong to it too
-        exit += "".join(f"; {group_name(g, records)} at {g.place.text()}" for g in stall.odd[1:])
+        exit += "".join(f"; {group_name(g, records)} at {g.place.text()}{spun(g, stall)}" for g in stall.odd[1:])
     return RootCause(rec.spec.rank, rec.spec.host.name, where(rec), rec.pid,
                      exit, None, None, tuple(stderr[i][-TAIL_LINES:]),
                      rec.stderr_log, (), stall.fingerprint, group.place.at)
@@ -209,17 +209,33 @@ def group_name(group: StallGroup, records: list[ProcessRecord]) -> str:
     return "processes " + ", ".join(map(str, group.ranks))
 
 
+def spun(group: StallGroup, stall: Stall) -> str:
+    """What the group's processes whose own threads spun while their Python
+    stood still (a native busy wait, as NCCL's in a hang) did, in brackets;
+    "" where none did."""
+    spinning = dict(stall.spinning)
+    said = [(rank, spinning[rank]) for rank in group.ranks if rank in spinning]
+    if not said:
+        return ""
+    if len(group.ranks) == 1:
+        s = said[0][1]
+        return f" (its Python stood still while {s.threads} of its own threads spun, {s.cores:.2f} cores of CPU)"
+    each = ", ".join(f"process {rank}: {s.threads} threads, {s.cores:.2f} cores" for rank, s in said)
+    return f" (their Python stood still while their own threads spun: {each})"
+
+
 def stall_lines(stall: Stall, records: list[ProcessRecord]) -> list[str]:
-    """The stall in two lines: how long, then who stands out and where the others wait."""
+    """The stall in two lines: how long, then who stands out and where the
+    others wait (and whose threads spun there)."""
     head = f"the job stalled: no process made progress for {stall.seconds:g} s"
     if stall.waiting is None:
-        parts = "; ".join(f"{group_name(g, records)} at {g.place.text()}" for g in stall.odd)
+        parts = "; ".join(f"{group_name(g, records)} at {g.place.text()}{spun(g, stall)}" for g in stall.odd)
         return [head, f"the processes wait at different places: {parts}"]
     odd = "; ".join(f"{group_name(g, records)} {'stand' if len(g.ranks) > 1 else 'stands'} out, at "
-                    f"{g.place.text()}" for g in stall.odd)
+                    f"{g.place.text()}{spun(g, stall)}" for g in stall.odd)
     waiting = stall.waiting
     return [head, f"{odd}; {group_name(waiting, records)} {'wait' if len(waiting.ranks) > 1 else 'waits'} "
-                  f"at {waiting.place.text()}"]
+                  f"at {waiting.place.text()}{spun(waiting, stall)}"]
 
 
 def _stack_facts(rec: ProcessRecord, text: str) -> ProcessFacts:

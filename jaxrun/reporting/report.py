@@ -83,12 +83,16 @@ def _root_cause(found: diagnosis.Diagnosis) -> dict | None:
             "log_tail": list(failure.log_tail),
         },
         # The stall watchdog stopped the job: how long nobody moved, where most
-        # processes waited (null: no place held more than the others) and
-        # those that stood out, the first of which is the process above.
+        # processes waited (null: no place held more than the others), those
+        # that stood out, the first of which is the process above, and those
+        # whose own threads spun while their Python stood still (how many
+        # threads, their CPU in cores).
         "stall": None if found.stall is None else {
             "seconds": found.stall.seconds,
             "waiting": _group(found.stall.waiting),
             "stand_out": [_group(g) for g in found.stall.odd],
+            "spinning": [{"process_id": rank, "threads": s.threads, "cores": s.cores}
+                         for rank, s in found.stall.spinning],
         },
     }
 

@@ -55,7 +55,8 @@ class TaskJoined(Message):
 
 @message("activity")
 class TaskActivity(Message):
-    """The controller's sampler changed state: ``contract.BUSY``, ``contract.IDLE`` or ``contract.FINISHED``."""
+    """The controller's sampler changed state: ``contract.BUSY``, ``contract.IDLE``, ``contract.FINISHED``
+    or a SPIN line with its details (``contract.Spinning``): the line it wrote."""
 
     state: str
 

@@ -117,12 +117,27 @@ def test_progress_markers_are_cut_out_and_told_in_order(seed):
     assert heard.states == [contract.BUSY, contract.IDLE, contract.BUSY, contract.IDLE]
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_spin_markers_carry_their_details_and_are_cut_out_wherever_a_read_splits_them(seed):
+    spin = ssh.activity_marker("spin 2 1.97")
+    assert spin == b"\x00\x1bjaxrun-spin 2 1.97\n"
+    assert ssh.activity_marker(contract.IDLE) == ssh.ACTIVITY_MARKERS[contract.IDLE]
+    own = [b"step 3\n", b"half ", b"\x00\x1bjaxrun-spin 2 x not one\n", b"\x00\x1bjaxrun-spin ", b"end\n"]
+    busy = ssh.ACTIVITY_MARKERS[contract.BUSY]
+    stream = (own[0] + spin + own[1] + ssh.activity_marker("spin 3 2.90") + own[2] + busy + own[3] + own[4]
+              + ssh.activity_marker("spin 1 0.50"))
+    out, joins, heard = cut_through(stream, seed)
+    assert out == b"".join(own)
+    assert heard.states == ["spin 2 1.97", "spin 3 2.90", contract.BUSY, "spin 1 0.50"]
+
+
 @pytest.mark.parametrize("seed", range(10))
 @pytest.mark.parametrize("own", [
     b"ends with half a marker " + ssh.JOINED_MARKER[:5],
     ssh.JOINED_MARKER[:-1] + b"x and more\n",
     b"plain bytes\n" * 40,
-], ids=["half-marker", "almost-a-marker", "plain"])
+    b"ends with half a spin marker " + ssh.activity_marker("spin 2 1.97")[:-1],
+], ids=["half-marker", "almost-a-marker", "plain", "half-spin"])
 def test_bytes_that_only_look_like_a_marker_are_kept(seed, own):
     out, joins, heard = cut_through(own, seed, steps=(1, 2, 3, 5, 11, 4096))
     assert (out, joins, heard.resources) == (own, 0, None)

@@ -5,6 +5,7 @@ are in tests/e2e/test_stall.py and the matrix's stuck row."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -28,20 +29,40 @@ def code(filename: str, name: str = "f"):
     return compile("pass", filename, "exec").replace(co_name=name)
 
 
+MAIN, HELPER, OWN, NATIVE1, NATIVE2 = 100, 101, 102, 201, 202  # native thread ids
+
+
 class Sampler:
-    """A Sampler whose every input the test sets."""
+    """A Sampler whose every input the test sets.  ``threads``: each
+    thread's CPU seconds (None: a system that does not say); ``work`` and
+    ``own``: the script's Python threads and jaxrun's."""
 
     def __init__(self, tmp_path):
         self.clock, self.cpu, self.io, self.kids = Clock(), 0.0, 0, {}
+        self.threads: dict | None = None
+        self.work, self.own = {HELPER}, {OWN}
         self.stack = ((code("/work/train.py", "<module>"), 12),)
         self.live = activity.Sampler(str(tmp_path / "progress"), 1.0, clock=self.clock, cpu=lambda: self.cpu,
-                                      io=lambda: self.io, stack=lambda: self.stack, children=lambda: self.kids)
+                                      io=lambda: self.io, stack=lambda: self.stack, children=lambda: self.kids,
+                                      threads=lambda: None if self.threads is None else dict(self.threads),
+                                      python=lambda: (self.work, self.own))
 
-    def after(self, seconds: float, **changes) -> bool:
+    def says(self, seconds: float, **changes) -> str:
         self.clock.now += seconds
         for name, value in changes.items():
             setattr(self, name, value)
-        return self.live.moved()
+        return self.live.judge()
+
+    def after(self, seconds: float, **changes) -> bool:
+        return self.says(seconds, **changes) == contract.BUSY
+
+    def burn(self, seconds: float, **cores: float) -> str:
+        """``seconds`` pass while each thread named (MAIN=1.0, ...) uses that many cores."""
+        threads = None if self.threads is None else dict(self.threads)
+        for name, share in cores.items():
+            if threads is not None:
+                threads[globals()[name]] = threads.get(globals()[name], 0.0) + share * seconds
+        return self.says(seconds, cpu=self.cpu + sum(cores.values()) * seconds, threads=threads)
 
 
 def test_a_process_that_only_waits_is_idle_and_each_sign_of_work_is_progress(tmp_path):
@@ -71,6 +92,136 @@ def test_a_compile_and_a_join_are_work(tmp_path, frames, busy):
     s.stack = tuple((code(f, n), 1) for f, n in frames)
     s.live.last = s.live._look()
     assert s.after(1.0) is busy
+
+
+# -- a hang as GPU jobs show it: the process's own threads spin, its Python stands still --
+
+def test_native_threads_that_spin_while_the_main_thread_is_parked_are_spin_not_work(tmp_path):
+    """NCCL's hang: two threads with no Python frame loop on sched_yield at
+    100% while the main thread waits at a line of the user's, outside JAX."""
+    s = Sampler(tmp_path)
+    s.threads = {MAIN: 1.0, HELPER: 0.0, OWN: 0.0}
+    assert not s.after(1.0)  # parked, nothing spins yet
+    # The first look that sees the CPU has no count of each thread's from the
+    # look before: it is taken for work, once.
+    assert s.burn(1.0, NATIVE1=1.0, NATIVE2=0.95) == contract.BUSY
+    said = s.burn(1.0, NATIVE1=1.0, NATIVE2=0.95)
+    assert contract.activity_word(said) == contract.SPIN
+    assert contract.Spinning.of(said) == contract.Spinning(2, 1.95)
+    assert s.burn(1.0, NATIVE1=0.99, NATIVE2=0.97, OWN=0.5) == "spin 2 1.96"  # jaxrun's threads left out
+    assert s.burn(1.0, NATIVE1=0.02) == contract.IDLE  # JAX's background threads: no spin
+    assert s.burn(1.0, MAIN=1.0) == contract.BUSY  # no count from the look before again
+    assert s.burn(1.0, MAIN=1.0) == "spin 1 1.00"  # the main thread spins in a native call, its stack unchanged
+
+
+def test_a_python_thread_of_the_script_that_computes_is_work(tmp_path):
+    s = Sampler(tmp_path)
+    s.threads = {MAIN: 0.0}
+    s.burn(1.0, HELPER=1.0)
+    assert s.burn(1.0, HELPER=1.0) == contract.BUSY
+    assert s.burn(1.0, HELPER=0.5, NATIVE1=1.0, NATIVE2=1.0) == contract.BUSY  # its work, whatever else spins
+    assert s.burn(1.0, HELPER=0.01, NATIVE1=1.0) == "spin 1 1.00"
+
+
+def test_while_the_main_thread_is_inside_jax_every_thread_works_for_it(tmp_path):
+    """One long program: the main thread waits in block_until_ready while XLA's threads compute."""
+    s = Sampler(tmp_path)
+    s.threads = {MAIN: 0.0}
+    s.stack = ((code("/site-packages/jax/_src/array.py", "block_until_ready"), 4),
+               (code("/work/train.py", "<module>"), 12))
+    s.live.last = s.live._look()
+    for _ in range(3):
+        assert s.burn(1.0, NATIVE1=1.0, NATIVE2=1.0) == contract.BUSY
+    s.stack = ((code("/site-packages/jaxlib/xla_client.py", "execute"), 4),)
+    assert s.burn(1.0, NATIVE1=1.0) == contract.BUSY
+    s.stack = ((code("/work/train.py", "<module>"), 40),)
+    assert s.burn(1.0, NATIVE1=1.0) == contract.BUSY  # it moved
+    assert s.burn(1.0, NATIVE1=1.0) == "spin 1 1.00"  # and stays, outside JAX, while a thread spins
+
+
+def test_without_a_count_per_thread_any_cpu_is_work(tmp_path):
+    s = Sampler(tmp_path)  # threads None: a system that does not say
+    for _ in range(3):
+        assert s.burn(1.0, NATIVE1=1.0) == contract.BUSY
+
+
+@pytest.mark.parametrize("used, said", [
+    ({MAIN: 0.001, NATIVE1: 0.01}, contract.IDLE),
+    ({MAIN: 0.0, HELPER: 0.2}, contract.BUSY),
+    ({HELPER: 0.03, NATIVE1: 0.03}, contract.IDLE),  # each under 5% of a core
+    ({HELPER: 0.03, NATIVE1: 0.5, NATIVE2: 0.5, OWN: 3.0}, "spin 2 0.50"),
+    ({MAIN: 2.0}, "spin 1 1.00"),
+], ids=["quiet", "helper", "little", "spin", "main"])
+def test_each_threads_cpu_is_judged_by_whose_it_is(used, said):
+    before = {MAIN: 1.0, HELPER: 1.0, NATIVE1: 1.0, NATIVE2: 1.0, OWN: 1.0}
+    now = {tid: before[tid] + used.get(tid, 0.0) for tid in before}
+    assert activity.judge_threads(before, now, 2.0, {HELPER}, {OWN}) == said
+
+
+def test_a_thread_that_started_since_the_last_look_counts_all_it_used():
+    assert activity.judge_threads({MAIN: 1.0}, {MAIN: 1.0, NATIVE1: 0.9}, 1.0, set(), set()) == "spin 1 0.90"
+
+
+def test_the_stack_moves_with_a_loop_on_one_line_and_not_with_a_parked_call():
+    import threading
+
+    stop, parked = threading.Event(), threading.Event()
+    looping = threading.Thread(target=lambda: [None for _ in iter(stop.is_set, True)])
+    waiting = threading.Thread(target=parked.wait)
+    for t in (looping, waiting):
+        t.start()
+    try:
+        time.sleep(0.05)
+        loops = {activity.main_stack(looping.ident) for _ in range(20) if not time.sleep(0.01)}
+        waits = {activity.main_stack(waiting.ident) for _ in range(5) if not time.sleep(0.01)}
+        assert len(loops) > 1 and len(waits) == 1
+    finally:
+        stop.set()
+        parked.set()
+        for t in (looping, waiting):
+            t.join()
+
+
+def test_each_threads_cpu_is_read_from_the_system_by_its_native_id():
+    import threading
+
+    from jaxrun import portable
+
+    stop, ids = threading.Event(), []
+
+    def work():
+        ids.append(threading.get_native_id())
+        while not stop.is_set():
+            pass
+
+    t = threading.Thread(target=work)
+    t.start()
+    try:
+        while not ids:
+            time.sleep(0.01)
+        first = portable.thread_cpu()
+        time.sleep(0.3)
+        second = portable.thread_cpu()
+    finally:
+        stop.set()
+        t.join()
+    assert first is not None and second is not None, "this system has /proc/self/task"
+    assert second[ids[0]] - first[ids[0]] > 0.05
+    assert set(activity.python_threads(threading.main_thread().native_id)[0]) >= set()
+    assert threading.main_thread().native_id in second
+
+
+def test_a_spin_line_is_written_again_only_when_its_thread_count_changes(tmp_path):
+    s = Sampler(tmp_path)
+    path = str(tmp_path / "progress")
+    s.live.write("spin 2 1.95")
+    first = os.stat(path)
+    s.live.write("spin 2 1.50")
+    assert os.stat(path).st_ino == first.st_ino and contract.read_activity(path) == "spin 2 1.95"
+    s.live.write("spin 3 2.90")
+    assert contract.read_activity(path) == "spin 3 2.90"
+    s.live.write(contract.IDLE)
+    assert contract.read_activity(path) == contract.IDLE
 
 
 def test_the_interval_is_a_tenth_of_the_timeout_within_bounds():
@@ -270,3 +421,84 @@ def test_the_watch_takes_a_finished_process_for_an_idle_one(tmp_path):
     w.heard(1, contract.IDLE)
     clock.now += 10.0
     assert w.tick()[1] == "probe"  # every process idle for the stall timeout: their stacks are asked for
+
+
+def test_a_spinning_process_has_not_moved_and_the_stall_says_its_threads_spun(tmp_path):
+    w, clock, notes, logs = watch(tmp_path)
+    w.heard(0, contract.IDLE)
+    w.heard(1, "spin 2 1.95")
+    w.heard(2, contract.IDLE)
+    assert w.state[1] == contract.SPIN
+    clock.now += 5
+    w.heard(1, contract.IDLE)  # its spin dips under the share a look needs: still not moved
+    w.heard(1, "spin 2 1.90")
+    clock.now += 5.1
+    assert w.tick()[1] == "probe"  # counted from the first look that saw it still
+    for r, line in ((0, 9), (1, 7), (2, 9)):
+        with open(logs[r], "a") as f:
+            f.write(DUMP.format(file="/work/t.py", line=line))
+    clock.now += stall.PROBE_WAIT
+    _, found = w.tick()
+    assert found.odd[0].ranks == (1,) and found.spinning == ((1, contract.Spinning(2, 1.90)),)
+
+
+def test_a_spinning_process_that_moves_is_forgotten_as_spinning_and_an_unknown_line_is_not_heard(tmp_path):
+    w, clock, notes, logs = watch(tmp_path, n=2)
+    heard = []
+    w.on_heard = lambda rank, state: heard.append((rank, state))
+    w.heard(0, "spin 1 1.00")
+    w.heard(0, "spin x")  # not a line a sampler writes
+    w.heard(0, contract.BUSY)
+    w.heard(1, contract.IDLE)
+    assert heard == [(0, contract.SPIN), (0, contract.BUSY), (1, contract.IDLE)]
+    assert w.spinning == {} and w.tick()[1] is None
+    w.heard(0, contract.IDLE)
+    clock.now += 10
+    assert w.tick()[1] == "probe"
+
+
+def test_the_watch_reads_a_spin_line_from_a_local_activity_file(tmp_path):
+    w, clock, notes, logs = watch(tmp_path, n=1)
+    path = str(tmp_path / "process-0.activity")
+    w.watch(0, path)
+    contract.write_private(path, b"spin 2 1.97\n")
+    w.tick()
+    assert w.state == {0: contract.SPIN} and w.spinning == {0: contract.Spinning(2, 1.97)}
+
+
+# -- the culprit named on the spinning shape ---------------------------------------------
+
+def test_the_summary_and_the_report_say_whose_threads_spun_while_its_python_stood_still(tmp_path):
+    import signal
+
+    from jaxrun.core.outcome import Outcome, ProcessRecord, Stall, StallGroup, StopReason, Verdict
+    from jaxrun.core.spec import Host
+    from jaxrun.reporting import report, summary
+
+    recs = []
+    for rank, host in enumerate((LOCAL_HOST, Host("hostB"), Host("hostB"))):
+        spec = ProcessSpec(rank, rank, host, "python", (), {})
+        logs = [str(tmp_path / f"process-{rank}.{kind}") for kind in ("stdout", "stderr", "error.json")]
+        recs.append(ProcessRecord(spec, *logs, pid=100 + rank, started_at=1.0,
+                                  ended_at=2.0, returncode=-signal.SIGTERM, verdict=Verdict.STOPPED))
+        for path in (recs[-1].stdout_log, recs[-1].stderr_log):
+            open(path, "w").close()
+    parked = Place("/w/train.py", 20, "<module>", "threading.Event().wait()", contract.IN_SCRIPT)
+    waiting = Place("/w/train.py", 15, "<module>", "loss = float(step(x))", contract.IN_SCRIPT)
+    found = Stall(8.0, StallGroup((0, 2), waiting), (StallGroup((1,), parked),),
+                  spinning=((1, contract.Spinning(2, 1.95)),))
+    outcome = Outcome(recs, contract.STALL_EXIT, StopReason.STALL, stall=found)
+    lines = summary.summary_lines(outcome, str(tmp_path))
+    assert lines[1] == (
+        "jaxrun:   process 1 on hostB stands out, at /w/train.py:20 in <module>: threading.Event().wait() (its "
+        "Python stood still while 2 of its own threads spun, 1.95 cores of CPU); processes 0, 2 wait at "
+        "/w/train.py:15 in <module>: loss = float(step(x))"), lines
+    cause = report.report_dict([outcome], "run", [str(tmp_path)])["root_cause"]
+    assert (cause["kind"], cause["process_id"], cause["host"], cause["at"]) == ("stall", 1, "hostB", "/w/train.py:20")
+    assert cause["stall"]["spinning"] == [{"process_id": 1, "threads": 2, "cores": 1.95}]
+    assert "2 of its own threads spun" in cause["exit"]
+    both = Stall(8.0, None, (StallGroup((0, 2), waiting), StallGroup((1,), parked)),
+                 spinning=((0, contract.Spinning(1, 1.0)), (2, contract.Spinning(3, 2.5))))
+    line = summary.summary_lines(Outcome(recs, contract.STALL_EXIT, StopReason.STALL, stall=both), str(tmp_path))[1]
+    assert ("processes 0, 2 at /w/train.py:15 in <module>: loss = float(step(x)) (their Python stood still while "
+            "their own threads spun: process 0: 1 threads, 1.00 cores, process 2: 3 threads, 2.50 cores)") in line

@@ -91,7 +91,7 @@ class SshHome:
         os.write(self.err, ssh.JOINED_RECOVERABLE_MARKER if recoverable else ssh.JOINED_MARKER)
 
     def activity(self, state: str) -> None:
-        os.write(self.err, ssh.ACTIVITY_MARKERS[state])  # one write, as the joined marker
+        os.write(self.err, ssh.activity_marker(state))  # one write, as the joined marker
 
     def cannot_start(self, command: list[str], error: OSError) -> None:
         far_end.write_all(self.err, f"jaxrun: cannot start {command[0]!r} on this host: {error.strerror}\n".encode())

@@ -6,8 +6,8 @@ back to the launcher but the controller's own stderr, so it writes two
 things there:
 
 - ``ssh.JOINED_MARKER``, once, in one write, when the controller arrives at
-  the job's rendezvous, and ``ssh.ACTIVITY_MARKERS``, each time its
-  sampler changes between busy and idle (``--stall-timeout``).  A marker may
+  the job's rendezvous, and an activity marker (``ssh.activity_marker``)
+  each time its sampler changes state (``--stall-timeout``).  A marker may
   land anywhere, even inside a line of the process's own, and a read may
   cut it in two;
 - the report home (``ssh.home_report``): the error record, the resources,
@@ -39,7 +39,7 @@ from jaxrun.wire import ssh
 # The in-band markers, with the state each activity marker tells (None: the join).
 MARKERS = {ssh.JOINED_MARKER: False, ssh.JOINED_RECOVERABLE_MARKER: True,
            **{m: state for state, m in ssh.ACTIVITY_MARKERS.items()}}
-MARKER_HEAD = b"\x00\x1bjaxrun-"  # what every marker begins with
+MARKER_HEAD = ssh.MARKER_HEAD  # what every marker begins with (a SPIN marker's too: ssh.spin_marker)
 assert all(m.startswith(MARKER_HEAD) for m in MARKERS)
 
 
@@ -75,7 +75,7 @@ class AgentStderr:
         if MARKER_HEAD in data:
             data = self._take_markers(data)
         if not end:
-            keep = max(marker_start(data, m) for m in MARKERS)
+            keep = max(ssh.spin_marker_start(data), *(marker_start(data, m) for m in MARKERS))
             if keep:
                 self._join_held, data = data[-keep:], data[:-keep]
         return data
@@ -89,8 +89,14 @@ class AgentStderr:
                 break
             marker = next((m for m in MARKERS if data.startswith(m, found)), None)
             if marker is None:
-                out.append(data[at:found + 1])
-                at = found + 1
+                spinning = ssh.spin_marker(data, found)
+                if spinning is None:
+                    out.append(data[at:found + 1])
+                    at = found + 1
+                else:
+                    out.append(data[at:found])
+                    said, at = spinning
+                    self.news.activity(said)
                 continue
             out.append(data[at:found])
             at = found + len(marker)

@@ -1,13 +1,16 @@
 """The stall watchdog (``--stall-timeout``): the launcher's half.
 
 Each process's sampler (``child.activity``) says when the process changes
-between busy and idle; a local one writes it to its activity file, which
-this watch reads when its ``stat`` changes, and a remote one's agent sends
-it home (the SSH stream's marker, the task channel's message), which the
-supervisor passes to ``heard``.  No thread: the supervisor's loop calls
-``tick``.
+between busy, idle and spin (its own threads burn CPU while its Python has
+not moved: a hang as NCCL's show); a local one writes it to its activity
+file, which this watch reads when its ``stat`` changes, and a remote one's
+agent sends it home (the SSH stream's marker, the task channel's message),
+which the supervisor passes to ``heard``.  No thread: the supervisor's loop
+calls ``tick``.  Idle and spin are both "has not moved"; a process's
+spinning (how many threads, their CPU) is kept until it moves, for the
+stall's record (``Stall.spinning``).
 
-When every running process has been idle for the timeout, the watch asks
+When no running process has moved for the timeout, the watch asks
 for stack dumps (``probe``: the supervisor sends SIGUSR1), waits
 ``PROBE_WAIT`` for them to land in the logs, and reads where each process
 waits (the dump's innermost line of the user's code, or JAX's shutdown):
@@ -29,6 +32,7 @@ job from stalling.  So does any process that is busy.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
 
@@ -115,7 +119,8 @@ class ActivityWatch:
         self.active = timeout > 0 and len(specs) > 0
         self.running = {s.rank for s in specs}
         self.stderr_logs = stderr_logs
-        self.state: dict[int, str] = {}  # rank -> BUSY or IDLE, once heard
+        self.state: dict[int, str] = {}  # rank -> BUSY, IDLE or SPIN, once heard
+        self.spinning: dict[int, contract.Spinning] = {}  # its spin since it last moved
         self.idle_since: dict[int, float] = {}
         self.paths: dict[int, str] = {}  # local activity files
         self.seen: dict[int, tuple] = {}
@@ -127,16 +132,21 @@ class ActivityWatch:
     def watch(self, rank: int, path: str) -> None:
         self.paths[rank] = path
 
-    def heard(self, rank: int, state: str) -> None:
-        if rank not in self.running or state not in (contract.BUSY, contract.IDLE, contract.FINISHED):
+    def heard(self, rank: int, said: str) -> None:
+        """``said``: an activity line (``contract.activity_word``'s, a SPIN line with its details)."""
+        state = contract.activity_word(said)
+        if rank not in self.running or state is None:
             return
         self.on_heard(rank, state)
         if state == contract.FINISHED:  # past its script, in JAX's shutdown: as idle as a wait
             state = contract.IDLE
-        if state == contract.IDLE and self.state.get(rank) != contract.IDLE:
+        if state != contract.BUSY and self.state.get(rank, contract.BUSY) == contract.BUSY:
             self.idle_since[rank] = self.clock()
         self.state[rank] = state
+        if state == contract.SPIN:
+            self.spinning[rank] = contract.Spinning.of(said)
         if state == contract.BUSY:
+            self.spinning.pop(rank, None)
             self.probe_at = None  # someone moved: whatever was asked is moot
 
     def ended(self, rank: int) -> None:
@@ -149,7 +159,7 @@ class ActivityWatch:
         """A process starts again alone (a recoverable job's): watched anew."""
         self.running.add(rank)
         self.stderr_logs[rank] = stderr_log
-        for known in (self.state, self.idle_since, self.seen, self.offsets):
+        for known in (self.state, self.idle_since, self.seen, self.offsets, self.spinning):
             known.pop(rank, None)
 
     def _read_files(self) -> None:
@@ -170,7 +180,7 @@ class ActivityWatch:
                 self.heard(rank, state)
 
     def _all_idle_since(self) -> float | None:
-        if not self.running or any(self.state.get(r) != contract.IDLE for r in self.running):
+        if not self.running or any(self.state.get(r, contract.BUSY) == contract.BUSY for r in self.running):
             return None
         return max(self.idle_since[r] for r in self.running)
 
@@ -202,7 +212,8 @@ class ActivityWatch:
         stall = classify(places, self.timeout)
         if stall is not None:
             self.active = False
-            return None, stall
+            spinning = tuple((r, self.spinning[r]) for r in sorted(self.running) if r in self.spinning)
+            return None, dataclasses.replace(stall, spinning=spinning)
         self.note(waiting_line(places, self.timeout))
         self.quiet_until = now + self.timeout
         return now + self.poll, None

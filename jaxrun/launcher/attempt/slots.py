@@ -10,7 +10,8 @@ same slot:
 - PENDING: planned, not yet spawned;
 - STARTED: spawned, not yet at the job's rendezvous;
 - JOINED: at the rendezvous, its activity not yet heard;
-- WORKING / WAITING: busy or idle, as its activity sampler says;
+- WORKING / WAITING: busy, or idle or spinning (its threads busy, its
+  Python still), as its activity sampler says;
 - FINISHED: its script returned, and it is in JAX's shutdown;
 - ENDED: its end was heard (or given up on); its record holds the verdict.
 
@@ -47,7 +48,8 @@ class State(enum.Enum):
 
 LIVE = frozenset({State.STARTED, State.JOINED, State.WORKING, State.WAITING, State.FINISHED})
 # What a process's activity sampler says, as the slot's state.
-BY_ACTIVITY = {contract.BUSY: State.WORKING, contract.IDLE: State.WAITING, contract.FINISHED: State.FINISHED}
+BY_ACTIVITY = {contract.BUSY: State.WORKING, contract.IDLE: State.WAITING, contract.SPIN: State.WAITING,
+               contract.FINISHED: State.FINISHED}
 
 
 @dataclasses.dataclass
