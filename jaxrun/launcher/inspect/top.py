@@ -20,7 +20,7 @@ from jaxrun.launcher.inspect import find
 from jaxrun.wire import inspect as words
 
 COLUMNS = ("RANK", "HOST", "PID", "STATE", "CPU", "MEM", "IDLE", "LAST LINE")
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]|\x1b\[[0-9;?]*[A-Za-z]")
+_CONTROL = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|[\x00-\x08\x0b-\x1f\x7f]")  # escape sequences first
 
 
 def cpu_text(cpu: float | None) -> str:
