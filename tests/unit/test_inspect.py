@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxrun import cli, portable
+from jaxrun import cli, contract, portable
 from jaxrun.core.outcome import ProcessRecord, Verdict
 from jaxrun.core.spec import Host, ProcessSpec
 from jaxrun.launcher import channel
@@ -133,8 +133,8 @@ def test_idle_text(seconds, text):
 
 # -- the states jaxrun top shows ----------------------------------------------------------------------------
 
-def a_slot(tmp_path, state, life=0, returncode=None, verdict=None) -> Slot:
-    spec = ProcessSpec(0, 0, Host("localhost"), "python", (), {})
+def a_slot(tmp_path, state, life=0, returncode=None, verdict=None, attempt=0) -> Slot:
+    spec = ProcessSpec(0, 0, Host("localhost"), "python", (), {contract.RESTART_COUNT: str(attempt + life)})
     record = ProcessRecord(spec, str(tmp_path / "o"), str(tmp_path / "e"), str(tmp_path / "j"), life=life,
                            returncode=returncode, verdict=verdict)
     return Slot(0, record, state)
@@ -144,6 +144,8 @@ def a_slot(tmp_path, state, life=0, returncode=None, verdict=None) -> Slot:
     (State.PENDING, 0, None, None, "starting"),
     (State.PENDING, 1, None, None, "restarting"),
     (State.STARTED, 0, None, None, "starting"),
+    (State.STARTED, 2, None, None, "restarting"),
+    (State.JOINED, 2, None, None, "joined"),
     (State.JOINED, 0, None, None, "joined"),
     (State.WORKING, 0, None, None, "working"),
     (State.WAITING, 0, None, None, "waiting"),
@@ -158,8 +160,28 @@ def test_each_slot_state_as_top_names_it(tmp_path, state, life, returncode, verd
     assert shown_state(a_slot(tmp_path, state, life, returncode, verdict), restarting=True) == "restarting"
 
 
+def test_a_later_attempts_process_restarts_until_it_joins(tmp_path):
+    assert shown_state(a_slot(tmp_path, State.STARTED, attempt=1)) == "restarting"
+    assert shown_state(a_slot(tmp_path, State.JOINED, attempt=1)) == "joined"
+
+
+def test_the_whole_job_restarts_from_the_end_of_its_attempt_to_the_start_of_the_next():
+    running = []
+    view = channel.JobView("r", [], "/l", 1, running, queue.SimpleQueue().put)
+    first, second = object(), object()
+    running[:] = [first]
+    assert not view.restarting
+    view.attempt_over(restart_follows=True)
+    assert view.restarting
+    running[:] = [second]  # the next attempt's supervisor
+    assert not view.restarting
+    view.attempt_over(restart_follows=False)  # the last attempt: the run ends
+    assert not view.restarting
+
+
 def test_every_state_the_slots_have_is_named():
-    assert {shown_state(Slot(0, None, s)) for s in State if s not in (State.PENDING, State.ENDED)} <= set(words.STATES)
+    live = (State.JOINED, State.WORKING, State.WAITING, State.FINISHED)
+    assert {shown_state(Slot(0, None, s)) for s in live} <= set(words.STATES)
 
 
 def test_the_last_line_is_the_newest_streams_and_a_stack_dump_is_not_one(tmp_path):

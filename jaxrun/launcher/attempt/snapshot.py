@@ -34,16 +34,24 @@ _SHOWN = {State.STARTED: "starting", State.JOINED: "joined", State.WORKING: "wor
 
 
 def shown_state(slot: Slot, restarting: bool = False) -> str:
-    """The slot's state as ``jaxrun top`` names it (``wire.inspect.STATES``)."""
-    if restarting:  # the whole job, between attempts
+    """The slot's state as ``jaxrun top`` names it (``wire.inspect.STATES``):
+    a process on its way back (a later life, or a later attempt, not yet at
+    the job's rendezvous) is restarting, as is the whole job between attempts."""
+    if restarting:
         return "restarting"
-    if slot.state is State.PENDING:
-        return "restarting" if slot.record.life > 0 else "starting"
+    if slot.state in (State.PENDING, State.STARTED):
+        return "restarting" if again(slot) else "starting"
     if slot.state is State.ENDED:
         if slot.record.verdict is Verdict.RESTARTED:
             return "restarting"
         return "finished" if slot.record.returncode == 0 else "failed"
     return _SHOWN[slot.state]
+
+
+def again(slot: Slot) -> bool:
+    """A later life of its process, or a life in a later attempt."""
+    attempt = int(slot.record.spec.env.get(contract.RESTART_COUNT, "0"))  # the attempt's count plus the life's
+    return slot.record.life > 0 or attempt > 0
 
 
 def last_line(record) -> str:
