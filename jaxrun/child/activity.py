@@ -135,8 +135,37 @@ def busy_place(stack: tuple) -> bool:
 
 def inside_jax(stack: tuple) -> bool:
     """The main thread is in JAX's code: whatever CPU the process uses is a
-    program executing (or awaited), JAX's work."""
-    return any(_JAX_FOLDERS[0] in code.co_filename or _JAX_FOLDERS[1] in code.co_filename for code, _ in stack)
+    program executing (or awaited), JAX's work.  Either a frame of JAX's
+    Python, or a call from the script straight into JAX's native code that
+    waits for a program: ``y.block_until_ready()`` (a method of jaxlib's,
+    no Python frame of its own)."""
+    if any(_JAX_FOLDERS[0] in code.co_filename or _JAX_FOLDERS[1] in code.co_filename for code, _ in stack):
+        return True
+    return bool(stack) and called_name(*stack[0]) in _JAX_WAITS
+
+
+_JAX_WAITS = frozenset({"block_until_ready"})
+_called: dict[tuple, str | None] = {}
+
+
+def called_name(code, offset: int) -> str | None:
+    """The name of what the instruction at ``offset`` of ``code`` calls, as
+    its last load of a name or an attribute before it says (a parked frame's
+    instruction is its call)."""
+    key = (code, offset)
+    if key not in _called:
+        import dis  # here: the sampler's thread pays for it, once a native call held it
+
+        name = None
+        for instruction in dis.get_instructions(code):
+            if instruction.offset >= offset:
+                break
+            if instruction.opname in ("LOAD_ATTR", "LOAD_METHOD", "LOAD_GLOBAL", "LOAD_NAME", "LOAD_FAST"):
+                name = instruction.argval
+        if len(_called) > 1024:
+            _called.clear()
+        _called[key] = name
+    return _called[key]
 
 
 def judge_threads(before: dict[int, float], now: dict[int, float], seconds: float, work: set[int],

@@ -139,6 +139,19 @@ def test_while_the_main_thread_is_inside_jax_every_thread_works_for_it(tmp_path)
     assert s.burn(1.0, NATIVE1=1.0) == "spin 1 1.00"  # and stays, outside JAX, while a thread spins
 
 
+@pytest.mark.parametrize("source, waits", [
+    ("long(y, n).block_until_ready()", True),  # a method of jaxlib's: no Python frame of JAX's
+    ("threading.Event().wait()", False),
+    ("lib.spin_forever()", False),
+])
+def test_a_call_from_the_script_that_awaits_a_program_is_inside_jax(source, waits):
+    import dis
+
+    code = compile(source, "/work/train.py", "exec")
+    last_call = [i.offset for i in dis.get_instructions(code) if i.opname == "CALL"][-1]
+    assert activity.inside_jax(((code, last_call),)) is waits
+
+
 def test_without_a_count_per_thread_any_cpu_is_work(tmp_path):
     s = Sampler(tmp_path)  # threads None: a system that does not say
     for _ in range(3):
