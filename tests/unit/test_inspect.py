@@ -188,11 +188,20 @@ def test_the_last_line_is_the_newest_streams_and_a_stack_dump_is_not_one(tmp_pat
     slot = a_slot(tmp_path, State.WAITING)
     Path(slot.record.stdout_log).write_text("step 1\nstep 2\n\n")
     os.utime(slot.record.stdout_log, (1, 1))
-    Path(slot.record.stderr_log).write_text("warming up\n" + dump(SLEEPING))
+    Path(slot.record.stderr_log).write_text("warming up\n")
     assert last_line(slot.record) == "warming up"
+    Path(slot.record.stderr_log).write_text("warming up\n" + dump(SLEEPING))
     os.utime(slot.record.stdout_log, None)
     os.utime(slot.record.stderr_log, (1, 1))
     assert last_line(slot.record) == "step 2"
+    os.utime(slot.record.stdout_log, (1, 1))
+    os.utime(slot.record.stderr_log, None)  # newer, but only by its dump: the line before it may be older
+    assert last_line(slot.record) == "step 2"
+    Path(slot.record.stderr_log).write_text("warming up\n" + dump(SLEEPING) + "loss 0.5\n")
+    assert last_line(slot.record) == "loss 0.5"
+    Path(slot.record.stdout_log).write_text("")
+    Path(slot.record.stderr_log).write_text(dump(SLEEPING))
+    assert last_line(slot.record) == ""
 
 
 # -- the channel ----------------------------------------------------------------------------------------------

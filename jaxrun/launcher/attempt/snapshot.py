@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from jaxrun import contract
 from jaxrun.core.events import SignalReceived
+from jaxrun.core.noise import is_noise
 from jaxrun.core.outcome import Verdict
 from jaxrun.launcher.attempt.activity import log_size, read_after
 from jaxrun.launcher.attempt.slots import LIVE, Slot, State
@@ -55,15 +56,27 @@ def again(slot: Slot) -> bool:
 
 
 def last_line(record) -> str:
-    """The last line the process printed, on either stream (its stack dumps
-    and tracebacks' frame lines aside)."""
-    newest = sorted((_mtime(path), path) for path in (record.stdout_log, record.stderr_log))
-    for _, path in reversed(newest):
-        data = contract.read_tail(path, TAIL) or b""
-        for line in reversed(data.splitlines()):
-            if line.strip() and not stacks.DUMP_HEAD.match(line) and not stacks.DUMP_BODY.match(line):
-                return line.decode("utf-8", "replace")[-words.MAX_LAST_LINE:]
-    return ""
+    """The last line the process printed, on either stream, as the console
+    shows lines: its stack dumps and JAX's noise are not lines here.  The
+    newer log's goes first, unless that log ends in a dump (which made it
+    the newer one): then the line before the dump may be the older."""
+    found = []
+    for path in (record.stdout_log, record.stderr_log):
+        line, dumped = _last_in(contract.read_tail(path, TAIL) or b"")
+        if line:
+            found.append((not dumped, _mtime(path), line))
+    return max(found)[2].decode("utf-8", "replace")[-words.MAX_LAST_LINE:] if found else ""
+
+
+def _last_in(data: bytes) -> tuple[bytes, bool]:
+    """(the last line shown of ``data``, whether a dump came after it)."""
+    dumped = False
+    for line in reversed(data.splitlines()):
+        if stacks.DUMP_HEAD.match(line) or stacks.DUMP_BODY.match(line):
+            dumped = dumped or bool(line.strip())
+        elif not is_noise(line):
+            return line, dumped
+    return b"", dumped
 
 
 def _mtime(path: str) -> int:
