@@ -8,7 +8,8 @@ Started as ``python -m jaxrun.shim -- SCRIPT ARGS...`` or
    hold blocked, and watches the launcher's lifeline pipe, so the whole
    process group dies if the launcher does (even by SIGKILL);
 2. registers ``faulthandler`` on SIGUSR1, so the launcher can ask for a stack
-   dump of every thread at any time;
+   dump of every thread at any time, and SIGUSR2 as its ask for a trace
+   (:mod:`jaxrun.child.profiling`), where it named a trace folder;
 3. arranges, without importing jax, that the process joins the job before
    jax creates a backend (see :mod:`jaxrun.child.bootstrap`);
 4. starts the stall watchdog's sampler (:mod:`jaxrun.child.activity`),
@@ -33,7 +34,7 @@ import traceback
 import types
 
 from jaxrun import contract
-from jaxrun.child import activity, flight
+from jaxrun.child import activity, flight, profiling
 from jaxrun.child.ending import exit_now, fail, record_error
 
 USAGE = f"usage: python -m {contract.SHIM_MODULE} (-- SCRIPT | -m MODULE) [ARGS...]"
@@ -83,6 +84,7 @@ def main(argv: list[str]) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, contract.STOP_SIGNALS)
     watch_lifeline()
     faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+    profiling.install()  # SIGUSR2: start or stop a trace, where the launcher named a folder
     if len(argv) < 2 or argv[0] not in ("--", "-m"):
         print(USAGE, file=sys.stderr)
         exit_now(2)

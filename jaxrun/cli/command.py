@@ -18,6 +18,7 @@ from jaxrun.cli.params import (
     KeyValue,
     MeshSpecType,
     OptionalCount,
+    ProfileWindow,
     RankList,
     Seconds,
     Variable,
@@ -88,6 +89,9 @@ class JaxrunCommand(click.Command):
 @click.option("--check-divergence", is_flag=True,
               help="Debug mode: before each program that spans processes, the processes agree on it; the first "
                    "that differs stops the job and names the call (one key-value round trip per execution).")
+@click.option("--profile", type=ProfileWindow(), metavar="START:SECONDS",
+              help="Trace every process with jax.profiler for SECONDS, from START seconds after every process "
+                   "joined, into one XProf session in the log folder (docs/inspect.md).")
 @click.option("--grace", type=Seconds(min=0), default=30.0, show_default=True, metavar="SECONDS",
               help="After forwarding SIGINT/SIGTERM/SIGHUP, wait this long before SIGKILL.")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",

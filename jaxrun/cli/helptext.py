@@ -19,7 +19,8 @@ from jaxrun.core.config import declared_flags
 HELP_SECTIONS = {
     "Processes": ("num_processes", "cpu_devices", "devices_per_process", "coordinator", "variables", "env_pairs",
                   "exports", "python", "preload", "preload_modules"),
-    "Output": ("log_dir", "output", "console_ranks", "timestamps", "report_path", "junit_path", "verbose"),
+    "Output": ("log_dir", "output", "console_ranks", "timestamps", "report_path", "junit_path", "verbose",
+               "profile"),
     "Failures": ("stall_timeout", "timeout", "grace", "flight_recorder", "check_divergence"),
     "Restarts": ("max_restarts", "recoverable", "min_hosts", "hosts_command"),
     "Across hosts (SSH)": ("hosts_file", "host_opts"),

@@ -31,6 +31,22 @@ class Seconds(click.FloatRange):
         return seconds
 
 
+class ProfileWindow(click.ParamType):
+    """--profile START:SECONDS: (start, seconds)."""
+
+    name = "START:SECONDS"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        from jaxrun.launcher.attempt.profiling import parse_window
+
+        try:
+            return parse_window(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
 class OptionalCount(click.Option):
     """An option whose count may be left out: ``--flight-recorder`` or
     ``--flight-recorder 128``.  Click would take the script that follows a

@@ -23,3 +23,4 @@ imports jax.
 from jaxrun.contract.helpers import *  # noqa: F401,F403
 from jaxrun.contract.names import *  # noqa: F401,F403
 from jaxrun.contract.records import *  # noqa: F401,F403
+from jaxrun.contract.traces import *  # noqa: F401,F403

@@ -45,6 +45,13 @@ BUSY = "busy"
 IDLE = "idle"
 SPIN = "spin"
 FINISHED = "finished"
+# On-demand traces (`jaxrun profile`, --profile): where this process keeps
+# them (see contract.traces: a path of the launching machine, or a bare name
+# in the host's per-user base).  Set, the shim takes PROFILE_SIGNAL (SIGUSR2)
+# as "start tracing", the next as "stop"; a trace stops by itself after
+# PROFILE_MAX_SECONDS.
+PROFILE_DIR = "JAXRUN_PROFILE_DIR"
+PROFILE_MAX_SECONDS = 600.0
 # Where the attempts of a run share JAX's persistent compile cache (set only
 # when restarts are possible): an absolute path is a folder on the launching
 # machine, in the run's log folder; a bare name (the run id) is a folder of
@@ -134,6 +141,8 @@ SSH_AGENT_MODULE = "jaxrun.backends.ssh.session_agent"
 # session then becomes (its title in ps).
 SSH_PREFLIGHT_MODULE = "jaxrun.backends.ssh.preflight"
 SSH_HOST_AGENT_MODULE = "jaxrun.backends.ssh.host_agent"
+# What brings a process's finished traces home from an SSH host.
+SSH_TRACES_MODULE = "jaxrun.backends.ssh.traces_agent"
 SCHEDULER_AGENT_MODULE = "jaxrun.backends.scheduler.task_agent"
 RAY_DRIVER_MODULE = "jaxrun.backends.ray.driver"
 RAY_ACTOR_MODULE = "jaxrun.backends.ray.actor"

@@ -273,6 +273,14 @@ class Backend(abc.ABC):
         tasks themselves (a gang's task agents) tells them here, and they obey;
         the others have nothing to do: jaxrun itself spares the survivors."""
 
+    def bring_home(self, spec: ProcessSpec, here: str, wait: float) -> str | None:
+        """The traces ``spec``'s process finished (``contract.traces``), into
+        ``here``: the trace folder the launcher named for it.  A backend whose
+        far end keeps them elsewhere (its own host) fetches them, waiting up
+        to ``wait`` seconds for a trace still being written; the others have
+        nothing to do.  Why they could not come, or None."""
+        return None
+
     def end_attempt(self) -> None:
         """The attempt is over and every child has exited."""
 

@@ -54,6 +54,7 @@ class RunConfig:
     min_hosts: int | None = None
     hosts_command: str | None = None  # --hosts-command: prints the hosts file again before each restart
     mode: Mode = dataclasses.field(default_factory=Script)  # a script, or an interactive session (-i)
+    profile: tuple[float, float] | None = None  # --profile START:SECONDS: a trace of every process
 
 
 def no_options(values: Mapping[str, Any], launch: LaunchOptions) -> None:

@@ -32,6 +32,7 @@ from jaxrun.core.config import LaunchError, RunConfig
 from jaxrun.core.deadline import NEVER, Deadline
 from jaxrun.core.outcome import BUG_REPORT, Outcome
 from jaxrun.core.spec import PlanError
+from jaxrun.launcher.attempt.profiling import Profiler
 from jaxrun.launcher.attempt.supervisor import Supervisor
 from jaxrun.launcher.channel import JobView, open_channel
 from jaxrun.launcher.control import RunControl
@@ -165,6 +166,7 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
     hosts = tuple(hostfile.used_hosts(options.hosts, options.num_processes))
     policy = restart_policy(config, backend)
     decision = Decision(Answer.RESTART_JOB)  # the first attempt
+    profiler = Profiler(config.log_dir, config.profile)  # the run's traces, attached to each attempt in turn
     with backend, Timeline(config.log_dir) as timeline:
         while decision.answer in (Answer.RESTART_JOB, Answer.RESTART_ELASTIC):
             attempt = len(outcomes)
@@ -190,7 +192,7 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
                 _, specs = plan_attempt(config, backend.choose_coordinator(config.fixed_coordinator), attempt,
                                         placement, session_env)
                 outcome = run_attempt(config, specs, backend, log_dir, console, control, running, deadline, policy,
-                                      timeline)
+                                      timeline, profiler)
             except elastic.ElasticStop as stop:  # too few hosts left: the failed attempt's status ends the run
                 print(f"jaxrun: {stop}", file=console, flush=True)
                 if config.report_path:  # the attempts so far, and why none follows
@@ -307,7 +309,7 @@ def report_attempt(config: RunConfig, outcomes: list[Outcome], dirs: list[str], 
 def run_attempt(config: RunConfig, specs, backend: Backend, log_dir: str, console: TextIO,
                 control: RunControl | None = None, running: list | None = None,
                 deadline: Deadline | None = None, policy: RestartPolicy | None = None,
-                timeline: Timeline | None = None) -> Outcome:
+                timeline: Timeline | None = None, profiler: Profiler | None = None) -> Outcome:
     github_options = github.printer_options() if config.github_actions else {}
     printer = ConsolePrinter(config.output, show_noise=config.verbose, ranks=config.console_ranks,
                              timestamps=config.timestamps, **github_options)
@@ -317,7 +319,7 @@ def run_attempt(config: RunConfig, specs, backend: Backend, log_dir: str, consol
     deadline = deadline or Deadline(config.timeout)  # one attempt, one clock: see core.deadline
     supervisor = Supervisor(specs, backend, printer, log_dir, grace=config.grace, deadline=deadline,
                             events=control.events, hooks=control.hooks, stall_timeout=config.options.stall_timeout,
-                            policy=policy or restart_policy(config, backend), timeline=timeline)
+                            policy=policy or restart_policy(config, backend), timeline=timeline, profiler=profiler)
     running[:] = [supervisor]
     control.deadline = deadline
     try:

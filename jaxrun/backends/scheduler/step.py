@@ -201,6 +201,8 @@ class Step:
             env = dict(self.step_env)
             env[contract.TASK_CHANNEL] = self.channel
             env[contract.TASK_SECRET] = self.secret
+            if contract.PROFILE_DIR in extra_env:  # the attempt's trace folder: each task agent takes its own in it
+                env[contract.PROFILE_DIR] = os.path.dirname(extra_env[contract.PROFILE_DIR])
             os.makedirs(self.log_dir, exist_ok=True)
             self.process.start(env, self.hooks)
             start_thread("step-watcher", self._watch_step, hooks=self.hooks)

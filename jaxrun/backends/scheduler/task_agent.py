@@ -173,6 +173,8 @@ def child_env(coordinator: str, rank: int, local: int = 0) -> dict[str, str]:
     local_count = local_count_from_env()
     env[contract.LOCAL_PROCESS_COUNT] = str(local_count)
     env.update(device_env(local, local_count))
+    if env.get(contract.PROFILE_DIR):  # the attempt's trace folder, on the launcher's machine: this rank's in it
+        env[contract.PROFILE_DIR] = contract.process_trace_folder(env[contract.PROFILE_DIR], rank)
     return env
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
+import tarfile
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -29,7 +30,14 @@ from typing import TextIO
 
 from jaxrun import contract
 from jaxrun.backends.ssh.children import ChannelChild, SessionChild
-from jaxrun.backends.ssh.commands import preflight_table, process_env, process_words, remote_command, server_words
+from jaxrun.backends.ssh.commands import (
+    preflight_table,
+    process_env,
+    process_words,
+    remote_command,
+    server_words,
+    traces_words,
+)
 from jaxrun.backends.ssh.connections import MASTER_CLOSE_WAIT, Connections
 from jaxrun.backends.ssh.options import SshOptions
 from jaxrun.core.backend import Ask, Backend, News, Placement
@@ -196,6 +204,36 @@ class SshBackend(Backend):
         words = process_words(spec, self.settings.chdir, self.settings.python, server)
         return SessionChild(self.connections.start_session(spec.host, remote_command(words), env),
                             news, error_file)
+
+    def bring_home(self, spec: ProcessSpec, here: str, wait: float) -> str | None:
+        """The process's finished traces, from its host's trace folder into
+        ``here``: one session on the host's master, whose far end
+        (``ssh/traces_agent.py``) sends them as a tar stream and removes them."""
+        for folder in (os.path.dirname(here), here):
+            problem = contract.private_folder(folder)
+            if problem:
+                return f"{folder} is not private: {problem}"
+        session = self.connections.start_session(spec.host, remote_command(traces_words(spec, self.settings.python,
+                                                                                        wait)), {})
+        session.stdin.close()
+        try:
+            with tarfile.open(fileobj=session.stdout, mode="r|") as tar:
+                tar.extractall(here, filter="data")  # nothing outside ``here``, no device, no link out
+        except tarfile.TarError as e:
+            problem = f"its traces did not come from {spec.host.name}: {e}"
+        finally:
+            session.stdout.close()
+        try:
+            said = session.stderr.read(4096).decode(errors="replace").strip()
+            code = session.wait(MASTER_CLOSE_WAIT)
+        except subprocess.TimeoutExpired:
+            session.kill()
+            code, said = session.wait(), "it did not end"
+        finally:
+            session.stderr.close()
+        if code != 0:
+            return f"its traces did not come from {spec.host.name}: {said or f'exit {code}'}"
+        return problem
 
     def close(self) -> None:
         self._stop_servers()

@@ -152,7 +152,19 @@ def process_env(spec: ProcessSpec, extra_env: Mapping[str, str]) -> dict[str, st
     env.pop(contract.ERROR_FILE, None)
     env.pop(contract.JOINED_FILE, None)
     env.pop(contract.ACTIVITY_FILE, None)
+    if contract.PROFILE_DIR in env:  # its traces stay on its host until they are asked for (traces_words)
+        env[contract.PROFILE_DIR] = trace_name(spec)
     return env
+
+
+def trace_name(spec: ProcessSpec) -> str:
+    """The folder, in its host's per-user base, where a remote process keeps its traces."""
+    return f"{spec.env.get(contract.RUN_ID, 'run')}-process-{spec.rank}"
+
+
+def traces_words(spec: ProcessSpec, python: str, wait: float) -> list[str]:
+    """The session that brings ``spec``'s finished traces home, as a tar stream on its stdout."""
+    return [python, "-c", RUN_MODULE, contract.SSH_TRACES_MODULE, trace_name(spec), f"{wait:.3f}"]
 
 
 def process_words(spec: ProcessSpec, chdir: str, python: str, server: str | None = None) -> list[str]:

@@ -23,6 +23,7 @@ from jaxrun.core.events import Activity, Exited, Joined, Stream
 from jaxrun.core.logfiles import open_log, open_pumped_log
 from jaxrun.launcher.attempt.activity import ActivityWatch, activity_path
 from jaxrun.launcher.attempt.joins import Joins, joined_path
+from jaxrun.launcher.attempt.profiling import work_folder
 from jaxrun.launcher.attempt.slots import Slot
 from jaxrun.launcher.output.printer import ConsolePrinter
 from jaxrun.launcher.output.pump import OutputPump, enlarge_pipe
@@ -45,7 +46,8 @@ class Starter:
         for stale in (record.error_file, joined_file, activity_file):
             if os.path.lexists(stale):
                 os.unlink(stale)
-        env = {contract.ERROR_FILE: record.error_file, contract.JOINED_FILE: joined_file}
+        env = {contract.ERROR_FILE: record.error_file, contract.JOINED_FILE: joined_file,
+               contract.PROFILE_DIR: work_folder(self.log_dir, rank)}
         if self.activity.active:
             env[contract.ACTIVITY_FILE] = activity_file
         news = News(lambda recoverable=False: self.events.put(Joined(rank, recoverable)),

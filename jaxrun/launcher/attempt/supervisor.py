@@ -46,6 +46,7 @@ from jaxrun.core.spec import ProcessSpec
 from jaxrun.launcher.attempt import ends as ending
 from jaxrun.launcher.attempt.activity import ActivityWatch
 from jaxrun.launcher.attempt.joins import Joins
+from jaxrun.launcher.attempt.profiling import Profiler
 from jaxrun.launcher.attempt.slots import Slots
 from jaxrun.launcher.attempt.start import Starter
 from jaxrun.launcher.attempt.stop import DUMP_WAIT, TIMEOUT_DUMP_WAIT, StopSequence
@@ -64,7 +65,8 @@ class Supervisor:
     def __init__(self, specs: Sequence[ProcessSpec], backend: Backend, printer: ConsolePrinter, log_dir: str, *,
                  grace: float = 30.0, deadline: Deadline = NEVER, clock: Callable[[], float] = time.monotonic,
                  events: queue.SimpleQueue | None = None, hooks: RunHooks | None = None,
-                 stall_timeout: float = 0.0, policy: RestartPolicy | None = None, timeline: Timeline | None = None):
+                 stall_timeout: float = 0.0, policy: RestartPolicy | None = None, timeline: Timeline | None = None,
+                 profiler: Profiler | None = None):
         self.specs, self.backend, self.printer, self.log_dir = list(specs), backend, printer, log_dir
         self.grace = grace
         # --timeout, made by the run loop before the attempt was placed (on
@@ -78,6 +80,7 @@ class Supervisor:
             ThreadDied(name, f"{type(error).__name__}: {error}")))
         self.policy = policy or RestartPolicy(0, Engine(backend.name, False), recoverable=False)  # fail fast
         self.stall_timeout = stall_timeout
+        self.profiler = profiler  # the run's traces (jaxrun profile, --profile), attached to this attempt
         self.slots = Slots(self.specs, log_dir, timeline)
         self.stop = StopSequence(self.slots, self.hooks, clock, printer.note)
         self.ends = ending.Ends(clock)
@@ -106,11 +109,15 @@ class Supervisor:
         self.starter = Starter(self.backend, self.printer, self.pump, self.log_dir, self.events, self.hooks,
                                self.joins, self.activity, lifeline_r, self.clock)
         full = False
+        if self.profiler is not None:
+            self.profiler.attach(self.specs, self.log_dir, self.events, self.backend, self.hooks, self.printer.note)
         try:
             self._start()
             self._loop()
             self._drain()
         finally:
+            if self.profiler is not None:
+                self.profiler.detach()
             self.stop.sweep()  # grandchildren left in a group
             full = folder_is_full(self.log_dir)  # before the files below free their blocks
             self.joins.finish()
@@ -123,6 +130,8 @@ class Supervisor:
                               log_errors=self.log_errors, full_folder=self.log_dir if full else None)
 
     def _joined(self, rank: int, recoverable: bool) -> None:
+        if self.profiler is not None:
+            self.profiler.joined(rank)
         heard = self.policy.joined(rank, recoverable)
         self._say(heard.line)
         if heard.turned:

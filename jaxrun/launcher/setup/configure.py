@@ -178,6 +178,7 @@ def run_config(values: Mapping[str, Any], launch: planning.LaunchOptions, consol
         preload_modules=tuple(values["preload_modules"]),
         backend=backend,
         backend_options=backend_options,
+        profile=values.get("profile"),
         **rest,
     )
 

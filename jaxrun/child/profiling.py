@@ -1,0 +1,132 @@
+"""Tracing on demand: ``jaxrun profile`` and ``--profile`` in each controller.
+
+Where the launcher names a trace folder (``contract.PROFILE_DIR``), the shim
+calls :func:`install` at start-up: ``contract.PROFILE_SIGNAL`` (SIGUSR2)
+then means "start a trace", the next one "stop it".  The signal reaches
+every process the same way on every backend (the launcher's ``send``, which
+each far end relays), as the stack dump's SIGUSR1 does.
+
+The handler only puts the signal on a queue; a thread of the shim's starts
+and stops ``jax.profiler``'s trace (``start_trace``/``stop_trace``, never
+``start_server``, which listens on every interface).  A Python handler runs
+when the main thread next runs Python code, so a process whose main thread
+sits in one long call starts its trace when that call returns.  Until the
+first ask, nothing of ``jax.profiler`` is imported.
+
+Each trace goes into a session folder of its own (``contract.traces``); once
+it is over, the marker there says which host name jax gave its files, or
+why there is no trace.  A trace that nobody stops ends by itself after
+``contract.PROFILE_MAX_SECONDS``; the next ask then only closes it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+
+from jaxrun import contract
+
+_asks: queue.SimpleQueue = queue.SimpleQueue()  # put from the handler: SimpleQueue.put is reentrant
+
+
+def install(environ=os.environ) -> bool:
+    """Take ``contract.PROFILE_SIGNAL`` as the launcher's ask, if it named a
+    trace folder; True if it did.  From the main thread, before the script."""
+    value = environ.get(contract.PROFILE_DIR)
+    folder = contract.trace_folder(value) if value else None
+    if folder is None:
+        return False
+    signal.signal(contract.PROFILE_SIGNAL, _asked)
+    tracer = Tracer(folder)
+    threading.Thread(target=tracer.serve, args=(_asks,), name="jaxrun-profiler", daemon=True).start()
+    return True
+
+
+def _asked(signum, _frame) -> None:
+    _asks.put(signum)
+
+
+class Tracer:
+    """Start and stop: each ask turns the trace on or off, whether or not the
+    last turn succeeded, so that the launcher's asks and the turns stay in step."""
+
+    def __init__(self, folder: str, limit: float = contract.PROFILE_MAX_SECONDS):
+        self.folder, self.limit = folder, limit
+        self.asked = False  # the launcher's last ask was "start"
+        self.session: str | None = None  # the session folder of the trace being taken
+        self.count = itertools.count()
+
+    def serve(self, asks: queue.SimpleQueue) -> None:
+        while True:
+            try:
+                asks.get(timeout=self.limit if self.session else None)
+            except queue.Empty:  # nobody stopped it: end it, and let the next ask close it
+                self.stop()
+                continue
+            self.asked = not self.asked
+            if self.asked:
+                self.start()
+            else:
+                self.stop()
+
+    def start(self) -> None:
+        problem = private_folder(self.folder)
+        session = os.path.join(self.folder, f"{os.getpid()}-{next(self.count)}")
+        try:
+            if problem is None:
+                os.mkdir(session, 0o700)
+        except OSError as e:
+            problem = f"cannot make {session}: {e.strerror}"
+        if problem is not None:
+            print(f"jaxrun: no trace: {problem}", file=sys.stderr, flush=True)
+            return
+        if "jax" not in sys.modules:  # importing it here would make its backend before the job joined
+            self.finish(session, "the process has not imported jax")
+            return
+        try:
+            import jax.profiler
+
+            jax.profiler.start_trace(session)
+        except Exception as e:  # noqa: BLE001 - a trace the script took itself, a missing profiler
+            self.finish(session, f"{type(e).__name__}: {e}")
+            return
+        self.session = session
+
+    def stop(self) -> None:
+        session, self.session = self.session, None
+        if session is None:
+            return
+        error = None
+        try:
+            import jax.profiler
+
+            jax.profiler.stop_trace()
+        except Exception as e:  # noqa: BLE001 - the script stopped it itself
+            error = f"{type(e).__name__}: {e}"
+        self.finish(session, error)
+
+    @staticmethod
+    def finish(session: str, error: str | None) -> None:
+        """The marker: the trace is over, and what the gatherer needs to name its files."""
+        said = {"host": socket.gethostname(), "error": error, "at": time.time()}
+        contract.write_private(os.path.join(session, contract.TRACE_MARKER), json.dumps(said).encode())
+
+
+def private_folder(folder: str) -> str | None:
+    """Make the trace folder and the one that holds it (the log folder's
+    ``profiling``, or this host's base) private, or say why not."""
+    for path in (os.path.dirname(folder), folder):
+        try:
+            problem = contract.private_folder(path)
+        except OSError as e:
+            return f"cannot make {path}: {e.strerror}"
+        if problem is not None:
+            return f"{path} is not private: {problem}"
+    return None

@@ -1,0 +1,265 @@
+"""Traces of every process of a job, as one multi-host session XProf reads.
+
+Every process is started with a trace folder of its own
+(``contract.PROFILE_DIR``: ``profiling/process-R`` in its attempt's log
+folder; a far end that keeps it elsewhere says so in its environment).  A
+trace is asked for the same way on every backend: the profile signal
+(``contract.PROFILE_SIGNAL``) to every running process through the
+supervisor (a ``Forward`` event, which each backend's ``send`` carries),
+once to start and once to stop; the child takes the trace itself
+(``child.profiling``).  Then each process's files come home
+(``Backend.bring_home``: nothing to do for those written here) and are moved
+into one session of the run's log folder::
+
+    LOG_DIR/profile/plugins/profile/SESSION/HOST-pRANK.xplane.pb
+
+a host name per process, even where several share a machine, which is how
+XProf shows one multi-host session.  The launcher moves and renames files;
+it never reads what jax wrote.
+
+One ``Profiler`` serves the whole run: each attempt's supervisor attaches
+it at its start and detaches it at its end; ``--profile START:SECONDS``
+takes its trace START seconds after every process of an attempt joined
+(the first attempt to get that far; a job of one process: after its start), and ``jaxrun profile`` asks through
+the control channel (``trace``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue
+import shlex
+import shutil
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from jaxrun import contract
+from jaxrun.core.backend import Backend, Interrupted, RunHooks, start_thread, wait_until
+from jaxrun.core.events import Forward
+from jaxrun.core.spec import ProcessSpec
+
+GATHERED = "profile"  # the run's log folder's: what XProf opens (its --logdir)
+WORK = "profiling"  # an attempt's log folder's: where each process writes its own
+# After the stop, how long the processes get to write their traces (a
+# large trace takes seconds to serialize) and to bring them home.
+SETTLE_WAIT = 30.0
+MAX_SECONDS = contract.PROFILE_MAX_SECONDS / 2  # the longest trace asked for: well within the child's own limit
+LONGEST_START = 1e9  # --profile's START at most: longer waits overflow
+
+
+class NotNow(Exception):
+    """No trace can be taken now: why, in one line."""
+
+
+def work_folder(log_dir: str, rank: int) -> str:
+    """Where process ``rank`` of the attempt whose log folder is ``log_dir`` writes its traces."""
+    return contract.process_trace_folder(os.path.join(log_dir, WORK), rank)
+
+
+def parse_window(text: str) -> tuple[float, float]:
+    """``--profile START:SECONDS``: (start, seconds); ValueError says what is wrong."""
+    start, colon, seconds = text.partition(":")
+    if not colon:
+        raise ValueError(f"{text!r} is not START:SECONDS (e.g. 30:5: a 5 s trace, 30 s after every process joined)")
+    values = []
+    for name, word in (("START", start), ("SECONDS", seconds)):
+        try:
+            value = float(word)
+        except ValueError:
+            raise ValueError(f"{name} {word.strip()!r} is not a number of seconds") from None
+        if not 0 <= value <= LONGEST_START:  # nan too
+            raise ValueError(f"{name} must be a number of seconds from 0 to {LONGEST_START:.0f} (got {word.strip()})")
+        values.append(value)
+    check_seconds(values[1])
+    return values[0], values[1]
+
+
+def check_seconds(seconds: float) -> None:
+    if not 0 < seconds <= MAX_SECONDS:
+        raise ValueError(f"a trace lasts more than 0 and at most {MAX_SECONDS:g} seconds (got {seconds:g})")
+
+
+def host_label(host: str | None, rank: int) -> str:
+    """The host name XProf shows for process ``rank``: its machine's, and its rank."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in (host or "")) or "host"
+    return f"{safe}-p{rank}"
+
+
+def renamed(file_name: str, host: str | None, rank: int) -> str:
+    """What a file jax named after its host (``HOST.xplane.pb``) is called in
+    the gathered session: ``HOST-pRANK.xplane.pb``; a file of another name
+    keeps it, after the label."""
+    kind = file_name[len(host) + 1:] if host and file_name.startswith(host + ".") else file_name
+    return f"{host_label(host, rank)}.{kind}"
+
+
+def session_name(now: float) -> str:
+    """A session's folder, named as jax names its own (its start, local time)."""
+    return time.strftime("%Y_%m_%d_%H_%M_%S", time.localtime(now))
+
+
+def open_command(root: str) -> str:
+    return f"xprof --logdir={shlex.quote(root)} --port=6006"
+
+
+@dataclasses.dataclass(frozen=True)
+class Gathered:
+    """One process's part of a session: the files it gave, or why none."""
+
+    rank: int
+    files: tuple[str, ...] = ()
+    problem: str | None = None
+
+
+def gather(work: str, rank: int, into: str) -> Gathered:
+    """Move the newest finished trace in ``work`` into the session folder
+    ``into``, each file renamed for its process; older ones are dropped
+    (a trace nobody gathered: the process missed an ask)."""
+    over, taking = contract.trace_sessions(work)
+    if not over:
+        return Gathered(rank, problem=f"its trace was not written within {SETTLE_WAIT:g} s (its main thread "
+                                      "in one long call?)" if taking else "no trace came (it was not running?)")
+    for stale in over[:-1]:
+        shutil.rmtree(os.path.join(work, stale), ignore_errors=True)
+    session = os.path.join(work, over[-1])
+    said = contract.trace_marker(session)
+    moved = []
+    for folder, _, names in os.walk(os.path.join(session, "plugins", "profile")):
+        for name in sorted(names):
+            target = renamed(name, said["host"], rank)
+            os.replace(os.path.join(folder, name), os.path.join(into, target))
+            moved.append(target)
+    shutil.rmtree(session, ignore_errors=True)
+    if said["error"] and not moved:
+        return Gathered(rank, problem=said["error"])
+    return Gathered(rank, tuple(moved), None if moved else "its trace held no file")
+
+
+@dataclasses.dataclass(frozen=True)
+class Traced:
+    """A gathered session: where it is, and each process's part."""
+
+    root: str  # what XProf opens
+    folder: str  # the session's own folder
+    parts: tuple[Gathered, ...]
+
+    def lines(self) -> list[str]:
+        got = [part for part in self.parts if part.files]
+        lines = [f"jaxrun: profile: {len(got)} of {len(self.parts)} processes traced into {self.folder}"]
+        lines += [f"jaxrun: profile: process {part.rank}: {part.problem}" for part in self.parts if part.problem]
+        if got:
+            lines.append(f"jaxrun: profile: open it with: {open_command(self.root)}")
+        return lines
+
+
+@dataclasses.dataclass
+class _Attempt:
+    specs: Sequence[ProcessSpec]
+    log_dir: str
+    events: queue.SimpleQueue
+    backend: Backend
+    hooks: RunHooks
+    note: Callable[[str], None]
+    ranks: set[int]  # those not yet joined
+    joined: bool = False
+    over: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+
+class Profiler:
+    """The run's traces, one at a time: ``window`` is --profile's (start, seconds)."""
+
+    def __init__(self, log_dir: str, window: tuple[float, float] | None = None):
+        self.root = os.path.join(log_dir, GATHERED)
+        self.window = window
+        self.lock = threading.Lock()  # one trace at a time
+        self.attempt: _Attempt | None = None
+        self.timed = False  # --profile's trace has begun (in some attempt)
+
+    # -- the supervisor's calls, from its thread ------------------------------------------
+    def attach(self, specs: Sequence[ProcessSpec], log_dir: str, events: queue.SimpleQueue, backend: Backend,
+               hooks: RunHooks, note: Callable[[str], None]) -> None:
+        self.attempt = _Attempt(list(specs), log_dir, events, backend, hooks, note,
+                                {spec.rank for spec in specs} if len(specs) > 1 else {-1})
+        if len(specs) == 1:
+            self.joined(-1)
+
+    def joined(self, rank: int) -> None:
+        """Process ``rank`` has joined.  Once every process of the attempt has
+        (at once for a job of one, which has nobody to wait for), traces may
+        be taken, and --profile's timer starts."""
+        attempt = self.attempt
+        if attempt is None or attempt.joined:
+            return
+        attempt.ranks.discard(rank)
+        if attempt.ranks:
+            return
+        attempt.joined = True
+        if self.window is not None and not self.timed:
+            self.timed = True
+            start_thread("profile-timer", self._timed, attempt, hooks=attempt.hooks)
+
+    def detach(self) -> None:
+        if self.attempt is not None:
+            self.attempt.over.set()
+        self.attempt = None
+
+    # -- a trace ---------------------------------------------------------------------------
+    def _timed(self, attempt: _Attempt) -> None:
+        start, seconds = self.window
+        if attempt.over.wait(start):
+            attempt.note("jaxrun: profile: the attempt ended before its trace began")
+            return
+        try:
+            traced = self.trace(seconds)
+        except (NotNow, Interrupted) as e:
+            attempt.note(f"jaxrun: profile: no trace: {e or 'the run is stopping'}")
+            return
+        for line in traced.lines():
+            attempt.note(line)
+
+    def trace(self, seconds: float) -> Traced:
+        """Trace every running process for ``seconds``, bring every trace
+        home into one session and say where; NotNow when no attempt has
+        every process joined, or another trace is being taken."""
+        check_seconds(seconds)
+        if not self.lock.acquire(blocking=False):
+            raise NotNow("another trace is being taken")
+        try:
+            attempt = self.attempt
+            if attempt is None or not attempt.joined:
+                raise NotNow("the job's processes have not all joined yet")
+            folder = os.path.join(self.root, "plugins", "profile", session_name(time.time()))
+            attempt.events.put(Forward(contract.PROFILE_SIGNAL))
+            if not attempt.over.wait(seconds):
+                attempt.events.put(Forward(contract.PROFILE_SIGNAL))
+            return Traced(self.root, folder, self._bring_home(attempt, folder))
+        finally:
+            self.lock.release()
+
+    def _bring_home(self, attempt: _Attempt, folder: str) -> tuple[Gathered, ...]:
+        """Every process's trace, once written, moved into ``folder``."""
+        end = time.monotonic() + SETTLE_WAIT
+        works = {spec.rank: work_folder(attempt.log_dir, spec.rank) for spec in attempt.specs}
+        problems: dict[int, str] = {}
+        for spec in attempt.specs:
+            try:
+                problem = attempt.backend.bring_home(spec, works[spec.rank], max(0.0, end - time.monotonic()))
+            except OSError as e:
+                problem = f"cannot bring its trace home: {e}"
+            if problem:
+                problems[spec.rank] = problem
+
+        def settled() -> bool:
+            return not any(contract.trace_sessions(work)[1] for work in works.values())
+
+        wait_until(settled, attempt.hooks, timeout=max(0.0, end - time.monotonic()))
+        os.makedirs(folder, mode=0o700, exist_ok=True)  # within the run's private log folder
+        parts = []
+        for rank, work in sorted(works.items()):
+            part = gather(work, rank, folder)
+            if part.problem and rank in problems:
+                part = dataclasses.replace(part, problem=problems[rank])
+            parts.append(part)
+        return tuple(parts)
