@@ -262,6 +262,15 @@ MUTATIONS = [
         ("tests/e2e/test_interactive.py",),
         "toy or ctrl_c",
     ),
+    Mutation(
+        "spin-counts-as-work",
+        "native threads that spin while the main thread is parked count as work again: a GPU-shaped hang is never "
+        "found",
+        (("jaxrun/child/activity.py", "        return judge_threads(before, self.last_threads, t - t0, *self.python())",
+          "        return contract.BUSY"),),
+        ("tests/unit/test_stall.py", "tests/e2e/test_stall.py"),
+        "spin or preload",
+    ),
 ]
 
 

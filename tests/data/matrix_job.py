@@ -21,12 +21,18 @@ while the others have entered a second collective; ``idle`` (every process
 waits, in Python, for the signal the test sends); ``hang`` (process 2 sleeps
 while the others wait for it in a collective, until ``--timeout``); ``stuck``
 (process 2 sleeps in one call, marking ``fault`` first, while the others wait
-for it in a collective, until the stall watchdog stops the job).
+for it in a collective, until the stall watchdog stops the job); ``spin``
+(a hang as GPU jobs show it: process 2 starts two native threads that spin
+on ``sched_yield``, from ``libspin.so`` beside this script, which the test
+compiles (tests/fixtures/spinner.py), marks ``fault`` and parks its main
+thread in ``threading.Event().wait()``, while the others wait for it in a
+collective, until the stall watchdog stops the job).
 """
 
 import os
 import signal
 import sys
+import threading
 import time
 
 FAULT, STATE = sys.argv[1], sys.argv[2]
@@ -101,6 +107,14 @@ elif FAULT == "stuck" and RANK == 2:
     mark("fault", repr(time.time()))
     time.sleep(600)
 elif FAULT == "stuck":
+    collective()
+elif FAULT == "spin" and RANK == 2:
+    import ctypes
+
+    ctypes.CDLL(os.path.join(os.path.dirname(os.path.abspath(__file__)), "libspin.so")).spin_start(2)
+    mark("fault", repr(time.time()))
+    threading.Event().wait()  # parked, while its threads spin
+elif FAULT == "spin":
     collective()
 elif FAULT == "idle":
     # Python code between short sleeps, so that the handler runs at once.

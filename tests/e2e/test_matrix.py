@@ -58,6 +58,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from fixtures import spinner
 from fixtures.jobs import DATA, JAXRUN, ROOT, TOKEN, overload
 
 JOB = DATA / "matrix_job.py"
@@ -139,6 +140,11 @@ class Fault:
     @property
     def crash(self) -> bool:
         return self.how == "job"
+
+    @property
+    def stalls(self) -> bool:
+        """The job hangs until the stall watchdog stops it (stuck, spin)."""
+        return "--stall-timeout" in self.flags
 
 
 def failed_first(rank: int, how: str) -> str:
@@ -226,8 +232,15 @@ FAULTS = [
           says=r"^jaxrun:   process 2( on \S+)? stands out, at \S+matrix_job.py:\d+ in <module>: time.sleep\(600\); "
                r"processes 0, 1, 3 wait at \S+matrix_job.py:\d+ in collective",
           flags=("--stall-timeout", STALL), extra=stacks_dumped),
+    # A hang as GPU jobs show it (NCCL's): the culprit's native threads spin
+    # while its main thread is parked at another line.  Timed as stuck is.
+    Fault("spin", "spin", "job", 125, within=STALL + 15, root=2,
+          says=r"^jaxrun:   process 2( on \S+)? stands out, at \S+matrix_job.py:\d+ in <module>: "
+               r"threading.Event\(\).wait\(\)  # parked, while its threads spin \(its Python stood still while [12] "
+               r"of its own threads spun, [\d.]+ cores of CPU\); processes 0, 1, 3 wait at \S+matrix_job.py:\d+ in "
+               r"collective", flags=("--stall-timeout", STALL), extra=stacks_dumped),
 ]
-CRASHES = [f for f in FAULTS if f.crash and f.name != "stuck"]
+CRASHES = [f for f in FAULTS if f.crash and not f.stalls]
 
 
 # -- the backends ----------------------------------------------------------------
@@ -353,6 +366,8 @@ def run_cell(backend: Backend, engine, fault: Fault, folder: Path, token: str, *
     ``started_up`` is set once every process is ready (or jaxrun ended)."""
     script = folder / JOB.name  # its own copy: the SSH far ends name it on their command lines
     shutil.copy(JOB, script)
+    if fault.job == "spin":
+        spinner.build(folder)  # libspin.so beside the script
     state, logs, report = folder / "state", folder / "logs", folder / "report.json"
     state.mkdir()
     argv = [*JAXRUN, *map(str, backend.flags(engine)), "--cpu-devices", "1", "--grace", str(GRACE),
@@ -450,7 +465,7 @@ def problems(backend: Backend, fault: Fault, seen: Seen, *, loaded: bool = False
             found.append(f"root cause {named}, not {fault.root}")
     if fault.says and not re.search(fault.says, seen.err, re.M):
         found.append(f"the console lacks {fault.says!r}")
-    if fault.crash and fault.name != "stuck":
+    if fault.crash and not fault.stalls:
         wrong = re.findall(r"process \d+(?: on \S+)? failed first: [^\n]*", seen.err)
         if any(not re.match(fault.says, "jaxrun: " + w) for w in wrong):
             found.append(f"the summary says {wrong}")

@@ -15,11 +15,20 @@ Per place, up to three jobs run side by side:
   warned of once and waited out: exit 0;
 - ``parted``: examples/hang.py, whose processes issue their collectives in
   different orders, with ``--flight-recorder``: the watchdog stops it and
-  the summary says where the processes parted.
+  the summary says where the processes parted;
+- ``spin``: a hang as GPU jobs show it (NCCL's): at step 3 of its first
+  attempt, process 1 of 3 starts two native threads that spin on
+  ``sched_yield`` (tests/fixtures/spinner.py: no Python frame) and parks
+  its main thread in ``threading.Event().wait()`` while the others wait in
+  the step's collective.  The watchdog names it, its line, where the others
+  wait and that its threads spun, within the timeout plus 5 s on jaxrun's
+  record; the restart's process 1 starts its spinning threads at step 3
+  too and goes on stepping with them to the end: never stopped, exit 0.
 
-The default local mode runs ``stuck`` and ``calm`` again under CPU
-overload: a stall found, timed and restarted under load, and slow work not
-taken for one (load is what makes slow work look like a stall).  ``parted``
+``spin`` runs in every place.  The default local mode runs ``stuck``,
+``calm`` and ``spin`` again under CPU overload: a stall found, timed and
+restarted under load, and slow work not taken for one (load is what makes
+slow work look like a stall).  ``parted``
 says where the processes parted, which load does not change.  Of the local
 places, ``calm``, the longest job (30 s), runs there alone, and over SSH: an
 unloaded local run would add only time, and so would one without preload:
@@ -40,6 +49,7 @@ import re
 import textwrap
 
 import pytest
+from fixtures import spinner
 from fixtures.jobs import EXAMPLES, ROOT, TOKEN, overload
 
 TIMEOUT = 2.0  # --stall-timeout: every phase of the calm job lasts about twice as long
@@ -66,6 +76,34 @@ for step in range(start, 10):
     if step == 5 and attempt == 0 and jax.process_index() == 1:
         print(f"stuck at {time.time()!r}", flush=True)
         time.sleep(600)  # alive, and stuck
+print("done", total)
+'''
+
+SPIN = '''
+import ctypes, os, sys, threading, time
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+library = sys.argv[1]
+attempt = int(os.environ["JAXRUN_RESTART_COUNT"])
+mesh = jax.make_mesh((jax.device_count(),), ("i",))
+x = jax.device_put(np.ones((jax.device_count(), 4), np.float32), NamedSharding(mesh, P("i")))
+
+
+def prepare(seconds):  # a step's own work in Python, between its collectives
+    end, n = time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        n += sum(range(100))
+
+
+for step in range(200):  # 200 steps of 20 ms or more: longer than twice the timeout
+    total = float(jnp.sum(x * step))  # a collective: every process takes part
+    if step == 3 and jax.process_index() == 1:
+        spinning = ctypes.CDLL(library).spin_start(2)  # native threads in a busy wait, as NCCL's
+        print(f"attempt {attempt}: {spinning} threads spin from {time.time()!r}", flush=True)
+        if attempt == 0:
+            threading.Event().wait()  # parked, while its threads spin
+    prepare(0.02)
 print("done", total)
 '''
 
@@ -129,6 +167,15 @@ if rank == 0:
                     "while time.monotonic() < end: pass"], check=True)
 float(total(x))
 
+# Process 0's main thread waits for a helper thread of its own that computes
+# in Python; the others wait for it in a collective.
+if rank == 0:
+    helper = threading.Thread(target=python_work, args=(2 * T,))
+    helper.start()
+    threading.Event().wait(2 * T)
+    helper.join()
+float(total(x))
+
 # Process 1 waits in one call that shows nothing, and says it is alive.
 if rank == 1:
     done = threading.Event()
@@ -168,19 +215,19 @@ def place(request, monkeypatch, tmp_path):
         common = ["--ssh-config", hosts.config, "--env", f"PYTHONPATH={ROOT}", "-x", TOKEN]
         spread = {2: "hostA,hostB", 3: "hostA:1,hostB:2", 4: "hostA:2,hostB:2"}
         yield (lambda n: ["-H", spread[n], *common]), request.getfixturevalue("shared_dir"), " on hostB", \
-            {"stuck", "calm", "parted"}
+            {"stuck", "calm", "parted", "spin"}
         return
     if request.param == "no-preload":
         monkeypatch.setenv("JAXRUN_NO_PRELOAD", "1")
     else:
         monkeypatch.delenv("JAXRUN_NO_PRELOAD", raising=False)
     with overload() if request.param == "loaded" else contextlib.nullcontext():
-        yield (lambda n: ["-n", n]), tmp_path, "", {"stuck", "calm"} if request.param == "loaded" else \
-            {"stuck", "parted"}
+        yield (lambda n: ["-n", n]), tmp_path, "", {"stuck", "calm", "spin"} if request.param == "loaded" else \
+            {"stuck", "parted", "spin"}
 
 
 @pytest.mark.timeout(300)
-def test_stalls_are_found_and_never_taken_for_slow_work(place, start_job, tmp_path):
+def test_stalls_are_found_and_never_taken_for_slow_work(place, start_job, tmp_path, request):
     where, folder, host1, runs = place
     jobs = {}
     for name, text, n, extra in (("stuck", STUCK, 3, ["--max-restarts", 1]), ("calm", CALM, 2, [])):
@@ -193,6 +240,12 @@ def test_stalls_are_found_and_never_taken_for_slow_work(place, start_job, tmp_pa
         jobs[name] = start_job(*where(n), "--cpu-devices", 1, "--stall-timeout", TIMEOUT, *extra,
                                "--report", tmp_path / f"{name}.json", "--log-dir", tmp_path / f"{name}-logs",
                                script, state)
+    if "spin" in runs:
+        script = folder / "spin.py"
+        script.write_text(textwrap.dedent(SPIN))
+        jobs["spin"] = start_job(*where(3), "--cpu-devices", 1, "--stall-timeout", TIMEOUT, "--max-restarts", 1,
+                                 "--report", tmp_path / "spin.json", "--log-dir", tmp_path / "spin-logs", script,
+                                 spinner.build(folder))
     if "parted" in runs:
         hang = folder / "hang.py"  # where every host finds it
         hang.write_text((EXAMPLES / "hang.py").read_text())
@@ -245,6 +298,37 @@ def test_stalls_are_found_and_never_taken_for_slow_work(place, start_job, tmp_pa
         save = line_of(CALM, "time.sleep(2.5 * T)")
         assert 1 <= len(warnings) <= 2, job.stderr
         assert all(f"every process waits at {folder / 'calm.py'}:{save} in save_checkpoint: " in w for w in warnings)
+
+    # -- spin: native threads spin, the main thread parked: named; stepping: never stopped --
+    if "spin" in runs:
+        job = jobs["spin"]
+        assert codes["spin"] == 0, job.stderr
+        script = folder / "spin.py"
+        parked, waiting = line_of(SPIN, "threading.Event().wait()"), line_of(SPIN, "total = float(")
+        said = (f"jaxrun:   process 1{host1} stands out, at {script}:{parked} in <module>: threading.Event().wait()"
+                f"  # parked, while its threads spin (its Python stood still while ")
+        assert said in job.stderr, job.stderr
+        assert re.search(r"stood still while [12] of its own threads spun, [\d.]+ cores of CPU\); processes 0, 2 wait "
+                         rf"at {re.escape(str(script))}:{waiting} in <module>: ", job.stderr), job.stderr
+        report = json.loads((tmp_path / "spin.json").read_text())
+        first, second = report["attempts"]
+        assert first["exit_code"] == 125 and first["stop_reason"] == "stall"
+        cause = first["root_cause"]
+        assert (cause["kind"], cause["process_id"], cause["at"]) == ("stall", 1, f"{script}:{parked}"), cause
+        assert cause["stall"]["waiting"]["process_ids"] == [0, 2]
+        spun = cause["stall"]["spinning"]
+        assert [s["process_id"] for s in spun] == [1] and spun[0]["cores"] > 0, spun
+        if request.node.callspec.params["place"] != "loaded":  # unloaded, each thread shows a core's share
+            assert spun[0]["threads"] == 2, spun
+        # The restart's process 1 spins from step 3 on and steps to the end: never taken for a stall.
+        assert second["exit_code"] == 0 and report["exit_code"] == 0, report
+        assert "[1] attempt 1: 2 threads spin from" in job.stdout and job.stdout.count("] done ") == 3, job.stdout
+        spun_at = float(re.search(r"\[1\] attempt 0: 2 threads spin from ([\d.]+)", job.stdout)[1])
+        ended_at = max(p["ended_at"] for p in first["processes"])
+        print(f"spin: parked -> attempt end {ended_at - spun_at:.1f} s (--stall-timeout {TIMEOUT:g})")
+        # Timed on jaxrun's record, as stuck's: the timeout, a look or two to
+        # see the threads spin (a tenth of it each), the dumps' 1.5 s, the stop.
+        assert TIMEOUT < ended_at - spun_at < TIMEOUT + 5
 
     # -- parted: the processes' collectives in different orders ----------------------
     if "parted" in runs:
