@@ -11,18 +11,21 @@ import os
 import pwd
 import queue
 import shutil
+import signal
 import socket
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from jaxrun import cli, contract, portable
+from jaxrun.core.events import SignalReceived
 from jaxrun.core.outcome import ProcessRecord, Verdict
 from jaxrun.core.spec import Host, ProcessSpec
 from jaxrun.launcher import channel
-from jaxrun.launcher.attempt.slots import Slot, State
-from jaxrun.launcher.attempt.snapshot import dump_in, last_line, shown_state
+from jaxrun.launcher.attempt.slots import Slot, Slots, State
+from jaxrun.launcher.attempt.snapshot import dump_in, dumps, last_line, shown_state
 from jaxrun.launcher.inspect import find, stacks, top
 from jaxrun.wire import encoding, inspect as words
 
@@ -202,6 +205,34 @@ def test_the_last_line_is_the_newest_streams_and_a_stack_dump_is_not_one(tmp_pat
     Path(slot.record.stdout_log).write_text("")
     Path(slot.record.stderr_log).write_text(dump(SLEEPING))
     assert last_line(slot.record) == ""
+
+
+def test_the_dumps_are_asked_for_once_and_read_from_the_logs_as_they_land(tmp_path):
+    """The supervisor's loop is the one that signals (here: the post writes
+    what the processes would); a process whose dump never lands comes back
+    empty, named in the note, once the wait is over."""
+    slots = Slots([ProcessSpec(r, r, Host("localhost"), "python", (), {}) for r in range(4)], str(tmp_path))
+    for rank in range(3):
+        slots[rank].state = State.WAITING
+        Path(slots[rank].record.stderr_log).write_text("before\n")
+    slots[3].state = State.ENDED  # not asked
+    posted = []
+
+    def post(event):
+        posted.append(event)
+        for rank in (0, 1):
+            with open(slots[rank].record.stderr_log, "a") as f:
+                f.write(dump(SLEEPING if rank else COLLECTIVE))
+
+    got = dumps(SimpleNamespace(slots=slots), post, wait=0.5)
+    assert posted == [SignalReceived(signal.SIGUSR1)]
+    assert [d.rank for d in got.dumps] == [0, 1, 2, 3]
+    assert got.dumps[0].text.startswith("Current thread 0x") and "before" not in got.dumps[0].text
+    assert stacks.main_frames(got.dumps[1].text)[0] == SLEEPING[0]
+    assert (got.dumps[2].text, got.dumps[3].text, got.dumps[3].state) == ("", "", "failed")
+    assert got.note == "no stack dump came from process 2 within 0.5 s"
+    nobody = Slots([ProcessSpec(0, 0, Host("localhost"), "python", (), {})], str(tmp_path))
+    assert dumps(SimpleNamespace(slots=nobody), posted.append, wait=0.5).note == "" and len(posted) == 1
 
 
 # -- the channel ----------------------------------------------------------------------------------------------
