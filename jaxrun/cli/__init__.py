@@ -36,10 +36,11 @@ def entry_point(argv: list[str] | None = None) -> None:
         command, prog, argv = logs.command, "jaxrun logs", argv[1:]
     elif argv[:1] == ["kernel"] and not os.path.isfile("kernel"):
         command, prog, argv = kernel, "jaxrun kernel", argv[1:]
-    elif argv[:1] in (["stacks"], ["top"]) and not os.path.isfile(argv[0]):  # looking into a running job
-        from jaxrun.launcher.inspect import stacks, top
+    elif argv[:1] in (["stacks"], ["top"], ["profile"]) and not os.path.isfile(argv[0]):  # looking into a running job
+        from jaxrun.launcher.inspect import profile, stacks, top
 
-        command, prog = {"stacks": stacks.command, "top": top.command}[argv[0]], f"jaxrun {argv[0]}"
+        command = {"stacks": stacks.command, "top": top.command, "profile": profile.command}[argv[0]]
+        prog = f"jaxrun {argv[0]}"
         argv = argv[1:]
     try:
         command.main(args=argv, prog_name=prog, standalone_mode=False)

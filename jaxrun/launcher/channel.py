@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 
 from jaxrun import portable
-from jaxrun.launcher.attempt import snapshot
+from jaxrun.launcher.attempt import profiling, snapshot
 from jaxrun.wire import encoding, inspect as words
 
 PREFIX, SUFFIX = "run-", ".sock"
@@ -119,6 +119,19 @@ def stacks(request: words.AskStacks, view: JobView) -> words.Stacks:
     if supervisor is None or view.restarting:
         return words.Stacks((), "no process runs now: the job is starting")
     return snapshot.dumps(supervisor, view.post, min(max(request.wait, 0.5), 60.0))
+
+
+@handles(words.AskProfile)
+def profile(request: words.AskProfile, view: JobView) -> encoding.Message:
+    supervisor = view.supervisor()
+    if supervisor is None or view.restarting or supervisor.profiler is None:
+        return words.Refused("no process runs now: the job is starting")
+    try:
+        traced = supervisor.profiler.trace(request.seconds)
+    except (profiling.NotNow, ValueError) as e:
+        return words.Refused(str(e))
+    return words.ProfileTaken(traced.root, traced.folder, profiling.open_command(traced.root),
+                              tuple(words.ProfilePart(p.rank, list(p.files), p.problem or "") for p in traced.parts))
 
 
 class ControlChannel:

@@ -11,7 +11,9 @@ with one line (its answer, or ``Refused``), and the connection closes.
   newest job);
 - ``AskStacks`` -> ``Stacks``: every process's stack dump, taken now;
 - ``AskTable`` -> ``Table``: one ``TableRow`` per process, as ``jaxrun top``
-  shows it.
+  shows it;
+- ``AskProfile`` -> ``ProfileTaken``: a trace of every process, gathered into
+  one XProf session in the run's log folder (``jaxrun profile``).
 
 A request kind is a message here and a handler registered for its type on
 the server's side (``channel.handles``); a kind the server has no handler
@@ -106,6 +108,40 @@ class Table(Message):
     def __post_init__(self):
         rows = tuple(r if isinstance(r, TableRow) else TableRow(*r) for r in self.rows)
         object.__setattr__(self, "rows", rows)
+
+
+# After a trace, how long the processes may take to write it and bring it
+# home: the job waits this long at most, and the asker a little longer.
+TRACE_SETTLE_WAIT = 30.0
+
+
+@message("ask-profile")
+class AskProfile(Message):
+    """Trace every running process for ``seconds`` (jax.profiler), then
+    gather the traces; answered once they are in."""
+
+    seconds: float = 5.0
+
+
+@message("profile-part")
+class ProfilePart(Message):
+    """One process's part of a session: its files' names there, or why none."""
+
+    rank: int
+    files: list
+    problem: str = ""
+
+
+@message("profile-taken")
+class ProfileTaken(Message):
+    root: str  # what XProf opens (its --logdir)
+    folder: str  # the session's own folder
+    command: str  # the one command that opens it
+    parts: tuple
+
+    def __post_init__(self):
+        parts = tuple(p if isinstance(p, ProfilePart) else ProfilePart(*p) for p in self.parts)
+        object.__setattr__(self, "parts", parts)
 
 
 @message("refused")

@@ -60,6 +60,10 @@ EXAMPLES = [
     inspect.AskTable(),
     inspect.TableRow(0, "localhost", 4243, 1, "working", 99.5, 1 << 30, 0.0, "step 3 \x1b[1mloss\x1b[0m"),
     inspect.Table("r", 1, 2, 3, (inspect.TableRow(0, "h", None, 0, "starting"),), True),
+    inspect.AskProfile(2.5),
+    inspect.ProfilePart(1, ["box-p1.xplane.pb"], ""),
+    inspect.ProfileTaken("/l/profile", "/l/profile/plugins/profile/S", "xprof --logdir=/l/profile --port=6006",
+                         (inspect.ProfilePart(0, [], "no trace came"),)),
     inspect.Refused("this jaxrun does not answer 'x'"),
 ]
 

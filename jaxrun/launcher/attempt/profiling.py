@@ -39,12 +39,13 @@ from jaxrun import contract
 from jaxrun.core.backend import Backend, Interrupted, RunHooks, start_thread, wait_until
 from jaxrun.core.events import Forward
 from jaxrun.core.spec import ProcessSpec
+from jaxrun.wire.inspect import TRACE_SETTLE_WAIT
 
 GATHERED = "profile"  # the run's log folder's: what XProf opens (its --logdir)
 WORK = "profiling"  # an attempt's log folder's: where each process writes its own
 # After the stop, how long the processes get to write their traces (a
 # large trace takes seconds to serialize) and to bring them home.
-SETTLE_WAIT = 30.0
+SETTLE_WAIT = TRACE_SETTLE_WAIT
 MAX_SECONDS = contract.PROFILE_MAX_SECONDS / 2  # the longest trace asked for: well within the child's own limit
 LONGEST_START = 1e9  # --profile's START at most: longer waits overflow
 
@@ -212,17 +213,15 @@ class Profiler:
             attempt.note("jaxrun: profile: the attempt ended before its trace began")
             return
         try:
-            traced = self.trace(seconds)
+            self.trace(seconds)
         except (NotNow, Interrupted) as e:
             attempt.note(f"jaxrun: profile: no trace: {e or 'the run is stopping'}")
-            return
-        for line in traced.lines():
-            attempt.note(line)
 
     def trace(self, seconds: float) -> Traced:
         """Trace every running process for ``seconds``, bring every trace
         home into one session and say where; NotNow when no attempt has
-        every process joined, or another trace is being taken."""
+        every process joined, or another trace is being taken.  The job's
+        console says where it is too."""
         check_seconds(seconds)
         if not self.lock.acquire(blocking=False):
             raise NotNow("another trace is being taken")
@@ -234,7 +233,10 @@ class Profiler:
             attempt.events.put(Forward(contract.PROFILE_SIGNAL))
             if not attempt.over.wait(seconds):
                 attempt.events.put(Forward(contract.PROFILE_SIGNAL))
-            return Traced(self.root, folder, self._bring_home(attempt, folder))
+            traced = Traced(self.root, folder, self._bring_home(attempt, folder))
+            for line in traced.lines():
+                attempt.note(line)
+            return traced
         finally:
             self.lock.release()
 

@@ -6,5 +6,6 @@ its control channel (``launcher/channel.py``, ``wire/inspect.py``):
   ``--run RUN_ID``), and one request to it;
 - ``stacks.py``: every process's stacks, grouped by the main thread's frames;
 - ``top.py``: the live table of processes (rich draws it; ``--once`` prints
-  one plain table).
+  one plain table);
+- ``profile.py``: a trace of every process, gathered into one XProf session.
 """
