@@ -117,7 +117,7 @@ def table(request: words.AskTable, view: JobView) -> words.Table:
 def stacks(request: words.AskStacks, view: JobView) -> words.Stacks:
     supervisor = view.supervisor()
     if supervisor is None or view.restarting:
-        return words.Stacks((), "no process runs now: the job is starting")
+        return words.Stacks((), f"no process runs now: the job is {'re' if view.restarting else ''}starting")
     return snapshot.dumps(supervisor, view.post, min(max(request.wait, 0.5), 60.0))
 
 
