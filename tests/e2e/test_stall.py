@@ -10,7 +10,9 @@ Per place, up to three jobs run side by side:
 - ``calm``: everything a stall must never be taken for, one after the
   other (a start-up longer than the timeout, a compile longer than it, one
   program longer than it, steps that print nothing, an external tool that
-  process 0 waits for, a long wait that says ``jaxrun.alive()``), then every
+  process 0 waits for, a helper thread of process 0's that computes in
+  Python while its main thread waits, a long wait that says
+  ``jaxrun.alive()``), then every
   process waits at one place outside JAX (a "checkpoint save"), which is
   warned of once and waited out: exit 0;
 - ``parted``: examples/hang.py, whose processes issue their collectives in
