@@ -154,6 +154,7 @@ def main(**values):
       jaxrun -n 4 --cpu-devices 2 -i              a console over 4 controllers
       jaxrun --hosts hosts.txt train.py           over SSH, one process per slot
       jaxrun k8s --image IMG -n 4 train.py        print a Kubernetes JobSet manifest instead
+      jaxrun top, jaxrun stacks, jaxrun profile   look into your running job (docs/inspect.md)
 
     Everything after SCRIPT (or -m MODULE) is passed to it untouched.  The
     placeholders {process_id}, {num_processes}, {local_process_id} and
