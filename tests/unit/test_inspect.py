@@ -70,9 +70,11 @@ def test_groups_of_one_size_go_by_their_first_rank_and_processes_without_a_dump_
     dumps = (a_dump(3, SLEEPING), a_dump(0, COLLECTIVE), a_dump(2, None, state="finished"), a_dump(1, SLEEPING))
     groups = stacks.grouped(dumps)
     assert [g.ranks for g in groups] == [[0], [1, 3], [2]]
-    text = stacks.render(words.Stacks(dumps, "no stack dump came from process 2 within 5 s"), "r")
+    text = stacks.render(words.Stacks(dumps, "no stack dump came from process 2 within 5 s"), "r", "/logs/r")
     assert "process 2 on localhost (pid 1002): no stack dump (finished)" in text
-    assert text[-1] == "jaxrun: no stack dump came from process 2 within 5 s"
+    assert text[-3:] == ["", "jaxrun: no stack dump came from process 2 within 5 s",
+                         "jaxrun: every thread's stack is in each process's stderr log, under /logs/r"]
+    assert stacks.render(words.Stacks(dumps), "r")[-1] == "process 2 on localhost (pid 1002): no stack dump (finished)"
 
 
 def test_the_same_line_in_another_function_or_file_is_another_group():

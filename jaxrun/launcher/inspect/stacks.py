@@ -86,7 +86,7 @@ def who(group: Group) -> str:
     return f"processes {format_ranks(ranks)} on {where}"
 
 
-def render(answer: words.Stacks, run_id: str) -> list[str]:
+def render(answer: words.Stacks, run_id: str, log_dir: str = "") -> list[str]:
     groups = grouped(answer.dumps)
     total = len(answer.dumps)
     lines = [f"jaxrun: run {run_id}: {total} process{'es' if total != 1 else ''} in {len(groups)} "
@@ -99,9 +99,12 @@ def render(answer: words.Stacks, run_id: str) -> list[str]:
             continue
         lines.append(f"{who(group)}: {len(group.dumps)} of {total}")
         lines.extend(f'  File "{file}", line {line} in {func}' for file, line, func in group.frames)
+    lines.append("")
     if answer.note:
-        lines.extend(["", f"jaxrun: {answer.note}"])
-    return lines
+        lines.append(f"jaxrun: {answer.note}")
+    if log_dir:
+        lines.append(f"jaxrun: every thread's stack is in each process's stderr log, under {log_dir}")
+    return lines[:-1] if lines[-1] == "" else lines
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -121,4 +124,4 @@ def command(run_id, wait):
         find.fail(f"run {info.run_id} answered {answer.WORD!r}, not stacks")
     if not answer.dumps:
         find.fail(f"run {info.run_id}: {answer.note or 'no process runs now'}")
-    click.echo("\n".join(render(answer, info.run_id)))
+    click.echo("\n".join(render(answer, info.run_id, info.log_dir)))
