@@ -213,8 +213,9 @@ class SshBackend(Backend):
             problem = contract.private_folder(folder)
             if problem:
                 return f"{folder} is not private: {problem}"
-        session = self.connections.start_session(spec.host, remote_command(traces_words(spec, self.settings.python,
-                                                                                        wait)), {})
+        words = traces_words(spec, self.settings.python, wait)
+        # The user's variables, as the host's server gets them: PYTHONPATH may be what finds jaxrun there.
+        session = self.connections.start_session(spec.host, remote_command(words), dict(self.settings.env))
         session.stdin.close()
         try:
             with tarfile.open(fileobj=session.stdout, mode="r|") as tar:

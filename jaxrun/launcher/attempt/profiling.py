@@ -20,8 +20,9 @@ it never reads what jax wrote.
 One ``Profiler`` serves the whole run: each attempt's supervisor attaches
 it at its start and detaches it at its end; ``--profile START:SECONDS``
 takes its trace START seconds after every process of an attempt joined
-(the first attempt to get that far; a job of one process: after its start), and ``jaxrun profile`` asks through
-the control channel (``trace``).
+(the first attempt that runs that long; a job of one process: after its
+start), and ``jaxrun profile`` asks through the control channel
+(``trace``).
 """
 
 from __future__ import annotations
@@ -209,8 +210,8 @@ class Profiler:
     # -- a trace ---------------------------------------------------------------------------
     def _timed(self, attempt: _Attempt) -> None:
         start, seconds = self.window
-        if attempt.over.wait(start):
-            attempt.note("jaxrun: profile: the attempt ended before its trace began")
+        if attempt.over.wait(start):  # the next attempt whose processes all join takes it
+            self.timed = False
             return
         try:
             self.trace(seconds)
