@@ -7,15 +7,20 @@ from __future__ import annotations
 import io
 import json
 import os
+import queue
 import subprocess
 import sys
 import tarfile
+import threading
 
 import click
 import pytest
 
 from jaxrun import contract
 from jaxrun.cli import main
+from jaxrun.core.backend import Backend, RunHooks
+from jaxrun.core.events import Forward
+from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
 from jaxrun.launcher.attempt import profiling
 
 
@@ -204,3 +209,56 @@ def test_the_child_turns_a_trace_on_the_signal_and_imports_nothing_unasked(tmp_p
     env = {k: v for k, v in os.environ.items() if k != contract.PROFILE_DIR}
     unasked = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=60)
     assert unasked.stdout.splitlines() == ["False True", "False False"]  # SIGUSR2 is left as it was
+
+
+# -- the launcher's side of one trace, with the processes played by a thread ----------------------
+class Here(Backend):
+    """A backend whose processes write their traces where the launcher reads them."""
+
+    def choose_coordinator(self, fixed):
+        raise NotImplementedError
+
+    def spawn(self, spec, lifeline_fd, extra_env, log_fds, news):
+        raise NotImplementedError
+
+
+def playing_processes(events: queue.SimpleQueue, log_dir: str, ranks, heard: list) -> threading.Thread:
+    """What the supervisor and the children do with the asks: the first
+    starts a session in each process's folder, the second finishes it."""
+
+    def play():
+        for turn in range(2):
+            event = events.get(timeout=30)
+            heard.append(event)
+            for rank in ranks:
+                work = profiling.work_folder(log_dir, rank)
+                trace(work, "9-0", "box", {"box.xplane.pb": b"x"}, over=turn == 1)
+
+    thread = threading.Thread(target=play, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_trace_asks_twice_and_gathers_each_process_once_all_joined(tmp_path):
+    specs = [ProcessSpec(rank, rank, LOCAL_HOST, "python", (), {}) for rank in range(2)]
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    notes: list[str] = []
+    profiler = profiling.Profiler(str(tmp_path))
+    profiler.attach(specs, str(tmp_path), events, Here(), RunHooks(), notes.append)
+    with pytest.raises(profiling.NotNow, match="not all joined"):
+        profiler.trace(1.0)
+    profiler.joined(0)
+    with pytest.raises(profiling.NotNow, match="not all joined"):
+        profiler.trace(1.0)
+    profiler.joined(1)
+    heard: list = []
+    player = playing_processes(events, str(tmp_path), [0, 1], heard)
+    traced = profiler.trace(0.2)
+    player.join(5)
+    assert heard == [Forward(contract.PROFILE_SIGNAL)] * 2
+    assert [part.files for part in traced.parts] == [("box-p0.xplane.pb",), ("box-p1.xplane.pb",)]
+    assert sorted(os.listdir(traced.folder)) == ["box-p0.xplane.pb", "box-p1.xplane.pb"]
+    assert traced.root == str(tmp_path / "profile") and notes == traced.lines()
+    profiler.detach()
+    with pytest.raises(profiling.NotNow, match="not all joined"):  # no attempt runs
+        profiler.trace(1.0)
