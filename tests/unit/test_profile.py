@@ -76,6 +76,13 @@ def test_processes_on_one_machine_get_distinct_host_names():
     assert len(names) == 4 and all(n.endswith(".xplane.pb") for n in names)
 
 
+def test_a_session_of_the_same_second_gets_a_folder_of_its_own(tmp_path):
+    first = profiling.new_session(str(tmp_path), 1796161488.0)
+    os.makedirs(first)
+    second = profiling.new_session(str(tmp_path), 1796161488.4)
+    assert second == first + "-2" and os.path.basename(first).count("_") == 5
+
+
 def test_the_open_command_quotes_the_folder():
     assert profiling.open_command("/tmp/a b/profile") == "xprof --logdir='/tmp/a b/profile' --port=6006"
 

@@ -102,6 +102,17 @@ def session_name(now: float) -> str:
     return time.strftime("%Y_%m_%d_%H_%M_%S", time.localtime(now))
 
 
+def new_session(sessions: str, now: float) -> str:
+    """A session folder in ``sessions`` that no earlier trace has: named by
+    ``now``, with a count after it where a trace of the same second has it."""
+    base = os.path.join(sessions, session_name(now))
+    folder, count = base, 1
+    while os.path.lexists(folder):
+        count += 1
+        folder = f"{base}-{count}"
+    return folder
+
+
 def open_command(root: str) -> str:
     return f"xprof --logdir={shlex.quote(root)} --port=6006"
 
@@ -215,7 +226,7 @@ class Profiler:
             return
         try:
             self.trace(seconds)
-        except (NotNow, Interrupted) as e:
+        except (NotNow, Interrupted, OSError) as e:  # a trace that cannot be taken stops nothing
             attempt.note(f"jaxrun: profile: no trace: {e or 'the run is stopping'}")
 
     def trace(self, seconds: float) -> Traced:
@@ -230,7 +241,7 @@ class Profiler:
             attempt = self.attempt
             if attempt is None or not attempt.joined:
                 raise NotNow("the job's processes have not all joined yet")
-            folder = os.path.join(self.root, "plugins", "profile", session_name(time.time()))
+            folder = new_session(os.path.join(self.root, "plugins", "profile"), time.time())
             attempt.events.put(Forward(contract.PROFILE_SIGNAL))
             if not attempt.over.wait(seconds):
                 attempt.events.put(Forward(contract.PROFILE_SIGNAL))
