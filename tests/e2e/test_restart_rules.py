@@ -153,8 +153,12 @@ def test_the_same_failure_twice_stops_the_restarts_and_a_changing_failure_is_res
     why = ("not restarting: the work finished (every process's script returned) before process 1 failed at "
            "teardown")
     assert f"jaxrun: {why}" in job.stderr and "restarting the whole job" not in job.stderr, job.stderr
-    assert "most recent call first" in job.stderr, job.stderr  # its stack, where it aborted
     found = json.loads(report.read_text())
+    hook = 1 + next(i for i, text in enumerate(TEARDOWN.splitlines()) if "os.abort()" in text)
+    # Its stack, where it aborted: in the exit hook, not at the script's last line.
+    assert f'File "{script}", line {hook} in <lambda>' in "\n".join(found["root_cause"]["stderr_tail"]), \
+        found["root_cause"]
+    assert f"line {hook} in <lambda>" in job.stderr.split("failed at teardown")[1], job.stderr
     assert len(found["attempts"]) == 1 and found["not_restarted"] == why
     assert [p["finished_then_failed"] for p in found["processes"]] == [False, True, False]
     assert all(p["finished_at"] and p["joined_at"] <= p["finished_at"] for p in found["processes"])

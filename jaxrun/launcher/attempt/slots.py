@@ -73,8 +73,10 @@ class Slot:
         self.move(State.STARTED)
 
     def joined(self) -> None:
-        if self.record.joined_at is None:
-            self.record.joined_at = time.time()
+        """Its life reached the job's rendezvous: once a life, however many ways it is heard."""
+        if self.record.joined_at is not None:
+            return
+        self.record.joined_at = time.time()
         if self.state is State.STARTED:
             self.move(State.JOINED)
         if self.timeline is not None:

@@ -130,6 +130,8 @@ class Supervisor:
                               log_errors=self.log_errors, full_folder=self.log_dir if full else None)
 
     def _joined(self, rank: int, recoverable: bool) -> None:
+        """A join, heard from its file or its far end (``Joins``)."""
+        self.slots[rank].joined()
         if self.profiler is not None:
             self.profiler.joined(rank)
         heard = self.policy.joined(rank, recoverable)
@@ -196,7 +198,6 @@ class Supervisor:
             if self.stop.reason is None:
                 self.stop.send_all(event.signum)
         elif isinstance(event, Joined):
-            self.slots[event.rank].joined()
             self.joins.joined(event.rank, event.recoverable)
         elif isinstance(event, Activity):
             self.activity.heard(event.rank, event.state)  # and through it, the slot
