@@ -247,10 +247,10 @@ def test_default_logs_are_private(jaxrun, tmp_path):
     for folder in (base, run_dir, run_dir / "restart-1"):
         assert stat.S_IMODE(folder.lstat().st_mode) == 0o700, folder
     files = [p for p in run_dir.rglob("*") if p.is_file()]
-    # stdout and stderr of 2 processes in 2 attempts, and the run's record
+    # stdout and stderr of 2 processes in 2 attempts, the run's record and its timeline
     assert sorted(p.name for p in files if p.parent == run_dir) == [
-        "process-0.stderr", "process-0.stdout", "process-1.stderr", "process-1.stdout", "run.json"]
-    assert len(files) == 9, files
+        "process-0.stderr", "process-0.stdout", "process-1.stderr", "process-1.stdout", "run.json", "timeline.jsonl"]
+    assert len(files) == 10, files
     assert all(stat.S_IMODE(p.lstat().st_mode) == 0o600 for p in files), files
 
 
