@@ -145,6 +145,14 @@ def test_ctrl_c_interrupts_a_long_statement_everywhere_and_returns_to_the_prompt
     assert "[0-3] still 4" in console.type("print('still', jax.process_count())")
 
 
+@pytest.mark.timeout(30)
+def test_an_empty_line_or_a_comment_at_the_prompt_does_nothing(console):
+    """As at Python's own prompt: no output, no error, the prompt again."""
+    for line in ("", "   ", "# only a note"):
+        assert console.type(line).strip() == line.strip()  # the echo, nothing more
+    assert "[0-3] 4" in console.type("print(jax.process_count())")  # the session goes on
+
+
 @pytest.mark.timeout(60)
 def test_ctrl_d_exits_0_and_leaves_no_process_and_the_logs_and_history_hold_the_session(console):
     code = console.end()
