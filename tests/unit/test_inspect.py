@@ -85,7 +85,7 @@ def test_the_same_line_in_another_function_or_file_is_another_group():
 def test_the_main_thread_is_the_one_that_runs_the_script_whichever_faulthandler_calls_current():
     text = dump(SLEEPING, current=False, other_first=True).replace("Thread 0x00007f0000000002",
                                                                    "Current thread 0x00007f0000000002")
-    assert stacks.main_frames(text)[:2] == tuple(SLEEPING)
+    assert stacks.main_frames(text) == tuple(SLEEPING)  # the shim's frames and below left out
     plain = 'Current thread 0x1 (most recent call first):\n  File "/x.py", line 3 in f\n'
     assert stacks.main_frames(plain) == (("/x.py", 3, "f"),)
     assert stacks.main_frames("no dump here") == ()
@@ -386,8 +386,9 @@ def test_another_user_who_reaches_the_socket_is_refused_by_its_uid(short_tmp):
     listening = channel.ControlChannel(view, str(open_folder / "run-r.sock"))
     try:
         os.chmod(listening.path, 0o777)
-        # Connected, and not a word back: the connection closes (reset, where the request was left unread).
-        assert as_nobody(listening.path) in ("answered: ", "ConnectionResetError")
+        # Connected, and not a word back: the connection closes (before the request was sent, or
+        # with it unread: a broken pipe, a reset).
+        assert as_nobody(listening.path) in ("answered: ", "ConnectionResetError", "BrokenPipeError")
         assert listening.refused == 1
         assert isinstance(find.ask(listening.path, words.Describe()), words.JobInfo)  # its own user is answered
     finally:

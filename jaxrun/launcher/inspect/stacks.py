@@ -51,16 +51,24 @@ def threads(text: str) -> list[tuple[str, list[Frame]]]:
 
 
 def main_frames(text: str) -> tuple[Frame, ...]:
-    """The main thread's frames: the thread that runs the script through the
-    shim, else the one faulthandler calls current, else the first."""
+    """The main thread's frames from the script's own outermost frame in:
+    the thread that runs the script through the shim (the shim's frames and
+    those that started it left out), else the one faulthandler calls
+    current, else the first."""
     found = threads(text)
     if not found:
         return ()
     for _, frames in found:
-        if any(file.endswith(stacks._SHIM_FILE) and func in _RUNNERS for file, _, func in frames):
-            return tuple(frames)
+        runner = next((i for i, (file, _, func) in enumerate(frames) if is_runner(file, func)), None)
+        if runner is not None:
+            return tuple(frames[:runner])
     current = [frames for header, frames in found if header.startswith("Current thread")]
     return tuple(current[0] if current else found[0][1])
+
+
+def is_runner(file: str, func: str) -> bool:
+    """The shim's frame that runs the script."""
+    return file.endswith(stacks._SHIM_FILE) and func in _RUNNERS
 
 
 def grouped(dumps: tuple[words.StackDump, ...]) -> list[Group]:
