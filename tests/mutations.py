@@ -268,8 +268,8 @@ MUTATIONS = [
         "found",
         (("jaxrun/child/activity.py", "        return judge_threads(before, self.last_threads, t - t0, *self.python())",
           "        return contract.BUSY"),),
-        ("tests/unit/test_stall.py", "tests/e2e/test_stall.py"),
-        "spin or preload",
+        ("tests/unit/test_stall.py", "tests/e2e/test_matrix.py"),
+        "spin and not (preload or ssh or slurm or mpirun or ray)",
     ),
 ]
 
