@@ -167,7 +167,7 @@ def test_two_ssh_hosts_traces_come_home_into_one_session(sshd_hosts, shared_dir,
     try:
         profile_both_ways(job, {"node-a-p0.xplane.pb", "node-b-p1.xplane.pb"})  # each host's own name
         for host in ("hostA", "hostB"):  # what each host kept is gone: it came home
-            left = sshd_hosts.run(host, ["find", "/tmp", "-name", "*.xplane.pb"], check=False)
+            left = sshd_hosts.run(host, ["find", "/tmp", "-path", "*jaxrun-profile-*/*"], check=False)
             assert left.stdout.strip() == "", (host, left.stdout)
     finally:
         job.kill()

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import queue
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -168,6 +169,8 @@ def test_the_far_end_sends_finished_traces_as_a_tar_and_removes_them(tmp_path):
     assert "7-0/plugins/profile/2026_12_04_01_00_00/far.xplane.pb" in names
     assert f"7-0/{contract.TRACE_MARKER}" in names and not any(n.startswith("7-1") for n in names)
     assert sorted(os.listdir(folder)) == ["7-1"]  # the one still being written stays
+    shutil.rmtree(os.path.join(folder, "7-1"))
+    assert run_agent(tmp_path, "r-process-1").returncode == 0 and not os.path.exists(folder)  # nothing left
 
 
 def test_the_far_end_refuses_a_folder_others_can_enter_and_a_path(tmp_path):

@@ -7,12 +7,14 @@ base, ``contract.traces``).  Once the trace is over, the launcher runs this
 module in a session on the host's master (``SshBackend.bring_home``) with
 the folder's name and how long to wait: it waits until no trace in the
 folder is still being written (or the wait is over), writes the finished
-ones to stdout as one tar stream, and removes them.  It reads nothing of
+ones to stdout as one tar stream, and removes them (and the folder, once
+empty).  It reads nothing of
 what jax wrote.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
@@ -44,6 +46,8 @@ def main(argv: list[str]) -> int:
     sys.stdout.buffer.flush()
     for name in over:
         shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+    with contextlib.suppress(OSError):  # nothing left on the host (its process makes it again for another trace)
+        os.rmdir(folder)
     return 0
 
 
