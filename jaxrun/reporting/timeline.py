@@ -44,7 +44,7 @@ ATTEMPT, STATE, JOIN, SIGNAL, ATTEMPT_END, RESTART = "attempt", "state", "join",
 # The states a ``state`` line names (a slot's states, as words).
 STARTED, ENDED, PENDING = "started", "ended", "pending"
 # What a state's span is called in the picture.
-SPAN_NAMES = {STARTED: "starting", "joined": "joined, not yet heard", "working": "working", "waiting": "waiting",
+SPAN_NAMES = {STARTED: "starting", "joined": "joined", "working": "working", "waiting": "waiting",
               "finished": "finished (script returned)"}
 DUMP = signal.Signals.SIGUSR1.name
 MAX_LINE = 1 << 16  # longer is not one of ours

@@ -93,7 +93,7 @@ def test_each_attempt_and_each_life_is_a_span_with_its_verdict():
 def test_the_states_follow_each_other_within_the_life():
     trace = timeline.chrome_trace(crash_and_restart_log())
     assert spans(trace, 1, timeline.STATES_TID) == [
-        ("starting", at(0.1), at(1)), ("joined, not yet heard", at(1), at(1.5)), ("working", at(1.5), at(3)),
+        ("starting", at(0.1), at(1)), ("joined", at(1), at(1.5)), ("working", at(1.5), at(3)),
         ("waiting", at(3), at(5.6)),
         ("starting", at(6.1), at(7)), ("working", at(7), at(9)), ("finished (script returned)", at(9), at(9.5))]
     life = spans(trace, 1, timeline.LIVES_TID)
