@@ -108,9 +108,7 @@ def table(request: words.AskTable, view: JobView) -> words.Table:
     supervisor = view.supervisor()
     if supervisor is None:  # the first attempt is being placed
         return words.Table(view.run_id, 0, 0, view.max_restarts, ())
-    # A local backend's pids are the controllers themselves; elsewhere they are helpers here.
-    usage = view.usage if supervisor.backend.writes_log_files else None
-    return snapshot.table(supervisor, view.run_id, view.max_restarts, usage, view.restarting)
+    return snapshot.table(supervisor, view.run_id, view.max_restarts, view.usage, view.restarting)
 
 
 @handles(words.AskStacks)

@@ -240,3 +240,39 @@ def test_top_once_shows_finished_failed_and_restarting_on_their_rows(start_job, 
     assert lines[2].endswith("process 0 life 0") and lines[4].endswith("process 2 life 1"), out
     release.write_text("")
     assert job.wait(timeout=30) == 4, job.stderr  # process 3's failure is the job's
+
+
+@pytest.mark.timeout(180)
+def test_over_ssh_the_dumps_come_home_and_the_rows_name_the_hosts(sshd_hosts, shared_dir, start_job, tmp_path):
+    """Process 0 on hostA, 1 and 2 on hostB: the SIGUSR1 reaches each through
+    its host's agent, the dumps come home in the logs; the rows name the hosts,
+    and the pid, CPU and memory, known here only of a local job's running
+    processes, show as "-"."""
+    script, release = shared_dir / "stuck.py", shared_dir / "release"
+    script.write_text(STUCK)
+    env = dict(os.environ)
+    job = start_job("-H", "hostA:1,hostB:2", "--ssh-config", sshd_hosts.config, "-x", f"PYTHONPATH={ROOT}",
+                    "-x", TOKEN, "--cpu-devices", 1, "--log-dir", tmp_path / "logs", script, release)
+    deadline = time.monotonic() + 120
+    while not all("ready" in read(tmp_path / "logs" / f"process-{r}.stdout") for r in range(3)):
+        assert job.proc.poll() is None and time.monotonic() < deadline, job.proc.communicate()
+        time.sleep(0.3)
+    done = command(env, "stacks")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[2] == "process 1 on hostB: 1 of 3", done.stdout  # no pid: jaxrun holds an ssh client's
+    assert lines[3] == f'  File "{script}", line {line_of("time.sleep(0.5)  # stuck")} in <module>', done.stdout
+    assert "processes 0,2 on hostA (0), hostB (2): 2 of 3" in lines, done.stdout
+    out = command(env, "top", "--once").stdout
+    rows = {int(line.split()[0]): line.split() for line in out.splitlines()[2:]}
+    assert [rows[r][1] for r in range(3)] == ["hostA", "hostB", "hostB"], out
+    assert all(rows[r][2] == "-" and rows[r][4:6] == ["-", "-"] for r in range(3)), out
+    release.write_text("")
+    assert job.wait(timeout=60) == 0, job.stderr
+
+
+def read(path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""

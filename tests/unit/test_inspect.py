@@ -209,6 +209,9 @@ def test_the_last_line_is_the_newest_streams_and_a_stack_dump_is_not_one(tmp_pat
     assert last_line(slot.record) == ""
 
 
+LOCAL = SimpleNamespace(writes_log_files=True)  # a backend whose pids are the controllers here
+
+
 def test_the_dumps_are_asked_for_once_and_read_from_the_logs_as_they_land(tmp_path):
     """The supervisor's loop is the one that signals (here: the post writes
     what the processes would); a process whose dump never lands comes back
@@ -226,7 +229,7 @@ def test_the_dumps_are_asked_for_once_and_read_from_the_logs_as_they_land(tmp_pa
             with open(slots[rank].record.stderr_log, "a") as f:
                 f.write(dump(SLEEPING if rank else COLLECTIVE))
 
-    got = dumps(SimpleNamespace(slots=slots), post, wait=0.5)
+    got = dumps(SimpleNamespace(slots=slots, backend=LOCAL), post, wait=0.5)
     assert posted == [SignalReceived(signal.SIGUSR1)]
     assert [d.rank for d in got.dumps] == [0, 1, 2, 3]
     assert got.dumps[0].text.startswith("Current thread 0x") and "before" not in got.dumps[0].text
@@ -234,7 +237,7 @@ def test_the_dumps_are_asked_for_once_and_read_from_the_logs_as_they_land(tmp_pa
     assert (got.dumps[2].text, got.dumps[3].text, got.dumps[3].state) == ("", "", "failed")
     assert got.note == "no stack dump came from process 2 within 0.5 s"
     nobody = Slots([ProcessSpec(0, 0, Host("localhost"), "python", (), {})], str(tmp_path))
-    assert dumps(SimpleNamespace(slots=nobody), posted.append, wait=0.5).note == "" and len(posted) == 1
+    assert dumps(SimpleNamespace(slots=nobody, backend=LOCAL), posted.append, wait=0.5).note == "" and len(posted) == 1
 
 
 # -- the channel ----------------------------------------------------------------------------------------------

@@ -111,21 +111,33 @@ class Usage:
         return (None if share is None else max(0.0, share)), memory
 
 
+def local(supervisor) -> bool:
+    """Whether the attempt's pids are its controllers on this machine: a local
+    backend's are; elsewhere they are helpers here (an ssh client, a scheduler
+    step) until each controller's own comes with its end."""
+    return supervisor.backend.writes_log_files
+
+
+def shown_pid(slot: Slot, here: bool) -> int | None:
+    return slot.record.pid if here or slot.state is State.ENDED else None
+
+
 def rows(supervisor, usage: Usage | None, restarting: bool = False) -> list[words.TableRow]:
-    """One row per process of the attempt; ``usage`` None: its processes run
-    elsewhere (their pids are helpers here: ssh clients, a scheduler step)."""
+    """One row per process of the attempt; CPU and memory where ``usage``
+    can see them (a local job's)."""
     now = supervisor.clock()
     activity = supervisor.activity
     made = []
+    here = local(supervisor)
     for slot in supervisor.slots:
         record = slot.record
         cpu = memory = idle = None
-        if slot.state in LIVE and usage is not None and record.pid:
+        if slot.state in LIVE and usage is not None and here and record.pid:
             cpu, memory = usage.of(record.pid)
         if slot.state in (State.WORKING, State.WAITING, State.FINISHED) and activity is not None:
             since = activity.idle_since.get(slot.rank)
             idle = 0.0 if slot.state is State.WORKING else (None if since is None else max(0.0, now - since))
-        made.append(words.TableRow(slot.rank, record.spec.host.name, record.pid, record.life,
+        made.append(words.TableRow(slot.rank, record.spec.host.name, shown_pid(slot, here), record.life,
                                    shown_state(slot, restarting), cpu, memory, idle, last_line(record)))
     return made
 
@@ -159,7 +171,8 @@ def dumps(supervisor, post: Callable[[object], None], wait: float, clock: Callab
         if settled or clock() >= end:
             break
         sleep(0.1)
-    made = [words.StackDump(slot.rank, slot.record.spec.host.name, slot.record.pid, slot.record.life,
+    here = local(supervisor)
+    made = [words.StackDump(slot.rank, slot.record.spec.host.name, shown_pid(slot, here), slot.record.life,
                             shown_state(slot), texts.get(slot.rank, "")) for slot in supervisor.slots]
     missing = [d.rank for d in made if not d.text and d.rank in logs]
     note = f"no stack dump came from process {','.join(map(str, missing))} within {wait:g} s" if missing else ""
