@@ -15,8 +15,10 @@ first ask, nothing of ``jax.profiler`` is imported.
 
 Each trace goes into a session folder of its own (``contract.traces``); once
 it is over, the marker there says which host name jax gave its files, or
-why there is no trace.  A trace that nobody stops ends by itself after
-``contract.PROFILE_MAX_SECONDS``; the next ask then only closes it.
+why there is no trace.  A trace that nobody stops (the start and the stop
+arrived while the main thread was in one call, and Python heard them as
+one) ends by itself after ``contract.PROFILE_MAX_SECONDS``, and the next
+ask starts a trace again.
 """
 
 from __future__ import annotations
@@ -67,8 +69,9 @@ class Tracer:
         while True:
             try:
                 asks.get(timeout=self.limit if self.session else None)
-            except queue.Empty:  # nobody stopped it: end it, and let the next ask close it
+            except queue.Empty:  # nobody stopped it (two asks heard as one): end it; the next ask starts again
                 self.stop()
+                self.asked = False
                 continue
             self.asked = not self.asked
             if self.asked:

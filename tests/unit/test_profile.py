@@ -9,6 +9,7 @@ import json
 import os
 import queue
 import shutil
+import socket
 import subprocess
 import sys
 import tarfile
@@ -272,3 +273,45 @@ def test_a_trace_asks_twice_and_gathers_each_process_once_all_joined(tmp_path):
     profiler.detach()
     with pytest.raises(profiling.NotNow, match="not all joined"):  # no attempt runs
         profiler.trace(1.0)
+
+
+TWO_ASKS_HEARD_AS_ONE = r"""
+import os, queue, sys, threading, time
+os.environ["JAX_PLATFORMS"] = "cpu"
+import jax, jax.numpy as jnp
+from jaxrun import contract
+from jaxrun.child.profiling import Tracer
+
+folder = sys.argv[1]
+asks = queue.SimpleQueue()
+tracer = Tracer(folder, limit=1.0)
+threading.Thread(target=tracer.serve, args=(asks,), daemon=True).start()
+
+def wait_for(test):
+    deadline = time.monotonic() + 30
+    while not test() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+asks.put(1)  # start; its stop never comes (heard as one with the start)
+jnp.ones(4).sum().block_until_ready()
+wait_for(lambda: contract.trace_sessions(folder)[0])
+print(contract.trace_sessions(folder))  # ended by itself after its limit
+asks.put(1)  # the next ask starts a trace again, in step with the launcher
+wait_for(lambda: contract.trace_sessions(folder)[1])
+print(contract.trace_sessions(folder))
+"""
+
+
+def test_a_trace_nobody_stops_ends_by_itself_and_the_next_ask_starts_again(tmp_path):
+    folder = str(tmp_path / "profiling" / "process-0")
+    done = subprocess.run([sys.executable, "-c", TWO_ASKS_HEARD_AS_ONE, folder], capture_output=True, text=True,
+                          timeout=120)
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2, done.stderr
+    first, second = eval(lines[0]), eval(lines[1])  # noqa: S307 - our own repr of two lists of names
+    assert len(first[0]) == 1 and first[1] == [], lines
+    pid = first[0][0].split("-")[0]
+    assert second == (first[0], [f"{pid}-1"]), lines
+    said = contract.trace_marker(os.path.join(folder, first[0][0]))
+    assert said["error"] is None and said["host"] == socket.gethostname()
+    assert any(name.endswith(".xplane.pb") for _, _, names in os.walk(folder) for name in names)
