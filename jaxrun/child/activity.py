@@ -31,10 +31,9 @@ moving, and the line says how many threads spun and their CPU in cores,
 for the summary.  CPU time per thread is read where the system says it
 (``portable.thread_cpu``); elsewhere any CPU time is progress, as before.
 
-The looks cost a few microseconds each, once per interval (reading each
-thread's CPU time, some tens of microseconds, only when the process used
-CPU); nothing is hooked, so the script's own calls run as fast as without
-jaxrun.
+The looks cost little, once per interval (reading each thread's CPU time,
+about 10 us a thread, only when the process used CPU); nothing is hooked,
+so the script's own calls run as fast as without jaxrun.
 
 What the launcher hears is only the changes: the file
 ``contract.ACTIVITY_FILE`` holds one line, ``busy``, ``idle`` or ``spin N
