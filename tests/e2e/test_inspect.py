@@ -43,7 +43,7 @@ print("ready", jax.process_index(), flush=True)
 if jax.process_index() == 1:
     while not os.path.exists(release):
         time.sleep(0.5)  # stuck
-total = float(jnp.sum(x * 2))  # a collective: the others wait here for process 1, for as long as it takes
+total = float(jnp.sum(x))  # the same program again (compiled): the others wait here for process 1
 print("done", total, flush=True)
 '''
 
@@ -137,9 +137,14 @@ def stuck(tmp_path_factory):
 
 @pytest.mark.timeout(60)
 def test_stacks_print_the_process_that_stands_apart_first_and_the_others_once(stuck):
-    done = command(stuck.env, "stacks")  # the newest job of this user's: this one, alone in its folder
-    assert done.returncode == 0, done.stderr
-    out = done.stdout
+    deadline = time.monotonic() + 20  # processes 0 and 2 may still be on their way into the collective
+    while True:
+        done = command(stuck.env, "stacks")  # the newest job of this user's: this one, alone in its folder
+        assert done.returncode == 0, done.stderr
+        out = done.stdout
+        if " in 2 groups " in out.splitlines()[0] or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     head = re.match(r"jaxrun: run (\S+): 3 processes in 2 groups by the main thread's stack", out)
     assert head, out
     stuck.run_id = head[1]
@@ -151,7 +156,7 @@ def test_stacks_print_the_process_that_stands_apart_first_and_the_others_once(st
     script = stuck.logs.parent / "stuck.py"
     sleeping = line_of("time.sleep(0.5)  # stuck")
     assert lines[one + 1] == f'  File "{script}", line {sleeping} in <module>', out  # innermost: time.sleep is C
-    collective = line_of("total = float(jnp.sum(x * 2))")
+    collective = line_of("total = float(jnp.sum(x))")
     assert f'  File "{script}", line {collective} in <module>' in lines[others + 1:], out
     assert out.count(f"line {collective} in <module>") == 1  # the two identical stacks once
     assert "shim.py" not in out and "runpy" not in out  # from the script's outermost frame in
@@ -203,7 +208,7 @@ def test_the_job_released_finishes_on_its_own_and_its_channel_goes_away(stuck):
     stuck.proc.wait(timeout=60)
     out = (stuck.logs.parent / "console").read_text()
     assert stuck.proc.returncode == 0, out
-    assert out.count("done 24.0") == 3, out  # 3 processes' twos, 4 each
+    assert out.count("done 12.0") == 3, out  # 3 processes' ones, 4 each
     assert "most recent call first" not in out and "File \"" not in out, out  # the dumps stayed in the logs
     assert "Current thread 0x" in (stuck.logs / "process-1.stderr").read_text()
     gone = command(stuck.env, "top", "--once", "--run", stuck.run_id)
