@@ -84,7 +84,8 @@ class JobView:
     post: Callable[[object], None]  # an event for the supervisor's loop (the run's queue)
     started: float = dataclasses.field(default_factory=time.time)
     usage: snapshot.Usage = dataclasses.field(default_factory=snapshot.Usage)
-    _over: object = None  # the supervisor whose attempt is over, with the whole job to start again
+    # The supervisor whose attempt is over, with the whole job to start again.
+    _over: object = dataclasses.field(default=None, init=False, repr=False)
 
     def supervisor(self):
         return self.running[0] if self.running else None
