@@ -281,3 +281,36 @@ def read(path) -> str:
         return path.read_text()
     except OSError:
         return ""
+
+
+AGAIN = '''
+import os, sys, time
+
+if os.environ["JAXRUN_RESTART_COUNT"] == "0" and os.environ["JAXRUN_PROCESS_ID"] == "1":
+    sys.exit(3)  # the first attempt fails: the whole job starts again
+print("attempt", os.environ["JAXRUN_RESTART_COUNT"], flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.1)
+'''
+
+
+@pytest.mark.timeout(60)
+def test_top_once_shows_a_restarted_job_restarting_in_its_second_attempt(start_job, tmp_path):
+    script, release = tmp_path / "again.py", tmp_path / "release"
+    script.write_text(AGAIN)
+    env = {**os.environ, "JAXRUN_NO_PRELOAD": "1"}
+    job = start_job("-n", 2, "--max-restarts", 1, "--stall-timeout", 0, "--log-dir", tmp_path / "logs", script,
+                    release, env={"JAXRUN_NO_PRELOAD": "1"})
+    deadline = time.monotonic() + 40
+    while True:
+        assert job.proc.poll() is None and time.monotonic() < deadline, job.proc.communicate()
+        done = command(env, "top", "--once")
+        if done.returncode == 0 and " attempt 1 " in done.stdout.splitlines()[0] and all(
+                line.endswith("attempt 1") for line in done.stdout.splitlines()[2:]):
+            break
+        time.sleep(0.2)
+    lines = done.stdout.splitlines()
+    assert lines[0].split("  ")[1:] == ["attempt 1", "restarts 1 of 1", "processes 2"], done.stdout
+    assert [line.split()[3] for line in lines[2:]] == ["restarting", "restarting"], done.stdout  # not yet joined
+    release.write_text("")
+    assert job.wait(timeout=30) == 0, job.stderr
