@@ -43,7 +43,9 @@ def entry_point(argv: list[str] | None = None) -> None:
         prog = f"jaxrun {argv[0]}"
         argv = argv[1:]
     try:
-        command.main(args=argv, prog_name=prog, standalone_mode=False)
+        code = command.main(args=argv, prog_name=prog, standalone_mode=False)
+        if isinstance(code, int) and code:  # without standalone mode, click returns a raised Exit's status
+            sys.exit(code)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except click.ClickException as e:
