@@ -414,3 +414,11 @@ def test_a_malformed_run_id_is_exit_2(short_tmp, capsys):
         cli.entry_point(["stacks", "--run", "../etc"])
     assert ended.value.code == 2
     assert capsys.readouterr().err.startswith("jaxrun: error: Invalid value for '--run': '../etc' is not a run id")
+
+
+def test_a_subcommand_exits_with_the_status_it_raises(tmp_path, capsys):
+    """click, without standalone mode, returns a raised Exit's status; the entry point exits with it."""
+    with pytest.raises(SystemExit) as ended:
+        cli.entry_point(["logs", "--trace", str(tmp_path / "t.json"), "--log-dir", str(tmp_path)])
+    assert ended.value.code == 1
+    assert capsys.readouterr().err.startswith("jaxrun: error: no run in ")
