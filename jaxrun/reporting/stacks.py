@@ -81,6 +81,12 @@ _SCRIPT_RUNNERS = ("run_target", "run_script", "run_module")
 _JAX_SHUTDOWN_FILE = "/jax/_src/distributed.py"
 
 
+def runs_the_script(file: str, func: str) -> bool:
+    """Whether a dumped frame is the shim's, running the script: the frames
+    above it are the user's."""
+    return file.endswith(_SHIM_FILE) and func in _SCRIPT_RUNNERS
+
+
 def dumped_state(text: str) -> str | None:
     """Where the last faulthandler dump in ``text`` found the main thread:
     inside the shim's run of the script, or past it, in JAX's shutdown;
@@ -95,7 +101,7 @@ def dumped_state(text: str) -> str | None:
         m = FRAME.match(line)
         if m:
             frames.append((m["file"], m["func"]))
-    if any(file.endswith(_SHIM_FILE) and func in _SCRIPT_RUNNERS for file, func in frames):
+    if any(runs_the_script(file, func) for file, func in frames):
         return contract.IN_SCRIPT
     if any(file.endswith(_JAX_SHUTDOWN_FILE) for file, _ in frames):
         return contract.IN_SHUTDOWN

@@ -21,9 +21,6 @@ from jaxrun.reporting import stacks
 from jaxrun.wire import inspect as words
 
 DEFAULT_WAIT = 5.0
-# The shim's frames that run the script: the main thread's, whichever thread faulthandler calls current.
-_RUNNERS = ("run_target", "run_script", "run_module")
-
 Frame = tuple[str, int, str]  # (file, line, function)
 
 
@@ -68,7 +65,7 @@ def main_frames(text: str) -> tuple[Frame, ...]:
 
 def is_runner(file: str, func: str) -> bool:
     """The shim's frame that runs the script."""
-    return file.endswith(stacks._SHIM_FILE) and func in _RUNNERS
+    return stacks.runs_the_script(file, func)
 
 
 def grouped(dumps: tuple[words.StackDump, ...]) -> list[Group]:
