@@ -94,14 +94,20 @@ def _abstract_sockets() -> bool:
         probe.close()
 
 
+def temp_base_for_sockets(room: int) -> str:
+    """The temporary folder, or /tmp where a socket path ``room`` bytes
+    longer than it would not fit in a Unix socket's address."""
+    base = tempfile.gettempdir()
+    return base if len(base) + room <= LONGEST_SOCKET_PATH else "/tmp"
+
+
 def private_socket_folder() -> str | None:
     """This user's folder for socket files, made 0700 if new; None if what
     is there is not a folder that only this user can enter (someone else's,
     a symlink, too open), since a socket file's own mode is no defence."""
-    base = tempfile.gettempdir()
-    folder = os.path.join(base, SOCKET_FOLDER.format(uid=os.getuid()))
-    if len(folder) + 26 > LONGEST_SOCKET_PATH:  # a long $TMPDIR: the socket's name would not fit
-        folder = os.path.join("/tmp", SOCKET_FOLDER.format(uid=os.getuid()))
+    name = SOCKET_FOLDER.format(uid=os.getuid())
+    # A long $TMPDIR: under it, the socket's name would not fit.
+    folder = os.path.join(temp_base_for_sockets(len(name) + 27), name)
     try:
         return None if contract.private_folder(folder) else folder
     except OSError:

@@ -377,3 +377,20 @@ print("ok")
 def test_without_a_subreaper_the_mark_finds_a_daemon_outside_the_tree(forced):
     done = subprocess.run([sys.executable, "-c", ORPHAN], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0 and done.stdout == "ok\n", done.stderr
+
+
+def test_a_long_tmpdir_keeps_socket_paths_short(monkeypatch, tmp_path):
+    from jaxrun.backends.ssh.connections import SSH_SOCKET_ROOM, Connections
+    from jaxrun.backends.ssh.options import SshOptions
+    from jaxrun.core.spec import Host
+
+    long = tmp_path / ("d" * 90)
+    long.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(long))
+    assert portable.temp_base_for_sockets(SSH_SOCKET_ROOM) == "/tmp"
+    with Connections(SshOptions(sys.executable, str(tmp_path)), [Host("hostA")]) as connections:
+        # ssh binds the master at its control path plus "." and 16 letters
+        assert len(connections.control_path(Host("hostA"))) + 17 <= 100
+        assert os.path.dirname(connections.dir) == "/tmp"
+    monkeypatch.setattr(tempfile, "tempdir", "/var/tmp")  # a short one is kept
+    assert portable.temp_base_for_sockets(SSH_SOCKET_ROOM) == "/var/tmp"

@@ -108,6 +108,9 @@ def send_env(popen: subprocess.Popen, env: Mapping[str, str]) -> None:
         pass  # the client is already gone; its exit status says why
 
 
+SSH_SOCKET_ROOM = len("/jaxrun-ssh-12345678/m9999.") + 16
+
+
 class Connections:
     """One ControlMaster per host, in a private folder removed at the end."""
 
@@ -116,7 +119,10 @@ class Connections:
         self.settings = settings
         self.hosts = list(hosts)
         self.slot = {host.name: index for index, host in enumerate(self.hosts)}  # stays when a host is left out
-        self.dir = tempfile.mkdtemp(prefix="jaxrun-ssh-")  # mode 0700: sockets stay private
+        # Mode 0700: sockets stay private.  ssh binds each master's socket at
+        # its path plus a dot and 16 random letters: with a long $TMPDIR the
+        # folder goes under /tmp, so that ssh's path still fits.
+        self.dir = tempfile.mkdtemp(prefix="jaxrun-ssh-", dir=portable.temp_base_for_sockets(SSH_SOCKET_ROOM))
         self.masters: dict[str, subprocess.Popen] = {}
         self.results: dict[str, dict] = {}
         self.sessions: dict[str, list[subprocess.Popen]] = {}
