@@ -299,7 +299,12 @@ def test_stalls_are_found_and_never_taken_for_slow_work(place, start_job, tmp_pa
         warnings = re.findall(r"^jaxrun: no process has made progress for .*$", job.stderr, re.M)
         save = line_of(CALM, "time.sleep(2.5 * T)")
         assert 1 <= len(warnings) <= 2, job.stderr
-        assert all(f"every process waits at {folder / 'calm.py'}:{save} in save_checkpoint: " in w for w in warnings)
+        at_save = f"every process waits at {folder / 'calm.py'}:{save} in save_checkpoint: "
+        # A loaded machine may also take longer than the timeout for JAX's
+        # shutdown, where every process waits too: that is warned of alike.
+        at_exit = "every process waits at JAX's shutdown, past the end of the script"
+        assert any(at_save in w for w in warnings) and all(at_save in w or at_exit in w for w in warnings), \
+            job.stderr
 
     # -- spin: native threads spin, the main thread parked: named; stepping: never stopped --
     if "spin" in runs:
