@@ -76,3 +76,17 @@ def trace_marker(session: str) -> dict:
     host, error = said.get("host"), said.get("error")
     return {"host": host if isinstance(host, str) else None, "error": error if isinstance(error, str) else None}
 
+
+
+
+def session_lines(prefix: str, head: str, parts, folder: str, command: str) -> list[str]:
+    """What a taken trace comes to, each line after ``prefix`` ("jaxrun:
+    profile:"): how many processes it holds and where (after ``head``, as
+    "run ID:"), each process without one and why, and the command that
+    opens it.  ``parts``: each process's ``rank``, ``files`` and ``problem``."""
+    got = [part for part in parts if part.files]
+    lines = [f"{prefix} {head}{len(got)} of {len(parts)} processes traced into {folder}"]
+    lines += [f"{prefix} process {part.rank}: {part.problem}" for part in parts if part.problem]
+    if got:
+        lines.append(f"{prefix} open it with: {command}")
+    return lines

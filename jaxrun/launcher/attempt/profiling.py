@@ -159,12 +159,7 @@ class Traced:
     parts: tuple[Gathered, ...]
 
     def lines(self) -> list[str]:
-        got = [part for part in self.parts if part.files]
-        lines = [f"jaxrun: profile: {len(got)} of {len(self.parts)} processes traced into {self.folder}"]
-        lines += [f"jaxrun: profile: process {part.rank}: {part.problem}" for part in self.parts if part.problem]
-        if got:
-            lines.append(f"jaxrun: profile: open it with: {open_command(self.root)}")
-        return lines
+        return contract.session_lines("jaxrun: profile:", "", self.parts, self.folder, open_command(self.root))
 
 
 @dataclasses.dataclass

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import click
 
+from jaxrun import contract
 from jaxrun.launcher.inspect import find
 from jaxrun.wire import inspect as words
 
@@ -19,12 +20,7 @@ LONGEST = 300.0  # the job refuses a longer trace
 
 
 def lines(run_id: str, taken: words.ProfileTaken) -> list[str]:
-    got = [part for part in taken.parts if part.files]
-    said = [f"jaxrun: run {run_id}: {len(got)} of {len(taken.parts)} processes traced into {taken.folder}"]
-    said += [f"jaxrun: process {part.rank}: {part.problem}" for part in taken.parts if part.problem]
-    if got:
-        said.append(f"jaxrun: open it with: {taken.command}")
-    return said
+    return contract.session_lines("jaxrun:", f"run {run_id}: ", taken.parts, taken.folder, taken.command)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
