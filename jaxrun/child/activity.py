@@ -196,6 +196,7 @@ class Sampler:
         self.children = children or children_cpu
         self.threads = threads  # each thread's CPU seconds, or None (read only when the process used CPU)
         self.python = python or (lambda: python_threads(main.native_id))
+        self.main_tid = main.native_id
         self.state: str | None = None  # the line last written
         self.lock = threading.Lock()  # FINISHED is the last word: no look after it writes over it
         self.finished = False
@@ -224,7 +225,10 @@ class Sampler:
             return contract.IDLE
         if inside_jax(stack) or before is None or self.last_threads is None:
             return contract.BUSY  # JAX's work; or no thread's own count to judge by (yet)
-        return judge_threads(before, self.last_threads, t - t0, *self.python())
+        # The main thread's own CPU is work: a hot Python loop on one line, its
+        # time in one builtin, looks the same as a native call that spins.
+        work, own = self.python()
+        return judge_threads(before, self.last_threads, t - t0, work | {self.main_tid}, own)
 
     def write(self, said: str) -> None:
         with self.lock:
