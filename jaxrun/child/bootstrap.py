@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jaxrun import contract, portable
-from jaxrun.child import ending, flight, hooks, mesh
+from jaxrun.child import checks, ending, flight, hooks, mesh
 from jaxrun.child.bootstrap_error import BootstrapError
 from jaxrun.child.versions import check_versions, format_preflight
 
@@ -177,6 +177,7 @@ def prepare(environ=os.environ) -> None:
     hooks.after_import("jax._src.distributed", _patch_distributed)
     hooks.after_import("jax._src.xla_bridge", _patch_xla_bridge)
     flight.prepare(environ, rank, count)  # --flight-recorder, --check-divergence: before any program runs
+    checks.prepare(environ, rank, count)  # --checks: before any program runs
     if environ.get(contract.MESH):
         initialize_now(environ)
     elif _preloaded_env is not None:

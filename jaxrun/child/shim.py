@@ -34,7 +34,7 @@ import traceback
 import types
 
 from jaxrun import contract
-from jaxrun.child import activity, flight, profiling
+from jaxrun.child import activity, checks, flight, profiling
 from jaxrun.child.ending import exit_now, fail, record_error
 
 USAGE = f"usage: python -m {contract.SHIM_MODULE} (-- SCRIPT | -m MODULE) [ARGS...]"
@@ -160,6 +160,7 @@ def run_target(is_module: bool, name: str, args: list[str]) -> None:
 def script_returned() -> None:
     """The script is over and the process is in JAX's shutdown: the flight
     recorder and the activity sampler say so."""
+    checks.script_returned()
     flight.script_returned()
     activity.script_returned()
 

@@ -86,6 +86,10 @@ class JaxrunCommand(click.Command):
               flag_value=contract.FLIGHT_RECORDER_DEFAULT, default=None, metavar="[K]",
               help=f"Each process keeps its last K program executions (default {contract.FLIGHT_RECORDER_DEFAULT}) "
                    "and writes them to its log with every stack dump; the summary lines them up.")
+@click.option("--checks", type=click.Choice(contract.CHECKS_MODES), default=contract.CHECKS_ON, show_default=True,
+              help="The guide's silent mistakes, caught by default: programs that span processes agree at their "
+                   "first use, and replicas built from per-process data agree, sampled. strict: check every call; "
+                   "off: patch nothing (docs/divergence.md).")
 @click.option("--check-divergence", is_flag=True,
               help="Debug mode: before each program that spans processes, the processes agree on it; the first "
                    "that differs stops the job and names the call (one key-value round trip per execution).")

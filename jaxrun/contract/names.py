@@ -166,6 +166,14 @@ FLIGHT_RECORDER_MAX = 4096
 # "1": before each execution of a program that spans processes, the processes agree
 # on it through the coordination service; the first to differ stops the job.
 CHECK_DIVERGENCE = "JAXRUN_CHECK_DIVERGENCE"
+# --checks: the default checks of the guide's silent mistakes (programs that part,
+# replicas that differ).  "on" (the default, and what an unset variable means): the
+# programs every process uses agree, and replicas are sampled; "strict": every call
+# that builds an array is checked, and a jax without the hook points refuses to run;
+# "off": nothing is patched.
+CHECKS = "JAXRUN_CHECKS"
+CHECKS_ON, CHECKS_OFF, CHECKS_STRICT = "on", "off", "strict"
+CHECKS_MODES = (CHECKS_ON, CHECKS_OFF, CHECKS_STRICT)
 
 # Where a controller was when it wrote its block.  A process whose script returned
 # but which has not exited waits for its peers in JAX's shutdown barrier.

@@ -72,6 +72,7 @@ class LaunchOptions:
     host_machines: Mapping[str, str] = dataclasses.field(default_factory=dict)
     flight_recorder: int | None = None  # --flight-recorder K: entries each process keeps
     check_divergence: bool = False  # --check-divergence
+    checks: str = "on"  # --checks: contract.CHECKS_MODES
     stall_timeout: float = 0.0  # --stall-timeout: 0 is off
     recoverable: bool | None = None  # --recoverable (True), --no-recoverable (False); None: as the processes say
     compile_cache: str = ""  # contract.COMPILE_CACHE: a folder here, a run's name elsewhere; empty: none

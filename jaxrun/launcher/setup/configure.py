@@ -121,6 +121,7 @@ def config_from_args(values: Mapping[str, Any], backends: Mapping[str, BackendEn
         scheduled=entry.scheduled,
         flight_recorder=values["flight_recorder"],
         check_divergence=values["check_divergence"],
+        checks=values.get("checks") or contract.CHECKS_ON,
         stall_timeout=mode.stall_timeout(values.get("stall_timeout", 0.0)),
         recoverable=mode.recoverable(values.get("recoverable")),
         compile_cache=shared_compile_cache(values, entry, run_id, extra_env, system.environ),

@@ -118,6 +118,7 @@ def contract_env(opts: LaunchOptions, rank: int, local_rank: int, local_count: i
         env[contract.FLIGHT_RECORDER] = str(opts.flight_recorder)
     if opts.check_divergence:
         env[contract.CHECK_DIVERGENCE] = "1"
+    env[contract.CHECKS] = opts.checks
     if opts.stall_timeout:
         env[contract.STALL_TIMEOUT] = f"{opts.stall_timeout:g}"
     if opts.recoverable is not None:  # unset: as the processes announce (a task agent's "auto")
