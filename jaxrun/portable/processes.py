@@ -1,11 +1,13 @@
 """Processes: the child subreaper, another process's open files, a child
-that has ended but is not reaped yet, and how many process ids there are."""
+that has ended but is not reaped yet, how many process ids there are, and
+the CPU time of this process's descendants."""
 
 from __future__ import annotations
 
 import os
 
 from jaxrun.portable.probe import first_number, forced, libc
+from jaxrun.portable.threads import TICKS
 
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 
@@ -70,3 +72,110 @@ def pid_max() -> int:
     """The largest process id plus one: how many processes and threads the
     system can number (where unknown, Linux's default; macOS has more)."""
     return first_number("/proc/sys/kernel/pid_max", 32768)
+
+
+def descendants_cpu() -> dict[int, float] | None:
+    """CPU seconds (user and system) used so far by each process this one
+    started, and theirs in turn, that still runs (or is not reaped yet), by
+    pid; None where the system cannot say (the caller then asks psutil).
+
+    Cheap where it can be, since the stall watchdog asks at every look in
+    every process: a process without children is found so by one system
+    call; where the kernel lists each thread's children
+    (``/proc/PID/task/TID/children``) only this process's own tree is read;
+    elsewhere each process of the host once (``/proc/PID/stat`` holds its
+    parent and its CPU), but only while this one has a child."""
+    if forced():
+        return None
+    waitid = getattr(os, "waitid", None)
+    if waitid is None or not os.path.isdir("/proc/self/task"):
+        return None
+    try:
+        waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)  # leaves an ended child unreaped
+    except ChildProcessError:
+        return {}  # no child at all: no descendant either
+    except OSError:
+        return None
+    me = os.getpid()
+    if _lists_children():
+        return _tree_cpu(me)
+    return _scan_cpu(me)
+
+
+_listing: list[bool] = []  # whether the kernel lists a thread's children, once asked
+
+
+def _lists_children() -> bool:
+    if not _listing:
+        _listing.append(os.path.exists(f"/proc/self/task/{os.getpid()}/children"))
+    return _listing[0]
+
+
+def _stat(pid: int | str) -> tuple[int, float] | None:
+    """A process's parent and its CPU seconds, from its ``/proc/PID/stat``."""
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+    except OSError:
+        return None  # it ended, or it is no process
+    try:
+        text = os.read(fd, 1024)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    # After the name in parentheses (which may hold anything): the state, the
+    # parent (proc(5)'s field 4), ..., utime and stime (its fields 14 and 15).
+    fields = text[text.rfind(b")") + 2:].split()
+    try:
+        return int(fields[1]), (int(fields[11]) + int(fields[12])) / TICKS
+    except (IndexError, ValueError):
+        return None
+
+
+def _children(pid: int) -> list[int]:
+    """The processes each thread of ``pid`` started, as the kernel lists them."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    found = []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                found += [int(kid) for kid in f.read().split()]
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _tree_cpu(root: int) -> dict[int, float]:
+    used: dict[int, float] = {}
+    todo = _children(root)
+    while todo:
+        pid = todo.pop()
+        stat = _stat(pid)
+        if stat is not None and pid not in used:
+            used[pid] = stat[1]
+            todo += _children(pid)
+    return used
+
+
+def _scan_cpu(root: int) -> dict[int, float]:
+    kids: dict[int, list[tuple[int, float]]] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return {}
+    for name in names:
+        if name.isdigit():
+            stat = _stat(name)
+            if stat is not None:
+                kids.setdefault(stat[0], []).append((int(name), stat[1]))
+    used: dict[int, float] = {}
+    todo = [root]
+    while todo:
+        for pid, cpu in kids.get(todo.pop(), ()):
+            if pid not in used:
+                used[pid] = cpu
+                todo.append(pid)
+    return used

@@ -1,0 +1,89 @@
+"""portable.descendants_cpu: the stall watchdog's look at the processes a
+process started (its children's CPU is work), without walking every process
+of the host where it need not, and psutil's answer where it can."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from jaxrun import contract, portable
+from jaxrun.portable import processes
+
+# A child that burns 0.3 s of CPU, then starts a grandchild that burns as much,
+# and both then wait (their CPU stays put while the test looks).
+BURN = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\n"
+TREE = BURN + (
+    "import subprocess, sys\n"
+    f"kid = subprocess.Popen([sys.executable, '-c', {BURN + 'print(1, flush=True); time.sleep(60)'!r}],"
+    " stdout=subprocess.PIPE)\n"
+    "kid.stdout.readline()\n"
+    "print(kid.pid, flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+@pytest.fixture
+def tree():
+    """A child and its grandchild, both done burning: (child, grandchild)."""
+    child = subprocess.Popen([sys.executable, "-c", TREE], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        grandchild = int(child.stdout.readline())
+        yield child.pid, grandchild
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        child.stdout.close()
+
+
+def psutil_view() -> dict[int, float]:
+    return {kid.pid: sum(kid.cpu_times()[:2]) for kid in psutil.Process().children(recursive=True)}
+
+
+def test_no_child_no_descendant():
+    assert portable.descendants_cpu() == {}
+
+
+@pytest.mark.parametrize("kernel_lists", [True, False], ids=["task-children", "scan"])
+def test_each_descendant_with_its_cpu_as_psutil_says(tree, monkeypatch, kernel_lists):
+    if kernel_lists and not processes._lists_children():
+        pytest.skip("this kernel has no /proc/PID/task/TID/children (CONFIG_PROC_CHILDREN)")
+    monkeypatch.setattr(processes, "_listing", [kernel_lists])
+    got = portable.descendants_cpu()
+    assert set(got) == set(tree) == set(psutil_view())
+    for pid, cpu in psutil_view().items():
+        assert 0.25 <= got[pid] and abs(got[pid] - cpu) <= 0.02, (got, pid, cpu)
+
+
+def test_an_ended_child_is_left_unreaped(monkeypatch):
+    """The look must not reap: the script's own wait() gets its child's status."""
+    kid = subprocess.Popen([sys.executable, "-c", "raise SystemExit(7)"])
+    try:
+        deadline = time.monotonic() + 30
+        while psutil.Process(kid.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert set(portable.descendants_cpu()) == {kid.pid}
+        assert kid.wait(timeout=10) == 7
+        assert portable.descendants_cpu() == {}
+    finally:
+        kid.kill()
+        kid.wait()
+
+
+def test_forced_the_caller_asks_psutil(monkeypatch):
+    monkeypatch.setenv(contract.PORTABLE, "1")
+    assert portable.descendants_cpu() is None
+
+
+def test_the_sampler_sees_the_tree_with_and_without_the_layer(tree, monkeypatch):
+    from jaxrun.child import activity
+
+    assert set(activity.children_cpu()) == set(tree)
+    monkeypatch.setenv(contract.PORTABLE, "1")
+    assert set(activity.children_cpu()) == set(tree)
