@@ -1,12 +1,20 @@
 """Start-to-finish wall time: jaxrun against the bash loop, mpirun and one process.
 
-    python bench/startup.py [--rounds 5] [--part toy|scaling|all] [--plot bench/scaling.png]
+    python bench/startup.py [--rounds 5] [--part toy|scaling|many|all] [--plot bench/scaling.png]
+                            [--many-rounds 3] [--many 64,256]
 
 toy:      the guide's toy, 4 processes x 2 CPU devices, for jaxrun (preloading,
           the default), jaxrun --no-preload, the guide's bash loop, mpirun (when
           installed) and one process with 8 devices (the guide's command, which still calls
           initialize(); and the same without that call).
 scaling:  N = 1, 2, 4, 8, 16 processes with 1 CPU device each, jaxrun vs the bash loop.
+many:     N = 64 and 256 processes of a script that prints a line and sleeps 1 s (no
+          jax), ``jaxrun --no-preload`` (the path every Slurm, Open MPI and Ray task
+          takes) vs the bash loop: what each process pays jaxrun at start-up, times N.
+
+The goals (issue #46), on a 2-core machine: the toy at most 0.45x the bash loop and
+1.15x one process; N = 64 and 256 at most 1.5x the bash loop.  Each part prints
+"goal ...: met" or "not met" after its table.
 
 Contenders run alternately, round after round; the tables give medians and
 ratios, never a single run.
@@ -41,6 +49,21 @@ for shard in x.addressable_shards:
     print(f"device {shard.device} has local data {shard.data}")
 print(f"process={jax.process_index()} got result: {jnp.sum(jnp.sin(x))}")
 """
+
+# The job of the "many" part: no jax, so that what is timed is the start-up of
+# N Python processes, and what jaxrun adds to each.
+SLEEP_JOB = """
+import time
+print("hello", flush=True)
+time.sleep(1)
+"""
+
+TOY_GOALS = (("bash loop", 0.45), ("one process, 8 devices", 1.15))
+MANY_GOAL = 1.5
+
+
+def goal_line(what: str, got: float, goal: float) -> str:
+    return f"goal {what} <= {goal:.2f}x: got {got:.2f}x, {'met' if got <= goal else 'not met'}"
 
 
 def contenders_for(script: str, n: int, devices: int, mesh: str, with_extras: bool) -> dict:
@@ -80,8 +103,8 @@ def toy(script: str, rounds: int) -> None:
         for name, m in med.items()
     ]
     print(table(rows, ("launch", "median wall", "vs bash loop", "vs one process")))
-    print(f"targets: jaxrun <= 0.5x bash loop (got {med['jaxrun'] / med['bash loop']:.2f}), "
-          f"<= 1.3x one process (got {med['jaxrun'] / med['one process, 8 devices']:.2f})")
+    for against, goal in TOY_GOALS:
+        print(goal_line(f"jaxrun vs {against}", med["jaxrun"] / med[against], goal))
 
 
 def scaling(script: str, rounds: int, plot: str | None) -> None:
@@ -99,6 +122,25 @@ def scaling(script: str, rounds: int, plot: str | None) -> None:
     print(f"target: at N=16 jaxrun <= 0.35x bash loop (got {series['jaxrun'][-1] / series['bash loop'][-1]:.2f})")
     if plot:
         draw(sizes, series, plot)
+
+
+def many(script: str, rounds: int, sizes: list[int]) -> None:
+    """N processes that print and sleep 1 s, --no-preload, against the bash loop."""
+    env = dict(os.environ)
+    env.pop("JAXRUN_NO_PRELOAD", None)
+    print(f"many processes, a script that prints and sleeps 1 s, jaxrun --no-preload, {rounds} rounds")
+    rows = []
+    for n in sizes:
+        runs = {
+            "jaxrun --no-preload": lambda n=n: wall(JAXRUN + ["-n", str(n), "--no-preload", script], env, timeout=600),
+            "bash loop": lambda n=n: wall(bash_loop(script, n, {}), env, timeout=600),
+        }
+        times = alternate(runs, rounds, log=lambda line, n=n: print(f"  N={n}{line[1:]}", flush=True))
+        j, b = median(times["jaxrun --no-preload"]), median(times["bash loop"])
+        rows.append((n, f"{j:.2f} s", f"{b:.2f} s", f"{j / b:.2f}", goal_line(f"N={n}", j / b, MANY_GOAL)))
+    print(table([row[:4] for row in rows], ("N", "jaxrun --no-preload", "bash loop", "ratio")))
+    for row in rows:
+        print(row[4])
 
 
 def draw(sizes, series, path: str) -> None:
@@ -128,8 +170,10 @@ def draw(sizes, series, path: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--part", choices=["toy", "scaling", "all"], default="all")
+    parser.add_argument("--part", choices=["toy", "scaling", "many", "all"], default="all")
     parser.add_argument("--plot", help="write the scaling curve to this PNG")
+    parser.add_argument("--many-rounds", type=int, default=3, help="rounds of the many part (each N=256 round ~30 s)")
+    parser.add_argument("--many", default="64,256", help="the many part's process counts")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         script = os.path.join(tmp, "job.py")
@@ -139,6 +183,11 @@ def main() -> None:
             toy(script, args.rounds)
         if args.part in ("scaling", "all"):
             scaling(script, max(3, args.rounds // 2 + 1), args.plot)
+        if args.part in ("many", "all"):
+            sleeper = os.path.join(tmp, "sleep.py")
+            with open(sleeper, "w") as f:
+                f.write(SLEEP_JOB)
+            many(sleeper, args.many_rounds, [int(n) for n in args.many.split(",")])
 
 
 if __name__ == "__main__":
