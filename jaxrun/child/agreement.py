@@ -79,7 +79,8 @@ class Board:
     def post(self, topic: str, entry: dict, among: Sequence[int], settled: Settled,
              same: Callable[[dict, dict], bool] | None = None) -> None:
         """Queue ``entry`` for comparison among ``among`` (this rank included);
-        ``settled`` runs on the board's thread."""
+        ``settled`` runs on the board's thread.  ``entry`` may be a callable
+        that returns it, called on the board's thread."""
         if self.stopped.is_set() or len(set(among)) < 2:
             return
         self._count(1)
@@ -152,6 +153,8 @@ class Board:
             self._count(-1)
             return
         item.posted_at = self.clock()
+        if callable(item.entry):  # read back here, off the script's thread (an on-device checksum)
+            item.entry = item.entry()
         client.key_value_set(f"{PREFIX}/{item.topic}/{self.rank}", json.dumps(item.entry), allow_overwrite=True)
         self.open.append(item)
 
