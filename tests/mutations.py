@@ -266,10 +266,18 @@ MUTATIONS = [
         "spin-counts-as-work",
         "native threads that spin while the main thread is parked count as work again: a GPU-shaped hang is never "
         "found",
-        (("jaxrun/child/activity.py", "        return judge_threads(before, self.last_threads, t - t0, *self.python())",
+        (("jaxrun/child/activity.py", "        return judge_threads(before, self.last_threads, t - t0, work, own)",
           "        return contract.BUSY"),),
         ("tests/unit/test_stall.py", "tests/e2e/test_matrix.py"),
         "spin and not (preload or ssh or slurm or mpirun or ray)",
+    ),
+    Mutation(
+        "main-spin-counts-as-work",
+        "a main thread that loops on sched_yield inside a native call counts as work: that hang is never found",
+        (("jaxrun/child/activity.py", "        if not main_spins(main_before, self.last_main, enough, self.gil_free):",
+          "        if True:"),),
+        ("tests/unit/test_stall.py",),
+        "spin",
     ),
 ]
 

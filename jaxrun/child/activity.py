@@ -25,7 +25,11 @@ A third state is neither: SPIN, the process's own threads burn CPU while
 its Python has not moved.  That is a GPU job's hang as NCCL shows it: the
 culprit's native threads (no Python frame) loop on ``sched_yield`` at 100%
 while its main thread is parked outside JAX at another line; or a main
-thread that spins inside a native call outside JAX, its stack unchanged.
+thread that spins inside a native call outside JAX, its stack unchanged:
+mostly system time (a loop on ``sched_yield``) with the GIL left free
+(``main_spins``).  A main thread whose CPU is user time, or that holds the
+GIL, works: a hot Python loop on one line, its time in one builtin, or a
+numpy call, looks still to a stack that is read once per look.
 A busy native thread is not progress, so the launcher counts SPIN as not
 moving, and the line says how many threads spun and their CPU in cores,
 for the summary.  CPU time per thread is read where the system says it
@@ -59,6 +63,8 @@ MAX_INTERVAL = 5.0
 MIN_INTERVAL = 0.05
 BUSY_SHARE = 0.05  # of one core, over an interval
 BUSY_IO = 64 * 1024  # bytes per interval
+SPIN_SYSTEM_SHARE = 0.5  # of the main thread's CPU: a loop on sched_yield is mostly system time
+GIL_HELD = 0.001  # seconds to take the GIL back: more, and a thread is running Python
 # Frames of JAX's that are work, or a wait that JAX bounds itself.
 _BUSY_FILES = (os.sep + os.path.join("jax", "_src", "compiler.py"),)
 _JOIN_FILE = os.sep + os.path.join("jax", "_src", "distributed.py")
@@ -191,11 +197,38 @@ def judge_threads(before: dict[int, float], now: dict[int, float], seconds: floa
     return contract.Spinning(len(spun), round(sum(spun) / seconds, 2)).line()
 
 
+def main_spins(before: tuple[float, float] | None, now: tuple[float, float] | None, enough: float,
+               gil_free) -> bool:
+    """Whether the main thread, its stack unchanged and outside JAX, spins
+    inside a native call rather than works.  Its CPU is work unless all of
+    these hold: it used ``enough``; most of it was system time, as a loop on
+    ``sched_yield`` is (NCCL's and CUDA's spin-waits; a Python loop, or a
+    numpy call, is user time); and it has left the GIL free, so it is not
+    running Python (``gil_free`` is asked last: it may take a few ms)."""
+    if before is None or now is None:
+        return False
+    user, system = now[0] - before[0], now[1] - before[1]
+    return user + system >= enough and system >= SPIN_SYSTEM_SHARE * (user + system) and gil_free()
+
+
+def gil_left_free(tries: int = 3) -> bool:
+    """Whether no other thread holds the GIL: ``time.sleep(0)`` gives it up
+    and takes it back, at once when it is free, after the switch interval
+    (5 ms) when a thread runs Python.  The least of a few tries."""
+    waits = []
+    for _ in range(tries):
+        started = time.perf_counter()
+        time.sleep(0)
+        waits.append(time.perf_counter() - started)
+    return min(waits) < GIL_HELD
+
+
 class Sampler:
     """The sampler: its thread, its last look, and the state last written."""
 
     def __init__(self, path: str, interval: float, clock=time.monotonic, cpu=time.process_time,
-                 io=portable.io_bytes, stack=None, children=None, threads=portable.thread_cpu, python=None):
+                 io=portable.io_bytes, stack=None, children=None, threads=portable.thread_cpu, python=None,
+                 main_times=None, gil_free=None, main_tid: int | None = None):
         self.path, self.interval = path, interval
         self.clock, self.cpu, self.io = clock, cpu, io
         main = threading.main_thread()
@@ -203,7 +236,11 @@ class Sampler:
         self.children = children or children_cpu
         self.threads = threads  # each thread's CPU seconds, or None (read only when the process used CPU)
         self.python = python or (lambda: python_threads(main.native_id))
-        self.main_tid = main.native_id
+        self.main_tid = main.native_id if main_tid is None else main_tid
+        # The main thread's (user, system) CPU seconds, and whether it has left the GIL free.
+        self.main_times = main_times or (lambda: portable.thread_times(main.native_id))
+        self.gil_free = gil_free or gil_left_free
+        self.last_main: tuple[float, float] | None = None
         self.state: str | None = None  # the line last written
         self.lock = threading.Lock()  # FINISHED is the last word: no look after it writes over it
         self.finished = False
@@ -222,6 +259,7 @@ class Sampler:
         enough = BUSY_SHARE * max(t - t0, 1e-9)
         used = cpu - cpu0 >= enough
         before, self.last_threads = self.last_threads, (self.threads() if used else None)
+        main_before, self.last_main = self.last_main, (self.main_times() if used else None)
         if beats != beats0 or stack != stack0 or busy_place(stack):
             return contract.BUSY
         if any(spent - kids0.get(pid, 0.0) >= enough for pid, spent in kids.items()):
@@ -232,10 +270,10 @@ class Sampler:
             return contract.IDLE
         if inside_jax(stack) or before is None or self.last_threads is None:
             return contract.BUSY  # JAX's work; or no thread's own count to judge by (yet)
-        # The main thread's own CPU is work: a hot Python loop on one line, its
-        # time in one builtin, looks the same as a native call that spins.
         work, own = self.python()
-        return judge_threads(before, self.last_threads, t - t0, work | {self.main_tid}, own)
+        if not main_spins(main_before, self.last_main, enough, self.gil_free):
+            work = work | {self.main_tid}
+        return judge_threads(before, self.last_threads, t - t0, work, own)
 
     def write(self, said: str) -> None:
         with self.lock:

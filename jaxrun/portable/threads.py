@@ -54,6 +54,23 @@ def _clock_ticks() -> int:
 TICKS = _clock_ticks()
 
 
+def thread_times(tid: int) -> tuple[float, float] | None:
+    """(user, system) CPU seconds one thread of this process has used so
+    far; None where the system does not say per thread."""
+    if forced():
+        return None
+    try:
+        with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+            text = f.read(1024)
+    except OSError:
+        return None
+    fields = text[text.rfind(b")") + 2:].split()
+    try:
+        return int(fields[11]) / TICKS, int(fields[12]) / TICKS
+    except (IndexError, ValueError):
+        return None
+
+
 def thread_cpu() -> dict[int, float] | None:
     """CPU seconds (user and system) each thread of this process has used so
     far, by its native id; None where the system does not say per thread."""

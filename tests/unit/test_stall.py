@@ -6,6 +6,8 @@ are in tests/e2e/test_stall.py and the matrix's stuck row."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -41,11 +43,20 @@ class Sampler:
         self.clock, self.cpu, self.io, self.kids = Clock(), 0.0, 0, {}
         self.threads: dict | None = None
         self.work, self.own = {HELPER}, {OWN}
+        self.main_system = 0.0  # of MAIN's CPU, the share that was system time
+        self.gil_free = True
         self.stack = ((code("/work/train.py", "<module>"), 12),)
         self.live = activity.Sampler(str(tmp_path / "progress"), 1.0, clock=self.clock, cpu=lambda: self.cpu,
                                       io=lambda: self.io, stack=lambda: self.stack, children=lambda: self.kids,
                                       threads=lambda: None if self.threads is None else dict(self.threads),
-                                      python=lambda: (self.work, self.own))
+                                      python=lambda: (self.work, self.own), main_tid=MAIN,
+                                      main_times=self.main_times, gil_free=lambda: self.gil_free)
+
+    def main_times(self) -> tuple[float, float] | None:
+        if self.threads is None:
+            return None
+        used = self.threads.get(MAIN, 0.0)
+        return used * (1 - self.main_system), used * self.main_system
 
     def says(self, seconds: float, **changes) -> str:
         self.clock.now += seconds
@@ -111,7 +122,44 @@ def test_native_threads_that_spin_while_the_main_thread_is_parked_are_spin_not_w
     assert s.burn(1.0, NATIVE1=0.99, NATIVE2=0.97, OWN=0.5) == "spin 2 1.96"  # jaxrun's threads left out
     assert s.burn(1.0, NATIVE1=0.02) == contract.IDLE  # JAX's background threads: no spin
     assert s.burn(1.0, MAIN=1.0) == contract.BUSY  # no count from the look before again
-    assert s.burn(1.0, MAIN=1.0) == "spin 1 1.00"  # the main thread spins in a native call, its stack unchanged
+    assert s.burn(1.0, MAIN=1.0) == contract.BUSY  # user time, its stack unchanged: a hot loop on one line
+
+
+def test_a_main_thread_that_yields_in_a_native_call_with_the_gil_free_spins(tmp_path):
+    """A main thread inside a native call that loops on sched_yield (mostly
+    system time) and has left the GIL free spins; user time, or the GIL
+    held (Python running), is work."""
+    s = Sampler(tmp_path)
+    s.threads, s.main_system = {MAIN: 0.0}, 0.9
+    s.burn(1.0, MAIN=1.0)
+    assert s.burn(1.0, MAIN=1.0) == "spin 1 1.00"
+    assert s.burn(1.0, MAIN=1.0, NATIVE1=1.0) == "spin 2 2.00"
+    s.gil_free = False
+    assert s.burn(1.0, MAIN=1.0) == contract.BUSY  # Python holds the GIL: a loop on one line
+    s.gil_free, s.main_system = True, 0.1
+    assert s.burn(1.0, MAIN=1.0) == contract.BUSY  # a numpy call: user time
+    s.main_system = 0.9
+    assert s.burn(1.0, MAIN=0.01) == contract.IDLE  # a parked thread's crumbs
+
+
+def test_the_gil_probe_tells_a_python_loop_from_a_thread_that_left_it():
+    import threading
+
+    stop = threading.Event()
+
+    def loop():
+        while not stop.is_set():
+            sum(range(1000))
+
+    assert any(activity.gil_left_free() for _ in range(5))  # nothing else runs Python (a loaded machine may delay one)
+    worker = threading.Thread(target=loop)
+    worker.start()
+    try:
+        time.sleep(0.05)
+        assert not activity.gil_left_free()
+    finally:
+        stop.set()
+        worker.join()
 
 
 def test_a_python_thread_of_the_script_that_computes_is_work(tmp_path):
@@ -515,3 +563,31 @@ def test_the_summary_and_the_report_say_whose_threads_spun_while_its_python_stoo
     line = summary.summary_lines(Outcome(recs, contract.STALL_EXIT, StopReason.STALL, stall=both), str(tmp_path))[1]
     assert ("processes 0, 2 at /w/train.py:15 in <module>: loss = float(step(x)) (their Python stood still while "
             "their own threads spun: process 0: 1 threads, 1.00 cores, process 2: 3 threads, 2.50 cores)") in line
+
+
+SPINNING_MAIN = """
+import ctypes, sys, threading, time
+from jaxrun.child import activity
+sampler = activity.Sampler(sys.argv[1], 0.2)
+threading.Thread(target=sampler.run, name="jaxrun-activity", daemon=True).start()
+time.sleep(0.5)
+if sys.argv[2] == "native":
+    spin = ctypes.CDLL(sys.argv[3]).spin_here
+    spin.argtypes = [ctypes.c_double]
+    spin(2.0)
+else:
+    end = time.monotonic() + 2.0
+    while time.monotonic() < end: sum(range(1000))
+print(open(sys.argv[1]).read().strip())
+"""
+
+
+@pytest.mark.parametrize("how, said", [("native", contract.SPIN), ("python", contract.BUSY)])
+def test_a_real_main_thread_spinning_in_a_native_call_spins_and_a_python_loop_works(tmp_path, how, said):
+    from fixtures import spinner
+
+    library = spinner.build(tmp_path)
+    out = subprocess.run([sys.executable, "-c", SPINNING_MAIN, str(tmp_path / "activity"), how, str(library)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert contract.activity_word(out.stdout.strip()) == said, out.stdout
