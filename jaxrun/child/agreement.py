@@ -114,6 +114,9 @@ class Board:
             if self.thread is None:
                 self.thread = threading.Thread(target=self._run, name="jaxrun-checks", daemon=True)
                 self.thread.start()
+                # Stopped before JAX's shutdown (registered earlier: runs later) destroys
+                # the store's client, even where the script never returns (a session).
+                atexit.register(self.settle, 0.0)
 
     # -- the board's thread -----------------------------------------------------------
     def _run(self) -> None:
