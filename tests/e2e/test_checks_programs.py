@@ -1,0 +1,98 @@
+"""The default programs check (#47, docs/divergence.md): processes that get
+different programs at the same position stop the job in seconds, named at
+the line that made each, whatever the stall timeout; programs that agree,
+process-local ones that differ, and a warm compile cache beside a cold one
+raise nothing.
+
+Real JAX jobs of tests/data/checks_programs_job.py on CPU devices: the
+guide's parted matmul (4 processes x 2 devices; process 3 runs ``y @ x``
+where the others run ``x @ y``) locally in both modes and over SSH, a
+parted matmul in a mesh over the devices of processes 0-2 only, and two
+runs of an agreeing job that share a compile cache.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+from fixtures.jobs import DATA, ROOT, TOKEN
+
+pytestmark = pytest.mark.timeout(120)
+
+SCRIPT = DATA / "checks_programs_job.py"
+
+
+def line_of(text: str) -> int:
+    for number, line in enumerate(SCRIPT.read_text().splitlines(), 1):
+        if text in line:
+            return number
+    raise AssertionError(text)
+
+
+MATMUL, PARTED = line_of("z = x @ y  # the guide's matmul"), line_of("z = y @ x  # ... parted")
+SUBSET, SUBSET_PARTED = line_of("# the subset's matmul"), line_of("z = jax.jit(matmul)(y, x)")
+# Parting to the job's end: well under a second alone once every process has
+# posted its entry (the board looks every 20 ms), GATHER_WAIT (3 s) more
+# where one has not; 10 s is the issue's bound.
+WITHIN = 10.0
+
+
+def check_parted_matmul(code: int, stderr: str, report_path, host: str = "") -> None:
+    """Process 3 failed first, named with its matmul's line and the others' with
+    theirs, within WITHIN seconds of the parting by jaxrun's own record."""
+    assert code == 1, stderr
+    assert f"jaxrun: process 3{host} failed first: exit code 1" in stderr, stderr
+    headline = re.search(r"ProgramMismatchError: (.*)", stderr)
+    assert headline, stderr
+    assert headline[1] == (
+        "program 1 of processes 0-3 differs (shapes, shardings): "
+        f"process 3 made matmul(f32[4,8], f32[8,4]) at checks_programs_job.py:{PARTED}; "
+        f"processes 0, 1, 2 made matmul(f32[8,4], f32[4,8]) at checks_programs_job.py:{MATMUL}"), stderr
+    assert "sharded P(None, 'b'), P('b', None)" in stderr, stderr  # each side's shardings, in its log lines
+    # The parting comes after the rendezvous (the arrays are built, the matmul
+    # compiled): joined -> ended bounds parting -> ended from above, both
+    # stamped by jaxrun's clock, the stall timeout left at its default.
+    process = json.loads(report_path.read_text())["processes"][3]
+    took = process["ended_at"] - process["joined_at"]
+    assert took < WITHIN, f"process 3 ended {took:.1f}s after it joined"
+
+
+@pytest.mark.both_modes
+def test_the_guides_parted_matmul_stops_the_job_at_its_line(launch, tmp_path):
+    job = launch("-n", 4, "--cpu-devices", 2, "--report", tmp_path / "report.json", SCRIPT, "part", 3)
+    check_parted_matmul(job.wait(timeout=90), job.stderr, tmp_path / "report.json")
+
+
+def test_the_parted_matmul_over_ssh(sshd_hosts, start_job, tmp_path, shared_dir):
+    script = shutil.copy(SCRIPT, shared_dir / SCRIPT.name)
+    job = start_job("-H", "hostA:2,hostB:2", "--ssh-config", sshd_hosts.config, "-x", f"PYTHONPATH={ROOT}",
+                    "-x", TOKEN, "--cpu-devices", 2, "--report", tmp_path / "report.json",
+                    "--log-dir", tmp_path / "logs", script, "part", 3, cwd=shared_dir)
+    check_parted_matmul(job.wait(timeout=90), job.stderr, tmp_path / "report.json", host=" on hostB")
+
+
+def test_a_mesh_over_some_processes_compares_among_them_only(start_job, tmp_path):
+    job = start_job("-n", 4, "--cpu-devices", 2, SCRIPT, "subset")
+    assert job.wait(timeout=90) == 1, job.stderr
+    assert "jaxrun: process 2 failed first: exit code 1" in job.stderr, job.stderr
+    assert (f"ProgramMismatchError: program 1 of processes 0-2 differs (shapes, shardings): "
+            f"process 2 made matmul(f32[4,6], f32[6,4]) at checks_programs_job.py:{SUBSET_PARTED}; "
+            f"processes 0, 1 made matmul(f32[6,4], f32[4,6]) at checks_programs_job.py:{SUBSET}") in job.stderr
+    assert "process 3: own 360.0" in job.stdout  # its own program, compared with nobody's
+
+
+def test_agreeing_programs_a_local_one_that_differs_and_a_warm_cache_beside_a_cold_one(start_job, tmp_path):
+    """The first run fills the cache; in the second, process 0 gets every
+    program from it and process 1 (an empty cache) compiles them: both must
+    count them alike, or the salted program, new to both, would sit at
+    different positions and stop the job."""
+    seen = {}
+    for run, cold in ((1, -1), (2, 1)):
+        job = start_job("-n", 2, "--cpu-devices", 2, SCRIPT, "agree", tmp_path / "cache", cold, run)
+        assert job.wait(timeout=90) == 0, job.stderr
+        assert "--checks" not in job.stderr and "Mismatch" not in job.stderr, job.stderr
+        seen[run] = dict(re.findall(r"process (\d): .* hits (\d+)", job.stdout))
+    assert seen[2]["0"] != "0" and seen[2]["1"] == "0", seen  # process 0 warm, process 1 cold
