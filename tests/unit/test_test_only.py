@@ -39,30 +39,38 @@ INTERFACES = {("jaxrun/core/backend.py", "Backend"), ("jaxrun/core/backend.py", 
 KNOWN: dict[str, str] = {}  # name -> why it is still here (none is)
 
 
-def docstrings(tree: ast.AST) -> set[int]:
-    return {id(node.body[0].value) for node in ast.walk(tree)
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-            and node.body and isinstance(node.body[0], ast.Expr)}
+DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
 
 def referenced(tree: ast.AST) -> set[str]:
     """Every name ``tree`` uses: names, attributes, imported names, and the
-    words of its strings (docstrings aside); definitions are no use."""
-    skip = docstrings(tree)
-    found = set()
-    for node in ast.walk(tree):
+    words of its strings (docstrings aside); definitions are no use.
+
+    One walk of the tree (the suite's every file is walked, so it counts):
+    a node is seen before its children, so a docstring is known as one by
+    the time its string is reached."""
+    found: set[str] = set()
+    docstrings: set[int] = set()
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        todo.extend(ast.iter_child_nodes(node))
         if isinstance(node, ast.Name):
             found.add(node.id)
         elif isinstance(node, ast.Attribute):
             found.add(node.attr)
+        elif isinstance(node, ast.Constant):
+            if isinstance(node.value, str) and id(node) not in docstrings:
+                found.update(WORD.findall(node.value))
+        elif isinstance(node, DOCUMENTED):
+            if node.body and isinstance(node.body[0], ast.Expr):
+                docstrings.add(id(node.body[0].value))
         elif isinstance(node, ast.alias):
             found.update(node.name.split("."))
             if node.asname:
                 found.add(node.asname)
-        elif isinstance(node, ast.ImportFrom) and node.module:
+        if isinstance(node, ast.ImportFrom) and node.module:
             found.update(node.module.split("."))
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
-            found.update(WORD.findall(node.value))
     return found
 
 
