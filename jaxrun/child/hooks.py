@@ -56,9 +56,20 @@ def after_import(name: str, patch: Callable[[object], None]) -> None:
     if module is not None:
         patch(module)
         return
+    earlier = _finder.patches.get(name)
+    if earlier is not None:  # two patches of one module (--check-divergence and --checks): both, in order
+        patch = _both(earlier, patch)
     _finder.patches[name] = patch
     if _finder not in sys.meta_path:
         sys.meta_path.insert(0, _finder)
+
+
+def _both(first: Callable[[object], None], then: Callable[[object], None]) -> Callable[[object], None]:
+    def patch(module) -> None:
+        first(module)
+        then(module)
+
+    return patch
 
 
 def on_first_import(package: str, callback: Callable[[], None]) -> None:
