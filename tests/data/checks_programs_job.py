@@ -65,7 +65,10 @@ else:
         lambda event, **_: hits.append(event) if event == "/jax/compilation_cache/cache_hits" else None)
     mesh = Mesh(np.array(jax.devices()), ("b",))
     x, y = global_array(mesh, P("b", None), (mesh.size, 4)), global_array(mesh, P(None, "b"), (4, mesh.size))
-    z = jax.jit(matmul)(x, y)  # spans the processes: compiled, or from the cache
+    if rank == 0:
+        z = jax.jit(matmul)(x, y)  # spans the processes: compiled, or from the cache
+    else:
+        z = jax.jit(matmul)(x, y)  # the same program, made at another line
     total = jnp.sum(z)  # an eager operation on a global array
     doubled = jax.jit(lambda v: v * 2).lower(x).compile()(x)  # ahead of time
     # Each process its own program, on its own devices only: differs on purpose.

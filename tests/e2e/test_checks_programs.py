@@ -96,3 +96,23 @@ def test_agreeing_programs_a_local_one_that_differs_and_a_warm_cache_beside_a_co
         assert "--checks" not in job.stderr and "Mismatch" not in job.stderr, job.stderr
         seen[run] = dict(re.findall(r"process (\d): .* hits (\d+)", job.stdout))
     assert seen[2]["0"] != "0" and seen[2]["1"] == "0", seen  # process 0 warm, process 1 cold
+
+
+def test_a_jax_without_the_hook_point_is_said_once_and_refused_only_under_strict(start_job, tmp_path):
+    site = tmp_path / "site" / "jax"
+    site.mkdir(parents=True)
+    (site / "__init__.py").write_text('__version__ = "0.0.1"\n')
+    script = tmp_path / "uses_jax.py"
+    script.write_text("import jax\nprint('ran on', jax.__version__)\n")
+    env = {"PYTHONPATH": str(tmp_path / "site"), "JAXRUN_NO_PRELOAD": "1"}  # the server would import the real one
+    on, strict = (start_job("-n", 2, *mode, script, env=env) for mode in ((), ("--checks", "strict")))
+    assert on.wait(timeout=60) == 0, on.stderr
+    said = [line for line in on.stderr.splitlines() if "programs are not compared" in line]
+    assert said == ["[0] jaxrun: --checks: programs are not compared on jax 0.0.1: "
+                    "jax._src.interpreters.pxla.UnloadedMeshExecutable.from_hlo not found (tested with jax 0.10.2)"], \
+        on.stderr
+    assert on.stdout.count("ran on 0.0.1") == 2
+    assert strict.wait(timeout=60) == 1, strict.stderr
+    assert "ran on" not in strict.stdout
+    assert ("RuntimeError: --checks strict cannot compare programs on jax 0.0.1: "
+            "jax._src.interpreters.pxla.UnloadedMeshExecutable.from_hlo not found") in strict.stderr, strict.stderr
