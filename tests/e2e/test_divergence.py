@@ -73,7 +73,9 @@ def test_check_divergence_notices_a_process_that_runs_on_after_the_others_finish
 
 
 # The two --timeout runs of the detour, with --flight-recorder and with no
-# flag, spend their time waiting for the timeout: they run side by side,
+# flag, spend their time waiting for the timeout (with --checks off: the
+# default programs check would stop the detour once the others compile their
+# next program, and these tests are about the hang's record): they run side by side,
 # started by whichever of their two tests comes first, which waits for both
 # (its leak guard sees them end); each test checks its own run, as
 # test_transparency.py's patterns do.  conftest keeps the module in one worker.
@@ -83,9 +85,9 @@ _timed_out: dict[str, object] = {}
 def timed_out(start_job, tmp_path_factory) -> dict:
     if not _timed_out:
         logs = tmp_path_factory.mktemp("flight") / "logs"
-        jobs = {"flight": start_job(*FOUR, "--flight-recorder", "--timeout", TIMEOUT, "--log-dir", logs, SCRIPT,
-                                    "--detour", 2),
-                "plain": start_job(*FOUR, "--timeout", TIMEOUT, SCRIPT, "--detour", 2)}
+        jobs = {"flight": start_job(*FOUR, "--checks", "off", "--flight-recorder", "--timeout", TIMEOUT,
+                                    "--log-dir", logs, SCRIPT, "--detour", 2),
+                "plain": start_job(*FOUR, "--checks", "off", "--timeout", TIMEOUT, SCRIPT, "--detour", 2)}
         for job in jobs.values():
             job.wait(timeout=90)
         _timed_out.update(jobs, logs=logs)
