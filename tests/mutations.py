@@ -279,6 +279,15 @@ MUTATIONS = [
         ("tests/unit/test_stall.py",),
         "spin",
     ),
+    Mutation(
+        "programs-never-compared",
+        "--checks: processes that get different programs at one position are never stopped: the guide's parted "
+        "matmul hangs again",
+        (("jaxrun/child/programs.py", "            if len(sides) < 2:\n                return",
+          "            if True:\n                return"),),
+        ("tests/unit/test_checks_programs.py", "tests/e2e/test_checks_programs.py"),
+        "odd_side or mesh_over_some",
+    ),
 ]
 
 
