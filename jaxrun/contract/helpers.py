@@ -4,11 +4,8 @@ how a listener picks its address."""
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import re
 import signal
-import socket
 from collections.abc import Mapping, Sequence
 
 from jaxrun.contract.names import (  # the names these rules fill in
@@ -81,7 +78,7 @@ def shim_argv(python: str, shim_args: Sequence[str]) -> tuple[str, ...]:
 
 # -- placeholders ------------------------------------------------------------------
 PLACEHOLDERS = ("process_id", "num_processes", "local_process_id", "coordinator")
-_PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
+_PLACEHOLDER = r"\{(" + "|".join(PLACEHOLDERS) + r")\}"  # compiled at its first use (re's cache)
 
 
 def placeholder_values(process_id: object, num_processes: object, local_process_id: object,
@@ -92,7 +89,9 @@ def placeholder_values(process_id: object, num_processes: object, local_process_
 
 def substitute(arg: str, values: Mapping[str, object]) -> str:
     """Replace {process_id}-style placeholders; other braces are left alone."""
-    return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), arg)
+    import re  # here, as every pattern of this module: a controller's start-up needs none
+
+    return re.sub(_PLACEHOLDER, lambda m: str(values[m.group(1)]), arg)
 
 
 # -- exit statuses -------------------------------------------------------------------
@@ -153,6 +152,9 @@ def is_loopback(address: str | None) -> bool:
     """True for a loopback IP address, or a name that resolves to one."""
     if not address:
         return False
+    import ipaddress  # here: every controller imports the contract, few ask this
+    import socket
+
     try:
         return ipaddress.ip_address(address).is_loopback
     except ValueError:
@@ -169,12 +171,14 @@ def join_address(host: str, port: int) -> str:
 
 # -- KEY=VALUE ---------------------------------------------------------------------------
 # Portable variable names: what POSIX shells, env(1) and Kubernetes all accept.
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 
 def parse_env_pair(text: str) -> tuple[str, str]:
     """``--env KEY=VALUE``: ValueError unless KEY is a plain variable name."""
+    import re
+
     key, sep, value = text.partition("=")
-    if not sep or not _ENV_NAME.fullmatch(key):
+    if not sep or not re.fullmatch(_ENV_NAME, key):
         raise ValueError(f"{text!r} is not KEY=VALUE")
     return key, value
 

@@ -1,167 +1,24 @@
 """What travels from a process to the reports: its error record, the
 resources it used, a scheduler step's note in a task's log, and the flight
-recorder's block; and the one way anything reads back what a process left."""
+recorder's block.  The one way anything reads back what a process left is in
+``contract.files``; these records are read through it.
+
+Imported at the first use of one of its names (``contract``'s ``__getattr__``):
+a controller's start-up needs none of them."""
 
 from __future__ import annotations
 
 import dataclasses
-import glob
 import json
 import os
 import re
-import stat
 import time
 from collections.abc import Sequence
-from typing import BinaryIO
 
+from jaxrun.contract.files import *  # noqa: F401,F403
+from jaxrun.contract.files import read_small
 from jaxrun.contract.helpers import signal_name  # noqa: F401
 from jaxrun.contract.names import *  # noqa: F401,F403
-from jaxrun.contract.names import BUSY, FINISHED, IDLE, RECOVERABLE, SPIN
-
-# -- reading back what a process left ---------------------------------------------------
-# Every log and record is read after a run through these three: only a regular
-# file, never through a symlink, and never more than a bound, so that a FIFO or
-# a device put in a log's place cannot block the launcher, a link cannot lead
-# it elsewhere, and a log of many gigabytes costs neither memory nor time.
-
-def open_regular(path: str) -> BinaryIO | None:
-    """``path`` opened for reading if it is a regular file (not a symlink);
-    None otherwise, or if it cannot be opened."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except (OSError, ValueError):  # ValueError: a NUL in the path
-        return None
-    try:
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            return os.fdopen(fd, "rb")
-    except OSError:
-        pass
-    os.close(fd)
-    return None
-
-
-def read_tail(path: str, size: int) -> bytes | None:
-    """The last ``size`` bytes of a file (all of a shorter one); None if it
-    is not a regular file or cannot be read."""
-    f = open_regular(path)
-    if f is None:
-        return None
-    with f:
-        try:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - size))
-            return f.read(size)
-        except OSError:
-            return None
-
-
-def read_small(path: str, limit: int) -> bytes | None:
-    """A whole file of at most ``limit`` bytes; None if it is larger, is not a
-    regular file, or cannot be read."""
-    f = open_regular(path)
-    if f is None:
-        return None
-    with f:
-        try:
-            data = f.read(limit + 1)
-        except OSError:
-            return None
-    return None if len(data) > limit else data
-
-
-def private_folder(path: str) -> str | None:
-    """Create ``path`` 0700, or check that the folder there is this user's
-    alone: what is wrong with it ("it belongs to uid 65534"), or None.
-    Checked with lstat: a symlink, another user's folder or one that others
-    may enter is refused, never repaired.  OSError when it cannot be made."""
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        return "it is not a folder (a symlink or a file)"
-    if st.st_uid != os.geteuid():
-        return f"it belongs to uid {st.st_uid}"
-    if st.st_mode & 0o077:
-        return f"other users have access to it (mode {stat.S_IMODE(st.st_mode):04o})"
-    return None
-
-
-def write_private(path: str, data: bytes) -> None:
-    """``data`` as the whole of ``path``, at once for a reader: a new file
-    (0600, never through a symlink) renamed over the old one."""
-    new = f"{path}.{os.getpid()}.new"
-    try:
-        os.unlink(new)
-    except FileNotFoundError:
-        pass
-    fd = os.open(new, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-    os.replace(new, path)
-
-
-def remove_private(path: str) -> None:
-    """Remove what ``write_private`` wrote at ``path``, and the new copy a
-    writer that ended before its rename left beside it."""
-    for stale in [path, *glob.glob(glob.escape(path) + ".*.new")]:
-        try:
-            os.unlink(stale)
-        except OSError:
-            pass
-
-
-def joined_recoverable(path: str) -> bool:
-    """Whether the joined file at ``path`` says its process enabled recoverability."""
-    data = read_small(path, 64)
-    return data is not None and data.strip() == RECOVERABLE.encode()
-
-
-@dataclasses.dataclass(frozen=True)
-class Spinning:
-    """What a SPIN line says: how many of the process's own threads burnt CPU
-    while its Python did not move, and their CPU in cores."""
-
-    threads: int
-    cores: float
-
-    def line(self) -> str:
-        """The activity line that says it: ``spin 2 1.97``."""
-        return f"{SPIN} {self.threads} {self.cores:.2f}"
-
-    @classmethod
-    def of(cls, said: str) -> Spinning | None:
-        """The spinning a SPIN line says; None for any other line."""
-        word, *rest = said.split() or [""]
-        if word != SPIN or len(rest) != 2:
-            return None
-        try:
-            threads, cores = int(rest[0]), float(rest[1])
-        except ValueError:
-            return None
-        return cls(threads, cores) if 0 < threads < 100000 and 0 <= cores < 100000 else None
-
-
-ACTIVITY_LINE_MAX = 40  # bytes: the longest line a sampler writes (a SPIN line)
-
-
-def activity_word(said: str) -> str | None:
-    """The state an activity line says (BUSY, IDLE, SPIN or FINISHED), or
-    None for a line that is none of them."""
-    if said in (BUSY, IDLE, FINISHED):
-        return said
-    return SPIN if Spinning.of(said) is not None else None
-
-
-def read_activity(path: str) -> str | None:
-    """The line a process's sampler wrote last (a word of ``activity_word``'s,
-    a SPIN line with its details), or None."""
-    data = read_small(path, ACTIVITY_LINE_MAX)
-    said = data.strip().decode(errors="replace") if data else ""
-    return said if activity_word(said) is not None else None
-
 
 # -- the error record ------------------------------------------------------------------
 # An error record is one exception's headline and traceback.  A larger one (an

@@ -14,12 +14,10 @@ is not finished yet.  Nothing here imports jax or reads what jax wrote.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import tempfile
 
-from jaxrun.contract.records import read_small
+from jaxrun.contract.files import read_small
 
 # The launcher's ask: the first starts a trace, the next stops it (SIGUSR1 is the stack dump).
 PROFILE_SIGNAL = signal.SIGUSR2
@@ -49,6 +47,8 @@ def process_trace_folder(attempt_folder: str, rank: int) -> str:
 
 def trace_base(tmpdir: str | None = None) -> str:
     """This host's per-user folder for the traces of runs started elsewhere."""
+    import tempfile  # here: a controller that is never traced pays nothing for it
+
     return os.path.join(tmpdir or tempfile.gettempdir(), f"jaxrun-profile-{os.geteuid()}")
 
 
@@ -67,6 +67,8 @@ def trace_sessions(folder: str) -> tuple[list[str], list[str]]:
 
 def trace_marker(session: str) -> dict:
     """What the session's marker says: ``host`` and ``error`` (either may be None)."""
+    import json  # here: only whoever gathers the traces reads a marker
+
     data = read_small(os.path.join(session, TRACE_MARKER), MARKER_LIMIT)
     try:
         said = json.loads(data) if data else {}

@@ -1,18 +1,18 @@
 """Sockets and ports: free ports below the ephemeral range, who is at the
 other end of a Unix socket, and where a host's preloading server listens
-(an abstract name, or a socket file in a private folder)."""
+(an abstract name, or a socket file in a private folder).
+
+Every controller imports this package (its stall sampler reads ``threads``
+and ``processes``) and none of it asks for a port or a socket at start-up:
+the modules only these functions need are imported inside them."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import os
-import random
 import socket
 import struct
-import tempfile
-import uuid
 
 from jaxrun import contract
 from jaxrun.portable.probe import first_number, forced
@@ -26,6 +26,8 @@ def free_port(host: str = "127.0.0.1", low: int = 10000) -> int:
     """A port free on ``host`` (one address, never a wildcard), at random below
     the ephemeral range: bind(0)'s can become an outgoing connection's source
     port before its listener binds it (jax then fails to "add port to server")."""
+    import random
+
     high = ephemeral_low()
     choices = [random.randrange(low, high) for _ in range(64)] if high - low >= 1024 else []
     for port in [*choices, 0]:
@@ -84,6 +86,8 @@ def peer_pid(conn: socket.socket) -> int | None:
 @functools.lru_cache(maxsize=1)
 def _abstract_sockets() -> bool:
     """Whether Unix sockets may have abstract names: bind one and see."""
+    import uuid
+
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.bind(f"\0jaxrun-probe-{os.getpid()}-{uuid.uuid4().hex}")
@@ -97,6 +101,8 @@ def _abstract_sockets() -> bool:
 def temp_base_for_sockets(room: int) -> str:
     """The temporary folder, or /tmp where a socket path ``room`` bytes
     longer than it would not fit in a Unix socket's address."""
+    import tempfile
+
     base = tempfile.gettempdir()
     return base if len(base) + room <= LONGEST_SOCKET_PATH else "/tmp"
 
@@ -125,6 +131,8 @@ def server_address(name: str) -> str | None:
     folder = private_socket_folder()
     if folder is None:
         return None
+    import hashlib
+
     return os.path.join(folder, hashlib.sha256(name.encode()).hexdigest()[:20] + ".sock")
 
 
