@@ -23,6 +23,7 @@ import numpy as np
 from jaxrun.child import mesh as child_mesh
 from jaxrun.child.activity import alive as alive  # the stall watchdog's: see --stall-timeout
 from jaxrun.child.bootstrap import allgather_json
+from jaxrun.child.replicas import ReplicaMismatchError as ReplicaMismatchError  # --checks raises it too
 
 # How long a collective helper waits for the slowest process before giving up.
 DEFAULT_TIMEOUT_S = 300.0
@@ -230,10 +231,6 @@ def make_global_batch(sharding: jax.sharding.Sharding, stream_batch: Any, batch_
 
 
 # --- consistency checks -----------------------------------------------------
-
-class ReplicaMismatchError(AssertionError):
-    """Devices that should hold the same data do not."""
-
 
 class ProcessMismatchError(AssertionError):
     """Processes that should agree on a value do not."""
