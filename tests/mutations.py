@@ -288,6 +288,31 @@ MUTATIONS = [
         ("tests/unit/test_checks_programs.py", "tests/e2e/test_checks_programs.py"),
         "odd_side or mesh_over_some",
     ),
+    Mutation(
+        "replicas-never-compared",
+        "--checks: processes that hold one slice with different data are never stopped: the guide's replicas "
+        "loaded by process index give two losses again",
+        (("jaxrun/child/replicas.py", "            if len({e[\"fp\"] for e in entries.values()}) > 1:",
+          "            if False:"),),
+        ("tests/e2e/test_checks_replicas.py",),
+        "fail_loud",
+    ),
+    Mutation(
+        "replicas-slice-index-off-by-one",
+        "--checks: a replica mismatch names the slice one row off",
+        (("jaxrun/child/replicas_prints.py", "    return tuple(s.indices(d)[:2] if",
+          "    return tuple(tuple(i + 1 for i in s.indices(d)[:2]) if"),),
+        ("tests/e2e/test_checks_replicas.py",),
+        "fail_loud",
+    ),
+    Mutation(
+        "replicas-sampled-per-process",
+        "--checks: each process draws its own sample of the calls, so the processes that share a slice check "
+        "different calls and a mismatch goes by",
+        (("jaxrun/child/replicas.py", "checker.prints.sampled(n)", "checker.prints.sampled(n + checker.board.rank)"),),
+        ("tests/e2e/test_checks_replicas.py",),
+        "fail_loud",
+    ),
 ]
 
 
