@@ -534,13 +534,16 @@ def cells(request, shared_root):
     its own with a token of its own, not the test's: run_cell finds and
     kills whatever its job leaves, and says so (``left``).  Every cell has
     ended when the module does."""
-    selected = {item.nodeid for item in request.session.items}
+    # By name, not node id: under ``-n 2`` xdist's loadgroup appends the
+    # group to every node id (``...[ssh-hang]@tests/e2e/test_matrix.py``),
+    # and no cell would start ahead of its test.
+    selected = {item.name for item in request.session.items if item.path == request.path}
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=3 * len(BACKENDS))
     started: dict[tuple[str, str], tuple[Fault, concurrent.futures.Future]] = {}
     started_up: dict[tuple[str, str], threading.Event] = {}
 
     def wanted(backend: Backend, fault: Fault) -> bool:
-        return f"{request.node.nodeid}::test_matrix[{backend.name}-{fault.name}]" in selected
+        return f"test_matrix[{backend.name}-{fault.name}]" in selected
 
     def start(backend: Backend, engine, fault: Fault) -> tuple[Fault, concurrent.futures.Future]:
         if (backend.name, fault.name) not in started:
