@@ -11,12 +11,27 @@ two halves of one replica different data, and JAX would not notice.
 jaxrun.replica_input_index(sharding) says which input stream this process
 must read; jaxrun.make_global_batch assembles the global array from it
 (via jax.make_array_from_callback), and jaxrun.assert_replicas_identical
-proves the replicas hold the same bytes.  The wrong way is shown failing
-that check.
+proves the replicas hold the same bytes.
+
+Then the wrong way: the batch read by process index.  JAX builds the array
+without a word, and a loss computed from it would differ between the two
+halves of each replica.  jaxrun's default check (--checks) compares the
+slices that processes share, and ends the job at the line that built it:
+
+    jaxrun: process 2 failed first: exit code 1 (pid 4531)
+    jaxrun:   ReplicaMismatchError: replicas differ at replica_across.py:73
+      (make_array_from_callback, call 1 there): slice [0:4, 0:3] of the global
+      array: checksum d1ac3476 on cpu:0 (process 0); checksum aa855430 on
+      cpu:4096 (process 2)
+
+(one line; any process of a pair that differs may be the one that finds it),
+and jaxrun exits 1.
 """
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jaxrun
@@ -45,13 +60,15 @@ print(f"process {me} reads stream {stream.index} of {stream.count} "
       f"(replica blocks {list(stream.blocks)}): replicas identical")
 for shard in global_batch.addressable_shards:
     r = shard.index[0]
-    print(f"device {shard.device} holds rows {r.start}:{r.stop} (value {float(shard.data[0, 0])})")
+    print(f"device {shard.device} holds rows {r.start}:{r.stop} (value {float(shard.data[0, 0])})", flush=True)
+# Every process has shown the right way before any goes on to the wrong one.
+multihost_utils.sync_global_devices("the right way shown")
 
 # Wrong: split by process index.  Both halves of a replica now load different
-# elements; the array builds fine, and only the checksum check catches it.
-wrong = jaxrun.make_global_batch(sharding, dataset[me::n][0])
-try:
-    jaxrun.assert_replicas_identical(wrong)
-    print("loading by process index went unnoticed")
-except jaxrun.ReplicaMismatchError as e:
-    jaxrun.print0(f"loading by process index: ReplicaMismatchError: {str(e).splitlines()[1].strip()}")
+# elements; JAX builds the array without a word, and the two halves of a replica
+# would compute different losses.  jaxrun's default check stops the job at the
+# line that built it, usually before the first loss is printed.
+loss = jax.jit(lambda x: jnp.sum(x * x))
+for step in range(5):
+    wrong = jaxrun.make_global_batch(sharding, dataset[me::n][step])
+    print(f"process {me} step {step}: loss {float(loss(wrong)):.0f}")
