@@ -31,6 +31,7 @@ per execution of a compiled program.
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import threading
@@ -86,7 +87,8 @@ class ReplicaCheck:
 
     def __init__(self, board, strict: bool, prints):
         self.board, self.strict, self.prints = board, strict, prints
-        self.counts: dict[str, int] = {}
+        self.sites: dict = {}  # (code, line) of the caller -> (site, where, its call counter)
+        self.counters: dict[str, itertools.count] = {}
         self.lock = threading.Lock()
         self.local = threading.local()  # .captures while a checked call runs
         self.warned: set[str] = set()
@@ -104,9 +106,8 @@ class ReplicaCheck:
             caller = sys._getframe(1)
             if caller.f_code.co_filename.startswith(checker.skip[0]):
                 return original(*args, **kwargs)  # jax's own use (its token arrays)
-            site, where = checker.prints.site_of(caller, checker.skip)
-            with checker.lock:
-                n = checker.counts[site] = checker.counts.get(site, 0) + 1
+            site, where, count = checker.site_of(caller)
+            n = next(count)
             if not (checker.strict or checker.prints.sampled(n)):
                 return original(*args, **kwargs)
             captures = []
@@ -125,6 +126,19 @@ class ReplicaCheck:
         call.__doc__ = getattr(original, "__doc__", None)
         call._jaxrun_checks = True
         return call
+
+    def site_of(self, caller) -> tuple:
+        """The call site of a call from ``caller``, and its counter (``next`` is
+        atomic): a dict lookup once the site is known."""
+        known = self.sites.get((caller.f_code, caller.f_lineno))
+        if known is None:
+            site, where = self.prints.site_of(caller, self.skip)
+            with self.lock:
+                count = self.counters.setdefault(site, itertools.count(1))
+            if caller.f_code.co_filename.startswith(self.skip[1]):  # jaxrun's helper: the user's line varies
+                return site, where, count
+            known = self.sites[caller.f_code, caller.f_lineno] = (site, where, count)
+        return known
 
     def check(self, kind: str, site: str, where: str, n: int, out, captures: list) -> None:
         """Post this call's fingerprints; a failure here never fails the user's call."""
