@@ -183,12 +183,17 @@ def batch_print(captured: dict, mine) -> str | None:
         return None
     if not (jnp.issubdtype(values[0].dtype, jnp.floating) or jnp.issubdtype(values[0].dtype, jnp.integer)):
         return None
-    if all(_constant(v) or _ranged(v) or _mask(v) for v in values):
+    if all(_never_flagged(v[tuple(slice(0, 4) for _ in v.shape)]) and _never_flagged(v) for v in values):
         return None
     digest = hashlib.blake2b(digest_size=12)
     for v in values:
         digest.update(host_print(v).encode())
     return digest.hexdigest()
+
+
+def _never_flagged(v: np.ndarray) -> bool:
+    """(Tried first on a corner of the batch, where a token batch fails at once.)"""
+    return _constant(v) or _mask(v) or _ranged(v)
 
 
 def _constant(v: np.ndarray) -> bool:
