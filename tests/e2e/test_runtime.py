@@ -41,12 +41,16 @@ def assert_all_ok(checks, names, num_processes):
 
 @pytest.fixture(scope="module")
 def general_4x2(tmp_path_factory):
-    """One 4x2 run, no --mesh: every general check (shared by several tests)."""
+    """One 4x2 run, no --mesh: every general check (shared by several tests).
+    ``--checks off``: replicas_identical_catches_mismatch builds differing
+    replicas on purpose, for assert_replicas_identical to find, which the
+    default replica check would stop first."""
     # Module scope runs outside the function-scoped leak guard, so guard here.
     token = uuid.uuid4().hex
     logs = tmp_path_factory.mktemp("logs")  # not the shared $TMPDIR/jaxrun-logs
     proc = subprocess.run(
-        JAXRUN + ["--timeout", "90", "--log-dir", str(logs), "-n", "4", "--cpu-devices", "2", str(CHECKS), "general"],
+        JAXRUN + ["--timeout", "90", "--log-dir", str(logs), "-n", "4", "--cpu-devices", "2", "--checks", "off",
+                  str(CHECKS), "general"],
         capture_output=True, text=True, timeout=120, env={**os.environ, TOKEN: token}, start_new_session=True,
     )
     leftover = wait_gone(token, within=5.0)
@@ -149,7 +153,7 @@ def test_mesh_flag_installs_global_mesh(jaxrun):
 @pytest.mark.timeout(90)
 def test_inferred_mesh_and_layouts_2x4(jaxrun):
     code, out, err = jaxrun("-n", "2", "--cpu-devices", "4", "--mesh", "data=-1", "--mesh-axis-types", "auto",
-                            CHECKS, "mesh", "general", timeout=80)
+                            "--checks", "off", CHECKS, "mesh", "general", timeout=80)  # as general_4x2's
     assert code == 0, err[-3000:]
     checks = parse_checks(out)
     assert sorted(checks) == sorted(MESH + GENERAL)
