@@ -24,36 +24,38 @@ makes the script's own ``JAX_*`` settings reach ``jax.config`` at its first
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import functools
-import inspect
 import itertools
 import json
 import os
-import socket
 import sys
-import time
 from collections.abc import Mapping
-from typing import Any
 
-from jaxrun import contract, portable
-from jaxrun.child import checks, ending, flight, hooks, mesh
+from jaxrun import contract
+from jaxrun.child import checks, ending, hooks
+from jaxrun.child.addresses import (
+    TRANSPORT_LISTENERS,
+    advertise_for_collectives,
+    reachable_address,
+    transfer_address,
+    wait_for_coordinator,
+)
 from jaxrun.child.bootstrap_error import BootstrapError
 from jaxrun.child.versions import check_versions, format_preflight
 
 
-@dataclasses.dataclass
 class Launch:
-    coordinator: str
-    count: int
-    rank: int
-    local: int
-    bind: str | None
-    verbose: bool
-    initialized: bool = False
-    busy: bool = False  # inside jaxrun's own initialize: the backend hook stands back
-    noted_address: bool = False
-    joined_file: str | None = None  # created on arrival at the rendezvous (contract.JOINED_FILE)
+    """This process's place in the job, and how far its join has come (no
+    dataclass: that import, and inspect's, would cost every start-up)."""
+
+    def __init__(self, coordinator: str, count: int, rank: int, local: int, bind: str | None, verbose: bool,
+                 joined_file: str | None = None) -> None:
+        self.coordinator, self.count, self.rank, self.local = coordinator, count, rank, local
+        self.bind, self.verbose = bind, verbose
+        self.initialized = False
+        self.busy = False  # inside jaxrun's own initialize: the backend hook stands back
+        self.noted_address = False
+        self.joined_file = joined_file  # created on arrival at the rendezvous (contract.JOINED_FILE)
 
 
 _launch: Launch | None = None
@@ -69,95 +71,6 @@ def identity_from_env(environ=os.environ) -> tuple[int, int, int]:
         return contract.identity_from_env(environ)
     except ValueError as e:
         raise BootstrapError(str(e)) from None
-
-
-def reachable_address(coordinator: str) -> str:
-    """This process's one address for every listener JAX opens (collectives,
-    transfers): loopback when the job is on this machine only, else the local
-    address that routes towards the coordinator's host.  Never a wildcard,
-    and never what the hostname resolves to, which is often 127.0.1.1."""
-    host = coordinator.rsplit(":", 1)[0].strip("[]")
-    if contract.is_loopback(host):
-        return "127.0.0.1"
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    probe = socket.socket(family, socket.SOCK_DGRAM)
-    try:
-        probe.connect((host, 9))  # no packet is sent: this only picks the route
-        return probe.getsockname()[0]
-    finally:
-        probe.close()
-
-
-# How long a process looks for process 0's coordination service before it
-# leaves the waiting to initialize() itself, as a plain launch does.
-COORDINATOR_WAIT = 60.0
-
-
-def wait_for_coordinator(coordinator: str, within: float = COORDINATOR_WAIT) -> bool:
-    """Until the coordinator accepts connections: True; False once ``within``
-    seconds have passed, or at once where its host does not answer (a
-    firewall, no route), which initialize() then reports as it would.
-
-    A process whose first connection finds nobody listening yet waits out
-    gRPC's reconnect backoff, about a second, before its second; initialize()
-    returns in every process together, so the whole job waits with it.
-    Looking first costs one connection when the service is up."""
-    host, port = coordinator.rsplit(":", 1)
-    address = (host.strip("[]"), int(port))
-    end = time.monotonic() + within
-    pause = 0.002
-    while True:
-        try:
-            socket.create_connection(address, timeout=1.0).close()
-            return True
-        except ConnectionRefusedError:
-            pass  # the host is there; the service is not, yet
-        except OSError:
-            return False
-        if time.monotonic() + pause > end:
-            return False
-        time.sleep(pause)
-        pause = min(2 * pause, 0.02)
-
-
-def _transfer_address(ip: str) -> str:
-    """A free address of our own for cross-process device_put, reachable by peers."""
-    return contract.join_address(ip, portable.free_port(ip))
-
-
-# The bulk transport's default is four listeners on 0.0.0.0:0.
-TRANSPORT_LISTENERS = 4
-
-
-def _advertise_for_collectives(ip: str) -> None:
-    """Gloo, jax's CPU collectives, is created without a hostname, so it
-    listens on and advertises what the hostname resolves to: loopback on
-    many machines, where peers on other hosts get "connection refused".  The
-    narrowest hook: only the module jax creates its default CPU client in
-    sees a ``make_gloo_tcp_collectives`` that fills in ``hostname``, and only
-    when the caller gave none."""
-    from jax._src import xla_bridge
-
-    real_module = xla_bridge._jax
-    real = getattr(real_module, "make_gloo_tcp_collectives", None)
-    if real is None or isinstance(real_module, _GlooHostname):
-        return
-    xla_bridge._jax = _GlooHostname(real_module, real, ip)
-
-
-class _GlooHostname:
-    """``xla_bridge``'s view of jaxlib's ``_jax`` module, but for one function."""
-
-    def __init__(self, module, real, hostname: str):
-        self._module, self._real, self._hostname = module, real, hostname
-
-    def make_gloo_tcp_collectives(self, distributed_client, hostname=None, interface=None):
-        if hostname is None and interface is None:
-            hostname = self._hostname
-        return self._real(distributed_client=distributed_client, hostname=hostname, interface=interface)
-
-    def __getattr__(self, name):
-        return getattr(self._module, name)
 
 
 def prepare(environ=os.environ) -> None:
@@ -176,7 +89,9 @@ def prepare(environ=os.environ) -> None:
                      joined_file=environ.get(contract.JOINED_FILE))
     hooks.after_import("jax._src.distributed", _patch_distributed)
     hooks.after_import("jax._src.xla_bridge", _patch_xla_bridge)
-    flight.prepare(environ, rank, count)  # --flight-recorder, --check-divergence: before any program runs
+    if environ.get(contract.FLIGHT_RECORDER) or environ.get(contract.CHECK_DIVERGENCE) == "1":
+        from jaxrun.child import flight  # its hook (and dataclasses, re) only where a mode is on
+        flight.prepare(environ, rank, count)  # --flight-recorder, --check-divergence: before any program runs
     checks.prepare(environ, rank, count)  # --checks: before any program runs
     if environ.get(contract.MESH):
         initialize_now(environ)
@@ -187,6 +102,8 @@ def prepare(environ=os.environ) -> None:
 def initialize_now(environ=os.environ) -> None:
     """Join before the script runs (``--mesh``) and install the mesh."""
     import jax  # noqa: F401 - the mesh needs it now
+
+    from jaxrun.child import mesh  # and meshspec's dataclasses: only for --mesh
 
     rows = ensure_initialized()
     try:
@@ -225,6 +142,8 @@ def _patch_xla_bridge(module) -> None:
 
 
 def _script_initialize(real, args: tuple, kwargs: dict) -> None:
+    import inspect  # here, as in _join: only a join needs it, never a start-up
+
     given = dict(inspect.signature(real).bind(*args, **kwargs).arguments)
     for name, expected in (("process_id", _launch.rank), ("num_processes", _launch.count)):
         value = given.get(name)
@@ -270,6 +189,8 @@ def ensure_initialized() -> list[dict] | None:
 
 
 def _join(real, given: dict) -> list[dict]:
+    import inspect
+
     import jax
 
     sync_preloaded_config()
@@ -292,10 +213,10 @@ def _join(real, given: dict) -> list[dict]:
     except OSError:
         ip = None  # no route to the coordinator: initialize() will say so
     if ip is not None:
-        _advertise_for_collectives(ip)
+        advertise_for_collectives(ip)
         transfer = config.config._value_holders.get("jax_cross_host_transfer_socket_address")
         if transfer is not None and not transfer.value:  # older jax has no such option
-            jax.config.update("jax_cross_host_transfer_socket_address", _transfer_address(ip))
+            jax.config.update("jax_cross_host_transfer_socket_address", transfer_address(ip))
         transport = config.config._value_holders.get("jax_cross_host_transport_addresses")
         if transport is not None and not transport.value:
             jax.config.update("jax_cross_host_transport_addresses",
@@ -378,6 +299,8 @@ def preflight() -> list[dict]:
     backend is still the script's to create.  One key-value set, one barrier
     and one directory read per process, cheap enough for every launch.
     """
+    import socket
+
     import jax
     import jaxlib
 
@@ -402,7 +325,7 @@ def preflight() -> list[dict]:
 _rounds = itertools.count()
 
 
-def allgather_json(tag: str, payload: Any, timeout_s: float = 300.0) -> dict[int, Any]:
+def allgather_json(tag: str, payload: object, timeout_s: float = 300.0) -> dict[int, object]:
     """*Collective*: every process's JSON-able ``payload``, keyed by process id.
 
     Goes through the coordination service's key-value store, so it needs no

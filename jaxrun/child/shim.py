@@ -30,11 +30,10 @@ import os
 import signal
 import sys
 import threading
-import traceback
 import types
 
 from jaxrun import contract
-from jaxrun.child import activity, checks, flight, profiling
+from jaxrun.child import activity, checks, profiling
 from jaxrun.child.ending import exit_now, fail, record_error
 
 USAGE = f"usage: python -m {contract.SHIM_MODULE} (-- SCRIPT | -m MODULE) [ARGS...]"
@@ -61,6 +60,8 @@ def watch_lifeline() -> None:
 
 def user_traceback(exc: BaseException) -> str:
     """The traceback as the user's own script would show it: shim frames dropped."""
+    import traceback  # here: a script that raises nothing never pays for it
+
     tb = exc.__traceback__
     # Skip frames that belong to the shim and runpy, up to the user's first frame.
     while tb is not None and _is_launch_frame(tb.tb_frame.f_code.co_filename):
@@ -161,7 +162,9 @@ def script_returned() -> None:
     """The script is over and the process is in JAX's shutdown: the flight
     recorder and the activity sampler say so."""
     checks.script_returned()
-    flight.script_returned()
+    flight = sys.modules.get("jaxrun.child.flight")  # imported where a mode is on (bootstrap.prepare)
+    if flight is not None:
+        flight.script_returned()
     activity.script_returned()
 
 

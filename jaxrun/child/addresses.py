@@ -1,0 +1,103 @@
+"""Child side: the addresses a joining process uses.
+
+Where it listens for every listener JAX opens (collectives, transfers): one
+address, never a wildcard; and whether process 0's coordination service
+answers yet.  :mod:`jaxrun.child.bootstrap` calls these when the process
+joins, never at start-up (only then is ``socket`` needed at all).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+from jaxrun import contract, portable
+
+
+def reachable_address(coordinator: str) -> str:
+    """This process's one address for every listener JAX opens (collectives,
+    transfers): loopback when the job is on this machine only, else the local
+    address that routes towards the coordinator's host.  Never a wildcard,
+    and never what the hostname resolves to, which is often 127.0.1.1."""
+    host = coordinator.rsplit(":", 1)[0].strip("[]")
+    if contract.is_loopback(host):
+        return "127.0.0.1"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    probe = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        probe.connect((host, 9))  # no packet is sent: this only picks the route
+        return probe.getsockname()[0]
+    finally:
+        probe.close()
+
+
+# How long a process looks for process 0's coordination service before it
+# leaves the waiting to initialize() itself, as a plain launch does.
+COORDINATOR_WAIT = 60.0
+
+
+def wait_for_coordinator(coordinator: str, within: float = COORDINATOR_WAIT) -> bool:
+    """Until the coordinator accepts connections: True; False once ``within``
+    seconds have passed, or at once where its host does not answer (a
+    firewall, no route), which initialize() then reports as it would.
+
+    A process whose first connection finds nobody listening yet waits out
+    gRPC's reconnect backoff, about a second, before its second; initialize()
+    returns in every process together, so the whole job waits with it.
+    Looking first costs one connection when the service is up."""
+    host, port = coordinator.rsplit(":", 1)
+    address = (host.strip("[]"), int(port))
+    end = time.monotonic() + within
+    pause = 0.002
+    while True:
+        try:
+            socket.create_connection(address, timeout=1.0).close()
+            return True
+        except ConnectionRefusedError:
+            pass  # the host is there; the service is not, yet
+        except OSError:
+            return False
+        if time.monotonic() + pause > end:
+            return False
+        time.sleep(pause)
+        pause = min(2 * pause, 0.02)
+
+
+def transfer_address(ip: str) -> str:
+    """A free address of our own for cross-process device_put, reachable by peers."""
+    return contract.join_address(ip, portable.free_port(ip))
+
+
+# The bulk transport's default is four listeners on 0.0.0.0:0.
+TRANSPORT_LISTENERS = 4
+
+
+def advertise_for_collectives(ip: str) -> None:
+    """Gloo, jax's CPU collectives, is created without a hostname, so it
+    listens on and advertises what the hostname resolves to: loopback on
+    many machines, where peers on other hosts get "connection refused".  The
+    narrowest hook: only the module jax creates its default CPU client in
+    sees a ``make_gloo_tcp_collectives`` that fills in ``hostname``, and only
+    when the caller gave none."""
+    from jax._src import xla_bridge
+
+    real_module = xla_bridge._jax
+    real = getattr(real_module, "make_gloo_tcp_collectives", None)
+    if real is None or isinstance(real_module, _GlooHostname):
+        return
+    xla_bridge._jax = _GlooHostname(real_module, real, ip)
+
+
+class _GlooHostname:
+    """``xla_bridge``'s view of jaxlib's ``_jax`` module, but for one function."""
+
+    def __init__(self, module, real, hostname: str):
+        self._module, self._real, self._hostname = module, real, hostname
+
+    def make_gloo_tcp_collectives(self, distributed_client, hostname=None, interface=None):
+        if hostname is None and interface is None:
+            hostname = self._hostname
+        return self._real(distributed_client=distributed_client, hostname=hostname, interface=interface)
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
