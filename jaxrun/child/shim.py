@@ -111,18 +111,45 @@ def set_title(is_module: bool, name: str, args: list[str]) -> None:
     rank, count = os.environ.get(contract.PROCESS_ID), os.environ.get(contract.NUM_PROCESSES)
     if rank is None or count is None:
         return
-    try:
-        import setproctitle
-    except ImportError:
+    setproctitle = title_setter()
+    if setproctitle is None:
         return
     target = f"-m {name}" if is_module else os.path.basename(name)
     ours = "SPT_NOENV" not in os.environ
     os.environ["SPT_NOENV"] = "1"  # read when the title is first set, not at import
     try:
-        setproctitle.setproctitle(" ".join([f"jaxrun: process {rank}/{count}", target, *args]))
+        setproctitle(" ".join([f"jaxrun: process {rank}/{count}", target, *args]))
     finally:
         if ours:
             del os.environ["SPT_NOENV"]  # not the script's business
+
+
+_TITLE_MODULE = "setproctitle._setproctitle"
+
+
+def title_setter():
+    """setproctitle's C function, or None where it is not installed.  Its
+    package's Python part imports ``logging``, a third of what the shim
+    added to every process's start-up; the C module alone needs nothing.  It
+    is loaded under its own name, where a later ``import setproctitle``
+    (the script's) finds it."""
+    loaded = sys.modules.get("setproctitle") or sys.modules.get(_TITLE_MODULE)
+    if loaded is not None:
+        return getattr(loaded, "setproctitle", None)
+    import importlib.util
+
+    try:
+        package = importlib.util.find_spec("setproctitle")  # finds it, runs nothing of it
+        where = package.submodule_search_locations if package is not None else None
+        spec = importlib.machinery.PathFinder.find_spec(_TITLE_MODULE, where) if where else None
+        if spec is None or spec.loader is None:
+            return None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except (ImportError, ValueError):
+        return None
+    sys.modules[_TITLE_MODULE] = module
+    return getattr(module, "setproctitle", None)
 
 
 def fresh_main() -> types.ModuleType:
