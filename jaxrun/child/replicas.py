@@ -44,7 +44,14 @@ class ReplicaMismatchError(AssertionError):
 
 
 def install(board, strict: bool) -> None:
-    """Wrap the three calls where jax defines them and where ``jax`` binds them."""
+    """Wrap the three calls where jax defines them and where ``jax`` binds them.
+    A process restarted alone (a recoverable job) checks nothing: its calls
+    count from 1 again while its peers' entries in the store are from their
+    first calls, so it would compare unlike batches."""
+    from jaxrun import contract
+
+    if os.environ.get(contract.PROCESS_RESTARTS, "0") not in ("", "0"):
+        return
     import jax
 
     try:
