@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from jaxrun.child import ending
 
 PREFIX = "jaxrun/checks"
+THREAD = "jaxrun-checks"  # the board's thread: a program compiled there is a check's own
 POLL = 0.02  # seconds between looks while a topic is young
 SLOW_POLL = 0.5  # ... and once it has waited LONG
 LONG = 5.0
@@ -112,7 +113,7 @@ class Board:
     def _ensure_thread(self) -> None:
         with self.lock:
             if self.thread is None:
-                self.thread = threading.Thread(target=self._run, name="jaxrun-checks", daemon=True)
+                self.thread = threading.Thread(target=self._run, name=THREAD, daemon=True)
                 self.thread.start()
                 # Stopped before JAX's shutdown (registered earlier: runs later) destroys
                 # the store's client, even where the script never returns (a session).
