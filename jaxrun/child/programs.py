@@ -26,9 +26,16 @@ line, the odd side first; the odd side stops at once, the others
 ``LATER`` seconds after, if fail-fast has not ended them by then, so that the
 summary's "failed first" is the odd one out.
 
-Known limit: a process that reuses a program it already has while another
+A program compiled on a thread other than the main one is counted apart, per
+thread name (threads started in the same order are named alike); the
+board's own thread's programs are not counted.  In a process started again
+alone (a recoverable job) nothing is posted: its peers are past its positions.
+
+Known limits: a process that reuses a program it already has while another
 compiles a new one makes no new entry, so the difference is not found by
-position (the stall watchdog and ``--check-divergence`` remain for it).
+position (the stall watchdog and ``--check-divergence`` remain for it); a
+peer that finished its script without a program is left to the stall
+watchdog; ``pmap``'s programs are not seen.
 """
 
 from __future__ import annotations
@@ -123,8 +130,10 @@ class Programs:
         entry = {"h": fingerprint(given["hlo"]), "fn": function_name(given.get("name", "")),
                  "in": inputs_text(given.get("global_in_avals")),
                  "sh": shardings_text(given.get("in_shardings")), "at": f"{file}:{line}"}
-        group = group_text(ranks)
         thread = threading.current_thread()
+        if thread.name == agreement.THREAD:
+            return  # a check's own program (the replicas' checksum): no user's position
+        group = group_text(ranks)
         counter = group if thread is threading.main_thread() else f"{group}/{thread.name}"
         with self.lock:
             if (counter, entry["h"]) in self.seen:

@@ -6,6 +6,7 @@ tests/e2e/test_checks_programs.py."""
 from __future__ import annotations
 
 import sys
+import threading
 import types
 
 import pytest
@@ -139,6 +140,16 @@ def test_each_group_counts_its_own_programs_once_each():
     assert posted == {"h": programs.program_hash(MODULE.format(name="y", op="add")), "fn": "step",
                       "in": "f32[8,4]", "sh": "", "at": "/w/job.py:7"}
     assert same(posted, dict(posted, at="/elsewhere/job.py:99", fn="other")) and not same(posted, dict(posted, h="z"))
+
+
+def test_another_threads_programs_count_apart_and_the_boards_own_not_at_all():
+    board, check = checker(rank=0)
+    for name in ("loader", programs.agreement.THREAD):
+        thread = threading.Thread(target=check.got, args=(given([0, 1]),), name=name)
+        thread.start()
+        thread.join()
+    check.got(given([0, 1]))
+    assert [topic for topic, *_ in board.posts] == ["programs/0,1/loader/1", "programs/0,1/1"]
 
 
 @pytest.mark.parametrize("rank, waits", [(3, []), (0, [programs.LATER])])
