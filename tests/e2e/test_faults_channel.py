@@ -140,7 +140,7 @@ class Flood(threading.Thread):
                  pace: float = 0.0):
         super().__init__(daemon=True)
         self.address, self.count, self.hold, self.silent_only = address, count, hold, silent_only
-        self.pace = pace  # seconds between two connections
+        self.pace = pace  # seconds between two connections, while the channel listens
         self.outcomes: collections.Counter = collections.Counter()
         self.stop = threading.Event()
 
@@ -149,7 +149,9 @@ class Flood(threading.Thread):
         junk = [b"", b"GET / HTTP/1.0\r\n\r\n", b'hello ["0000",0,"ctrl"]\n', os.urandom(600)]
         try:
             for i in range(self.count):
-                if self.stop.wait(self.pace) if self.pace else self.stop.is_set():
+                # Once refused, the channel has stopped listening (every task
+                # attached): the rest are refused at once, and only counted.
+                if self.stop.wait(self.pace) if self.pace and not self.outcomes["refused"] else self.stop.is_set():
                     break
                 try:
                     sock = socket.create_connection(self.address, timeout=2)
