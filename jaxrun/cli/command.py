@@ -26,7 +26,6 @@ from jaxrun.cli.params import (
     sort_variables,
 )
 from jaxrun.core.config import Flag, LaunchError, Value, declared_flags
-from jaxrun.launcher.run import run
 from jaxrun.launcher.setup.configure import config_from_args
 
 CONTEXT = {
@@ -164,7 +163,10 @@ def main(**values):
     placeholders {process_id}, {num_processes}, {local_process_id} and
     {coordinator} in those arguments are replaced in each process.
     """
-    sys.exit(run(config_from_args(values, BACKENDS, option_names=main.option_names())))
+    config = config_from_args(values, BACKENDS, option_names=main.option_names())
+    from jaxrun.launcher.run import run  # here: --help, and a bad option's error, need none of the launcher
+
+    sys.exit(run(config))
 
 
 def backend_option(flag: Flag) -> click.Option:
