@@ -5,6 +5,7 @@ The check itself, across real processes, is tests/e2e/test_checks_replicas.py.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -153,3 +154,27 @@ def test_a_process_restarted_alone_checks_nothing():
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+def test_strict_checks_refuse_a_jax_without_the_hook_points(tmp_path):
+    """Under ``--checks strict`` the process ends before the script runs any
+    program: one line, an error record, exit 1."""
+    record = tmp_path / "error.json"
+    script = textwrap.dedent("""
+        from jaxrun.child import replicas
+
+        class Board:
+            rank = 1
+
+        class Jax:
+            __version__ = "0.0.1"
+
+        replicas._missing_hook_points(Board(), True, ["make_array_from_callback"], Jax())
+        print("went on")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "JAXRUN_ERROR_FILE": str(record)})
+    assert done.returncode == 1 and "went on" not in done.stdout, done.stderr
+    assert done.stderr == ("jaxrun: --checks strict: this jax (0.0.1) lacks jax._src.array.make_array_from_callback, "
+                           "where the replica check hooks in\n")
+    assert "RuntimeError: --checks strict: this jax (0.0.1) lacks" in record.read_text()
