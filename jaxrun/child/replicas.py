@@ -167,7 +167,7 @@ class ReplicaCheck:
         shape = tuple(array.shape)
         layout = prints.layout_of(array.sharding, shape)
         topic = f"{call.site}/{call.n}.{leaf}"
-        done = set()
+        done, hashed = set(), {}
         for shard in array.addressable_shards:
             key = prints.key_of(shard.index, shape)
             holders = layout.holders.get(key, ())
@@ -176,7 +176,8 @@ class ReplicaCheck:
             done.add(key)
             value = captured.get(key)
             if value is not None and not prints.on_device(value):
-                entry = {"fp": prints.host_print(value), "device": str(shard.device)}
+                hashed[key] = prints.host_print(value)
+                entry = {"fp": hashed[key], "device": str(shard.device)}
             else:
                 entry = prints.device_print(shard.data, str(shard.device))
                 if entry is None:
@@ -184,7 +185,7 @@ class ReplicaCheck:
             self.board.post(f"replicas/{topic}/{prints.key_text(key)}", entry, holders,
                             self._judge(call, key), same=_same)
         if layout.differs and rank in layout.slices_of and captured:
-            self.board.post(f"sameness/{topic}", {"fp": prints.batch_print(captured, layout.slices_of[rank])},
+            self.board.post(f"sameness/{topic}", {"fp": prints.batch_print(captured, layout.slices_of[rank], hashed)},
                             sorted(layout.slices_of), self._sameness(call))
 
     def _judge(self, call: CheckedCall, key):

@@ -55,14 +55,15 @@ KEY = next(iter(MINE))
     np.tril(np.ones((4, 16), bool)),  # booleans: neither floating nor integer
 ], ids=["constant", "positions", "ramp", "mask", "bool"])
 def test_constants_ranges_and_masks_are_never_flagged(value):
-    assert replicas_prints.batch_print({KEY: value}, MINE) is None
+    assert replicas_prints.batch_print({KEY: value}, MINE, {}) is None
 
 
 def test_a_token_batch_has_a_print_that_follows_its_bytes():
     tokens = np.random.default_rng(0).integers(0, 32000, (4, 16), dtype=np.int32)
-    first = replicas_prints.batch_print({KEY: tokens}, MINE)
-    assert first is not None and first == replicas_prints.batch_print({KEY: tokens.copy()}, MINE)
-    assert replicas_prints.batch_print({KEY: tokens + 1}, MINE) != first
+    first = replicas_prints.batch_print({KEY: tokens}, MINE, {})
+    known = {KEY: replicas_prints.host_print(tokens)}  # taken for the replica check: used again
+    assert first is not None and first == replicas_prints.batch_print({KEY: tokens.copy()}, MINE, known)
+    assert replicas_prints.batch_print({KEY: tokens + 1}, MINE, {}) != first
 
 
 def test_capturing_keeps_what_the_callback_returned_by_slice():
