@@ -69,17 +69,14 @@ def install(board, strict: bool) -> None:
     if target is None:
         _unavailable(jax_module, board.rank, strict)
         return
+    if os.environ.get(contract.PROCESS_RESTARTS, "0") not in ("", "0"):
+        return  # started again alone: its peers' positions are past its own
     from jaxrun.child import flight
 
     locator = flight.Flight(board.rank, board.count, 0, None)  # its user_frame: the user's line
     locator.describe_paths(jax_module)
-    if os.environ.get(contract.PROCESS_RESTARTS, "0") not in ("", "0"):
-        return  # started again alone: its peers' positions are past its own
     checker = Programs(board, locator)
-    pxla = sys.modules[HOOK_POINT[0]]
-    real = target
-
-    signature = inspect.signature(real)
+    real, signature = target, inspect.signature(target)
 
     def from_hlo(*args, **kwargs):
         executable = real(*args, **kwargs)
@@ -90,7 +87,7 @@ def install(board, strict: bool) -> None:
                 print(f"jaxrun: --checks could not read a program: {type(e).__name__}: {e}", file=sys.stderr)
         return executable
 
-    pxla.UnloadedMeshExecutable.from_hlo = staticmethod(from_hlo)
+    sys.modules[HOOK_POINT[0]].UnloadedMeshExecutable.from_hlo = staticmethod(from_hlo)
 
 
 def _hook_target(modules):
@@ -126,13 +123,13 @@ class Programs:
         ranks = sorted({d.process_index for d in given.get("device_list") or ()})
         if len(ranks) < 2 or self.board.rank not in ranks:
             return  # process-local: nothing that another process must match
+        thread = threading.current_thread()
+        if thread.name == agreement.THREAD:
+            return  # a check's own program (the replicas' checksum): no user's position
         file, line = self.locator.user_frame(sys._getframe(2))
         entry = {"h": fingerprint(given["hlo"]), "fn": function_name(given.get("name", "")),
                  "in": inputs_text(given.get("global_in_avals")),
                  "sh": shardings_text(given.get("in_shardings")), "at": f"{file}:{line}"}
-        thread = threading.current_thread()
-        if thread.name == agreement.THREAD:
-            return  # a check's own program (the replicas' checksum): no user's position
         group = group_text(ranks)
         counter = group if thread is threading.main_thread() else f"{group}/{thread.name}"
         with self.lock:
