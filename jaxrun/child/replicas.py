@@ -15,7 +15,8 @@ computes a silently wrong result.  jaxrun wraps the three calls:
 - on such a call, this process fingerprints each slice it holds that other
   processes hold too (host data: ``blake2b`` of its bytes; a device-resident
   input: a small checksum computed on its device, read back only on the
-  board's thread) and posts it among the processes that hold that slice;
+  board's thread) and posts them, one entry per group of processes that
+  hold the same slices, among that group;
 - the board (:mod:`jaxrun.child.agreement`) compares them off the step's
   path; a difference ends the process that finds it with a
   :class:`ReplicaMismatchError` naming the slice, the processes and the line;
@@ -163,57 +164,66 @@ class ReplicaCheck:
                 print(f"jaxrun: --checks could not check {where}: {type(e).__name__}: {e}", file=sys.stderr)
 
     def _post_array(self, call: CheckedCall, leaf: int, array, captured: dict) -> None:
+        """One post per group of processes that share slices: each slice's
+        fingerprint, and one over them all to compare at a glance."""
         prints, rank = self.prints, self.board.rank
         shape = tuple(array.shape)
         layout = prints.layout_of(array.sharding, shape)
         topic = f"{call.site}/{call.n}.{leaf}"
-        done, hashed = set(), {}
+        hashed: dict = {}
+        groups: dict[tuple, dict] = {}  # the processes that hold them -> {slice: its print}
         for shard in array.addressable_shards:
             key = prints.key_of(shard.index, shape)
             holders = layout.holders.get(key, ())
-            if key in done or len(holders) < 2:
+            if len(holders) < 2 or key in groups.get(holders, ()):
                 continue
-            done.add(key)
             value = captured.get(key)
             if value is not None and not prints.on_device(value):
                 hashed[key] = prints.host_print(value)
-                entry = {"fp": hashed[key], "device": str(shard.device)}
+                groups.setdefault(holders, {})[key] = {"fp": hashed[key], "device": str(shard.device)}
             else:
-                entry = prints.device_print(shard.data, str(shard.device))
-                if entry is None:
-                    continue
-            self.board.post(f"replicas/{topic}/{prints.key_text(key)}", entry, holders,
-                            self._judge(call, key), same=_same)
+                part = prints.device_print(shard.data, str(shard.device))
+                if part is not None:
+                    groups.setdefault(holders, {})[key] = part
+        for holders, parts in groups.items():
+            self.board.post(f"replicas/{topic}/{'-'.join(map(str, holders))}", prints.group_entry(parts),
+                            holders, self._judge(call, sorted(parts)), same=_same)
         if layout.differs and rank in layout.slices_of and captured:
             self.board.post(f"sameness/{topic}", {"fp": prints.batch_print(captured, layout.slices_of[rank], hashed)},
                             sorted(layout.slices_of), self._sameness(call))
 
-    def _judge(self, call: CheckedCall, key):
+    def _judge(self, call: CheckedCall, keys: list):
         def settled(topic: str, entries: dict, gone: set) -> None:
             del topic, gone  # a process that finished without this call is the program check's to name
             if len({e["fp"] for e in entries.values()}) > 1:
-                self._mismatch(call, key, entries)
+                self._mismatch(call, keys, entries)
 
         return settled
 
-    def _mismatch(self, call: CheckedCall, key, entries: dict) -> None:
+    def _mismatch(self, call: CheckedCall, keys: list, entries: dict) -> None:
         from jaxrun.child import agreement
 
-        where = self.prints.index_text(key)
+        texts = [self.prints.key_text(k) for k in keys]
+        differ = [i for i, t in enumerate(texts) if len({e["slices"][t]["fp"] for e in entries.values()}) > 1]
+        first = differ[0] if differ else 0
+        where, text = self.prints.index_text(keys[first]), texts[first]
         groups: dict[str, list[int]] = {}
         for rank, entry in sorted(entries.items()):
-            groups.setdefault(entry["fp"], []).append(rank)
+            groups.setdefault(entry["slices"][text]["fp"], []).append(rank)
         parts = []
         for fp, ranks in sorted(groups.items(), key=lambda g: g[1][0]):
-            holders = ", ".join(f"{entries[r]['device']} (process {r})" for r in ranks)
+            holders = ", ".join(f"{entries[r]['slices'][text]['device']} (process {r})" for r in ranks)
             parts.append(f"checksum {fp[:8]} on {holders}")
         ranks = sorted(entries)
+        others = len(differ) - 1
+        more = f" ({others} more slice{'s' if others > 1 else ''} they share differ{'' if others > 1 else 's'} too)" \
+            if others else ""
         error = ReplicaMismatchError(
             f"replicas differ at {call.where} ({call.kind}, call {call.n} there): "
             f"slice {where} of the global array: " + "; ".join(parts))
         agreement.stop(error, [
             f"processes {', '.join(map(str, ranks))} hold slice {where} of the array built at {call.where} "
-            f"(call {call.n} there), and hold different data for it",
+            f"(call {call.n} there), and hold different data for it{more}",
             "processes that share a slice must load the same data: read the input by replica stream "
             "(jaxrun.replica_input_index), not by process index",
         ])

@@ -172,6 +172,21 @@ def _checksum():
     return checksum
 
 
+def group_entry(parts: dict):
+    """The entry for slices shared by one group of processes: each slice's
+    print (by its text) and one over them all; a callable when a print is
+    still on its device (the board's thread calls it)."""
+
+    def entry() -> dict:
+        slices = {key_text(k): (p() if callable(p) else p) for k, p in sorted(parts.items())}
+        digest = hashlib.blake2b(digest_size=12)
+        for text, part in slices.items():
+            digest.update(f"{text}={part['fp']};".encode())
+        return {"fp": digest.hexdigest(), "slices": slices}
+
+    return entry if any(callable(p) for p in parts.values()) else entry()
+
+
 def batch_print(captured: dict, mine, hashed: dict) -> str | None:
     """This process's batch (its slices in order), or None when it is never
     flagged: not floating or integer, or every slice a constant, a range
