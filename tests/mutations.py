@@ -289,6 +289,14 @@ MUTATIONS = [
         "odd_side or mesh_over_some",
     ),
     Mutation(
+        "programs-without-collectives-counted",
+        "--checks counts a program with no collective too: process 0 alone logging a replicated mean shifts its "
+        "positions, and the job is stopped for nothing",
+        (("jaxrun/child/programs.py", "        if not communicates(executable):", "        if False:"),),
+        ("tests/e2e/test_checks_programs.py",),
+        "agreeing",
+    ),
+    Mutation(
         "replicas-never-compared",
         "--checks: processes that hold one slice with different data are never stopped: the guide's replicas "
         "loaded by process index give two losses again",

@@ -12,7 +12,10 @@ hands it back (so a warm host and a cold spare count alike).  Executions are
 never seen: the C++ fast path stays on, and the cost is one print and hash
 of the module per program, next to its compile.
 
-The fingerprint hashes the module as lowered, printed without source
+Only a program whose compiled HLO holds a collective counts: one without
+(a replicated mean that process 0 alone computes to log it) makes no
+process wait for another, whichever ran it.  The fingerprint hashes the
+module as lowered, printed without source
 locations and without its name, so the same program made at another line,
 or from a checkout at another path, agrees.  Each process counts the
 programs of each group of processes (the processes whose devices the program
@@ -81,7 +84,7 @@ def install(board, strict: bool) -> None:
     def from_hlo(*args, **kwargs):
         executable = real(*args, **kwargs)
         try:
-            checker.got(signature.bind(*args, **kwargs).arguments)
+            checker.got(signature.bind(*args, **kwargs).arguments, executable)
         except Exception as e:  # noqa: BLE001 - a check that cannot read the program stays silent
             if os.environ.get("JAXRUN_VERBOSE") == "1":
                 print(f"jaxrun: --checks could not read a program: {type(e).__name__}: {e}", file=sys.stderr)
@@ -118,14 +121,16 @@ class Programs:
         self.seen: set[tuple[str, str]] = set()
         self.lock = threading.Lock()
 
-    def got(self, given: dict) -> None:
-        """``given``: from_hlo's arguments by name."""
+    def got(self, given: dict, executable) -> None:
+        """``given``: from_hlo's arguments by name; ``executable``: what it made."""
         ranks = sorted({d.process_index for d in given.get("device_list") or ()})
         if len(ranks) < 2 or self.board.rank not in ranks:
             return  # process-local: nothing that another process must match
         thread = threading.current_thread()
         if thread.name == agreement.THREAD:
             return  # a check's own program (the replicas' checksum): no user's position
+        if not communicates(executable):
+            return  # no process waits for another in it (process 0 alone logs a replicated mean)
         file, line = self.locator.user_frame(sys._getframe(2))
         entry = {"h": fingerprint(given["hlo"]), "fn": function_name(given.get("name", "")),
                  "in": inputs_text(given.get("global_in_avals")),
@@ -168,6 +173,22 @@ def fingerprint(hlo) -> str:
     """The lowered module, printed without locations and without its name, hashed."""
     text = hlo.operation.get_asm(enable_debug_info=False) if hasattr(hlo, "operation") else str(hlo)
     return program_hash(text)
+
+
+_COLLECTIVE = re.compile(r" (?:all-reduce|all-gather|all-to-all|ragged-all-to-all|reduce-scatter|collective-permute"
+                         r"|collective-broadcast|send|recv)(?:-start)?\(")
+
+
+def communicates(executable) -> bool:
+    """Whether the compiled program holds a collective (or a send or receive):
+    only then can processes that run different ones wait for each other.
+    The compiled HLO is the same in every process that compiled the same
+    module, and is there for a program loaded from the persistent cache too.
+    Unknown counts as yes."""
+    try:
+        return any(_COLLECTIVE.search(m.to_string()) for m in executable.xla_executable.hlo_modules())
+    except Exception:  # noqa: BLE001 - an executable that cannot say: compare it
+        return True
 
 
 def program_hash(text: str) -> str:

@@ -6,7 +6,8 @@
                                          parts there; process 3 runs programs of its own
     checks_programs_job.py agree DIR COLD SALT
                                          programs that agree, a process-local program that
-                                         differs on purpose, and JAX's persistent compile
+                                         differs on purpose, one that process 0 alone runs
+                                         with no collective, and JAX's persistent compile
                                          cache in DIR/warm (process COLD: DIR/cold, empty);
                                          the last program, salted, is never in the cache
 """
@@ -73,6 +74,9 @@ else:
     doubled = jax.jit(lambda v: v * 2).lower(x).compile()(x)  # ahead of time
     # Each process its own program, on its own devices only: differs on purpose.
     mine = jax.jit(lambda v: jnp.sin(v) * rank if rank % 2 else jnp.cos(v) + rank)(jnp.ones((3, rank + 1)))
+    if rank == 0:  # process 0 alone logs a replicated mean: a program over every device, no collective
+        replicated = global_array(mesh, P(), (4,))
+        print(f"process 0 logs {float(jnp.mean(replicated * 3))}", flush=True)
     # New in every run: a warm process that skipped its cached programs would count it first.
     salted = jax.jit(lambda v: v + salt)(x)
     print(f"process {rank}: sum {float(total)} doubled {float(jnp.sum(doubled))} salted {float(jnp.sum(salted))} "

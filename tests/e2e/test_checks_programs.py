@@ -92,13 +92,15 @@ def test_agreeing_programs_a_local_one_that_differs_and_a_warm_cache_beside_a_co
     """The first run fills the cache; in the second, process 0 gets every
     program from it and process 1 (an empty cache) compiles them: both must
     count them alike, or the salted program, new to both, would sit at
-    different positions and stop the job."""
+    different positions and stop the job.  So too process 0's own replicated
+    mean (over every device, without a collective) must not be counted."""
     seen = {}
     for run, cold in ((1, -1), (2, 1)):
         job = start_job("-n", 2, "--cpu-devices", 2, SCRIPT, "agree", tmp_path / "cache", cold, run)
         assert job.wait(timeout=90) == 0, job.stderr
         assert "--checks" not in job.stderr and "Mismatch" not in job.stderr, job.stderr
         seen[run] = dict(re.findall(r"process (\d): .* hits (\d+)", job.stdout))
+        assert "process 0 logs 4.5" in job.stdout
     assert seen[2]["0"] != "0" and seen[2]["1"] == "0", seen  # process 0 warm, process 1 cold
 
 

@@ -96,6 +96,12 @@ def test_the_message_says_who_finished_and_who_is_not_there_yet():
     assert "  process 1: not at program 1 yet" in lines
 
 
+def test_a_program_communicates_when_its_hlo_holds_a_collective():
+    assert programs.communicates(Executable("all-reduce-start")) and programs.communicates(Executable("send"))
+    assert not programs.communicates(Executable("add")) and not programs.communicates(Executable("all-reducer"))
+    assert programs.communicates(object())  # unknown: compared
+
+
 def test_a_body_alone_can_differ():
     assert programs.what_differs({0: entry("a"), 1: entry("b")}, [[0], [1]]) == "body"
 
@@ -120,6 +126,17 @@ def given(ranks, op="add", name="jit(step)"):
             "device_list": [Device(r) for r in ranks for _ in range(2)]}
 
 
+class Executable:
+    """What from_hlo made: its compiled HLO holds ``op``."""
+
+    def __init__(self, op="all-reduce"):
+        module = types.SimpleNamespace(to_string=lambda: f"  %r = f32[] {op}(f32[] %x), replica_groups={{}}")
+        self.xla_executable = types.SimpleNamespace(hlo_modules=lambda: [module])
+
+
+COLLECTIVE = Executable()
+
+
 def checker(rank):
     locator = types.SimpleNamespace(user_frame=lambda frame: ("/w/job.py", 7))
     board = Board(rank)
@@ -128,12 +145,13 @@ def checker(rank):
 
 def test_each_group_counts_its_own_programs_once_each():
     board, check = checker(rank=1)
-    check.got(given([0, 1, 2, 3]))
-    check.got(given([0, 1, 2, 3]))  # the same program again (a new jit of the same function): counted once
-    check.got(given([0, 1], op="multiply"))
-    check.got(given([0, 1, 2, 3], op="multiply"))
-    check.got(given([1]))  # process-local: nobody to agree with
-    check.got(given([2, 3]))  # not this process's
+    check.got(given([0, 1, 2, 3]), COLLECTIVE)
+    check.got(given([0, 1, 2, 3]), COLLECTIVE)  # the same program again (a new jit of the same function): once
+    check.got(given([0, 1], op="multiply"), Executable("all-gather-start"))
+    check.got(given([0, 1, 2, 3], op="subtract"), Executable("add"))  # no collective: nobody waits in it
+    check.got(given([0, 1, 2, 3], op="multiply"), Executable("collective-permute"))
+    check.got(given([1]), COLLECTIVE)  # process-local: nobody to agree with
+    check.got(given([2, 3]), COLLECTIVE)  # not this process's
     assert [(topic, among) for topic, _, among, _, _ in board.posts] == [
         ("programs/0-3/1", [0, 1, 2, 3]), ("programs/0,1/1", [0, 1]), ("programs/0-3/2", [0, 1, 2, 3])]
     topic, posted, _, _, same = board.posts[0]
@@ -145,10 +163,10 @@ def test_each_group_counts_its_own_programs_once_each():
 def test_another_threads_programs_count_apart_and_the_boards_own_not_at_all():
     board, check = checker(rank=0)
     for name in ("loader", programs.agreement.THREAD):
-        thread = threading.Thread(target=check.got, args=(given([0, 1]),), name=name)
+        thread = threading.Thread(target=check.got, args=(given([0, 1]), COLLECTIVE), name=name)
         thread.start()
         thread.join()
-    check.got(given([0, 1]))
+    check.got(given([0, 1]), COLLECTIVE)
     assert [topic for topic, *_ in board.posts] == ["programs/0,1/loader/1", "programs/0,1/1"]
 
 
@@ -158,7 +176,7 @@ def test_the_odd_side_stops_at_once_and_the_others_later(monkeypatch, rank, wait
     monkeypatch.setattr(programs.agreement, "stop", lambda error, lines: stopped.append((error, lines)))
     monkeypatch.setattr(programs.time, "sleep", slept.append)
     board, check = checker(rank)
-    check.got(given([0, 1, 2, 3]))
+    check.got(given([0, 1, 2, 3]), COLLECTIVE)
     settled = board.posts[0][3]
     settled("programs/0-3/1", {0: entry("a"), 1: entry("a"), 2: entry("a"), 3: entry("b")}, set())
     assert slept == waits
