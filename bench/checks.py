@@ -13,11 +13,13 @@ turn: ``--checks off`` and the default (``on``).  The table shows each one's
 median step time over the rounds (process 0's, after a warm-up; the batch's
 build is inside the step) and the ratio to off.  The goal: at most 1%.
 
-The replica check costs a walk up the stack and a count per call, and on the
-sampled calls (1, 2, 3, 4, 8, 16, ...) a hash of the slices (host data) or a
-checksum on the device (device-resident data).  A probe times both in one
-process on a batch of the step's size: the host hash, and the on-device
-checksum's dispatch on the calling thread and its result read back.
+The replica check costs a lookup of the call site and a count per call, and
+on the sampled calls (1, 2, 3, 4, 8, 16, ...) a hash of the slices (host
+data) or a checksum on the device (device-resident data).  A probe times
+them in one process, where a loaded machine's drift between jobs does not
+reach: an unsampled call's own cost, and on a batch of the step's size the
+host hash, the on-device checksum's dispatch on the calling thread and its
+result read back.
 """
 
 from __future__ import annotations
@@ -97,6 +99,19 @@ PROBE = textwrap.dedent(
             took.append(time.perf_counter() - start)
         return statistics.median(took) * 1e6
 
+    class Board:  # posts nothing: the unsampled path never reaches it
+        rank = 0
+
+        def post(self, *args, **kwargs):
+            pass
+
+    from jaxrun.child import replicas
+    check = replicas.ReplicaCheck(Board(), False, replicas_prints)
+    wrapped = check.wrap("make_array_from_process_local_data", lambda *a: None)
+    for _ in range(100):  # past the sample's dense start
+        wrapped(1, 2)
+    bare = statistics.median(timed(lambda: None) for _ in range(5))
+    print(f"CALL_US {statistics.median(timed(lambda: wrapped(1, 2)) for _ in range(5)) - bare:.2f}")
     pending = []
     print(f"HOST_US {timed(lambda: replicas_prints.host_print(host)):.1f}")
     print(f"DISPATCH_US {timed(lambda: pending.append(replicas_prints.device_print(device, 'cpu:0'))):.1f}")
@@ -149,6 +164,9 @@ def main() -> None:
     if "ROUND_US" not in found:
         raise RuntimeError(proc.stderr[-1500:])
     size = int(float(found["BYTES"]))
+    call_us = float(found["CALL_US"])
+    print(f"an unsampled call's own cost (in one process, median of 5 x {args.calls}): {call_us:.2f} us, "
+          f"{100 * call_us / 1e3 / median(times['off']):.4f}% of the median step off")
     print(f"a sampled call's fingerprint of one {size / 1024:.0f} KiB slice (median of {args.calls}): "
           f"host blake2b {float(found['HOST_US']):.1f} us; on-device checksum {float(found['DISPATCH_US']):.1f} us "
           f"to dispatch on the script's thread, {float(found['ROUND_US']):.1f} us with its result read back "
