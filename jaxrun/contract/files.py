@@ -146,6 +146,9 @@ class Spinning:
     def __repr__(self) -> str:
         return f"Spinning(threads={self.threads!r}, cores={self.cores!r})"
 
+    def __reduce__(self):  # copy, deepcopy and pickle make it anew, never set its fields
+        return Spinning, (self.threads, self.cores)
+
     def line(self) -> str:
         """The activity line that says it: ``spin 2 1.97``."""
         return f"{SPIN} {self.threads} {self.cores:.2f}"

@@ -1,6 +1,8 @@
-"""portable.descendants_cpu: the stall watchdog's look at the processes a
+"""What a controller's start-up costs, kept small without changing answers
+(#46): portable.descendants_cpu, the stall watchdog's look at the processes a
 process started (its children's CPU is work), without walking every process
-of the host where it need not, and psutil's answer where it can."""
+of the host, and psutil's answer where the layer has none; and the activity
+line's value class, no dataclass any more."""
 
 from __future__ import annotations
 
@@ -87,3 +89,25 @@ def test_the_sampler_sees_the_tree_with_and_without_the_layer(tree, monkeypatch)
     assert set(activity.children_cpu()) == set(tree)
     monkeypatch.setenv(contract.PORTABLE, "1")
     assert set(activity.children_cpu()) == set(tree)
+
+
+def test_the_activity_line_a_start_up_reads_is_a_value_as_before():
+    """contract.Spinning is a plain class now (no dataclasses at a
+    controller's start-up): still equal by value, hashable, unchangeable,
+    and copied or pickled whole (a report's asdict deep-copies it)."""
+    import copy
+    import dataclasses
+    import pickle
+
+    spun = contract.Spinning(2, 1.97)
+    assert spun == contract.Spinning.of(spun.line()) and spun != contract.Spinning(3, 1.97)
+    assert {spun: 1}[contract.Spinning(2, 1.97)] == 1
+    assert copy.deepcopy(spun) == spun == pickle.loads(pickle.dumps(spun))
+    with pytest.raises(AttributeError):
+        spun.threads = 5
+
+    @dataclasses.dataclass
+    class Holder:
+        spinning: tuple
+
+    assert dataclasses.asdict(Holder(((1, spun),))) == {"spinning": ((1, spun),)}
