@@ -89,10 +89,14 @@ class Board:
         self._ensure_thread()
 
     def script_returned(self) -> None:
-        if self.thread is None:
+        """Say so in the store, after this process's last entry, even where it
+        posted nothing: a peer may wait for an entry it will never make (a
+        process started again alone checks nothing)."""
+        if self.stopped.is_set():
             return
         self._count(1)
         self.queue.put(_FINISHED)
+        self._ensure_thread()
         atexit.register(self.settle, SETTLE)
 
     def settle(self, seconds: float) -> None:

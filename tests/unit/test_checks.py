@@ -166,3 +166,13 @@ def test_a_post_among_one_rank_alone_is_not_made():
     board = agreement.Board(0, 2, client=lambda: Store())
     board.post("p/0", {"fp": "a"}, (0,), lambda *a: None)
     assert board.thread is None and board.outstanding == 0
+
+
+def test_a_process_that_posted_nothing_still_says_it_finished():
+    """A peer may wait for an entry this process never makes (started again
+    alone, it checks nothing): the word that its script returned ends that wait."""
+    store = Store()
+    board = agreement.Board(1, 2, client=lambda: store)
+    board.script_returned()
+    board.settle(5.0)
+    assert store.data == {f"{agreement.PREFIX}/finished/1": "1"}
