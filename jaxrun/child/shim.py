@@ -84,6 +84,10 @@ def main(argv: list[str]) -> None:
     # sent before now was held and arrives here.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, contract.STOP_SIGNALS)
     watch_lifeline()
+    # The handler faulthandler restores when the interpreter finalizes: a dump
+    # asked for in the last moments of a clean exit must not kill the process
+    # (SIGUSR1's default), which would turn its exit 0 into a signal.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
     profiling.install()  # SIGUSR2: start or stop a trace, where the launcher named a folder
     if len(argv) < 2 or argv[0] not in ("--", "-m"):

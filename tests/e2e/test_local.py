@@ -96,6 +96,23 @@ def test_module_mode(jaxrun, tmp_path):
 
 
 @pytest.mark.plain_python
+def test_a_stack_dump_asked_for_as_the_interpreter_finalizes_does_not_kill_it(jaxrun, tmp_path):
+    """Finalizing, the interpreter gives SIGUSR1 back to the handler it had
+    before faulthandler's; a dump asked for then (the launcher probing a job
+    whose processes are exiting) must leave an exit 0 alone."""
+    script = tmp_path / "late.py"
+    script.write_text(
+        "import faulthandler, os, signal\n"
+        "faulthandler.unregister(signal.SIGUSR1)  # as finalization does\n"
+        "os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "print('survived')\n"
+    )
+    code, out, err = jaxrun("-n", 2, script)
+    assert code == 0, err
+    assert out.count("survived") == 2, out
+
+
+@pytest.mark.plain_python
 def test_nonzero_exit_is_reported_and_easy_to_find(jaxrun, tmp_path):
     script = tmp_path / "three.py"
     script.write_text(
