@@ -99,16 +99,27 @@ def write_private(path: str, data: bytes) -> None:
     os.replace(new, path)
 
 
-def remove_private(path: str) -> None:
-    """Remove what ``write_private`` wrote at ``path``, and the new copy a
-    writer that ended before its rename left beside it."""
-    import glob
-
-    for stale in [path, *glob.glob(glob.escape(path) + ".*.new")]:
+def remove_private(*paths: str) -> None:
+    """Remove what ``write_private`` wrote at each of ``paths``, and the new
+    copy a writer that ended before its rename left beside it
+    (``PATH.PID.new``).  Each folder is listed once, however many paths it
+    holds: a run's end removes every process's file from one log folder."""
+    folders: dict[str, set[str]] = {}
+    for path in paths:
+        folder, name = os.path.split(path)
+        folders.setdefault(folder or os.curdir, set()).add(name)
+    for folder, names in folders.items():
         try:
-            os.unlink(stale)
+            listed = os.listdir(folder)
         except OSError:
-            pass
+            listed = []
+        stale = [n for n in listed if n.endswith(".new") and n[:-4].rpartition(".")[0] in names
+                 and n[:-4].rpartition(".")[2].isdigit()]
+        for name in [*names, *stale]:
+            try:
+                os.unlink(os.path.join(folder, name))
+            except OSError:
+                pass
 
 
 def joined_recoverable(path: str) -> bool:

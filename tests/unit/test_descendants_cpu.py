@@ -111,3 +111,23 @@ def test_the_activity_line_a_start_up_reads_is_a_value_as_before():
         spinning: tuple
 
     assert dataclasses.asdict(Holder(((1, spun),))) == {"spinning": ((1, spun),)}
+
+
+def test_a_runs_end_removes_every_activity_file_and_left_copy_listing_the_folder_once(tmp_path, monkeypatch):
+    """contract.remove_private: each path, and the PATH.PID.new a writer left
+    unrenamed, nothing else; the folder listed once for all of them (at 256
+    processes, one listing per file grew the launcher's ending as N squared)."""
+    paths = [str(tmp_path / f"process-{r}.activity") for r in range(3)]
+    for path in paths:
+        contract.write_private(path, b"busy\n")
+    (tmp_path / "process-1.activity.4242.new").write_bytes(b"idle\n")  # its writer ended before the rename
+    keep = ["process-1.activity.x.new", "process-12.activity", "process-1.activity.log", "other.4242.new"]
+    for name in keep:
+        (tmp_path / name).write_bytes(b"")
+    listings = []
+    real = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda folder=".": listings.append(folder) or real(folder))
+    contract.remove_private(*paths)
+    assert listings == [str(tmp_path)]
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(keep)

@@ -221,5 +221,4 @@ class ActivityWatch:
     def finish(self) -> None:
         """Remove the activity files, and the new copy a sampler had not yet
         renamed over one when its process ended (``contract.write_private``)."""
-        for path in self.paths.values():
-            contract.remove_private(path)
+        contract.remove_private(*self.paths.values())  # their folder listed once, not once a process
