@@ -272,6 +272,15 @@ MUTATIONS = [
         "spin and not (preload or ssh or slurm or mpirun or ray)",
     ),
     Mutation(
+        "starved-thread-counts-as-idle",
+        "on a loaded machine a helper thread that waits for a CPU more than it gets one is taken for idle: a "
+        "working job is warned of, or stopped, as a stall",
+        (("jaxrun/child/activity.py",
+          "    if any(used[tid] + waited.get(tid, 0.0) >= wanted for tid in work if tid in used):", "    if False:"),),
+        ("tests/unit/test_stall.py",),
+        "starved or waited",
+    ),
+    Mutation(
         "main-spin-counts-as-work",
         "a main thread that loops on sched_yield inside a native call counts as work: that hang is never found",
         (("jaxrun/child/activity.py", "        if not main_spins(main_before, self.last_main, enough, self.gil_free):",

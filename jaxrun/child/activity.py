@@ -35,6 +35,22 @@ moving, and the line says how many threads spun and their CPU in cores,
 for the summary.  CPU time per thread is read where the system says it
 (``portable.thread_cpu``); elsewhere any CPU time is progress, as before.
 
+On a loaded machine a thread that works or spins gets only a share of a
+core: a Python helper thread among thirty busy processes on two cores
+gets 6-7%, and less as the load grows.  So a thread that was ready to run
+for at least ``WANTED_SHARE`` of the interval (its CPU time plus its wait
+for a CPU, ``portable.thread_waits``) counts as if it had used the CPU:
+the script's helper thread works, and so does a main thread that imports
+or computes (unless its CPU has a spinner's shape, ``main_spins``; one
+starved below ``BUSY_SHARE`` shows no shape, and works).  A parked thread
+waits for no CPU; a thread that wakes now and then waits a little each
+time.  A wrong "busy" only delays a stall's finding on a loaded machine;
+a wrong "idle" may stop a job that works.  Another thread spins when it
+used ``BUSY_SHARE`` of a core, or when it was ready to run for
+``SPIN_WANTED_SHARE`` of the interval, nearly all of it: a spinner
+starved on a loaded machine is, while a thread that wakes often on a
+loaded machine waits at each wake, for less.
+
 The looks cost little, once per interval (reading each thread's CPU time,
 about 10 us a thread, only when the process used CPU; the children's, one
 system call where there are none); nothing is hooked,
@@ -62,6 +78,9 @@ from jaxrun import contract, portable
 MAX_INTERVAL = 5.0
 MIN_INTERVAL = 0.05
 BUSY_SHARE = 0.05  # of one core, over an interval
+LOOK_SHARE = 0.01  # of one core: less, and the process has nothing to judge thread by thread
+WANTED_SHARE = 0.5  # of the interval, CPU time and the wait for a CPU: a Python thread that works, starved
+SPIN_WANTED_SHARE = 0.9  # of the interval, likewise: a native thread that spins, starved
 BUSY_IO = 64 * 1024  # bytes per interval
 SPIN_SYSTEM_SHARE = 0.5  # of the main thread's CPU: a loop on sched_yield is mostly system time
 GIL_HELD = 0.001  # seconds to take the GIL back: more, and a thread is running Python
@@ -181,17 +200,28 @@ def called_name(code, offset: int) -> str | None:
 
 
 def judge_threads(before: dict[int, float], now: dict[int, float], seconds: float, work: set[int],
-                  own: set[int]) -> str:
+                  own: set[int], waited: dict[int, float] | None = None) -> str:
     """From each thread's CPU seconds at two looks ``seconds`` apart: BUSY
     where the script's Python threads (``work``) used ``BUSY_SHARE`` of a
     core, else a SPIN line for the other threads (no Python frame, or the
     main thread, whose stack did not move) that each used that much, else
-    IDLE.  ``own``: jaxrun's threads, left out."""
-    enough = BUSY_SHARE * max(seconds, 1e-9)
+    IDLE.  ``own``: jaxrun's threads, left out.  ``waited``: the seconds
+    each thread was ready to run but had no CPU, between the looks; a
+    thread of ``work`` whose CPU and wait make ``WANTED_SHARE`` of the
+    interval is starved, not parked, and works; another thread whose CPU
+    and wait make ``SPIN_WANTED_SHARE`` of it spins, starved."""
+    seconds = max(seconds, 1e-9)
+    enough, wanted = BUSY_SHARE * seconds, WANTED_SHARE * seconds
+    waited = waited or {}
     used = {tid: cpu - before.get(tid, 0.0) for tid, cpu in now.items() if tid not in own}
+
     if sum(used.get(tid, 0.0) for tid in work) >= enough:
         return contract.BUSY
-    spun = [cpu for tid, cpu in used.items() if tid not in work and cpu >= enough]
+    if any(used[tid] + waited.get(tid, 0.0) >= wanted for tid in work if tid in used):
+        return contract.BUSY  # starved: it wanted the CPU most of the interval
+    spinning = SPIN_WANTED_SHARE * seconds
+    spun = [cpu for tid, cpu in used.items()
+            if tid not in work and (cpu >= enough or cpu + waited.get(tid, 0.0) >= spinning)]
     if not spun:
         return contract.IDLE
     return contract.Spinning(len(spun), round(sum(spun) / seconds, 2)).line()
@@ -228,13 +258,14 @@ class Sampler:
 
     def __init__(self, path: str, interval: float, clock=time.monotonic, cpu=time.process_time,
                  io=portable.io_bytes, stack=None, children=None, threads=portable.thread_cpu, python=None,
-                 main_times=None, gil_free=None, main_tid: int | None = None):
+                 main_times=None, gil_free=None, main_tid: int | None = None, waits=portable.thread_waits):
         self.path, self.interval = path, interval
         self.clock, self.cpu, self.io = clock, cpu, io
         main = threading.main_thread()
         self.stack = stack or (lambda: main_stack(main.ident))
         self.children = children or children_cpu
         self.threads = threads  # each thread's CPU seconds, or None (read only when the process used CPU)
+        self.waits = waits  # each thread's seconds waiting for a CPU, or None (read with the CPU seconds)
         self.python = python or (lambda: python_threads(main.native_id))
         self.main_tid = main.native_id if main_tid is None else main_tid
         # The main thread's (user, system) CPU seconds, and whether it has left the GIL free.
@@ -246,6 +277,7 @@ class Sampler:
         self.finished = False
         self.last = self._look()
         self.last_threads: dict[int, float] | None = None  # at the last look, where read then
+        self.last_waits: dict[int, float] | None = None
 
     def _look(self) -> tuple:
         return self.clock(), self.cpu(), self.io(), self.stack(), _beats, self.children()
@@ -258,22 +290,29 @@ class Sampler:
         t, cpu, io, stack, beats, kids = now
         enough = BUSY_SHARE * max(t - t0, 1e-9)
         used = cpu - cpu0 >= enough
-        before, self.last_threads = self.last_threads, (self.threads() if used else None)
-        main_before, self.last_main = self.last_main, (self.main_times() if used else None)
+        # A starved process uses little CPU though its threads want more:
+        # its threads are read from a share of a core well above a parked one's.
+        looked = cpu - cpu0 >= LOOK_SHARE * max(t - t0, 1e-9)
+        before, self.last_threads = self.last_threads, (self.threads() if looked else None)
+        waits_before, self.last_waits = self.last_waits, (self.waits() if looked else None)
+        main_before, self.last_main = self.last_main, (self.main_times() if looked else None)
         if beats != beats0 or stack != stack0 or busy_place(stack):
             return contract.BUSY
         if any(spent - kids0.get(pid, 0.0) >= enough for pid, spent in kids.items()):
             return contract.BUSY
         if io is not None and io0 is not None and io - io0 >= BUSY_IO:
             return contract.BUSY
-        if not used:
+        if not looked:
             return contract.IDLE
-        if inside_jax(stack) or before is None or self.last_threads is None:
-            return contract.BUSY  # JAX's work; or no thread's own count to judge by (yet)
+        waited = waited_between(waits_before, self.last_waits)
+        if before is None or self.last_threads is None:
+            return contract.BUSY if used else contract.IDLE  # no thread's own count to judge by (yet)
+        if inside_jax(stack):
+            return contract.BUSY if used else contract.IDLE  # JAX's work
         work, own = self.python()
         if not main_spins(main_before, self.last_main, enough, self.gil_free):
             work = work | {self.main_tid}
-        return judge_threads(before, self.last_threads, t - t0, work, own)
+        return judge_threads(before, self.last_threads, t - t0, work, own, waited)
 
     def write(self, said: str) -> None:
         with self.lock:
@@ -298,6 +337,14 @@ def _key(said: str | None) -> tuple:
     (their CPU varies from look to look; the first look's is told)."""
     spinning = contract.Spinning.of(said) if said else None
     return (said,) if spinning is None else (contract.SPIN, spinning.threads)
+
+
+def waited_between(before: dict[int, float] | None, now: dict[int, float] | None) -> dict[int, float]:
+    """Each thread's wait for a CPU between two looks; empty where either
+    look has none."""
+    if not before or not now:
+        return {}
+    return {tid: seconds - before.get(tid, 0.0) for tid, seconds in now.items()}
 
 
 def script_returned() -> None:

@@ -32,6 +32,9 @@ inotify; ``files``                     the output pump's tick (``launcher.output
 ``/proc/self/task/*/stat``;            no CPU time per thread: any CPU time of the
 ``threads``                            process counts as work, so native threads that
                                        spin hide a hang (``child.activity``)
+``/proc/self/task/*/schedstat``;       no wait for a CPU per thread: on a loaded machine
+``threads``                            a starved thread that works or spins may be taken
+                                       for idle (``child.activity``)
 ``waitid(WNOWAIT)``, ``/proc/PID/      psutil's walk of every process, at every look
 stat`` (``task/*/children``);          of the stall watchdog's sampler
 ``processes``                          (``child.activity``)
@@ -55,10 +58,11 @@ from jaxrun.portable.memory import maxrss_bytes, memory_group
 from jaxrun.portable.notes import notes
 from jaxrun.portable.processes import claim_orphans, descendants_cpu, ended_unreaped, open_file_ids, pid_max
 from jaxrun.portable.sockets import free_port, is_abstract, peer_pid, peer_uid, server_address, temp_base_for_sockets
-from jaxrun.portable.threads import io_bytes, lower_thread_priority, thread_cpu, thread_times
+from jaxrun.portable.threads import io_bytes, lower_thread_priority, thread_cpu, thread_times, thread_waits
 
 __all__ = [
     "claim_orphans", "descendants_cpu", "ended_unreaped", "free_port", "inotify", "io_bytes", "is_abstract",
     "lower_thread_priority", "maxrss_bytes", "memory_group", "notes", "open_file_ids", "peer_pid", "peer_uid",
     "pid_max", "server_address", "set_pipe_size", "temp_base_for_sockets", "thread_cpu", "thread_times",
+    "thread_waits",
 ]

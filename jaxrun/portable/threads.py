@@ -1,6 +1,7 @@
 """Threads and what this process does: whether a thread's native id names
-it to the kernel, a thread's own priority, and the I/O counters and each
-thread's CPU time that the stall watchdog's sampler reads (``child.activity``)."""
+it to the kernel, a thread's own priority, and the I/O counters, each
+thread's CPU time and each thread's wait for a CPU that the stall
+watchdog's sampler reads (``child.activity``)."""
 
 from __future__ import annotations
 
@@ -71,32 +72,51 @@ def thread_times(tid: int) -> tuple[float, float] | None:
         return None
 
 
-def thread_cpu() -> dict[int, float] | None:
-    """CPU seconds (user and system) each thread of this process has used so
-    far, by its native id; None where the system does not say per thread."""
+def _each_thread(name: str, size: int, value) -> dict[int, float] | None:
+    """``value(text)`` of each thread's ``/proc/self/task/TID/NAME``, by its
+    native id; None where the system has no such file."""
     if forced():
         return None
     try:
         tids = os.listdir("/proc/self/task")
     except OSError:
         return None
-    used = {}
+    said = {}
     for tid in tids:
         try:
-            fd = os.open(f"/proc/self/task/{tid}/stat", os.O_RDONLY)
+            fd = os.open(f"/proc/self/task/{tid}/{name}", os.O_RDONLY)
         except OSError:
-            continue  # it ended between the two looks
+            continue  # it ended between the two looks, or the kernel keeps no such file
         try:
-            text = os.read(fd, 1024)
+            text = os.read(fd, size)
         except OSError:
             continue
         finally:
             os.close(fd)
-        # After the name in parentheses (which may hold anything): the state,
-        # then fields 4 to 13, then utime and stime (proc(5)'s fields 14, 15).
-        fields = text[text.rfind(b")") + 2:].split()
         try:
-            used[int(tid)] = (int(fields[11]) + int(fields[12])) / TICKS
+            said[int(tid)] = value(text)
         except (IndexError, ValueError):
             continue
-    return used or None
+    return said or None
+
+
+def _stat_cpu(text: bytes) -> float:
+    # After the name in parentheses (which may hold anything): the state,
+    # then fields 4 to 13, then utime and stime (proc(5)'s fields 14, 15).
+    fields = text[text.rfind(b")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def thread_cpu() -> dict[int, float] | None:
+    """CPU seconds (user and system) each thread of this process has used so
+    far, by its native id; None where the system does not say per thread."""
+    return _each_thread("stat", 1024, _stat_cpu)
+
+
+def thread_waits() -> dict[int, float] | None:
+    """Seconds each thread of this process has spent ready to run but
+    waiting for a CPU (the run queue's delay, ``/proc/self/task/TID/schedstat``'s
+    second field), by its native id; None where the system does not say.
+    On a loaded machine a thread that works or spins gets a small share of a
+    core and waits for the rest; a parked thread does neither."""
+    return _each_thread("schedstat", 256, lambda text: int(text.split()[1]) / 1e9)
