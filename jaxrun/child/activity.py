@@ -123,9 +123,10 @@ def python_threads(main: int | None) -> tuple[set[int], set[int]]:
     one (their CPU is work), and of jaxrun's own (the sampler's among them:
     their CPU is neither work nor spin)."""
     work, own = set(), set()
+    first = threading.main_thread()  # its native_id may be stale after a fork: ``main`` is not
     for thread in threading.enumerate():
         tid = thread.native_id
-        if tid is not None and tid != main:
+        if tid is not None and tid != main and thread is not first:
             (own if thread.name.startswith(_OWN_THREADS) else work).add(tid)
     return work, own
 
@@ -266,10 +267,10 @@ class Sampler:
         self.children = children or children_cpu
         self.threads = threads  # each thread's CPU seconds, or None (read only when the process used CPU)
         self.waits = waits  # each thread's seconds waiting for a CPU, or None (read with the CPU seconds)
-        self.python = python or (lambda: python_threads(main.native_id))
-        self.main_tid = main.native_id if main_tid is None else main_tid
+        self.main_tid = portable.main_native_id() if main_tid is None else main_tid
+        self.python = python or (lambda: python_threads(self.main_tid))
         # The main thread's (user, system) CPU seconds, and whether it has left the GIL free.
-        self.main_times = main_times or (lambda: portable.thread_times(main.native_id))
+        self.main_times = main_times or (lambda: portable.thread_times(self.main_tid))
         self.gil_free = gil_free or gil_left_free
         self.last_main: tuple[float, float] | None = None
         self.state: str | None = None  # the line last written

@@ -58,11 +58,19 @@ from jaxrun.portable.memory import maxrss_bytes, memory_group
 from jaxrun.portable.notes import notes
 from jaxrun.portable.processes import claim_orphans, descendants_cpu, ended_unreaped, open_file_ids, pid_max
 from jaxrun.portable.sockets import free_port, is_abstract, peer_pid, peer_uid, server_address, temp_base_for_sockets
-from jaxrun.portable.threads import io_bytes, lower_thread_priority, thread_cpu, thread_times, thread_waits
+from jaxrun.portable.threads import (
+    io_bytes,
+    lower_thread_priority,
+    main_native_id,
+    thread_cpu,
+    thread_times,
+    thread_waits,
+)
 
 __all__ = [
     "claim_orphans", "descendants_cpu", "ended_unreaped", "free_port", "inotify", "io_bytes", "is_abstract",
-    "lower_thread_priority", "maxrss_bytes", "memory_group", "notes", "open_file_ids", "peer_pid", "peer_uid",
+    "lower_thread_priority", "main_native_id", "maxrss_bytes", "memory_group", "notes", "open_file_ids",
+    "peer_pid", "peer_uid",
     "pid_max", "server_address", "set_pipe_size", "temp_base_for_sockets", "thread_cpu", "thread_times",
     "thread_waits",
 ]

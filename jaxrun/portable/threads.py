@@ -6,16 +6,32 @@ watchdog's sampler reads (``child.activity``)."""
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 from jaxrun.portable.probe import forced
+
+
+def main_native_id() -> int | None:
+    """The main thread's native id, right in a process forked from another
+    (the preload server's children): there Python 3.11's
+    ``threading.main_thread().native_id`` still holds the id of the parent's
+    thread that forked.  Asked from the main thread, its own id; on Linux
+    from another thread, the process id (the main thread leads the thread
+    group, and after a fork the forking thread does and is the main one)."""
+    main = threading.main_thread()
+    if threading.current_thread() is main:
+        return threading.get_native_id()
+    if sys.platform.startswith("linux") and not forced():
+        return os.getpid()
+    return main.native_id
 
 
 def thread_ids_are_pids() -> bool:
     """Whether a thread's native id names that thread to ``setpriority``, as
     where the main thread's id is the process id (elsewhere it may be a pid)."""
     try:
-        return not forced() and threading.main_thread().native_id == os.getpid()
+        return not forced() and main_native_id() == os.getpid()
     except AttributeError:
         return False
 

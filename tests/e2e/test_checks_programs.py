@@ -6,8 +6,8 @@ raise nothing.
 
 Real JAX jobs of tests/data/checks_programs_job.py on CPU devices: the
 guide's parted matmul (4 processes x 2 devices; process 3 runs ``y @ x``
-where the others run ``x @ y``) locally in both modes and over SSH, a
-parted matmul in a mesh over the devices of processes 0-2 only, and two
+where the others run ``x @ y``) and a parted matmul in a mesh over the
+devices of processes 0-2 only, each locally in both modes and over SSH, and two
 runs of an agreeing job that share a compile cache.
 """
 
@@ -78,14 +78,27 @@ def test_the_parted_matmul_over_ssh(sshd_hosts, start_job, tmp_path, shared_dir)
     check_parted_matmul(code, job.stdout, job.stderr, tmp_path / "report.json", host=" on hostB")
 
 
-def test_a_mesh_over_some_processes_compares_among_them_only(start_job, tmp_path):
-    job = start_job("-n", 4, "--cpu-devices", 2, SCRIPT, "subset")
-    assert job.wait(timeout=90) == 1, job.stderr
-    assert "jaxrun: process 2 failed first: exit code 1" in job.stderr, job.stderr
+def check_subset(code: int, stdout: str, stderr: str, host: str = "") -> None:
+    assert code == 1, stderr
+    assert f"jaxrun: process 2{host} failed first: exit code 1" in stderr, stderr
     assert (f"ProgramMismatchError: program 1 of processes 0-2 differs (shapes, shardings): "
             f"process 2 made matmul(f32[4,6], f32[6,4]) at checks_programs_job.py:{SUBSET_PARTED}; "
-            f"processes 0, 1 made matmul(f32[6,4], f32[4,6]) at checks_programs_job.py:{SUBSET}") in job.stderr
-    assert "process 3: own 360.0" in job.stdout  # its own program, compared with nobody's
+            f"processes 0, 1 made matmul(f32[6,4], f32[4,6]) at checks_programs_job.py:{SUBSET}") in stderr
+    assert "process 3: own 360.0" in stdout  # its own program, compared with nobody's
+
+
+@pytest.mark.both_modes
+def test_a_mesh_over_some_processes_compares_among_them_only(launch, tmp_path):
+    job = launch("-n", 4, "--cpu-devices", 2, SCRIPT, "subset")
+    check_subset(job.wait(timeout=90), job.stdout, job.stderr)
+
+
+def test_a_mesh_over_some_processes_over_ssh(sshd_hosts, start_job, tmp_path, shared_dir):
+    script = shutil.copy(SCRIPT, shared_dir / SCRIPT.name)
+    job = start_job("-H", "hostA:2,hostB:2", "--ssh-config", sshd_hosts.config, "-x", f"PYTHONPATH={ROOT}",
+                    "-x", TOKEN, "--cpu-devices", 2, "--log-dir", tmp_path / "logs", script, "subset",
+                    cwd=shared_dir)
+    check_subset(job.wait(timeout=90), job.stdout, job.stderr, host=" on hostB")
 
 
 def test_agreeing_programs_a_local_one_that_differs_and_a_warm_cache_beside_a_cold_one(start_job, tmp_path):

@@ -689,3 +689,41 @@ def test_a_real_helper_thread_starved_of_cpu_works_and_without_the_wait_it_looke
     said = ast.literal_eval(out.stdout.strip().splitlines()[-1])
     assert set(said["waits"][2:]) == {contract.BUSY}, said
     assert contract.IDLE in said["cpu-only"][2:], said
+
+
+FORKED_MAIN = """
+import os, sys, threading, time
+from jaxrun import portable
+from jaxrun.child import activity
+threading.Thread(target=lambda: None).start()  # the parent's main thread has a native id of its own
+pid = os.fork()  # as the preload server's children are made
+if pid == 0:
+    said = []
+    def look(sampler):
+        for _ in range(8):
+            time.sleep(0.2)
+            said.append(sampler.judge())
+    looker = threading.Thread(target=look, args=(activity.Sampler(os.devnull, 0.2),), name="jaxrun-look")
+    looker.start()
+    end = time.monotonic() + 1.8
+    while time.monotonic() < end: sum(range(1000))  # a hot loop on one line: its stack looks still
+    looker.join()
+    print(portable.main_native_id() == threading.get_native_id() == os.getpid(), said, flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+"""
+
+
+def test_in_a_forked_child_the_main_threads_python_loop_is_work_not_spin():
+    """After a fork, Python 3.11's main_thread().native_id is the parent's
+    thread's: the sampler took the child's main thread for a native thread,
+    and its hot loop for spinning (the calm job's start-up, under the
+    preload server, warned of as no progress)."""
+    out = subprocess.run([sys.executable, "-c", FORKED_MAIN], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    right, said = out.stdout.split(" ", 1)
+    assert right == "True", out.stdout
+    import ast
+
+    said = ast.literal_eval(said.strip())
+    assert contract.SPIN not in {contract.activity_word(s) for s in said} and contract.BUSY in said, said
