@@ -45,11 +45,10 @@ or computes (unless its CPU has a spinner's shape, ``main_spins``; one
 starved below ``BUSY_SHARE`` shows no shape, and works).  A parked thread
 waits for no CPU; a thread that wakes now and then waits a little each
 time.  A wrong "busy" only delays a stall's finding on a loaded machine;
-a wrong "idle" may stop a job that works.  Another thread spins when it
-used ``BUSY_SHARE`` of a core, or when it was ready to run for
-``SPIN_WANTED_SHARE`` of the interval, nearly all of it: a spinner
-starved on a loaded machine is, while a thread that wakes often on a
-loaded machine waits at each wake, for less.
+a wrong "idle" may stop a job that works.  Another thread spins only when
+it used ``BUSY_SHARE`` of a core: on a machine so loaded that a spinner
+gets less, any thread that woke once may wait the whole interval for a
+CPU, so a wait tells nothing there (fewer spinning threads are counted).
 
 The looks cost little, once per interval (reading each thread's CPU time,
 about 10 us a thread, only when the process used CPU; the children's, one
@@ -80,7 +79,6 @@ MIN_INTERVAL = 0.05
 BUSY_SHARE = 0.05  # of one core, over an interval
 LOOK_SHARE = 0.01  # of one core: less, and the process has nothing to judge thread by thread
 WANTED_SHARE = 0.5  # of the interval, CPU time and the wait for a CPU: a Python thread that works, starved
-SPIN_WANTED_SHARE = 0.9  # of the interval, likewise: a native thread that spins, starved
 BUSY_IO = 64 * 1024  # bytes per interval
 SPIN_SYSTEM_SHARE = 0.5  # of the main thread's CPU: a loop on sched_yield is mostly system time
 GIL_HELD = 0.001  # seconds to take the GIL back: more, and a thread is running Python
@@ -209,8 +207,8 @@ def judge_threads(before: dict[int, float], now: dict[int, float], seconds: floa
     IDLE.  ``own``: jaxrun's threads, left out.  ``waited``: the seconds
     each thread was ready to run but had no CPU, between the looks; a
     thread of ``work`` whose CPU and wait make ``WANTED_SHARE`` of the
-    interval is starved, not parked, and works; another thread whose CPU
-    and wait make ``SPIN_WANTED_SHARE`` of it spins, starved."""
+    interval is starved, not parked, and works.  Spinning is judged by CPU
+    alone."""
     seconds = max(seconds, 1e-9)
     enough, wanted = BUSY_SHARE * seconds, WANTED_SHARE * seconds
     waited = waited or {}
@@ -220,9 +218,7 @@ def judge_threads(before: dict[int, float], now: dict[int, float], seconds: floa
         return contract.BUSY
     if any(used[tid] + waited.get(tid, 0.0) >= wanted for tid in work if tid in used):
         return contract.BUSY  # starved: it wanted the CPU most of the interval
-    spinning = SPIN_WANTED_SHARE * seconds
-    spun = [cpu for tid, cpu in used.items()
-            if tid not in work and (cpu >= enough or cpu + waited.get(tid, 0.0) >= spinning)]
+    spun = [cpu for tid, cpu in used.items() if tid not in work and cpu >= enough]
     if not spun:
         return contract.IDLE
     return contract.Spinning(len(spun), round(sum(spun) / seconds, 2)).line()
