@@ -48,6 +48,31 @@ def is_user_file(path: str) -> bool:
 Frame = tuple[str, int, str, str]  # (file, line, function, source text)
 
 
+# The main thread's outermost frame where the interpreter ran a module
+# (``python -m``: every way jaxrun starts a controller): a dump's main-thread
+# block that reaches it is whole.
+_ENTRY_FRAME = re.compile(r'^  File "[^"]*runpy[^"]*", line \d+ in _run_module_as_main$')
+
+
+def dump_complete(text: str) -> bool:
+    """Whether the last faulthandler dump in ``text`` has its main thread's
+    block whole: down to the interpreter's entry frame, or followed by another
+    thread's block.  False for none, for one still being written, and for one
+    of another shape (cut at faulthandler's 100 frames, or a controller not
+    started by ``python -m``): the reader then waits its full time."""
+    start = text.rfind("Current thread 0x")
+    if start < 0:
+        return False
+    for line in text[start:].splitlines(keepends=True)[1:]:
+        if not line.endswith("\n"):
+            return False  # the last line, still being written
+        if _ENTRY_FRAME.match(line.rstrip("\n")):
+            return True
+        if THREAD.match(line) or not line.strip():
+            return True
+    return False
+
+
 def user_frame(text: str) -> Frame | None:
     """From the last faulthandler dump in ``text``: the main thread's innermost
     frame in the user's own code, with its source line (read from the file)."""

@@ -417,7 +417,8 @@ def test_the_watch_probes_once_every_process_has_been_idle_for_the_timeout(tmp_p
     assert w.tick()[1] is None
     clock.now += 0.2
     wake, action = w.tick()
-    assert action == "probe" and wake == pytest.approx(clock.now + stall.PROBE_WAIT)
+    assert action == "probe" and wake == pytest.approx(clock.now + stall.DUMP_LOOK)
+    assert w.tick() == (pytest.approx(clock.now + stall.DUMP_LOOK), None)  # no dump yet: looked again soon
     for r, line in ((0, 9), (1, 7), (2, 9)):
         with open(logs[r], "a") as f:
             f.write(DUMP.format(file="/work/t.py", line=line))
@@ -425,6 +426,94 @@ def test_the_watch_probes_once_every_process_has_been_idle_for_the_timeout(tmp_p
     wake, found = w.tick()
     assert wake is None and found.waiting.ranks == (0, 2) and found.odd[0].ranks == (1,)
     assert found.odd[0].place.at == "/work/t.py:7"
+
+
+ENTRY = '  File "<frozen runpy>", line 88 in _run_code\n  File "<frozen runpy>", line 198 in _run_module_as_main\n'
+
+
+@pytest.mark.parametrize("text, whole", [
+    (DUMP.format(file="/work/t.py", line=3) + ENTRY, True),  # down to the interpreter's entry
+    ((DUMP.format(file="/work/t.py", line=3) + ENTRY)[:-1], False),  # its last line still being written
+    (DUMP.format(file="/work/t.py", line=3), False),  # no entry frame: cut, or not started by python -m
+    ("Current thread 0x02 (most recent call first):\n  File \"/w/t.py\", line 3 in <module>\n\n"
+     "Thread 0x01 (most recent call first):\n", True),  # another thread's block follows
+    ("nothing dumped\n", False),
+], ids=["whole", "being-written", "no-entry", "followed", "none"])
+def test_a_dump_is_whole_once_its_main_thread_reaches_the_entry_frame(text, whole):
+    from jaxrun.reporting import stacks
+
+    assert stacks.dump_complete(text) is whole
+
+
+def test_the_watch_decides_as_soon_as_every_dump_is_whole_and_waits_for_one_that_is_not(tmp_path):
+    w, clock, notes, logs = watch(tmp_path, n=3)
+    for r in range(3):
+        w.heard(r, contract.IDLE)
+    clock.now += 10.1
+    assert w.tick()[1] == "probe"
+    for r, line in ((0, 9), (1, 7)):
+        with open(logs[r], "a") as f:
+            f.write(DUMP.format(file="/work/t.py", line=line) + ENTRY)
+    clock.now += 0.1
+    wake, action = w.tick()
+    assert action is None and wake == pytest.approx(clock.now + stall.DUMP_LOOK)  # process 2's has not come
+    with open(logs[2], "a") as f:
+        f.write(DUMP.format(file="/work/t.py", line=9) + ENTRY)
+    clock.now += 0.05
+    wake, found = w.tick()  # 0.15 s after the probe, not PROBE_WAIT
+    assert wake is None and found.odd[0].ranks == (1,) and found.waiting.ranks == (0, 2)
+
+
+def test_with_the_flight_recorder_a_dump_is_whole_with_the_block_after_it(tmp_path):
+    w, clock, notes, logs = watch(tmp_path, n=2)
+    w.flight = {0, 1}
+    for r in range(2):
+        w.heard(r, contract.IDLE)
+    clock.now += 10.1
+    assert w.tick()[1] == "probe"
+    for r, line in ((0, 9), (1, 7)):
+        with open(logs[r], "a") as f:
+            f.write(DUMP.format(file="/work/t.py", line=line) + ENTRY)
+    clock.now += 0.1
+    assert w.tick()[1] is None  # the blocks have not come
+    for r in range(2):
+        with open(logs[r], "a") as f:
+            f.write(f"jaxrun: flight[{r}] begin: the last 0 of 0 programs run, oldest first; waiting\n"
+                    f"jaxrun: flight[{r}] end\n")
+    clock.now += 0.05
+    assert isinstance(w.tick()[1], stall.Stall)
+
+
+DUMPED = """
+import faulthandler, signal, sys, time
+faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+print("ready", flush=True)
+time.sleep(30)
+"""
+
+
+def test_a_real_dump_of_a_controller_started_with_python_m_is_whole(tmp_path):
+    import signal
+
+    from jaxrun.reporting import stacks
+
+    (tmp_path / "parked_module.py").write_text(DUMPED)
+    err = tmp_path / "err"
+    with open(err, "w") as f:
+        child = subprocess.Popen([sys.executable, "-m", "parked_module"], cwd=tmp_path, stdout=subprocess.PIPE,
+                                 stderr=f, text=True)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        assert not stacks.dump_complete(err.read_text())
+        child.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while not stacks.dump_complete(err.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert stacks.dump_complete(err.read_text()), err.read_text()
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
 
 
 def test_a_shared_wait_is_warned_of_once_per_timeout_and_a_move_cancels_a_probe(tmp_path):

@@ -11,8 +11,9 @@ spinning (how many threads, their CPU) is kept until it moves, for the
 stall's record (``Stall.spinning``).
 
 When no running process has moved for the timeout, the watch asks
-for stack dumps (``probe``: the supervisor sends SIGUSR1), waits
-``PROBE_WAIT`` for them to land in the logs, and reads where each process
+for stack dumps (``probe``: the supervisor sends SIGUSR1), waits for them
+to land in the logs (until every process's dump is whole, looking every
+``DUMP_LOOK``; ``PROBE_WAIT`` at most), and reads where each process
 waits (the dump's innermost line of the user's code, or JAX's shutdown):
 
 - every process at one place: a long checkpoint save, an input pipeline
@@ -39,9 +40,10 @@ from collections.abc import Callable, Sequence
 from jaxrun import contract
 from jaxrun.core.outcome import Place, Stall, StallGroup
 from jaxrun.core.spec import ProcessSpec
-from jaxrun.reporting.stacks import DUMP_TAIL, dumped_state, user_frame
+from jaxrun.reporting.stacks import DUMP_TAIL, dump_complete, dumped_state, user_frame
 
-PROBE_WAIT = 1.5  # for the dumps to be written (and, from a far end, to arrive)
+PROBE_WAIT = 1.5  # at most, for the dumps to be written (and, from a far end, to arrive)
+DUMP_LOOK = 0.05  # how often the logs are read for whole dumps meanwhile
 
 
 def activity_path(log_dir: str, rank: int) -> str:
@@ -128,6 +130,8 @@ class ActivityWatch:
         self.quiet_until = 0.0  # after a warning: no new probe before this
         self.probe_at: float | None = None  # the dumps were asked for; read them then
         self.offsets: dict[int, int] = {}  # each stderr log's size when they were
+        # Processes whose flight recorder writes its block after each dump: their dump is whole with it.
+        self.flight = {s.rank for s in specs if s.env.get(contract.FLIGHT_RECORDER)}
 
     def watch(self, rank: int, path: str) -> None:
         self.paths[rank] = path
@@ -196,8 +200,8 @@ class ActivityWatch:
             self.probe_at = None
             return now + self.poll, None
         if self.probe_at is not None:
-            if now < self.probe_at:
-                return self.probe_at, None
+            if now < self.probe_at and not self._dumps_whole():
+                return min(self.probe_at, now + DUMP_LOOK), None
             self.probe_at = None
             return self._decide(now)
         due = max(since + self.timeout, self.quiet_until)
@@ -205,7 +209,18 @@ class ActivityWatch:
             return min(due, now + self.poll), None
         self.offsets = {r: log_size(self.stderr_logs[r]) for r in self.running}
         self.probe_at = now + PROBE_WAIT
-        return self.probe_at, "probe"
+        return now + DUMP_LOOK, "probe"  # looked for whole dumps from then on
+
+    def _dumps_whole(self) -> bool:
+        """Every running process's dump, asked for by the probe, is whole in its
+        log, with the flight recorder's block after it where that is on."""
+        for rank in self.running:
+            text = read_after(self.stderr_logs[rank], self.offsets.get(rank, 0))
+            if not dump_complete(text):
+                return False
+            if rank in self.flight and f"\njaxrun: flight[{rank}] end\n" not in text[text.rfind("Current thread 0x"):]:
+                return False
+        return True
 
     def _decide(self, now: float) -> tuple[float | None, str | Stall | None]:
         places = {r: place_in(read_after(self.stderr_logs[r], self.offsets.get(r, 0))) for r in sorted(self.running)}

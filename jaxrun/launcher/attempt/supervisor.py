@@ -294,9 +294,9 @@ class Supervisor:
         wake, action = self.activity.tick()
         if action == "probe":
             self.stop.send_all(signal.SIGUSR1)
-        elif isinstance(action, Stall):  # the probe's dumps are in the logs: no second one
+        elif isinstance(action, Stall):  # the probe's dumps are in the logs: no second one, no wait for one
             self.stall_found = action
-            self._stop(StopReason.STALL, DUMP_WAIT, None)
+            self._stop(StopReason.STALL, 0.0, None)
         return wake
 
     def _drain(self) -> None:
