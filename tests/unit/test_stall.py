@@ -445,9 +445,12 @@ def test_a_dump_is_whole_once_its_main_thread_reaches_the_entry_frame(text, whol
     assert stacks.dump_complete(text) is whole
 
 
-def test_the_watch_decides_as_soon_as_every_dump_is_whole_and_waits_for_one_that_is_not(tmp_path):
-    w, clock, notes, logs = watch(tmp_path, n=3)
-    for r in range(3):
+def probed_and_dumped(tmp_path, n: int, flight: set[int] = frozenset()):
+    """A watch of ``n`` idle processes that has just probed, 0.1 s after
+    processes 0 and 1 wrote whole dumps (0 at line 9, 1 at line 7)."""
+    w, clock, notes, logs = watch(tmp_path, n=n)
+    w.flight = set(flight)
+    for r in range(n):
         w.heard(r, contract.IDLE)
     clock.now += 10.1
     assert w.tick()[1] == "probe"
@@ -455,6 +458,11 @@ def test_the_watch_decides_as_soon_as_every_dump_is_whole_and_waits_for_one_that
         with open(logs[r], "a") as f:
             f.write(DUMP.format(file="/work/t.py", line=line) + ENTRY)
     clock.now += 0.1
+    return w, clock, logs
+
+
+def test_the_watch_decides_as_soon_as_every_dump_is_whole_and_waits_for_one_that_is_not(tmp_path):
+    w, clock, logs = probed_and_dumped(tmp_path, 3)
     wake, action = w.tick()
     assert action is None and wake == pytest.approx(clock.now + stall.DUMP_LOOK)  # process 2's has not come
     with open(logs[2], "a") as f:
@@ -465,16 +473,7 @@ def test_the_watch_decides_as_soon_as_every_dump_is_whole_and_waits_for_one_that
 
 
 def test_with_the_flight_recorder_a_dump_is_whole_with_the_block_after_it(tmp_path):
-    w, clock, notes, logs = watch(tmp_path, n=2)
-    w.flight = {0, 1}
-    for r in range(2):
-        w.heard(r, contract.IDLE)
-    clock.now += 10.1
-    assert w.tick()[1] == "probe"
-    for r, line in ((0, 9), (1, 7)):
-        with open(logs[r], "a") as f:
-            f.write(DUMP.format(file="/work/t.py", line=line) + ENTRY)
-    clock.now += 0.1
+    w, clock, logs = probed_and_dumped(tmp_path, 2, flight={0, 1})
     assert w.tick()[1] is None  # the blocks have not come
     for r in range(2):
         with open(logs[r], "a") as f:
