@@ -207,12 +207,17 @@ _FLIGHT_ENTRY = re.compile(r"^jaxrun: flight\[(\d+)\] #(\d+) (?:call (\d+)|local
                            r"in=(\S+) at (.+):(\d+)$")
 
 
+def flight_end(rank: int) -> str:
+    """The line that closes a process's flight block."""
+    return f"jaxrun: flight[{rank}] end"
+
+
 def flight_block(rank: int, runs: int, state: str, entries: Sequence[FlightEntry]) -> str:
     """The recorder's block, as a controller writes it into its stderr: a line
     a person can read and the summary can find, then one line per entry."""
     lines = [f"jaxrun: flight[{rank}] begin: the last {len(entries)} of {runs} programs run, oldest first; {state}"]
     lines.extend(e.to_line(rank) for e in entries)
-    lines.append(f"jaxrun: flight[{rank}] end")
+    lines.append(flight_end(rank))
     return "\n".join(lines) + "\n"
 
 
@@ -226,7 +231,7 @@ def parse_flight_block(text: str) -> FlightLog | None:
     rank = int(head[1])
     entries = []
     for line in text[head.end():].splitlines():
-        if line == f"jaxrun: flight[{rank}] end":
+        if line == flight_end(rank):
             break
         m = _FLIGHT_ENTRY.match(line)
         if m and int(m[1]) == rank:

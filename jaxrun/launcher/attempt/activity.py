@@ -218,8 +218,8 @@ class ActivityWatch:
             text = read_after(self.stderr_logs[rank], self.offsets.get(rank, 0))
             if not dump_complete(text):
                 return False
-            if rank in self.flight and f"\njaxrun: flight[{rank}] end\n" not in text[text.rfind("Current thread 0x"):]:
-                return False
+            if rank in self.flight and f"\n{contract.flight_end(rank)}\n" not in text:
+                return False  # the text is what came after the probe: its block follows the dump
         return True
 
     def _decide(self, now: float) -> tuple[float | None, str | Stall | None]:
