@@ -11,7 +11,7 @@ import sys
 import click
 
 from jaxrun import __version__, contract, meshspec
-from jaxrun.backends import BACKENDS
+from jaxrun.backends import BACKENDS, head_start
 from jaxrun.cli import helptext
 from jaxrun.cli.params import (
     HostPort,
@@ -164,9 +164,17 @@ def main(**values):
     {coordinator} in those arguments are replaced in each process.
     """
     config = config_from_args(values, BACKENDS, option_names=main.option_names())
-    from jaxrun.launcher.run import run  # here: --help, and a bad option's error, need none of the launcher
+    # The command line is good: a local run's preloading server starts its
+    # import of jax now, while the launcher loads and plans.
+    early = head_start(config)
+    try:
+        from jaxrun.launcher.run import run  # here: --help, and a bad option's error, need none of the launcher
 
-    sys.exit(run(config))
+        code = run(config, early=early)
+    finally:
+        if early is not None:  # unused (bad input found later), or the run's backend ended it already
+            early.close()
+    sys.exit(code)
 
 
 def backend_option(flag: Flag) -> click.Option:

@@ -3,7 +3,7 @@ by the run loop and by the backend its registry entry builds.  No behaviour
 here.
 
 Which backend runs the processes is ``RunConfig.backend``, a key of
-``jaxrun.backends.BACKENDS``; what that backend needs beyond the launch
+``jaxrun.backends.table.BACKENDS``; what that backend needs beyond the launch
 itself is ``RunConfig.backend_options``, an object its entry builds and only
 its backend reads.  So a new backend brings its own options and adds no
 field here.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 from jaxrun.core.modes import Mode, Script
 from jaxrun.core.spec import LaunchOptions
@@ -46,7 +46,7 @@ class RunConfig:
     github_actions: bool = False  # group output per process, annotate the root cause
     preload: bool = True  # fork local controllers from a server that imported jax
     preload_modules: tuple[str, ...] = ()
-    backend: str = "local"  # the --launcher word: which entry of jaxrun.backends.BACKENDS starts the processes
+    backend: str = "local"  # the --launcher word: which entry of jaxrun.backends.table.BACKENDS starts the processes
     backend_options: Any = None  # what that entry built from the command line (its own options type)
     timestamps: bool = False  # --timestamps: console lines start with their arrival time
     # Elastic restarts: a restart leaves out the hosts that were lost, fills
@@ -107,14 +107,17 @@ class Flag:
 @dataclasses.dataclass(frozen=True)
 class BackendEntry:
     """One way of starting the processes, as the command line and the run
-    loop see it: one row of ``jaxrun.backends.BACKENDS``.  The command line
+    loop see it: one row of ``jaxrun.backends.table.BACKENDS``.  The command line
     reads everything but ``start``; only the run loop starts a backend."""
 
     name: str  # its --launcher word
     help: str  # one line: what it starts, and where
     kind: str  # how a message names its runs: "(9 each, scheduler run)"
     fds_per_process: int  # file descriptors jaxrun itself holds for each process while it runs
-    start: Callable[[RunConfig, TextIO], Backend]  # imports the backend's module, then builds it
+    start: Callable[..., Backend]  # (config, console, early): imports the backend's module, then builds it
+    # What it may start as soon as the command line is known good, before the
+    # launcher is loaded (the local run's preloading server); None: nothing.
+    head_start: Callable[[RunConfig], Any] | None = None
     # Its options from the command line's values (every option by its
     # parameter name) and the launch: raises LaunchError for a value it refuses.
     options: Callable[[Mapping[str, Any], LaunchOptions], Any] = no_options
@@ -161,3 +164,8 @@ def declared_flags(backends: Mapping[str, BackendEntry]) -> dict[str, Declared]:
             else:
                 found[flag.name] = dataclasses.replace(seen, launchers=(*seen.launchers, entry.name))
     return found
+
+
+def on_github_actions(environ: Mapping[str, str]) -> bool:
+    """Whether this run is a step of a GitHub Actions job (its output is then grouped)."""
+    return environ.get("GITHUB_ACTIONS") == "true"

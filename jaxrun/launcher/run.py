@@ -77,13 +77,16 @@ def plan_attempt(config: RunConfig, coordinator: tuple[str, str | None], attempt
     return opts, planning.plan(opts)
 
 
-def run(config: RunConfig, backend: Backend | None = None, console: TextIO | None = None) -> int:
+def run(config: RunConfig, backend: Backend | None = None, console: TextIO | None = None,
+        early: object = None) -> int:
+    """``early``: what ``backends.table.head_start`` began for this run's backend;
+    the caller ends it afterwards, whatever happened."""
     console = SafeConsole(console or sys.stderr)
     reaper.become_subreaper()  # first: where it cannot, it marks the environment the backend copies
     if config.verbose and not config.dry_run:
         for line in portable.notes():  # what this system lacks, once
             print(line, file=console, flush=True)
-    backend = backend or create_backend(config, console)
+    backend = backend or create_backend(config, console, early)
     if config.dry_run:
         _, specs = plan_attempt(config, backend.dry_run_coordinator(config.fixed_coordinator), 0)
         print(dry_run_text(specs))

@@ -9,9 +9,7 @@ Only the text format lives here; the run loop decides when to print it.
 
 from __future__ import annotations
 
-import os
 import sys
-from collections.abc import Mapping
 
 from jaxrun.core.outcome import Outcome
 from jaxrun.reporting import diagnosis
@@ -27,10 +25,6 @@ def printer_options() -> dict:
     everything.  GitHub reads stdout and stderr through separate pipes, so lines
     racing between the two could land outside their group."""
     return {"stdout": sys.stderr.buffer, "stderr": sys.stderr.buffer, "group_markers": GROUP_MARKERS}
-
-
-def on_github_actions(environ: Mapping[str, str] = os.environ) -> bool:
-    return environ.get("GITHUB_ACTIONS") == "true"
 
 
 def escape_data(text: str) -> str:

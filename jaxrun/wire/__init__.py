@@ -22,8 +22,6 @@ speaks only with a helper of its own may declare its words in its own module
 (``backends/ray/words.py``), with ``encoding.message``.
 """
 
-# Each protocol comes with the package, so that ``encoding.decode`` knows every
-# word of this version of jaxrun, whichever protocol a process speaks itself.
-from jaxrun.wire import console, controller, encoding, forkserver, inspect, preflight, ssh, tasks
-
-__all__ = ["console", "controller", "encoding", "forkserver", "inspect", "preflight", "ssh", "tasks"]
+# A process loads the protocols it speaks, and no more (the preloading server
+# starts faster for it); ``encoding.decode`` loads the rest the first time it
+# meets a word it does not know, so every word of this version is known.

@@ -25,9 +25,18 @@ class WireError(ValueError):
 
 
 _BY_WORD: dict[str, type] = {}
-# Every message registered so far, by word; read-only.  The package imports
-# every protocol, so that this holds each word of this version of jaxrun.
+# Every message registered so far, by word; read-only.  A process imports the
+# protocols it speaks; ``decode`` loads the others (``PROTOCOLS``) when a word
+# is not here, so that it knows each word of this version of jaxrun.
 WORDS: Mapping[str, type] = types.MappingProxyType(_BY_WORD)
+PROTOCOLS = ("console", "controller", "forkserver", "inspect", "preflight", "ssh", "tasks")
+
+
+def load_every_protocol() -> None:
+    import importlib
+
+    for name in PROTOCOLS:
+        importlib.import_module(f"jaxrun.wire.{name}")
 
 
 def message(word: str):
@@ -70,6 +79,9 @@ def decode(data: bytes | str) -> Message:
     text = data if isinstance(data, str) else data.decode("utf-8", "replace")
     word, _, rest = text.strip().partition(" ")
     cls = WORDS.get(word)
+    if cls is None:
+        load_every_protocol()
+        cls = WORDS.get(word)
     if cls is None:
         raise WireError(f"unknown message {word[:40]!r}")
     try:

@@ -42,5 +42,5 @@ class FailsOnRestart(LocalBackend):
 
 
 backends.BACKENDS["local"] = dataclasses.replace(backends.BACKENDS["local"],
-                                                 start=lambda config, console: FailsOnRestart())
+                                                 start=lambda config, console, early=None: FailsOnRestart())
 cli.entry_point(sys.argv[1:])

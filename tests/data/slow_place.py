@@ -28,5 +28,5 @@ class SlowToPlace(LocalBackend):
 
 
 backends.BACKENDS["local"] = dataclasses.replace(backends.BACKENDS["local"],
-                                                 start=lambda config, console: SlowToPlace())
+                                                 start=lambda config, console, early=None: SlowToPlace())
 cli.entry_point(sys.argv[1:])

@@ -13,6 +13,7 @@ import yaml
 from fixtures.jobs import EXAMPLES
 
 from jaxrun.cli import main as cli_main
+from jaxrun.core.config import on_github_actions
 from jaxrun.core.outcome import Outcome, ProcessRecord, StopReason, Verdict
 from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
 from jaxrun.reporting import github, junit, stacks
@@ -201,4 +202,4 @@ def test_annotation_for_pytest_failures_and_quiet_runs(tmp_path, monkeypatch):
     assert stacks.user_location(text, str(tmp_path)) == ("tests/test_m.py", 7)
     ok = outcome(tmp_path, [Verdict.OK], None)
     assert github.error_annotation(ok) is None
-    assert github.on_github_actions({"GITHUB_ACTIONS": "true"}) and not github.on_github_actions({})
+    assert on_github_actions({"GITHUB_ACTIONS": "true"}) and not on_github_actions({})

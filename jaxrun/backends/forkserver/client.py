@@ -31,8 +31,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
-import subprocess
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -41,19 +39,21 @@ from typing import TextIO
 import psutil
 
 from jaxrun import contract, portable
+from jaxrun.backends.forkserver.process import ServerProcess, server_env
 from jaxrun.backends.local import LocalBackend, LocalChild, child_env
-from jaxrun.backends.shield import shielded
 from jaxrun.core import causes, usage
 from jaxrun.core.backend import POLL, ChildExit, Interrupted, News, RunHooks, start_thread
 from jaxrun.core.config import LaunchError
 from jaxrun.core.events import Stream
-from jaxrun.core.reaper import ProcessGroup, kill_group
+from jaxrun.core.reaper import ProcessGroup
 from jaxrun.core.spec import ProcessSpec, common_env
 from jaxrun.wire import encoding, forkserver
 
 # Variables that jax reads when it is imported: the server is started with the
 # values common to every process, so they must not differ between processes.
 IMPORT_TIME_PREFIXES = ("JAX_", "XLA_", "TF_CPP_")
+# What a controller reads again after the fork, whatever the server saw.
+REREAD_PREFIXES = contract.CONTRACT_PREFIXES  # JAXRUN_*, JAX_*
 # How long a dead server's controllers may take to become the launcher's.
 ADOPT_WAIT = 5.0
 SERVER = "the preloading server"  # what ended instead, where a controller's own end is unknown
@@ -157,26 +157,14 @@ def differing_import_time_vars(specs: Sequence[ProcessSpec]) -> list[str]:
 
 
 class ForkServer:
-    """One running server and the reader thread that hears its messages."""
+    """One running server (``process.ServerProcess``) and the reader thread
+    that hears its messages, started by ``attach`` once the run has its hooks."""
 
-    def __init__(self, specs: Sequence[ProcessSpec], preload: Sequence[str], base_env: Mapping[str, str],
-                 hooks: RunHooks | None = None):
-        self.hooks = hooks or RunHooks()
-        env = dict(base_env)
-        env.update(common_env(specs))
-        env["PYTHONUNBUFFERED"] = "1"
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        with shielded():  # a SIGTERM sent to the whole tree is the launcher's, not the server's
-            self.process = subprocess.Popen(
-                [specs[0].python, "-m", contract.FORKSERVER_AGENT_MODULE, str(theirs.fileno()), *preload],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                pass_fds=(theirs.fileno(),),
-                process_group=0,
-            )
-        theirs.close()
-        self.sock = ours
+    def __init__(self, server: ServerProcess):
+        self.server = server
+        self.process = server.popen
+        self.sock = server.sock
+        self.hooks = RunHooks()
         self.lock = threading.Lock()
         self.started: list[int] = []
         self.cond = threading.Condition()
@@ -184,7 +172,18 @@ class ForkServer:
         self.early_exits: dict[int, tuple[int, dict | None, float | None]] = {}
         self.ready: str | None = None  # "" once ready; else why it could not be
         self.alive = True
-        self.reader = start_thread("forkserver-reader", self._read, hooks=self.hooks)
+        self.reader: threading.Thread | None = None
+
+    @classmethod
+    def for_attempt(cls, specs: Sequence[ProcessSpec], preload: Sequence[str],
+                    base_env: Mapping[str, str]) -> ForkServer:
+        """A server for these processes: jax imported with what they all get."""
+        return cls(ServerProcess(specs[0].python, server_env(base_env, common_env(specs)), preload))
+
+    def attach(self, hooks: RunHooks) -> None:
+        """Hear the server from now on, with the run's hooks."""
+        self.hooks = hooks
+        self.reader = start_thread("forkserver-reader", self._read, hooks=hooks)
 
     def _read(self) -> None:
         while True:
@@ -252,37 +251,54 @@ class ForkServer:
         return child
 
     def close(self) -> None:
-        try:
-            # shutdown, not just close: the reader thread's pending recv would
-            # keep the socket open, and the server would never see EOF.
-            self.sock.shutdown(socket.SHUT_RDWR)
-            self.sock.close()
-        except OSError:
-            pass
-        # Every controller has exited by now, so the server holds nothing worth
-        # a clean interpreter shutdown (tearing down jax's modules takes a
-        # noticeable fraction of a second).
-        kill_group(self.process.pid, signal.SIGKILL)
-        self.process.wait()
+        """End the server (once; again is a no-op)."""
+        self.server.close()
+
+    def kill(self) -> None:
+        """The last resort's end: no wait, from any thread."""
+        self.server.kill()
+
+
+def serves(server: ServerProcess, specs: Sequence[ProcessSpec], preload: Sequence[str],
+           base_env: Mapping[str, str]) -> bool:
+    """Whether ``server``, started before the attempt was planned
+    (``backends.table.head_start``), serves these processes as one started
+    for them would: the same interpreter and modules, and the same
+    environment but for jaxrun's own variables and the values of ``JAX_*``,
+    which a controller reads again after the fork
+    (``child.bootstrap.sync_preloaded_config``); none it lacks, though."""
+    if specs[0].python != server.python or tuple(preload) != server.preload:
+        return False
+    wanted = server_env(base_env, common_env(specs))
+    if set(server.env) - set(wanted):
+        return False
+    return all(server.env.get(k) == v for k, v in wanted.items() if not k.startswith(REREAD_PREFIXES))
 
 
 class ForkServerBackend(LocalBackend):
     name = "forkserver"
 
     def __init__(self, preload: Sequence[str] = (), console: TextIO | None = None,
-                 base_env: Mapping[str, str] | None = None):
+                 base_env: Mapping[str, str] | None = None, early: ServerProcess | None = None):
         super().__init__(base_env)
         self.preload = tuple(preload)
         self.console = console
         self.server: ForkServer | None = None
+        self.early = early  # started before the launcher loaded (``table.head_start``), for the first attempt
 
     def begin_attempt(self, specs: Sequence[ProcessSpec], log_dir: str) -> None:
+        early, self.early = self.early, None
         differing = differing_import_time_vars(specs)
+        if early is not None and (differing or not serves(early, specs, self.preload, self.base_env)):
+            early.close()
+            early = None
         if differing:
             if self.console is not None:
                 print(f"jaxrun: not preloading jax: {', '.join(differing)} differ between processes", file=self.console)
             return
-        self.server = ForkServer(specs, self.preload, self.base_env, self.hooks)
+        self.server = ForkServer(early) if early is not None else ForkServer.for_attempt(specs, self.preload,
+                                                                                        self.base_env)
+        self.server.attach(self.hooks)
         self.server.wait_ready(self.preload)
 
     def spawn(self, spec: ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str],
@@ -297,11 +313,17 @@ class ForkServerBackend(LocalBackend):
 
     def abort(self) -> None:
         super().abort()
-        server = self.server  # read once: end_attempt() may clear it from another thread meanwhile
-        if server is not None:
-            kill_group(server.process.pid, signal.SIGKILL)
+        for server in (self.server, self.early):  # each read once: another thread may clear it meanwhile
+            if server is not None:
+                server.kill()
 
     def end_attempt(self) -> None:
         if self.server is not None:
             self.server.close()
             self.server = None
+
+    def close(self) -> None:
+        early, self.early = self.early, None
+        if early is not None:  # the run ended before its first attempt began
+            early.close()
+        super().close()

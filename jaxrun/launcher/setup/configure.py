@@ -5,7 +5,7 @@ this decides.
 ``LaunchError`` (exit 2, one line) for the first bad one, so that nothing
 is half-started: the only thing it may create, the private base of the
 default log folder, comes last.  The backends come in as their registry
-(``jaxrun.backends.BACKENDS``): the chosen entry says what its runs cost
+(``jaxrun.backends.table.BACKENDS``): the chosen entry says what its runs cost
 and need, and builds its own options.  The machine comes in as a
 ``System``, which tests replace.
 """
@@ -23,10 +23,9 @@ from typing import Any
 
 from jaxrun import contract
 from jaxrun.core import logfiles, modes
-from jaxrun.core.config import BackendEntry, LaunchError, RunConfig, declared_flags
+from jaxrun.core.config import BackendEntry, LaunchError, RunConfig, declared_flags, on_github_actions
 from jaxrun.core.ranks import DIGITS, console_rank_set
 from jaxrun.launcher.setup import plan as planning
-from jaxrun.reporting import github
 
 # The most accelerators one process may own when jaxrun cannot count them
 # (remote hosts, TPUs): more than any one host has.
@@ -158,7 +157,7 @@ def run_config(values: Mapping[str, Any], launch: planning.LaunchOptions, consol
                log_dir: str, backend: str, backend_options: Any, environ: Mapping[str, str],
                **rest: Any) -> RunConfig:
     """``rest``: the RunConfig fields decided above (the mode, elastic restarts)."""
-    github_actions = github.on_github_actions(environ)
+    github_actions = on_github_actions(environ)
     preload = values["preload"]
     return RunConfig(
         options=launch,
