@@ -45,8 +45,18 @@ def head_start_local(config: RunConfig) -> Any:
     before, so that they see what every process gets."""
     if not config.preload or config.preload_modules:
         return None
+    from jaxrun import portable
     from jaxrun.backends.forkserver.process import ServerProcess, server_env
 
+    # Claim the orphans first, as the run does (it claims them again): a
+    # daemon that a controller leaves must become this process's to kill,
+    # and descendants started before the claim are not covered (seen here:
+    # setsid daemons outlived jaxrun).  Where the kernel cannot, the run's
+    # mark must be in the environment the server is given.
+    if not portable.claim_orphans():
+        from jaxrun.core import reaper
+
+        reaper.become_subreaper()
     return ServerProcess(config.options.python, server_env(os.environ, config.options.extra_env))
 
 

@@ -250,9 +250,9 @@ class ForkServer:
                     child.finish(*self.early_exits.pop(pid))
         return child
 
-    def close(self) -> None:
-        """End the server (once; again is a no-op)."""
-        self.server.close()
+    def close(self, wait: bool = True) -> None:
+        """End the server (once), and wait for it unless ``wait`` is false."""
+        self.server.close(wait)
 
     def kill(self) -> None:
         """The last resort's end: no wait, from any thread."""
@@ -285,6 +285,7 @@ class ForkServerBackend(LocalBackend):
         self.console = console
         self.server: ForkServer | None = None
         self.early = early  # started before the launcher loaded (``table.head_start``), for the first attempt
+        self.ending: list[ServerProcess] = []  # ended by end_attempt, reaped by close
 
     def begin_attempt(self, specs: Sequence[ProcessSpec], log_dir: str) -> None:
         early, self.early = self.early, None
@@ -319,11 +320,17 @@ class ForkServerBackend(LocalBackend):
 
     def end_attempt(self) -> None:
         if self.server is not None:
-            self.server.close()
+            # Its end is waited for later: the attempt's report need not wait
+            # for the kernel to tear it down.
+            self.server.close(wait=False)
+            self.ending.append(self.server.server)
             self.server = None
 
     def close(self) -> None:
         early, self.early = self.early, None
         if early is not None:  # the run ended before its first attempt began
             early.close()
+        for server in self.ending:
+            server.reap()
+        self.ending.clear()
         super().close()

@@ -53,22 +53,29 @@ class ServerProcess:
         self.pid = self.popen.pid
         self.closed = False
 
-    def close(self) -> None:
-        """End it, and wait for it (once: again is a no-op)."""
-        if self.closed:
-            return
-        self.closed = True
-        try:
-            # shutdown, not just close: a reader's pending recv would keep the
-            # socket open, and the server would never see EOF.
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
-        # Its controllers have all exited by now, so the server holds nothing
-        # worth a clean interpreter shutdown (tearing down jax's modules takes
-        # a noticeable fraction of a second).
-        self.kill()
+    def close(self, wait: bool = True) -> None:
+        """End it (once: again only waits, where asked), and wait for it to be
+        gone unless ``wait`` is false: the kernel's teardown of a process
+        that imported jax takes 15-30 ms, which the caller need not spend
+        (it calls ``reap`` later)."""
+        if not self.closed:
+            self.closed = True
+            try:
+                # shutdown, not just close: a reader's pending recv would keep the
+                # socket open, and the server would never see EOF.
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self.sock.close()
+            # Its controllers have all exited by now, so the server holds nothing
+            # worth a clean interpreter shutdown (tearing down jax's modules takes
+            # a noticeable fraction of a second).
+            self.kill()
+        if wait:
+            self.reap()
+
+    def reap(self) -> None:
+        """Wait for it, ended (``close``)."""
         self.popen.wait()
 
     def kill(self) -> None:
