@@ -73,6 +73,7 @@ class Board:
         self.outstanding = 0  # queued or open: the script's end waits for 0
         self.done = threading.Condition()
         self.stopped = threading.Event()
+        self.nudge = threading.Event()  # the thread's wait between looks ends early: the script returned, or stop
         self.thread: threading.Thread | None = None
         self.lock = threading.Lock()
 
@@ -96,6 +97,7 @@ class Board:
             return
         self._count(1)
         self.queue.put(_FINISHED)
+        self.nudge.set()  # its word goes out now, not after the look's pause: the peers' ends wait on it
         self._ensure_thread()
         atexit.register(self.settle, SETTLE)
 
@@ -105,6 +107,7 @@ class Board:
         with self.done:
             self.done.wait_for(lambda: self.outstanding == 0 or self.stopped.is_set(), seconds)
         self.stopped.set()
+        self.nudge.set()
         self.queue.put(_WAKE)
         if self.thread is not None:
             self.thread.join(1.0)
@@ -133,7 +136,8 @@ class Board:
                 self._take(client)
                 if self.open:
                     self._look(client)
-                    self.stopped.wait(self._poll())
+                    self.nudge.wait(self._poll())
+                    self.nudge.clear()
         except Exception as e:  # noqa: BLE001 - the store gone (coordinator ended): the checks end quietly
             if os.environ.get("JAXRUN_VERBOSE") == "1":
                 print(f"jaxrun: --checks stopped comparing: {type(e).__name__}: {e}", file=sys.stderr)

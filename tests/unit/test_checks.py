@@ -5,6 +5,7 @@ real store is exercised by tests/e2e/test_checks_*.py)."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -176,3 +177,24 @@ def test_a_process_that_posted_nothing_still_says_it_finished():
     board.script_returned()
     board.settle(5.0)
     assert store.data == {f"{agreement.PREFIX}/finished/1": "1"}
+
+
+def test_the_finished_word_goes_out_at_once_while_a_topic_waits(monkeypatch):
+    """The peers' ends wait on it: it must not wait out the pause between
+    looks (made long here, so that waiting it out would show)."""
+    monkeypatch.setattr(agreement, "POLL", 5.0)
+    store = Store()
+    board = agreement.Board(0, 2, client=lambda: store)
+    board.post("p/0", {"fp": "a"}, (0, 1), lambda *a: None)  # rank 1 never posts: the topic stays open
+    deadline = time.monotonic() + 2.0
+    while not board.open and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert board.open, "the board's thread did not take the post"
+    time.sleep(0.05)  # the thread is in its pause between looks now
+    asked = time.monotonic()
+    board.script_returned()
+    while f"{agreement.PREFIX}/finished/0" not in store.data and time.monotonic() < asked + 4.0:
+        time.sleep(0.005)
+    took = time.monotonic() - asked
+    board.settle(0.0)
+    assert took < 1.0, f"the finished word took {took:.2f} s"
