@@ -5,9 +5,10 @@ A check *posts* an entry under a topic that every process names alike (the
 k-th program that spans processes 0-3; the 5th call at ``train.py:48``), with
 the ranks that must agree on it.  Posting only queues: the script's thread
 never waits on the store.  The board's thread publishes each entry at once,
-then looks, every ``POLL`` seconds, whether the other ranks' entries for the
-topic are there.  A topic is *settled* when every rank named has posted it,
-or has finished its script without posting it (it never made that call);
+then looks, every ``POLL`` seconds (``END_POLL`` once the script returned),
+whether the other ranks' entries for the topic are there.  A topic is
+*settled* when every rank named has posted it, or has finished its script
+without posting it (it never made that call);
 the check's ``settled`` callback then judges the entries.  With ``same``
 given, the first peer entry that differs settles the topic early, once the
 others have had ``GATHER_WAIT`` seconds to say theirs too.
@@ -35,7 +36,8 @@ from jaxrun.child import ending
 
 PREFIX = "jaxrun/checks"
 THREAD = "jaxrun-checks"  # the board's thread: a program compiled there is a check's own
-POLL = 0.02  # seconds between looks while a topic is young
+POLL = 0.05  # seconds between looks while a topic is young (each costs the coordinator a round trip)
+END_POLL = 0.01  # ... once the script returned: its end, and its peers', wait on the looks
 SLOW_POLL = 0.5  # ... and once it has waited LONG
 LONG = 5.0
 GATHER_WAIT = 3.0  # after a difference: how long the others have to post theirs
@@ -73,6 +75,7 @@ class Board:
         self.outstanding = 0  # queued or open: the script's end waits for 0
         self.done = threading.Condition()
         self.stopped = threading.Event()
+        self.returned = False  # the script returned: the looks come faster
         self.nudge = threading.Event()  # the thread's wait between looks ends early: the script returned, or stop
         self.thread: threading.Thread | None = None
         self.lock = threading.Lock()
@@ -96,6 +99,7 @@ class Board:
         if self.stopped.is_set():
             return
         self._count(1)
+        self.returned = True
         self.queue.put(_FINISHED)
         self.nudge.set()  # its word goes out now, not after the look's pause: the peers' ends wait on it
         self._ensure_thread()
@@ -199,10 +203,11 @@ class Board:
             self._count(-1)
 
     def _poll(self) -> float:
+        young = END_POLL if self.returned else POLL
         if not self.open:
-            return POLL
+            return young
         oldest = min(p.posted_at for p in self.open)
-        return POLL if self.clock() - oldest < LONG else SLOW_POLL
+        return young if self.clock() - oldest < LONG else SLOW_POLL
 
 
 def read_entries(client, topic: str) -> dict[int, dict]:
