@@ -42,7 +42,14 @@ from jaxrun.core.outcome import Place, Stall, StallGroup
 from jaxrun.core.spec import ProcessSpec
 from jaxrun.reporting.stacks import DUMP_TAIL, dump_complete, dumped_state, user_frame
 
-PROBE_WAIT = 1.5  # at most, for the dumps to be written (and, from a far end, to arrive)
+# At most, for the dumps to be written (and, from a far end, to arrive).  The
+# wait ends as soon as every dump is whole, so only a dump that never comes
+# costs all of it; one that comes after it is not read, and the job is taken
+# for one that waits (a second look, a timeout later).  It was 1.5 s: in CI,
+# on a loaded machine, a spin job's stall took 7.2 s to end with a 2 s
+# timeout, which that second look explains (the dumps' own times were not
+# recorded).
+PROBE_WAIT = 3.0
 DUMP_LOOK = 0.05  # how often the logs are read for whole dumps meanwhile
 
 
