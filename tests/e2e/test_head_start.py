@@ -9,6 +9,7 @@ from __future__ import annotations
 import socket
 
 import pytest
+from fixtures.audit import audit_every_process, lines_by_pid
 from fixtures.jobs import is_running, processes_with_token
 
 AUDIT = '''
@@ -35,20 +36,9 @@ if _LOG:
 
 @pytest.fixture
 def audited(tmp_path, monkeypatch):
-    """The file the run's events land in, one "PID WHAT" line each."""
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(AUDIT)
-    log = tmp_path / "events"
-    monkeypatch.setenv("PYTHONPATH", str(site))
-    monkeypatch.setenv("HEAD_START_LOG", str(log))
-    monkeypatch.delenv("JAXRUN_NO_PRELOAD", raising=False)
-
-    def events(pid: int) -> list[str]:
-        lines = log.read_text().splitlines() if log.exists() else []
-        return [what for who, _, what in (line.partition(" ") for line in lines) if who == str(pid)]
-
-    return events
+    """The events of a process of the run, in order, by its pid."""
+    log = audit_every_process(tmp_path, monkeypatch, AUDIT, "HEAD_START_LOG")
+    return lambda pid: lines_by_pid(log).get(str(pid), [])
 
 
 def test_the_server_starts_once_the_options_are_read_and_before_the_launcher_loads(start_job, audited, tmp_path):

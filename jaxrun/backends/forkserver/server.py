@@ -52,6 +52,7 @@ import time
 
 from jaxrun import contract, portable
 from jaxrun.backends import shield
+from jaxrun.child import warm
 from jaxrun.core import usage
 from jaxrun.wire import encoding, forkserver
 
@@ -262,7 +263,7 @@ def main(argv: list[str]) -> None:
     sock = socket.socket(fileno=int(argv[0]))
     try:
         preload(argv[1:])
-        from jaxrun.child import bootstrap, shim  # noqa: F401 - warm the shim's imports too
+        warm.warm()  # what each controller would import after the fork, once here
     except BaseException as e:  # noqa: BLE001 - whatever the imports raise is the launcher's to report
         encoding.send_frame(sock, forkserver.Ready(f"{type(e).__name__}: {e}").encode())
         sys.exit(1)
@@ -299,7 +300,7 @@ def listen(name: str, modules: list[str]) -> None:
         reaper.become_subreaper()  # the controllers' daemons stay ours, and die with us
         try:
             preload(modules)
-            from jaxrun.child import bootstrap, shim  # noqa: F401
+            warm.warm()
         except BaseException as e:  # noqa: BLE001
             print(f"jaxrun: the preloading server on this host could not import: {type(e).__name__}: {e}",
                   file=sys.stderr, flush=True)
