@@ -103,6 +103,12 @@ def toy(script: str, rounds: int) -> None:
         for name, m in med.items()
     ]
     print(table(rows, ("launch", "median wall", "vs bash loop", "vs one process")))
+    # The same ratios taken round by round (each round runs every contender
+    # once, close together), which a drift in the machine's speed moves less.
+    for against, _ in TOY_GOALS:
+        ratios = sorted(j / o for j, o in zip(times["jaxrun"], times[against]))
+        print(f"jaxrun vs {against}, round by round: median {median(ratios):.2f}x "
+              f"(lowest {ratios[0]:.2f}x, highest {ratios[-1]:.2f}x)")
     for against, goal in TOY_GOALS:
         print(goal_line(f"jaxrun vs {against}", med["jaxrun"] / med[against], goal))
 
