@@ -727,21 +727,27 @@ STARVED_HELPER = """
 import os, sys, threading, time
 from jaxrun.child import activity
 os.sched_setaffinity(0, {int(sys.argv[1])})
-def work():
-    end = time.monotonic() + 4.0
-    while time.monotonic() < end: sum(range(1000))
+stop = threading.Event()
+def work():  # until every look is taken: starved, the looks may take longer than planned
+    while not stop.is_set(): sum(range(1000))
 said = {"waits": [], "cpu-only": []}
+left, lock, looked = [len(said)], threading.Lock(), threading.Event()
 def look(key, sampler):
     for _ in range(12):
         time.sleep(0.2)
         said[key].append(sampler.judge())
+    with lock:
+        left[0] -= 1
+        if not left[0]:
+            looked.set()
 helper = threading.Thread(target=work)
 helper.start()
 time.sleep(0.3)
 lookers = [threading.Thread(target=look, name="jaxrun-" + key, args=(key, activity.Sampler(
     os.devnull, 0.2, **({} if key == "waits" else {"waits": lambda: None})))) for key in said]
 for t in lookers: t.start()
-threading.Event().wait(3.0)  # the main thread parked, as in the calm job's helper phase
+looked.wait(50)  # the main thread parked, as in the calm job's helper phase
+stop.set()
 for t in lookers: t.join()
 helper.join()
 print(said)
