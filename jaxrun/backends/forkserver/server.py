@@ -230,6 +230,10 @@ def preload(modules: list[str]) -> None:
 
         for name in modules:
             importlib.import_module(name)
+        # And what each controller would import after the fork, once here:
+        # inside the window, so an exit hook one of them registers is the
+        # script's to order, as jax's own are (bootstrap.note_preloaded_jax).
+        warm.warm()
     finally:
         atexit.register = register
     claim_title_area()
@@ -263,7 +267,6 @@ def main(argv: list[str]) -> None:
     sock = socket.socket(fileno=int(argv[0]))
     try:
         preload(argv[1:])
-        warm.warm()  # what each controller would import after the fork, once here
     except BaseException as e:  # noqa: BLE001 - whatever the imports raise is the launcher's to report
         encoding.send_frame(sock, forkserver.Ready(f"{type(e).__name__}: {e}").encode())
         sys.exit(1)
@@ -300,7 +303,6 @@ def listen(name: str, modules: list[str]) -> None:
         reaper.become_subreaper()  # the controllers' daemons stay ours, and die with us
         try:
             preload(modules)
-            warm.warm()
         except BaseException as e:  # noqa: BLE001
             print(f"jaxrun: the preloading server on this host could not import: {type(e).__name__}: {e}",
                   file=sys.stderr, flush=True)
