@@ -7,15 +7,13 @@ from jaxrun.portable.probe import forced, libc
 
 
 def inotify():
-    """(inotify_init1, inotify_add_watch) from the C library, or None where
-    there is no inotify (the pump then keeps ticking)."""
+    """(inotify_init1, inotify_add_watch, inotify_rm_watch) from the C
+    library, or None where there is no inotify (the pump then keeps ticking)."""
     if forced():
         return None
     found = libc()
-    init, add_watch = getattr(found, "inotify_init1", None), getattr(found, "inotify_add_watch", None)
-    if init is None or add_watch is None:
-        return None
-    return init, add_watch
+    calls = tuple(getattr(found, name, None) for name in ("inotify_init1", "inotify_add_watch", "inotify_rm_watch"))
+    return None if None in calls else calls
 
 
 def pipes_resize() -> bool:

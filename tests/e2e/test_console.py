@@ -233,6 +233,87 @@ def test_the_pump_follows_growing_files(tmp_path, monkeypatch, inotify):
             os.close(fd)
 
 
+
+def inotify_descriptors() -> set[int]:
+    """This process's open inotify descriptors."""
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:inotify":
+                found.add(int(fd))
+        except OSError:  # closed meanwhile
+            pass
+    return found
+
+
+def watch_numbers(fd: int) -> set[int]:
+    """The watch descriptors an inotify descriptor has now.  An instance
+    numbers its watches on from the last it gave: a fresh one starts at 1."""
+    with open(f"/proc/self/fdinfo/{fd}") as f:
+        return {int(m, 16) for m in re.findall(r"^inotify wd:([0-9a-f]+)", f.read(), re.M)}
+
+
+def thread_cpu_seconds(tid: int) -> float:
+    fields = open(f"/proc/self/task/{tid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_until(check, within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return check()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/fdinfo") or filewatch.portable.inotify() is None,
+                    reason="inotify and /proc: Linux")
+def test_the_pump_keeps_one_watch_and_lets_it_go_when_every_writer_is_gone(tmp_path):
+    """One inotify descriptor serves every quiet spell (its watches removed
+    and added again, never a new descriptor, whose close waits for the
+    kernel); re-armed, it does not wake for what happened before; and once
+    every writer is gone its watches are removed before the streams are
+    said closed, and the descriptor is closed after ``stop``."""
+    import queue
+
+    events = queue.SimpleQueue()
+    shown = Collector()
+    before = inotify_descriptors()
+    pump = pump_module.OutputPump(events, shown.show, coalesce=60.0)  # woken by the watch, never by a tick
+    paths = [tmp_path / f"p{r}.log" for r in range(2)]
+    writers = [os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND) for p in paths]
+    inodes = {os.stat(p).st_ino for p in paths}
+    try:
+        for rank, path in enumerate(paths):
+            pump.follow(str(path), rank, Stream.STDOUT)
+        assert wait_until(lambda: inodes <= inotify_watched_inodes()), "the quiet files are not watched"
+        ours = inotify_descriptors() - before
+        assert len(ours) == 1
+        (watch,) = ours
+        assert watch_numbers(watch) == {1, 2}
+        for i in range(3):  # three quiet spells, each ended by a line
+            os.write(writers[i % 2], b"line %d\n" % i)
+            assert shown.wait_for(i % 2, b"line %d\n" % i, within=5.0)
+            assert wait_until(lambda: inodes <= inotify_watched_inodes()), "not watched again once quiet"
+            assert inotify_descriptors() - before == ours
+        # The same instance, its watches added again after each spell: a new
+        # descriptor (whose close waits for the kernel) would number them 1, 2.
+        assert watch_numbers(watch) == {7, 8}
+        # Quiet and watched: the pump sleeps.  Had the removals' events been
+        # left queued, the watch would wake it at once, round after round.
+        cpu = thread_cpu_seconds(pump.thread.native_id)
+        time.sleep(1.0)
+        assert thread_cpu_seconds(pump.thread.native_id) - cpu < 0.2
+        pump.finish()
+        closed = [events.get(timeout=5) for _ in paths]
+        assert all(isinstance(e, StreamClosed) for e in closed)
+        assert not inodes & inotify_watched_inodes(), "still watched once every writer is gone"
+    finally:
+        pump.stop()
+        for fd in writers:
+            os.close(fd)
+    assert wait_until(lambda: not inotify_descriptors() & ours), "the watch's descriptor was never closed"
+    assert shown.shown == {0: b"line 0\nline 2\n", 1: b"line 1\n"}
+
 def test_an_endless_line_is_shown_in_pieces_not_hoarded(tmp_path):
     import queue
 

@@ -44,6 +44,7 @@ LINUX_ONLY = {
     "inotify_init": "portable.inotify",
     "inotify_init1": "portable.inotify",
     "inotify_add_watch": "portable.inotify",
+    "inotify_rm_watch": "portable.inotify",
     "setpriority": "portable.lower_thread_priority",
     "CDLL": "the layer (what the C library offers differs between systems)",
     "cdll": "the layer (what the C library offers differs between systems)",

@@ -131,7 +131,7 @@ class OutputPump:
         for src in self.files:
             os.close(src.fd)
         if self.watch is not None:
-            self.watch.disarm()
+            self.watch.disarm(wait=False)
         self.selector.close()
         os.close(self.wake_r)
         os.close(self.wake_w)
@@ -165,11 +165,12 @@ class OutputPump:
                     trickle = False
             if self.files:
                 self._disarm()
-                quiet, behind = self._read_files()
-                interval = self.coalesce if quiet else min(2 * interval, MAX_BATCH)
-                last_round = time.monotonic()
                 if self.finishing:
                     self._close_files()
+                else:
+                    quiet, behind = self._read_files()
+                    interval = self.coalesce if quiet else min(2 * interval, MAX_BATCH)
+                    last_round = time.monotonic()
                 self.flush()
                 continue
             self.flush()
@@ -190,9 +191,10 @@ class OutputPump:
         return True
 
     def _disarm(self) -> None:
-        if self.watch is not None and self.watch.fd is not None:
+        """Stop watching the followed files (``FileWatch.release``); ``stop`` closes the watch."""
+        if self.watch is not None and self.watch.watches:
             self.selector.unregister(self.watch.fd)
-            self.watch.disarm()
+            self.watch.release()
 
     def _take_pending(self) -> None:
         with self.lock:
