@@ -8,7 +8,6 @@ joins, never at start-up (only then is ``socket`` needed at all).
 
 from __future__ import annotations
 
-import socket
 import time
 
 from jaxrun import contract, portable
@@ -22,6 +21,8 @@ def reachable_address(coordinator: str) -> str:
     host = coordinator.rsplit(":", 1)[0].strip("[]")
     if contract.is_loopback(host):
         return "127.0.0.1"
+    import socket
+
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     probe = socket.socket(family, socket.SOCK_DGRAM)
     try:
@@ -45,6 +46,8 @@ def wait_for_coordinator(coordinator: str, within: float = COORDINATOR_WAIT) -> 
     gRPC's reconnect backoff, about a second, before its second; initialize()
     returns in every process together, so the whole job waits with it.
     Looking first costs one connection when the service is up."""
+    import socket
+
     host, port = coordinator.rsplit(":", 1)
     address = (host.strip("[]"), int(port))
     end = time.monotonic() + within

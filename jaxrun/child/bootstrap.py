@@ -26,7 +26,6 @@ from __future__ import annotations
 import atexit
 import functools
 import itertools
-import json
 import os
 import sys
 from collections.abc import Mapping
@@ -344,6 +343,8 @@ def allgather_json(tag: str, payload: object, timeout_s: float = 300.0) -> dict[
         me, count = jax.process_index(), jax.process_count()
     if client is None or count == 1:
         return {me: payload}
+    import json
+
     # Every process numbers its calls the same way, as collectives require.
     prefix = f"jaxrun/{tag}/{next(_rounds)}"
     client.key_value_set(f"{prefix}/{me}", json.dumps(payload))

@@ -25,11 +25,9 @@ ask starts a trace again.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import queue
 import signal
-import socket
 import sys
 import threading
 import time
@@ -130,6 +128,9 @@ class Tracer:
     @staticmethod
     def finish(session: str, error: str | None) -> None:
         """The marker: the trace is over, and what the gatherer needs to name its files."""
+        import json  # here: only a trace's end needs them
+        import socket
+
         said = {"host": socket.gethostname(), "error": error, "at": time.time()}
         contract.write_private(os.path.join(session, contract.TRACE_MARKER), json.dumps(said).encode())
 

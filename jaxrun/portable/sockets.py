@@ -11,11 +11,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import socket
 import struct
+from typing import TYPE_CHECKING
 
 from jaxrun import contract
 from jaxrun.portable.probe import first_number, forced
+
+if TYPE_CHECKING:
+    import socket
 
 SOCKET_FOLDER = "jaxrun-sockets-{uid}"  # under the temporary folder, one per user
 LONGEST_SOCKET_PATH = 100  # sun_path holds 104 bytes on macOS, 108 on Linux
@@ -27,6 +30,7 @@ def free_port(host: str = "127.0.0.1", low: int = 10000) -> int:
     the ephemeral range: bind(0)'s can become an outgoing connection's source
     port before its listener binds it (jax then fails to "add port to server")."""
     import random
+    import socket
 
     high = ephemeral_low()
     choices = [random.randrange(low, high) for _ in range(64)] if high - low >= 1024 else []
@@ -49,6 +53,8 @@ def peer_uid(conn: socket.socket) -> int | None:
     """The user id of the process at the other end of a Unix socket; None
     where the system does not say (then only the socket's folder keeps
     other users out)."""
+    import socket
+
     if forced():
         return None
     if hasattr(socket, "SO_PEERCRED"):  # struct ucred: pid, uid, gid
@@ -67,6 +73,8 @@ def peer_uid(conn: socket.socket) -> int | None:
 
 def peer_pid(conn: socket.socket) -> int | None:
     """The process id at the other end of a Unix socket, or None."""
+    import socket
+
     if forced():
         return None
     if hasattr(socket, "SO_PEERCRED"):
@@ -86,6 +94,7 @@ def peer_pid(conn: socket.socket) -> int | None:
 @functools.lru_cache(maxsize=1)
 def _abstract_sockets() -> bool:
     """Whether Unix sockets may have abstract names: bind one and see."""
+    import socket
     import uuid
 
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -126,6 +135,8 @@ def server_address(name: str) -> str | None:
     credentials to check who connects, else a socket file in this user's
     private folder.  None: nowhere safe (the agents start their controllers
     themselves)."""
+    import socket
+
     if _abstract_sockets() and not forced() and hasattr(socket, "SO_PEERCRED"):
         return "\0" + name
     folder = private_socket_folder()

@@ -4,6 +4,8 @@ import ipaddress
 import json
 import os
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -111,6 +113,28 @@ def test_a_stack_dump_asked_for_as_the_interpreter_finalizes_does_not_kill_it(ja
     assert code == 0, err
     assert out.count("survived") == 2, out
 
+
+
+# Modules that a plain `python script.py` does not load, and that only a
+# joining process (socket) or the processes' exchanges (json) need: a script
+# that never touches jax must not pay for them at start-up.
+NOT_AT_START_UP = ("socket", "selectors", "json")
+
+
+@pytest.mark.plain_python
+def test_a_script_without_jax_pays_for_no_module_that_only_joining_needs(jaxrun, tmp_path):
+    """Every process of a job pays the child's start-up imports, and each
+    Slurm, Open MPI or Ray task pays them with no preloading server to share
+    them: what a script that never imports jax finds loaded is what it finds
+    under plain python, as far as these modules go."""
+    script = tmp_path / "job.py"
+    script.write_text("import sys\n"
+                      f"print('loaded', sorted(m for m in {NOT_AT_START_UP!r} if m in sys.modules))\n")
+    plain = subprocess.run([sys.executable, script], capture_output=True, text=True, check=True)
+    assert plain.stdout == "loaded []\n"  # else this python's site loads them, and the test proves nothing
+    code, out, err = jaxrun("-n", 2, "--no-preload", script)
+    assert code == 0, err
+    assert sorted(re.findall(r"^\[\d\] (loaded .*)$", out, re.M)) == ["loaded []"] * 2, out
 
 @pytest.mark.plain_python
 def test_nonzero_exit_is_reported_and_easy_to_find(jaxrun, tmp_path):
