@@ -121,6 +121,8 @@ class Slots:
         self.timeline = timeline  # the run's, which hears every slot's changes, and the signals sent
         self.by_rank = {spec.rank: Slot(spec.rank, ProcessRecord(spec, *log_paths(log_dir, spec.rank)),
                                         timeline=timeline) for spec in specs}
+        self._list = list(self.by_rank.values())
+        self._cursor = 0  # where ``any_running`` last found a running process
 
     def __getitem__(self, rank: int) -> Slot:
         return self.by_rank[rank]
@@ -130,6 +132,17 @@ class Slots:
 
     def running(self) -> list[int]:
         return [slot.rank for slot in self if slot.state in LIVE]
+
+    def any_running(self) -> bool:
+        """Whether some process runs: asked at every event, so the search
+        starts where the last one found a running process."""
+        slots = self._list
+        for k in range(len(slots)):
+            i = (self._cursor + k) % len(slots)
+            if slots[i].state in LIVE:
+                self._cursor = i
+                return True
+        return False
 
     def children(self) -> list[Child]:
         """Every life's child that was started, the ended ones too (their groups may hold grandchildren)."""

@@ -168,9 +168,15 @@ class Supervisor:
                 self._stop(StopReason.TIMEOUT, TIMEOUT_DUMP_WAIT, signal.SIGUSR1)
 
     def _loop(self) -> None:
-        while self.slots.running() or self.ends.held:
-            show_at = self.joins.tick()
+        # The joins and the activity are looked at when they said to be, not
+        # at every event: each look reads a file of every process, and a job
+        # of N processes sends events in proportion to N.
+        show_at: float | None = 0.0
+        stall_at: float | None = 0.0
+        while self.slots.any_running() or self.ends.held:
             now = self.clock()
+            if show_at is not None and now >= show_at:
+                show_at = self.joins.tick()
             if self.ends.hold_until is not None and now >= self.ends.hold_until:
                 self._judge_held()
             if self.stop.due(now):
@@ -178,7 +184,10 @@ class Supervisor:
             deadline = self.limit.at if self.stop.reason is None else None
             if deadline is not None and now >= deadline:
                 self._stop(StopReason.TIMEOUT, TIMEOUT_DUMP_WAIT, signal.SIGUSR1)
-            stall_at = self._watch_activity() if self.stop.reason is None else None
+            if self.stop.reason is not None:
+                stall_at = None
+            elif stall_at is not None and now >= stall_at:
+                stall_at = self._watch_activity()
             wake = [t for t in (self.stop.kill_at, deadline, show_at, self.ends.hold_until, stall_at)
                     if t is not None]
             try:
@@ -186,6 +195,8 @@ class Supervisor:
             except queue.Empty:
                 continue
             self._handle(event)
+            if isinstance(event, Joined) and show_at is not None:
+                show_at = now  # the line says it at once
 
     def _handle(self, event) -> None:
         if isinstance(event, Exited):
