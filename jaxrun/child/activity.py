@@ -73,6 +73,7 @@ import os
 import sys
 import threading
 import time
+import types
 
 from jaxrun import contract, portable
 
@@ -107,12 +108,17 @@ def interval_for(stall_timeout: float) -> float:
     return min(MAX_INTERVAL, max(MIN_INTERVAL, stall_timeout / 10))
 
 
-def main_stack(main: int) -> tuple:
+def main_stack(main: int, frames=sys._current_frames) -> tuple:
     """The main thread's frames as (code, instruction) pairs, innermost
-    first: a loop on one line moves its instruction, a parked call does not."""
-    frame = sys._current_frames().get(main)
+    first: a loop on one line moves its instruction, a parked call does not.
+
+    The walk reads another thread's frames while that thread runs on, which
+    CPython does not promise to be safe: once, a frame's ``f_back`` was a
+    str (Python 3.11, a controller over SSH on a loaded machine), and the
+    exception ended the sampler.  The walk stops at anything not a frame."""
+    frame = frames().get(main)
     stack = []
-    while frame is not None:
+    while isinstance(frame, types.FrameType):
         stack.append((frame.f_code, frame.f_lasti))
         frame = frame.f_back
     return tuple(stack)
@@ -328,7 +334,11 @@ class Sampler:
         self.write(contract.BUSY)
         while not self.finished:
             time.sleep(self.interval)
-            self.write(self.judge())
+            try:
+                said = self.judge()
+            except Exception:  # noqa: BLE001 - a look that fails is no hang: never a false stall, and the next look
+                said = contract.BUSY
+            self.write(said)
 
 
 def _key(said: str | None) -> tuple:

@@ -285,6 +285,49 @@ def test_the_stack_moves_with_a_loop_on_one_line_and_not_with_a_parked_call():
             t.join()
 
 
+
+def test_the_stack_walk_stops_at_anything_not_a_frame():
+    """CPython once handed the sampler a str as a frame's f_back (3.11, a
+    controller over SSH, under load): the walk ends there, the look goes on."""
+    import threading
+
+    assert activity.main_stack(1, frames=lambda: {1: "not a frame"}) == ()
+    assert activity.main_stack(2, frames=lambda: {1: "not a frame"}) == ()
+    here = activity.main_stack(threading.get_ident())
+    assert [c for c, _ in here[:2]] == [activity.main_stack.__code__,
+                                       test_the_stack_walk_stops_at_anything_not_a_frame.__code__]
+
+
+def test_a_look_that_fails_does_not_end_the_sampler(tmp_path):
+    """A look that raises counts as progress (never a false stall), and the
+    sampler goes on looking: before, the exception ended its thread, printed
+    a traceback into the script's stderr, and left the process unwatched."""
+    import threading
+
+    looks = []
+
+    def stack():
+        looks.append(time.monotonic())
+        if len(looks) == 2:
+            raise AttributeError("'str' object has no attribute 'f_code'")
+        return ((code("/work/train.py", "<module>"), 12),)
+
+    path = tmp_path / "progress"
+    sampler = activity.Sampler(str(path), 0.02, stack=stack, children=lambda: {}, threads=lambda: None,
+                               io=lambda: None, waits=lambda: None)
+    thread = threading.Thread(target=sampler.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while len(looks) < 6 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(looks) >= 6 and thread.is_alive()
+    finally:
+        sampler.write(contract.FINISHED)
+        thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert path.read_text() == contract.FINISHED + "\n"
+
 def test_each_threads_cpu_is_read_from_the_system_by_its_native_id():
     import threading
 
