@@ -25,10 +25,14 @@ from fixtures.jobs import ROOT
 PROBE = os.path.join(ROOT, "tests", "data", "slow_place.py")
 # Sleeps before it prints: a start-up that takes its time, then a hang.
 SLOW_START = "import time\ntime.sleep(1.5)\nprint('started', flush=True)\ntime.sleep(600)\n"
-# The processes get TIMEOUT - PLACE for their start (the shim's JAX, then the
-# script's sleep): 1 s was too little once on CI, and so was 2 s once
-# (2026-12-04, a fresh interpreter's import of jax on a loaded machine).
-TIMEOUT = 6.5
+# The processes get TIMEOUT - PLACE for their start (the interpreter and the
+# shim, then the script's 1.5 s sleep), and the stack dumps' wait after it:
+# 1 s was too little once on CI, 2 s once (2026-12-04, a loaded machine), and
+# 2.5 s once more (2026-12-04: neither process had printed, nor dumped its
+# stack, 4 s after its start, while the other pytest worker loaded the
+# machine).  SLACK < PLACE keeps a deadline that began after the placement
+# in sight, whatever TIMEOUT is.
+TIMEOUT = 8.5
 PLACE = 4.0
 # After --timeout: the stack dumps (TIMEOUT_DUMP_WAIT, 1.5 s) and the kill, on
 # a loaded 2-core machine.  Less than PLACE, so that a deadline that started
