@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from jaxrun import portable
 from jaxrun.core.events import Stream, StreamClosed
 from jaxrun.launcher.output import filewatch, pump as pump_module
 
@@ -176,13 +177,23 @@ class Collector:
         return False
 
 
-def inotify_watched_inodes() -> set[int]:
-    """Inodes that some inotify descriptor of this process watches (from /proc fdinfo)."""
+def inotify_descriptors() -> set[int]:
+    """This process's open inotify descriptors."""
     found = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
-            if os.readlink(f"/proc/self/fd/{fd}") != "anon_inode:inotify":
-                continue
+            if os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:inotify":
+                found.add(int(fd))
+        except OSError:  # closed meanwhile
+            pass
+    return found
+
+
+def inotify_watched_inodes() -> set[int]:
+    """Inodes that some inotify descriptor of this process watches (from /proc fdinfo)."""
+    found = set()
+    for fd in inotify_descriptors():
+        try:
             with open(f"/proc/self/fdinfo/{fd}") as f:
                 found |= {int(m, 16) for m in re.findall(r"^inotify wd:\S+ ino:([0-9a-f]+)", f.read(), re.M)}
         except OSError:  # closed meanwhile
@@ -233,29 +244,11 @@ def test_the_pump_follows_growing_files(tmp_path, monkeypatch, inotify):
             os.close(fd)
 
 
-
-def inotify_descriptors() -> set[int]:
-    """This process's open inotify descriptors."""
-    found = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:inotify":
-                found.add(int(fd))
-        except OSError:  # closed meanwhile
-            pass
-    return found
-
-
 def watch_numbers(fd: int) -> set[int]:
     """The watch descriptors an inotify descriptor has now.  An instance
     numbers its watches on from the last it gave: a fresh one starts at 1."""
     with open(f"/proc/self/fdinfo/{fd}") as f:
         return {int(m, 16) for m in re.findall(r"^inotify wd:([0-9a-f]+)", f.read(), re.M)}
-
-
-def thread_cpu_seconds(tid: int) -> float:
-    fields = open(f"/proc/self/task/{tid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def wait_until(check, within: float = 10.0) -> bool:
@@ -265,7 +258,7 @@ def wait_until(check, within: float = 10.0) -> bool:
     return check()
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/fdinfo") or filewatch.portable.inotify() is None,
+@pytest.mark.skipif(not os.path.exists("/proc/self/fdinfo") or portable.inotify() is None,
                     reason="inotify and /proc: Linux")
 def test_the_pump_keeps_one_watch_and_lets_it_go_when_every_writer_is_gone(tmp_path):
     """One inotify descriptor serves every quiet spell (its watches removed
@@ -302,9 +295,9 @@ def test_the_pump_keeps_one_watch_and_lets_it_go_when_every_writer_is_gone(tmp_p
         assert len(again) == 2 and min(again) > max(first) + 2, (first, again)
         # Quiet and watched: the pump sleeps.  Had the removals' events been
         # left queued, the watch would wake it at once, round after round.
-        cpu = thread_cpu_seconds(pump.thread.native_id)
+        cpu = portable.thread_cpu()[pump.thread.native_id]
         time.sleep(1.0)
-        assert thread_cpu_seconds(pump.thread.native_id) - cpu < 0.2
+        assert portable.thread_cpu()[pump.thread.native_id] - cpu < 0.2
         pump.finish()
         closed = [events.get(timeout=5) for _ in paths]
         assert all(isinstance(e, StreamClosed) for e in closed)
