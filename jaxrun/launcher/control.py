@@ -88,6 +88,12 @@ class RunControl:
     # -- signals ------------------------------------------------------------------
     def install(self) -> None:
         for signum in (*contract.STOP_SIGNALS, signal.SIGUSR1):
+            # A stop signal that whoever started jaxrun ignores (``nohup``
+            # SIGHUP) stays ignored, as ``python SCRIPT`` keeps it: a hangup
+            # must not end a run started under nohup.  Its processes inherit
+            # it so (the preloading server passes it on: server.IGNORED).
+            if signum in contract.STOP_SIGNALS and signal.getsignal(signum) == signal.SIG_IGN:
+                continue
             self._previous[signum] = signal.signal(signum, self._on_signal)
 
     def restore(self) -> None:

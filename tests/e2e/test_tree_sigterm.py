@@ -275,3 +275,53 @@ def test_a_controller_starts_with_the_stop_signals_of_a_plain_launch(request, st
     assert job.wait(timeout=90) == 0, job.stderr
     for rank in range(PROCESSES):
         assert probe_line((logs / f"process-{rank}.stdout").read_text()) == expected, rank
+
+
+# Wait for the file that the test creates, after the hangup.
+HANGUP_PROBE = PROBE + """\
+import os, time
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.05)
+print("went on", flush=True)
+"""
+
+
+def under_nohup() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["--preload", "--no-preload"])
+def test_under_nohup_a_hangup_ends_nothing_and_the_controllers_ignore_it_as_python_would(start_job, tmp_path, mode):
+    """``nohup jaxrun ...``: SIGHUP is ignored from the start, as under
+    ``nohup python SCRIPT``.  jaxrun keeps it so (a hangup that reaches
+    it, or every process of the job, ends nothing), and each controller
+    starts with it ignored, as a plain launch under nohup does."""
+    script = tmp_path / "probe.py"
+    script.write_text(HANGUP_PROBE)
+    go = tmp_path / "go"
+    go.touch()
+    plain = subprocess.run([sys.executable, str(script), str(go)], capture_output=True, text=True, check=True,
+                           start_new_session=True, preexec_fn=under_nohup)
+    expected = probe_line(plain.stdout)
+    assert expected["SIGHUP"] == [False, str(signal.SIG_IGN)], expected
+    go.unlink()
+    logs = tmp_path / "logs"
+    job = start_job("-n", 2, mode, "--log-dir", logs, script, go, cwd=tmp_path, preexec_fn=under_nohup)
+    deadline = time.monotonic() + 60
+    while not all((logs / f"process-{rank}.stdout").exists() and "signals" in (logs / f"process-{rank}.stdout")
+                  .read_text() for rank in range(2)):
+        assert job.proc.poll() is None and time.monotonic() < deadline, job.wait()
+        time.sleep(0.1)
+    everyone = [job.proc.pid] + [p.pid for p in psutil.Process(job.proc.pid).children(recursive=True)]
+    for pid in everyone:  # the hangup, to jaxrun and every process it started
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGHUP)
+    time.sleep(1.0)
+    assert job.proc.poll() is None, job.wait()
+    go.touch()
+    assert job.wait(timeout=60) == 0, job.stderr
+    for rank in range(2):
+        out = (logs / f"process-{rank}.stdout").read_text()
+        assert probe_line(out) == expected, rank
+        assert "went on" in out, out

@@ -168,9 +168,11 @@ def become_controller(sock: socket.socket, request: forkserver.ForkRequest, fds:
         # (Python's own for SIGINT), and the stop signals that the server
         # holds blocked unblocked again below, once the log files are in
         # place.  One sent meanwhile was held, not lost: it arrives then.
+        # A stop signal the server was started with ignored (``nohup``) stays
+        # ignored, as it would be in a fresh interpreter.
         for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(signum, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signum, signal.SIG_IGN if signum in IGNORED else signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_IGN if signal.SIGINT in IGNORED else signal.default_int_handler)
         os.setpgid(0, 0)
         out, err, lifeline = fds
         devnull = os.open(os.devnull, os.O_RDONLY)
@@ -253,6 +255,11 @@ def claim_title_area() -> None:
         setproctitle.getproctitle()  # finds the area; the title itself stays
     finally:
         del os.environ["SPT_NOENV"]
+
+
+# The stop signals this process was started ignoring (``nohup jaxrun``
+# ignores SIGHUP in the launcher, and so here): its controllers start so too.
+IGNORED = frozenset(s for s in shield.STOP_SIGNALS if signal.getsignal(s) == signal.SIG_IGN)
 
 
 def main(argv: list[str]) -> None:
