@@ -114,7 +114,6 @@ def test_a_stack_dump_asked_for_as_the_interpreter_finalizes_does_not_kill_it(ja
     assert out.count("survived") == 2, out
 
 
-
 # Modules that a plain `python script.py` does not load, and that only a
 # joining process (socket) or the processes' exchanges (json) need: a script
 # that never touches jax must not pay for them at start-up.
@@ -135,6 +134,7 @@ def test_a_script_without_jax_pays_for_no_module_that_only_joining_needs(jaxrun,
     code, out, err = jaxrun("-n", 2, "--no-preload", script)
     assert code == 0, err
     assert sorted(re.findall(r"^\[\d\] (loaded .*)$", out, re.M)) == ["loaded []"] * 2, out
+
 
 @pytest.mark.plain_python
 def test_nonzero_exit_is_reported_and_easy_to_find(jaxrun, tmp_path):

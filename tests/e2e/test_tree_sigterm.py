@@ -25,9 +25,11 @@ sessions started fresh by their session agents (hosts that forward nothing).
 The second test sends SIGTERM to jaxrun alone, and then, while that stop is
 under way, to every helper directly: each must survive it, and the stop
 still ends as above.  The third kills the fork server during a stop: its
-controllers keep their grace all the same.  The last checks that whatever
-the helpers hold blocked, a controller starts with the stop signals of a
-plain ``python SCRIPT``.
+controllers keep their grace all the same.  The fourth checks that
+whatever the helpers hold blocked, a controller starts with the stop
+signals of a plain ``python SCRIPT``; the last, that under ``nohup`` a
+hangup ends nothing and the controllers start with SIGHUP ignored, as
+that launch would.
 """
 
 from __future__ import annotations
@@ -308,20 +310,17 @@ def test_under_nohup_a_hangup_ends_nothing_and_the_controllers_ignore_it_as_pyth
     go.unlink()
     logs = tmp_path / "logs"
     job = start_job("-n", 2, mode, "--log-dir", logs, script, go, cwd=tmp_path, preexec_fn=under_nohup)
+    outputs = [logs / f"process-{rank}.stdout" for rank in range(2)]
     deadline = time.monotonic() + 60
-    while not all((logs / f"process-{rank}.stdout").exists() and "signals" in (logs / f"process-{rank}.stdout")
-                  .read_text() for rank in range(2)):
+    while not all(out.exists() and "signals" in out.read_text() for out in outputs):  # both are waiting
         assert job.proc.poll() is None and time.monotonic() < deadline, job.wait()
         time.sleep(0.1)
-    everyone = [job.proc.pid] + [p.pid for p in psutil.Process(job.proc.pid).children(recursive=True)]
-    for pid in everyone:  # the hangup, to jaxrun and every process it started
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGHUP)
+    signal_all(tree(job.proc.pid), signal.SIGHUP)  # the hangup, to jaxrun and every process it started
     time.sleep(1.0)
     assert job.proc.poll() is None, job.wait()
     go.touch()
     assert job.wait(timeout=60) == 0, job.stderr
-    for rank in range(2):
-        out = (logs / f"process-{rank}.stdout").read_text()
-        assert probe_line(out) == expected, rank
-        assert "went on" in out, out
+    for rank, out in enumerate(outputs):
+        text = out.read_text()
+        assert probe_line(text) == expected, rank
+        assert "went on" in text, text
