@@ -40,7 +40,7 @@ from jaxrun.child.addresses import (
     wait_for_coordinator,
 )
 from jaxrun.child.bootstrap_error import BootstrapError
-from jaxrun.child.versions import check_versions, format_preflight
+from jaxrun.child.versions import check_versions, show_preflight
 
 
 class Launch:
@@ -313,7 +313,7 @@ def preflight() -> list[dict]:
     everyone = allgather_json("preflight", me, timeout_s=120)
     rows = [dict(everyone[p], process=p) for p in sorted(everyone)]
     if _launch.verbose and _launch.rank == 0:
-        print(format_preflight(rows), file=sys.stderr, flush=True)
+        show_preflight(rows, sys.stderr)
     try:
         check_versions(rows)
     except BootstrapError as e:

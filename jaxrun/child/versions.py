@@ -3,6 +3,8 @@ check that jax and jaxlib match across processes (pure: rows in, a line out)."""
 
 from __future__ import annotations
 
+from typing import TextIO
+
 from jaxrun import contract
 from jaxrun.child.bootstrap_error import BootstrapError
 
@@ -28,3 +30,15 @@ def format_preflight(rows: list[dict]) -> str:
     header = ("process", "host", "pid", "jax", "jaxlib", "python")
     table = [header] + [(str(r["process"]), r["host"], str(r["pid"]), r["jax"], r["jaxlib"], r["python"]) for r in rows]
     return "jaxrun: preflight\n" + "\n".join("  " + line for line in contract.align_columns(table))
+
+
+def show_preflight(rows: list[dict], stream: TextIO) -> None:
+    """The table in one write, its last newline included.
+
+    ``print`` writes the text and then its newline, and a line-buffered
+    stream flushes the first write at its first newline: the table's last row
+    then reaches the launcher apart from the rest, and a line of the
+    launcher's own ("4/4 processes joined") could land inside the table.
+    """
+    stream.write(format_preflight(rows) + "\n")
+    stream.flush()

@@ -122,6 +122,34 @@ def test_version_mismatch_names_processes():
         check_versions(rows)
 
 
+def test_the_preflight_table_reaches_the_launcher_in_one_write():
+    """As process 0's stderr is: line-buffered over a pipe.  Each raw write is
+    what the launcher may read apart, with its own lines in between."""
+    import io
+
+    from jaxrun.child.versions import show_preflight
+
+    class Pipe(io.RawIOBase):
+        def __init__(self):
+            self.writes = []
+
+        def writable(self):
+            return True
+
+        def write(self, b):
+            self.writes.append(bytes(b))
+            return len(b)
+
+    pipe = Pipe()
+    stderr = io.TextIOWrapper(io.BufferedWriter(pipe), line_buffering=True)
+    rows = [dict(process=p, host="h", pid=100 + p, jax="0.10.2", jaxlib="0.10.2", python="3.11.7") for p in range(4)]
+    show_preflight(rows, stderr)
+    assert len(pipe.writes) == 1
+    lines = pipe.writes[0].decode().splitlines(keepends=True)
+    assert len(lines) == 6 and all(line.endswith("\n") for line in lines)
+    assert lines[0] == "jaxrun: preflight\n" and lines[-1].split()[0] == "3"
+
+
 def test_meshspec_has_no_jax():
     code = "import sys, jaxrun.meshspec; print('jax' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
