@@ -282,6 +282,11 @@ def test_channel_survives_running_out_of_file_descriptors(slurm_cluster, start_j
                     script, "{process_id}", BYTES, tmp_path)
     address, _ = channel_of(job)
     launcher = psutil.Process(job.proc.pid)
+    # srun runs before the launcher has opened its logs (each rank's two and
+    # engine.log): on a loaded machine a count taken here left them no room.
+    holds = {str(logs / name) for name in ("engine.log", *(f"process-{r}.{s}" for r in range(2)
+                                                           for s in ("stdout", "stderr")))}
+    assert wait_for(lambda: holds <= {f.path for f in launcher.open_files()}, within=20), launcher.open_files()
     in_use = launcher.num_fds()
     _, hard = launcher.rlimit(psutil.RLIMIT_NOFILE)
     launcher.rlimit(psutil.RLIMIT_NOFILE, (in_use + 12, hard))  # room for the 6 task connections, and a few more
