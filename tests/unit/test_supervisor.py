@@ -35,7 +35,7 @@ from jaxrun.core.deadline import Deadline
 from jaxrun.core.events import Exited, SignalReceived, Stream, StreamClosed
 from jaxrun.core.outcome import INTERNAL_ERROR, StopReason, Verdict
 from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
-from jaxrun.launcher.attempt.ends import HOLD_WAIT
+from jaxrun.launcher.attempt.ends import ECHO_WAIT, HOLD_WAIT
 from jaxrun.launcher.attempt.stop import DUMP_WAIT, KILL_CONFIRM_WAIT, TIMEOUT_DUMP_WAIT
 from jaxrun.launcher.attempt.supervisor import Supervisor
 from jaxrun.launcher.output.printer import ConsolePrinter
@@ -741,12 +741,14 @@ class RespawningBackend(FakeBackend):
         super().__init__(n, events, clock, (), False)
         self.events, self.clock = events, clock
         self.again: list[ProcessSpec] = []  # the specs started again alone
+        self.again_at: list[float] = []  # when, on the fake clock
         for child in self.children.values():
             child.reports_joins = True
 
     def spawn(self, spec, lifeline_fd, extra_env, log_fds, news):
         if self.children[spec.rank].returncode is not None:
             self.again.append(spec)
+            self.again_at.append(self.clock())
             self.children[spec.rank] = FakeChild(spec.rank, self.events, self.clock, (), False)
             self.children[spec.rank].reports_joins = True
         return super().spawn(spec, lifeline_fd, extra_env, log_fds, news)
@@ -777,11 +779,12 @@ BAD = contract.ErrorRecord("ValueError", "bad shard", 'Traceback (most recent ca
 def test_a_recoverable_failure_restarts_that_process_alone(tmp_path):
     h, notes = recoverable_harness(tmp_path, restarts=1)
     h.at(1, lambda: kid(h, 2).exit(-signal.SIGKILL))
-    h.at(2, lambda: kid(h, 2).exit(0))  # the new run
+    h.at(1 + ECHO_WAIT + 0.5, lambda: kid(h, 2).exit(0))  # the new run, started once process 0 was heard alive
     for rank in (0, 1, 3):
         h.at(3, lambda rank=rank: kid(h, rank).exit(0))
     survivors = [h.backend.children[r] for r in (0, 1, 3)]
     outcome = h.run()
+    assert h.backend.again_at == [START + 1 + ECHO_WAIT]  # no sign of process 0's end meanwhile
     assert (outcome.exit_code, outcome.reason, outcome.recoverable) == (0, None, True)
     assert all(child.live_signals == [] for child in survivors)  # nobody was stopped
     (again,) = h.backend.again
@@ -808,6 +811,19 @@ def test_without_restarts_the_others_finish_and_the_status_names_it(tmp_path):
     assert "jaxrun: process 2 failed first: exit code 7 (pid 40002)" in summary_lines(outcome, h.log_dir)
 
 
+def test_a_spared_failure_held_past_the_others_end_still_ends_the_run(tmp_path):
+    """Process 2 fails; the others finish while its end waits ECHO_WAIT for
+    process 0's: the run ends once it is judged, with process 2's status."""
+    h, notes = recoverable_harness(tmp_path, restarts=0)
+    h.at(1, lambda: kid(h, 2).exit(7))
+    for rank in (0, 1, 3):
+        h.at(1 + ECHO_WAIT / 2, lambda rank=rank: kid(h, rank).exit(0))
+    outcome = h.run()
+    assert (outcome.exit_code, outcome.root_cause, outcome.ran_out) == (7, 2, True)
+    assert h.clock() == START + 1 + ECHO_WAIT
+    assert verdicts(outcome) == [Verdict.OK, Verdict.OK, Verdict.ROOT_CAUSE, Verdict.OK]
+
+
 def test_the_same_failure_twice_stops_that_process_restarts(tmp_path):
     h, notes = recoverable_harness(tmp_path, restarts=3)
 
@@ -816,9 +832,9 @@ def test_the_same_failure_twice_stops_that_process_restarts(tmp_path):
         kid(h, 2).exit(1)
 
     h.at(1, fail)
-    h.at(2, fail)
+    h.at(1 + ECHO_WAIT + 0.5, fail)
     for rank in (0, 1, 3):
-        h.at(3, lambda rank=rank: kid(h, rank).exit(0))
+        h.at(1 + 2 * ECHO_WAIT + 1, lambda rank=rank: kid(h, rank).exit(0))
     outcome = h.run()
     assert len(h.backend.again) == 1 and outcome.exit_code == 1
     assert notes[-1].endswith("; not starting it again: the same failure as its life 1 "
@@ -844,10 +860,29 @@ def test_a_job_that_is_not_recoverable_fails_fast(tmp_path, announced, mode):
     assert not h.backend.again and not [n for n in notes if "failed" in n or "recoverable" in n]
 
 
+@pytest.mark.parametrize("restarts", [0, 1])
+def test_others_aborted_by_process_0s_end_and_heard_first_are_its_consequences(tmp_path, restarts):
+    """Process 0 is SIGKILLed; the coordination service goes with it, and the
+    others abort.  Over another host's channel, an abort may be heard first:
+    it waits ECHO_WAIT for process 0's end, and nobody goes on or starts again."""
+    h, notes = recoverable_harness(tmp_path, restarts=restarts)
+    h.at(0.9, log, h, 2, HEARTBEAT_ABORT)
+    h.at(1, lambda: kid(h, 2).exit(-signal.SIGABRT))
+    h.at(1 + ECHO_WAIT * 0.8, lambda: kid(h, 0).exit(-signal.SIGKILL))
+    outcome = h.run()
+    assert (outcome.exit_code, outcome.reason, outcome.root_cause) == (137, StopReason.FAILURE, 0)
+    assert verdicts(outcome) == [Verdict.ROOT_CAUSE, Verdict.STOPPED, Verdict.CONSEQUENCE, Verdict.STOPPED]
+    assert not h.backend.again and not outcome.ran_out
+    assert not [n for n in notes if "go on" in n], notes
+    for rank in (1, 3):  # stopped as at any failure: stacks, then the kill
+        assert kid(h, rank).live_signals == [(START + 1 + ECHO_WAIT * 0.8, signal.SIGUSR1),
+                                             (START + 1 + ECHO_WAIT * 0.8 + DUMP_WAIT, signal.SIGKILL)]
+
+
 def test_process_0s_death_after_a_spared_failure_names_the_first_failure(tmp_path):
     h, notes = recoverable_harness(tmp_path, restarts=0)
     h.at(1, lambda: kid(h, 2).exit(7))
-    h.at(2, lambda: kid(h, 0).exit(1))  # then everyone is stopped
+    h.at(1 + ECHO_WAIT + 1, lambda: kid(h, 0).exit(1))  # then everyone is stopped
     outcome = h.run()
     assert (outcome.exit_code, outcome.reason, outcome.root_cause) == (7, StopReason.FAILURE, 2)
     assert verdicts(outcome) == [Verdict.CONSEQUENCE, Verdict.STOPPED, Verdict.ROOT_CAUSE, Verdict.STOPPED]

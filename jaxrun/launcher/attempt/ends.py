@@ -3,7 +3,12 @@
 Each end is written into its life's record as it is heard.  An end that
 may be part of a stop jaxrun is about to hear of (a helper's, or a death by
 SIGTERM, SIGINT or SIGHUP) is held for ``HOLD_WAIT`` before it counts as a
-failure: a signal to the whole process tree reaches the helpers too.
+failure: a signal to the whole process tree reaches the helpers too.  A
+recoverable job's failure that would spare the others is held for
+``ECHO_WAIT``: process 0's end aborts every other process (the coordination
+service goes with it), and the news of those aborts may come first, over
+another host's channel.  Process 0's end, heard meanwhile, stops the job,
+and the held ones are its consequences, not failures the others go on after.
 
 The root cause is settled at the end, from evidence (``core.causes.settle``),
 not from the order the ends arrived in; the Outcome carries it, with one
@@ -27,6 +32,9 @@ from jaxrun.launcher.attempt.stop import StopSequence
 # How long an end that may belong to a stop waits for the stop signal before
 # it is taken for a failure.
 HOLD_WAIT = 0.3
+# How long a recoverable job's failure of a process other than 0 waits for
+# process 0's end before the others go on without it.
+ECHO_WAIT = 1.0
 
 
 class Ends:
@@ -38,9 +46,11 @@ class Ends:
         self.root_cause: int | None = None  # rank
         self.last_end: float | None = None  # when the last exit was heard (self.clock)
 
-    def record(self, record: ProcessRecord, event: Exited, running: bool) -> bool:
+    def record(self, record: ProcessRecord, event: Exited, running: bool, spares: bool = False) -> bool:
         """Write the end into its record; True: a failure to judge now.
-        ``running``: no stop is under way, so an end that may be one's is held."""
+        ``running``: no stop is under way, so an end that may be one's is held;
+        ``spares``: a failure would leave the others running, so it is held
+        for process 0's end (``ECHO_WAIT``)."""
         self.last_end = self.clock()
         end = event.end
         record.returncode, record.ended_at = end.returncode, time.time()
@@ -53,10 +63,10 @@ class Ends:
             record.verdict = Verdict.OK
             return False
         self.heard.append(event.rank)
-        if running and (end.lost or contract.exit_status(end.returncode) - 128 in contract.STOP_SIGNALS):
-            self.held.append(event.rank)  # its verdict waits for a stop signal, or HOLD_WAIT
-            if self.hold_until is None:
-                self.hold_until = self.clock() + HOLD_WAIT
+        if running and (spares or end.lost or contract.exit_status(end.returncode) - 128 in contract.STOP_SIGNALS):
+            self.held.append(event.rank)  # its verdict waits for a stop signal or process 0's end, or the wait
+            until = self.clock() + (ECHO_WAIT if spares else HOLD_WAIT)
+            self.hold_until = until if self.hold_until is None else max(self.hold_until, until)
             return False
         return True
 

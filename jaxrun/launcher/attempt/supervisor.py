@@ -179,6 +179,7 @@ class Supervisor:
                 show_at = self.joins.tick()
             if self.ends.hold_until is not None and now >= self.ends.hold_until:
                 self._judge_held()
+                continue  # the last held end may have been all that kept the loop going
             if self.stop.due(now):
                 break
             deadline = self.limit.at if self.stop.reason is None else None
@@ -225,7 +226,8 @@ class Supervisor:
         self.joins.ended(event.rank)
         self.activity.ended(event.rank)
         slot = self.slots[event.rank]
-        judge = self.ends.record(slot.record, event, running=self.stop.reason is None)
+        judge = self.ends.record(slot.record, event, running=self.stop.reason is None,
+                                 spares=self.policy.spares_others(event.rank))
         slot.ended()  # its end is in its record: the timeline's line holds it
         if judge:
             self._judge(event.rank)
@@ -240,6 +242,7 @@ class Supervisor:
                 record.verdict = Verdict.ROOT_CAUSE if first == rank else Verdict.CONSEQUENCE
                 self.ends.root_cause = first
                 self._stop(StopReason.FAILURE, DUMP_WAIT, signal.SIGUSR1)
+                self._judge_held()  # ends held meanwhile (process 0's aborted others): its consequences
             elif answer is Answer.GO_ON:
                 record.verdict = Verdict.ROOT_CAUSE if self.policy.failed[0] == rank else Verdict.FAILED_ALONE
         elif self.stop.reason is StopReason.FAILURE and not self.stop.kill_sent:
