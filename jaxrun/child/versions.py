@@ -1,5 +1,6 @@
 """The preflight's table: every process's host, pid and versions, and the
-check that jax and jaxlib match across processes (pure: rows in, a line out)."""
+check that jax and jaxlib match across processes (rows in, a line out; the
+table shown in one write)."""
 
 from __future__ import annotations
 

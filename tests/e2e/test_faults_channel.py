@@ -36,6 +36,7 @@ from jaxrun import contract
 from jaxrun.backends.scheduler.options import SlurmOptions
 from jaxrun.backends.scheduler.slurm import SrunProcess
 from jaxrun.core.backend import RunHooks
+from jaxrun.core.logfiles import log_paths
 from jaxrun.wire import tasks
 
 SLURM = ["--launcher", "slurm"]
@@ -284,8 +285,7 @@ def test_channel_survives_running_out_of_file_descriptors(slurm_cluster, start_j
     launcher = psutil.Process(job.proc.pid)
     # srun runs before the launcher has opened its logs (each rank's two and
     # engine.log): on a loaded machine a count taken here left them no room.
-    holds = {str(logs / name) for name in ("engine.log", *(f"process-{r}.{s}" for r in range(2)
-                                                           for s in ("stdout", "stderr")))}
+    holds = {str(logs / "engine.log"), *(path for r in range(2) for path in log_paths(str(logs), r)[:2])}
     assert wait_for(lambda: holds <= {f.path for f in launcher.open_files()}, within=20), launcher.open_files()
     in_use = launcher.num_fds()
     _, hard = launcher.rlimit(psutil.RLIMIT_NOFILE)

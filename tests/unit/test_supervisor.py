@@ -861,22 +861,25 @@ def test_a_job_that_is_not_recoverable_fails_fast(tmp_path, announced, mode):
 
 
 @pytest.mark.parametrize("restarts", [0, 1])
-def test_others_aborted_by_process_0s_end_and_heard_first_are_its_consequences(tmp_path, restarts):
+@pytest.mark.parametrize("late", [0.2, 0.8], ids=["kill-before-the-wait-ends", "kill-after-it"])
+def test_others_aborted_by_process_0s_end_and_heard_first_are_its_consequences(tmp_path, restarts, late):
     """Process 0 is SIGKILLed; the coordination service goes with it, and the
     others abort.  Over another host's channel, an abort may be heard first:
-    it waits ECHO_WAIT for process 0's end, and nobody goes on or starts again."""
+    it waits ECHO_WAIT for process 0's end, and nobody goes on or starts again.
+    ``late``: process 0's end comes that part of ECHO_WAIT after the abort;
+    at 0.2 the stop's kill comes before the wait would have ended."""
     h, notes = recoverable_harness(tmp_path, restarts=restarts)
     h.at(0.9, log, h, 2, HEARTBEAT_ABORT)
     h.at(1, lambda: kid(h, 2).exit(-signal.SIGABRT))
-    h.at(1 + ECHO_WAIT * 0.8, lambda: kid(h, 0).exit(-signal.SIGKILL))
+    h.at(1 + ECHO_WAIT * late, lambda: kid(h, 0).exit(-signal.SIGKILL))
     outcome = h.run()
     assert (outcome.exit_code, outcome.reason, outcome.root_cause) == (137, StopReason.FAILURE, 0)
     assert verdicts(outcome) == [Verdict.ROOT_CAUSE, Verdict.STOPPED, Verdict.CONSEQUENCE, Verdict.STOPPED]
     assert not h.backend.again and not outcome.ran_out
     assert not [n for n in notes if "go on" in n], notes
     for rank in (1, 3):  # stopped as at any failure: stacks, then the kill
-        assert kid(h, rank).live_signals == [(START + 1 + ECHO_WAIT * 0.8, signal.SIGUSR1),
-                                             (START + 1 + ECHO_WAIT * 0.8 + DUMP_WAIT, signal.SIGKILL)]
+        assert kid(h, rank).live_signals == [(START + 1 + ECHO_WAIT * late, signal.SIGUSR1),
+                                             (START + 1 + ECHO_WAIT * late + DUMP_WAIT, signal.SIGKILL)]
 
 
 def test_process_0s_death_after_a_spared_failure_names_the_first_failure(tmp_path):

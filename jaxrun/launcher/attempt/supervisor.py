@@ -242,7 +242,6 @@ class Supervisor:
                 record.verdict = Verdict.ROOT_CAUSE if first == rank else Verdict.CONSEQUENCE
                 self.ends.root_cause = first
                 self._stop(StopReason.FAILURE, DUMP_WAIT, signal.SIGUSR1)
-                self._judge_held()  # ends held meanwhile (process 0's aborted others): its consequences
             elif answer is Answer.GO_ON:
                 record.verdict = Verdict.ROOT_CAUSE if self.policy.failed[0] == rank else Verdict.FAILED_ALONE
         elif self.stop.reason is StopReason.FAILURE and not self.stop.kill_sent:
@@ -282,8 +281,9 @@ class Supervisor:
     # -- stops ----------------------------------------------------------------------------
     def _stop(self, reason: StopReason, wait: float, signum: int | None) -> None:
         self.stop.begin(reason, wait, signum)
-        if reason is not StopReason.FAILURE:
-            self._judge_held()  # the ends held for a stop signal were part of this stop
+        # The ends held meanwhile are part of this stop: a stop signal's, or a
+        # failure's consequences (the others that process 0's end aborted).
+        self._judge_held()
 
     def _on_signal(self, signum: int) -> None:
         if signum == signal.SIGUSR1:
