@@ -69,6 +69,7 @@ stack dumps (SIGUSR1), which say it.
 
 from __future__ import annotations
 
+import opcode
 import os
 import sys
 import threading
@@ -119,9 +120,34 @@ def main_stack(main: int, frames=sys._current_frames) -> tuple:
     frame = frames().get(main)
     stack = []
     while isinstance(frame, types.FrameType):
-        stack.append((frame.f_code, frame.f_lasti))
+        stack.append((frame.f_code, call_offset(frame.f_code, frame.f_lasti)))
         frame = frame.f_back
     return tuple(stack)
+
+
+_PRECALL, _CACHE = opcode.opmap.get("PRECALL"), opcode.opmap.get("CACHE", 0)  # PRECALL: Python 3.11 only
+
+
+def call_offset(code, offset: int) -> int:
+    """The instruction a frame is at, read as its call where it is inside one.
+
+    Python 3.11 splits a call into PRECALL and CALL, and its specializing
+    interpreter, once a code object has warmed up (about eight jumps back
+    of its loops), makes a builtin's call from the PRECALL itself: a frame
+    parked in ``while True: time.sleep(1)`` moves from the CALL's offset to
+    the PRECALL's a few seconds after it parked, without a step of its own.
+    The sampler took that once for progress (issue 59: every CPU-shaped stall
+    found a quarter-timeout late).  A PRECALL's offset is read as the CALL
+    that follows it (after its inline caches)."""
+    if _PRECALL is None:
+        return offset
+    raw = code.co_code  # 3.11 keeps it (the code before specializing), so this costs no copy
+    if offset >= len(raw) or raw[offset] != _PRECALL:
+        return offset
+    after = offset + 2
+    while after < len(raw) and raw[after] == _CACHE:
+        after += 2
+    return after
 
 
 def python_threads(main: int | None) -> tuple[set[int], set[int]]:
@@ -135,6 +161,13 @@ def python_threads(main: int | None) -> tuple[set[int], set[int]]:
         if tid is not None and tid != main and thread is not first:
             (own if thread.name.startswith(_OWN_THREADS) else work).add(tid)
     return work, own
+
+
+def others_cpu() -> float:
+    """CPU seconds this process has used so far, less the calling thread's
+    (the sampler's: a look at 300 threads costs about as much as a parked
+    process uses, and its own work is not the process's)."""
+    return time.process_time() - time.thread_time()
 
 
 def children_cpu() -> dict[int, float]:
@@ -261,7 +294,7 @@ def gil_left_free(tries: int = 3) -> bool:
 class Sampler:
     """The sampler: its thread, its last look, and the state last written."""
 
-    def __init__(self, path: str, interval: float, clock=time.monotonic, cpu=time.process_time,
+    def __init__(self, path: str, interval: float, clock=time.monotonic, cpu=others_cpu,
                  io=portable.io_bytes, stack=None, children=None, threads=portable.thread_cpu, python=None,
                  main_times=None, gil_free=None, main_tid: int | None = None, waits=portable.thread_waits):
         self.path, self.interval = path, interval
@@ -332,6 +365,10 @@ class Sampler:
 
     def run(self) -> None:
         self.write(contract.BUSY)
+        try:  # again from this thread: its own CPU and I/O are the ones left out
+            self.last = self._look()
+        except Exception:  # noqa: BLE001 - the constructor's look stands, as a failed look's would
+            pass
         while not self.finished:
             time.sleep(self.interval)
             try:
