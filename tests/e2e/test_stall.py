@@ -43,6 +43,14 @@ make slow work look idle; ``stuck`` and ``parted`` still run there, where
 the start decides whether the sampler, and the flight recorder's hook, run
 at all.  The time from the stall's start to the end of the stalled attempt,
 and to the restart's first step, are printed for the note (``-s``).
+
+At ``--stall-timeout 8`` (``LONG_TIMEOUT``), in both local modes and over
+SSH, two more jobs side by side: ``parked`` (issue 59), process 2 of 3 in
+``while True: time.sleep(1)``, whose looks never say working once it has
+waited, and whose stall ends within the timeout plus 5 s of the park; and
+``big`` (issue 61), process 1 of 3 with 300 parked native threads, then the
+spin shape, named at its line as soon (locally in one mode: the launch path
+changes no thread).
 """
 
 from __future__ import annotations
