@@ -57,7 +57,7 @@ def io_bytes() -> int | None:
     at each look, and this file itself) are counted in the process's
     ``rchar`` like any other read, and with 300 threads they passed for
     progress at every look (issue 61).  The kernel keeps the counts per
-    thread too (``/proc/thread-self/io``), so the sampler's own are left
+    thread too (``/proc/self/task/TID/io``), so the sampler's own are left
     out exactly.  The process's count is read first: the thread's read
     after it includes that one read, a near-constant that two looks cancel."""
     if forced():
