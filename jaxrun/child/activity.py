@@ -320,6 +320,7 @@ class Sampler:
         self.last = self._look()
         self.last_threads: dict[int, float] | None = None  # at the last look, where read then
         self.last_waits: dict[int, float] | None = None
+        self.was_busy = False  # the last look's verdict
 
     def _look(self) -> tuple:
         return self.clock(), self.cpu(), self.io(), self.stack(), _beats, self.children()
@@ -327,14 +328,21 @@ class Sampler:
     def judge(self) -> str:
         """What the process did since the last look: BUSY, IDLE, or a SPIN
         line (``contract.Spinning``)."""
+        said = self._judge()
+        self.was_busy = said == contract.BUSY
+        return said
+
+    def _judge(self) -> str:
         (t0, cpu0, io0, stack0, beats0, kids0), now = self.last, self._look()
         self.last = now
         t, cpu, io, stack, beats, kids = now
         enough = BUSY_SHARE * max(t - t0, 1e-9)
         used = cpu - cpu0 >= enough
         # A starved process uses little CPU though its threads want more:
-        # its threads are read from a share of a core well above a parked one's.
-        looked = cpu - cpu0 >= LOOK_SHARE * max(t - t0, 1e-9)
+        # its threads are read from a share of a core well above a parked
+        # one's, and after a busy look (a starved helper may get less than
+        # that share in one interval, and what it waited for says it works).
+        looked = cpu - cpu0 >= LOOK_SHARE * max(t - t0, 1e-9) or self.was_busy
         before, self.last_threads = self.last_threads, (self.threads() if looked else None)
         waits_before, self.last_waits = self.last_waits, (self.waits() if looked else None)
         main_before, self.last_main = self.last_main, (self.main_times() if looked else None)
