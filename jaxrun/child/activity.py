@@ -54,7 +54,7 @@ CPU, so a wait tells nothing there (fewer spinning threads are counted).
 
 The looks cost little, once per interval (reading each thread's CPU time
 and its wait for a CPU, two small files a thread, only when the process
-used ``LOOK_SHARE`` of a core: 0.3 ms a look in a jax process, 3-7 ms with
+used ``LOOK_SHARE`` of a core or the last look was busy: 0.3 ms a look in a jax process, 3-7 ms with
 300 more native threads, 0.05 ms where it used none, ``bench/stall.py``;
 the children's, one system call where there are none); nothing is hooked,
 so the script's own calls run as fast as without jaxrun.  The sampler's
