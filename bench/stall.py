@@ -1,6 +1,6 @@
 """The cost of the stall watchdog (--stall-timeout, on by default).
 
-    python bench/stall.py [--rounds 5] [--steps 200] [-n 2] [--width 416] [--looks 2000]
+    python bench/stall.py [--rounds 5] [--steps 200] [-n 2] [--width 416] [--looks 2000] [--parked 300]
 
 Each process runs a data-parallel MLP step (one jitted program, a gradient
 all-reduce across processes) and waits for its loss every step; the width
@@ -15,7 +15,11 @@ The watchdog hooks nothing: its whole cost is one look per interval in a
 thread of each process.  So a probe also times a look itself (in one process
 with jax imported and its threads running: CPU time, I/O counters, the main
 thread's stack, the children's CPU, each thread's CPU when the process
-used some) and says what share of one core it takes at the default interval.
+used some) and says what share of one core it takes at the default interval:
+a quiet look (the process used no CPU: no thread read one by one) and a full
+one (every thread's CPU and wait read), in a process with jax's threads alone
+and with ``--parked`` more native threads that wait for good, as a large
+host's XLA and NCCL pools do.
 """
 
 from __future__ import annotations
@@ -70,18 +74,28 @@ TRAIN = textwrap.dedent(
 
 LOOK = textwrap.dedent(
     """
-    import statistics, sys, time
+    import ctypes, os, statistics, sys, time
     import jax, jax.numpy as jnp
     from jaxrun.child import activity
 
+    looks, parked = int(sys.argv[1]), int(sys.argv[2])
+    libc = ctypes.CDLL(None)
+    for _ in range(parked):  # native threads that wait for good in pause(), as a large host's pools
+        thread = ctypes.c_ulong()
+        libc.pthread_create(ctypes.byref(thread), None, ctypes.cast(libc.pause, ctypes.c_void_p), None)
     jnp.ones(4).block_until_ready()  # jax's backend and its threads are up
-    live = activity.Sampler("/dev/null", activity.MAX_INTERVAL)
-    took = []
-    for _ in range(int(sys.argv[1])):
-        start = time.perf_counter()
-        live.judge()
-        took.append(time.perf_counter() - start)
-    print(f"LOOK_US {statistics.median(took) * 1e6:.1f}", flush=True)
+    threads = len(os.listdir("/proc/self/task"))
+    for name, cpu in (("quiet", lambda: 0.0), ("full", time.process_time)):
+        # "quiet": a process that used no CPU (each thread is not read); "full": the
+        # looks' own CPU counted, so that every look reads each thread's CPU and
+        # wait, as in a process that works or spins.
+        live = activity.Sampler("/dev/null", activity.MAX_INTERVAL, cpu=cpu)
+        took = []
+        for _ in range(looks):
+            start = time.perf_counter()
+            live.judge()
+            took.append(time.perf_counter() - start)
+        print(f"LOOK_US {name} {threads} {statistics.median(took) * 1e6:.1f}", flush=True)
     """
 )
 
@@ -105,6 +119,7 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=2)
     parser.add_argument("--width", type=int, default=416)
     parser.add_argument("--looks", type=int, default=2000)
+    parser.add_argument("--parked", type=int, default=300, help="native threads parked beside jax's for the looks")
     args = parser.parse_args()
     folder = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"jaxrun-bench-stall-{os.getpid()}")
     os.makedirs(folder, exist_ok=True)
@@ -121,13 +136,16 @@ def main() -> None:
     look = os.path.join(folder, "look.py")
     with open(look, "w") as f:
         f.write(LOOK)
-    proc = subprocess.run([sys.executable, look, str(args.looks)], capture_output=True, text=True, timeout=300)
-    found = re.search(r"LOOK_US ([\d.]+)", proc.stdout)
-    if not found:
-        raise RuntimeError(proc.stderr[-1500:])
-    us = float(found[1])
-    print(f"one look: {us:.1f} us (median of {args.looks}); at the default interval "
-          f"({5:g} s) {us / 5e6 * 100:.4f}% of one core")
+    for parked in sorted({0, args.parked}):
+        proc = subprocess.run([sys.executable, look, str(args.looks), str(parked)], capture_output=True, text=True,
+                              timeout=300)
+        found = re.findall(r"LOOK_US (\w+) (\d+) ([\d.]+)", proc.stdout)
+        if not found:
+            raise RuntimeError(proc.stderr[-1500:])
+        for name, threads, us in found:
+            print(f"one look, {name} ({threads} threads): {float(us):.1f} us (median of {args.looks}); at the "
+                  f"default interval ({5:g} s) {float(us) / 5e6 * 100:.4f}% of one core, at 0.8 s "
+                  f"(--stall-timeout 8) {float(us) / 0.8e6 * 100:.3f}%")
 
 
 if __name__ == "__main__":

@@ -6,14 +6,16 @@ A thread of the shim's looks at the process every ``interval`` seconds
 anything moved since its last look.  Progress is any of:
 
 - the main thread's stack changed: it moved to another line, or to another
-  instruction of one line (a loop written on one line);
+  instruction of one line (a loop written on one line), a call that Python
+  3.11 specialized being where it was (``call_offset``);
 - CPU time that is the script's own: at least ``BUSY_SHARE`` of a core
   used by a Python thread of the script's (a helper thread that loads
   data), or by one of the processes it started (a ``gsutil cp`` it waits
   for), or by any thread while the main thread is inside JAX (a program
   executing, a compile, ``block_until_ready``: XLA's threads do the work);
 - I/O: at least ``BUSY_IO`` bytes read or written, files and sockets alike
-  (a checkpoint save, a download), where the system counts them;
+  (a checkpoint save, a download), where the system counts them, the
+  sampler's own left out (its reads of ``/proc``: ``portable.io_bytes``);
 - the main thread is inside JAX's compiler or its ``initialize()``: a long
   compile is work, and a join waits for the others under JAX's own timeout;
 - the script said so: ``jaxrun.alive()``, for a long phase that shows none
@@ -52,10 +54,12 @@ CPU, so a wait tells nothing there (fewer spinning threads are counted).
 
 The looks cost little, once per interval (reading each thread's CPU time
 and its wait for a CPU, two small files a thread, only when the process
-used ``LOOK_SHARE`` of a core: 352 us a look in a jax process at 16 ms
-steps, ``bench/stall.py``; the children's, one system call where there are
-none); nothing is hooked,
-so the script's own calls run as fast as without jaxrun.
+used ``LOOK_SHARE`` of a core or the last look was busy: 0.3 ms a look in a jax process, 3-7 ms with
+300 more native threads, 0.05 ms where it used none, ``bench/stall.py``;
+the children's, one system call where there are none); nothing is hooked,
+so the script's own calls run as fast as without jaxrun.  The sampler's
+own CPU and I/O are left out of the process's: at 300 threads its reads
+were 64 KiB a look, and passed for progress (issue 61).
 
 What the launcher hears is only the changes: the file
 ``contract.ACTIVITY_FILE`` holds one line, ``busy``, ``idle`` or ``spin N
@@ -69,6 +73,7 @@ stack dumps (SIGUSR1), which say it.
 
 from __future__ import annotations
 
+import opcode
 import os
 import sys
 import threading
@@ -119,9 +124,34 @@ def main_stack(main: int, frames=sys._current_frames) -> tuple:
     frame = frames().get(main)
     stack = []
     while isinstance(frame, types.FrameType):
-        stack.append((frame.f_code, frame.f_lasti))
+        stack.append((frame.f_code, call_offset(frame.f_code, frame.f_lasti)))
         frame = frame.f_back
     return tuple(stack)
+
+
+_PRECALL, _CACHE = opcode.opmap.get("PRECALL"), opcode.opmap.get("CACHE", 0)  # PRECALL: Python 3.11 only
+
+
+def call_offset(code, offset: int) -> int:
+    """The instruction a frame is at, read as its call where it is inside one.
+
+    Python 3.11 splits a call into PRECALL and CALL, and its specializing
+    interpreter, once a code object has warmed up (about eight jumps back
+    of its loops), makes a builtin's call from the PRECALL itself: a frame
+    parked in ``while True: time.sleep(1)`` moves from the CALL's offset to
+    the PRECALL's a few seconds after it parked, without a step of its own.
+    The sampler took that once for progress (issue 59: every CPU-shaped stall
+    found a quarter-timeout late).  A PRECALL's offset is read as the CALL
+    that follows it (after its inline caches)."""
+    if _PRECALL is None:
+        return offset
+    raw = code.co_code  # 3.11 keeps it (the code before specializing), so this costs no copy
+    if offset >= len(raw) or raw[offset] != _PRECALL:
+        return offset
+    after = offset + 2
+    while after < len(raw) and raw[after] == _CACHE:
+        after += 2
+    return after
 
 
 def python_threads(main: int | None) -> tuple[set[int], set[int]]:
@@ -135,6 +165,13 @@ def python_threads(main: int | None) -> tuple[set[int], set[int]]:
         if tid is not None and tid != main and thread is not first:
             (own if thread.name.startswith(_OWN_THREADS) else work).add(tid)
     return work, own
+
+
+def others_cpu() -> float:
+    """CPU seconds this process has used so far, less the calling thread's
+    (the sampler's: a look at 300 threads costs about as much as a parked
+    process uses, and its own work is not the process's)."""
+    return time.process_time() - time.thread_time()
 
 
 def children_cpu() -> dict[int, float]:
@@ -261,7 +298,7 @@ def gil_left_free(tries: int = 3) -> bool:
 class Sampler:
     """The sampler: its thread, its last look, and the state last written."""
 
-    def __init__(self, path: str, interval: float, clock=time.monotonic, cpu=time.process_time,
+    def __init__(self, path: str, interval: float, clock=time.monotonic, cpu=others_cpu,
                  io=portable.io_bytes, stack=None, children=None, threads=portable.thread_cpu, python=None,
                  main_times=None, gil_free=None, main_tid: int | None = None, waits=portable.thread_waits):
         self.path, self.interval = path, interval
@@ -283,6 +320,7 @@ class Sampler:
         self.last = self._look()
         self.last_threads: dict[int, float] | None = None  # at the last look, where read then
         self.last_waits: dict[int, float] | None = None
+        self.was_busy = False  # the last look's verdict
 
     def _look(self) -> tuple:
         return self.clock(), self.cpu(), self.io(), self.stack(), _beats, self.children()
@@ -290,14 +328,21 @@ class Sampler:
     def judge(self) -> str:
         """What the process did since the last look: BUSY, IDLE, or a SPIN
         line (``contract.Spinning``)."""
+        said = self._judge()
+        self.was_busy = said == contract.BUSY
+        return said
+
+    def _judge(self) -> str:
         (t0, cpu0, io0, stack0, beats0, kids0), now = self.last, self._look()
         self.last = now
         t, cpu, io, stack, beats, kids = now
         enough = BUSY_SHARE * max(t - t0, 1e-9)
         used = cpu - cpu0 >= enough
         # A starved process uses little CPU though its threads want more:
-        # its threads are read from a share of a core well above a parked one's.
-        looked = cpu - cpu0 >= LOOK_SHARE * max(t - t0, 1e-9)
+        # its threads are read from a share of a core well above a parked
+        # one's, and after a busy look (a starved helper may get less than
+        # that share in one interval, and what it waited for says it works).
+        looked = cpu - cpu0 >= LOOK_SHARE * max(t - t0, 1e-9) or self.was_busy
         before, self.last_threads = self.last_threads, (self.threads() if looked else None)
         waits_before, self.last_waits = self.last_waits, (self.waits() if looked else None)
         main_before, self.last_main = self.last_main, (self.main_times() if looked else None)
@@ -332,6 +377,10 @@ class Sampler:
 
     def run(self) -> None:
         self.write(contract.BUSY)
+        try:  # again from this thread: its own CPU and I/O are the ones left out
+            self.last = self._look()
+        except Exception:  # noqa: BLE001 - the constructor's look stands, as a failed look's would
+            pass
         while not self.finished:
             time.sleep(self.interval)
             try:

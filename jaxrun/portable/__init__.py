@@ -27,8 +27,8 @@ inotify; ``files``                     the output pump's tick (``launcher.output
 ``F_SETPIPE_SZ``; ``files``            the system's default pipe size
 ``setpriority`` on a thread id;        the console thread keeps the default priority
 ``threads``
-``/proc/self/io``; ``threads``         the stall watchdog's sampler counts no I/O, only
-                                       CPU time and the stack (``child.activity``)
+``/proc/self/io``, and each            the stall watchdog's sampler counts no I/O, only
+thread's (``task/*/io``); ``threads``  CPU time and the stack (``child.activity``)
 ``/proc/self/task/*/stat``;            no CPU time per thread: any CPU time of the
 ``threads``                            process counts as work, so native threads that
                                        spin hide a hang (``child.activity``)

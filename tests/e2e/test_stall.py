@@ -43,6 +43,14 @@ make slow work look idle; ``stuck`` and ``parted`` still run there, where
 the start decides whether the sampler, and the flight recorder's hook, run
 at all.  The time from the stall's start to the end of the stalled attempt,
 and to the restart's first step, are printed for the note (``-s``).
+
+At ``--stall-timeout 8`` (``LONG_TIMEOUT``), in both local modes and over
+SSH, two more jobs side by side: ``parked`` (issue 59), process 2 of 3 in
+``while True: time.sleep(1)``, whose looks never say working once it has
+waited, and whose stall ends within the timeout plus 5 s of the park; and
+``big`` (issue 61), process 1 of 3 with 300 parked native threads, then the
+spin shape, named at its line as soon (locally in one mode: the launch path
+changes no thread).
 """
 
 from __future__ import annotations
@@ -382,3 +390,127 @@ def test_stalls_are_found_and_never_taken_for_slow_work(place, start_job, tmp_pa
         assert re.search(r"^jaxrun:   process 2( on hostB)? stands out, at \S+hang.py:\d+ in check_config",
                          job.stderr, re.M), job.stderr
         assert re.search(r"^jaxrun: the processes parted at call \d+: ", job.stderr, re.M), job.stderr
+
+
+# -- at --stall-timeout 8: a parked process, and a hang on a host with 300 threads -------------
+
+LONG_TIMEOUT = 8.0  # the issues' own: long enough for Python 3.11 to warm a parked loop up
+
+PARKED = '''
+import time
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+mesh = jax.make_mesh((jax.device_count(),), ("i",))
+x = jax.device_put(np.ones((jax.device_count(), 4), np.float32), NamedSharding(mesh, P("i")))
+for step in range(200):
+    total = float(jnp.sum(x * step))  # a collective: every process takes part
+    if step == 3 and jax.process_index() == 2:
+        print(f"parked at {time.time()!r}", flush=True)
+        while True:
+            time.sleep(1)  # alive, outside the collective
+print("done", total)
+'''
+
+BIG_HOST = '''
+import ctypes, os, sys, threading, time
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+library = ctypes.CDLL(sys.argv[1])
+mesh = jax.make_mesh((jax.device_count(),), ("i",))
+x = jax.device_put(np.ones((jax.device_count(), 4), np.float32), NamedSharding(mesh, P("i")))
+if jax.process_index() == 1:
+    library.park_start(300)  # a large host's XLA and NCCL pools: parked native threads
+for step in range(200):
+    total = float(jnp.sum(x * step))  # a collective: every process takes part
+    if step == 3 and jax.process_index() == 1:
+        library.spin_start(2)  # native threads in a busy wait, as NCCL's
+        print(f"{len(os.listdir('/proc/self/task'))} threads, 2 spin from {time.time()!r}", flush=True)
+        threading.Event().wait()  # parked, while its threads spin
+    time.sleep(0.02)
+print("done", total)
+'''
+
+
+@pytest.fixture(params=["preload", "no-preload", "ssh"])
+def long_place(request, monkeypatch, tmp_path):
+    """(the flags that start 3 processes there, a folder every host sees,
+    where process 1 runs, where process 2 runs, whether the big host's job
+    runs there: locally one mode is enough, the launch path changes no thread)."""
+    if request.param == "ssh":
+        hosts = request.getfixturevalue("sshd_hosts")
+        flags = ["-H", "hostA:1,hostB:2", "--ssh-config", hosts.config, "--env", f"PYTHONPATH={ROOT}", "-x", TOKEN]
+        yield flags, request.getfixturevalue("shared_dir"), " on hostB", " on hostB", True
+        return
+    if request.param == "no-preload":
+        monkeypatch.setenv("JAXRUN_NO_PRELOAD", "1")
+    else:
+        monkeypatch.delenv("JAXRUN_NO_PRELOAD", raising=False)
+    yield ["-n", 3], tmp_path, "", "", request.param == "preload"
+
+
+def states_of(timeline, rank: int, since: float) -> list[tuple[float, str]]:
+    """(seconds after ``since``, state) of each state the launcher heard of ``rank`` from then on."""
+    events = (json.loads(line) for line in timeline.read_text().splitlines())
+    return [(e["t"] - since, e["state"]) for e in events
+            if e.get("event") == "state" and e.get("rank") == rank and e["t"] >= since]
+
+
+@pytest.mark.timeout(200)
+def test_a_parked_process_never_looks_working_and_a_hang_among_300_threads_is_found(long_place, start_job,
+                                                                                     tmp_path):
+    """Issue 59: a process parked in ``while True: time.sleep(1)`` said
+    ``working`` once, 4-5 s after it parked (Python 3.11 specialized the
+    loop's call, and the frame's instruction moved from CALL to PRECALL),
+    and the stall ended a quarter-timeout late.  Issue 61: a process with
+    300 native threads looked busy at every look, its sampler's own reads
+    of /proc counted as its I/O, and its hang was never found."""
+    flags, folder, host1, host2, big = long_place
+    parked_script, big_script = folder / "parked.py", folder / "big_host.py"
+    parked_script.write_text(textwrap.dedent(PARKED))
+    jobs = {"parked": start_job(*flags, "--cpu-devices", 1, "--stall-timeout", LONG_TIMEOUT, "--report",
+                                tmp_path / "parked.json", "--log-dir", tmp_path / "parked-logs", parked_script)}
+    if big:
+        big_script.write_text(textwrap.dedent(BIG_HOST))
+        jobs["big"] = start_job(*flags, "--cpu-devices", 1, "--stall-timeout", LONG_TIMEOUT, "--report",
+                                tmp_path / "big.json", "--log-dir", tmp_path / "big-logs", big_script,
+                                spinner.build(folder))
+    # Each stalls within 10 s of its start and ends within the timeout plus
+    # 5 s of it: one that runs on for 60 s was not found at all (issue 61's
+    # big host, before the change).
+    job = jobs["parked"]
+    assert job.wait(timeout=60) == 125, job.stderr
+    sleeping = line_of(PARKED, "time.sleep(1)")
+    assert f"process 2{host2} stands out, at {parked_script}:{sleeping} in <module>: time.sleep(1)" in job.stderr, \
+        job.stderr
+    parked_at = float(re.search(r"\[2\] parked at ([\d.]+)", job.stdout)[1])
+    heard = states_of(tmp_path / "parked-logs" / "timeline.jsonl", 2, parked_at)
+    report = json.loads((tmp_path / "parked.json").read_text())
+    ended_at = max(p["ended_at"] for p in report["attempts"][0]["processes"])
+    print(f"parked: process 2's states after it parked {[(round(t, 1), s) for t, s in heard]}; "
+          f"parked -> attempt end {ended_at - parked_at:.1f} s (--stall-timeout {LONG_TIMEOUT:g})")
+    # The first look after the park may still see the move from the step's
+    # line to the sleep (it was working then); from its first wait on, never again.
+    states = [s for _, s in heard]
+    assert "waiting" in states, heard
+    assert "working" not in states[states.index("waiting"):], heard
+    # On jaxrun's own record: the timeout, one or two looks (0.8 s each) to
+    # see the park, the dumps (3 s at most), the stop; the blip made it 13.6 s.
+    assert LONG_TIMEOUT < ended_at - parked_at < LONG_TIMEOUT + 5
+
+    if big:
+        job = jobs["big"]
+        assert job.wait(timeout=60) == 125, job.stderr
+        parked = line_of(BIG_HOST, "threading.Event().wait()")
+        said = (f"process 1{host1} stands out, at {big_script}:{parked} in <module>: threading.Event().wait()"
+                f"  # parked, while its threads spin (its Python stood still while ")
+        assert said in job.stderr, job.stderr
+        threads, spun_at = re.search(r"\[1\] (\d+) threads, 2 spin from ([\d.]+)", job.stdout).groups()
+        assert int(threads) > 300, job.stdout
+        report = json.loads((tmp_path / "big.json").read_text())
+        cause = report["attempts"][0]["root_cause"]
+        assert (cause["kind"], cause["process_id"], cause["at"]) == ("stall", 1, f"{big_script}:{parked}"), cause
+        ended_at = max(p["ended_at"] for p in report["attempts"][0]["processes"])
+        print(f"big host: {threads} threads; spin -> attempt end {ended_at - float(spun_at):.1f} s")
+        assert LONG_TIMEOUT < ended_at - float(spun_at) < LONG_TIMEOUT + 5

@@ -286,6 +286,46 @@ def test_the_stack_moves_with_a_loop_on_one_line_and_not_with_a_parked_call():
 
 
 
+def test_a_call_parked_in_a_loop_stays_still_once_python_specializes_it():
+    """Python 3.11 makes a warmed-up loop's builtin call from its PRECALL
+    instruction: a thread parked in ``while True: time.sleep(...)`` moved
+    from the CALL's offset to the PRECALL's after about eight turns, and a
+    look took it for progress (issue 59).  Sampled over 30 turns, the sleep
+    is always read at its CALL (a sample between two sleeps is left aside)."""
+    import dis
+    import threading
+
+    stop, turns = threading.Event(), []
+
+    def parked():
+        while True:  # a jump back: what warms 3.11's code up (a loop on a condition's test does not)
+            if stop.is_set():
+                return
+            turns.append(None)
+            time.sleep(0.02)
+
+    ops = [i for i in dis.get_instructions(parked) if i.opname in ("PRECALL", "CALL")]
+    call = next(i.offset for i in ops if i.opname == "CALL" and i.offset > next(
+        j.offset for j in dis.get_instructions(parked) if j.argval == "sleep"))
+    precall = {i.offset for i in ops if i.opname == "PRECALL"}
+    thread = threading.Thread(target=parked)
+    thread.start()
+    try:
+        late = []
+        deadline = time.monotonic() + 10
+        while len(turns) < 30 and time.monotonic() < deadline:
+            time.sleep(0.005)
+            stack = activity.main_stack(thread.ident)
+            if stack and stack[0][0] is parked.__code__:
+                assert stack[0][1] not in precall, (len(turns), stack[0][1], call)
+                if len(turns) > 15:  # warmed up
+                    late.append(stack[0][1])
+        assert len(turns) >= 30 and call in late, (len(turns), late, call)
+    finally:
+        stop.set()
+        thread.join()
+
+
 def test_the_stack_walk_stops_at_anything_not_a_frame():
     """CPython once handed the sampler a str as a frame's f_back (3.11, a
     controller over SSH, under load): the walk ends there, the look goes on."""
