@@ -63,8 +63,11 @@ def coordinator_socket(folder: str | None) -> str | None:
         return None
     import secrets
 
-    path = os.path.join(folder, COORDINATOR_SOCKET.format(token=secrets.token_hex(8)))
-    return path if len(path) <= portable.sockets.LONGEST_SOCKET_PATH else None
+    while True:
+        # 8 hex digits: a name within the 25 bytes the folder leaves it (temp_base_for_sockets)
+        path = os.path.join(folder, COORDINATOR_SOCKET.format(token=secrets.token_hex(4)))
+        if not os.path.lexists(path):  # never a name a killed run left behind
+            return path if len(path) <= portable.sockets.LONGEST_SOCKET_PATH else None
 
 
 def remove_socket(address: str | None) -> None:

@@ -58,6 +58,15 @@ def test_no_private_folder_falls_back_to_a_loopback_port_and_a_long_path_to_none
     assert local.coordinator_socket("/tmp/" + "x" * 120) is None
 
 
+def test_the_name_fits_where_the_longest_temporary_folder_leaves_room(tmp_path, monkeypatch):
+    """temp_base_for_sockets keeps $TMPDIR only where the folder's name and 27
+    more bytes fit: a coordinator's socket must fit there too."""
+    name = portable.sockets.SOCKET_FOLDER.format(uid=os.getuid())
+    base = "/" + "t" * (portable.sockets.LONGEST_SOCKET_PATH - len(name) - 27 - 1)  # the longest it keeps
+    assert len(base) + len(name) + 27 == portable.sockets.LONGEST_SOCKET_PATH
+    assert local.coordinator_socket(os.path.join(base, name)) is not None
+
+
 def test_the_user_s_address_is_kept(tmp_path):
     port = portable.free_port("127.0.0.1")
     assert local.local_coordinator(f"127.0.0.1:{port}") == (f"127.0.0.1:{port}",) * 2
