@@ -132,7 +132,7 @@ class LocalBackend(Backend):
         return self.coordinator, self.coordinator
 
     def dry_run_coordinator(self, fixed: str | None) -> tuple[str, str]:
-        return local_coordinator(fixed)  # a path only: nothing is made
+        return local_coordinator(fixed)  # a path only: no socket is made, nothing to remove
 
     def end_attempt(self) -> None:
         remove_socket(self.coordinator)
