@@ -330,6 +330,18 @@ MUTATIONS = [
         ("tests/e2e/test_checks_replicas.py",),
         "fail_loud",
     ),
+    Mutation(
+        "coordinator-wildcard",
+        "a local job's coordination service binds every interface again (a TCP port, not its private socket)",
+        (("jaxrun/backends/local.py",
+          "    if path is not None:\n        return contract.unix_address(path), contract.unix_address(path)\n"
+          "    address = contract.join_address(\"127.0.0.1\", portable.free_port(\"127.0.0.1\"))\n"
+          "    return address, address\n",
+          "    address = contract.join_address(\"127.0.0.1\", portable.free_port(\"127.0.0.1\"))\n"
+          "    return address, \"[::]:\" + address.rsplit(\":\", 1)[1]\n"),),
+        ("tests/unit/test_coordinator_address.py", "tests/e2e/test_security.py"),
+        "socket or wildcard or another_user",
+    ),
 ]
 
 

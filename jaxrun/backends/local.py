@@ -10,6 +10,7 @@ group, jaxrun's, either way.)  The child writes its own log files.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -35,15 +36,47 @@ def check_port_free(host: str, port: int) -> None:
         raise LaunchError(f"--coordinator {host}:{port}: cannot listen there ({e.strerror})") from None
 
 
-def local_coordinator(fixed: str | None) -> tuple[str, str]:
-    """(address to connect to, address to bind) for a run on this machine only:
-    a free loopback port, unless --coordinator names one (which must be free)."""
+COORDINATOR_SOCKET = "coordinator-{token}.sock"  # in the user's private socket folder
+
+
+def local_coordinator(fixed: str | None, folder: str | None = None) -> tuple[str, str]:
+    """(address to connect to, address to bind) for a run on this machine
+    only: a Unix socket in this user's 0700 socket folder, which no other
+    user can open (a loopback port is open to every user of the machine);
+    a free loopback port where there is no such folder, and --coordinator's
+    address (which must be free) where the user chose one."""
     if fixed:
         host, port = fixed.rsplit(":", 1)
         check_port_free(host, int(port))
         return fixed, fixed
+    path = coordinator_socket(folder or portable.sockets.private_socket_folder())
+    if path is not None:
+        return contract.unix_address(path), contract.unix_address(path)
     address = contract.join_address("127.0.0.1", portable.free_port("127.0.0.1"))
     return address, address
+
+
+def coordinator_socket(folder: str | None) -> str | None:
+    """A new socket file's path in ``folder`` for one attempt's coordination
+    service (None: no private folder, or a path too long for a socket)."""
+    if folder is None:
+        return None
+    import secrets
+
+    while True:
+        # 8 hex digits: a name within the 25 bytes the folder leaves it (temp_base_for_sockets)
+        path = os.path.join(folder, COORDINATOR_SOCKET.format(token=secrets.token_hex(4)))
+        if not os.path.lexists(path):  # never a name a killed run left behind
+            return path if len(path) <= portable.sockets.LONGEST_SOCKET_PATH else None
+
+
+def remove_socket(address: str | None) -> None:
+    """The attempt's coordinator socket file, once its process 0 is gone (a
+    killed process leaves it behind)."""
+    path = contract.unix_socket_path(address or "")
+    if path is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def child_env(
@@ -91,9 +124,23 @@ class LocalBackend(Backend):
     def __init__(self, base_env: Mapping[str, str] | None = None):
         self.base_env = dict(os.environ if base_env is None else base_env)
         self.started: list = []  # every child of the run, for abort()
+        self.coordinator: str | None = None  # the attempt's address: its socket file is removed at its end
 
     def choose_coordinator(self, fixed: str | None) -> tuple[str, str]:
-        return local_coordinator(fixed)
+        remove_socket(self.coordinator)  # the last attempt's, if it ended without end_attempt
+        self.coordinator = local_coordinator(fixed)[0]
+        return self.coordinator, self.coordinator
+
+    def dry_run_coordinator(self, fixed: str | None) -> tuple[str, str]:
+        return local_coordinator(fixed)  # a path only: no socket is made, nothing to remove
+
+    def end_attempt(self) -> None:
+        remove_socket(self.coordinator)
+        self.coordinator = None
+
+    def close(self) -> None:
+        remove_socket(self.coordinator)
+        self.coordinator = None
 
     def spawn(self, spec: ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str],
               log_fds: tuple[int, int] | None, news: News) -> LocalChild:

@@ -18,7 +18,7 @@ def reachable_address(coordinator: str) -> str:
     transfers): loopback when the job is on this machine only, else the local
     address that routes towards the coordinator's host.  Never a wildcard,
     and never what the hostname resolves to, which is often 127.0.1.1."""
-    host = coordinator.rsplit(":", 1)[0].strip("[]")
+    host = contract.address_host(coordinator)
     if contract.is_loopback(host):
         return "127.0.0.1"
     import socket
@@ -46,24 +46,35 @@ def wait_for_coordinator(coordinator: str, within: float = COORDINATOR_WAIT) -> 
     gRPC's reconnect backoff, about a second, before its second; initialize()
     returns in every process together, so the whole job waits with it.
     Looking first costs one connection when the service is up."""
-    import socket
-
-    host, port = coordinator.rsplit(":", 1)
-    address = (host.strip("[]"), int(port))
     end = time.monotonic() + within
     pause = 0.002
     while True:
         try:
-            socket.create_connection(address, timeout=1.0).close()
+            _connect(coordinator)
             return True
-        except ConnectionRefusedError:
-            pass  # the host is there; the service is not, yet
+        except (ConnectionRefusedError, FileNotFoundError):
+            pass  # the host (or the socket's folder) is there; the service is not, yet
         except OSError:
             return False
         if time.monotonic() + pause > end:
             return False
         time.sleep(pause)
         pause = min(2 * pause, 0.02)
+
+
+def _connect(coordinator: str) -> None:
+    """One connection to the coordinator's address, closed at once: a Unix
+    socket's (``unix:PATH``) or HOST:PORT's."""
+    import socket
+
+    path = contract.unix_socket_path(coordinator)
+    if path is not None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(1.0)
+            s.connect(path)
+        return
+    host, port = coordinator.rsplit(":", 1)
+    socket.create_connection((host.strip("[]"), int(port)), timeout=1.0).close()
 
 
 def transfer_address(ip: str) -> str:

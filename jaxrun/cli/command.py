@@ -65,7 +65,8 @@ class JaxrunCommand(click.Command):
 @click.option("--devices-per-process", type=click.IntRange(min=1), metavar="K",
               help="GPU/TPU hosts: each local process owns K devices (default: split each host's devices evenly).")
 @click.option("--coordinator", type=HostPort(),
-              help="Coordinator address (default: a free loopback port; over SSH, a free port on the first host).")
+              help="Coordinator address, open to whoever can reach it (default: a private Unix socket; "
+                   "over SSH, a free port on the first host).")
 @click.option("--log-dir", type=click.Path(file_okay=False),
               help="Folder for per-process logs (default: $TMPDIR/jaxrun-logs-UID/RUN_ID).")
 @click.option("--output", type=click.Choice(["stream", "grouped"]),

@@ -169,6 +169,29 @@ def join_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+# gRPC's form of a Unix socket's address, which JAX passes through as it is:
+# the coordination service of a job on one machine listens on a socket file
+# in a 0700 folder, out of reach of the machine's other users.
+UNIX_SCHEME = "unix:"
+
+
+def unix_address(path: str) -> str:
+    return UNIX_SCHEME + path
+
+
+def unix_socket_path(address: str) -> str | None:
+    """The socket file of a ``unix:PATH`` address; None for HOST:PORT."""
+    return address[len(UNIX_SCHEME):] if address.startswith(UNIX_SCHEME) else None
+
+
+def address_host(address: str) -> str:
+    """The host part of HOST:PORT or [HOST]:PORT; loopback for a Unix
+    socket's address, which only this machine can reach."""
+    if unix_socket_path(address) is not None:
+        return "127.0.0.1"
+    return address.rsplit(":", 1)[0].strip("[]")
+
+
 # -- KEY=VALUE ---------------------------------------------------------------------------
 # Portable variable names: what POSIX shells, env(1) and Kubernetes all accept.
 _ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"

@@ -67,6 +67,21 @@ LOST_PEER = re.compile("|".join((
 )), re.IGNORECASE)
 
 
+# What the coordination service says when a task registers while the job's
+# process of that id is connected: another process registered as it, from
+# outside the job (the service has no authentication) or the same process
+# joining twice.  The service then puts every task in error and each one
+# aborts, which says nothing about which process of the job failed.
+SECOND_REGISTRATION = re.compile(r"\b(\d+) unexpectedly tried to connect with a different incarnation")
+
+
+def second_registration(text: str) -> int | None:
+    """The task id the coordination service saw register a second time, in
+    ``text`` (a log's end), or None."""
+    found = SECOND_REGISTRATION.search(text)
+    return int(found.group(1)) if found else None
+
+
 class FailureKind(enum.IntEnum):
     """A failure's class; a lower one came first."""
 

@@ -64,6 +64,12 @@ def dry_run_text(specs: list[planning.ProcessSpec]) -> str:
     return "\n".join(lines)
 
 
+def open_coordinator_line(address: str) -> str:
+    """What --coordinator costs, said once: the service has no authentication."""
+    return (f"jaxrun: --coordinator {address}: the job's coordination service listens there, "
+            "open to whoever can reach that address")
+
+
 def plan_attempt(config: RunConfig, coordinator: tuple[str, str | None], attempt: int,
                  placement: Placement | None = None, session_env: SessionEnv | None = None):
     """The attempt's specs: the launch, with its coordinator and where the
@@ -194,6 +200,8 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
                           file=console, flush=True)
                 _, specs = plan_attempt(config, backend.choose_coordinator(config.fixed_coordinator), attempt,
                                         placement, session_env)
+                if attempt == 0 and config.fixed_coordinator:  # once, when it was found free
+                    print(open_coordinator_line(config.fixed_coordinator), file=console, flush=True)
                 outcome = run_attempt(config, specs, backend, log_dir, console, control, running, deadline, policy,
                                       timeline, profiler)
             except elastic.ElasticStop as stop:  # too few hosts left: the failed attempt's status ends the run

@@ -18,6 +18,7 @@ import enum
 
 from jaxrun import contract
 from jaxrun.contract import ErrorRecord, FlightLog, signal_name
+from jaxrun.core import causes
 from jaxrun.core.outcome import Outcome, ProcessRecord, Stall, StallGroup, StopReason, Verdict
 from jaxrun.core.ranks import format_ranks
 from jaxrun.reporting.stacks import DUMP_TAIL, Frame, dumped_state, raised_at, user_frame
@@ -26,6 +27,9 @@ TAIL_LINES = 15  # the lines of a log the reports quote
 # JUnit's system-out and system-err: it leaves JAX's noise lines out of these,
 # then keeps TAIL_LINES.
 OUTPUT_LINES = 4 * TAIL_LINES
+# How many of a log's last lines may hold the coordination service's error,
+# with the fatal check's stack and a stack dump after it.
+DUMP_LINES = 200
 # How much of the end of a log those lines come from: logs may be many gigabytes.
 LOG_TAIL = 64 * 1024
 ENDED_BY_OTHERS = (Verdict.STOPPED, Verdict.CONSEQUENCE, Verdict.NOT_STARTED)
@@ -44,6 +48,9 @@ class Kind(enum.Enum):
     FAILURE = "failure"  # a failure that names no process
     TIMEOUT = "timeout"
     STALL = "stall"  # the stall watchdog stopped it: the root cause is the process that stands out
+    # A task registered a second time with the coordination service (from
+    # outside the job, or a process joining twice): no process is to blame.
+    SECOND_REGISTRATION = "second registration"
     SIGNAL = "signal"
     INTERNAL = "internal error"
 
@@ -127,6 +134,7 @@ class Diagnosis:
     processes: tuple[ProcessFacts, ...]  # in the outcome's record order
     outputs: bool  # whether processes hold every log's last lines
     stall: Stall | None = None  # what the stall watchdog found (kind STALL)
+    second_registration: int | None = None  # the task id registered twice (kind SECOND_REGISTRATION)
 
 
 def describe_exit(record: ProcessRecord) -> str:
@@ -174,7 +182,10 @@ def diagnose(outcome: Outcome, outputs: bool = False) -> Diagnosis:
                                         stderr=tuple(lines[-OUTPUT_LINES:]))
         processes.append(facts)
     root = engine = None
-    if outcome.stall is not None:
+    twice = _second_registration(outcome, stderr_lines)
+    if twice is not None:
+        pass  # every process aborted because the service was told so: none of them is the cause
+    elif outcome.stall is not None:
         root = _stall_root(outcome.stall, records, stderr_lines)
     elif outcome.root_cause is not None:
         i = outcome.root_cause
@@ -184,7 +195,20 @@ def diagnose(outcome: Outcome, outputs: bool = False) -> Diagnosis:
             ranks = tuple(sorted(r.spec.rank for r, note in zip(records, notes)
                                  if r.verdict in ENDED_BY_OTHERS + (Verdict.ROOT_CAUSE,) and note == notes[i]))
             engine = EngineFailure(notes[i], ranks, tuple(tail(notes[i].log)))
-    return Diagnosis(_kind(outcome, root, engine), root, engine, tuple(processes), outputs, outcome.stall)
+    kind = Kind.SECOND_REGISTRATION if twice is not None else _kind(outcome, root, engine)
+    return Diagnosis(kind, root, engine, tuple(processes), outputs, outcome.stall, twice)
+
+
+def _second_registration(outcome: Outcome, stderr: list[list[str]]) -> int | None:
+    """The task id the coordination service saw register twice, where a
+    failed attempt's logs say so (the service's error reaches every task)."""
+    if outcome.root_cause is None:
+        return None
+    for lines in stderr:
+        task = causes.second_registration("\n".join(lines[-DUMP_LINES:]))
+        if task is not None:
+            return task
+    return None
 
 
 def _stall_root(stall: Stall, records: list[ProcessRecord], stderr: list[list[str]]) -> RootCause:

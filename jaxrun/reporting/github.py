@@ -52,6 +52,9 @@ def error_annotation(outcome: Outcome, workspace: str | None = None) -> str | No
             location = user_location(root.error.traceback, workspace)
         else:
             message = "\n".join(root.output) or title
+    elif found.kind is Kind.SECOND_REGISTRATION:
+        title = f"jaxrun: task {found.second_registration} registered a second time with the coordination service"
+        message = "another process registered as it, and the service made every process of the job abort"
     elif found.kind is Kind.STALL:
         title, message = diagnosis.stall_lines(outcome.stall, outcome.records)
         title = f"jaxrun: {title}"

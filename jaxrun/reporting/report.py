@@ -35,6 +35,9 @@ def report_dict(outcomes: list[Outcome], run_id: str, log_dirs: list[str], not_r
                 "stop_reason": outcome.reason.value if outcome.reason else None,
                 "signal": signal_name(outcome.signum) if outcome.signum else None,
                 "root_cause": _root_cause(diagnosis.of(outcome)),
+                # The task id the coordination service saw register a second time
+                # (from outside the job, or a process joining twice), or null.
+                "second_registration": diagnosis.of(outcome).second_registration,
                 # Why the attempt never started its processes (then ``processes`` is
                 # empty), or null.
                 "not_started": outcome.start_error,

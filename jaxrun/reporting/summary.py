@@ -37,7 +37,10 @@ def summary_lines(outcome: Outcome, log_dir: str) -> list[str]:
         lines.append(f"jaxrun: logs incomplete: {problem}")
     shared: set[int] = set()  # the ranks an engine failure ended, named in its line
     failure, root = found.engine, found.root
-    if failure is not None:
+    if found.second_registration is not None:
+        shared = {r.spec.rank for r in outcome.records if r.verdict in (Verdict.ROOT_CAUSE, Verdict.CONSEQUENCE)}
+        lines.extend(second_registration_lines(found.second_registration, sorted(shared)))
+    elif failure is not None:
         shared = set(failure.ranks)
         lines.extend(engine_failure_lines(failure, root.pid))
     elif root is not None and found.kind is not Kind.STALL:
@@ -78,6 +81,16 @@ def root_line(outcome: Outcome, root) -> str:
     rec = next((r for r in outcome.records if r.spec.rank == root.rank), None)
     after = "; its script had returned (it failed at teardown)" if rec is not None and rec.finished_at else ""
     return f"jaxrun: {root.where} failed first: {root.exit} (pid {root.pid}){after}"
+
+
+def second_registration_lines(task: int, aborted: list[int]) -> list[str]:
+    """The coordination service saw a task register twice, and made the
+    job's processes abort: none of them is to blame."""
+    return [f"jaxrun: task {task} of the job registered a second time with the coordination service, "
+            f"while process {task} was connected: another process registered as it (from outside the job: "
+            f"the service has no authentication), or process {task} joined twice",
+            f"jaxrun:   the service then ended the job: {_ranks(aborted)} failed after it "
+            "(see docs/security.md)"]
 
 
 def rerun_line(rec: ProcessRecord) -> str:

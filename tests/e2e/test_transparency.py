@@ -167,6 +167,9 @@ _NORMALIZE = [
     # The service binds [::] in a plain launch and loopback under jaxrun, as
     # DESIGN.md promises ("Ports and binding"); only this one message shows it.
     (re.compile(r"(Starting JAX distributed service on )\S+"), r"\1BIND"),
+    # A local job's service is on a socket file in jaxrun's private folder
+    # (docs/security.md); a plain launch's on a port.
+    (re.compile(r"(Connecting to JAX distributed service on )\S+"), r"\1ADDRESS"),
     # Ports are picked free on every run, by the test or by jaxrun.
     (re.compile(r"(127\.0\.0\.1|localhost|\[::\]):\d+"), r"\1:PORT"),
     # Coordination-service incarnation and barrier ids are random 64-bit numbers.

@@ -319,6 +319,7 @@ class ForkServerBackend(LocalBackend):
                 server.kill()
 
     def end_attempt(self) -> None:
+        super().end_attempt()
         if self.server is not None:
             # Its end is waited for later: the attempt's report need not wait
             # for the kernel to tear it down.

@@ -43,7 +43,7 @@ def listen_address(options: LaunchOptions, coordinator: str, environ=os.environ)
             return "127.0.0.1"
         address = found[0][4][0] if found else "127.0.0.1"
         return "127.0.0.1" if address == "0.0.0.0" else address  # never a wildcard
-    return route_to(coordinator.rsplit(":", 1)[0].strip("[]"))
+    return route_to(contract.address_host(coordinator))
 
 
 def route_to(host: str) -> str:
