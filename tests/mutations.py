@@ -301,7 +301,7 @@ MUTATIONS = [
         "programs-without-collectives-counted",
         "--checks counts a program with no collective too: process 0 alone logging a replicated mean shifts its "
         "positions, and the job is stopped for nothing",
-        (("jaxrun/child/programs.py", "        if not communicates(executable):", "        if False:"),),
+        (("jaxrun/child/programs.py", "        if not collectives:", "        if False:"),),
         ("tests/e2e/test_checks_programs.py",),
         "agreeing",
     ),
