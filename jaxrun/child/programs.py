@@ -369,13 +369,16 @@ def what_differs(entries: dict, sides: list[list[int]]) -> list[str]:
 
 def made(entry: dict, short: bool = True, shown: tuple[str, ...] = ()) -> str:
     """"matmul(f32[8,4], f32[4,8]) at job.py:29", with each field in ``shown``
-    that the function and its inputs do not say (its shardings, its collectives)."""
+    that the function and its inputs do not say (its shardings, its
+    collectives, or for a body alone its program's hash)."""
     at = str(entry.get("at", "?"))
     if short:
         file, _, line = at.rpartition(":")
         at = f"{os.path.basename(file)}:{line}"
     extra = "".join(f" {form.format(entry.get(key) or '-')}" for key, word, form in _FIELDS
                     if form and word in shown)
+    if "body" in shown:  # nothing a user wrote differs: the programs' own hashes do
+        extra += f" [program {entry.get('h')}]"
     return f"{entry.get('fn', '?')}({entry.get('in', '')}){extra} at {at}"
 
 
