@@ -8,7 +8,7 @@ never waits on the store.  The board's thread publishes each entry at once,
 under ``ENTRIES/{topic}/{rank}``.
 
 One rank *judges* each topic: the lowest rank named (the next one, once that
-one finished its script without posting the topic).  The judge reads the
+one finished its script without posting the topic, or left with it open).  The judge reads the
 topic's entries; the topic is *settled* when every rank named has posted it,
 or has finished its script without posting it (it never made that call), and
 the check's ``settled`` callback then judges the entries.  With ``same``
@@ -49,6 +49,7 @@ PREFIX = "jaxrun/checks"
 ENTRIES = f"{PREFIX}/t"  # each rank's entry: ENTRIES/{topic}/{rank}
 VERDICTS = f"{PREFIX}/v"  # entries that differ, for the ranks that did not judge: VERDICTS/{topic}
 FINISHED = f"{PREFIX}/finished"  # FINISHED/{rank}: that rank's script returned
+LEFT = f"{PREFIX}/left"  # LEFT/{rank}: ... and its board stopped: it judges nothing more
 THREAD = "jaxrun-checks"  # the board's thread: a program compiled there is a check's own
 POLL = 0.05  # seconds from a post to its first look (each look costs the coordinator a few keys)
 END_POLL = 0.01  # ... once the script returned: its end, and its peers', wait on the looks
@@ -166,6 +167,8 @@ class Board:
                 self._sweep(client)
                 self.nudge.wait(self._pause())
                 self.nudge.clear()
+            if self.returned and self.open:  # topics it judged hand on to the next rank
+                client.key_value_set(f"{LEFT}/{self.rank}", "1", allow_overwrite=True)
         except Exception as e:  # noqa: BLE001 - the store gone (coordinator ended): the checks end quietly
             if os.environ.get("JAXRUN_VERBOSE") == "1":
                 print(f"jaxrun: --checks stopped comparing: {type(e).__name__}: {e}", file=sys.stderr)
@@ -256,9 +259,10 @@ class Board:
         if try_get(client, f"{ENTRIES}/{post.topic}/{self.rank}") is None:
             self._count(-1)  # the judge found every entry alike and deleted them
             return True
-        if now - post.posted_at >= LONG and post.judge in finished.ranks() \
-                and try_get(client, f"{ENTRIES}/{post.topic}/{post.judge}") is None:
-            later = [r for r in post.among if r > post.judge]  # it finished without the topic: the next judges
+        if now - post.posted_at >= LONG and post.judge in finished.ranks() and (
+                try_get(client, f"{ENTRIES}/{post.topic}/{post.judge}") is None
+                or try_get(client, f"{LEFT}/{post.judge}") is not None):
+            later = [r for r in post.among if r > post.judge]  # it finished without the topic, or left: the next judges
             post.judge = later[0] if later else self.rank
             post.next_look = now
         return False

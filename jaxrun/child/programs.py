@@ -176,7 +176,7 @@ class Programs:
             del topic
             sides = sides_of(entries, "c")
             if len(sides) < 2:
-                sides = sides_of(entries, "h")
+                sides = sides_of(entries, 'h')
                 if len(sides) < 2 or self._ambiguous(key, entries):
                     return  # agreed; a rank that finished without it is the stall watchdog's
                 if not self.strict:

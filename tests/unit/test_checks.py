@@ -172,6 +172,26 @@ def test_a_judge_that_finished_without_the_topic_hands_it_on():
     assert not [k for k in store.data if "p/0" in k], store.data
 
 
+def test_a_judge_that_left_with_the_topic_open_hands_it_on():
+    """Rank 0 posted, finished and stopped waiting before rank 2 came: rank 1
+    judges, with rank 0's entry among the others."""
+    store, seen, clock = Store(), [], Clock()
+    ones = boards(3, store, clock)
+    for rank in (0, 1):
+        ones[rank]._publish(store, agreement.Post("p/0", {"fp": "a"}, (0, 1, 2), lambda *a: seen.append(a)))
+        ones[rank]._count(1)
+    ones[0].script_returned()
+    ones[0].settle(0.2)  # its thread publishes the word that it finished, then that it left
+    assert f"{agreement.LEFT}/0" in store.data
+    look_all(ones[1:], store, clock, agreement.LONG)
+    ones[2]._publish(store, agreement.Post("p/0", {"fp": "a"}, (0, 1, 2), lambda *a: seen.append(a)))
+    ones[2]._count(1)
+    look_all(ones[1:], store, clock)
+    look_all(ones[1:], store, clock)
+    assert seen == [("p/0", {0: {"fp": "a"}, 1: {"fp": "a"}, 2: {"fp": "a"}}, set())]
+    assert not [k for k in store.data if "p/0" in k], store.data
+
+
 def test_the_looks_back_off_and_cost_about_four_keys_a_rank():
     """N ranks, one of them late by 20 s: what the coordinator serves for
     the topic grows as N times the looks, and the looks as a log of the wait
@@ -213,7 +233,8 @@ def test_posts_are_published_in_order_and_the_finished_word_comes_after_the_last
         board.post(f"p/{k}", {"fp": "a"}, (0, 1), lambda *a: None)
     board.script_returned()
     board.settle(0.5)  # rank 1 never posts: the end waits a bounded time
-    assert order == [f"{agreement.ENTRIES}/p/{k}/0" for k in range(3)] + [f"{agreement.PREFIX}/finished/0"]
+    assert order == [f"{agreement.ENTRIES}/p/{k}/0" for k in range(3)] + [f"{agreement.PREFIX}/finished/0",
+                                                                         f"{agreement.LEFT}/0"]  # with topics open
     assert not board.thread.is_alive()
 
 
