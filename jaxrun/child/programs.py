@@ -225,13 +225,16 @@ def fingerprint(hlo) -> str:
     return program_hash(text)
 
 
-_COLLECTIVE = re.compile(r"= (?P<type>.*?) (?P<op>all-reduce|all-gather|all-to-all|ragged-all-to-all|reduce-scatter"
-                         r"|collective-permute|collective-broadcast|send|recv)(?:-start)?\((?P<args>[^)]*)\)(?P<attrs>.*)")
+_OPS = r"(?:all-reduce|all-gather|all-to-all|ragged-all-to-all|reduce-scatter|collective-permute" \
+    r"|collective-broadcast|send|recv)"
+_FIND = re.compile(rf" {_OPS}(?:-start)?\(")  # fast, over the whole module's text
+_COLLECTIVE = re.compile(rf"= (?P<type>.*?) (?P<op>{_OPS})(?:-start)?\((?P<args>[^)]*)\)(?P<attrs>.*)")  # its line
 # What a collective's partners must match: who takes part, along which dimensions.
 _KEPT = ("replica_groups", "dimensions", "source_target_pairs", "split_dimension", "concat_dimension",
          "use_global_device_ids")
 _ATTRIBUTE = re.compile(r",\s*(?=[a-z_]+=)")
-_LAYOUT = re.compile(r"\{[^{}]*\}")
+_LAYOUT = re.compile(r"\{[^{}]*\}|/\*.*?\*/")  # layouts, and the /*index=5*/ marks in a tuple
+SHAPE_CHARS = 40  # a collective's shape is shown this long at most
 
 
 def collectives_of(executable) -> list[str]:
@@ -244,12 +247,15 @@ def collectives_of(executable) -> list[str]:
     try:
         found = []
         for module in executable.xla_executable.hlo_modules():
-            for line in module.to_string().splitlines():
+            text = module.to_string()
+            for hit in _FIND.finditer(text):
+                end = text.find("\n", hit.end())
+                line = text[text.rfind("\n", 0, hit.start()) + 1:end if end >= 0 else len(text)]
                 m = _COLLECTIVE.search(line)
                 if m is None:
                     continue
                 attrs = [a for a in _ATTRIBUTE.split(m["attrs"]) if a.split("=", 1)[0].strip() in _KEPT]
-                found.append(" ".join([m["op"], _LAYOUT.sub("", m["type"]).strip()] + sorted(attrs)))
+                found.append(" ".join([m["op"], _LAYOUT.sub("", m["type"]).replace(" ", "")] + sorted(attrs)))
         return found
     except Exception:  # noqa: BLE001 - an executable that cannot say: compare it
         return ["?"]
@@ -262,7 +268,11 @@ def collectives_key(collectives: list[str], devices) -> str:
 
 def collectives_text(collectives: list[str]) -> str:
     """"all-gather f32[8,8], all-reduce f32[]": each collective's kind and shape."""
-    parts = [" ".join(c.split(" ", 2)[:2]) for c in collectives[:MAX_INPUTS]]
+    parts = []
+    for collective in collectives[:MAX_INPUTS]:
+        op, _, rest = collective.partition(" ")
+        shape = rest.split(" ", 1)[0]
+        parts.append(f"{op} {shape if len(shape) <= SHAPE_CHARS else shape[:SHAPE_CHARS - 3] + '...'}")
     if len(collectives) > MAX_INPUTS:
         parts.append(f"+{len(collectives) - MAX_INPUTS}")
     return ", ".join(parts)
