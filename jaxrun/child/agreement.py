@@ -18,10 +18,11 @@ agree, the judge deletes the topic's keys; where they differ, it first writes
 every entry under ``VERDICTS/{topic}``, so that the other ranks run their
 callback on them too (the odd side of a parted program stops first), and
 sweeps both once they have read it.  Every other rank reads only two keys
-per look: the verdict, and its own entry (gone: the topic agreed).  So a look
-at a topic among N ranks costs the coordinator about 4N keys (the judge's
-read of the entries and of who finished, two reads each from the others),
-not N reads by each of N ranks.
+per look: the verdict, and its own entry (gone: the topic agreed), and once
+the topic is ``LONG`` seconds old, whether its judge finished.  So a look at
+a topic among N ranks costs the coordinator about 4N keys (the judge's read
+of the entries and of who finished, a few small reads by each of the
+others), not N reads by each of N ranks.
 
 The looks back off: the first comes ``POLL`` seconds after the post (``END_POLL``
 once the script returned: its end, and its peers', wait on them), each pause
@@ -221,7 +222,7 @@ class Board:
             if post.judge == self.rank:
                 done = self._judge(client, post, finished)
             else:
-                done = self._follow(client, post, finished, now)
+                done = self._follow(client, post, now)
             if not done:
                 still.append(post)
         self.open = still
@@ -249,7 +250,7 @@ class Board:
         self._settled(post, wanted, gone)
         return True
 
-    def _follow(self, client, post: Post, finished: _Finished, now: float) -> bool:
+    def _follow(self, client, post: Post, now: float) -> bool:
         said = try_get(client, f"{VERDICTS}/{post.topic}")
         if said is not None:
             verdict = json.loads(said)
@@ -259,7 +260,7 @@ class Board:
         if try_get(client, f"{ENTRIES}/{post.topic}/{self.rank}") is None:
             self._count(-1)  # the judge found every entry alike and deleted them
             return True
-        if now - post.posted_at >= LONG and post.judge in finished.ranks() and (
+        if now - post.posted_at >= LONG and try_get(client, f"{FINISHED}/{post.judge}") is not None and (
                 try_get(client, f"{ENTRIES}/{post.topic}/{post.judge}") is None
                 or try_get(client, f"{LEFT}/{post.judge}") is not None):
             later = [r for r in post.among if r > post.judge]  # it finished without the topic, or left: the next judges
