@@ -292,8 +292,8 @@ MUTATIONS = [
         "programs-never-compared",
         "--checks: processes that get different programs at one position are never stopped: the guide's parted "
         "matmul hangs again",
-        (("jaxrun/child/programs.py", "            if len(sides) < 2:\n                return",
-          "            if True:\n                return"),),
+        (("jaxrun/child/programs.py", "            if len(sides) < 2:\n                sides = sides_of(entries, 'h')",
+          "            if True:\n                sides = sides_of(entries, 'h')"),),
         ("tests/unit/test_checks_programs.py", "tests/e2e/test_checks_programs.py"),
         "odd_side or mesh_over_some",
     ),
@@ -301,9 +301,34 @@ MUTATIONS = [
         "programs-without-collectives-counted",
         "--checks counts a program with no collective too: process 0 alone logging a replicated mean shifts its "
         "positions, and the job is stopped for nothing",
-        (("jaxrun/child/programs.py", "        if not communicates(executable):", "        if False:"),),
+        (("jaxrun/child/programs.py", "        if not collectives:", "        if False:"),),
         ("tests/e2e/test_checks_programs.py",),
         "agreeing",
+    ),
+    Mutation(
+        "programs-counted-across-threads",
+        "--checks counts a thread pool's programs by position, whichever worker compiled them: the order of the "
+        "workers stops a healthy job",
+        (("jaxrun/child/programs.py", "        main = thread is threading.main_thread()\n",
+          "        main = True\n"),),
+        ("tests/e2e/test_checks_programs.py",),
+        "thread_pool",
+    ),
+    Mutation(
+        "programs-body-stops",
+        "--checks stops a program whose body alone differs (a per-process constant): a healthy job is stopped",
+        (("jaxrun/child/programs.py", "                if not self.strict:\n                    self._warn",
+          "                if False:\n                    self._warn"),),
+        ("tests/e2e/test_checks_programs.py",),
+        "constant",
+    ),
+    Mutation(
+        "replicas-counted-across-threads",
+        "--checks counts a prefetching loader's calls across its threads: the threads' order is named a mismatch",
+        (("jaxrun/child/replicas.py", "            if threading.current_thread() is not checker.main:",
+          "            if False:"),),
+        ("tests/e2e/test_checks_replicas.py",),
+        "prefetch",
     ),
     Mutation(
         "replicas-never-compared",

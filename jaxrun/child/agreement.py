@@ -5,19 +5,31 @@ A check *posts* an entry under a topic that every process names alike (the
 k-th program that spans processes 0-3; the 5th call at ``train.py:48``), with
 the ranks that must agree on it.  Posting only queues: the script's thread
 never waits on the store.  The board's thread publishes each entry at once,
-then looks, every ``POLL`` seconds (``END_POLL`` once the script returned),
-whether the other ranks' entries for the topic are there.  A topic is
-*settled* when every rank named has posted it, or has finished its script
-without posting it (it never made that call);
+under ``ENTRIES/{topic}/{rank}``.
+
+One rank *judges* each topic: the lowest rank named (the next one, once that
+one finished its script without posting the topic, or left with it open).  The judge reads the
+topic's entries; the topic is *settled* when every rank named has posted it,
+or has finished its script without posting it (it never made that call), and
 the check's ``settled`` callback then judges the entries.  With ``same``
 given, the first peer entry that differs settles the topic early, once the
-others have had ``GATHER_WAIT`` seconds to say theirs too.
+others have had ``GATHER_WAIT`` seconds to say theirs too.  Where entries
+agree, the judge deletes the topic's keys; where they differ, it first writes
+every entry under ``VERDICTS/{topic}``, so that the other ranks run their
+callback on them too (the odd side of a parted program stops first), and
+sweeps both once they have read it.  Every other rank reads only two keys
+per look: the verdict, and its own entry (gone: the topic agreed), and once
+the topic is ``LONG`` seconds old, whether its judge finished.  So a look at
+a topic among N ranks costs the coordinator about 4N keys (the judge's read
+of the entries and of who finished, a few small reads by each of the
+others), not N reads by each of N ranks.
 
-Only this thread talks to the store, one round trip per open topic and look;
-the script's calls run as they would without jaxrun.  When the script
-returns, the board says so in the store (after its last entry), so that a
-peer stops waiting for a call this process never made, and it settles what
-is still open for at most ``SETTLE`` seconds before JAX's shutdown.
+The looks back off: the first comes ``POLL`` seconds after the post (``END_POLL``
+once the script returned: its end, and its peers', wait on them), each pause
+twice the last, up to ``SLOW_POLL``.  When the script returns, the board says
+so in the store (after its last entry), so that a peer stops waiting for a
+call this process never made, and it settles what is still open for at most
+``SETTLE`` seconds before JAX's shutdown.
 """
 
 from __future__ import annotations
@@ -35,13 +47,18 @@ from collections.abc import Callable, Sequence
 from jaxrun.child import ending
 
 PREFIX = "jaxrun/checks"
+ENTRIES = f"{PREFIX}/t"  # each rank's entry: ENTRIES/{topic}/{rank}
+VERDICTS = f"{PREFIX}/v"  # entries that differ, for the ranks that did not judge: VERDICTS/{topic}
+FINISHED = f"{PREFIX}/finished"  # FINISHED/{rank}: that rank's script returned
+LEFT = f"{PREFIX}/left"  # LEFT/{rank}: ... and its board stopped: it judges nothing more
 THREAD = "jaxrun-checks"  # the board's thread: a program compiled there is a check's own
-POLL = 0.05  # seconds between looks while a topic is young (each costs the coordinator a round trip)
+POLL = 0.05  # seconds from a post to its first look (each look costs the coordinator a few keys)
 END_POLL = 0.01  # ... once the script returned: its end, and its peers', wait on the looks
-SLOW_POLL = 0.5  # ... and once it has waited LONG
-LONG = 5.0
+SLOW_POLL = 1.0  # each pause is twice the last, up to this
+LONG = 5.0  # a topic this old: its judge may have finished without it
 GATHER_WAIT = 3.0  # after a difference: how long the others have to post theirs
 SETTLE = 10.0  # at the script's end: how long open topics may still take
+SWEEP = 60.0  # a verdict's keys are deleted once every rank read it, or after this long
 
 Settled = Callable[[str, dict, set], None]  # (topic, entries by rank, ranks that finished without posting)
 
@@ -55,6 +72,9 @@ class Post:
     same: Callable[[dict, dict], bool] | None = None
     posted_at: float = 0.0
     differs_since: float | None = None
+    judge: int = 0  # the rank that judges it (the lowest named, until it is known to have finished without it)
+    pause: float = POLL  # until the next look
+    next_look: float = 0.0
 
 
 _FINISHED = object()  # the queue's last word: the script returned
@@ -72,10 +92,12 @@ class Board:
         self.clock = clock
         self.queue: queue.Queue = queue.Queue()
         self.open: list[Post] = []
+        self.sweeps: list[Post] = []  # verdicts this rank wrote, to delete once read
         self.outstanding = 0  # queued or open: the script's end waits for 0
         self.done = threading.Condition()
         self.stopped = threading.Event()
         self.returned = False  # the script returned: the looks come faster
+        self.hurried = False  # ... and the board's thread has made them so
         self.nudge = threading.Event()  # the thread's wait between looks ends early: the script returned, or stop
         self.thread: threading.Thread | None = None
         self.lock = threading.Lock()
@@ -135,13 +157,19 @@ class Board:
         try:
             client = self.client()
             while not self.stopped.is_set():
-                if not self.open:
+                if not self.open and not self.sweeps:
                     self._publish(client, self.queue.get())  # sleeps until the next post
                 self._take(client)
-                if self.open:
-                    self._look(client)
-                    self.nudge.wait(self._poll())
-                    self.nudge.clear()
+                if self.returned and not self.hurried:
+                    self.hurried = True
+                    for post in self.open:
+                        post.pause, post.next_look = END_POLL, self.clock()
+                self._look(client)
+                self._sweep(client)
+                self.nudge.wait(self._pause())
+                self.nudge.clear()
+            if self.returned and self.open:  # topics it judged hand on to the next rank
+                client.key_value_set(f"{LEFT}/{self.rank}", "1", allow_overwrite=True)
         except Exception as e:  # noqa: BLE001 - the store gone (coordinator ended): the checks end quietly
             if os.environ.get("JAXRUN_VERBOSE") == "1":
                 print(f"jaxrun: --checks stopped comparing: {type(e).__name__}: {e}", file=sys.stderr)
@@ -165,36 +193,97 @@ class Board:
             return
         if item is _FINISHED or client is None:
             if item is _FINISHED and client is not None:
-                client.key_value_set(f"{PREFIX}/finished/{self.rank}", "1", allow_overwrite=True)
+                client.key_value_set(f"{FINISHED}/{self.rank}", "1", allow_overwrite=True)
             self._count(-1)
             return
-        item.posted_at = self.clock()
+        item.posted_at = item.next_look = self.clock()
+        item.pause = END_POLL if self.returned else POLL
+        item.next_look += item.pause
+        item.judge = item.among[0]
         if callable(item.entry):  # read back here, off the script's thread (an on-device checksum)
             item.entry = item.entry()
-        client.key_value_set(f"{PREFIX}/{item.topic}/{self.rank}", json.dumps(item.entry), allow_overwrite=True)
+        client.key_value_set(f"{ENTRIES}/{item.topic}/{self.rank}", json.dumps(item.entry), allow_overwrite=True)
         self.open.append(item)
 
+    def _pause(self) -> float:
+        """Seconds to the next look that is due (the board's thread waits that long)."""
+        due = [p.next_look for p in self.open] + [p.next_look for p in self.sweeps]
+        return max(0.0, min(due) - self.clock()) if due else SLOW_POLL
+
     def _look(self, client) -> None:
-        # Who finished, read before the entries: a rank says so only after its
-        # last entry, so one that finished and has no entry never made the call.
-        finished = {int(k.rsplit("/", 1)[1]) for k, _ in client.key_value_dir_get(f"{PREFIX}/finished/")}
-        still = []
+        """Look at each open topic that is due: judge it, or read its verdict."""
+        now, still, finished = self.clock(), [], _Finished(client)
         for post in self.open:
-            entries = read_entries(client, post.topic)
-            entries[self.rank] = post.entry
-            gone = {r for r in post.among if r not in entries and r in finished}
-            wanted = {r: entries[r] for r in post.among if r in entries}
-            if len(wanted) + len(gone) == len(post.among):
-                self._settled(post, wanted, gone)
+            if post.next_look > now:
+                still.append(post)
                 continue
-            if post.same is not None and post.differs_since is None:
-                if any(not post.same(post.entry, e) for r, e in wanted.items() if r != self.rank) or gone:
-                    post.differs_since = self.clock()
-            if post.differs_since is not None and self.clock() - post.differs_since >= GATHER_WAIT:
-                self._settled(post, wanted, gone)
-                continue
-            still.append(post)
+            post.next_look = now + post.pause
+            post.pause = min(post.pause * 2, SLOW_POLL)
+            if post.judge == self.rank:
+                done = self._judge(client, post, finished)
+            else:
+                done = self._follow(client, post, now)
+            if not done:
+                still.append(post)
         self.open = still
+
+    def _judge(self, client, post: Post, finished: _Finished) -> bool:
+        entries = read_entries(client, post.topic)
+        entries[self.rank] = post.entry
+        wanted = {r: entries[r] for r in post.among if r in entries}
+        gone: set = set()
+        if len(wanted) < len(post.among):
+            gone = {r for r in post.among if r not in wanted and r in finished.ranks()}
+        differs = post.same is not None and any(not post.same(post.entry, e) for e in wanted.values())
+        if len(wanted) + len(gone) < len(post.among):
+            if (differs or gone) and post.differs_since is None:
+                post.differs_since = self.clock()
+            if post.differs_since is None or self.clock() - post.differs_since < GATHER_WAIT:
+                return False
+        if differs:  # the others judge these entries too: the verdict first, swept once read
+            client.key_value_set(f"{VERDICTS}/{post.topic}", json.dumps(
+                {"entries": {str(r): e for r, e in wanted.items()}, "gone": sorted(gone)}), allow_overwrite=True)
+            post.next_look, post.posted_at = self.clock() + SLOW_POLL, self.clock()
+            self.sweeps.append(post)
+        else:
+            client.key_value_delete(f"{ENTRIES}/{post.topic}")
+        self._settled(post, wanted, gone)
+        return True
+
+    def _follow(self, client, post: Post, now: float) -> bool:
+        said = try_get(client, f"{VERDICTS}/{post.topic}")
+        if said is not None:
+            verdict = json.loads(said)
+            client.key_value_delete(f"{ENTRIES}/{post.topic}/{self.rank}")  # read: the judge may sweep
+            self._settled(post, {int(r): e for r, e in verdict["entries"].items()}, set(verdict["gone"]))
+            return True
+        if try_get(client, f"{ENTRIES}/{post.topic}/{self.rank}") is None:
+            self._count(-1)  # the judge found every entry alike and deleted them
+            return True
+        if now - post.posted_at >= LONG and try_get(client, f"{FINISHED}/{post.judge}") is not None and (
+                try_get(client, f"{ENTRIES}/{post.topic}/{post.judge}") is None
+                or try_get(client, f"{LEFT}/{post.judge}") is not None):
+            later = [r for r in post.among if r > post.judge]  # it finished without the topic, or left: the next judges
+            post.judge = later[0] if later else self.rank
+            post.next_look = now
+        return False
+
+    def _sweep(self, client) -> None:
+        """Delete a verdict's keys once every other rank has read it (each
+        deletes its own entry), or once it is ``SWEEP`` seconds old."""
+        now, still = self.clock(), []
+        for post in self.sweeps:
+            if post.next_look > now:
+                still.append(post)
+                continue
+            left = set(read_entries(client, post.topic)) - {self.rank}
+            if left and now - post.posted_at < SWEEP:
+                post.next_look = now + SLOW_POLL
+                still.append(post)
+                continue
+            client.key_value_delete(f"{ENTRIES}/{post.topic}")
+            client.key_value_delete(f"{VERDICTS}/{post.topic}")
+        self.sweeps = still
 
     def _settled(self, post: Post, entries: dict, gone: set) -> None:
         try:
@@ -202,18 +291,23 @@ class Board:
         finally:
             self._count(-1)
 
-    def _poll(self) -> float:
-        young = END_POLL if self.returned else POLL
-        if not self.open:
-            return young
-        oldest = min(p.posted_at for p in self.open)
-        return young if self.clock() - oldest < LONG else SLOW_POLL
+
+class _Finished:
+    """The ranks whose script returned, read at most once per look, and only if asked."""
+
+    def __init__(self, client):
+        self.client, self.known = client, None
+
+    def ranks(self) -> set[int]:
+        if self.known is None:
+            self.known = {int(k.rsplit("/", 1)[1]) for k, _ in self.client.key_value_dir_get(f"{FINISHED}/")}
+        return self.known
 
 
 def read_entries(client, topic: str) -> dict[int, dict]:
     """Every rank's entry under ``topic``, by rank."""
     entries = {}
-    for key, value in client.key_value_dir_get(f"{PREFIX}/{topic}/"):
+    for key, value in client.key_value_dir_get(f"{ENTRIES}/{topic}/"):
         tail = key.rsplit("/", 1)[1]
         if tail.isdigit():
             try:
@@ -221,6 +315,16 @@ def read_entries(client, topic: str) -> dict[int, dict]:
             except ValueError:
                 continue
     return entries
+
+
+def try_get(client, key: str) -> str | None:
+    """The key's value, or None where the store has no such key."""
+    try:
+        return client.key_value_try_get(key)
+    except Exception as e:  # jax's JaxRuntimeError has no public name: NOT_FOUND is an answer, the rest not
+        if "NOT_FOUND" in str(e):
+            return None
+        raise
 
 
 def _jax_client():

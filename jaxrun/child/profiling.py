@@ -6,8 +6,11 @@ then means "start a trace", the next one "stop it".  The signal reaches
 every process the same way on every backend (the launcher's ``send``, which
 each far end relays), as the stack dump's SIGUSR1 does.
 
-The handler only puts the signal on a queue (and, at the first ask, starts
-the thread that serves it: a job never profiled has none); that thread starts
+The handler only puts the signal on a queue, and starts nothing: a thread
+started in a handler can deadlock, when the signal lands while the main
+thread holds threading's own lock (in ``Thread.start()`` or
+``threading.enumerate()``).  The thread that serves the queue is started at
+start-up, and sleeps on it until the first ask; it starts
 and stops ``jax.profiler``'s trace (``start_trace``/``stop_trace``, never
 ``start_server``, which listens on every interface).  A Python handler runs
 when the main thread next runs Python code, so a process whose main thread
@@ -44,25 +47,16 @@ def install(environ=os.environ) -> bool:
     folder = contract.trace_folder(value) if value else None
     if folder is None:
         return False
-    global _tracer
-    _tracer = Tracer(folder)
+    threading.Thread(target=Tracer(folder).serve, args=(_asks,), name="jaxrun-profiler", daemon=True).start()
     signal.signal(contract.PROFILE_SIGNAL, _asked)
     return True
 
 
-_tracer: Tracer | None = None
-_serving: threading.Thread | None = None
-
-
 def _asked(signum, _frame) -> None:
-    """Python runs this in the main thread, between two of its bytecodes: the
-    tracer's thread starts at the first ask, so that a job never profiled
-    has no thread of it."""
-    global _serving
+    """Python runs this in the main thread, between two of its bytecodes: it
+    only queues the ask (``SimpleQueue.put`` is reentrant, and takes no lock
+    that the interrupted code may hold)."""
     _asks.put(signum)
-    if _serving is None and _tracer is not None:
-        _serving = threading.Thread(target=_tracer.serve, args=(_asks,), name="jaxrun-profiler", daemon=True)
-        _serving.start()
 
 
 class Tracer:

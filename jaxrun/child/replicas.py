@@ -12,6 +12,11 @@ computes a silently wrong result.  jaxrun wraps the three calls:
   the first ``FIRST`` calls, then each call whose count is a power of two
   (every call under ``--checks strict``), so processes that share a slice
   always check the same calls (:mod:`jaxrun.child.replicas_prints`);
+- only the main thread's calls are counted and checked: it makes them in the
+  script's order, the same in every process.  Calls from other threads (a
+  prefetching loader's) come in the order their scheduling gives, so the n-th
+  call at a line may hold batch n in one process and batch n+1 in another; a
+  difference there would be the threads' order, not the data's;
 - on such a call, this process fingerprints each slice it holds that other
   processes hold too (host data: ``blake2b`` of its bytes; a device-resident
   input: a small checksum computed on its device, read back only on the
@@ -101,6 +106,7 @@ class ReplicaCheck:
         self.local = threading.local()  # .captures while a checked call runs
         self.warned: set[str] = set()
         self.skip = prints.skipped_folders()
+        self.main = threading.main_thread()
 
     def wrap(self, kind: str, original):
         checker = self
@@ -111,6 +117,8 @@ class ReplicaCheck:
                 if kind == "make_array_from_callback":
                     args, kwargs = checker.prints.capturing(args, kwargs, captures)
                 return original(*args, **kwargs)
+            if threading.current_thread() is not checker.main:
+                return original(*args, **kwargs)  # its n-th call here is whichever batch the threads' order gave
             caller = sys._getframe(1)
             if caller.f_code.co_filename.startswith(checker.skip[0]):
                 return original(*args, **kwargs)  # jax's own use (its token arrays)

@@ -4,6 +4,13 @@
                                          x @ y on global sharded x, y; process RANK y @ x
     checks_programs_job.py subset        a mesh over the devices of processes 0-2: process 2
                                          parts there; process 3 runs programs of its own
+    checks_programs_job.py square RANK   the same with square matrices: only the shardings differ
+    checks_programs_job.py pool ROUNDS   each round, four programs with different collectives
+                                         compiled ahead of time by a ThreadPoolExecutor(2),
+                                         process 1's first compile 0.5 s late, so that each
+                                         process's workers compile them in another order
+    checks_programs_job.py constant      a per-process constant in a program whose collectives
+                                         agree: x * (jax.process_index() + 1), summed
     checks_programs_job.py agree DIR COLD SALT
                                          programs that agree, a process-local program that
                                          differs on purpose, one that process 0 alone runs
@@ -14,6 +21,7 @@
 
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
@@ -44,6 +52,34 @@ if what == "part":
     else:
         z = y @ x  # ... parted
     print(f"process {rank}: sum {float(jnp.sum(z))}", flush=True)
+elif what == "square":
+    mesh = Mesh(np.array(jax.devices()), ("b",))
+    x, y = global_array(mesh, P("b", None), (8, 8)), global_array(mesh, P(None, "b"), (8, 8))
+    if rank != int(sys.argv[2]):
+        z = jax.jit(matmul)(x, y)  # the square matmul
+    else:
+        z = jax.jit(matmul)(y, x)  # the square one, parted: its shapes alike
+    print(f"process {rank}: sum {float(jnp.sum(z))}", flush=True)
+elif what == "pool":
+    mesh = Mesh(np.array(jax.devices()), ("b",))
+    reductions = (lambda v: v.sum(), lambda v: v.sum(axis=0), lambda v: v @ v.T, lambda v: jnp.cumsum(v, axis=0))
+    for round_ in range(int(sys.argv[2])):
+        x = global_array(mesh, P("b", None), (mesh.size * 2, 3 + round_))  # new shapes: new programs each round
+
+        def compile_(k, x=x):
+            if rank == 1 and k == 0:
+                time.sleep(0.5)  # one process's first compile is slow: its workers take the others in turn
+            return jax.jit(reductions[k]).lower(x).compile()
+
+        with ThreadPoolExecutor(2) as pool:
+            compiled = list(pool.map(compile_, range(4)))
+        sums = [float(jnp.sum(c(x))) for c in compiled]
+        print(f"process {rank}: round {round_} {sums}", flush=True)
+elif what == "constant":
+    mesh = Mesh(np.array(jax.devices()), ("b",))
+    x = global_array(mesh, P("b"), (mesh.size * 2,))
+    total = jax.jit(lambda v: (v * (jax.process_index() + 1)).sum())(x)  # the per-process constant
+    print(f"process {rank}: total {float(total)}", flush=True)
 elif what == "subset":
     if rank < 3:
         mesh = Mesh(np.array([d for d in jax.devices() if d.process_index < 3]), ("b",))

@@ -8,7 +8,10 @@ Real JAX jobs of tests/data/checks_programs_job.py on CPU devices: the
 guide's parted matmul (4 processes x 2 devices; process 3 runs ``y @ x``
 where the others run ``x @ y``) and a parted matmul in a mesh over the
 devices of processes 0-2 only, each locally in both modes and over SSH, and two
-runs of an agreeing job that share a compile cache.
+runs of an agreeing job that share a compile cache.  And what must not stop
+a healthy job (#61): a thread pool's ahead-of-time compiles, each process's
+workers taking the programs in another order, and a per-process constant in
+a program whose collectives agree (one warning; stopped under strict).
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ def line_of(text: str) -> int:
 
 
 MATMUL, PARTED = line_of("z = x @ y  # the guide's matmul"), line_of("z = y @ x  # ... parted")
-SUBSET, SUBSET_PARTED = line_of("# the subset's matmul"), line_of("z = jax.jit(matmul)(y, x)")
+SQUARE, SQUARE_PARTED = line_of("# the square matmul"), line_of("# the square one, parted")
+CONSTANT = line_of("# the per-process constant")
+SUBSET, SUBSET_PARTED = line_of("# the subset's matmul"), line_of("z = jax.jit(matmul)(y, x)  # ... parted")
 # Parting to the job's end: well under a second alone once every process has
 # posted its entry (the board looks every 20 ms), GATHER_WAIT (3 s) more
 # where one has not; 10 s is the issue's bound.
@@ -49,8 +54,10 @@ def check_parted_matmul(code: int, stdout: str, stderr: str, report_path, host: 
     assert headline, stderr
     assert headline[1] == (
         "program 1 of processes 0-3 differs (shapes, shardings): "
-        f"process 3 made matmul(f32[4,8], f32[8,4]) at checks_programs_job.py:{PARTED}; "
-        f"processes 0, 1, 2 made matmul(f32[8,4], f32[4,8]) at checks_programs_job.py:{MATMUL}"), stderr
+        f"process 3 made matmul(f32[4,8], f32[8,4]) sharded P(None, 'b'), P('b', None) "
+        f"at checks_programs_job.py:{PARTED}; "
+        f"processes 0, 1, 2 made matmul(f32[8,4], f32[4,8]) sharded P('b', None), P(None, 'b') "
+        f"at checks_programs_job.py:{MATMUL}"), stderr
     assert "sharded P(None, 'b'), P('b', None)" in stderr, stderr  # each side's shardings, in its log lines
     # The time process 3 parted (the script's clock, just before its matmul)
     # to its end by jaxrun's record, the stall timeout left at its default.
@@ -82,8 +89,10 @@ def check_subset(code: int, stdout: str, stderr: str, host: str = "") -> None:
     assert code == 1, stderr
     assert f"jaxrun: process 2{host} failed first: exit code 1" in stderr, stderr
     assert (f"ProgramMismatchError: program 1 of processes 0-2 differs (shapes, shardings): "
-            f"process 2 made matmul(f32[4,6], f32[6,4]) at checks_programs_job.py:{SUBSET_PARTED}; "
-            f"processes 0, 1 made matmul(f32[6,4], f32[4,6]) at checks_programs_job.py:{SUBSET}") in stderr
+            f"process 2 made matmul(f32[4,6], f32[6,4]) sharded P(None, 'b'), P('b', None) "
+            f"at checks_programs_job.py:{SUBSET_PARTED}; "
+            f"processes 0, 1 made matmul(f32[6,4], f32[4,6]) sharded P('b', None), P(None, 'b') "
+            f"at checks_programs_job.py:{SUBSET}") in stderr, stderr
     assert "process 3: own 360.0" in stdout  # its own program, compared with nobody's
 
 
@@ -99,6 +108,57 @@ def test_a_mesh_over_some_processes_over_ssh(sshd_hosts, start_job, tmp_path, sh
                     "-x", TOKEN, "--cpu-devices", 2, "--log-dir", tmp_path / "logs", script, "subset",
                     cwd=shared_dir)
     check_subset(job.wait(timeout=90), job.stdout, job.stderr, host=" on hostB")
+
+
+def test_a_parting_only_the_shardings_tell_shows_each_sides_shardings(start_job):
+    """Square matrices: x @ y and y @ x have the same shapes, so the line
+    shows the shardings that differ, each side its own (#56)."""
+    job = start_job("-n", 4, "--cpu-devices", 2, SCRIPT, "square", 3)
+    code = job.wait(timeout=90)
+    assert code == 1, job.stderr
+    assert "jaxrun: process 3 failed first: exit code 1" in job.stderr, job.stderr
+    assert re.search(r"ProgramMismatchError: (.*)", job.stderr)[1] == (
+        "program 1 of processes 0-3 differs (shardings): "
+        f"process 3 made matmul(f32[8,8], f32[8,8]) sharded P(None, 'b'), P('b', None) "
+        f"at checks_programs_job.py:{SQUARE_PARTED}; "
+        f"processes 0, 1, 2 made matmul(f32[8,8], f32[8,8]) sharded P('b', None), P(None, 'b') "
+        f"at checks_programs_job.py:{SQUARE}"), job.stderr
+
+
+def test_a_thread_pools_ahead_of_time_compiles_never_stop_a_healthy_job(start_job):
+    """Ten rounds in one job, each a new ThreadPoolExecutor(2) compiling four
+    new programs whose collectives differ, process 1's first compile 0.5 s
+    late: which worker compiles which program differs between the processes
+    in most rounds (main at 1a3dff5 stopped such a job in 2 of 3 runs).
+    Every round must pass: ten of ten."""
+    job = start_job("-n", 2, "--cpu-devices", 2, SCRIPT, "pool", 10)
+    assert job.wait(timeout=110) == 0, job.stderr
+    for rank in range(2):
+        assert len(re.findall(rf"process {rank}: round \d+ ", job.stdout)) == 10, job.stdout
+    assert "Mismatch" not in job.stderr and "warning" not in job.stderr, job.stderr
+
+
+def test_a_per_process_constant_is_one_warning_and_stopped_only_under_strict(start_job):
+    """x * (jax.process_index() + 1): the bodies differ, the collectives agree,
+    so the processes do not wait on it differently: the job goes on with one
+    warning; --checks strict stops it, showing each side's program."""
+    on, strict = (start_job("-n", 2, "--cpu-devices", 2, *mode, SCRIPT, "constant")
+                  for mode in ((), ("--checks", "strict")))
+    assert on.wait(timeout=90) == 0, on.stderr
+    assert on.stdout.count("total 50.0") == 2, on.stdout
+    warned = [line for line in on.stderr.splitlines() if "warning" in line]
+    assert len(warned) == 1 and "Mismatch" not in on.stderr, on.stderr
+    assert re.fullmatch(r"\[0\] jaxrun: warning: program 1 of processes 0,1 differs in its body only, not in its "
+                        r"collectives \(a per-process constant, a local operation\): "
+                        rf"process 0 made <lambda>\(f32\[8\]\) at checks_programs_job.py:{CONSTANT} \[program \w+\]; "
+                        rf"process 1 made <lambda>\(f32\[8\]\) at checks_programs_job.py:{CONSTANT} \[program \w+\]; "
+                        r"the processes do not wait on it differently, so the job goes on \(--checks strict stops it\)",
+                        warned[0]), warned[0]
+    assert strict.wait(timeout=90) == 1, strict.stderr
+    assert re.search(rf"ProgramMismatchError: program 1 of processes 0,1 differs \(body\): "
+                     rf"process 0 made <lambda>\(f32\[8\]\) \[program (\w+)\] at checks_programs_job.py:{CONSTANT}; "
+                     rf"process 1 made <lambda>\(f32\[8\]\) \[program (?!\1)\w+\] at checks_programs_job.py:{CONSTANT}",
+                     strict.stderr), strict.stderr
 
 
 def test_agreeing_programs_a_local_one_that_differs_and_a_warm_cache_beside_a_cold_one(start_job, tmp_path):

@@ -8,7 +8,9 @@ ends it with exit 1, named at the line, with the slice and the processes.
 Calls 1-3 agree and raise nothing.  checks_replicas_same.py passes the same
 token batch from every process for rows the sharding gives to different
 processes: one warning, at the tokens' line; the position ids and masks,
-just as identical, are never flagged.
+just as identical, are never flagged.  checks_replicas_prefetch.py is a
+prefetching loader whose two threads build replicated batches, one host slow
+on batch 0: the order of the threads is no mismatch (#61).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ pytestmark = pytest.mark.timeout(120)
 
 ACROSS = DATA / "checks_replicas_across.py"
 SAME = DATA / "checks_replicas_same.py"
+PREFETCH = DATA / "checks_replicas_prefetch.py"
 
 
 def line_of(path, text: str) -> int:
@@ -81,3 +84,15 @@ def test_the_same_tokens_in_every_process_are_warned_of_once_and_positions_never
         f"[0] jaxrun: warning: every process passed the same data to make_array_from_process_local_data at "
         f"checks_replicas_same.py:{tokens} (call 1 there), though its sharding gives them different slices: "
         "did every host read the whole dataset?"], err
+
+
+def test_a_prefetching_loaders_threads_are_no_mismatch(jaxrun):
+    """Process 1's thread that took batch 0 sleeps, so its other thread makes
+    the loader line's first call with batch 1 while process 0's makes it with
+    batch 0 (main at 1a3dff5: ReplicaMismatchError at 'call 1 there').  Each
+    batch is the same on both hosts: the job runs as under --checks off."""
+    for _ in range(3):  # the threads' order decides: three runs
+        code, out, err = jaxrun("-n", 2, "--cpu-devices", 2, PREFETCH, timeout=90)
+        assert code == 0, err
+        assert out.count("done") == 2 and out.count("batch 7 sum 84") == 2, out
+        assert "Mismatch" not in err and "warning" not in err, err

@@ -55,11 +55,13 @@ def test_off_or_alone_nothing_waits_for_jax(monkeypatch, environ, count):
 
 
 class Store:
-    """The key-value calls the board makes, in memory."""
+    """The key-value calls the board makes, in memory, each counted with the
+    keys it returned (what the coordinator serves)."""
 
     def __init__(self):
         self.data: dict[str, str] = {}
         self.lock = threading.Lock()
+        self.served = 0  # keys returned by reads
 
     def key_value_set(self, key, value, allow_overwrite=False):
         with self.lock:
@@ -68,7 +70,22 @@ class Store:
 
     def key_value_dir_get(self, prefix):
         with self.lock:
-            return [(k, v) for k, v in self.data.items() if k.startswith(prefix)]
+            found = [(k, v) for k, v in self.data.items() if k.startswith(prefix)]
+            self.served += len(found)
+            return found
+
+    def key_value_try_get(self, key):
+        with self.lock:
+            self.served += 1
+            if key not in self.data:
+                raise RuntimeError(f"NOT_FOUND: Config key {key} not found.")
+            return self.data[key]
+
+    def key_value_delete(self, key):
+        """As the coordination service does: the key, and every key below it."""
+        with self.lock:
+            for k in [k for k in self.data if k == key or k.startswith(key + "/")]:
+                del self.data[k]
 
 
 class Clock:
@@ -87,42 +104,118 @@ def same_fp(mine, theirs):
     return mine["fp"] == theirs["fp"]
 
 
-def test_a_topic_settles_once_every_rank_named_has_posted():
-    store, seen = Store(), []
-    ones = boards(3, store)
+def look_all(ones, store, clock, seconds=agreement.SLOW_POLL):
+    """Every board looks once its next look is due."""
+    clock.now += seconds
+    for board in ones:
+        board._look(store)
+        board._sweep(store)
+
+
+def test_a_topic_settles_once_every_rank_named_has_posted_and_leaves_no_key():
+    store, seen, clock = Store(), [], Clock()
+    ones = boards(3, store, clock)
     for rank, board in enumerate(ones):
         board._publish(store, agreement.Post("p/0", {"fp": "a", "r": rank}, (0, 1, 2), lambda *a: seen.append(a)))
         board._count(1)
-    ones[0]._look(store)
-    assert len(seen) == 1
+    look_all(ones, store, clock)
+    assert len(seen) == 1  # the judge's callback; the others' topics settled without one
     topic, entries, gone = seen[0]
     assert topic == "p/0" and sorted(entries) == [0, 1, 2] and gone == set()
-    assert ones[0].outstanding == 0 and not ones[0].open
+    assert all(board.outstanding == 0 and not board.open for board in ones)
+    assert not [k for k in store.data if "p/0" in k], store.data
 
 
 def test_a_rank_missing_keeps_the_topic_open_until_it_finishes_without_posting():
-    store, seen = Store(), []
-    one, two = boards(2, store)
+    store, seen, clock = Store(), [], Clock()
+    one, two = boards(2, store, clock)
     one._publish(store, agreement.Post("p/0", {"fp": "a"}, (0, 1), lambda *a: seen.append(a)))
     one._count(1)
-    one._look(store)
+    look_all([one], store, clock)
     assert not seen and len(one.open) == 1  # rank 1 has not got there yet
     two._count(1)
     two._publish(store, agreement._FINISHED)  # its script returned without that call
-    one._look(store)
+    look_all([one], store, clock)
     assert seen == [("p/0", {0: {"fp": "a"}}, {1})]
+    assert not [k for k in store.data if "p/0" in k], store.data
 
 
-def test_a_difference_settles_early_once_the_others_had_time_to_post():
+def test_a_difference_settles_early_and_every_rank_judges_it_then_its_keys_go():
     store, seen, clock = Store(), [], Clock()
     ones = boards(3, store, clock)
-    ones[0]._publish(store, agreement.Post("p/0", {"fp": "a"}, (0, 1, 2), lambda *a: seen.append(a), same_fp))
-    ones[2]._publish(store, agreement.Post("p/0", {"fp": "b"}, (0, 1, 2), lambda *a: None, same_fp))
-    ones[0]._look(store)
+    for rank, fp in ((0, "a"), (2, "b")):
+        ones[rank]._publish(store, agreement.Post("p/0", {"fp": fp}, (0, 1, 2),
+                                                  lambda *a, rank=rank: seen.append((rank,) + a), same_fp))
+        ones[rank]._count(1)
+    look_all(ones, store, clock)
     assert not seen  # rank 1 may still say which side it is on
-    clock.now += agreement.GATHER_WAIT
-    ones[0]._look(store)
-    assert seen == [("p/0", {0: {"fp": "a"}, 2: {"fp": "b"}}, set())]
+    look_all(ones, store, clock, agreement.GATHER_WAIT)
+    look_all(ones, store, clock)
+    assert sorted(seen) == [(rank, "p/0", {0: {"fp": "a"}, 2: {"fp": "b"}}, set()) for rank in (0, 2)]
+    look_all(ones, store, clock)  # rank 2 read the verdict: the judge sweeps
+    assert not [k for k in store.data if "p/0" in k], store.data
+
+
+def test_a_judge_that_finished_without_the_topic_hands_it_on():
+    store, seen, clock = Store(), [], Clock()
+    ones = boards(3, store, clock)
+    ones[0]._count(1)
+    ones[0]._publish(store, agreement._FINISHED)
+    for rank in (1, 2):
+        ones[rank]._publish(store, agreement.Post("p/0", {"fp": "a"}, (0, 1, 2), lambda *a: seen.append(a)))
+        ones[rank]._count(1)
+    look_all(ones, store, clock)
+    assert not seen  # not long yet: rank 0 may still be on its way
+    look_all(ones, store, clock, agreement.LONG)
+    look_all(ones, store, clock)
+    assert seen == [("p/0", {1: {"fp": "a"}, 2: {"fp": "a"}}, {0})]
+    assert not [k for k in store.data if "p/0" in k], store.data
+
+
+def test_a_judge_that_left_with_the_topic_open_hands_it_on():
+    """Rank 0 posted, finished and stopped waiting before rank 2 came: rank 1
+    judges, with rank 0's entry among the others."""
+    store, seen, clock = Store(), [], Clock()
+    ones = boards(3, store, clock)
+    for rank in (0, 1):
+        ones[rank]._publish(store, agreement.Post("p/0", {"fp": "a"}, (0, 1, 2), lambda *a: seen.append(a)))
+        ones[rank]._count(1)
+    ones[0].script_returned()
+    ones[0].settle(0.2)  # its thread publishes the word that it finished, then that it left
+    assert f"{agreement.LEFT}/0" in store.data
+    look_all(ones[1:], store, clock, agreement.LONG)
+    ones[2]._publish(store, agreement.Post("p/0", {"fp": "a"}, (0, 1, 2), lambda *a: seen.append(a)))
+    ones[2]._count(1)
+    look_all(ones[1:], store, clock)
+    look_all(ones[1:], store, clock)
+    assert seen == [("p/0", {0: {"fp": "a"}, 1: {"fp": "a"}, 2: {"fp": "a"}}, set())]
+    assert not [k for k in store.data if "p/0" in k], store.data
+
+
+def test_the_looks_back_off_and_cost_about_four_keys_a_rank():
+    """N ranks, one of them late by 20 s: what the coordinator serves for
+    the topic grows as N times the looks, and the looks as a log of the wait
+    plus one a second (SLOW_POLL), not 20 a second."""
+    n, store, clock = 64, Store(), Clock()
+    ones = boards(n, store, clock)
+    for board in ones[1:] + ones[:1]:  # the judge posts too; rank n-1 is late
+        if board.rank != n - 1:
+            board._publish(store, agreement.Post("p/0", {"fp": "a"}, tuple(range(n)), lambda *a: None))
+            board._count(1)
+    looks = 0
+    while clock.now < 20.0:
+        clock.now = min(min(p.next_look for p in board.open) for board in ones[:-1])
+        for board in ones[:-1]:
+            board._look(store)
+        looks += 1
+    ones[-1]._publish(store, agreement.Post("p/0", {"fp": "a"}, tuple(range(n)), lambda *a: None))
+    ones[-1]._count(1)
+    for _ in range(3):
+        look_all(ones, store, clock)
+    assert all(not board.open for board in ones)
+    assert looks <= 20 / agreement.SLOW_POLL + 8, looks
+    assert store.served <= 4 * n * (looks + 3), (store.served, looks)
+    assert not store.data.keys() - {f"{agreement.PREFIX}/finished/{r}" for r in range(n)}
 
 
 def test_posts_are_published_in_order_and_the_finished_word_comes_after_the_last():
@@ -140,7 +233,8 @@ def test_posts_are_published_in_order_and_the_finished_word_comes_after_the_last
         board.post(f"p/{k}", {"fp": "a"}, (0, 1), lambda *a: None)
     board.script_returned()
     board.settle(0.5)  # rank 1 never posts: the end waits a bounded time
-    assert order == [f"{agreement.PREFIX}/p/{k}/0" for k in range(3)] + [f"{agreement.PREFIX}/finished/0"]
+    assert order == [f"{agreement.ENTRIES}/p/{k}/0" for k in range(3)] + [f"{agreement.PREFIX}/finished/0",
+                                                                         f"{agreement.LEFT}/0"]  # with topics open
     assert not board.thread.is_alive()
 
 

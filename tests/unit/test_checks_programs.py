@@ -5,6 +5,7 @@ tests/e2e/test_checks_programs.py."""
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 import types
@@ -22,8 +23,10 @@ MODULE = '''module @jit_{name} attributes {{mhlo.num_partitions = 8 : i32}} {{
 '''
 
 
-def entry(h, fn="matmul", inputs="f32[8,4], f32[4,8]", sh="P('b', None), P(None, 'b')", at="/w/job.py:10"):
-    return {"h": h, "fn": fn, "in": inputs, "sh": sh, "at": at}
+def entry(h, fn="matmul", inputs="f32[8,4], f32[4,8]", sh="P('b', None), P(None, 'b')", at="/w/job.py:10", c=None,
+          cs="all-gather f32[8,8]"):
+    """A program's entry; its collectives ``c`` differ where its body ``h`` does, unless given."""
+    return {"h": h, "c": c or h, "cs": cs, "fn": fn, "in": inputs, "sh": sh, "at": at}
 
 
 def test_the_fingerprint_leaves_out_the_modules_name_but_not_its_body():
@@ -81,10 +84,11 @@ def test_the_message_names_each_side_its_line_and_what_differs():
                3: entry("b", inputs="f32[4,8], f32[8,4]", sh="P(None, 'b'), P('b', None)", at="/w/job.py:12")}
     headline, lines = programs.describe(3, "0-3", entries, set(), [0, 1, 2, 3])
     assert headline == ("program 3 of processes 0-3 differs (shapes, shardings): "
-                        "process 3 made matmul(f32[4,8], f32[8,4]) at job.py:12; "
-                        "processes 0, 1, 2 made matmul(f32[8,4], f32[4,8]) at job.py:10")
+                        "process 3 made matmul(f32[4,8], f32[8,4]) sharded P(None, 'b'), P('b', None) at job.py:12; "
+                        "processes 0, 1, 2 made matmul(f32[8,4], f32[4,8]) sharded P('b', None), P(None, 'b') "
+                        "at job.py:10")
     assert lines[1] == ("  process 3: matmul(f32[4,8], f32[8,4]) at /w/job.py:12, sharded P(None, 'b'), "
-                        "P('b', None), program b")
+                        "P('b', None), collectives all-gather f32[8,8], program b")
     assert lines[2].startswith("  processes 0, 1, 2: matmul(f32[8,4], f32[4,8]) at /w/job.py:10")
 
 
@@ -96,14 +100,28 @@ def test_the_message_says_who_finished_and_who_is_not_there_yet():
     assert "  process 1: not at program 1 yet" in lines
 
 
-def test_a_program_communicates_when_its_hlo_holds_a_collective():
-    assert programs.communicates(Executable("all-reduce-start")) and programs.communicates(Executable("send"))
-    assert not programs.communicates(Executable("add")) and not programs.communicates(Executable("all-reducer"))
-    assert programs.communicates(object())  # unknown: compared
+def test_a_programs_collectives_are_read_from_its_hlo_without_names_or_places():
+    assert programs.collectives_of(Executable("all-reduce-start")) == ["all-reduce f32[] replica_groups={}"]
+    assert programs.collectives_of(Executable("send")) == ["send f32[] replica_groups={}"]
+    assert programs.collectives_of(Executable("add")) == [] == programs.collectives_of(Executable("all-reducer"))
+    assert programs.collectives_of(object()) == ["?"]  # unknown: compared
+    line = ("  ROOT %all-reduce.7 = f32[8,8]{1,0} all-reduce(%fusion.3), channel_id=4, "
+            "replica_groups=mesh['axis_0'=1,'axis_1'=4] {'axis_1'}, use_global_device_ids=true, "
+            "to_apply=%add.clone, metadata={op_name=\"jit(mm)/dot_general\" stack_frame_id=2}")
+    assert programs.collectives_of(Executable(text=line)) == [
+        "all-reduce f32[8,8] replica_groups=mesh['axis_0'=1,'axis_1'=4] {'axis_1'} use_global_device_ids=true"]
 
 
-def test_a_body_alone_can_differ():
-    assert programs.what_differs({0: entry("a"), 1: entry("b")}, [[0], [1]]) == "body"
+def test_a_body_alone_can_differ_and_the_collectives_are_named_only_where_nothing_else_differs():
+    assert programs.what_differs({0: entry("a", c="x"), 1: entry("b", c="x")}, [[0], [1]]) == ["body"]
+    alike = {0: entry("a", cs="all-reduce f32[]"), 1: entry("b", cs="all-gather f32[8]")}
+    assert programs.what_differs(alike, [[0], [1]]) == ["collectives"]
+    headline, _ = programs.describe(2, "0,1", alike, set(), [0, 1])
+    assert headline == ("program 2 of processes 0,1 differs (collectives): "
+                        "process 0 made matmul(f32[8,4], f32[4,8]) with all-reduce f32[] at job.py:10; "
+                        "process 1 made matmul(f32[8,4], f32[4,8]) with all-gather f32[8] at job.py:10")
+    shaped = {0: entry("a", cs="all-reduce f32[]"), 1: entry("b", inputs="f32[2]", cs="all-gather f32[8]")}
+    assert programs.what_differs(shaped, [[0], [1]]) == ["shapes"]
 
 
 class Board:
@@ -127,23 +145,24 @@ def given(ranks, op="add", name="jit(step)"):
 
 
 class Executable:
-    """What from_hlo made: its compiled HLO holds ``op``."""
+    """What from_hlo made: its compiled HLO holds ``op`` (or is ``text``)."""
 
-    def __init__(self, op="all-reduce"):
-        module = types.SimpleNamespace(to_string=lambda: f"  %r = f32[] {op}(f32[] %x), replica_groups={{}}")
+    def __init__(self, op="all-reduce", text=None):
+        text = text or f"  %r = f32[] {op}(f32[] %x), channel_id=1, replica_groups={{}}"
+        module = types.SimpleNamespace(to_string=lambda: text)
         self.xla_executable = types.SimpleNamespace(hlo_modules=lambda: [module])
 
 
 COLLECTIVE = Executable()
 
 
-def checker(rank):
+def checker(rank, strict=False):
     locator = types.SimpleNamespace(user_frame=lambda frame: ("/w/job.py", 7))
     board = Board(rank)
-    return board, programs.Programs(board, locator)
+    return board, programs.Programs(board, locator, strict)
 
 
-def test_each_group_counts_its_own_programs_once_each():
+def test_each_group_counts_its_main_threads_programs_once_each():
     board, check = checker(rank=1)
     check.got(given([0, 1, 2, 3]), COLLECTIVE)
     check.got(given([0, 1, 2, 3]), COLLECTIVE)  # the same program again (a new jit of the same function): once
@@ -153,21 +172,78 @@ def test_each_group_counts_its_own_programs_once_each():
     check.got(given([1]), COLLECTIVE)  # process-local: nobody to agree with
     check.got(given([2, 3]), COLLECTIVE)  # not this process's
     assert [(topic, among) for topic, _, among, _, _ in board.posts] == [
-        ("programs/0-3/1", [0, 1, 2, 3]), ("programs/0,1/1", [0, 1]), ("programs/0-3/2", [0, 1, 2, 3])]
+        ("programs/0-3/m/1", [0, 1, 2, 3]), ("programs/0,1/m/1", [0, 1]), ("programs/0-3/m/2", [0, 1, 2, 3])]
     topic, posted, _, _, same = board.posts[0]
-    assert posted == {"h": programs.program_hash(MODULE.format(name="y", op="add")), "fn": "step",
-                      "in": "f32[8,4]", "sh": "", "at": "/w/job.py:7"}
-    assert same(posted, dict(posted, at="/elsewhere/job.py:99", fn="other")) and not same(posted, dict(posted, h="z"))
+    collectives = ["all-reduce f32[] replica_groups={}"]
+    devices = given([0, 1, 2, 3])["device_list"]
+    assert posted == {"h": programs.program_hash(MODULE.format(name="y", op="add")),
+                      "c": programs.program_hash(programs.collectives_key(collectives, devices)),
+                      "cs": "all-reduce f32[]", "fn": "step", "in": "f32[8,4]", "sh": "", "at": "/w/job.py:7"}
+    # By default the collectives decide: a body of its own (a per-process constant) is the same program.
+    assert same(posted, dict(posted, at="/elsewhere/job.py:99", fn="other", h="z"))
+    assert not same(posted, dict(posted, c="z"))
+    board, check = checker(rank=1, strict=True)
+    check.got(given([0, 1, 2, 3]), COLLECTIVE)
+    assert not board.posts[0][4](posted, dict(posted, h="z"))  # strict: the body too
 
 
-def test_another_threads_programs_count_apart_and_the_boards_own_not_at_all():
-    board, check = checker(rank=0)
-    for name in ("loader", programs.agreement.THREAD):
-        thread = threading.Thread(target=check.got, args=(given([0, 1]), COLLECTIVE), name=name)
+def made_on_threads(rank, names, ops):
+    """The programs ``ops`` made in this order, each on its own thread of ``names``."""
+    board, check = checker(rank)
+    for name, op in zip(names, ops):
+        thread = threading.Thread(target=check.got, args=(given([0, 1], op=op, name=f"jit({op})"), COLLECTIVE),
+                                  name=name)
         thread.start()
         thread.join()
+    return board
+
+
+def test_programs_made_off_the_main_thread_are_keyed_by_what_they_are_not_by_who_made_them_when():
+    """Two processes whose pools compiled the same two programs in the other
+    order, on threads named otherwise (one named "1", which once fell under
+    the main thread's topics), post the same topics; the board's own thread's
+    programs are not posted."""
+    one = made_on_threads(0, ["ThreadPoolExecutor-0_0", "ThreadPoolExecutor-0_1"], ["add", "multiply"])
+    two = made_on_threads(1, ["1", programs.agreement.THREAD, "ThreadPoolExecutor-0_0"], ["multiply", "add", "add"])
+    assert sorted(topic for topic, *_ in one.posts) == sorted(topic for topic, *_ in two.posts)
+    assert all(re.fullmatch(r"programs/0,1/t[0-9a-f]{16}/1", topic) for topic, *_ in one.posts), one.posts
+    _, check = checker(rank=0)
     check.got(given([0, 1]), COLLECTIVE)
-    assert [topic for topic, *_ in board.posts] == ["programs/0,1/loader/1", "programs/0,1/1"]
+    assert check.board.posts[0][0] == "programs/0,1/m/1"
+
+
+def test_a_body_that_differs_where_the_collectives_agree_is_one_warning_and_stops_only_strict(monkeypatch, capsys):
+    stopped = []
+    monkeypatch.setattr(programs.agreement, "stop", lambda error, lines: stopped.append((error, lines)))
+    monkeypatch.setattr(programs.time, "sleep", lambda s: None)
+    constant = {0: entry("a", c="x"), 1: entry("b", c="x")}  # x * (process_index() + 1)
+    board, check = checker(rank=0)
+    check.got(given([0, 1]), COLLECTIVE)
+    for _ in range(2):
+        board.posts[0][3]("programs/0,1/m/1", constant, set())
+    warned = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert stopped == [] and len(warned) == 1, warned
+    assert warned[0].startswith("jaxrun: warning: program 1 of processes 0,1 differs in its body only"), warned
+    board, check = checker(rank=0, strict=True)
+    check.got(given([0, 1]), COLLECTIVE)
+    board.posts[0][3]("programs/0,1/m/1", constant, set())
+    (error, lines), = stopped
+    assert str(error).startswith("program 1 of processes 0,1 differs (body): process 0 made matmul"), error
+    assert "stopping the job (--checks strict)" in lines[-1]
+
+
+def test_off_the_main_thread_a_key_with_two_programs_is_not_judged(monkeypatch, capsys):
+    """Two programs under one key (the same line, function and inputs): which
+    of them another process paired with its own, its threads' order decided."""
+    stopped = []
+    monkeypatch.setattr(programs.agreement, "stop", lambda error, lines: stopped.append((error, lines)))
+    board = made_on_threads(0, ["pool-0", "pool-1"], ["add", "add"])
+    assert len(board.posts) == 1
+    settled = board.posts[0][3]
+    settled(board.posts[0][0], {0: dict(entry("a", c="x"), n=1), 1: dict(entry("b", c="x"), n=2)}, set())
+    assert stopped == [] and "warning" not in capsys.readouterr().err
+    settled(board.posts[0][0], {0: dict(entry("a", c="x"), n=1), 1: dict(entry("b", c="x"), n=1)}, set())
+    assert "made off the main thread differs in its body only" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("rank, waits", [(3, []), (0, [programs.LATER])])
@@ -178,12 +254,12 @@ def test_the_odd_side_stops_at_once_and_the_others_later(monkeypatch, rank, wait
     board, check = checker(rank)
     check.got(given([0, 1, 2, 3]), COLLECTIVE)
     settled = board.posts[0][3]
-    settled("programs/0-3/1", {0: entry("a"), 1: entry("a"), 2: entry("a"), 3: entry("b")}, set())
+    settled("programs/0-3/m/1", {0: entry("a"), 1: entry("a"), 2: entry("a"), 3: entry("b")}, set())
     assert slept == waits
     (error, lines), = stopped
     assert type(error).__name__ == "ProgramMismatchError" and str(error).startswith("program 1 of processes 0-3")
     stopped.clear()
-    settled("programs/0-3/1", {0: entry("a"), 1: entry("a"), 2: entry("a")}, {3})  # agreed; 3 finished
+    settled("programs/0-3/m/1", {0: entry("a"), 1: entry("a"), 2: entry("a")}, {3})  # agreed; 3 finished
     assert stopped == []
 
 

@@ -192,15 +192,17 @@ def test_the_far_end_of_a_process_that_never_traced_sends_an_empty_tar(tmp_path)
 
 # -- the child's side, in a real process that never imports jax ---------------------------------
 CHILD = r"""
-import os, signal, sys, time
+import os, signal, sys, threading, time
 from jaxrun import contract
 from jaxrun.child import profiling
 installed = profiling.install()
 print(installed, signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL, flush=True)
 if installed:
+    threads = threading.active_count()  # the tracer's thread is there from the start
     for _ in range(2):
         os.kill(os.getpid(), signal.SIGUSR2)
         time.sleep(0.2)  # the handler runs, the tracer's thread turns
+    print("the handler started no thread:", threading.active_count() == threads == 2, flush=True)
     folder = contract.trace_folder(os.environ[contract.PROFILE_DIR])
     deadline = time.monotonic() + 20
     while not contract.trace_sessions(folder)[0] and time.monotonic() < deadline:
@@ -214,8 +216,8 @@ def test_the_child_turns_a_trace_on_the_signal_and_imports_nothing_unasked(tmp_p
     work = str(tmp_path / "profiling" / "process-0")
     asked = subprocess.run([sys.executable, "-c", CHILD], env={**os.environ, contract.PROFILE_DIR: work},
                            capture_output=True, text=True, timeout=60)
-    assert asked.stdout.splitlines() == ["True False", "the process has not imported jax", "False False"], \
-        asked.stderr
+    assert asked.stdout.splitlines() == ["True False", "the handler started no thread: True",
+                                         "the process has not imported jax", "False False"], asked.stderr
     assert oct(os.stat(work).st_mode & 0o777) == "0o700"
     env = {k: v for k, v in os.environ.items() if k != contract.PROFILE_DIR}
     unasked = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=60)
