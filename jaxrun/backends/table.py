@@ -152,7 +152,7 @@ BACKENDS: dict[str, BackendEntry] = {entry.name: entry for entry in (
     BackendEntry("slurm", "one srun step, in the Slurm allocation or a new one",
                  kind="scheduler", fds_per_process=9, start=start_scheduler, options=slurm_options, engine="srun",
                  engine_missing="--launcher slurm: srun is not on PATH", scheduled=True,
-                 count_variable="SLURM_NTASKS", elastic=True, elastic_variable="SLURM_JOB_NODELIST",
+                 reads_allocation=True, elastic=True, elastic_variable="SLURM_JOB_NODELIST",
                  elastic_refusal="--min-hosts with --launcher slurm works inside an allocation (sbatch or salloc, "
                  "with --no-kill): outside one, each restart asks Slurm for new nodes",
                  flags=STEP_FLAGS),

@@ -81,10 +81,19 @@ class SchedulerBackend(Backend):
         self.fixed = fixed
         return fixed or "", None
 
-    def begin_attempt(self, specs: Sequence[planning.ProcessSpec], log_dir: str) -> None:
+    def step_parts(self, specs: Sequence[planning.ProcessSpec]) -> tuple[dict[str, str], Command]:
+        """The attempt's step: the environment every task starts with (the
+        task channel's two variables come when it starts) and its process."""
         env = step_env(self.rank_source, specs, self.base_env, self.launch.devices_per_process)
         task = task_argv(self.launch.python, planning.shim_args(self.launch.target))
-        process = self.step_process(len(specs), task, planning.common_env(specs))
+        return env, self.step_process(len(specs), task, planning.common_env(specs))
+
+    def dry_run_command(self, specs: Sequence[planning.ProcessSpec]) -> list[str]:
+        env, process = self.step_parts(specs)
+        return process.argv({**env, contract.TASK_CHANNEL: "", contract.TASK_SECRET: ""})
+
+    def begin_attempt(self, specs: Sequence[planning.ProcessSpec], log_dir: str) -> None:
+        env, process = self.step_parts(specs)
         from jaxrun.backends.scheduler.step import Step
 
         self.step = Step(process, specs, env, log_dir, self.console, self.fixed, hooks=self.hooks)
