@@ -1,6 +1,8 @@
-"""--launcher slurm: one real srun step on a throwaway one-node Slurm cluster.
+"""--launcher slurm: one real srun step on a throwaway Slurm cluster (one node,
+and a partition of four for the allocation tests).
 
-Also the batch recipe examples/deploy/slurm.sbatch, submitted with sbatch.
+Also the batch recipe examples/deploy/slurm.sbatch, submitted with sbatch, a
+4-node --export=NONE allocation that jaxrun fills, and srun running jaxrun.
 """
 
 import json
@@ -20,6 +22,7 @@ from fixtures.engines import (
 )
 from fixtures.guide import GUIDE_SHARDS, RESULT
 from fixtures.jobs import ROOT
+from fixtures.slurm import WIDE, WIDE_NODES
 
 # This machine has fewer CPUs than processes.
 SLURM = ["--launcher", "slurm"]
@@ -201,3 +204,93 @@ def test_scancel_gives_every_controller_its_time(slurm_cluster, tmp_path, how):
     ran = json.loads(report.read_text())
     assert ran["exit_code"] == status, said
     assert [(p["exit_code"], p["signal"]) for p in ran["processes"]] == [(0, None)] * 4, said
+
+
+# Each process says where Slurm put it.
+WHERE_PROBE = """\
+import os
+print("where", os.environ["JAXRUN_PROCESS_ID"], os.environ["SLURMD_NODENAME"], os.environ.get("JAX_PLATFORMS"))
+"""
+
+
+@pytest.fixture(scope="module")
+def wide_allocation(slurm_cluster, tmp_path_factory):
+    """One ``sbatch -p wide -N 4 --export=NONE`` job, whose batch script runs
+    jaxrun with no -n, twice: a dry run, then the probe.  Slurm sets
+    SLURM_NNODES=4 and SLURM_TASKS_PER_NODE=1(x4) there, no SLURM_NTASKS, and
+    SLURM_EXPORT_ENV=NONE, which srun would take.  Yields the folder with
+    the dry run's output (dry.out), the run's report and logs, job.out, and
+    the job's final fields."""
+    where = tmp_path_factory.mktemp("wide")
+    (where / "where.py").write_text(WHERE_PROBE)
+    jaxrun = [sys.executable, "-m", "jaxrun", "--launcher", "slurm"]
+    run = [*jaxrun, "--log-dir", where / "logs", "--report", where / "report.json", where / "where.py"]
+    # --export=NONE: the batch script gets nothing of this environment (as
+    # root, Slurm gives it root's login environment instead).
+    (where / "job.sh").write_text(
+        "#!/bin/sh\nexport JAX_PLATFORMS=cpu\nenv > batch.env\n"
+        f"{shlex.join(map(str, [*jaxrun, '--dry-run', where / 'where.py']))} > dry.out 2>&1\n"
+        f"exec {shlex.join(map(str, run))}\n")
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", f"--partition={WIDE}", f"--nodes={WIDE_NODES}", "--export=NONE",
+         f"--chdir={where}", f"--output={where / 'job.out'}", str(where / "job.sh")],
+        capture_output=True, text=True, check=True)
+    job_id = submitted.stdout.strip().split(";")[0]
+    try:
+        fields = job_state(job_id, dict(os.environ), within=75)
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True)
+    yield where, fields
+
+
+def said(where) -> str:
+    return "\n".join(f"{name}:\n" + (where / name).read_text(errors="replace")
+                     for name in ("job.out", "dry.out") if (where / name).exists())
+
+
+@pytest.mark.timeout(120)
+def test_a_four_node_allocation_without_ntasks_runs_four_processes(wide_allocation):
+    where, fields = wide_allocation
+    batch = dict(line.split("=", 1) for line in (where / "batch.env").read_text().splitlines() if "=" in line)
+    # What the allocation told jaxrun: no task count, four nodes of one task, nothing to export.
+    assert "SLURM_NTASKS" not in batch, batch
+    assert (batch["SLURM_NNODES"], batch["SLURM_TASKS_PER_NODE"], batch["SLURM_EXPORT_ENV"]) == ("4", "1(x4)", "NONE")
+    assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), said(where)
+    ran = json.loads((where / "report.json").read_text())
+    assert [(p["exit_code"], p["signal"]) for p in ran["processes"]] == [(0, None)] * WIDE_NODES, said(where)
+    seen = {}
+    for rank in range(WIDE_NODES):
+        (line,) = [w for w in (where / "logs" / f"process-{rank}.stdout").read_text().splitlines()
+                   if w.startswith("where ")]
+        _, process_id, node, platforms = line.split()
+        seen[int(process_id)] = node
+        assert platforms == "cpu", line  # the batch script's own variable reached the task (--export=ALL)
+    assert sorted(seen) == list(range(WIDE_NODES)) and len(set(seen.values())) == WIDE_NODES, seen
+
+
+@pytest.mark.timeout(120)
+def test_the_dry_run_says_what_decided_the_count_and_prints_the_srun_line(wide_allocation):
+    where, _ = wide_allocation
+    lines = (where / "dry.out").read_text().splitlines()
+    assert lines[0] == f"# {WIDE_NODES} processes: SLURM_TASKS_PER_NODE=1(x4)", lines
+    assert lines[1].startswith("# srun: srun --kill-on-bad-exit=1 --ntasks=4 --export=ALL "), lines
+    srun = shlex.split(lines[1].removeprefix("# srun: "))
+    assert srun[4:8] == [sys.executable, "-m", "jaxrun.backends.scheduler.task_agent", "--"], srun
+    assert srun[-1] == str(where / "where.py"), srun
+    assert sum(line.startswith("process ") for line in lines) == WIDE_NODES, lines
+
+
+@pytest.mark.timeout(60)
+def test_srun_running_jaxrun_is_refused_and_starts_nothing(slurm_cluster, tmp_path):
+    script = tmp_path / "t.py"
+    script.write_text("print('ran')\n")
+    logs = tmp_path / "logs"
+    done = subprocess.run(["srun", "-n", "2", "--", sys.executable, "-m", "jaxrun", "--launcher", "slurm",
+                           "--log-dir", str(logs), str(script)], capture_output=True, text=True, timeout=50)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert "ran" not in done.stdout and not logs.exists(), (done.stdout, done.stderr)
+    refusals = sorted(line for line in done.stderr.splitlines() if line.startswith("jaxrun: error: "))
+    assert len(refusals) == 2, done.stderr
+    for task, line in enumerate(refusals):
+        assert line.startswith(f"jaxrun: error: started as task {task} of 2 of Slurm step "), line
+        assert line.endswith("as 'jaxrun --launcher slurm SCRIPT', and it starts the srun step itself"), line

@@ -68,7 +68,7 @@ def test_only_slurm_reads_the_allocation_and_dash_n_wins():
 ])
 def test_a_task_of_a_step_is_refused(environ):
     why = allocation.step_refusal(environ)
-    assert why and why.startswith("jaxrun was started as ") and "nothing was started" in why
+    assert why and why.startswith("started as ") and "nothing was started" in why
 
 
 @pytest.mark.parametrize("environ", [

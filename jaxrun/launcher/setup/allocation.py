@@ -88,7 +88,7 @@ def step_refusal(environ: Mapping[str, str]) -> str | None:
         rank = environ.get("SLURM_PROCID", "0")
         if tasks > 1 or rank not in ("", "0"):
             job = environ.get("SLURM_JOB_ID", "?")
-            return (f"jaxrun was started as task {rank} of {tasks} of Slurm step {job}.{environ['SLURM_STEP_ID']} "
+            return (f"started as task {rank} of {tasks} of Slurm step {job}.{environ['SLURM_STEP_ID']} "
                     "(srun jaxrun ...); nothing was started: run jaxrun once, in the batch script or salloc "
                     "shell, as 'jaxrun --launcher slurm SCRIPT', and it starts the srun step itself")
     for rank_name, size_name, engine in (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun"),
@@ -98,7 +98,7 @@ def step_refusal(environ: Mapping[str, str]) -> str | None:
             size = _number(environ, size_name) or 1
             rank = environ[rank_name]
             if size > 1 or rank not in ("", "0"):
-                return (f"jaxrun was started as rank {rank} of {size} by {engine} ({rank_name} is set); nothing was "
+                return (f"started as rank {rank} of {size} by {engine} ({rank_name} is set); nothing was "
                         "started: run jaxrun once, not under mpirun, as 'jaxrun --launcher mpirun SCRIPT', "
                         "and it starts mpirun itself")
     return None
