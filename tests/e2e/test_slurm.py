@@ -150,6 +150,40 @@ def test_dry_run_claims_no_device_ids_the_scheduler_decides(tmp_path):
     assert proc.stdout.count("JAXRUN_TASK_DEVICES_PER_PROCESS=2") == 2, proc.stdout
 
 
+# The engine's own options, then --scheduler-arg's, then the task agent (which runs the shim).
+ENGINE_LINES = {
+    "slurm": ["srun", "--kill-on-bad-exit=1", "--ntasks=4", "--export=ALL", "--cpus-per-task=3",
+              "--ntasks-per-node=2", "--overcommit"],
+    "mpirun": ["mpirun", "-n", "4", "--map-by", "ppr:2:node"],
+}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("engine", ENGINE_LINES)
+def test_the_dry_run_prints_the_engines_command_line(tmp_path, engine):
+    script = tmp_path / "t.py"
+    script.write_text("")
+    # Inside an allocation of 3 CPUs a task (srun names no job of its own there).
+    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_CPUS_PER_TASK": "3", "XLA_FLAGS": "--xla_dump_to=/tmp/x"}
+    proc = subprocess.run([sys.executable, "-m", "jaxrun", "--launcher", engine, "-n", "4", "--ntasks-per-node", "2",
+                           "--scheduler-arg=--overcommit", "--dry-run", str(script)],
+                          capture_output=True, text=True, timeout=20, env=env)
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [line for line in proc.stdout.splitlines() if line.startswith("# ")]
+    program, _, command = line.removeprefix("# ").partition(": ")
+    argv = shlex.split(command)
+    assert program == argv[0] == ENGINE_LINES[engine][0], line
+    agent = argv.index(sys.executable)
+    assert argv[agent:agent + 4] == [sys.executable, "-m", "jaxrun.backends.scheduler.task_agent", "--"], argv
+    assert argv[-1] == str(script) and argv[agent - 1] == "--overcommit", argv
+    if engine == "slurm":
+        assert argv[:agent] == ENGINE_LINES[engine], argv
+    else:  # then what mpirun must carry to other nodes, by name, and root's permission
+        assert argv[:5] == ENGINE_LINES[engine], argv
+        named = {argv[i + 1] for i, word in enumerate(argv[:agent]) if word == "-x"}
+        assert {"XLA_FLAGS", "PATH", "JAXRUN_TASK_CHANNEL", "JAXRUN_TASK_SECRET", "JAXRUN_NUM_PROCESSES"} <= named, argv
+
+
 @pytest.mark.timeout(60)
 def test_srun_failing_for_all_processes_is_named_once(slurm_cluster, run_jaxrun, tmp_path):
     # A step on a node the cluster does not have: srun fails before any task starts.
