@@ -8,6 +8,7 @@ Also the batch recipe examples/deploy/slurm.sbatch, submitted with sbatch, a
 import json
 import os
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -137,6 +138,28 @@ def test_devices_per_process_come_from_the_local_rank_srun_gives(slurm_cluster, 
     assert {seen[r]["JAXRUN_LOCAL_PROCESS_ID"]: seen[r]["JAX_LOCAL_DEVICE_IDS"] for r in seen} == \
         {"0": "0,1,2", "1": "3,4,5"}
     assert all(s["JAXRUN_TASK_DEVICES_PER_PROCESS"] is None for s in seen.values())  # the agent's, not the script's
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("engine", ["slurm", "mpirun"])
+def test_the_nodes_gpus_are_split_by_the_local_rank_the_engine_gives(request, run_jaxrun, tmp_path, monkeypatch,
+                                                                     engine):
+    """No GPU binding (Open MPI binds none; srun without --gpus-per-task): the
+    four GPUs the tasks see are split between the node's two tasks by the
+    local rank the engine gave each, never all four in each."""
+    if engine == "slurm":
+        request.getfixturevalue("slurm_cluster")
+    elif not shutil.which("mpirun"):
+        pytest.skip("Open MPI is not installed (apt-get install openmpi-bin)")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")  # the node's GPUs, as a step with --gres=gpu:4 sees them
+    script = tmp_path / "devices.py"
+    script.write_text(DEVICE_PROBE)
+    logs = tmp_path / "logs"
+    code, _, err, _ = run_jaxrun("--launcher", engine, "-n", 2, "--log-dir", logs, script)
+    assert code == 0, err
+    seen = devices_seen(logs, 2)
+    assert {seen[r]["JAXRUN_LOCAL_PROCESS_ID"]: seen[r]["JAX_LOCAL_DEVICE_IDS"] for r in seen} == \
+        {"0": "0,1", "1": "2,3"}, seen
 
 
 @pytest.mark.timeout(30)

@@ -8,6 +8,7 @@ import pytest
 
 from jaxrun.backends import BACKENDS
 from jaxrun.core.config import LaunchError
+from jaxrun.core.ranks import tasks_per_node
 from jaxrun.launcher.setup import allocation
 
 
@@ -18,13 +19,13 @@ from jaxrun.launcher.setup import allocation
     ("8,4(x2), 2", [8, 4, 4, 2]),
 ])
 def test_tasks_per_node_reads_slurms_compressed_form(text, counts):
-    assert allocation.tasks_per_node(text) == counts
+    assert tasks_per_node(text) == counts
 
 
 @pytest.mark.parametrize("text", ["", "2(x)", "x3", "2(3)", "-1"])
 def test_an_unreadable_tasks_per_node_is_one_line_naming_it(text):
     with pytest.raises(LaunchError, match=r"^SLURM_TASKS_PER_NODE=.*: cannot read"):
-        allocation.tasks_per_node(text)
+        tasks_per_node(text)
 
 
 SBATCH_N4 = {"SLURM_JOB_ID": "2", "SLURM_NNODES": "4", "SLURM_JOB_NUM_NODES": "4", "SLURM_TASKS_PER_NODE": "1(x4)",

@@ -100,7 +100,7 @@ def test_mpirun_forwards_what_the_plan_set_whatever_its_name():
 
 def test_step_env_leaves_devices_to_each_task():
     """Per-rank device ids never travel in the one environment every task
-    shares; with --devices-per-process the count does, for the task agent."""
+    shares; --devices-per-process's count does, for the task agent, or "auto"."""
     launch = plan.LaunchOptions(target=plan.Target("t.py"), num_processes=1, coordinator="", run_id="r",
                                 devices_per_process=2)
     specs = plan.plan(launch)  # not marked scheduled: one process gets ids [0, 1] from the plan
@@ -108,7 +108,7 @@ def test_step_env_leaves_devices_to_each_task():
     env = scheduler.step_env("slurm", specs, {}, devices_per_process=2)
     assert contract.JAX_LOCAL_DEVICE_IDS not in env
     assert env[contract.TASK_DEVICES_PER_PROCESS] == "2"
-    assert contract.TASK_DEVICES_PER_PROCESS not in scheduler.step_env("slurm", specs, {})
+    assert scheduler.step_env("slurm", specs, {})[contract.TASK_DEVICES_PER_PROCESS] == "auto"  # see test_task_gpus
 
 
 @pytest.mark.parametrize("local, count, environ, expected", [

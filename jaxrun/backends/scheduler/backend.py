@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, TextIO
 
 from jaxrun import contract
+from jaxrun.backends.scheduler import gpus
 from jaxrun.backends.scheduler.options import SchedulerOptions
 from jaxrun.core import spec as planning
 from jaxrun.core.backend import Backend, News
@@ -40,7 +41,8 @@ def step_env(rank_source: str, specs: Sequence[planning.ProcessSpec], base: Mapp
     source (a key of ``contract.RANK_SOURCES``).  Per-rank values (process id,
     local id, device ids) come from the scheduler instead: with
     --devices-per-process each task derives its devices from its local rank
-    (see the task agent)."""
+    (see the task agent); without it, from the GPUs the engine bound to the
+    task, or an even share of its node's (``scheduler.gpus``)."""
     common = planning.common_env(specs)
     for name in (contract.PROCESS_ID, contract.LOCAL_PROCESS_ID, contract.LOCAL_PROCESS_COUNT,
                  contract.JAX_LOCAL_DEVICE_IDS):
@@ -48,8 +50,7 @@ def step_env(rank_source: str, specs: Sequence[planning.ProcessSpec], base: Mapp
     env = dict(base)
     env.update(common)
     env[contract.RANK_SOURCE] = rank_source
-    if devices_per_process is not None:
-        env[contract.TASK_DEVICES_PER_PROCESS] = str(devices_per_process)
+    env[contract.TASK_DEVICES_PER_PROCESS] = gpus.AUTO if devices_per_process is None else str(devices_per_process)
     return env
 
 

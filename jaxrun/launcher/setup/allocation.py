@@ -22,10 +22,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jaxrun.core.config import BackendEntry, LaunchError
+from jaxrun.core.ranks import tasks_per_node
 from jaxrun.core.spec import Host
 
-# One entry of SLURM_TASKS_PER_NODE: "2", or "2(x3)" for three nodes of two.
-TASKS_ENTRY = re.compile(r"(\d+)(?:\(x(\d+)\))?")
 COUNT = re.compile(r"\d+")
 
 
@@ -35,18 +34,6 @@ class Layout:
 
     count: int
     source: str
-
-
-def tasks_per_node(text: str) -> list[int]:
-    """SLURM_TASKS_PER_NODE as one count per node: ``2(x3),1`` is [2, 2, 2, 1]."""
-    counts: list[int] = []
-    for entry in text.split(","):
-        match = TASKS_ENTRY.fullmatch(entry.strip())
-        if not match:
-            raise LaunchError(f"SLURM_TASKS_PER_NODE={text}: cannot read {entry.strip()!r} "
-                              "(expected N or N(xM), comma-separated)")
-        counts += [int(match.group(1))] * int(match.group(2) or 1)
-    return counts
 
 
 def _number(environ: Mapping[str, str], name: str) -> int | None:
