@@ -114,6 +114,9 @@ CONNECT_TIMEOUT = Flag("connect_timeout", ("--connect-timeout",), "ssh connect t
                        metavar="SECONDS", value=Value.SECONDS, minimum=1, default=10.0, exclusive=False)
 CHDIR = Flag("chdir", ("--chdir",), "Working directory on the hosts (default: the current one).", metavar="DIR",
              exclusive=False)
+NO_FORWARD = Flag("no_forward", ("--no-forward",), "Do not carry this shell's JAX_*, XLA_*, NCCL_*, TF_CPP_*, "
+                  "CUDA_* and LD_LIBRARY_PATH to the hosts (-x KEY= blanks one).", value=Value.SWITCH,
+                  exclusive=False)
 SYNC = Flag("sync", ("--sync",), "Copy the working directory (--chdir) to the same path on every host first "
             "(rsync, else tar; .git and git-ignored files stay behind).", value=Value.SWITCH,
             refusal="--sync copies the working directory to SSH hosts: it needs --hosts or -H")
@@ -146,7 +149,8 @@ BACKENDS: dict[str, BackendEntry] = {entry.name: entry for entry in (
     BackendEntry("ssh", "processes on the hosts of --hosts or -H, over the system's ssh client",
                  kind="ssh", fds_per_process=5, start=start_ssh, options=ssh_options, engine="ssh",
                  engine_missing="--hosts/-H: ssh (the OpenSSH client) is not on PATH", takes_hosts=True,
-                 elastic=True, section=SSH_SECTION, flags=(SSH_CONFIG, SSH_OPTION, CONNECT_TIMEOUT, CHDIR, SYNC)),
+                 elastic=True, section=SSH_SECTION,
+                 flags=(SSH_CONFIG, SSH_OPTION, CONNECT_TIMEOUT, CHDIR, SYNC, NO_FORWARD)),
     # Under a scheduler: the two pipes (both ends), the task's three sockets
     # and the two log files.
     BackendEntry("slurm", "one srun step, in the Slurm allocation or a new one",

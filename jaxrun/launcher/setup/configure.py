@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from jaxrun import contract
-from jaxrun.core import logfiles, modes
+from jaxrun.core import forward, logfiles, modes
 from jaxrun.core.config import BackendEntry, LaunchError, RunConfig, declared_flags, on_github_actions
 from jaxrun.core.ranks import console_rank_set
 from jaxrun.launcher.setup import allocation, plan as planning
@@ -93,6 +93,8 @@ def config_from_args(values: Mapping[str, Any], backends: Mapping[str, BackendEn
     hosts = read_hosts(values["hosts_file"], values["host_opts"], values["hosts_command"])
     entry = chosen_backend(backends, values, bool(hosts))
     extra_env = exported_env(values["exports"], values["env_pairs"], system.environ)
+    if entry.takes_hosts and not values.get("no_forward"):  # sshd gives its processes a fresh environment
+        extra_env = {**forward.forwarded(system.environ), **extra_env}
     layout = allocation.process_count(values, entry, hosts, system.environ)
     num_processes = layout.count
     check_scale(num_processes, entry, system)
