@@ -117,6 +117,8 @@ CHDIR = Flag("chdir", ("--chdir",), "Working directory on the hosts (default: th
 NO_FORWARD = Flag("no_forward", ("--no-forward",), "Do not carry this shell's JAX_*, XLA_*, NCCL_*, TF_CPP_*, "
                   "CUDA_* and LD_LIBRARY_PATH to the hosts (-x KEY= blanks one).", value=Value.SWITCH,
                   exclusive=False)
+SETUP = Flag("setup", ("--setup",), "Shell code each host runs before the interpreter, e.g. "
+             "'module load cuda; conda activate env'.", metavar="COMMAND")
 SYNC = Flag("sync", ("--sync",), "Copy the working directory (--chdir) to the same path on every host first "
             "(rsync, else tar; .git and git-ignored files stay behind).", value=Value.SWITCH,
             refusal="--sync copies the working directory to SSH hosts: it needs --hosts or -H")
@@ -150,7 +152,7 @@ BACKENDS: dict[str, BackendEntry] = {entry.name: entry for entry in (
                  kind="ssh", fds_per_process=5, start=start_ssh, options=ssh_options, engine="ssh",
                  engine_missing="--hosts/-H: ssh (the OpenSSH client) is not on PATH", takes_hosts=True,
                  elastic=True, section=SSH_SECTION,
-                 flags=(SSH_CONFIG, SSH_OPTION, CONNECT_TIMEOUT, CHDIR, SYNC, NO_FORWARD)),
+                 flags=(SSH_CONFIG, SSH_OPTION, CONNECT_TIMEOUT, CHDIR, SYNC, NO_FORWARD, SETUP)),
     # Under a scheduler: the two pipes (both ends), the task's three sockets
     # and the two log files.
     BackendEntry("slurm", "one srun step, in the Slurm allocation or a new one",

@@ -14,6 +14,7 @@ import os
 import re
 import shlex
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -262,6 +263,26 @@ def test_the_shells_jax_xla_nccl_settings_reach_every_remote_process(sshd_hosts,
     code, out, err = jaxrun(*flags, "--no-forward", "-x", "NCCL_DEBUG=", "--dry-run", script, cwd=shared_dir)
     assert code == 0, err
     assert "XLA_FLAGS" not in out and "LD_LIBRARY_PATH" not in out and out.count("  NCCL_DEBUG=''\n") == 3, out
+
+
+@pytest.mark.timeout(60)
+def test_a_hosts_own_interpreter_and_the_setup_run_before_it(sshd_hosts, jaxrun, tmp_path, shared_dir):
+    """hostB's python= is a wrapper that marks what it starts; --setup is
+    shell code each host runs first ('module load ...' on a cluster)."""
+    wrapper = write(shared_dir, "wrapped-python", f"#!/bin/sh\nWRAPPED=yes exec {shlex.quote(sys.executable)} \"$@\"\n")
+    wrapper.chmod(0o755)
+    hosts = write(tmp_path, "hosts.txt", f"hostA\nhostB python={wrapper}\n")
+    script = write(shared_dir, "where.py", "import json, os\n"
+                   "print(json.dumps([os.environ.get('WRAPPED'), os.environ.get('SET_UP')]))\n")
+    setup = "SET_UP=\"it's set\"; export SET_UP  # as 'module load cuda' would"
+    logs = tmp_path / "logs"
+    code, out, err = jaxrun("--hosts", hosts, *ssh_flags(sshd_hosts), "--setup", setup, "--log-dir", logs, script,
+                            cwd=shared_dir)
+    assert code == 0, err
+    seen = [json.loads((logs / f"process-{rank}.stdout").read_text()) for rank in (0, 1)]
+    assert seen == [[None, "it's set"], ["yes", "it's set"]], seen
+    code, out, err = jaxrun("--hosts", hosts, "--dry-run", script, cwd=shared_dir)
+    assert code == 0 and f"  {wrapper} -m jaxrun.shim" in out, out  # hostB's process runs its own
 
 
 @pytest.mark.timeout(60)

@@ -141,8 +141,9 @@ class SshBackend(Backend):
             if host.name in self.servers:
                 continue  # one host listed twice
             socket_name = f"jaxrun-{os.getpid()}-{uuid.uuid4().hex}"
-            words = server_words(self.settings.python, self.settings.chdir, socket_name, self.preload_modules)
-            session = self.connections.start_session(host, remote_command(words), env,
+            words = server_words(self.settings.python_on(host), self.settings.chdir, socket_name,
+                                 self.preload_modules)
+            session = self.connections.start_session(host, remote_command(words, self.settings.setup), env,
                                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             self.start_thread(f"ssh-preload-log:{host.name}", self._relay_server_stderr, host.name, session.stderr)
             self.servers[host.name] = (socket_name, session)
@@ -201,8 +202,9 @@ class SshBackend(Backend):
             master = self.connections.masters[spec.host.name]
             return ChannelChild(channel, ssh.Spawn(list(spec.argv), env, self.settings.chdir, server or ""),
                                 master.pid, spec.host.name, news, error_file)
-        words = process_words(spec, self.settings.chdir, self.settings.python, server)
-        return SessionChild(self.connections.start_session(spec.host, remote_command(words), env),
+        words = process_words(spec, self.settings.chdir, self.settings.python_on(spec.host), server)
+        return SessionChild(self.connections.start_session(spec.host, remote_command(words, self.settings.setup),
+                                                           env),
                             news, error_file)
 
     def bring_home(self, spec: ProcessSpec, here: str, wait: float) -> str | None:
@@ -213,9 +215,10 @@ class SshBackend(Backend):
             problem = contract.private_folder(folder)
             if problem:
                 return f"{folder} is not private: {problem}"
-        words = traces_words(spec, self.settings.python, wait)
+        words = traces_words(spec, self.settings.python_on(spec.host), wait)
         # The user's variables, as the host's server gets them: PYTHONPATH may be what finds jaxrun there.
-        session = self.connections.start_session(spec.host, remote_command(words), dict(self.settings.env))
+        session = self.connections.start_session(spec.host, remote_command(words, self.settings.setup),
+                                                 dict(self.settings.env))
         session.stdin.close()
         try:
             with tarfile.open(fileobj=session.stdout, mode="r|") as tar:
