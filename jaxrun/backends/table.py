@@ -133,8 +133,11 @@ TASKS_PER_NODE = Flag("tasks_per_node", ("--ntasks-per-node",), "slurm/mpirun: p
 SCHEDULER_ARG = Flag("scheduler_args", ("--scheduler-arg",), "Pass ARG to srun or mpirun unchanged (repeatable), "
                      "e.g. --scheduler-arg=--overcommit.", metavar="ARG", multiple=True, section=ENGINES_SECTION,
                      refusal=STEP_REFUSAL)
+CHANNEL_PORT = Flag("channel_port", ("--channel-port",), "slurm/mpirun: the port on this host that the tasks "
+                    "connect back to (default: a free one), for a firewall.", metavar="PORT", value=Value.COUNT,
+                    minimum=1, section=ENGINES_SECTION)
 # mpirun lists --nodes too: its options refuse it with a hint of their own.
-STEP_FLAGS = (NODES, TASKS_PER_NODE, SCHEDULER_ARG)
+STEP_FLAGS = (NODES, TASKS_PER_NODE, SCHEDULER_ARG, CHANNEL_PORT)
 
 RAY_ADDRESS = Flag("ray_address", ("--ray-address",), "The Ray cluster's address, HOST:PORT of its GCS "
                    "(default: $RAY_ADDRESS, else auto).", metavar="ADDR")

@@ -351,3 +351,24 @@ def test_srun_running_jaxrun_is_refused_and_starts_nothing(slurm_cluster, tmp_pa
     for task, line in enumerate(refusals):
         assert line.startswith(f"jaxrun: error: started as task {task} of 2 of Slurm step "), line
         assert line.endswith("as 'jaxrun --launcher slurm SCRIPT', and it starts the srun step itself"), line
+
+
+@pytest.mark.timeout(60)
+def test_the_task_channel_listens_on_the_port_given(slurm_cluster, run_jaxrun, tmp_path):
+    """--channel-port, for a firewall: a run with a free port works; one whose
+    port is taken stops with one line and exit 2, before srun starts."""
+    from jaxrun import portable
+    from jaxrun.backends.scheduler.channel import channel_address
+
+    address = channel_address()  # what jaxrun binds, in this same environment
+    script = tmp_path / "t.py"
+    script.write_text("print('ran')\n")
+    port = portable.free_port(address)
+    code, out, err, _ = run_jaxrun(*SLURM, "-n", 2, "--channel-port", port, "--log-dir", tmp_path / "a", script)
+    assert code == 0 and out.count("ran") == 2, err
+    with socket.create_server((address, 0)) as taken:
+        port = taken.getsockname()[1]
+        code, out, err, _ = run_jaxrun(*SLURM, "-n", 2, "--channel-port", port, "--log-dir", tmp_path / "b", script)
+    assert code == 2 and "ran" not in out, err
+    assert err.strip().splitlines()[-1].startswith(f"jaxrun: error: --channel-port {port}: cannot listen on "), err
+    assert not (tmp_path / "b" / "engine.log").exists()  # srun never started

@@ -97,7 +97,8 @@ class SchedulerBackend(Backend):
         env, process = self.step_parts(specs)
         from jaxrun.backends.scheduler.step import Step
 
-        self.step = Step(process, specs, env, log_dir, self.console, self.fixed, hooks=self.hooks)
+        self.step = Step(process, specs, env, log_dir, self.console, self.fixed, hooks=self.hooks,
+                         channel_port=self.options.channel_port or 0)
 
     def spawn(self, spec: planning.ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str],
               log_fds: tuple[int, int] | None, news: News) -> RankChild:
