@@ -166,3 +166,13 @@ def test_the_setup_runs_first_in_the_remote_shell_and_the_words_stay_whole(tmp_p
     failed = subprocess.run(["sh", "-c", commands.remote_command(["echo", "ran"], "false")],
                             capture_output=True, text=True, timeout=10)
     assert failed.returncode != 0 and "ran" not in failed.stdout  # a set-up that fails runs nothing
+
+
+def test_remote_gpu_counts_honour_a_cuda_visible_devices_given_with_x():
+    from jaxrun.backends.ssh.backend import visible_gpus
+
+    listed = {"a": 8, "b": 4}  # what nvidia-smi -L said on each host
+    assert visible_gpus(listed, {}) == listed
+    assert visible_gpus(listed, {"CUDA_VISIBLE_DEVICES": "0,1"}) == {"a": 2, "b": 2}
+    assert visible_gpus(listed, {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5"}) == {"a": 6, "b": 4}
+    assert visible_gpus(listed, {"CUDA_VISIBLE_DEVICES": ""}) == {}  # every GPU hidden

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import TextIO
 
 from jaxrun import contract
+from jaxrun.backends.scheduler import gpus
 from jaxrun.backends.ssh.children import ChannelChild, SessionChild
 from jaxrun.backends.ssh.commands import (
     preflight_table,
@@ -43,6 +44,16 @@ from jaxrun.backends.ssh.options import SshOptions
 from jaxrun.core.backend import Ask, Backend, News, Placement
 from jaxrun.core.spec import Host, ProcessSpec
 from jaxrun.wire import ssh
+
+
+def visible_gpus(listed_gpus: Mapping[str, int], env: Mapping[str, str]) -> dict[str, int]:
+    """Each host's GPUs as its processes will see them: what nvidia-smi -L
+    listed there, or fewer where -x gives CUDA_VISIBLE_DEVICES (nvidia-smi
+    ignores it; JAX does not)."""
+    visible = gpus.listed(env.get("CUDA_VISIBLE_DEVICES"))
+    if visible is None:
+        return dict(listed_gpus)
+    return {name: min(count, len(visible)) for name, count in listed_gpus.items() if visible}
 
 
 class SshBackend(Backend):
@@ -184,7 +195,8 @@ class SshBackend(Backend):
 
     def _facts(self) -> dict:
         results = self.connections.results
-        gpus = {name: info["gpus"] for name, info in results.items() if info.get("gpus")}
+        gpus = visible_gpus({name: info["gpus"] for name, info in results.items() if info.get("gpus")},
+                            self.settings.env)
         machines = {name: info["machine"] for name, info in results.items() if info.get("machine")}
         return {"host_devices": gpus, "host_machines": machines}
 
