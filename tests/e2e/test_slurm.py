@@ -337,20 +337,37 @@ def test_the_dry_run_says_what_decided_the_count_and_prints_the_srun_line(wide_a
     assert sum(line.startswith("process ") for line in lines) == WIDE_NODES, lines
 
 
+# Each engine running jaxrun as its two tasks, and how each refused task starts its line.
+ENGINES_RUNNING_JAXRUN = {
+    "slurm": (["srun", "-n", "2", "--"], "jaxrun: error: started as task {task} of 2 of Slurm step ",
+              "as 'jaxrun --launcher slurm SCRIPT', and it starts the srun step itself"),
+    "mpirun": (["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "2"],
+               "jaxrun: error: started as rank {task} of 2 by mpirun (OMPI_COMM_WORLD_RANK is set)",
+               "as 'jaxrun --launcher mpirun SCRIPT', and it starts mpirun itself"),
+}
+
+
 @pytest.mark.timeout(60)
-def test_srun_running_jaxrun_is_refused_and_starts_nothing(slurm_cluster, tmp_path):
+@pytest.mark.parametrize("engine", ENGINES_RUNNING_JAXRUN)
+def test_jaxrun_run_by_an_engine_is_refused_and_starts_nothing(request, tmp_path, engine):
+    if engine == "slurm":
+        request.getfixturevalue("slurm_cluster")
+    elif not shutil.which("mpirun"):
+        pytest.skip("Open MPI is not installed (apt-get install openmpi-bin)")
+    prefix, starts, ends = ENGINES_RUNNING_JAXRUN[engine]
     script = tmp_path / "t.py"
     script.write_text("print('ran')\n")
     logs = tmp_path / "logs"
-    done = subprocess.run(["srun", "-n", "2", "--", sys.executable, "-m", "jaxrun", "--launcher", "slurm",
-                           "--log-dir", str(logs), str(script)], capture_output=True, text=True, timeout=50)
-    assert done.returncode == 2, (done.stdout, done.stderr)
+    done = subprocess.run([*prefix, sys.executable, "-m", "jaxrun", "--launcher", engine, "--log-dir", str(logs),
+                           str(script)], capture_output=True, text=True, timeout=50)
+    assert done.returncode != 0, (done.stdout, done.stderr)
     assert "ran" not in done.stdout and not logs.exists(), (done.stdout, done.stderr)
     refusals = sorted(line for line in done.stderr.splitlines() if line.startswith("jaxrun: error: "))
     assert len(refusals) == 2, done.stderr
     for task, line in enumerate(refusals):
-        assert line.startswith(f"jaxrun: error: started as task {task} of 2 of Slurm step "), line
-        assert line.endswith("as 'jaxrun --launcher slurm SCRIPT', and it starts the srun step itself"), line
+        assert line.startswith(starts.format(task=task)) and line.endswith(ends), line
+    if engine == "slurm":
+        assert done.returncode == 2  # srun passes its tasks' status on
 
 
 @pytest.mark.timeout(60)
