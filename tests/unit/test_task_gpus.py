@@ -41,6 +41,9 @@ def test_slurm_with_gpu_binding_leaves_each_task_the_gpus_it_sees():
         assert agent_devices(slurm_task(2, 4, **seen)) is None  # JAX then uses all it sees: its one
         # With --devices-per-process 1 it asked for device 2 and saw only device 0.
         assert agent_devices(slurm_task(2, 4, **seen, **{contract.TASK_DEVICES_PER_PROCESS: "1"})) == "0"
+    # Bound by UUID (CUDA_DEVICE_ORDER aside, what some sites' prologs set).
+    seen = {"SLURM_STEP_GPUS": "0,1,2,3", "CUDA_VISIBLE_DEVICES": "GPU-aa"}
+    assert agent_devices(slurm_task(1, 4, **seen)) is None
     # Two GPUs each (--gpus-per-task=2), one process using its first.
     seen = {"SLURM_STEP_GPUS": "0,1,2,3", "CUDA_VISIBLE_DEVICES": "2,3", contract.TASK_DEVICES_PER_PROCESS: "1"}
     assert agent_devices(slurm_task(1, 2, **seen)) == "0"
@@ -58,6 +61,9 @@ def test_open_mpi_binds_no_gpu_so_the_nodes_device_files_are_split(tmp_path):
         return gpus.task_device_ids(local, size, None, environ, on_node)[0]
 
     assert [task(r, 8) for r in range(8)] == [[r] for r in range(8)]
+    # The user's CUDA_VISIBLE_DEVICES for the whole job is the node's set, not a binding.
+    users = {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}
+    assert [gpus.task_device_ids(r, 2, None, users, on_node)[0] for r in range(2)] == [[0, 1], [2, 3]]
     assert [task(r, 2) for r in range(2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert task(0, 1) is None  # one task owns the node
 
@@ -67,7 +73,7 @@ def test_open_mpi_binds_no_gpu_so_the_nodes_device_files_are_split(tmp_path):
     (None, 3, 1, 2, None, [1]),  # an uneven split: each its floor share
     ("", 4, 0, 2, None, None),  # CUDA_VISIBLE_DEVICES hides every GPU
     ("NoDevFiles", 4, 0, 2, None, None),  # Slurm's word for the same
-    ("GPU-aa,GPU-bb", 4, 1, 2, None, None),  # bound, by UUID
+    ("GPU-aa,GPU-bb", 4, 1, 2, None, [1]),  # no list of Slurm's: the user's set, split
     (None, None, 1, 2, None, None),  # no GPU to count: nothing set
     (None, None, 1, 2, 3, [3, 4, 5]),  # --devices-per-process: the local rank's, as before
 ])

@@ -8,7 +8,8 @@ task sees:
 
 - **bound by the engine**: the task sees fewer GPUs than the step has on its
   node (Slurm's ``--gpus-per-task``, ``--gpu-bind``: each task's
-  ``CUDA_VISIBLE_DEVICES`` is its own, ``SLURM_STEP_GPUS`` the node's).  It
+  ``CUDA_VISIBLE_DEVICES`` is its own, ``SLURM_STEP_GPUS`` the node's; a
+  ``CUDA_VISIBLE_DEVICES`` without Slurm's list is the node's set).  It
   owns what it sees: all of it, or its first K with ``--devices-per-process K``
   (more than it sees is JAX's error, naming the device);
 - **not bound** (``--gres=gpu:4`` alone, Open MPI, which binds no GPU): the
@@ -64,9 +65,12 @@ def task_device_ids(local: int, local_count: int, per_process: int | None, envir
     if visible == []:
         return None, "CUDA_VISIBLE_DEVICES hides every GPU"
     sees = len(visible) if visible is not None else on_node
-    if visible is not None and on_node and len(visible) < on_node:
+    # Only Slurm's own list of the step's GPUs tells a binding apart: a
+    # CUDA_VISIBLE_DEVICES the user set for the whole job is the node's set.
+    step = listed(environ.get("SLURM_STEP_GPUS") or environ.get("SLURM_JOB_GPUS"))
+    if visible is not None and step and len(visible) < len(step):
         if per_process is None:
-            return None, f"bound by the engine: it sees {len(visible)} of the node's {on_node}"
+            return None, f"bound by the engine: it sees {len(visible)} of the step's {len(step)}"
         return list(range(per_process)), f"bound by the engine: the first {per_process} of the {len(visible)} it sees"
     if per_process is not None:
         return list(range(local * per_process, (local + 1) * per_process)), f"local rank {local} x {per_process}"
