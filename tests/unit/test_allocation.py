@@ -42,7 +42,8 @@ SBATCH_N4 = {"SLURM_JOB_ID": "2", "SLURM_NNODES": "4", "SLURM_JOB_NUM_NODES": "4
     (SBATCH_N4, 2, 8, 16, "--nodes 2 x --ntasks-per-node 8"),
     ({}, 4, 8, 32, "--nodes 4 x --ntasks-per-node 8"),  # outside an allocation too
     ({"SLURM_NNODES": "3"}, None, None, 3, "SLURM_NNODES=3 (one process per node)"),
-    ({"SLURM_NPROCS": "5"}, None, None, 5, "SLURM_NTASKS=5"),
+    ({"SLURM_NPROCS": "5"}, None, None, 5, "SLURM_NPROCS=5"),
+    ({"SLURM_NTASKS": "\u0664", "SLURM_NNODES": "2"}, None, None, 2, "SLURM_NNODES=2 (one process per node)"),
 ])
 def test_the_allocation_layout_and_what_decided_it(environ, nodes, per_node, count, source):
     assert allocation.slurm_layout(environ, nodes, per_node) == allocation.Layout(count, source)

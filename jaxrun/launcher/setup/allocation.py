@@ -17,15 +17,12 @@ per task, and each would start a whole job of its own.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jaxrun.core.config import BackendEntry, LaunchError
-from jaxrun.core.ranks import tasks_per_node
+from jaxrun.core.ranks import DIGITS, tasks_per_node
 from jaxrun.core.spec import Host
-
-COUNT = re.compile(r"\d+")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +35,7 @@ class Layout:
 
 def _number(environ: Mapping[str, str], name: str) -> int | None:
     value = environ.get(name, "").strip()
-    return int(value) if COUNT.fullmatch(value) and int(value) > 0 else None
+    return int(value) if DIGITS.match(value) and int(value) > 0 else None
 
 
 def slurm_layout(environ: Mapping[str, str], nodes: int | None, per_node: int | None) -> Layout | None:
@@ -50,9 +47,10 @@ def slurm_layout(environ: Mapping[str, str], nodes: int | None, per_node: int | 
     allocated = _number(environ, "SLURM_NNODES") or _number(environ, "SLURM_JOB_NUM_NODES")
     if per_node and allocated:
         return Layout(allocated * per_node, f"SLURM_NNODES={allocated} x --ntasks-per-node {per_node}")
-    ntasks = _number(environ, "SLURM_NTASKS") or _number(environ, "SLURM_NPROCS")
-    if ntasks:
-        return Layout(ntasks, f"SLURM_NTASKS={ntasks}")
+    for name in ("SLURM_NTASKS", "SLURM_NPROCS"):  # the second: older Slurm's name
+        ntasks = _number(environ, name)
+        if ntasks:
+            return Layout(ntasks, f"{name}={ntasks}")
     text = environ.get("SLURM_TASKS_PER_NODE", "").strip()
     if text:
         counts = tasks_per_node(text)
