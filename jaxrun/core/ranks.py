@@ -1,6 +1,5 @@
 """Rank lists as users write them (``0``, ``0,2-3``, ``all``, ``none``):
---console-ranks, and ``jaxrun logs --ranks``; and Slurm's per-node task
-counts (``2(x3),1``), which the launcher and the task agent both read."""
+--console-ranks, and ``jaxrun logs --ranks``."""
 
 from __future__ import annotations
 
@@ -8,9 +7,7 @@ import re
 
 from jaxrun.core.config import LaunchError
 
-DIGITS = re.compile(r"[0-9]{1,18}\Z")
-# One entry of SLURM_TASKS_PER_NODE: "2", or "2(x3)" for three nodes of two.
-TASKS_ENTRY = re.compile(r"(\d+)(?:\(x(\d+)\))?")  # ASCII only: str.isdigit() accepts "²", which int() refuses
+DIGITS = re.compile(r"[0-9]{1,18}\Z")  # ASCII only: str.isdigit() accepts "²", which int() refuses
 
 
 def parse_ranks(text: str) -> tuple[range, ...] | None:
@@ -57,15 +54,3 @@ def format_ranks(ranks) -> str:
 
 def _span(run: list[int]) -> str:
     return str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}"
-
-
-def tasks_per_node(text: str) -> list[int]:
-    """SLURM_TASKS_PER_NODE as one count per node: ``2(x3),1`` is [2, 2, 2, 1]."""
-    counts: list[int] = []
-    for entry in text.split(","):
-        match = TASKS_ENTRY.fullmatch(entry.strip())
-        if not match:
-            raise LaunchError(f"SLURM_TASKS_PER_NODE={text}: cannot read {entry.strip()!r} "
-                              "(expected N or N(xM), comma-separated)")
-        counts += [int(match.group(1))] * int(match.group(2) or 1)
-    return counts

@@ -8,8 +8,8 @@ import pytest
 
 from jaxrun.backends import BACKENDS
 from jaxrun.core.config import LaunchError
-from jaxrun.core.ranks import tasks_per_node
 from jaxrun.launcher.setup import allocation
+from jaxrun.launcher.setup.allocation import tasks_per_node
 
 
 @pytest.mark.parametrize("text, counts", [
@@ -24,8 +24,10 @@ def test_tasks_per_node_reads_slurms_compressed_form(text, counts):
 
 @pytest.mark.parametrize("text", ["", "2(x)", "x3", "2(3)", "-1"])
 def test_an_unreadable_tasks_per_node_is_one_line_naming_it(text):
-    with pytest.raises(LaunchError, match=r"^SLURM_TASKS_PER_NODE=.*: cannot read"):
+    with pytest.raises(ValueError, match=r"^SLURM_TASKS_PER_NODE=.*: cannot read"):
         tasks_per_node(text)
+    with pytest.raises(LaunchError, match=r"^SLURM_TASKS_PER_NODE=.*: cannot read"):
+        allocation.slurm_layout({"SLURM_TASKS_PER_NODE": text or ","}, None, None)
 
 
 SBATCH_N4 = {"SLURM_JOB_ID": "2", "SLURM_NNODES": "4", "SLURM_JOB_NUM_NODES": "4", "SLURM_TASKS_PER_NODE": "1(x4)",

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from jaxrun import contract
-from jaxrun.backends.scheduler import gpus, task_agent
+from jaxrun.backends.scheduler import task_agent
+from jaxrun.contract import devices
 
 
 def agent_devices(environ: dict[str, str]) -> str | None:
@@ -53,17 +54,17 @@ def test_open_mpi_binds_no_gpu_so_the_nodes_device_files_are_split(tmp_path):
     for i in range(8):
         (tmp_path / f"nvidia{i}").touch()
     (tmp_path / "nvidiactl").touch()  # not a GPU
-    on_node = gpus.node_gpus({}, str(tmp_path))
+    on_node = devices.node_gpus({}, str(tmp_path))
     assert on_node == 8
 
     def task(local: int, size: int) -> list[int] | None:
         environ = {"OMPI_COMM_WORLD_LOCAL_RANK": str(local), "OMPI_COMM_WORLD_LOCAL_SIZE": str(size)}
-        return gpus.task_device_ids(local, size, None, environ, on_node)[0]
+        return devices.task_device_ids(local, size, None, environ, on_node)[0]
 
     assert [task(r, 8) for r in range(8)] == [[r] for r in range(8)]
     # The user's CUDA_VISIBLE_DEVICES for the whole job is the node's set, not a binding.
     users = {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}
-    assert [gpus.task_device_ids(r, 2, None, users, on_node)[0] for r in range(2)] == [[0, 1], [2, 3]]
+    assert [devices.task_device_ids(r, 2, None, users, on_node)[0] for r in range(2)] == [[0, 1], [2, 3]]
     assert [task(r, 2) for r in range(2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert task(0, 1) is None  # one task owns the node
 
@@ -79,9 +80,27 @@ def test_open_mpi_binds_no_gpu_so_the_nodes_device_files_are_split(tmp_path):
 ])
 def test_edges(visible, on_node, local, count, per_process, ids):
     environ = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
-    assert gpus.task_device_ids(local, count, per_process, environ, on_node)[0] == ids
+    assert devices.task_device_ids(local, count, per_process, environ, on_node)[0] == ids
 
 
 def test_the_step_counts_its_gpus_before_the_device_files():
-    assert gpus.node_gpus({"SLURM_STEP_GPUS": "4,5"}, "/nonexistent") == 2
-    assert gpus.node_gpus({}, "/nonexistent") is None
+    assert devices.node_gpus({"SLURM_STEP_GPUS": "4,5"}, "/nonexistent") == 2
+    assert devices.node_gpus({}, "/nonexistent") is None
+
+
+def test_a_shim_a_scheduler_started_itself_follows_the_same_rule():
+    """examples/deploy/slurm.sbatch: srun starts the shim with no task agent."""
+    from jaxrun.child.bootstrap import scheduled_devices
+
+    seen = {"SLURM_STEP_GPUS": "0,1,2,3", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    for local, ids in ((0, "0,1"), (1, "2,3")):
+        environ = slurm_task(local, 2, **seen)
+        del environ[contract.TASK_DEVICES_PER_PROCESS]  # the shim's environment has no agent's word
+        scheduled_devices(environ, local)
+        assert environ[contract.JAX_LOCAL_DEVICE_IDS] == ids
+    bound = slurm_task(1, 4, SLURM_STEP_GPUS="0,1,2,3", CUDA_VISIBLE_DEVICES="0")
+    scheduled_devices(bound, 1)
+    assert contract.JAX_LOCAL_DEVICE_IDS not in bound  # it uses the one GPU it sees
+    given = slurm_task(1, 2, **seen, JAX_LOCAL_DEVICE_IDS="3")
+    scheduled_devices(given, 1)
+    assert given[contract.JAX_LOCAL_DEVICE_IDS] == "3"  # the agent's (or the user's) ids stay

@@ -19,8 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, TextIO
 
 from jaxrun import contract
-from jaxrun.backends.scheduler import gpus
 from jaxrun.backends.scheduler.options import SchedulerOptions
+from jaxrun.contract import devices
 from jaxrun.core import spec as planning
 from jaxrun.core.backend import Backend, News
 
@@ -42,7 +42,7 @@ def step_env(rank_source: str, specs: Sequence[planning.ProcessSpec], base: Mapp
     local id, device ids) come from the scheduler instead: with
     --devices-per-process each task derives its devices from its local rank
     (see the task agent); without it, from the GPUs the engine bound to the
-    task, or an even share of its node's (``scheduler.gpus``)."""
+    task, or an even share of its node's (``contract.devices``)."""
     common = planning.common_env(specs)
     for name in (contract.PROCESS_ID, contract.LOCAL_PROCESS_ID, contract.LOCAL_PROCESS_COUNT,
                  contract.JAX_LOCAL_DEVICE_IDS):
@@ -50,7 +50,7 @@ def step_env(rank_source: str, specs: Sequence[planning.ProcessSpec], base: Mapp
     env = dict(base)
     env.update(common)
     env[contract.RANK_SOURCE] = rank_source
-    env[contract.TASK_DEVICES_PER_PROCESS] = gpus.AUTO if devices_per_process is None else str(devices_per_process)
+    env[contract.TASK_DEVICES_PER_PROCESS] = devices.AUTO if devices_per_process is None else str(devices_per_process)
     return env
 
 

@@ -12,7 +12,7 @@ would:
   it closed instead (too many strangers connecting at once) is made again;
 - the child's ``JAX_LOCAL_DEVICE_IDS``, from the GPUs the engine bound to
   this task, else from the local rank it gave us
-  (:mod:`jaxrun.backends.scheduler.gpus`);
+  (:mod:`jaxrun.contract.devices`);
 - task 0 picks the coordinator's port on its own node and reports it; every
   task waits for the launcher's ``Start`` before starting the shim;
 - ``Signal`` messages are delivered to the child's process group, so the
@@ -45,8 +45,9 @@ import time
 
 from jaxrun import contract, portable
 from jaxrun.backends import far_end
-from jaxrun.backends.scheduler import gpus
-from jaxrun.core import ranks, reaper
+from jaxrun.contract import devices
+from jaxrun.contract.devices import local_count_from_env
+from jaxrun.core import reaper
 from jaxrun.wire import encoding, tasks
 
 USAGE = f"usage: python -m {contract.SCHEDULER_AGENT_MODULE} -- COMMAND..."
@@ -55,21 +56,6 @@ RETRY_PAUSE = (0.05, 1.0)  # first and longest pause between tries
 ACK_TIMEOUT = 5.0
 # Signals a scheduler may send the task; the child gets them instead of us.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
-
-
-def local_count_from_env(environ=os.environ) -> int:
-    """How many tasks of this step share our node, as the rank source's
-    variables say (``contract.LOCAL_COUNT_SOURCES``); without one, jaxrun's
-    own numbering (Ray's nodes)."""
-    source = environ.get(contract.RANK_SOURCE, "")
-    per_node, node = contract.LOCAL_COUNT_SOURCES.get(source, (contract.LOCAL_PROCESS_COUNT, None))
-    return tasks_on_node(environ.get(per_node, ""), int(environ.get(node, "0")) if node else 0)
-
-
-def tasks_on_node(per_node: str, node_index: int) -> int:
-    """Slurm's compressed list, e.g. "2(x3),1": node 3 has 1 task."""
-    counts = ranks.tasks_per_node(per_node) if per_node.strip() else []
-    return counts[node_index] if node_index < len(counts) else 1
 
 
 class TaskChannel:
@@ -154,8 +140,8 @@ def device_env(local: int, local_count: int, environ=os.environ) -> dict[str, st
     given = environ.get(contract.TASK_DEVICES_PER_PROCESS)
     if not given:
         return {}
-    per_process = None if given == gpus.AUTO else int(given)
-    ids, _ = gpus.task_device_ids(local, local_count, per_process, environ, gpus.node_gpus(environ))
+    per_process = None if given == devices.AUTO else int(given)
+    ids, _ = devices.task_device_ids(local, local_count, per_process, environ, devices.node_gpus(environ))
     return {} if ids is None else {contract.JAX_LOCAL_DEVICE_IDS: ",".join(map(str, ids))}
 
 

@@ -29,7 +29,6 @@ from collections.abc import Mapping, Sequence
 from typing import TextIO
 
 from jaxrun import contract
-from jaxrun.backends.scheduler import gpus
 from jaxrun.backends.ssh.children import ChannelChild, SessionChild
 from jaxrun.backends.ssh.commands import (
     preflight_table,
@@ -41,6 +40,7 @@ from jaxrun.backends.ssh.commands import (
 )
 from jaxrun.backends.ssh.connections import MASTER_CLOSE_WAIT, Connections
 from jaxrun.backends.ssh.options import SshOptions
+from jaxrun.contract import devices
 from jaxrun.core.backend import Ask, Backend, News, Placement
 from jaxrun.core.spec import Host, ProcessSpec
 from jaxrun.wire import ssh
@@ -50,7 +50,7 @@ def visible_gpus(listed_gpus: Mapping[str, int], env: Mapping[str, str]) -> dict
     """Each host's GPUs as its processes will see them: what nvidia-smi -L
     listed there, or fewer where -x gives CUDA_VISIBLE_DEVICES (nvidia-smi
     ignores it; JAX does not)."""
-    visible = gpus.listed(env.get("CUDA_VISIBLE_DEVICES"))
+    visible = devices.listed(env.get("CUDA_VISIBLE_DEVICES"))
     if visible is None:
         return dict(listed_gpus)
     return {name: min(count, len(visible)) for name, count in listed_gpus.items() if visible}

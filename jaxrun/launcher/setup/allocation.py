@@ -20,8 +20,9 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from jaxrun.contract.devices import tasks_per_node
 from jaxrun.core.config import BackendEntry, LaunchError
-from jaxrun.core.ranks import DIGITS, tasks_per_node
+from jaxrun.core.ranks import DIGITS
 from jaxrun.core.spec import Host
 
 
@@ -53,7 +54,10 @@ def slurm_layout(environ: Mapping[str, str], nodes: int | None, per_node: int | 
             return Layout(ntasks, f"{name}={ntasks}")
     text = environ.get("SLURM_TASKS_PER_NODE", "").strip()
     if text:
-        counts = tasks_per_node(text)
+        try:
+            counts = tasks_per_node(text)
+        except ValueError as e:
+            raise LaunchError(str(e)) from None
         if nodes and nodes < len(counts):
             return Layout(sum(counts[:nodes]), f"SLURM_TASKS_PER_NODE={text} (its first {nodes} nodes: --nodes)")
         return Layout(sum(counts), f"SLURM_TASKS_PER_NODE={text}")

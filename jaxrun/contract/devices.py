@@ -1,10 +1,13 @@
-"""Which GPUs one task of a scheduler step owns, from what its engine set.
+"""Which GPUs one task of a scheduler step owns, from what its engine set;
+and how many tasks share its node.
 
 JAX's own Slurm detection would give each process its ``SLURM_LOCALID``'s
 GPU, but the shim turns it off (``cluster_detection_method="deactivate"``,
-jaxrun numbers the processes itself), so the task agent decides here and
-hands the child ``JAX_LOCAL_DEVICE_IDS``, indices among the devices the
-task sees:
+jaxrun numbers the processes itself), so this rule takes its place: the task
+agent of ``--launcher slurm``/``mpirun`` applies it and hands the child
+``JAX_LOCAL_DEVICE_IDS``, and the shim applies it itself when a scheduler
+started it directly (``examples/deploy/slurm.sbatch``).  The ids are indices
+among the devices the task sees:
 
 - **bound by the engine**: the task sees fewer GPUs than the step has on its
   node (Slurm's ``--gpus-per-task``, ``--gpu-bind``: each task's
@@ -20,9 +23,10 @@ task sees:
 - no GPU the agent can count: nothing is set (CPUs, TPUs), unless
   ``--devices-per-process K`` gives local task r ``r*K ... r*K+K-1`` anyway.
 
-Pure: the environment and the node's GPU count come in.  The agent counts
-the node's GPUs with ``node_gpus``: the step's (``SLURM_STEP_GPUS``), else
-the device files the driver makes (``/dev/nvidiaN``), never nvidia-smi.
+Pure: the environment and the node's GPU count come in.  The node's GPUs
+are counted with ``node_gpus``: the step's (``SLURM_STEP_GPUS``), else the
+device files the driver makes (``/dev/nvidiaN``), never nvidia-smi.  Nothing
+here imports jax.
 """
 
 from __future__ import annotations
@@ -31,7 +35,11 @@ import os
 import re
 from collections.abc import Mapping
 
+from jaxrun.contract.names import LOCAL_COUNT_SOURCES, LOCAL_PROCESS_COUNT, RANK_SOURCE
+
 DEVICE_FILE = re.compile(r"nvidia\d+")
+# One entry of SLURM_TASKS_PER_NODE: "2", or "2(x3)" for three nodes of two.
+TASKS_ENTRY = re.compile(r"([0-9]+)(?:\(x([0-9]+)\))?")
 # contract.TASK_DEVICES_PER_PROCESS without --devices-per-process: the engine's binding, or an even split.
 AUTO = "auto"
 
@@ -82,3 +90,31 @@ def task_device_ids(local: int, local_count: int, per_process: int | None, envir
     if share == 0:
         return [local % sees], f"{local_count} tasks share {sees} GPUs: local rank {local} mod {sees}"
     return list(range(local * share, (local + 1) * share)), f"{sees} GPUs split among {local_count} tasks"
+
+
+def tasks_per_node(text: str) -> list[int]:
+    """Slurm's per-node task counts as one count per node: ``2(x3),1`` is
+    [2, 2, 2, 1]; ValueError naming what cannot be read."""
+    counts: list[int] = []
+    for entry in text.split(","):
+        match = TASKS_ENTRY.fullmatch(entry.strip())
+        if not match:
+            raise ValueError(f"SLURM_TASKS_PER_NODE={text}: cannot read {entry.strip()!r} "
+                             "(expected N or N(xM), comma-separated)")
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts
+
+
+def tasks_on_node(per_node: str, node_index: int) -> int:
+    """Slurm's compressed list, e.g. "2(x3),1": node 3 has 1 task."""
+    counts = tasks_per_node(per_node) if per_node.strip() else []
+    return counts[node_index] if node_index < len(counts) else 1
+
+
+def local_count_from_env(environ: Mapping[str, str] = os.environ) -> int:
+    """How many tasks of this step share our node, as the rank source's
+    variables say (``LOCAL_COUNT_SOURCES``); without one, jaxrun's own
+    numbering (Ray's nodes)."""
+    source = environ.get(RANK_SOURCE, "")
+    per_node, node = LOCAL_COUNT_SOURCES.get(source, (LOCAL_PROCESS_COUNT, None))
+    return tasks_on_node(environ.get(per_node, ""), int(environ.get(node, "0")) if node else 0)
