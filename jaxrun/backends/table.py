@@ -114,6 +114,11 @@ CONNECT_TIMEOUT = Flag("connect_timeout", ("--connect-timeout",), "ssh connect t
                        metavar="SECONDS", value=Value.SECONDS, minimum=1, default=10.0, exclusive=False)
 CHDIR = Flag("chdir", ("--chdir",), "Working directory on the hosts (default: the current one).", metavar="DIR",
              exclusive=False)
+NO_FORWARD = Flag("no_forward", ("--no-forward",), "Do not carry this shell's JAX_*, XLA_*, NCCL_*, TF_CPP_*, "
+                  "CUDA_* and LD_LIBRARY_PATH to the hosts (-x KEY= blanks one).", value=Value.SWITCH,
+                  exclusive=False)
+SETUP = Flag("setup", ("--setup",), "Shell code each host runs before the interpreter, e.g. "
+             "'module load cuda; conda activate env'.", metavar="COMMAND")
 SYNC = Flag("sync", ("--sync",), "Copy the working directory (--chdir) to the same path on every host first "
             "(rsync, else tar; .git and git-ignored files stay behind).", value=Value.SWITCH,
             refusal="--sync copies the working directory to SSH hosts: it needs --hosts or -H")
@@ -128,8 +133,11 @@ TASKS_PER_NODE = Flag("tasks_per_node", ("--ntasks-per-node",), "slurm/mpirun: p
 SCHEDULER_ARG = Flag("scheduler_args", ("--scheduler-arg",), "Pass ARG to srun or mpirun unchanged (repeatable), "
                      "e.g. --scheduler-arg=--overcommit.", metavar="ARG", multiple=True, section=ENGINES_SECTION,
                      refusal=STEP_REFUSAL)
+CHANNEL_PORT = Flag("channel_port", ("--channel-port",), "slurm/mpirun: the port on this host that the tasks "
+                    "connect back to (default: a free one), for a firewall.", metavar="PORT", value=Value.COUNT,
+                    minimum=1, section=ENGINES_SECTION)
 # mpirun lists --nodes too: its options refuse it with a hint of their own.
-STEP_FLAGS = (NODES, TASKS_PER_NODE, SCHEDULER_ARG)
+STEP_FLAGS = (NODES, TASKS_PER_NODE, SCHEDULER_ARG, CHANNEL_PORT)
 
 RAY_ADDRESS = Flag("ray_address", ("--ray-address",), "The Ray cluster's address, HOST:PORT of its GCS "
                    "(default: $RAY_ADDRESS, else auto).", metavar="ADDR")
@@ -146,13 +154,14 @@ BACKENDS: dict[str, BackendEntry] = {entry.name: entry for entry in (
     BackendEntry("ssh", "processes on the hosts of --hosts or -H, over the system's ssh client",
                  kind="ssh", fds_per_process=5, start=start_ssh, options=ssh_options, engine="ssh",
                  engine_missing="--hosts/-H: ssh (the OpenSSH client) is not on PATH", takes_hosts=True,
-                 elastic=True, section=SSH_SECTION, flags=(SSH_CONFIG, SSH_OPTION, CONNECT_TIMEOUT, CHDIR, SYNC)),
+                 elastic=True, section=SSH_SECTION,
+                 flags=(SSH_CONFIG, SSH_OPTION, CONNECT_TIMEOUT, CHDIR, SYNC, NO_FORWARD, SETUP)),
     # Under a scheduler: the two pipes (both ends), the task's three sockets
     # and the two log files.
     BackendEntry("slurm", "one srun step, in the Slurm allocation or a new one",
                  kind="scheduler", fds_per_process=9, start=start_scheduler, options=slurm_options, engine="srun",
                  engine_missing="--launcher slurm: srun is not on PATH", scheduled=True,
-                 count_variable="SLURM_NTASKS", elastic=True, elastic_variable="SLURM_JOB_NODELIST",
+                 reads_allocation=True, elastic=True, elastic_variable="SLURM_JOB_NODELIST",
                  elastic_refusal="--min-hosts with --launcher slurm works inside an allocation (sbatch or salloc, "
                  "with --no-kill): outside one, each restart asks Slurm for new nodes",
                  flags=STEP_FLAGS),

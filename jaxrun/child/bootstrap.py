@@ -72,6 +72,22 @@ def identity_from_env(environ=os.environ) -> tuple[int, int, int]:
         raise BootstrapError(str(e)) from None
 
 
+def scheduled_devices(environ, local: int) -> None:
+    """A task that a scheduler started with no jaxrun task agent (``srun
+    python -m jaxrun.shim``, as examples/deploy/slurm.sbatch does) gets its
+    GPUs by the agent's rule (``contract.devices``): the engine's binding, or
+    its local rank's share of the node's.  JAX's own Slurm detection, which
+    would pick them, is off (``cluster_detection_method="deactivate"``)."""
+    if environ.get(contract.JAX_LOCAL_DEVICE_IDS) or environ.get(contract.RANK_SOURCE) not in contract.RANK_SOURCES:
+        return
+    from jaxrun.contract import devices
+
+    ids, _ = devices.task_device_ids(local, devices.local_count_from_env(environ), None, environ,
+                                     devices.node_gpus(environ))
+    if ids is not None:
+        environ[contract.JAX_LOCAL_DEVICE_IDS] = ",".join(map(str, ids))
+
+
 def prepare(environ=os.environ) -> None:
     """Check the launcher's environment and hook jax's initialization; no jax import."""
     global _launch
@@ -83,6 +99,7 @@ def prepare(environ=os.environ) -> None:
     environ[contract.PROCESS_ID] = str(rank)
     environ[contract.NUM_PROCESSES] = str(count)
     environ[contract.LOCAL_PROCESS_ID] = str(local)
+    scheduled_devices(environ, local)
     bind = environ.get(contract.COORDINATOR_BIND_ADDRESS) if rank == 0 else None
     _launch = Launch(coordinator, count, rank, local, bind, environ.get(contract.VERBOSE) == "1",
                      joined_file=environ.get(contract.JOINED_FILE))

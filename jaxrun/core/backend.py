@@ -249,6 +249,12 @@ class Backend(abc.ABC):
         """What --dry-run shows; it must not start or contact anything."""
         return self.choose_coordinator(fixed)
 
+    def dry_run_command(self, specs: Sequence[ProcessSpec]) -> list[str] | None:
+        """For --dry-run: the command the attempt's engine would run on this
+        machine for these specs (srun, mpirun, with every option), when one
+        process starts them all; None where each process starts alone."""
+        return None
+
     def pool(self) -> list[Host]:
         """The hosts an elastic restart chooses from, when no --hosts-command
         lists them: those it was given (SSH), the allocation's nodes (Slurm)."""

@@ -55,6 +55,7 @@ class RunConfig:
     hosts_command: str | None = None  # --hosts-command: prints the hosts file again before each restart
     mode: Mode = dataclasses.field(default_factory=Script)  # a script, or an interactive session (-i)
     profile: tuple[float, float] | None = None  # --profile START:SECONDS: a trace of every process
+    count_source: str = ""  # what decided the process count when -n did not (the allocation's variable)
 
 
 def no_options(values: Mapping[str, Any], launch: LaunchOptions) -> None:
@@ -126,7 +127,7 @@ class BackendEntry:
     default: bool = False  # the way a run starts when neither --launcher nor hosts say
     takes_hosts: bool = False  # it starts the processes on the hosts of --hosts/-H
     scheduled: bool = False  # a scheduler places the processes and numbers them
-    count_variable: str | None = None  # inside an allocation, the variable that holds its task count
+    reads_allocation: bool = False  # inside an allocation, its task layout is the default process count
     flags: tuple[Flag, ...] = ()  # the command-line options it takes beyond everyone's
     section: str | None = None  # the --help section of its flags; None: "With --launcher NAME"
     elastic: bool = False  # its backend can start a restart on other hosts (Backend.place with a recheck): --min-hosts

@@ -36,6 +36,7 @@ class Host:
     slots: int = 1
     user: str | None = None
     port: int | None = None
+    python: str | None = None  # its own interpreter (python= in a hosts file); None: --python's
 
     @property
     def ssh_target(self) -> str:

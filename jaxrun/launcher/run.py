@@ -53,8 +53,13 @@ def attempt_dir(log_dir: str, attempt: int) -> str:
     return log_dir if attempt == 0 else os.path.join(log_dir, f"restart-{attempt}")
 
 
-def dry_run_text(specs: list[planning.ProcessSpec]) -> str:
-    lines = []
+def dry_run_text(specs: list[planning.ProcessSpec], count_source: str = "",
+                 engine: list[str] | None = None) -> str:
+    """Each process's environment and command; first, as comments, what
+    decided the process count (when -n did not) and the engine's command."""
+    lines = [f"# {len(specs)} processes: {count_source}"] if count_source else []
+    if engine:
+        lines.append(f"# {engine[0]}: {shlex.join(engine)}")
     for spec in specs:
         where = "" if spec.host.name == "localhost" else f" on {spec.host.name}"
         lines.append(f"process {spec.rank}{where}:")
@@ -95,7 +100,7 @@ def run(config: RunConfig, backend: Backend | None = None, console: TextIO | Non
     backend = backend or create_backend(config, console, early)
     if config.dry_run:
         _, specs = plan_attempt(config, backend.dry_run_coordinator(config.fixed_coordinator), 0)
-        print(dry_run_text(specs))
+        print(dry_run_text(specs, config.count_source, backend.dry_run_command(specs)))
         return 0
     running: list[Supervisor] = []  # the current attempt's, for the watchdog
 

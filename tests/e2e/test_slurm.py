@@ -1,11 +1,14 @@
-"""--launcher slurm: one real srun step on a throwaway one-node Slurm cluster.
+"""--launcher slurm: one real srun step on a throwaway Slurm cluster (one node,
+and a partition of four for the allocation tests).
 
-Also the batch recipe examples/deploy/slurm.sbatch, submitted with sbatch.
+Also the batch recipe examples/deploy/slurm.sbatch, submitted with sbatch, a
+4-node --export=NONE allocation that jaxrun fills, and srun running jaxrun.
 """
 
 import json
 import os
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -20,6 +23,7 @@ from fixtures.engines import (
 )
 from fixtures.guide import GUIDE_SHARDS, RESULT
 from fixtures.jobs import ROOT
+from fixtures.slurm import WIDE, WIDE_NODES
 
 # This machine has fewer CPUs than processes.
 SLURM = ["--launcher", "slurm"]
@@ -136,6 +140,28 @@ def test_devices_per_process_come_from_the_local_rank_srun_gives(slurm_cluster, 
     assert all(s["JAXRUN_TASK_DEVICES_PER_PROCESS"] is None for s in seen.values())  # the agent's, not the script's
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("engine", ["slurm", "mpirun"])
+def test_the_nodes_gpus_are_split_by_the_local_rank_the_engine_gives(request, run_jaxrun, tmp_path, monkeypatch,
+                                                                     engine):
+    """No GPU binding (Open MPI binds none; srun without --gpus-per-task): the
+    four GPUs the tasks see are split between the node's two tasks by the
+    local rank the engine gave each, never all four in each."""
+    if engine == "slurm":
+        request.getfixturevalue("slurm_cluster")
+    elif not shutil.which("mpirun"):
+        pytest.skip("Open MPI is not installed (apt-get install openmpi-bin)")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")  # the node's GPUs, as a step with --gres=gpu:4 sees them
+    script = tmp_path / "devices.py"
+    script.write_text(DEVICE_PROBE)
+    logs = tmp_path / "logs"
+    code, _, err, _ = run_jaxrun("--launcher", engine, "-n", 2, "--log-dir", logs, script)
+    assert code == 0, err
+    seen = devices_seen(logs, 2)
+    assert {seen[r]["JAXRUN_LOCAL_PROCESS_ID"]: seen[r]["JAX_LOCAL_DEVICE_IDS"] for r in seen} == \
+        {"0": "0,1", "1": "2,3"}, seen
+
+
 @pytest.mark.timeout(30)
 def test_dry_run_claims_no_device_ids_the_scheduler_decides(tmp_path):
     script = tmp_path / "t.py"
@@ -145,6 +171,40 @@ def test_dry_run_claims_no_device_ids_the_scheduler_decides(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "JAX_LOCAL_DEVICE_IDS" not in proc.stdout, proc.stdout
     assert proc.stdout.count("JAXRUN_TASK_DEVICES_PER_PROCESS=2") == 2, proc.stdout
+
+
+# The engine's own options, then --scheduler-arg's, then the task agent (which runs the shim).
+ENGINE_LINES = {
+    "slurm": ["srun", "--kill-on-bad-exit=1", "--ntasks=4", "--export=ALL", "--cpus-per-task=3",
+              "--ntasks-per-node=2", "--overcommit"],
+    "mpirun": ["mpirun", "-n", "4", "--map-by", "ppr:2:node"],
+}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("engine", ENGINE_LINES)
+def test_the_dry_run_prints_the_engines_command_line(tmp_path, engine):
+    script = tmp_path / "t.py"
+    script.write_text("")
+    # Inside an allocation of 3 CPUs a task (srun names no job of its own there).
+    env = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_CPUS_PER_TASK": "3", "XLA_FLAGS": "--xla_dump_to=/tmp/x"}
+    proc = subprocess.run([sys.executable, "-m", "jaxrun", "--launcher", engine, "-n", "4", "--ntasks-per-node", "2",
+                           "--scheduler-arg=--overcommit", "--dry-run", str(script)],
+                          capture_output=True, text=True, timeout=20, env=env)
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [line for line in proc.stdout.splitlines() if line.startswith("# ")]
+    program, _, command = line.removeprefix("# ").partition(": ")
+    argv = shlex.split(command)
+    assert program == argv[0] == ENGINE_LINES[engine][0], line
+    agent = argv.index(sys.executable)
+    assert argv[agent:agent + 4] == [sys.executable, "-m", "jaxrun.backends.scheduler.task_agent", "--"], argv
+    assert argv[-1] == str(script) and argv[agent - 1] == "--overcommit", argv
+    if engine == "slurm":
+        assert argv[:agent] == ENGINE_LINES[engine], argv
+    else:  # then what mpirun must carry to other nodes, by name, and root's permission
+        assert argv[:5] == ENGINE_LINES[engine], argv
+        named = {argv[i + 1] for i, word in enumerate(argv[:agent]) if word == "-x"}
+        assert {"XLA_FLAGS", "PATH", "JAXRUN_TASK_CHANNEL", "JAXRUN_TASK_SECRET", "JAXRUN_NUM_PROCESSES"} <= named, argv
 
 
 @pytest.mark.timeout(60)
@@ -201,3 +261,131 @@ def test_scancel_gives_every_controller_its_time(slurm_cluster, tmp_path, how):
     ran = json.loads(report.read_text())
     assert ran["exit_code"] == status, said
     assert [(p["exit_code"], p["signal"]) for p in ran["processes"]] == [(0, None)] * 4, said
+
+
+# Each process says where Slurm put it.
+WHERE_PROBE = """\
+import os
+print("where", os.environ["JAXRUN_PROCESS_ID"], os.environ["SLURMD_NODENAME"], os.environ.get("JAX_PLATFORMS"))
+"""
+
+
+@pytest.fixture(scope="module")
+def wide_allocation(slurm_cluster, tmp_path_factory):
+    """One ``sbatch -p wide -N 4 --export=NONE`` job, whose batch script runs
+    jaxrun with no -n, twice: a dry run, then the probe.  Slurm sets
+    SLURM_NNODES=4 and SLURM_TASKS_PER_NODE=1(x4) there, no SLURM_NTASKS, and
+    SLURM_EXPORT_ENV=NONE, which srun would take.  Yields the folder with
+    the dry run's output (dry.out), the run's report and logs, job.out, and
+    the job's final fields."""
+    where = tmp_path_factory.mktemp("wide")
+    (where / "where.py").write_text(WHERE_PROBE)
+    jaxrun = [sys.executable, "-m", "jaxrun", "--launcher", "slurm"]
+    run = [*jaxrun, "--log-dir", where / "logs", "--report", where / "report.json", where / "where.py"]
+    # --export=NONE: the batch script gets nothing of this environment (as
+    # root, Slurm gives it root's login environment instead).
+    (where / "job.sh").write_text(
+        "#!/bin/sh\nexport JAX_PLATFORMS=cpu\nenv > batch.env\n"
+        f"{shlex.join(map(str, [*jaxrun, '--dry-run', where / 'where.py']))} > dry.out 2>&1\n"
+        f"exec {shlex.join(map(str, run))}\n")
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", f"--partition={WIDE}", f"--nodes={WIDE_NODES}", "--export=NONE",
+         f"--chdir={where}", f"--output={where / 'job.out'}", str(where / "job.sh")],
+        capture_output=True, text=True, check=True)
+    job_id = submitted.stdout.strip().split(";")[0]
+    try:
+        fields = job_state(job_id, dict(os.environ), within=75)
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True)
+    yield where, fields
+
+
+def said(where) -> str:
+    return "\n".join(f"{name}:\n" + (where / name).read_text(errors="replace")
+                     for name in ("job.out", "dry.out") if (where / name).exists())
+
+
+@pytest.mark.timeout(120)
+def test_a_four_node_allocation_without_ntasks_runs_four_processes(wide_allocation):
+    where, fields = wide_allocation
+    batch = dict(line.split("=", 1) for line in (where / "batch.env").read_text().splitlines() if "=" in line)
+    # What the allocation told jaxrun: no task count, four nodes of one task, nothing to export.
+    assert "SLURM_NTASKS" not in batch, batch
+    assert (batch["SLURM_NNODES"], batch["SLURM_TASKS_PER_NODE"], batch["SLURM_EXPORT_ENV"]) == ("4", "1(x4)", "NONE")
+    assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), said(where)
+    ran = json.loads((where / "report.json").read_text())
+    assert [(p["exit_code"], p["signal"]) for p in ran["processes"]] == [(0, None)] * WIDE_NODES, said(where)
+    seen = {}
+    for rank in range(WIDE_NODES):
+        (line,) = [w for w in (where / "logs" / f"process-{rank}.stdout").read_text().splitlines()
+                   if w.startswith("where ")]
+        _, process_id, node, platforms = line.split()
+        seen[int(process_id)] = node
+        assert platforms == "cpu", line  # the batch script's own variable reached the task (--export=ALL)
+    assert sorted(seen) == list(range(WIDE_NODES)) and len(set(seen.values())) == WIDE_NODES, seen
+
+
+@pytest.mark.timeout(120)
+def test_the_dry_run_says_what_decided_the_count_and_prints_the_srun_line(wide_allocation):
+    where, _ = wide_allocation
+    lines = (where / "dry.out").read_text().splitlines()
+    assert lines[0] == f"# {WIDE_NODES} processes: SLURM_TASKS_PER_NODE=1(x4)", lines
+    assert lines[1].startswith("# srun: srun --kill-on-bad-exit=1 --ntasks=4 --export=ALL "), lines
+    srun = shlex.split(lines[1].removeprefix("# srun: "))
+    assert srun[4:8] == [sys.executable, "-m", "jaxrun.backends.scheduler.task_agent", "--"], srun
+    assert srun[-1] == str(where / "where.py"), srun
+    assert sum(line.startswith("process ") for line in lines) == WIDE_NODES, lines
+
+
+# Each engine running jaxrun as its two tasks, and how each refused task starts its line.
+ENGINES_RUNNING_JAXRUN = {
+    "slurm": (["srun", "-n", "2", "--"], "jaxrun: error: started as task {task} of 2 of Slurm step ",
+              "as 'jaxrun --launcher slurm SCRIPT', and it starts the srun step itself"),
+    "mpirun": (["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "2"],
+               "jaxrun: error: started as rank {task} of 2 by mpirun (OMPI_COMM_WORLD_RANK is set)",
+               "as 'jaxrun --launcher mpirun SCRIPT', and it starts mpirun itself"),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("engine", ENGINES_RUNNING_JAXRUN)
+def test_jaxrun_run_by_an_engine_is_refused_and_starts_nothing(request, tmp_path, engine):
+    if engine == "slurm":
+        request.getfixturevalue("slurm_cluster")
+    elif not shutil.which("mpirun"):
+        pytest.skip("Open MPI is not installed (apt-get install openmpi-bin)")
+    prefix, starts, ends = ENGINES_RUNNING_JAXRUN[engine]
+    script = tmp_path / "t.py"
+    script.write_text("print('ran')\n")
+    logs = tmp_path / "logs"
+    done = subprocess.run([*prefix, sys.executable, "-m", "jaxrun", "--launcher", engine, "--log-dir", str(logs),
+                           str(script)], capture_output=True, text=True, timeout=50)
+    assert done.returncode != 0, (done.stdout, done.stderr)
+    assert "ran" not in done.stdout and not logs.exists(), (done.stdout, done.stderr)
+    refusals = sorted(line for line in done.stderr.splitlines() if line.startswith("jaxrun: error: "))
+    assert len(refusals) == 2, done.stderr
+    for task, line in enumerate(refusals):
+        assert line.startswith(starts.format(task=task)) and line.endswith(ends), line
+    if engine == "slurm":
+        assert done.returncode == 2  # srun passes its tasks' status on
+
+
+@pytest.mark.timeout(60)
+def test_the_task_channel_listens_on_the_port_given(slurm_cluster, run_jaxrun, tmp_path):
+    """--channel-port, for a firewall: a run with a free port works; one whose
+    port is taken stops with one line and exit 2, before srun starts."""
+    from jaxrun import portable
+    from jaxrun.backends.scheduler.channel import channel_address
+
+    address = channel_address()  # what jaxrun binds, in this same environment
+    script = tmp_path / "t.py"
+    script.write_text("print('ran')\n")
+    port = portable.free_port(address)
+    code, out, err, _ = run_jaxrun(*SLURM, "-n", 2, "--channel-port", port, "--log-dir", tmp_path / "a", script)
+    assert code == 0 and out.count("ran") == 2, err
+    with socket.create_server((address, 0)) as taken:
+        port = taken.getsockname()[1]
+        code, out, err, _ = run_jaxrun(*SLURM, "-n", 2, "--channel-port", port, "--log-dir", tmp_path / "b", script)
+    assert code == 2 and "ran" not in out, err
+    assert err.strip().splitlines()[-1].startswith(f"jaxrun: error: --channel-port {port}: cannot listen on "), err
+    assert not (tmp_path / "b" / "engine.log").exists()  # srun never started

@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -227,6 +229,60 @@ def test_arguments_and_env_arrive_verbatim(sshd_hosts, jaxrun, tmp_path, shared_
         assert seen["argv"] == tricky[:-2] + [str(rank), ""]
         assert seen["cwd"] == str(shared_dir)
         assert seen["env"] == {"FROM_ENV": "a b $HOME", "FROM_X": "it's $HOME; `id`", "JAXRUN_PROCESS_ID": str(rank)}
+
+
+# The launching shell's settings that every remote process must see (JAX_PLATFORMS
+# stays "cpu": the job runs on CPUs), and two that stay behind.
+SHELL_SETTINGS = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_cpu_enable_fast_math=false",
+                  "NCCL_DEBUG": "INFO", "LD_LIBRARY_PATH": "/opt/jaxrun-test/lib"}
+
+
+@pytest.mark.timeout(60)
+def test_the_shells_jax_xla_nccl_settings_reach_every_remote_process(sshd_hosts, jaxrun, tmp_path, shared_dir,
+                                                                      monkeypatch):
+    names = [*SHELL_SETTINGS, "CUDA_VISIBLE_DEVICES", "OTHER_SETTING"]
+    script = write(shared_dir, "settings.py", "import json, os, jax\n"
+                   f"print(json.dumps({{n: os.environ.get(n) for n in {names!r}}}), jax.devices()[0].platform)\n")
+    for name, value in SHELL_SETTINGS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # this machine's GPUs: not the hosts'
+    monkeypatch.setenv("OTHER_SETTING", "here")
+    flags = ["-H", "hostA:2,hostB", *ssh_flags(sshd_hosts)]
+    code, out, err = jaxrun(*flags, "--dry-run", script, cwd=shared_dir)
+    assert code == 0, err
+    for name, value in SHELL_SETTINGS.items():  # the dry run shows them, for every process
+        assert out.count(f"  {name}={shlex.quote(value)}\n") == 3, (name, out)
+    logs = tmp_path / "logs"
+    code, _, err = jaxrun(*flags, "--log-dir", logs, script, cwd=shared_dir)
+    assert code == 0, err
+    for rank in range(3):
+        seen, platform = (logs / f"process-{rank}.stdout").read_text().rsplit(" ", 1)
+        assert json.loads(seen) == {**SHELL_SETTINGS, "CUDA_VISIBLE_DEVICES": None, "OTHER_SETTING": None}, rank
+        assert platform.strip() == "cpu"
+    # --no-forward keeps them here; -x KEY= blanks one.
+    code, out, err = jaxrun(*flags, "--no-forward", "-x", "NCCL_DEBUG=", "--dry-run", script, cwd=shared_dir)
+    assert code == 0, err
+    assert "XLA_FLAGS" not in out and "LD_LIBRARY_PATH" not in out and out.count("  NCCL_DEBUG=''\n") == 3, out
+
+
+@pytest.mark.timeout(60)
+def test_a_hosts_own_interpreter_and_the_setup_run_before_it(sshd_hosts, jaxrun, tmp_path, shared_dir):
+    """hostB's python= is a wrapper that marks what it starts; --setup is
+    shell code each host runs first ('module load ...' on a cluster)."""
+    wrapper = write(shared_dir, "wrapped-python", f"#!/bin/sh\nWRAPPED=yes exec {shlex.quote(sys.executable)} \"$@\"\n")
+    wrapper.chmod(0o755)
+    hosts = write(tmp_path, "hosts.txt", f"hostA\nhostB python={wrapper}\n")
+    script = write(shared_dir, "where.py", "import json, os\n"
+                   "print(json.dumps([os.environ.get('WRAPPED'), os.environ.get('SET_UP')]))\n")
+    setup = "SET_UP=\"it's set\"; export SET_UP  # as 'module load cuda' would"
+    logs = tmp_path / "logs"
+    code, out, err = jaxrun("--hosts", hosts, *ssh_flags(sshd_hosts), "--setup", setup, "--log-dir", logs, script,
+                            cwd=shared_dir)
+    assert code == 0, err
+    seen = [json.loads((logs / f"process-{rank}.stdout").read_text()) for rank in (0, 1)]
+    assert seen == [[None, "it's set"], ["yes", "it's set"]], seen
+    code, out, err = jaxrun("--hosts", hosts, "--dry-run", script, cwd=shared_dir)
+    assert code == 0 and f"  {wrapper} -m jaxrun.shim" in out, out  # hostB's process runs its own
 
 
 @pytest.mark.timeout(60)

@@ -3,14 +3,14 @@
 import pytest
 
 from jaxrun import contract
-from jaxrun.backends.scheduler import task_agent as scheduler_agent
 from jaxrun.backends.ssh import session_agent as ssh_agent
+from jaxrun.contract import devices
 
 
 @pytest.mark.parametrize("per_node, node, count", [("4", 0, 4), ("2(x3),1", 0, 2), ("2(x3),1", 2, 2),
                                                    ("2(x3),1", 3, 1), ("", 0, 1), ("3", 5, 1)])
 def test_slurm_tasks_on_node(per_node, node, count):
-    assert scheduler_agent.tasks_on_node(per_node, node) == count
+    assert devices.tasks_on_node(per_node, node) == count
 
 
 @pytest.mark.parametrize("env, count", [
@@ -20,7 +20,7 @@ def test_slurm_tasks_on_node(per_node, node, count):
     ({}, 1),
 ])
 def test_local_count_from_the_scheduler(env, count):
-    assert scheduler_agent.local_count_from_env(env) == count
+    assert devices.local_count_from_env(env) == count
 
 
 def test_ssh_agent_arguments():

@@ -19,8 +19,10 @@ from jaxrun.core.config import BackendEntry, Flag, LaunchError, Value, declared_
 # Every backend-only option, and the launchers that list it.
 BACKEND_ONLY = {
     "ssh_config": ("ssh",), "ssh_options": ("ssh",), "connect_timeout": ("ssh",), "chdir": ("ssh", "ray"),
-    "sync": ("ssh",), "nodes": ("slurm", "mpirun"), "tasks_per_node": ("slurm", "mpirun"),
-    "scheduler_args": ("slurm", "mpirun"), "ray_address": ("ray",), "placement": ("ray",),
+    "sync": ("ssh",), "no_forward": ("ssh",), "setup": ("ssh",), "nodes": ("slurm", "mpirun"),
+    "tasks_per_node": ("slurm", "mpirun"),
+    "scheduler_args": ("slurm", "mpirun"), "channel_port": ("slurm", "mpirun"), "ray_address": ("ray",),
+    "placement": ("ray",),
 }
 # The command's options that are everyone's, beyond HELP_SECTIONS' (the "Other" section).
 EVERYONES_OTHERS = {"dry_run", "version", "help_all", "args"}
@@ -142,9 +144,10 @@ def section(text, title):
 def test_help_keeps_each_section_s_options_in_their_order():
     text = help_text()
     assert section(text, "Across hosts (SSH)") == ["--hosts", "-H", "--ssh-config", "--ssh-option",
-                                                   "--connect-timeout", "--chdir", "--sync"]
+                                                   "--connect-timeout", "--chdir", "--sync", "--no-forward",
+                                                   "--setup"]
     assert section(text, "Engines (Slurm, Open MPI)") == ["--launcher", "--nodes", "--ntasks-per-node",
-                                                          "--scheduler-arg"]
+                                                          "--scheduler-arg", "--channel-port"]
     assert section(text, "With --launcher ray") == ["--ray-address", "--placement"]
     assert section(text, "Restarts") == ["--max-restarts", "--recoverable", "--min-hosts", "--hosts-command"]
     assert section(text, "Other") == ["--dry-run", "--version", "--help-all", "-h"]
@@ -154,5 +157,7 @@ def test_an_entry_without_a_section_of_its_own_gets_one_before_other():
     assert BACKENDS["ray"].help_section == "With --launcher ray"
     assert BACKENDS["ssh"].help_section == "Across hosts (SSH)"
     sections = cli.help_sections()
-    assert sections["Across hosts (SSH)"][2:] == ("ssh_config", "ssh_options", "connect_timeout", "chdir", "sync")
-    assert sections["Engines (Slurm, Open MPI)"] == ("launcher", "nodes", "tasks_per_node", "scheduler_args")
+    assert sections["Across hosts (SSH)"][2:] == ("ssh_config", "ssh_options", "connect_timeout", "chdir", "sync",
+                                                   "no_forward", "setup")
+    assert sections["Engines (Slurm, Open MPI)"] == ("launcher", "nodes", "tasks_per_node", "scheduler_args",
+                                                    "channel_port")

@@ -171,3 +171,16 @@ def test_more_processes_than_slots_names_both_numbers():
     hosts = parse_hosts_file("a slots=2\nb slots=1\n", "f")
     with pytest.raises(PlanError, match="5 processes requested but the hosts have only 3 slots"):
         assign_hosts(hosts, 5)
+
+
+def test_a_host_may_name_its_own_interpreter():
+    (host,) = parse_hosts_file("gpu1 slots=2 python=/opt/conda/envs/jax/bin/python\n", "h")
+    assert (host.slots, host.python) == (2, "/opt/conda/envs/jax/bin/python")
+    with pytest.raises(HostsError, match=r"^h:1: python=python3: give the interpreter's absolute path$"):
+        parse_hosts_file("gpu1 python=python3\n", "h")
+
+
+@pytest.mark.parametrize("parse, text", [(parse_line, "fe80::1"), (parse_host_option, "fe80::1")])
+def test_an_unbracketed_ipv6_address_is_told_to_use_brackets(parse, text):
+    with pytest.raises(HostsError, match=r"an IPv6 address goes in brackets: \[fe80::1\] "):
+        parse(text)

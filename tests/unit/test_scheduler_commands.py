@@ -17,7 +17,8 @@ def test_srun_command_is_one_step_that_dies_with_any_task():
     options = SlurmOptions(tasks_per_node=4, scheduler_args=("--overcommit",), nodes=2)
     task = scheduler.task_argv("python3", ("--", "t.py", "{process_id}"))
     assert slurm.srun_command(options, 8, task) == [
-        "srun", "--kill-on-bad-exit=1", "--ntasks=8", "--nodes=2", "--ntasks-per-node=4", "--overcommit",
+        "srun", "--kill-on-bad-exit=1", "--ntasks=8", "--export=ALL", "--nodes=2", "--ntasks-per-node=4",
+        "--overcommit",
         "python3", "-m", "jaxrun.backends.scheduler.task_agent", "--",
         "python3", "-m", "jaxrun.shim", "--", "t.py", "{process_id}",
     ]
@@ -31,7 +32,7 @@ def test_srun_names_the_job_it_allocates_after_the_run_unless_the_user_does():
         backend = slurm.SlurmBackend(SlurmOptions(scheduler_args=scheduler_args), launch, io.StringIO(), base_env)
         return backend.step_process(2, ["agent"], []).argv({})
 
-    assert argv({})[:4] == ["srun", "--kill-on-bad-exit=1", "--ntasks=2", "--job-name=jaxrun-r1"]
+    assert argv({})[:5] == ["srun", "--kill-on-bad-exit=1", "--ntasks=2", "--export=ALL", "--job-name=jaxrun-r1"]
     assert not any(a.startswith("--job-name") for a in argv({"SLURM_JOB_ID": "7"}))  # a step of the user's job
     for mine in (("-J", "mine"), ("-Jmine",), ("--job-name=mine",), ("--job-name", "mine")):
         assert [a for a in argv({}, mine) if a.startswith(("--job-name", "-J"))] == [mine[0]], mine
@@ -99,7 +100,7 @@ def test_mpirun_forwards_what_the_plan_set_whatever_its_name():
 
 def test_step_env_leaves_devices_to_each_task():
     """Per-rank device ids never travel in the one environment every task
-    shares; with --devices-per-process the count does, for the task agent."""
+    shares; --devices-per-process's count does, for the task agent, or "auto"."""
     launch = plan.LaunchOptions(target=plan.Target("t.py"), num_processes=1, coordinator="", run_id="r",
                                 devices_per_process=2)
     specs = plan.plan(launch)  # not marked scheduled: one process gets ids [0, 1] from the plan
@@ -107,7 +108,7 @@ def test_step_env_leaves_devices_to_each_task():
     env = scheduler.step_env("slurm", specs, {}, devices_per_process=2)
     assert contract.JAX_LOCAL_DEVICE_IDS not in env
     assert env[contract.TASK_DEVICES_PER_PROCESS] == "2"
-    assert contract.TASK_DEVICES_PER_PROCESS not in scheduler.step_env("slurm", specs, {})
+    assert scheduler.step_env("slurm", specs, {})[contract.TASK_DEVICES_PER_PROCESS] == "auto"  # see test_task_gpus
 
 
 @pytest.mark.parametrize("local, count, environ, expected", [
@@ -147,3 +148,11 @@ def test_mpirun_chooses_no_hosts():
         backend.place(Ask(hosts, 2, recheck=True))
     with pytest.raises(NotImplementedError):
         backend.pool()
+
+
+def test_srun_exports_everything_and_passes_the_cpus_per_task_unless_told():
+    options = SlurmOptions()
+    inside = {"SLURM_CPUS_PER_TASK": "6", "SLURM_EXPORT_ENV": "NONE"}
+    assert slurm.srun_command(options, 2, ["agent"], env=inside)[3:] == ["--export=ALL", "--cpus-per-task=6", "agent"]
+    mine = SlurmOptions(scheduler_args=("--export=ALL,FOO=1", "-c2"))
+    assert slurm.srun_command(mine, 2, ["agent"], env=inside)[3:] == ["--export=ALL,FOO=1", "-c2", "agent"]

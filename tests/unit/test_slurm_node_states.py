@@ -59,9 +59,9 @@ def test_a_restart_excludes_the_lost_nodes_and_asks_for_fewer():
     options = SlurmOptions(nodes=3)
     placement = Placement((Host("n1", 2), Host("n3", 2)), 4, {"n2": "Slurm says down"})
     argv = scheduler.srun_command(options, 4, ["agent"], placement)
-    assert argv == ["srun", "--kill-on-bad-exit=1", "--ntasks=4", "--nodes=2", "--exclude=n2", "agent"]
+    assert argv == ["srun", "--kill-on-bad-exit=1", "--ntasks=4", "--export=ALL", "--nodes=2", "--exclude=n2", "agent"]
     assert scheduler.srun_command(options, 6, ["agent"]) == ["srun", "--kill-on-bad-exit=1", "--ntasks=6",
-                                                              "--nodes=3", "agent"]
+                                                              "--export=ALL", "--nodes=3", "agent"]
 
 
 def test_placement_is_decided_once_and_shapes_the_restarts_step():
@@ -83,6 +83,6 @@ def test_placement_is_decided_once_and_shapes_the_restarts_step():
     assert seen == [(["n1", "n3"], {"n2": "Slurm says drained (bad disk)"})]
     assert backend.placement is again and dict(again.dropped) == {"n2": "Slurm says drained (bad disk)"}
     argv = backend.step_process(4, ["agent"], ()).argv({})
-    assert argv == ["srun", "--kill-on-bad-exit=1", "--ntasks=4", "--nodes=2", "--exclude=n2", "agent"]
+    assert argv == ["srun", "--kill-on-bad-exit=1", "--ntasks=4", "--export=ALL", "--nodes=2", "--exclude=n2", "agent"]
     backend.place(Ask(hosts, 4))  # a plain restart: Slurm alone places the step again
-    assert backend.step_process(4, ["agent"], ()).argv({})[3:] == ["--nodes=3", "agent"]
+    assert backend.step_process(4, ["agent"], ()).argv({})[4:] == ["--nodes=3", "agent"]

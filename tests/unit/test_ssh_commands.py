@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import subprocess
 
 import pytest
 
@@ -149,3 +150,29 @@ def test_a_host_that_could_not_run_the_preflight_is_checked_on_what_it_said():
     assert problems == [f"b: jaxrun 9.9 there, {__version__} here", "c: cannot import jaxrun with py (E: no)",
                         "hosts disagree on the python version: a has 3.11.7, b has 3.11.7, c has 3.12.1"]
     assert commands.check_preflight({"a": _info(), "b": _info(jax=None)}, "py")[0] == "b: jax is not installed for py"
+
+
+def test_the_setup_runs_first_in_the_remote_shell_and_the_words_stay_whole(tmp_path):
+    """What ssh hands the remote shell, run by a real sh: the user's set-up
+    code first (its variables reach the command), then the quoted words."""
+    words = ["printf", "%s|", "a b", "$HOME", "it's", "`id`"]
+    setup = "SETUP_SAYS='made here'; export SETUP_SAYS  # module load would go here"
+    done = subprocess.run(["sh", "-c", commands.remote_command([*words, "$SETUP_SAYS"], setup)],
+                          capture_output=True, text=True, timeout=10)
+    assert done.stdout == "a b|$HOME|it's|`id`|$SETUP_SAYS|", done
+    shown = subprocess.run(["sh", "-c", commands.remote_command(["sh", "-c", 'echo "$SETUP_SAYS"'], setup)],
+                           capture_output=True, text=True, timeout=10)
+    assert shown.stdout == "made here\n", shown
+    failed = subprocess.run(["sh", "-c", commands.remote_command(["echo", "ran"], "false")],
+                            capture_output=True, text=True, timeout=10)
+    assert failed.returncode != 0 and "ran" not in failed.stdout  # a set-up that fails runs nothing
+
+
+def test_remote_gpu_counts_honour_a_cuda_visible_devices_given_with_x():
+    from jaxrun.backends.ssh.backend import visible_gpus
+
+    listed = {"a": 8, "b": 4}  # what nvidia-smi -L said on each host
+    assert visible_gpus(listed, {}) == listed
+    assert visible_gpus(listed, {"CUDA_VISIBLE_DEVICES": "0,1"}) == {"a": 2, "b": 2}
+    assert visible_gpus(listed, {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5"}) == {"a": 6, "b": 4}
+    assert visible_gpus(listed, {"CUDA_VISIBLE_DEVICES": ""}) == {}  # every GPU hidden

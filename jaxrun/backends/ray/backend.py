@@ -40,7 +40,7 @@ from typing import Any, TextIO
 
 from jaxrun import contract
 from jaxrun.backends.ray.words import PLACEMENTS, DriverFailed, Go, Placed
-from jaxrun.backends.scheduler.mpirun import MPI_FORWARD, MPI_FORWARD_PREFIXES
+from jaxrun.backends.scheduler.mpirun import mpi_forwards
 from jaxrun.backends.scheduler.step import Say, Step, StepProcess
 from jaxrun.backends.shield import shielded
 from jaxrun.core import reaper, spec as planning
@@ -98,7 +98,7 @@ def hosts_of(placed: Sequence[Sequence[str]]) -> tuple[tuple[planning.Host, ...]
 def sent_env(environ: Mapping[str, str], planned: Mapping[str, str]) -> dict[str, str]:
     """What a process's actor adds to its node's environment: what mpirun forwards (the plan's
     variables, jaxrun's, JAX's, XLA's, PATH and the like), less the device split: Ray gives the GPUs."""
-    env = {k: v for k, v in environ.items() if k in MPI_FORWARD or k.startswith(MPI_FORWARD_PREFIXES)}
+    env = {k: v for k, v in environ.items() if mpi_forwards(k)}
     env.update(planned)
     env.pop(contract.TASK_DEVICES_PER_PROCESS, None)
     return env

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from jaxrun import contract
 from jaxrun.backends.scheduler.options import SchedulerOptions
+from jaxrun.contract import devices
 from jaxrun.core import spec as planning
 from jaxrun.core.backend import Backend, News
 
@@ -40,7 +41,8 @@ def step_env(rank_source: str, specs: Sequence[planning.ProcessSpec], base: Mapp
     source (a key of ``contract.RANK_SOURCES``).  Per-rank values (process id,
     local id, device ids) come from the scheduler instead: with
     --devices-per-process each task derives its devices from its local rank
-    (see the task agent)."""
+    (see the task agent); without it, from the GPUs the engine bound to the
+    task, or an even share of its node's (``contract.devices``)."""
     common = planning.common_env(specs)
     for name in (contract.PROCESS_ID, contract.LOCAL_PROCESS_ID, contract.LOCAL_PROCESS_COUNT,
                  contract.JAX_LOCAL_DEVICE_IDS):
@@ -48,8 +50,7 @@ def step_env(rank_source: str, specs: Sequence[planning.ProcessSpec], base: Mapp
     env = dict(base)
     env.update(common)
     env[contract.RANK_SOURCE] = rank_source
-    if devices_per_process is not None:
-        env[contract.TASK_DEVICES_PER_PROCESS] = str(devices_per_process)
+    env[contract.TASK_DEVICES_PER_PROCESS] = devices.AUTO if devices_per_process is None else str(devices_per_process)
     return env
 
 
@@ -81,13 +82,23 @@ class SchedulerBackend(Backend):
         self.fixed = fixed
         return fixed or "", None
 
-    def begin_attempt(self, specs: Sequence[planning.ProcessSpec], log_dir: str) -> None:
+    def step_parts(self, specs: Sequence[planning.ProcessSpec]) -> tuple[dict[str, str], Command]:
+        """The attempt's step: the environment every task starts with (the
+        task channel's two variables come when it starts) and its process."""
         env = step_env(self.rank_source, specs, self.base_env, self.launch.devices_per_process)
         task = task_argv(self.launch.python, planning.shim_args(self.launch.target))
-        process = self.step_process(len(specs), task, planning.common_env(specs))
+        return env, self.step_process(len(specs), task, planning.common_env(specs))
+
+    def dry_run_command(self, specs: Sequence[planning.ProcessSpec]) -> list[str]:
+        env, process = self.step_parts(specs)
+        return process.argv({**env, contract.TASK_CHANNEL: "", contract.TASK_SECRET: ""})
+
+    def begin_attempt(self, specs: Sequence[planning.ProcessSpec], log_dir: str) -> None:
+        env, process = self.step_parts(specs)
         from jaxrun.backends.scheduler.step import Step
 
-        self.step = Step(process, specs, env, log_dir, self.console, self.fixed, hooks=self.hooks)
+        self.step = Step(process, specs, env, log_dir, self.console, self.fixed, hooks=self.hooks,
+                         channel_port=self.options.channel_port or 0)
 
     def spawn(self, spec: planning.ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str],
               log_fds: tuple[int, int] | None, news: News) -> RankChild:

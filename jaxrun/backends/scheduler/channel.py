@@ -29,13 +29,14 @@ Only connections that showed the secret get a thread: the three per rank.
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 import secrets
 import selectors
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from jaxrun import contract
 from jaxrun.core.backend import RunHooks, start_thread
@@ -61,7 +62,7 @@ class TaskListener:
     """
 
     def __init__(self, host: str, secret: str, expected: int, wanted: Callable[[tasks.TaskHello], bool],
-                 attach: Callable[[tasks.TaskHello, socket.socket], None], hooks: RunHooks):
+                 attach: Callable[[tasks.TaskHello, socket.socket], None], hooks: RunHooks, port: int = 0):
         self.secret = secret.encode()
         self.expected = expected
         self.wanted = wanted
@@ -69,7 +70,7 @@ class TaskListener:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         # The backlog absorbs a burst (every task at once, or a flood) while
         # this thread drains it; the kernel caps it at somaxconn.
-        self.sock = socket.create_server((host, 0), family=family, backlog=max(1024, 3 * expected))
+        self.sock = socket.create_server((host, port), family=family, backlog=max(1024, 3 * expected))
         self.sock.setblocking(False)
         self.port = self.sock.getsockname()[1]
         self._closing = False
@@ -216,20 +217,44 @@ class TaskListener:
         sock.close()
 
 
-def channel_address() -> str:
+def channel_address(environ: Mapping[str, str] = os.environ, hostname: str | None = None,
+                    routed: Callable[[], str | None] | None = None) -> str:
     """The one address the channel binds and tells the tasks.
 
     ``contract.TASK_CHANNEL_HOST`` if set, else this host's name, resolved
     here: tasks connect to exactly the address we listen on (binding a
-    wildcard would expose the channel on every interface).  A name that
-    resolves to nothing gives loopback, as does a name that resolves to a
-    loopback address, which then only serves tasks on this node.
+    wildcard would expose the channel on every interface).  Many Debian
+    hosts map their own name to 127.0.1.1, which no other node can reach:
+    a name that resolves to a loopback address, or to nothing, gives the
+    address this host sends from on its way out (``routed``, by default
+    ``route_source``), and loopback only where it has none.
     """
-    name = os.environ.get(contract.TASK_CHANNEL_HOST) or socket.gethostname()
+    given = environ.get(contract.TASK_CHANNEL_HOST)
+    found = _resolve(given or hostname or socket.gethostname())
+    if given or (found and not ipaddress.ip_address(found.split("%")[0]).is_loopback):
+        return found or "127.0.0.1"
+    source = (routed or route_source)()
+    if source and not ipaddress.ip_address(source.split("%")[0]).is_loopback:
+        return source
+    return found or "127.0.0.1"
+
+
+def _resolve(name: str) -> str | None:
     try:
         found = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError):
-        return "127.0.0.1"
+        return None
     # IPv4 first: what tasks on most clusters resolve and route.
     found.sort(key=lambda info: info[0] != socket.AF_INET)
-    return found[0][4][0] if found else "127.0.0.1"
+    return found[0][4][0] if found else None
+
+
+def route_source() -> str | None:
+    """The address this host's outgoing IPv4 traffic leaves from (a UDP
+    socket's connect sends nothing); None without a route."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1 (RFC 5737): routed like any address, never answered
+            return probe.getsockname()[0]
+        except OSError:
+            return None

@@ -15,13 +15,17 @@ from jaxrun import contract
 from jaxrun.backends.scheduler.backend import SchedulerBackend
 from jaxrun.backends.scheduler.options import MpirunOptions
 from jaxrun.backends.scheduler.step import Command
+from jaxrun.core import forward
 
 # What mpirun must carry to remote nodes besides what the plan sets (jaxrun's
-# variables, the user's --env/-x, PYTHONUNBUFFERED); it forwards nothing by
-# default (srun forwards everything).  Local ranks inherit mpirun's whole
-# environment, so a missing name shows only on other nodes.
-MPI_FORWARD = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV")
-MPI_FORWARD_PREFIXES = contract.CONTRACT_PREFIXES + ("XLA_",)
+# variables, the user's --env/-x, PYTHONUNBUFFERED): it forwards nothing by
+# default (srun forwards everything), so jaxrun names what core.forward
+# carries for an engine, and every JAXRUN_*/JAX_* name.  Local ranks inherit
+# mpirun's whole environment, so a missing name shows only on other nodes.
+
+
+def mpi_forwards(name: str) -> bool:
+    return forward.carried(name, engine=True) or name.startswith(contract.CONTRACT_PREFIXES)
 
 
 def mpirun_command(options: MpirunOptions, num_processes: int, task: Sequence[str], env: Mapping[str, str],
@@ -35,7 +39,7 @@ def mpirun_command(options: MpirunOptions, num_processes: int, task: Sequence[st
         argv.append("--allow-run-as-root")  # mpirun refuses root without it
     planned = set(planned)
     for name in sorted(env):
-        if name in MPI_FORWARD or name in planned or name.startswith(MPI_FORWARD_PREFIXES):
+        if name in planned or mpi_forwards(name):
             argv += ["-x", name]  # by name: values (the channel secret) stay off the command line
     return argv + list(options.scheduler_args) + list(task)
 

@@ -24,6 +24,7 @@ class SchedulerOptions:
 
     tasks_per_node: int | None = None
     scheduler_args: tuple[str, ...] = ()  # passed to the engine's program verbatim
+    channel_port: int | None = None  # --channel-port: the task channel's port; None: a free one
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,10 +41,19 @@ class MpirunOptions(SchedulerOptions):
 
 
 def slurm_options(values: Mapping[str, Any], launch: LaunchOptions) -> SlurmOptions:
-    return SlurmOptions(values.get("tasks_per_node"), tuple(values.get("scheduler_args") or ()), values.get("nodes"))
+    return SlurmOptions(values.get("tasks_per_node"), tuple(values.get("scheduler_args") or ()),
+                        channel_port(values), values.get("nodes"))
 
 
 def mpirun_options(values: Mapping[str, Any], launch: LaunchOptions) -> MpirunOptions:
     if values.get("nodes"):
         raise LaunchError(NODES_REFUSED)
-    return MpirunOptions(values.get("tasks_per_node"), tuple(values.get("scheduler_args") or ()))
+    return MpirunOptions(values.get("tasks_per_node"), tuple(values.get("scheduler_args") or ()),
+                         channel_port(values))
+
+
+def channel_port(values: Mapping[str, Any]) -> int | None:
+    port = values.get("channel_port")
+    if port is not None and port > 65535:
+        raise LaunchError(f"--channel-port {port}: a TCP port is at most 65535")
+    return port

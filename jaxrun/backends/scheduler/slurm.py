@@ -62,13 +62,27 @@ SLURM_QUERY_TIMEOUT = 30.0
 
 
 def srun_command(options: SlurmOptions, num_processes: int, task: Sequence[str],
-                 placement: Placement | None = None, job_name: str | None = None) -> list[str]:
+                 placement: Placement | None = None, job_name: str | None = None,
+                 env: Mapping[str, str] | None = None) -> list[str]:
     """One step.  Inside an allocation (SLURM_JOB_ID set) srun uses it; outside,
     srun asks for one.  --kill-on-bad-exit ends every task once one fails,
     even if jaxrun itself cannot reach them.  An elastic restart's
     ``placement`` leaves out the nodes it dropped, and asks for no more
-    nodes than it holds.  ``job_name``: the name of the job srun allocates."""
+    nodes than it holds.  ``job_name``: the name of the job srun allocates.
+
+    ``env``, srun's environment, which every task needs whole (jaxrun's
+    variables): --export=ALL, since srun takes SLURM_EXPORT_ENV=NONE from an
+    ``sbatch --export=NONE`` job and would pass the tasks none of them.  The
+    allocation's SLURM_CPUS_PER_TASK goes to --cpus-per-task: srun no longer
+    reads it from the environment (Slurm 22.05 on).  --scheduler-arg wins."""
+    env = env or {}
     argv = ["srun", "--kill-on-bad-exit=1", f"--ntasks={num_processes}"]
+    given = options.scheduler_args
+    if not _gives(given, "--export"):
+        argv.append("--export=ALL")
+    cpus = env.get("SLURM_CPUS_PER_TASK", "")
+    if cpus.isdigit() and not _gives(given, "--cpus-per-task", "-c"):
+        argv.append(f"--cpus-per-task={cpus}")
     if job_name:
         argv.append(f"--job-name={job_name}")
     nodes = options.nodes
@@ -81,6 +95,11 @@ def srun_command(options: SlurmOptions, num_processes: int, task: Sequence[str],
     if options.tasks_per_node:
         argv.append(f"--ntasks-per-node={options.tasks_per_node}")
     return argv + list(options.scheduler_args) + list(task)
+
+
+def _gives(args: Sequence[str], long: str, short: str = "") -> bool:
+    """Whether srun's own arguments (--scheduler-arg) set that option."""
+    return any(a == long or a.startswith(long + "=") or (short and a.startswith(short)) for a in args)
 
 
 def expand_nodelist(nodelist: str, run=subprocess.run) -> list[str]:
@@ -145,7 +164,7 @@ class SrunProcess(Command):
         self._withdraw_lock = threading.Lock()
 
     def argv(self, env: Mapping[str, str]) -> list[str]:
-        return srun_command(self.options, self.count, self.task, self.placement, self.job_name)
+        return srun_command(self.options, self.count, self.task, self.placement, self.job_name, env)
 
     def heard(self, line: bytes) -> None:
         queued = QUEUED.search(line)

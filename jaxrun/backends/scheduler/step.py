@@ -46,6 +46,7 @@ from jaxrun.backends.scheduler.child import RankChild
 from jaxrun.backends.shield import shielded
 from jaxrun.core import reaper
 from jaxrun.core.backend import News, RunHooks, start_thread
+from jaxrun.core.config import LaunchError
 from jaxrun.core.spec import ProcessSpec
 from jaxrun.wire import tasks
 
@@ -173,6 +174,7 @@ class Step:
         fixed_coordinator: str | None = None,
         channel_host: str | None = None,
         hooks: RunHooks | None = None,
+        channel_port: int = 0,
     ):
         self.process = process
         self.step_env = dict(step_env)
@@ -186,7 +188,12 @@ class Step:
         self.connected: list[RankChild] = []
         self.reached = False  # a task has attached: the step runs, it is not queued
         host = channel_host or channel_address()
-        self.listener = TaskListener(host, self.secret, 3 * len(self.children), self._wanted, self._attach, self.hooks)
+        try:
+            self.listener = TaskListener(host, self.secret, 3 * len(self.children), self._wanted, self._attach,
+                                         self.hooks, channel_port)
+        except OSError as e:  # a port the user chose (--channel-port), taken
+            raise LaunchError(f"--channel-port {channel_port}: cannot listen on "
+                              f"{contract.join_address(host, channel_port)}: {e.strerror or e}") from None
         self.channel = contract.join_address(host, self.listener.port)
 
     @property

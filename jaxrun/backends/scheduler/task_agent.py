@@ -10,8 +10,9 @@ would:
   the third carries :mod:`jaxrun.wire.tasks` messages both ways.  Each connection
   counts once the launcher has answered its ``TaskHello`` with an ``Ack``; one
   it closed instead (too many strangers connecting at once) is made again;
-- with ``--devices-per-process K``, the child's ``JAX_LOCAL_DEVICE_IDS``,
-  from the local rank the scheduler gave us;
+- the child's ``JAX_LOCAL_DEVICE_IDS``, from the GPUs the engine bound to
+  this task, else from the local rank it gave us
+  (:mod:`jaxrun.contract.devices`);
 - task 0 picks the coordinator's port on its own node and reports it; every
   task waits for the launcher's ``Start`` before starting the shim;
 - ``Signal`` messages are delivered to the child's process group, so the
@@ -44,8 +45,9 @@ import time
 
 from jaxrun import contract, portable
 from jaxrun.backends import far_end
+from jaxrun.contract import devices
+from jaxrun.contract.devices import local_count_from_env
 from jaxrun.core import reaper
-from jaxrun.core.spec import local_device_ids
 from jaxrun.wire import encoding, tasks
 
 USAGE = f"usage: python -m {contract.SCHEDULER_AGENT_MODULE} -- COMMAND..."
@@ -54,24 +56,6 @@ RETRY_PAUSE = (0.05, 1.0)  # first and longest pause between tries
 ACK_TIMEOUT = 5.0
 # Signals a scheduler may send the task; the child gets them instead of us.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
-
-
-def local_count_from_env(environ=os.environ) -> int:
-    """How many tasks of this step share our node, as the rank source's
-    variables say (``contract.LOCAL_COUNT_SOURCES``); without one, jaxrun's
-    own numbering (Ray's nodes)."""
-    source = environ.get(contract.RANK_SOURCE, "")
-    per_node, node = contract.LOCAL_COUNT_SOURCES.get(source, (contract.LOCAL_PROCESS_COUNT, None))
-    return tasks_on_node(environ.get(per_node, ""), int(environ.get(node, "0")) if node else 0)
-
-
-def tasks_on_node(per_node: str, node_index: int) -> int:
-    """Slurm's compressed list, e.g. "2(x3),1": node 3 has 1 task."""
-    counts: list[int] = []
-    for part in filter(None, per_node.split(",")):
-        count, _, repeat = part.partition("(x")
-        counts.extend([int(count)] * (int(repeat.rstrip(")")) if repeat else 1))
-    return counts[node_index] if node_index < len(counts) else 1
 
 
 class TaskChannel:
@@ -150,12 +134,15 @@ def pick_coordinator(channel: TaskChannel) -> str:
 
 
 def device_env(local: int, local_count: int, environ=os.environ) -> dict[str, str]:
-    """--devices-per-process K: local task r owns devices r*K ... r*K+K-1."""
-    per_process = environ.get(contract.TASK_DEVICES_PER_PROCESS)
-    if not per_process:
+    """The child's devices among those this task sees (:mod:`gpus`), when
+    the launcher asks (``contract.TASK_DEVICES_PER_PROCESS``: K, or "auto"
+    for the engine's binding or an even split)."""
+    given = environ.get(contract.TASK_DEVICES_PER_PROCESS)
+    if not given:
         return {}
-    ids = local_device_ids(local, local_count, int(per_process), None)
-    return {contract.JAX_LOCAL_DEVICE_IDS: ",".join(map(str, ids))}
+    per_process = None if given == devices.AUTO else int(given)
+    ids, _ = devices.task_device_ids(local, local_count, per_process, environ, devices.node_gpus(environ))
+    return {} if ids is None else {contract.JAX_LOCAL_DEVICE_IDS: ",".join(map(str, ids))}
 
 
 # The launcher's words to this agent: the child runs as it would under a plain launch.

@@ -40,9 +40,20 @@ from jaxrun.backends.ssh.commands import (
 )
 from jaxrun.backends.ssh.connections import MASTER_CLOSE_WAIT, Connections
 from jaxrun.backends.ssh.options import SshOptions
+from jaxrun.contract import devices
 from jaxrun.core.backend import Ask, Backend, News, Placement
 from jaxrun.core.spec import Host, ProcessSpec
 from jaxrun.wire import ssh
+
+
+def visible_gpus(listed_gpus: Mapping[str, int], env: Mapping[str, str]) -> dict[str, int]:
+    """Each host's GPUs as its processes will see them: what nvidia-smi -L
+    listed there, or fewer where -x gives CUDA_VISIBLE_DEVICES (nvidia-smi
+    ignores it; JAX does not)."""
+    visible = devices.listed(env.get("CUDA_VISIBLE_DEVICES"))
+    if visible is None:
+        return dict(listed_gpus)
+    return {name: min(count, len(visible)) for name, count in listed_gpus.items() if visible}
 
 
 class SshBackend(Backend):
@@ -141,8 +152,9 @@ class SshBackend(Backend):
             if host.name in self.servers:
                 continue  # one host listed twice
             socket_name = f"jaxrun-{os.getpid()}-{uuid.uuid4().hex}"
-            words = server_words(self.settings.python, self.settings.chdir, socket_name, self.preload_modules)
-            session = self.connections.start_session(host, remote_command(words), env,
+            words = server_words(self.settings.python_on(host), self.settings.chdir, socket_name,
+                                 self.preload_modules)
+            session = self.connections.start_session(host, remote_command(words, self.settings.setup), env,
                                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             self.start_thread(f"ssh-preload-log:{host.name}", self._relay_server_stderr, host.name, session.stderr)
             self.servers[host.name] = (socket_name, session)
@@ -183,7 +195,8 @@ class SshBackend(Backend):
 
     def _facts(self) -> dict:
         results = self.connections.results
-        gpus = {name: info["gpus"] for name, info in results.items() if info.get("gpus")}
+        gpus = visible_gpus({name: info["gpus"] for name, info in results.items() if info.get("gpus")},
+                            self.settings.env)
         machines = {name: info["machine"] for name, info in results.items() if info.get("machine")}
         return {"host_devices": gpus, "host_machines": machines}
 
@@ -201,8 +214,9 @@ class SshBackend(Backend):
             master = self.connections.masters[spec.host.name]
             return ChannelChild(channel, ssh.Spawn(list(spec.argv), env, self.settings.chdir, server or ""),
                                 master.pid, spec.host.name, news, error_file)
-        words = process_words(spec, self.settings.chdir, self.settings.python, server)
-        return SessionChild(self.connections.start_session(spec.host, remote_command(words), env),
+        words = process_words(spec, self.settings.chdir, self.settings.python_on(spec.host), server)
+        return SessionChild(self.connections.start_session(spec.host, remote_command(words, self.settings.setup),
+                                                           env),
                             news, error_file)
 
     def bring_home(self, spec: ProcessSpec, here: str, wait: float) -> str | None:
@@ -213,9 +227,10 @@ class SshBackend(Backend):
             problem = contract.private_folder(folder)
             if problem:
                 return f"{folder} is not private: {problem}"
-        words = traces_words(spec, self.settings.python, wait)
+        words = traces_words(spec, self.settings.python_on(spec.host), wait)
         # The user's variables, as the host's server gets them: PYTHONPATH may be what finds jaxrun there.
-        session = self.connections.start_session(spec.host, remote_command(words), dict(self.settings.env))
+        session = self.connections.start_session(spec.host, remote_command(words, self.settings.setup),
+                                                 dict(self.settings.env))
         session.stdin.close()
         try:
             with tarfile.open(fileobj=session.stdout, mode="r|") as tar:

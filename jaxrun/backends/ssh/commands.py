@@ -137,9 +137,13 @@ def forward_args(settings: SshOptions, host: Host, control_path: str, local: str
     return args[:at] + ["-O", "forward", "-L", f"{local}:{remote}"] + args[at:]
 
 
-def remote_command(words: Sequence[str]) -> str:
-    """The one string ssh hands to the remote shell: every word quoted."""
-    return " ".join(shlex.quote(w) for w in words)
+def remote_command(words: Sequence[str], setup: str | None = None) -> str:
+    """The one string ssh hands to the remote shell: every word quoted.
+    ``setup`` (--setup) is the user's own shell code, run first in that shell
+    as given ('module load cuda; conda activate env'); the command runs only
+    if it succeeds, with the environment it made."""
+    command = " ".join(shlex.quote(w) for w in words)
+    return f"{{ {setup}\n}} && exec {command}" if setup else command
 
 
 def process_env(spec: ProcessSpec, extra_env: Mapping[str, str]) -> dict[str, str]:
@@ -177,11 +181,13 @@ def server_words(python: str, chdir: str, name: str, modules: Sequence[str]) -> 
     return [python, "-c", EXEC_MODULE, contract.FORKSERVER_AGENT_MODULE, "--listen", name, *modules]
 
 
-def preflight_words(settings: SshOptions, server: Sequence[str] = (), hold: bool = False) -> list[str]:
+def preflight_words(settings: SshOptions, server: Sequence[str] = (), hold: bool = False,
+                    python: str | None = None) -> list[str]:
     """``server``: the preloading server's socket name and modules, to start
     it from the preflight session; empty for none.  ``hold``: listen on a free
-    port for the coordinator at once (the first host)."""
-    words = [settings.python, "-c", PREFLIGHT, __version__, contract.SSH_PREFLIGHT_MODULE,
+    port for the coordinator at once (the first host).  ``python``: the
+    host's own interpreter, where it has one."""
+    words = [python or settings.python, "-c", PREFLIGHT, __version__, contract.SSH_PREFLIGHT_MODULE,
              f"{preflight.PREFLIGHT_CHDIR}={settings.chdir}"]
     if settings.script:
         words.append(f"{preflight.PREFLIGHT_SCRIPT}={settings.script}")
@@ -194,12 +200,14 @@ def preflight_words(settings: SshOptions, server: Sequence[str] = (), hold: bool
     return words
 
 
-def check_preflight(results: Mapping[str, dict], python: str) -> list[str]:
+def check_preflight(results: Mapping[str, dict], python: str, pythons: Mapping[str, str] | None = None) -> list[str]:
     """Problems found in the preflight answers, one line each, host first.
     A host that could not run the preflight (another jaxrun, or none) has
-    said nothing of jax: only what it said is checked."""
+    said nothing of jax: only what it said is checked.  ``pythons``: the
+    hosts that have an interpreter of their own."""
     problems = []
     for name, info in results.items():
+        python = (pythons or {}).get(name, python)
         if info.get(Key.JAXRUN) is None:
             problems.append(f"{name}: cannot import jaxrun with {python} ({info.get(Key.JAXRUN_ERROR)})")
         elif info[Key.JAXRUN] != __version__:

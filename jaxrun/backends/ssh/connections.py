@@ -172,7 +172,8 @@ class Connections:
         readers = []
         for host in self.hosts:
             hold = host is self.hosts[0]  # the coordinator's host: it holds a free port from the start
-            command = remote_command(preflight_words(self.settings, (servers or {}).get(host.name, ()), hold))
+            command = remote_command(preflight_words(self.settings, (servers or {}).get(host.name, ()), hold,
+                                                     self.settings.python_on(host)), self.settings.setup)
             master = self.masters[host.name] = self._start_master(host, command)
             readers.append(start_thread(f"ssh-preflight:{host.name}", read_answer, master.stdout, answers,
                                         host.name, hooks=self.hooks))
@@ -189,7 +190,8 @@ class Connections:
             self._leave_out(problems)
             problems = {}
         if not problems:
-            mismatch = check_preflight(self.results, self.settings.python)
+            mismatch = check_preflight(self.results, self.settings.python,
+                                       {h.name: self.settings.python_on(h) for h in self.hosts})
             if mismatch:
                 raise LaunchError("; ".join(mismatch))
         if problems:
@@ -238,7 +240,7 @@ class Connections:
         code = master.wait()
         with open(self._stderr_path(host), "rb") as f:
             reason = last_line(f.read().decode(errors="replace")) or "no error message"
-        what = "ssh failed" if code == 255 else f"{self.settings.python} exited with status {code}"
+        what = "ssh failed" if code == 255 else f"{self.settings.python_on(host)} exited with status {code}"
         raise LaunchError(f"{host.name}: {what}: {reason}")
 
     # -- the coordinator ---------------------------------------------------

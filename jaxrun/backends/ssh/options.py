@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jaxrun.core.config import LaunchError
-from jaxrun.core.spec import LaunchOptions
+from jaxrun.core.spec import Host, LaunchOptions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +26,11 @@ class SshOptions:
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)  # --env/-x, for preflight
     script: str | None = None  # the script's path as given (None for -m): checked on every host
     sync: bool = False  # --sync: copy chdir to every host first
+    setup: str | None = None  # --setup: shell code each remote command runs first ('module load ...')
+
+    def python_on(self, host: Host) -> str:
+        """The interpreter on ``host``: its own (python= in the hosts file), else --python's."""
+        return host.python or self.python
 
 
 def options(values: Mapping[str, Any], launch: LaunchOptions) -> SshOptions:
@@ -42,4 +47,5 @@ def options(values: Mapping[str, Any], launch: LaunchOptions) -> SshOptions:
         env=launch.extra_env,
         script=None if launch.target.is_module else launch.target.name,
         sync=values["sync"],
+        setup=values.get("setup") or None,
     )

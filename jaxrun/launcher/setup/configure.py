@@ -22,10 +22,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from jaxrun import contract
-from jaxrun.core import logfiles, modes
+from jaxrun.core import forward, logfiles, modes
 from jaxrun.core.config import BackendEntry, LaunchError, RunConfig, declared_flags, on_github_actions
-from jaxrun.core.ranks import DIGITS, console_rank_set
-from jaxrun.launcher.setup import plan as planning
+from jaxrun.core.ranks import console_rank_set
+from jaxrun.launcher.setup import allocation, plan as planning
 
 # The most accelerators one process may own when jaxrun cannot count them
 # (remote hosts, TPUs): more than any one host has.
@@ -80,6 +80,7 @@ def config_from_args(values: Mapping[str, Any], backends: Mapping[str, BackendEn
     the words from SCRIPT (or -m) on.  ``option_names`` are the command's
     long options, for the close match a mistyped one gets."""
     system = system or System()
+    allocation.refuse_a_step(system.environ)
     mode = chosen_mode(values)
     try:
         mode.check(values)
@@ -92,7 +93,10 @@ def config_from_args(values: Mapping[str, Any], backends: Mapping[str, BackendEn
     hosts = read_hosts(values["hosts_file"], values["host_opts"], values["hosts_command"])
     entry = chosen_backend(backends, values, bool(hosts))
     extra_env = exported_env(values["exports"], values["env_pairs"], system.environ)
-    num_processes = process_count(values["num_processes"], entry, hosts, system.environ)
+    if entry.takes_hosts and not values.get("no_forward"):  # sshd gives its processes a fresh environment
+        extra_env = {**forward.forwarded(system.environ), **extra_env}
+    layout = allocation.process_count(values, entry, hosts, system.environ)
+    num_processes = layout.count
     check_scale(num_processes, entry, system)
     if hosts:
         planning.assign_hosts(hosts, num_processes)  # too few slots: exit 2 before any ssh
@@ -134,7 +138,7 @@ def config_from_args(values: Mapping[str, Any], backends: Mapping[str, BackendEn
         log_dir = ready_for_a_run(values, entry, run_id, system)
     return run_config(values, launch, console_ranks, log_dir or default_log_dir(run_id), entry.name,
                       backend_options, system.environ, mode=mode, min_hosts=min_hosts,
-                      hosts_command=values["hosts_command"])
+                      hosts_command=values["hosts_command"], count_source=layout.source)
 
 
 def chosen_mode(values: Mapping[str, Any]) -> modes.Mode:
@@ -308,20 +312,6 @@ def exported_env(exports: Sequence[str], env_pairs: Sequence[tuple[str, str]],
         env[key] = environ[key]
     env.update(env_pairs)
     return env
-
-
-def process_count(given: int | None, entry: BackendEntry, hosts: Sequence[planning.Host],
-                  environ: Mapping[str, str]) -> int:
-    """-n, else every host slot, else the allocation's task count (inside
-    sbatch/salloc), else 1."""
-    if hosts and not given:
-        from jaxrun.launcher.setup.hosts import total_slots
-
-        given = total_slots(hosts)
-    variable = entry.count_variable
-    if not given and variable and DIGITS.match(environ.get(variable, "")):
-        given = int(environ[variable])
-    return given or 1
 
 
 def check_scale(num_processes: int, entry: BackendEntry, system: System) -> None:

@@ -3,11 +3,13 @@
 A hosts file has one host per line::
 
     # comments and blank lines are fine
-    [user@]host[:sshport] [slots=N]
+    [user@]host[:sshport] [slots=N] [python=PATH]
 
 ``-H``/``--host`` takes ``[user@]host[:slots]``, repeatable or comma-separated
-(the colon means slots there, as in ``mpirun -H``).  An IPv6 address is
-written in brackets, ``[fe80::1]:2222``.
+(the colon means slots there, as in ``mpirun -H``; an ssh port goes in
+``--ssh-option Port=N`` or a hosts file).  An IPv6 address is written in
+brackets, ``[fe80::1]:2222``; one without them is refused with a hint.
+``python=PATH`` gives a host its own interpreter (an absolute path).
 
 Nothing here reads a file or touches the network: the CLI reads the file and
 hands its text in.  Names are checked strictly because each one becomes a word
@@ -29,6 +31,7 @@ class HostsError(ValueError):
 _USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
 _IPV6 = re.compile(r"[0-9A-Fa-f:.%A-Za-z]+\Z")
+_PYTHON = re.compile(r"/[^\s]*\Z")  # an absolute path: it is one word of the remote command, quoted
 # ASCII digits only: str.isdigit() also accepts "²", which int() refuses.
 _DIGITS = re.compile(r"[0-9]+\Z")
 # The most processes one host may be given: jaxrun holds a few file
@@ -62,6 +65,8 @@ def split_address(text: str) -> tuple[str | None, str, str | None]:
         if rest and not rest.startswith(":"):
             raise HostsError(f"unexpected {rest!r} after ']'")
         return user, name, rest[1:] if rest else None
+    if text.count(":") > 1:
+        raise HostsError(f"an IPv6 address goes in brackets: [{text}] (a port or slots after it: [ADDRESS]:N)")
     name, sep, suffix = text.partition(":")
     if not name:
         raise HostsError("missing host name")
@@ -77,16 +82,19 @@ def parse_line(line: str) -> Host | None:
         return None
     user, name, port_text = split_address(words[0])
     port = None if port_text is None else _number(port_text, "ssh port", 1, 65535)
-    slots = 1
-    seen_slots = False
+    fields: dict[str, str] = {}
     for word in words[1:]:
         key, sep, value = word.partition("=")
-        if key != "slots" or not sep:
-            raise HostsError(f"unknown field {word!r} (expected slots=N)")
-        if seen_slots:
-            raise HostsError("slots= given twice")
-        slots, seen_slots = _number(value, "slots", 1, MAX_SLOTS), True
-    return Host(name, slots=slots, user=user, port=port)
+        if key not in ("slots", "python") or not sep:
+            raise HostsError(f"unknown field {word!r} (expected slots=N or python=PATH)")
+        if key in fields:
+            raise HostsError(f"{key}= given twice")
+        fields[key] = value
+    slots = _number(fields["slots"], "slots", 1, MAX_SLOTS) if "slots" in fields else 1
+    python = fields.get("python")
+    if python is not None and not _PYTHON.match(python):
+        raise HostsError(f"python={python}: give the interpreter's absolute path")
+    return Host(name, slots=slots, user=user, port=port, python=python)
 
 
 def parse_hosts_file(text: str, filename: str) -> list[Host]:

@@ -90,7 +90,7 @@ def plan(opts: LaunchOptions) -> list[ProcessSpec]:
                 rank=rank,
                 local_rank=local_rank,
                 host=host,
-                python=opts.python,
+                python=host.python or opts.python,
                 shim_args=shim_args(target),
                 env=env,
             )
