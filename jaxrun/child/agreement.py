@@ -32,6 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from jaxrun import contract
 from jaxrun.child import ending
 
 PREFIX = "jaxrun/checks"
@@ -143,7 +144,7 @@ class Board:
                     self.nudge.wait(self._poll())
                     self.nudge.clear()
         except Exception as e:  # noqa: BLE001 - the store gone (coordinator ended): the checks end quietly
-            if os.environ.get("JAXRUN_VERBOSE") == "1":
+            if os.environ.get(contract.VERBOSE) == "1":
                 print(f"jaxrun: --checks stopped comparing: {type(e).__name__}: {e}", file=sys.stderr)
         finally:
             self.stopped.set()
