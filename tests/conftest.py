@@ -18,9 +18,8 @@ would clash; hostE-G have fixed addresses).
 
 import pytest
 
-# fixtures.signals first: whatever signals this process inherited ignored,
-# every process the tests start (the daemons of the fixtures below included)
-# starts with the defaults.
+# fixtures.signals sets the dispositions at configure time, before any test or
+# fixture starts a process (the daemons of the fixtures after it included).
 pytest_plugins = ["fixtures.signals", "fixtures.jobs", "fixtures.sshd", "fixtures.netns", "fixtures.slurm",
                   "fixtures.engines", "fixtures.ray_cluster"]
 

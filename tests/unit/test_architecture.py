@@ -1,5 +1,6 @@
-"""The shape of the house, checked: imports point one way, every room stays
-small, the backends are one table, and the Child contract is what it says.
+"""The shape of the house, checked: imports point one way and close no
+cycle, every room stays small, the backends are one table, every JAXRUN_*
+name is spelled in the contract alone, and the Child contract is what it says.
 
 Each rule reads the source with ``ast`` (function-level imports count) and
 is itself tried on a snippet, so that a check that stops finding what it
