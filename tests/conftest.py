@@ -1,7 +1,9 @@
 """The suite's fixtures live in tests/fixtures/; they are registered here.
 
 ``fixtures.jobs`` holds the leak guard every test gets: any process that
-carries the test's token and outlives it fails the test.
+carries the test's token and outlives it fails the test.  ``fixtures.signals``
+gives every process a test starts the default signal dispositions, even when
+pytest itself was started with SIGINT or SIGHUP ignored (``nohup ... &``).
 
 The README's test command runs the suite in two pytest-xdist workers
 (``-n 2 --dist loadgroup``).  Most of an end-to-end test's time is spent
@@ -16,8 +18,10 @@ would clash; hostE-G have fixed addresses).
 
 import pytest
 
-pytest_plugins = ["fixtures.jobs", "fixtures.sshd", "fixtures.netns", "fixtures.slurm", "fixtures.engines",
-                  "fixtures.ray_cluster"]
+# fixtures.signals sets the dispositions at configure time, before any test or
+# fixture starts a process (the daemons of the fixtures after it included).
+pytest_plugins = ["fixtures.signals", "fixtures.jobs", "fixtures.sshd", "fixtures.netns", "fixtures.slurm",
+                  "fixtures.engines", "fixtures.ray_cluster"]
 
 # A test that needs one of these fixtures runs in the worker of that group:
 # one Slurm cluster and one Ray cluster for the run, and the hosts a test

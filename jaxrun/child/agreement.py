@@ -44,6 +44,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from jaxrun import contract
 from jaxrun.child import ending
 
 PREFIX = "jaxrun/checks"
@@ -171,7 +172,7 @@ class Board:
             if self.returned and self.open:  # topics it judged hand on to the next rank
                 client.key_value_set(f"{LEFT}/{self.rank}", "1", allow_overwrite=True)
         except Exception as e:  # noqa: BLE001 - the store gone (coordinator ended): the checks end quietly
-            if os.environ.get("JAXRUN_VERBOSE") == "1":
+            if os.environ.get(contract.VERBOSE) == "1":
                 print(f"jaxrun: --checks stopped comparing: {type(e).__name__}: {e}", file=sys.stderr)
         finally:
             self.stopped.set()

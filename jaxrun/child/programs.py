@@ -100,7 +100,7 @@ def install(board, strict: bool) -> None:
         try:
             checker.got(signature.bind(*args, **kwargs).arguments, executable)
         except Exception as e:  # noqa: BLE001 - a check that cannot read the program stays silent
-            if os.environ.get("JAXRUN_VERBOSE") == "1":
+            if os.environ.get(contract.VERBOSE) == "1":
                 print(f"jaxrun: --checks could not read a program: {type(e).__name__}: {e}", file=sys.stderr)
         return executable
 

@@ -42,6 +42,8 @@ import os
 import sys
 import threading
 
+from jaxrun import contract
+
 CALLS = ("make_array_from_callback", "make_array_from_process_local_data", "make_array_from_single_device_arrays")
 
 
@@ -54,8 +56,6 @@ def install(board, strict: bool) -> None:
     A process restarted alone (a recoverable job) checks nothing: its calls
     count from 1 again while its peers' entries in the store are from their
     first calls, so it would compare unlike batches."""
-    from jaxrun import contract
-
     if os.environ.get(contract.PROCESS_RESTARTS, "0") not in ("", "0"):
         return
     import jax
@@ -168,7 +168,7 @@ class ReplicaCheck:
             for leaf, (array, captured) in enumerate(zip(leaves, captures)):
                 self._post_array(call, leaf, array, captured)
         except Exception as e:  # noqa: BLE001 - a check that cannot run says so under -v only
-            if os.environ.get("JAXRUN_VERBOSE") == "1":
+            if os.environ.get(contract.VERBOSE) == "1":
                 print(f"jaxrun: --checks could not check {where}: {type(e).__name__}: {e}", file=sys.stderr)
 
     def _post_array(self, call: CheckedCall, leaf: int, array, captured: dict) -> None:

@@ -34,10 +34,11 @@ def skipped_folders() -> tuple[str, tuple[str, ...]]:
     """(jax's internals, every folder whose frames are not the user's call site)."""
     import jax
 
-    import jaxrun
-
     own = os.path.dirname(jax.__file__) + os.sep
-    return own + "_src" + os.sep, (own, os.path.dirname(jaxrun.__file__) + os.sep)
+    # jaxrun's folder, from this file's place in it: ``import jaxrun`` here
+    # would close a cycle (jaxrun -> runtime -> child.replicas -> here).
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    return own + "_src" + os.sep, (own, ours)
 
 
 def site_of(frame, skip: tuple[str, tuple[str, ...]]) -> tuple[str, str]:

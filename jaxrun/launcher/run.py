@@ -41,7 +41,6 @@ from jaxrun.launcher.output.timeline import Timeline
 from jaxrun.launcher.restarts import elastic
 from jaxrun.launcher.restarts.policy import Answer, AttemptEnd, Decision, Engine, RestartPolicy
 from jaxrun.launcher.setup import hosts as hostfile, plan as planning
-from jaxrun.launcher.setup.discover import discover
 from jaxrun.reporting import github, history, report, summary
 
 # An interactive session's variables for the processes, given the attempt's
@@ -191,7 +190,7 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
             lost: dict[str, str] = {}
             try:
                 if decision.answer is Answer.RESTART_ELASTIC:  # its own hosts and count
-                    ask, lost = elastic_ask(config, backend, outcomes[-1], hosts)
+                    ask, lost = elastic.restart_ask(config, backend, outcomes[-1], hosts)
                 else:
                     if decision.why:
                         print(f"jaxrun: {decision.why}", file=console, flush=True)
@@ -248,26 +247,6 @@ def attempt_end(config: RunConfig, outcome: Outcome) -> AttemptEnd:
     failure = found.root.failure if found.root else None
     finished = found.root.where if outcome.work_finished and found.root else None
     return AttemptEnd(outcome.reason, diagnosis.attempt_fingerprint(found), failure, outcome.ran_out, finished)
-
-
-def elastic_ask(config: RunConfig, backend: Backend, failed: Outcome,
-                last: tuple) -> tuple[Ask, dict[str, str]]:
-    """An elastic restart's ask (see ``launcher.restarts.elastic``), and the hosts lost
-    in the failed attempt with why: the backend checks every candidate again,
-    and ``choose`` keeps the run's rules (spares fill lost places, never fewer
-    than --min-hosts, a fixed --mesh must fit)."""
-    listed = discover(config.hosts_command) if config.hosts_command else backend.pool()
-    names = {host.name for host in listed}
-    lost = {name: why for name, why in elastic.lost_hosts(failed).items() if name in names}
-
-    def choose(good, problems):
-        dropped = {**lost, **elastic.check_reasons(problems)}
-        choice = elastic.choose(good, config.options.num_processes, config.min_hosts, dropped)
-        elastic.check_mesh(config.options, choice.num_processes)
-        return choice.hosts, choice.num_processes
-
-    candidates = tuple(elastic.candidates(listed, last, lost))
-    return Ask(candidates, config.options.num_processes, recheck=True, choose=choose), lost
 
 
 def start_failure(error: Exception, control: RunControl) -> Outcome:

@@ -2,15 +2,17 @@
 ``jaxrun stacks`` and ``jaxrun top`` reach real jobs through their control
 channel.
 
-One 3-process JAX job (``stuck``, module scope) serves the tests in order:
-process 1 sleeps in user code while processes 0 and 2 wait for it in a
-collective.  ``jaxrun stacks`` prints process 1's group first and the other
-two's identical stacks once; ``jaxrun top --once`` shows every process
-waiting; the live view is driven in a pseudo-terminal; and last the job is
-released and finishes on its own, which proves that the dumps stopped
-nothing, and its channel's socket is gone.  The job carries a token of its
-own, and a temporary folder of its own, where its channel listens, so that
-another test's job is never the newest one.
+One 3-process JAX job (``stuck``) serves the tests in order: process 1
+sleeps in user code while processes 0 and 2 wait for it in a collective.
+``jaxrun stacks`` prints process 1's group first and the other two's
+identical stacks once; ``jaxrun top --once`` shows every process waiting;
+the live view is driven in a pseudo-terminal; and last the job is released
+and finishes on its own, which proves that the dumps stopped nothing, and
+its channel's socket is gone.  Each test passes alone or in another order:
+the job's run id comes from the job itself (its process 0 prints it), and a
+test that comes after the release gets a new job.  The job carries a token
+of its own, and a temporary folder of its own, where its channel listens, so
+that another test's job is never the newest one.
 
 A plain-Python recoverable job (``lives``) passes through finished, failed
 and restarting: ``jaxrun top --once`` shows each state on its process's row.
@@ -36,6 +38,8 @@ import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 release = sys.argv[1]
+if jax.process_index() == 0:
+    print("run", os.environ["JAXRUN_RUN_ID"], flush=True)
 mesh = jax.make_mesh((jax.device_count(),), ("i",))
 x = jax.device_put(np.ones((jax.device_count(), 4), np.float32), NamedSharding(mesh, P("i")))
 float(jnp.sum(x))  # a first collective: Gloo's context is made (its making times out after 30 s)
@@ -98,13 +102,19 @@ def top_until(env, run_id: str, wanted, within: float) -> str:
 
 
 class Job:
-    def __init__(self, proc, env, release, logs):
+    def __init__(self, proc, env, release, logs, token, base):
         self.proc, self.env, self.release, self.logs = proc, env, release, logs
+        self.token, self.base = token, base  # its processes' token, its own temporary folder
         self.run_id = ""
 
 
-@pytest.fixture(scope="module")
-def stuck(tmp_path_factory):
+# A job's start, up to its three processes' "ready": a test that must start
+# the job (alone, or after the release) spends it on top of its own seconds.
+STUCK_START = 90
+
+
+def stuck_job(tmp_path_factory, started: list) -> Job:
+    """A job stuck as the module's docstring says, once all three processes are ready."""
     token = uuid.uuid4().hex
     base = tmp_path_factory.mktemp("inspect")  # short: the channel's folder goes under it
     env = {**os.environ, TOKEN: token, "TMPDIR": str(base), "TERM": "xterm"}
@@ -116,26 +126,49 @@ def stuck(tmp_path_factory):
         proc = subprocess.Popen([*JAXRUN, "-n", "3", "--cpu-devices", "1", "--log-dir", str(logs), str(script),
                                  str(release)], env=env, cwd=ROOT, stdout=console, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-    job = Job(proc, env, release, logs)
+    job = Job(proc, env, release, logs, token, base)
+    started.append(job)
+    deadline = time.monotonic() + STUCK_START
+    while not all((logs / f"process-{r}.stdout").exists() and "ready" in (logs / f"process-{r}.stdout")
+                  .read_text() for r in range(3)):
+        assert proc.poll() is None and time.monotonic() < deadline, (base / "console").read_text()
+        time.sleep(0.2)
+    job.run_id = (logs / "process-0.stdout").read_text().split()[1]  # "run ID", printed before "ready"
+    return job
+
+
+@pytest.fixture(scope="module")
+def stuck_jobs(tmp_path_factory):
+    """The module's stuck job: started by the first test that asks, and again
+    only for a test that comes after its release."""
+    started: list[Job] = []
+
+    def current() -> Job:
+        if not started or started[-1].release.exists():  # released: it finishes on its own
+            stuck_job(tmp_path_factory, started)
+        return started[-1]
+
     try:
-        deadline = time.monotonic() + 90
-        while not all((logs / f"process-{r}.stdout").exists() and "ready" in (logs / f"process-{r}.stdout")
-                      .read_text() for r in range(3)):
-            assert proc.poll() is None and time.monotonic() < deadline, (base / "console").read_text()
-            time.sleep(0.2)
-        yield job
+        yield current
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, 9)
-        proc.wait()
-        leftover = wait_gone(token, within=5.0)
+        for job in started:
+            if job.proc.poll() is None:
+                os.killpg(job.proc.pid, 9)
+            job.proc.wait()
+        leftover = [p for job in started for p in wait_gone(job.token, within=5.0)]
         for p in leftover:
             p.kill()
-        shutil.rmtree(base, ignore_errors=True)
+        for job in started:
+            shutil.rmtree(job.base, ignore_errors=True)
         assert not leftover, f"processes outlived the job: {leftover}"
 
 
-@pytest.mark.timeout(60)
+@pytest.fixture
+def stuck(stuck_jobs) -> Job:
+    return stuck_jobs()
+
+
+@pytest.mark.timeout(STUCK_START + 60)
 def test_stacks_print_the_process_that_stands_apart_first_and_the_others_once(stuck):
     deadline = time.monotonic() + 20  # processes 0 and 2 may still be on their way into the collective
     while True:
@@ -146,8 +179,7 @@ def test_stacks_print_the_process_that_stands_apart_first_and_the_others_once(st
             break
         time.sleep(0.5)
     head = re.match(r"jaxrun: run (\S+): 3 processes in 2 groups by the main thread's stack", out)
-    assert head, out
-    stuck.run_id = head[1]
+    assert head and head[1] == stuck.run_id, out  # without --run: the newest job, this one
     lines = out.splitlines()
     one = lines.index(next(line for line in lines if line.startswith("process 1 on localhost (pid ")))
     others = lines.index("processes 0,2 on localhost: 2 of 3")
@@ -165,9 +197,8 @@ def test_stacks_print_the_process_that_stands_apart_first_and_the_others_once(st
     assert again.returncode == 0 and again.stdout.splitlines()[2:] == lines[2:], again.stdout
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(STUCK_START + 60)
 def test_top_once_shows_every_process_waiting_with_its_pid_cpu_and_memory(stuck):
-    assert stuck.run_id, "the stacks test runs first"
     out = top_until(stuck.env, stuck.run_id, lambda rows: all(r[3] == "waiting" for r in rows.values()), 30)
     lines = out.splitlines()
     assert lines[0] == f"jaxrun: run {stuck.run_id}  attempt 0  restarts 0 of 0  processes 3", out
@@ -181,7 +212,7 @@ def test_top_once_shows_every_process_waiting_with_its_pid_cpu_and_memory(stuck)
         assert lines[2 + rank].endswith(f"ready {rank}"), out  # its last line
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(STUCK_START + 60)
 def test_top_live_draws_the_table_in_a_terminal_until_ctrl_c(stuck):
     pytest.importorskip("rich", reason="jaxrun top's live view needs rich, a dependency of jaxrun")
     env = {k: str(v) for k, v in stuck.env.items()}
@@ -202,8 +233,10 @@ def test_top_live_draws_the_table_in_a_terminal_until_ctrl_c(stuck):
     assert stuck.proc.poll() is None
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(STUCK_START + 90)
 def test_the_job_released_finishes_on_its_own_and_its_channel_goes_away(stuck):
+    dumped = command(stuck.env, "stacks", "--run", stuck.run_id)  # the dumps, which must stop nothing
+    assert dumped.returncode == 0, dumped.stderr
     stuck.release.write_text("")
     stuck.proc.wait(timeout=60)
     out = (stuck.logs.parent / "console").read_text()

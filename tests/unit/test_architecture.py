@@ -1,5 +1,6 @@
-"""The shape of the house, checked: imports point one way, every room stays
-small, the backends are one table, and the Child contract is what it says.
+"""The shape of the house, checked: imports point one way and close no
+cycle, every room stays small, the backends are one table, every JAXRUN_*
+name is spelled in the contract alone, and the Child contract is what it says.
 
 Each rule reads the source with ``ast`` (function-level imports count) and
 is itself tried on a snippet, so that a check that stops finding what it
@@ -104,8 +105,10 @@ def imported_modules(tree: ast.AST, module: str, is_package: bool) -> set[str]:
                 base = ".".join(anchor + ([base] if base else []))
             if base.split(".")[0] != "jaxrun":
                 continue
-            found.add(base)
-            found.update(f"{base}.{a.name}" for a in node.names)  # from jaxrun import contract
+            # ``from jaxrun import contract`` points at jaxrun.contract, ``from
+            # jaxrun import mesh`` at jaxrun itself (real_modules walks up to the
+            # module that holds a name): never at both.
+            found.update(f"{base}.{a.name}" for a in node.names)
     return found
 
 
@@ -214,10 +217,40 @@ def test_the_launcher_rooms_point_one_way():
 
 
 def test_no_import_cycle():
-    # A package imports its own modules (``backends/__init__`` its registry's
-    # entries' packages, lazily), which is no cycle between parts.
-    graph = {m: {t for t in ts if not t.startswith(m + ".")} for m, ts in import_graph().items()}
-    assert cycles(graph) == []
+    """Between any two modules of the package, imports inside functions
+    included: ``import jaxrun`` from inside is an arrow to jaxrun/__init__,
+    which imports jaxrun.runtime (lazily), and a package's lazy import of its
+    own modules is an arrow like any other."""
+    assert cycles(import_graph()) == []
+
+
+# Every JAXRUN_* environment name is spelled once, in the contract; elsewhere
+# the constant names it.  Docstrings are prose for readers and may mention one.
+ENV_NAME = re.compile(r"JAXRUN_[A-Z0-9_]*")
+CONTRACT = "jaxrun.contract"
+
+
+def docstring_nodes(tree: ast.AST) -> set[int]:
+    """The ids of the docstrings' constants: a module's, a class's, a function's."""
+    return {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            and node.body and isinstance(node.body[0], ast.Expr)}
+
+
+def spelled_env_names(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, name) of each JAXRUN_* name in a string of the code (f-strings'
+    parts included), docstrings aside."""
+    docstrings = docstring_nodes(tree)
+    return sorted((node.lineno, name) for node in ast.walk(tree)
+                  if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+                  for name in ENV_NAME.findall(node.value))
+
+
+def test_every_jaxrun_name_is_spelled_only_in_the_contract():
+    found = [f"{module}:{line}: {name}" for module, (_, tree) in sources().items()
+             if module != CONTRACT and not module.startswith(CONTRACT + ".")
+             for line, name in spelled_env_names(tree)]
+    assert found == [], "name it with its constant from jaxrun.contract"
 
 
 def module_sizes() -> dict[str, int]:
@@ -365,9 +398,7 @@ def test_every_module_put_on_a_command_line_exists_and_says_it_is_a_far_end():
 def program_texts(tree: ast.AST) -> list[int]:
     """Lines of string constants (docstrings aside) that hold a Python program
     of more than a few lines: code belongs in a module that can be linted."""
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                  if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                  and node.body and isinstance(node.body[0], ast.Expr)}
+    docstrings = docstring_nodes(tree)
     lines = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
@@ -456,6 +487,25 @@ def test_the_size_check_finds_full_modules_and_a_stale_allowlist():
 
 def test_the_cycle_check_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_an_import_of_the_package_inside_a_function_is_an_arrow_to_its_init():
+    """The cycle that came back unseen: a function's ``import jaxrun`` closed
+    jaxrun -> runtime -> child.replicas -> child.replicas_prints -> jaxrun."""
+    known = {"jaxrun", "jaxrun.runtime", "jaxrun.contract", "jaxrun.child", "jaxrun.child.replicas_prints"}
+    tree = ast.parse("def f():\n    import jaxrun\n")
+    assert real_modules(imported_modules(tree, "jaxrun.child.replicas_prints", False), known) == {"jaxrun"}
+    tree = ast.parse("from jaxrun import contract\nfrom . import runtime\nfrom jaxrun import mesh\n")
+    # From the package's __init__: a module it names, and a name in jaxrun itself.
+    assert real_modules(imported_modules(tree, "jaxrun", True), known) == {"jaxrun.contract", "jaxrun.runtime",
+                                                                          "jaxrun"}
+
+
+def test_the_name_check_finds_a_spelled_name_and_spares_a_docstring():
+    tree = ast.parse('"""Reads ``JAXRUN_VERBOSE``."""\nimport os\n'
+                     'def f(rank):\n    """JAXRUN_RANK, in prose."""\n'
+                     '    return os.environ.get("JAXRUN_VERBOSE"), f"JAXRUN_RANK={rank}", contract.VERBOSE\n')
+    assert spelled_env_names(tree) == [(5, "JAXRUN_RANK"), (5, "JAXRUN_VERBOSE")]
 
 
 def test_the_program_check_finds_a_program_and_spares_a_docstring():

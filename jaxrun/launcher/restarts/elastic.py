@@ -1,8 +1,9 @@
 """Elastic restarts (``--min-hosts K``): where the next attempt runs.
 
-Before each restart every host is checked again (``Backend.place``).
-What to do with the answers is decided here, and nothing here touches the
-system but ``discover``, which runs ``--hosts-command``:
+Before each restart every host is checked again (``Backend.place``, given
+``restart_ask``'s ask).  What to do with the answers is decided here, and
+nothing here touches the system but ``discover``, which runs
+``--hosts-command``, and the backend's ``pool``:
 
 - a host that was lost in the failed attempt (its connection or agent ended
   before its processes' ends came home) is left out, and so is one that
@@ -21,9 +22,12 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from jaxrun import meshspec
+from jaxrun.core.backend import Ask, Backend
+from jaxrun.core.config import RunConfig
 from jaxrun.core.outcome import Outcome, PlacementRecord
 from jaxrun.core.spec import Host, LaunchOptions
 from jaxrun.launcher.setup import hosts as hostfile
+from jaxrun.launcher.setup.discover import discover
 from jaxrun.reporting import diagnosis
 
 LAST_WORDS = 60  # characters of a lost host's last output line the reason quotes
@@ -37,6 +41,26 @@ class ElasticStop(Exception):
 class Choice:
     hosts: tuple[Host, ...]  # where the next attempt runs, in rank order
     num_processes: int
+
+
+def restart_ask(config: RunConfig, backend: Backend, failed: Outcome,
+                last: tuple) -> tuple[Ask, dict[str, str]]:
+    """An elastic restart's ask, and the hosts lost in the failed attempt
+    with why: the backend checks every candidate again, and ``choose`` keeps
+    the run's rules (spares fill lost places, never fewer than --min-hosts,
+    a fixed --mesh must fit)."""
+    listed = discover(config.hosts_command) if config.hosts_command else backend.pool()
+    names = {host.name for host in listed}
+    lost = {name: why for name, why in lost_hosts(failed).items() if name in names}
+
+    def choose_hosts(good, problems):
+        dropped = {**lost, **check_reasons(problems)}
+        choice = choose(good, config.options.num_processes, config.min_hosts, dropped)
+        check_mesh(config.options, choice.num_processes)
+        return choice.hosts, choice.num_processes
+
+    return Ask(tuple(candidates(listed, last, lost)), config.options.num_processes, recheck=True,
+               choose=choose_hosts), lost
 
 
 def candidates(listed: Sequence[Host], last: Sequence[Host], left_out: Mapping[str, str]) -> list[Host]:
