@@ -5,7 +5,9 @@ import socket
 import threading
 import time
 
-from jaxrun import portable
+import pytest
+
+from jaxrun import contract, portable
 from jaxrun.child import bootstrap
 
 
@@ -16,13 +18,33 @@ def test_an_open_port_is_found_at_once():
         assert time.monotonic() - started < 1
 
 
-def test_a_port_that_opens_later_is_found_when_it_opens():
+def _tcp_later(tmp_path):
+    """A loopback port, and how to listen there once it opens."""
     port = portable.free_port("127.0.0.1")
+    return f"127.0.0.1:{port}", lambda: socket.create_server(("127.0.0.1", port))
+
+
+def _unix_later(tmp_path):
+    """A socket file, as a local job's coordinator is (issue 58), and how to listen there."""
+    path = str(tmp_path / "coordinator.sock")
+
+    def listen() -> socket.socket:
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(path)
+        server.listen()
+        return server
+
+    return contract.unix_address(path), listen
+
+
+@pytest.mark.parametrize("later", [_tcp_later, _unix_later], ids=["port", "socket-file"])
+def test_a_coordinator_that_opens_later_is_found_when_it_opens(tmp_path, later):
+    address, listen = later(tmp_path)
     opened = threading.Event()
 
     def open_later() -> None:
         time.sleep(0.3)
-        with socket.create_server(("127.0.0.1", port)) as server:
+        with listen() as server:
             opened.set()
             conn, _ = server.accept()  # the wait's one connection
             conn.close()
@@ -30,10 +52,16 @@ def test_a_port_that_opens_later_is_found_when_it_opens():
     thread = threading.Thread(target=open_later)
     thread.start()
     try:
-        assert bootstrap.wait_for_coordinator(f"127.0.0.1:{port}", within=10)
+        assert bootstrap.wait_for_coordinator(address, within=10)
         assert opened.is_set()
     finally:
         thread.join(10)
+
+
+def test_a_socket_file_that_never_appears_gives_up_after_the_wait(tmp_path):
+    started = time.monotonic()
+    assert not bootstrap.wait_for_coordinator(contract.unix_address(str(tmp_path / "never.sock")), within=0.3)
+    assert time.monotonic() - started < 3  # 0.3 s asked; the margin is a loaded machine's
 
 
 def test_a_port_that_never_opens_gives_up_after_the_wait():
