@@ -212,23 +212,34 @@ class Board:
         return max(0.0, min(due) - self.clock()) if due else SLOW_POLL
 
     def _look(self, client) -> None:
-        """Look at each open topic that is due: judge it, or read its verdict."""
+        """Look at each open topic that is due, and at every older one with it
+        (oldest first): judge it, or read its verdict.  A difference is named
+        at its first call, not at whichever topic's backed-off look came due
+        first (examples/replica_across.py once named its third)."""
         now, still, finished = self.clock(), [], _Finished(client)
-        for post in self.open:
-            if post.next_look > now:
+        due = [i for i, post in enumerate(self.open) if post.next_look <= now]
+        last = due[-1] if due else -1
+        for i, post in enumerate(self.open):
+            if i > last:
                 still.append(post)
                 continue
-            post.next_look = now + post.pause
-            post.pause = min(post.pause * 2, SLOW_POLL)
+            if post.next_look <= now:  # an older topic looked at early keeps its own back-off
+                post.next_look = now + post.pause
+                post.pause = min(post.pause * 2, SLOW_POLL)
             if post.judge == self.rank:
-                done = self._judge(client, post, finished)
+                done = self._judge(client, post, finished, still)
             else:
                 done = self._follow(client, post, now)
             if not done:
                 still.append(post)
         self.open = still
 
-    def _judge(self, client, post: Post, finished: _Finished) -> bool:
+    def _judge(self, client, post: Post, finished: _Finished, older: list[Post] | None = None) -> bool:
+        """Settle ``post`` if its entries are in.  Before a difference is
+        settled, the ``older`` topics this rank judges that this look found
+        incomplete are judged again: each rank posts in its script's order,
+        so a peer whose entry for this topic is here has its older ones here
+        too, though they may have come after this look read those topics."""
         entries = read_entries(client, post.topic)
         entries[self.rank] = post.entry
         wanted = {r: entries[r] for r in post.among if r in entries}
@@ -241,6 +252,8 @@ class Board:
                 post.differs_since = self.clock()
             if post.differs_since is None or self.clock() - post.differs_since < GATHER_WAIT:
                 return False
+        if differs and older:
+            older[:] = [p for p in older if p.judge != self.rank or not self._judge(client, p, finished)]
         if differs:  # the others judge these entries too: the verdict first, swept once read
             client.key_value_set(f"{VERDICTS}/{post.topic}", json.dumps(
                 {"entries": {str(r): e for r, e in wanted.items()}, "gone": sorted(gone)}), allow_overwrite=True)

@@ -156,6 +156,50 @@ def test_a_difference_settles_early_and_every_rank_judges_it_then_its_keys_go():
     assert not [k for k in store.data if "p/0" in k], store.data
 
 
+def test_the_oldest_topic_that_differs_is_judged_first_whatever_its_back_off():
+    """Rank 0 posts calls 1-3 as its loop runs (0.1 s apart) and rank 1 posts
+    its own a little later: call 3's first look comes due before call 1's
+    backed-off one (examples/replica_across.py named "call 3 there" in CI).
+    A due look takes every older topic with it, oldest first."""
+    store, seen, clock = Store(), [], Clock()
+    one, two = boards(2, store, clock)
+    for call in (1, 2, 3):
+        one._publish(store, agreement.Post(f"r/{call}", {"fp": "a"}, (0, 1), lambda *a: seen.append(a[0]), same_fp))
+        one._count(1)
+        clock.now += 0.1
+        one._look(store)  # its looks at the calls posted so far, none complete yet
+    for call in (1, 2, 3):
+        two._publish(store, agreement.Post(f"r/{call}", {"fp": "b"}, (0, 1), lambda *a: None, same_fp))
+        two._count(1)
+    while not seen:
+        clock.now += 0.01
+        one._look(store)
+    assert seen[0] == "r/1", seen
+
+
+def test_a_difference_waits_for_the_older_topics_a_peer_posted_while_the_judge_looked():
+    """The judge reads call 1 before rank 1 posted it, and call 2 after rank 1
+    posted both (CI: replica_across's "call 2 there"): call 1 is judged again
+    before call 2's difference settles."""
+    store, seen, clock = Store(), [], Clock()
+    one, two = boards(2, store, clock)
+    for call in (1, 2):
+        one._publish(store, agreement.Post(f"r/{call}", {"fp": "a"}, (0, 1), lambda *a: seen.append(a[0]), same_fp))
+        one._count(1)
+    reads = store.key_value_dir_get
+
+    def peer_posts_meanwhile(prefix):
+        if prefix.endswith("/r/2/") and not two.open:
+            for call in (1, 2):
+                two._publish(store, agreement.Post(f"r/{call}", {"fp": "b"}, (0, 1), lambda *a: None, same_fp))
+        return reads(prefix)
+
+    store.key_value_dir_get = peer_posts_meanwhile
+    clock.now += agreement.SLOW_POLL
+    one._look(store)
+    assert seen[:1] == ["r/1"], seen
+
+
 def test_a_judge_that_finished_without_the_topic_hands_it_on():
     store, seen, clock = Store(), [], Clock()
     ones = boards(3, store, clock)
