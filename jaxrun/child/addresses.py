@@ -13,19 +13,12 @@ import time
 from jaxrun import contract, portable
 
 
-def reachable_address(coordinator: str, route: str | None = None) -> str:
+def reachable_address(coordinator: str) -> str:
     """This process's one address for every listener JAX opens (collectives,
     transfers): loopback when the job is on this machine only, else the local
     address that routes towards the coordinator's host.  Never a wildcard,
-    and never what the hostname resolves to, which is often 127.0.1.1.
-
-    ``route`` (default: ``JAXRUN_COORDINATOR_ROUTE``) is that host's network
-    address where the coordinator's own is a Unix socket forwarded over SSH,
-    which says nothing of the network the collectives use."""
-    import os
-
-    route = route if route is not None else os.environ.get(contract.COORDINATOR_ROUTE)
-    host = route or contract.address_host(coordinator)
+    and never what the hostname resolves to, which is often 127.0.1.1."""
+    host = contract.address_host(coordinator)
     if contract.is_loopback(host):
         return "127.0.0.1"
     import socket

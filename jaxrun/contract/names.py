@@ -5,10 +5,6 @@ put on command lines."""
 # -- what every child gets ---------------------------------------------------
 COORDINATOR_ADDRESS = "JAXRUN_COORDINATOR_ADDRESS"
 COORDINATOR_BIND_ADDRESS = "JAXRUN_COORDINATOR_BIND_ADDRESS"
-# Over SSH, where the service is a unix socket forwarded to every host: the
-# first host's network address, towards which each process picks its own
-# address for the collectives (child.addresses.reachable_address).
-COORDINATOR_ROUTE = "JAXRUN_COORDINATOR_ROUTE"
 NUM_PROCESSES = "JAXRUN_NUM_PROCESSES"
 PROCESS_ID = "JAXRUN_PROCESS_ID"
 LOCAL_PROCESS_ID = "JAXRUN_LOCAL_PROCESS_ID"

@@ -216,3 +216,4 @@ def test_another_user_reaches_nothing_of_a_job_over_ssh(start_job, outsider, net
     # Process 0 served it on a socket file in its host agent's private folder
     # (hostB's end is sshd's, which carries no token).
     assert len(service) == 1 and service[0].startswith("/tmp/jaxrun-host-"), unix
+    assert service[0].endswith(f"@{first}.sock"), service  # the route the processes' own listeners take

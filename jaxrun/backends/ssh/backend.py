@@ -57,14 +57,11 @@ def visible_gpus(listed_gpus: Mapping[str, int], env: Mapping[str, str]) -> dict
     return {name: min(count, len(visible)) for name, count in listed_gpus.items() if visible}
 
 
-def routed(spec: ProcessSpec, env: Mapping[str, str], address: str, own: str,
-           route: str) -> tuple[ProcessSpec, dict[str, str]]:
+def routed(spec: ProcessSpec, env: Mapping[str, str], address: str, own: str) -> tuple[ProcessSpec, dict[str, str]]:
     """``spec`` and its environment with the coordinator's ``address`` (the
     first host's socket) replaced by ``own``, its own host's forwarded socket,
-    wherever it appears (the variables, the {coordinator} placeholder's
-    word), and the first host's network address in JAXRUN_COORDINATOR_ROUTE."""
+    wherever it appears (the variables, the {coordinator} placeholder's word)."""
     env = {key: value.replace(address, own) for key, value in env.items()}
-    env[contract.COORDINATOR_ROUTE] = route
     return dataclasses.replace(spec, shim_args=tuple(word.replace(address, own) for word in spec.shim_args)), env
 
 
@@ -88,7 +85,6 @@ class SshBackend(Backend):
         self.serving: set[str] = set()  # hosts whose server this attempt uses
         self.channels: dict[str, str] = {}  # host name -> local socket forwarded to its agent
         self.routes: CoordinatorRoutes | None = None  # this attempt's coordinator forwards, if any
-        self.route = ""  # the first host's network address, for the collectives' route pick
         self.said_open = False  # the warning that the service is on a network port, said once
 
     def open(self) -> None:
@@ -162,14 +158,14 @@ class SshBackend(Backend):
         if fixed:
             return address, bind
         routes = CoordinatorRoutes(self.connections)
-        why = routes.open()
+        why = routes.open(contract.address_host(address))
         if why:
             if not self.said_open:
                 self.said_open = True
                 print(f"jaxrun: {why}: the coordination service listens on {address} instead, open to every "
                       "machine that reaches it (docs/security.md)", file=self.console, flush=True)
             return address, bind
-        self.routes, self.route = routes, contract.address_host(address)
+        self.routes = routes
         first = routes.addresses[self.hosts[0].name]
         if self.verbose:
             others = [name for name in routes.addresses if name != self.hosts[0].name]
@@ -260,7 +256,7 @@ class SshBackend(Backend):
         env = process_env(spec, extra_env)
         if self.routes is not None:
             spec, env = routed(spec, env, self.routes.addresses[self.hosts[0].name],
-                               self.routes.addresses[spec.host.name], self.route)
+                               self.routes.addresses[spec.host.name])
         error_file = extra_env.get(contract.ERROR_FILE)  # where the record that comes home is kept
         channel = self.channels.get(spec.host.name)
         if channel:

@@ -11,10 +11,10 @@ authenticated connection to the launcher and over the first host's to
 process 0.  No port of any host is opened for it; on each host only the
 user (and root) can enter the folder.
 
-The collectives (Gloo, NCCL) still connect directly between the hosts: every
-process learns the first host's address in ``JAXRUN_COORDINATOR_ROUTE`` and
-advertises its own address on the route towards it
-(:func:`jaxrun.child.addresses.reachable_address`).
+The collectives (Gloo, NCCL) still connect directly between the hosts: the
+socket's name carries the first host's network address
+(``contract.route_socket_name``), and every process advertises its own
+address on the route towards it (:func:`jaxrun.child.addresses.reachable_address`).
 """
 
 from __future__ import annotations
@@ -30,16 +30,18 @@ from jaxrun.backends.ssh.commands import mux_args
 from jaxrun.core.spec import Host
 from jaxrun.wire.preflight import PreflightKey as Key
 
-COORDINATOR_SOCKET = "coordinator-{token}.sock"  # in each host agent's private folder
+COORDINATOR_SOCKET = "coordinator-{token}"  # in each host agent's private folder, with the route
 CANCEL_WAIT = 3.0  # for the masters to drop an ended attempt's forwards
 
 
-def host_socket(channels: str | None, token: str) -> str | None:
+def host_socket(channels: str | None, token: str, route: str) -> str | None:
     """The coordinator's socket in the private folder of the host agent that
-    listens at ``channels`` (None: no agent there, or a path too long)."""
+    listens at ``channels``, its name carrying ``route`` (None: no agent
+    there, or a path too long)."""
     if not channels:
         return None
-    path = posixpath.join(posixpath.dirname(channels), COORDINATOR_SOCKET.format(token=token))
+    name = contract.route_socket_name(COORDINATOR_SOCKET.format(token=token), route)
+    path = posixpath.join(posixpath.dirname(channels), name)
     return path if len(path) <= portable.sockets.LONGEST_SOCKET_PATH else None
 
 
@@ -51,13 +53,13 @@ class CoordinatorRoutes:
         self.addresses: dict[str, str] = {}  # host name -> the unix: address its processes connect to
         self.added: list[tuple[Host, str, str]] = []  # (host, -L or -R, the forward)
 
-    def open(self, token: str | None = None) -> str | None:
+    def open(self, route: str, token: str | None = None) -> str | None:
         """Add every forward; None once all are in place, else why not (and
-        none is left in place)."""
+        none is left in place).  ``route``: the first host's network address."""
         token = token or secrets.token_hex(4)
         connections = self.connections
         hosts = list({h.name: h for h in connections.hosts}.values())  # a host listed twice: one socket
-        paths = {h.name: host_socket(connections.results[h.name].get(Key.CHANNELS), token) for h in hosts}
+        paths = {h.name: host_socket(connections.results[h.name].get(Key.CHANNELS), token, route) for h in hosts}
         missing = [name for name, path in paths.items() if path is None]
         if missing:
             return f"{missing[0]} has no private folder of jaxrun's (its host agent did not start)"
