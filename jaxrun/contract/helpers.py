@@ -185,11 +185,26 @@ def unix_socket_path(address: str) -> str | None:
 
 
 def address_host(address: str) -> str:
-    """The host part of HOST:PORT or [HOST]:PORT; loopback for a Unix
-    socket's address, which only this machine can reach."""
-    if unix_socket_path(address) is not None:
+    """The host part of HOST:PORT or [HOST]:PORT; for a Unix socket's
+    address, the network address its name carries after ``@`` (over SSH, the
+    first host's, where the socket is forwarded: see ``route_socket_name``),
+    else loopback, which only this machine can reach."""
+    path = unix_socket_path(address)
+    if path is not None:
+        name = path.rsplit("/", 1)[-1]
+        if "@" in name and name.endswith(".sock"):
+            return name.split("@", 1)[1][:-len(".sock")].replace("-", ":")
         return "127.0.0.1"
     return address.rsplit(":", 1)[0].strip("[]")
+
+
+def route_socket_name(stem: str, host: str) -> str:
+    """A socket file's name that carries ``host``, the network address its
+    processes route their own listeners towards (``address_host`` reads it
+    back): over SSH the coordinator is a socket forwarded to every host,
+    which says nothing of the network the collectives use.  An IPv6
+    address's colons become dashes, as ssh's forward specs split on colons."""
+    return f"{stem}@{host.replace(':', '-')}.sock"
 
 
 # -- KEY=VALUE ---------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from fixtures.jobs import DATA, processes_with_token
+from fixtures.jobs import DATA, ROOT, TOKEN, processes_with_token
 
 from jaxrun import portable
 
@@ -155,3 +155,65 @@ def test_fixed_coordinator_is_said_to_be_open_and_an_intruder_is_named(launch, o
     assert len(opened) == 1, err  # said once, at the start
     assert "task 1 of the job registered a second time with the coordination service" in err, err
     assert "failed first" not in err, err
+
+
+def namespaced_listeners(token: str) -> tuple[list[str], list[str]]:
+    """``listeners`` for processes in network namespaces of their own, which
+    psutil cannot list (it reads this process's /proc/net): each process's
+    sockets, looked up in its own /proc/PID/net tables."""
+    tcp, unix = set(), set()
+    for proc in processes_with_token(token):
+        try:
+            inodes = {os.readlink(f"/proc/{proc.pid}/fd/{fd}")[8:-1] for fd in os.listdir(f"/proc/{proc.pid}/fd")
+                      if os.readlink(f"/proc/{proc.pid}/fd/{fd}").startswith("socket:[")}
+            for table, size in (("tcp", 4), ("tcp6", 16)):
+                for row in Path(f"/proc/{proc.pid}/net/{table}").read_text().splitlines()[1:]:
+                    cells = row.split()
+                    if cells[3] == "0A" and cells[9] in inodes:  # LISTEN, one of its own
+                        ip_hex, port_hex = cells[1].split(":")
+                        raw = bytes.fromhex(ip_hex)
+                        raw = b"".join(raw[i:i + 4][::-1] for i in range(0, size, 4))  # host-order words
+                        host = _reachable(str(ipaddress.ip_address(raw)))
+                        tcp.add(f"[{host}]:{int(port_hex, 16)}" if ":" in host else f"{host}:{int(port_hex, 16)}")
+            for row in Path(f"/proc/{proc.pid}/net/unix").read_text().splitlines()[1:]:
+                cells = row.split()
+                if len(cells) > 7 and cells[6] in inodes:
+                    unix.add(cells[7])
+        except (OSError, psutil.NoSuchProcess):
+            pass
+    return sorted(tcp), sorted(unix)
+
+
+def test_another_user_reaches_nothing_of_a_job_over_ssh(start_job, outsider, netns_hosts, shared_dir, tmp_path,
+                                                        no_leftover_processes):
+    """Two hosts in network namespaces of their own: the outsider, on the
+    launching machine, reaches each host's network, and tries every TCP port
+    any process of the job listens on, process 0's first.  None is the
+    coordination service: it is a Unix socket in a private folder on hostA,
+    which the launcher's SSH connections forward to hostB."""
+    script = shared_dir / "guarded_job.py"
+    script.write_bytes((DATA / "guarded_job.py").read_bytes())
+    go = shared_dir / "go"
+    job = start_job("-H", "hostA:2,hostB:1", "--ssh-config", netns_hosts.config, "-x", f"PYTHONPATH={ROOT}",
+                    "-x", TOKEN, "--cpu-devices", 1, "-v", "--log-dir", tmp_path / "logs", script, shared_dir, go,
+                    cwd=shared_dir)
+    try:
+        wait_ready(shared_dir, 3, job)
+        tcp, unix = namespaced_listeners(no_leftover_processes)
+        first = netns_hosts.addresses["hostA"]
+        assert any(address.startswith(f"{first}:") for address in tcp), tcp  # process 0's Gloo: tried too
+        assert not any(address.startswith("127.") for address in tcp), tcp  # every listener on the routed address
+        lines = outsider(tcp)
+    finally:
+        go.write_text("")
+    assert job.wait(timeout=90) == 0, job.stderr
+    assert len(lines) == len(tcp) and all(" refused (exit " in line for line in lines), lines
+    for rank in range(3):
+        assert f"process {rank} done, allgather [0, 1, 2]" in job.stdout
+    said = [line for line in job.stderr.splitlines() if "coordination service: unix:" in line]
+    assert len(said) == 1 and "on hostA, forwarded to hostB over their SSH connections" in said[0], job.stderr
+    service = [path for path in unix if os.path.basename(path).startswith("coordinator-")]
+    # Process 0 served it on a socket file in its host agent's private folder
+    # (hostB's end is sshd's, which carries no token).
+    assert len(service) == 1 and service[0].startswith("/tmp/jaxrun-host-"), unix
+    assert service[0].endswith(f"@{first}.sock"), service  # the route the processes' own listeners take

@@ -186,7 +186,7 @@ def test_dry_run_contacts_no_host(jaxrun, tmp_path):
                             "{process_id}", cwd=tmp_path)
     assert code == 0, err
     assert "process 1 on nohost.invalid:" in out
-    assert "JAXRUN_COORDINATOR_ADDRESS=nohost.invalid:PORT" in out
+    assert "JAXRUN_COORDINATOR_ADDRESS=unix:/PRIVATE-FOLDER-ON-nohost.invalid/coordinator-HEX.sock" in out
 
 
 @pytest.mark.timeout(30)
@@ -343,8 +343,11 @@ def start_ready_job(launch, ssh_hosts, tmp_path, shared_dir, agents=2):
     lines = wait_for_lines(job, "ready", 2)
     remote = host_agents(script)
     assert len(remote) == agents
-    # Process 0's coordination service listens on the first host's address only.
     coordinator = next(line.split()[-1] for line in lines if line.startswith("[0] ready"))
+    if coordinator.startswith("unix:"):  # a socket in hostA's agent folder, forwarded over SSH: no port
+        assert coordinator.startswith("unix:/tmp/jaxrun-host-"), coordinator
+        return job
+    # Where the hosts refuse to forward, it listens on the first host's address only.
     bound, port = coordinator.rsplit(":", 1)
     assert bound == address
     listening = {c.laddr.ip.removeprefix("::ffff:") for c in psutil.net_connections("inet")
@@ -393,15 +396,16 @@ def test_killed_ssh_clients_leave_nothing(request, launch, tmp_path, shared_dir,
 
 @pytest.mark.timeout(90)
 def test_a_restart_over_ssh_picks_its_coordinator_port_again(sshd_hosts, jaxrun, tmp_path, shared_dir):
-    """The first attempt takes the port the first host's preflight held; a
-    restart asks that host for a free port anew, and checks it is reachable."""
+    """Each attempt serves the coordinator on a new socket in each host's
+    private folder, forwarded anew over SSH (the route to the first host's
+    address checked again on a free port)."""
     script = write(shared_dir, "twice.py", "import os, sys\n"
                    "print('attempt', os.environ['JAXRUN_RESTART_COUNT'], os.environ['JAXRUN_COORDINATOR_ADDRESS'])\n"
                    "sys.exit(3 if os.environ['JAXRUN_RESTART_COUNT'] == '0' else 0)\n")
     code, out, err = jaxrun("-H", "hostA,hostB", *ssh_flags(sshd_hosts), "--max-restarts", 1,
                             "--log-dir", tmp_path / "logs", script, cwd=shared_dir)
     assert code == 0, err
-    seen = {line.split()[2]: line.split()[3] for line in out.splitlines() if "attempt" in line}
-    assert set(seen) == {"0", "1"}, out
-    for address in seen.values():
-        assert address.startswith("127.0.0.2:"), out
+    seen = [line.split()[2:4] for line in out.splitlines() if "attempt" in line]
+    assert sorted(attempt for attempt, _ in seen) == ["0", "0", "1", "1"], out
+    assert all(address.startswith("unix:/tmp/jaxrun-host-") for _, address in seen), out
+    assert len({address for _, address in seen}) == 4, out  # a socket per host and per attempt

@@ -40,6 +40,7 @@ from jaxrun.backends.ssh.commands import (
 )
 from jaxrun.backends.ssh.connections import MASTER_CLOSE_WAIT, Connections
 from jaxrun.backends.ssh.options import SshOptions
+from jaxrun.backends.ssh.routes import CoordinatorRoutes
 from jaxrun.contract import devices
 from jaxrun.core.backend import Ask, Backend, News, Placement
 from jaxrun.core.spec import Host, ProcessSpec
@@ -54,6 +55,14 @@ def visible_gpus(listed_gpus: Mapping[str, int], env: Mapping[str, str]) -> dict
     if visible is None:
         return dict(listed_gpus)
     return {name: min(count, len(visible)) for name, count in listed_gpus.items() if visible}
+
+
+def routed(spec: ProcessSpec, env: Mapping[str, str], address: str, own: str) -> tuple[ProcessSpec, dict[str, str]]:
+    """``spec`` and its environment with the coordinator's ``address`` (the
+    first host's socket) replaced by ``own``, its own host's forwarded socket,
+    wherever it appears (the variables, the {coordinator} placeholder's word)."""
+    env = {key: value.replace(address, own) for key, value in env.items()}
+    return dataclasses.replace(spec, shim_args=tuple(word.replace(address, own) for word in spec.shim_args)), env
 
 
 class SshBackend(Backend):
@@ -75,6 +84,8 @@ class SshBackend(Backend):
         self.servers: dict[str, tuple[str, subprocess.Popen]] = {}  # host name -> (socket name, session)
         self.serving: set[str] = set()  # hosts whose server this attempt uses
         self.channels: dict[str, str] = {}  # host name -> local socket forwarded to its agent
+        self.routes: CoordinatorRoutes | None = None  # this attempt's coordinator forwards, if any
+        self.said_open = False  # the warning that the service is on a network port, said once
 
     def open(self) -> None:
         self._open(tolerate=False)
@@ -137,7 +148,39 @@ class SshBackend(Backend):
                 print(f"jaxrun: {name}: processes run over {how}", file=self.console, flush=True)
 
     def choose_coordinator(self, fixed: str | None) -> tuple[str, str]:
-        return self.connections.choose_coordinator(fixed)
+        """The first host's address and a port, checked as every host's route
+        to it (the collectives need it); then, unless the user fixed the
+        address, the service moves off the network onto a Unix socket that
+        jaxrun's SSH connections forward to every host (ssh/routes.py).  A host
+        whose sshd refuses that keeps the port, said once."""
+        address, bind = self.connections.choose_coordinator(fixed)
+        self._end_routes()
+        if fixed:
+            return address, bind
+        routes = CoordinatorRoutes(self.connections)
+        why = routes.open(contract.address_host(address))
+        if why:
+            if not self.said_open:
+                self.said_open = True
+                print(f"jaxrun: {why}: the coordination service listens on {address} instead, open to every "
+                      "machine that reaches it (docs/security.md)", file=self.console, flush=True)
+            return address, bind
+        self.routes = routes
+        first = routes.addresses[self.hosts[0].name]
+        if self.verbose:
+            others = [name for name in routes.addresses if name != self.hosts[0].name]
+            print(f"jaxrun: coordination service: {first} on {self.hosts[0].name}"
+                  + (f", forwarded to {', '.join(others)} over their SSH connections" if others else ""),
+                  file=self.console, flush=True)
+        return first, first
+
+    def _end_routes(self) -> None:
+        if self.routes is not None:
+            self.routes.close()
+            self.routes = None
+
+    def end_attempt(self) -> None:
+        self._end_routes()
 
     def _start_servers(self) -> None:
         """One preloading server per host, started as soon as the hosts are
@@ -201,13 +244,19 @@ class SshBackend(Backend):
         return {"host_devices": gpus, "host_machines": machines}
 
     def dry_run_coordinator(self, fixed: str | None) -> tuple[str, str | None]:
-        return fixed or f"{self.hosts[0].name}:PORT", None  # no host is contacted
+        if fixed:
+            return fixed, None  # no host is contacted
+        # A socket in the first host's private jaxrun folder, forwarded to the others (ssh/routes.py).
+        return contract.unix_address(f"/PRIVATE-FOLDER-ON-{self.hosts[0].name}/coordinator-HEX.sock"), None
 
     def spawn(self, spec: ProcessSpec, lifeline_fd: int, extra_env: Mapping[str, str],
               log_fds: tuple[int, int] | None, news: News) -> SessionChild | ChannelChild:
         del lifeline_fd  # the remote side's lifeline is the ssh channel itself
         server = self.servers[spec.host.name][0] if spec.host.name in self.serving else None
         env = process_env(spec, extra_env)
+        if self.routes is not None:
+            spec, env = routed(spec, env, self.routes.addresses[self.hosts[0].name],
+                               self.routes.addresses[spec.host.name])
         error_file = extra_env.get(contract.ERROR_FILE)  # where the record that comes home is kept
         channel = self.channels.get(spec.host.name)
         if channel:
@@ -252,6 +301,7 @@ class SshBackend(Backend):
         return problem
 
     def close(self) -> None:
+        self._end_routes()
         self._stop_servers()
         if self.connections is not None:
             self.connections.close()

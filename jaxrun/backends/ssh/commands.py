@@ -132,9 +132,16 @@ def session_control(path: str | None) -> list[str]:
 def forward_args(settings: SshOptions, host: Host, control_path: str, local: str, remote: str) -> list[str]:
     """Ask the host's master to forward the Unix socket ``local`` here to
     ``remote`` there (its agent's): every connection to it is a new channel."""
+    return mux_args(settings, host, control_path, "forward", "-L", f"{local}:{remote}")
+
+
+def mux_args(settings: SshOptions, host: Host, control_path: str, operation: str, flag: str,
+             spec: str) -> list[str]:
+    """``ssh -O operation flag spec``: a forward added to (``forward``) or taken
+    from (``cancel``) the host's running master, no new connection."""
     args = ssh_args(settings, host, ["-o", f"ControlPath={control_path}"])
     at = args.index("--")
-    return args[:at] + ["-O", "forward", "-L", f"{local}:{remote}"] + args[at:]
+    return args[:at] + ["-O", operation, flag, spec] + args[at:]
 
 
 def remote_command(words: Sequence[str], setup: str | None = None) -> str:
