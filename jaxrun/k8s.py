@@ -89,14 +89,21 @@ def container_env(opts: K8sOptions) -> list[dict]:
     )
     if opts.cpu_devices is not None:
         values.update(contract.cpu_env(opts.cpu_devices))
-    # Per pod, from the downward API: the rank is the completion index, and
-    # the restart count is JobSet's attempt label.
+    # Pod 0's service listens on the pod's own address, never every interface
+    # (JAX's default): the kubelet expands $(JAXRUN_POD_ADDRESS), defined
+    # first, and the shim brackets an IPv6 one.
+    values.update(contract.bind_env(f"$({contract.POD_ADDRESS}):{opts.port}"))
+    # Per pod, from the downward API: its address, the rank is the completion
+    # index, and the restart count is JobSet's attempt label.
     fields = {
+        contract.POD_ADDRESS: "status.podIP",
         contract.PROCESS_ID: f"metadata.annotations['{INDEX_ANNOTATION}']",
         contract.RESTART_COUNT: f"metadata.labels['{RESTART_LABEL}']",
     }
-    env = [{"name": k, **_field(fields[k])} if k in fields else {"name": k, "value": kubelet_literal(v)}
-           for k, v in values.items()]
+    references = set(contract.bind_env(""))  # their $(...) is the kubelet's to expand
+    env = [{"name": contract.POD_ADDRESS, **_field(fields[contract.POD_ADDRESS])}]
+    env += [{"name": k, **_field(fields[k])} if k in fields
+            else {"name": k, "value": v if k in references else kubelet_literal(v)} for k, v in values.items()]
     ours = {e["name"] for e in env}  # jaxrun's values win over --env
     return [{"name": k, "value": kubelet_literal(v)} for k, v in opts.env.items() if k not in ours] + env
 

@@ -101,6 +101,7 @@ def prepare(environ=os.environ) -> None:
     environ[contract.LOCAL_PROCESS_ID] = str(local)
     scheduled_devices(environ, local)
     bind = environ.get(contract.COORDINATOR_BIND_ADDRESS) if rank == 0 else None
+    bind = contract.bracketed(bind) if bind else None
     _launch = Launch(coordinator, count, rank, local, bind, environ.get(contract.VERBOSE) == "1",
                      joined_file=environ.get(contract.JOINED_FILE))
     hooks.after_import("jax._src.distributed", _patch_distributed)

@@ -53,6 +53,16 @@ def bind_env(address: str) -> dict[str, str]:
     return {COORDINATOR_BIND_ADDRESS: address, JAX_COORDINATOR_BIND_ADDRESS: address}
 
 
+def bracketed(address: str) -> str:
+    """HOST:PORT with an IPv6 HOST in brackets, as gRPC reads it: a bind
+    address put together where the host's family is not known yet (a pod's
+    ``$(JAXRUN_POD_ADDRESS):PORT``).  A Unix socket's address is left alone."""
+    if unix_socket_path(address) is not None:
+        return address
+    host, sep, port = address.rpartition(":")
+    return f"[{host}]:{port}" if sep and ":" in host and not host.startswith("[") else address
+
+
 def cpu_env(devices: int) -> dict[str, str]:
     return {JAX_PLATFORMS: "cpu", JAX_NUM_CPU_DEVICES: str(devices)}
 

@@ -5,6 +5,9 @@ put on command lines."""
 # -- what every child gets ---------------------------------------------------
 COORDINATOR_ADDRESS = "JAXRUN_COORDINATOR_ADDRESS"
 COORDINATOR_BIND_ADDRESS = "JAXRUN_COORDINATOR_BIND_ADDRESS"
+# A Kubernetes pod's own address (the downward API's status.podIP), which pod
+# 0's coordination service binds (``jaxrun k8s``).
+POD_ADDRESS = "JAXRUN_POD_ADDRESS"
 NUM_PROCESSES = "JAXRUN_NUM_PROCESSES"
 PROCESS_ID = "JAXRUN_PROCESS_ID"
 LOCAL_PROCESS_ID = "JAXRUN_LOCAL_PROCESS_ID"

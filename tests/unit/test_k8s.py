@@ -97,6 +97,23 @@ def test_environment_gives_rank_from_completion_index_and_pod_0_as_coordinator()
     assert len(names) == len(set(names))
 
 
+def test_pod_0_binds_its_own_address_never_every_interface():
+    """JAX's default binds [::]:PORT; each pod's bind address is its own
+    (status.podIP), declared before the variables that refer to it, so the
+    kubelet expands it; the shim brackets an IPv6 one."""
+    container = container_of(k8s.render(options()))
+    names = [e["name"] for e in container["env"]]
+    env = env_of(container)
+    assert env[contract.POD_ADDRESS] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    for name in (contract.COORDINATOR_BIND_ADDRESS, contract.JAX_COORDINATOR_BIND_ADDRESS):
+        assert env[name] == f"$({contract.POD_ADDRESS}):8476"
+        assert names.index(contract.POD_ADDRESS) < names.index(name)
+    assert contract.bracketed("10.0.0.7:8476") == "10.0.0.7:8476"
+    assert contract.bracketed("fd00::7:8476") == "[fd00::7]:8476"
+    assert contract.bracketed("[fd00::7]:8476") == "[fd00::7]:8476"
+    assert contract.bracketed("unix:/tmp/a:b/c.sock") == "unix:/tmp/a:b/c.sock"
+
+
 def test_resources_module_target_placeholders_and_deadline():
     manifest = k8s.render(options(cpu="4", memory="16Gi", gpus=8, timeout=600, is_module=True,
                                   script="pkg.train", args=("--rank", "{process_id}", "{num_processes}", "$(HOME)")))
