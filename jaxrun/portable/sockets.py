@@ -24,6 +24,21 @@ SOCKET_FOLDER = "jaxrun-sockets-{uid}"  # under the temporary folder, one per us
 LONGEST_SOCKET_PATH = 100  # sun_path holds 104 bytes on macOS, 108 on Linux
 
 
+# -- routes ----------------------------------------------------------------------
+def route_source(host: str) -> str | None:
+    """This machine's IPv4 address on the route to ``host`` (a UDP socket's
+    connect picks the route and sends nothing); None without a route."""
+    import socket
+
+    try:
+        address = socket.getaddrinfo(host, 9, socket.AF_INET, socket.SOCK_DGRAM)[0][4]
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(address)
+            return probe.getsockname()[0]
+    except (OSError, IndexError, UnicodeError):
+        return None
+
+
 # -- ports -----------------------------------------------------------------------
 def free_port(host: str = "127.0.0.1", low: int = 10000) -> int:
     """A port free on ``host`` (one address, never a wildcard), at random below

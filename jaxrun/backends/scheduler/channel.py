@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from jaxrun import contract
+from jaxrun import contract, portable
 from jaxrun.core.backend import RunHooks, start_thread
 from jaxrun.wire import encoding, tasks
 
@@ -250,11 +250,6 @@ def _resolve(name: str) -> str | None:
 
 
 def route_source() -> str | None:
-    """The address this host's outgoing IPv4 traffic leaves from (a UDP
-    socket's connect sends nothing); None without a route."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.connect(("192.0.2.1", 9))  # TEST-NET-1 (RFC 5737): routed like any address, never answered
-            return probe.getsockname()[0]
-        except OSError:
-            return None
+    """The address this host's outgoing IPv4 traffic leaves from; None
+    without a route."""
+    return portable.sockets.route_source("192.0.2.1")  # TEST-NET-1 (RFC 5737): routed like any address

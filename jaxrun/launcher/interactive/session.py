@@ -22,7 +22,7 @@ import socket
 import time
 from collections.abc import Callable
 
-from jaxrun import contract
+from jaxrun import contract, portable
 from jaxrun.core.spec import LaunchOptions
 from jaxrun.wire import console, encoding
 
@@ -50,13 +50,7 @@ def route_to(host: str) -> str:
     """This machine's address on the route to ``host`` (no packet is sent)."""
     if contract.is_loopback(host):
         return "127.0.0.1"
-    try:
-        address = socket.getaddrinfo(host, 9, socket.AF_INET, socket.SOCK_DGRAM)[0][4]
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect(address)
-            return probe.getsockname()[0]
-    except (OSError, IndexError, UnicodeError):
-        return "127.0.0.1"
+    return portable.sockets.route_source(host) or "127.0.0.1"
 
 
 class Session:
