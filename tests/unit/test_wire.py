@@ -132,7 +132,7 @@ def test_every_message_round_trips_on_one_line(msg):
     (ssh.Spawn(["a"], {"B": "c"}, "/w", "srv"), b'spawn [["a"],{"B":"c"},"/w","srv"]'),
     (tasks.TaskHello("s", 3, tasks.STDERR), b'hello ["s",3,"stderr"]'),
     (tasks.TaskJoined(True), b"joined [true]"),
-    (tasks.Exit(7, None, 2.5, "node-3", 31337), b'exit [7,null,2.5,"node-3",31337]'),
+    (tasks.Exit(7, None, 2.5, "node-3", 31337), b'exit [7,null,2.5,"node-3",31337,null]'),
     (tasks.Ack(), b"ack []"),
     (preflight.Connect("10.0.0.1", 1234, 10.0), b'connect ["10.0.0.1",1234,10.0]'),
     (ray.Go([[0, ["a"], {"A": "b"}]], None), b'ray-go [[[0,["a"],{"A":"b"}]],null]'),
@@ -187,7 +187,7 @@ def test_resources_from_the_far_end(data, expected):
     assert contract.Resources.from_dict(data) == expected
 
 
-@pytest.mark.parametrize("data", [b"", b"nonsense", b"exit", b'exit [1, {}, 3, "c", 4, 5]', b"started [not json",
+@pytest.mark.parametrize("data", [b"", b"nonsense", b"exit", b'exit [1, {}, 3, "c", 4, {}, 6]', b"started [not json",
                                   b"hello [1]", b"reply [1, [5]]"])
 def test_bad_lines_are_wire_errors(data):
     with pytest.raises(encoding.WireError):
