@@ -61,6 +61,7 @@ class AttemptFacts:
     saved_at: float | None = None
     compile_after_save: float = 0.0
     stills: tuple[tuple[float, float], ...] = ()
+    attempt: int = 0  # its number in the run (0: the first), as the report lists it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,8 +111,9 @@ def account(run_began: float, run_ended: float, attempts: Sequence[AttemptFacts]
             spans.append((part, begin, end, n))
 
     reached = run_began
-    for n, a in enumerate(attempts):
-        began = min(max(a.began_at, reached), run_ended) if n else reached
+    for i, a in enumerate(attempts):
+        n = a.attempt
+        began = min(max(a.began_at, reached), run_ended) if i else reached  # jaxrun's own start-up is the first's
         add("restart", began - reached, n, reached, began)
         ended = min(max(a.ended_at, began), run_ended)
         work_end = min(max(a.work_ended_at, began), ended)
@@ -128,7 +130,7 @@ def account(run_began: float, run_ended: float, attempts: Sequence[AttemptFacts]
             add(part, taken, n)
             left -= taken
         lost, lost_from = 0.0, work_end
-        if a.failed and n + 1 < len(attempts):  # the next attempt did this work again
+        if a.failed and i + 1 < len(attempts) and left > 0:  # the next attempt did this work again
             if a.saved_at is None or not join <= a.saved_at <= work_end:
                 unsaved.append(n)
                 lost, lost_from = left, join
@@ -141,7 +143,7 @@ def account(run_began: float, run_ended: float, attempts: Sequence[AttemptFacts]
         add("work", left - lost, n, join, lost_from if lost > 0 else work_end)
         add("teardown", ended - work_end, n, work_end, ended)
         reached = ended
-    add("teardown", run_ended - reached, max(0, len(attempts) - 1), reached, run_ended)
+    add("teardown", run_ended - reached, attempts[-1].attempt if attempts else 0, reached, run_ended)
     return Account(run_began, max(0.0, run_ended - run_began), parts, tuple(sorted(spans, key=lambda s: (s[1], s[2]))),
                    tuple(unsaved))
 
@@ -200,11 +202,10 @@ def waiting_by_rank(outcome: Outcome) -> dict[int, float]:
 def of_run(run_began: float, run_ended: float, outcomes: Sequence[Outcome]) -> Account:
     """The account of a run's attempts so far."""
     facts = []
-    for outcome in outcomes:
+    for number, outcome in enumerate(outcomes):
         found = attempt_facts(outcome, waiting_by_rank(outcome))
-        if found is None:  # never started: its time is the restart's
-            continue
-        facts.append(found)
+        if found is not None:  # else it never started: its time is the restart's
+            facts.append(dataclasses.replace(found, attempt=number))
     return account(run_began, run_ended, facts)
 
 

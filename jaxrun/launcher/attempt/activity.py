@@ -123,8 +123,9 @@ class ActivityWatch:
 
     def __init__(self, specs: Sequence[ProcessSpec], timeout: float, clock: Callable[[], float],
                  note: Callable[[str], None], stderr_logs: dict[int, str], poll: float | None = None,
-                 on_heard: Callable[[int, str], None] = lambda rank, state: None):
-        self.timeout, self.clock, self.note = timeout, clock, note
+                 on_heard: Callable[[int, str], None] = lambda rank, state: None,
+                 wall: Callable[[], float] = time.time):
+        self.timeout, self.clock, self.note, self.wall = timeout, clock, note, wall
         self.on_heard = on_heard  # every state heard, as said (the attempt's slots follow it)
         self.active = timeout > 0 and len(specs) > 0
         self.running = {s.rank for s in specs}
@@ -241,13 +242,14 @@ class ActivityWatch:
             return
         still = self._all_idle_since() is not None
         if still and self.still_from is None:
-            self.still_from = time.time()
+            self.still_from = self.wall()
         elif not still:
             self._close_still()
 
     def _close_still(self) -> None:
-        if self.still_from is not None and time.time() - self.still_from >= self.timeout:
-            self.stills.append((self.still_from, time.time()))
+        now = self.wall()
+        if self.still_from is not None and now - self.still_from >= self.timeout:
+            self.stills.append((self.still_from, now))
         self.still_from = None
 
     def _decide(self, now: float) -> tuple[float | None, str | Stall | None]:
