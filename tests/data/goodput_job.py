@@ -79,7 +79,7 @@ for step in range(start, STEPS):
     time.sleep(STEP)  # the host's own work: input, Python
     program(x).block_until_ready()
     jaxrun.step()
-    say(step=step, seconds=time.monotonic() - began)
+    say(step=step, seconds=time.monotonic() - began, at=time.time())
     if (step + 1) % EVERY == 0:
         began = time.monotonic()
         if attempt == 0:
