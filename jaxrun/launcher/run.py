@@ -295,13 +295,14 @@ def report_attempt(config: RunConfig, outcomes: list[Outcome], dirs: list[str], 
     shown = dirs[-1] if os.path.isdir(dirs[-1]) else config.log_dir  # a restart that never started made none
     # The logs are read here, once; every report below only formats what they said.
     diagnosis.attach(outcome, outputs=bool(config.junit_path))
-    for line in summary.summary_lines(outcome, shown):
+    lines = summary.summary_lines(outcome, shown)
+    if last is not None:  # the run's, once at its end: above the line that names the log folder, the last
+        lines.insert(len(lines) - 1, goodput.summary_line(account))
+        last.goodput(account)
+    for line in lines:
         print(line, file=console, flush=True)
     if not_restarted:
         print(f"jaxrun: {not_restarted}", file=console, flush=True)
-    if last is not None:
-        print(goodput.summary_line(account), file=console, flush=True)
-        last.goodput(account)
     if config.github_actions:
         annotation = github.error_annotation(outcome, os.environ.get("GITHUB_WORKSPACE"))
         if annotation:

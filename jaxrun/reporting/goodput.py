@@ -211,7 +211,8 @@ def of_run(run_began: float, run_ended: float, outcomes: Sequence[Outcome]) -> A
 
 def summary_line(found: Account) -> str:
     """One line: the goodput share and the biggest losses."""
-    losses = ", ".join(f"{part} {seconds:.1f} s" for part, seconds in found.losses()[:3])
+    shown = [(part, seconds) for part, seconds in found.losses() if seconds >= 0.05][:3]  # "0.0 s" says nothing
+    losses = ", ".join(f"{part} {seconds:.1f} s" for part, seconds in shown)
     line = f"jaxrun: goodput {found.share:.0%} of {found.wall:.1f} s"
     if losses:
         line += f"; lost to {losses}"
