@@ -296,8 +296,8 @@ def report_attempt(config: RunConfig, outcomes: list[Outcome], dirs: list[str], 
     # The logs are read here, once; every report below only formats what they said.
     diagnosis.attach(outcome, outputs=bool(config.junit_path))
     lines = summary.summary_lines(outcome, shown)
-    if last is not None:  # the run's, once at its end: above the line that names the log folder, the last
-        lines.insert(len(lines) - 1, goodput.summary_line(account))
+    if last is not None:  # the run's, once at its end, before its last attempt's own lines
+        lines.insert(0, goodput.summary_line(account))
         last.goodput(account)
     for line in lines:
         print(line, file=console, flush=True)
