@@ -214,11 +214,13 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
                 outcome = run_attempt(config, specs, backend, log_dir, console, control, running, deadline, policy,
                                       timeline, profiler)
             except elastic.ElasticStop as stop:  # too few hosts left: the failed attempt's status ends the run
+                account = goodput.of_run(began, time.time(), outcomes)  # the run ends here
                 print(f"jaxrun: {stop}", file=console, flush=True)
+                print(goodput.summary_line(account), file=console, flush=True)
+                timeline.goodput(account)
                 if config.report_path:  # the attempts so far, and why none follows
                     report.write_report(config.report_path,
-                                        report.report_dict(outcomes, options.run_id, dirs, str(stop),
-                                                           goodput.of_run(began, time.time(), outcomes)))
+                                        report.report_dict(outcomes, options.run_id, dirs, str(stop), account))
                 break
             except (LaunchError, PlanError, Interrupted) as error:
                 if attempt == 0:
