@@ -1,5 +1,6 @@
 """What travels from a process to the reports: its error record, the
-resources it used, a scheduler step's note in a task's log, and the flight
+resources it used, its marks (compiles and checkpoint saves, for the run's
+goodput), a scheduler step's note in a task's log, and the flight
 recorder's block.  The one way anything reads back what a process left is in
 ``contract.files``; these records are read through it.
 
