@@ -13,7 +13,7 @@ _RUNTIME_NAMES = frozenset({
     "local_slices", "make_global_array", "replica_input_index", "make_global_batch",
     "InputStream", "assert_replicas_identical", "assert_same_across_processes",
     "ReplicaMismatchError", "ProcessMismatchError",
-    "alive",
+    "alive", "checkpointing", "checkpoint_saved", "step",
 })
 
 

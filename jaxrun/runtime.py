@@ -23,6 +23,11 @@ import numpy as np
 from jaxrun.child import mesh as child_mesh
 from jaxrun.child.activity import alive as alive  # the stall watchdog's: see --stall-timeout
 from jaxrun.child.bootstrap import allgather_json
+from jaxrun.child.marks import (
+    checkpoint_saved as checkpoint_saved,  # the run's goodput: see docs/runtime.md
+    checkpointing as checkpointing,
+    step as step,
+)
 from jaxrun.child.replicas import ReplicaMismatchError as ReplicaMismatchError  # --checks raises it too
 
 # How long a collective helper waits for the slowest process before giving up.

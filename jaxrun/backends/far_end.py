@@ -25,7 +25,9 @@ and so does a task agent (:mod:`jaxrun.backends.scheduler.task_agent`).  The ste
    one's stdout or stderr (``reaper.kill_holders``);
 8. the report home: the error record, the resources, and the end's facts
    (:class:`Reaped`: the controller's own pid, and when this machine's
-   clock saw it end, for the launcher's choice of the root cause).
+   clock saw it end, for the launcher's choice of the root cause; what it
+   spent on compiles and checkpoint saves, ``contract.MARKS_FILE``, for the
+   run's goodput).
 
 Only what crosses to the launcher differs between agents: a :class:`Home`
 says how the launcher's signals arrive and how the join, the changes
@@ -81,6 +83,7 @@ class Reaped:
     pid: int  # the controller's own, on this machine
     at: float | None  # wall clock as its reaper saw it end (None: its server did not say)
     clock: str  # this machine (causes.clock_id): whose clock ``at`` reads
+    marks: contract.Marks | None = None  # what the controller spent on compiles and saves (contract.MARKS_FILE)
 
 
 class Home(Protocol):
@@ -119,10 +122,10 @@ def run(command: list[str], env: dict, home: Home, *, cwd: str | None = None, fd
     the launcher sees them end with it).  ``on_start``: told the controller."""
     folder = tempfile.mkdtemp(prefix="jaxrun-agent-")
     record_path, joined_path = os.path.join(folder, "error.json"), os.path.join(folder, "joined")
-    activity_path = os.path.join(folder, "activity")
+    activity_path, marks_path = os.path.join(folder, "activity"), os.path.join(folder, "marks")
     lifeline_r, lifeline_w = os.pipe()
     env = {**env, contract.LIFELINE_FD: str(lifeline_r), contract.ERROR_FILE: record_path,
-           contract.JOINED_FILE: joined_path, contract.ACTIVITY_FILE: activity_path}
+           contract.JOINED_FILE: joined_path, contract.ACTIVITY_FILE: activity_path, contract.MARKS_FILE: marks_path}
     watch = usage.OomWatch()
     try:
         child = start(command, env, lifeline_r, fds, cwd, server)
@@ -145,7 +148,10 @@ def run(command: list[str], env: dict, home: Home, *, cwd: str | None = None, fd
     joins.stop()  # before the report: nothing may follow it, and the folder goes with the record
     sweep(child, fds, alone, give_fds)
     os.close(lifeline_w)
-    home.report(code, contract.ErrorRecord.take(record_path), used, Reaped(child.pid, reaped_at, causes.clock_id()))
+    marks = contract.Marks.read(marks_path)
+    contract.remove_private(marks_path)
+    home.report(code, contract.ErrorRecord.take(record_path), used,
+                Reaped(child.pid, reaped_at, causes.clock_id(), marks))
     return code
 
 

@@ -31,7 +31,7 @@ import sys
 from collections.abc import Mapping
 
 from jaxrun import contract
-from jaxrun.child import checks, ending, hooks
+from jaxrun.child import checks, ending, hooks, marks
 from jaxrun.child.addresses import (
     TRANSPORT_LISTENERS,
     advertise_for_collectives,
@@ -110,6 +110,7 @@ def prepare(environ=os.environ) -> None:
         from jaxrun.child import flight  # its hook (and dataclasses, re) only where a mode is on
         flight.prepare(environ, rank, count)  # --flight-recorder, --check-divergence: before any program runs
     checks.prepare(environ, rank, count)  # --checks: before any program runs
+    marks.prepare(environ)  # the goodput's compiles and saves: before any program runs
     if environ.get(contract.MESH):
         initialize_now(environ)
     elif _preloaded_env is not None:

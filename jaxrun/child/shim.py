@@ -33,7 +33,7 @@ import threading
 import types
 
 from jaxrun import contract
-from jaxrun.child import activity, checks, profiling
+from jaxrun.child import activity, checks, marks, profiling
 from jaxrun.child.ending import exit_now, fail, record_error
 
 USAGE = f"usage: python -m {contract.SHIM_MODULE} (-- SCRIPT | -m MODULE) [ARGS...]"
@@ -177,6 +177,7 @@ def run_target(is_module: bool, name: str, args: list[str]) -> None:
     except SystemExit as e:
         code = _exit_code(e)
         if code != 0:
+            marks.script_ended()
             exit_now(code)
         script_returned()
         raise
@@ -184,6 +185,7 @@ def run_target(is_module: bool, name: str, args: list[str]) -> None:
         text = user_traceback(e)
         sys.stderr.write(text)
         record_error(e, text)
+        marks.script_ended()
         exit_now(130 if isinstance(e, KeyboardInterrupt) else 1)
     else:
         script_returned()
@@ -197,6 +199,7 @@ def script_returned() -> None:
     if flight is not None:
         flight.script_returned()
     activity.script_returned()
+    marks.script_ended()
 
 
 def run_script(name: str, args: list[str]) -> None:

@@ -7,10 +7,11 @@ gives ``--launcher`` its choices; no backend module is imported here."""
 from __future__ import annotations
 
 import sys
+import time
 
 import click
 
-from jaxrun import __version__, contract, meshspec
+from jaxrun import __version__, contract, meshspec, portable
 from jaxrun.backends import BACKENDS, head_start
 from jaxrun.cli import helptext
 from jaxrun.cli.params import (
@@ -171,11 +172,17 @@ def main(**values):
     try:
         from jaxrun.launcher.run import run  # here: --help, and a bad option's error, need none of the launcher
 
-        code = run(config, early=early)
+        code = run(config, early=early, began=process_began())
     finally:
         if early is not None:  # unused (bad input found later), or the run's backend ended it already
             early.close()
     sys.exit(code)
+
+
+def process_began() -> float | None:
+    """When this jaxrun started (the run's goodput counts from here), or None where the system cannot say."""
+    age = portable.own_age()
+    return None if age is None else time.time() - age
 
 
 def backend_option(flag: Flag) -> click.Option:

@@ -43,6 +43,12 @@ RECOVERABLE_MODE = "JAXRUN_RECOVERABLE"
 # contract.Spinning), and counts as not moving, as IDLE does.
 STALL_TIMEOUT = "JAXRUN_STALL_TIMEOUT"
 ACTIVITY_FILE = "JAXRUN_ACTIVITY_FILE"
+# Where the shim writes what the process spent on compiles and checkpoint
+# saves, as JAX's and Orbax's own events (jax.monitoring) and the script's
+# marks (jaxrun.checkpointing(), jaxrun.step()) say: one JSON object
+# (contract.Marks), rewritten whole a few times a minute at most, read by
+# the launcher (or the far end, which sends it home) when the process ends.
+MARKS_FILE = "JAXRUN_MARKS_FILE"
 STALL_EXIT = 125  # jaxrun's exit status when the watchdog stopped a stalled job
 BUSY = "busy"
 IDLE = "idle"

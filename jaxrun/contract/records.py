@@ -1,5 +1,6 @@
 """What travels from a process to the reports: its error record, the
-resources it used, a scheduler step's note in a task's log, and the flight
+resources it used, its marks (compiles and checkpoint saves, for the run's
+goodput), a scheduler step's note in a task's log, and the flight
 recorder's block.  The one way anything reads back what a process left is in
 ``contract.files``; these records are read through it.
 
@@ -118,6 +119,56 @@ class Resources:
         except (KeyError, TypeError, ValueError):
             return None
         return cls(peak, cpu, None if oom is None else str(oom))
+
+
+# -- the marks: compiles, checkpoint saves, steps ----------------------------------------
+MARKS_MAX = 4096  # bytes: a marks file larger than this is not read
+
+
+@dataclasses.dataclass(frozen=True)
+class Marks:
+    """What one process spent on compiles and checkpoint saves, and how many
+    steps it marked, as its shim heard it (``child.marks``).  Times are
+    seconds; ``saved_at`` and ``written_at`` are the process's wall clock
+    (``time.time()``), ``clock`` its machine (``core.causes.clock_id``), so
+    the launcher can put them on its own clock.  ``compile_after_save``:
+    the compile seconds since the last save ended (all of them before one)."""
+
+    compile: float = 0.0
+    checkpoint: float = 0.0
+    saves: int = 0
+    saved_at: float | None = None  # when the last save ended; None: no save seen
+    compile_after_save: float = 0.0
+    steps: int = 0
+    written_at: float = 0.0
+    clock: str = ""
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: object) -> Marks | None:
+        """None for anything but a well-formed dict (a far end of another version)."""
+        if not isinstance(data, dict):
+            return None
+        try:
+            saved_at = data.get("saved_at")
+            return cls(float(data["compile"]), float(data["checkpoint"]), int(data["saves"]),
+                       None if saved_at is None else float(saved_at), float(data.get("compile_after_save", 0.0)),
+                       int(data.get("steps", 0)), float(data.get("written_at", 0.0)), str(data.get("clock", "")))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    @classmethod
+    def read(cls, path: str) -> Marks | None:
+        """The marks a process left at ``path``, or None (none, or unreadable)."""
+        data = read_small(path, MARKS_MAX)
+        if data is None:
+            return None
+        try:
+            return cls.from_dict(json.loads(data.decode("utf-8", "replace")))
+        except ValueError:
+            return None
 
 
 def format_bytes(n: float) -> str:

@@ -38,6 +38,7 @@ class ChildExit:
     clock: str | None = None  # that machine; None: never compared with another's
     pid: int | None = None  # the controller's own pid, where the child's ``pid`` is a helper's
     lost: str | None = None  # the helper whose end stands in for the controller's ("the ssh client")
+    marks: contract.Marks | None = None  # its compiles and checkpoint saves (contract.MARKS_FILE), where heard
 
 
 @dataclasses.dataclass(frozen=True)

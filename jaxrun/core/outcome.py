@@ -56,6 +56,7 @@ class ProcessRecord:
     earlier: list[ProcessRecord] = dataclasses.field(default_factory=list)  # its earlier lives, oldest first
     finished_at: float | None = None  # wall clock: its script returned (heard through its activity)
     joined_at: float | None = None  # wall clock: it reached the job's rendezvous (heard)
+    marks: contract.Marks | None = None  # its compiles and checkpoint saves, as it left them (child.marks)
 
     @property
     def phase(self) -> str:
@@ -158,6 +159,8 @@ class Outcome:
     # --timeout counts from here, placement and start-up included.
     began_at: float | None = None
     stall: Stall | None = None  # the watchdog stopped it (reason STALL)
+    # Spans (wall clock) in which no process moved for the stall timeout or more (the supervisor fills it in).
+    stills: tuple[tuple[float, float], ...] = ()
     # A recoverable job whose processes ran to their own ends (nothing stopped
     # it), some of them failed: where they could start again alone, a whole
     # restart would only repeat that (restarts.policy).

@@ -41,7 +41,7 @@ from jaxrun.launcher.output.timeline import Timeline
 from jaxrun.launcher.restarts import elastic
 from jaxrun.launcher.restarts.policy import Answer, AttemptEnd, Decision, Engine, RestartPolicy
 from jaxrun.launcher.setup import hosts as hostfile, plan as planning
-from jaxrun.reporting import github, history, report, summary
+from jaxrun.reporting import github, goodput, history, report, summary
 
 # An interactive session's variables for the processes, given the attempt's
 # coordinator address (where process 0 finds the session).
@@ -88,9 +88,10 @@ def plan_attempt(config: RunConfig, coordinator: tuple[str, str | None], attempt
 
 
 def run(config: RunConfig, backend: Backend | None = None, console: TextIO | None = None,
-        early: object = None) -> int:
+        early: object = None, began: float | None = None) -> int:
     """``early``: what ``backends.table.head_start`` began for this run's backend;
-    the caller ends it afterwards, whatever happened."""
+    the caller ends it afterwards, whatever happened.  ``began``: when jaxrun
+    started, where the caller knows (the run's goodput counts from there)."""
     console = SafeConsole(console or sys.stderr)
     reaper.become_subreaper()  # first: where it cannot, it marks the environment the backend copies
     if config.verbose and not config.dry_run:
@@ -114,6 +115,7 @@ def run(config: RunConfig, backend: Backend | None = None, console: TextIO | Non
         os._exit(code)
 
     started = time.time()
+    began = min(began, started) if began is not None else started
     control = RunControl(config.grace, emergency)
     backend.hooks = control.hooks
     control.install()
@@ -127,7 +129,7 @@ def run(config: RunConfig, backend: Backend | None = None, console: TextIO | Non
         drive = DRIVERS[type(config.mode)]
         code = drive(config, control,
                      lambda session_env=None: run_attempts(config, backend, control, console, running, session_env,
-                                                            view),
+                                                            view, began),
                      lambda: bool(running) and running[0].joins_settled())
         return code
     except Interrupted:  # stopped while connecting, before any process started
@@ -167,12 +169,15 @@ DRIVERS: dict[type[modes.Mode], Callable[..., int]] = {
 
 
 def run_attempts(config: RunConfig, backend: Backend, control: RunControl, console: TextIO,
-                 running: list, session_env: SessionEnv | None = None, view: JobView | None = None) -> int:
+                 running: list, session_env: SessionEnv | None = None, view: JobView | None = None,
+                 began: float | None = None) -> int:
     """Every attempt: placed once, started, supervised, diagnosed, each
     reported as it ends; after each, the restart policy says whether another
     follows (``restarts.policy``).  jaxrun's exit status is the last
     attempt's, so the report, ``run.json`` and the exit agree.  Each attempt
-    has one deadline (``--timeout``), made before it is placed."""
+    has one deadline (``--timeout``), made before it is placed.  ``began``:
+    when jaxrun started, where the run's goodput counts from."""
+    began = time.time() if began is None else began
     outcomes: list[Outcome] = []
     dirs: list[str] = []
     options = config.options
@@ -209,10 +214,13 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
                 outcome = run_attempt(config, specs, backend, log_dir, console, control, running, deadline, policy,
                                       timeline, profiler)
             except elastic.ElasticStop as stop:  # too few hosts left: the failed attempt's status ends the run
+                account = goodput.of_run(began, time.time(), outcomes)  # the run ends here
                 print(f"jaxrun: {stop}", file=console, flush=True)
+                print(goodput.summary_line(account), file=console, flush=True)
+                timeline.goodput(account)
                 if config.report_path:  # the attempts so far, and why none follows
                     report.write_report(config.report_path,
-                                        report.report_dict(outcomes, options.run_id, dirs, str(stop)))
+                                        report.report_dict(outcomes, options.run_id, dirs, str(stop), account))
                 break
             except (LaunchError, PlanError, Interrupted) as error:
                 if attempt == 0:
@@ -229,7 +237,8 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
             if decision.answer in (Answer.RESTART_JOB, Answer.RESTART_ELASTIC):
                 timeline.restart(decision.why, elastic=decision.answer is Answer.RESTART_ELASTIC)
             stopped = decision.why if decision.answer is Answer.STOP else ""  # why no restart follows, if it says
-            report_attempt(config, outcomes, dirs, console, stopped or None)
+            last = decision.answer not in (Answer.RESTART_JOB, Answer.RESTART_ELASTIC)
+            report_attempt(config, outcomes, dirs, console, stopped or None, began, timeline if last else None)
     return outcomes[-1].exit_code
 
 
@@ -275,16 +284,24 @@ def last_words(line: str) -> None:
 
 
 def report_attempt(config: RunConfig, outcomes: list[Outcome], dirs: list[str], console: TextIO,
-                   not_restarted: str | None = None) -> None:
+                   not_restarted: str | None = None, began: float | None = None,
+                   last: Timeline | None = None) -> None:
     """``not_restarted``: why no restart follows this failed attempt, though
-    --max-restarts allows one."""
+    --max-restarts allows one.  ``began``: when jaxrun started, for the
+    run's goodput; ``last``: the run's timeline, when no attempt follows
+    (the goodput line is said and drawn once, at the run's end)."""
     from jaxrun.reporting import diagnosis
 
     outcome = outcomes[-1]
+    account = goodput.of_run(time.time() if began is None else began, time.time(), outcomes)
     shown = dirs[-1] if os.path.isdir(dirs[-1]) else config.log_dir  # a restart that never started made none
     # The logs are read here, once; every report below only formats what they said.
     diagnosis.attach(outcome, outputs=bool(config.junit_path))
-    for line in summary.summary_lines(outcome, shown):
+    lines = summary.summary_lines(outcome, shown)
+    if last is not None:  # the run's, once at its end, before its last attempt's own lines
+        lines.insert(0, goodput.summary_line(account))
+        last.goodput(account)
+    for line in lines:
         print(line, file=console, flush=True)
     if not_restarted:
         print(f"jaxrun: {not_restarted}", file=console, flush=True)
@@ -294,7 +311,7 @@ def report_attempt(config: RunConfig, outcomes: list[Outcome], dirs: list[str], 
             print(annotation, file=console, flush=True)
     if config.report_path:
         report.write_report(config.report_path,
-                            report.report_dict(outcomes, config.options.run_id, dirs, not_restarted))
+                            report.report_dict(outcomes, config.options.run_id, dirs, not_restarted, account))
     if config.junit_path:
         from jaxrun.reporting import junit
 

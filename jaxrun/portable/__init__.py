@@ -39,6 +39,8 @@ thread's (``task/*/io``); ``threads``  CPU time and the stack (``child.activity`
 stat`` (``task/*/children``);          of the stall watchdog's sampler
 ``processes``                          (``child.activity``)
 cgroups; ``memory``                    no OOM-kill count and no memory limit
+``/proc/self/stat``'s start time;      the run's goodput counts from the moment the
+``processes``                          launcher's run began, after its imports
 =====================================  ====================================================
 
 ``probe`` holds what they all ask with, and ``notes`` what ``-v`` says about
@@ -56,7 +58,14 @@ from __future__ import annotations
 from jaxrun.portable.files import inotify, set_pipe_size
 from jaxrun.portable.memory import maxrss_bytes, memory_group
 from jaxrun.portable.notes import notes
-from jaxrun.portable.processes import claim_orphans, descendants_cpu, ended_unreaped, open_file_ids, pid_max
+from jaxrun.portable.processes import (
+    claim_orphans,
+    descendants_cpu,
+    ended_unreaped,
+    open_file_ids,
+    own_age,
+    pid_max,
+)
 from jaxrun.portable.sockets import free_port, is_abstract, peer_pid, peer_uid, server_address, temp_base_for_sockets
 from jaxrun.portable.threads import (
     io_bytes,
@@ -69,7 +78,7 @@ from jaxrun.portable.threads import (
 
 __all__ = [
     "claim_orphans", "descendants_cpu", "ended_unreaped", "free_port", "inotify", "io_bytes", "is_abstract",
-    "lower_thread_priority", "main_native_id", "maxrss_bytes", "memory_group", "notes", "open_file_ids",
+    "lower_thread_priority", "main_native_id", "maxrss_bytes", "memory_group", "notes", "open_file_ids", "own_age",
     "peer_pid", "peer_uid",
     "pid_max", "server_address", "set_pipe_size", "temp_base_for_sockets", "thread_cpu", "thread_times",
     "thread_waits",

@@ -1,10 +1,11 @@
 """Processes: the child subreaper, another process's open files, a child
-that has ended but is not reaped yet, how many process ids there are, and
-the CPU time of this process's descendants."""
+that has ended but is not reaped yet, how many process ids there are, the
+CPU time of this process's descendants, and how long ago this process started."""
 
 from __future__ import annotations
 
 import os
+import time
 
 from jaxrun.portable.probe import first_number, forced, libc
 from jaxrun.portable.threads import TICKS
@@ -66,6 +67,21 @@ def ended_unreaped(pid: int, block: bool) -> bool | None:
         return waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | (0 if block else os.WNOHANG)) is not None
     except ChildProcessError:
         return False
+
+
+def own_age() -> float | None:
+    """Seconds since this process started, to the clock tick: its start in
+    ``/proc/self/stat`` (proc(5)'s field 22, in ticks since boot) against
+    the time since boot.  None where the system does not say."""
+    if forced() or not hasattr(time, "CLOCK_BOOTTIME"):
+        return None
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            text = f.read()
+        started = int(text[text.rfind(b")") + 2:].split()[19]) / TICKS
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started)
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def pid_max() -> int:

@@ -10,12 +10,14 @@ from jaxrun.contract import signal_name
 from jaxrun.core.logfiles import write_atomically
 from jaxrun.core.outcome import Outcome, ProcessRecord
 from jaxrun.reporting import diagnosis
+from jaxrun.reporting.goodput import Account
 
 
-def report_dict(outcomes: list[Outcome], run_id: str, log_dirs: list[str], not_restarted: str | None = None) -> dict:
+def report_dict(outcomes: list[Outcome], run_id: str, log_dirs: list[str], not_restarted: str | None = None,
+                account: Account | None = None) -> dict:
     """``not_restarted``: why a restart that was due did not happen (too few
     hosts left for ``--min-hosts``, the same failure twice), recorded on the
-    last attempt too.  Each attempt's diagnosis is the one kept on its
+    last attempt too.  ``account``: the run's goodput so far.  Each attempt's diagnosis is the one kept on its
     outcome, where the run loop kept one."""
     attempts = []
     for outcome, log_dir in zip(outcomes, log_dirs):
@@ -60,6 +62,9 @@ def report_dict(outcomes: list[Outcome], run_id: str, log_dirs: list[str], not_r
         "processes": last["processes"],
         "attempts": attempts,
         "not_restarted": not_restarted,
+        # Where the run's wall time went, from jaxrun's start to this report:
+        # parts (reporting.goodput.PARTS) that sum to "wall".
+        "goodput": account.to_dict() if account is not None else None,
     }
 
 
@@ -127,6 +132,9 @@ def _life_dict(r: ProcessRecord) -> dict:
         "stdout_log": r.stdout_log,
         "stderr_log": r.stderr_log,
         "resources": r.resources.to_dict() if r.resources else None,
+        # What it spent on compiles and checkpoint saves, and the steps it
+        # marked, as its shim heard them (contract.Marks; null: it left none).
+        "marks": r.marks.to_dict() if r.marks else None,
     }
 
 

@@ -19,9 +19,12 @@ recoverable job's process started again alone):
   asked; SIGTERM, SIGINT forwarded; SIGKILL);
 - ``attempt_end``: the attempt is over (``exit_code``, ``reason``, and
   ``processes``: each life's ``verdict`` and ``exit``);
-- ``restart``: the whole job starts again (``why``, ``elastic``).
-
-Compiles are not in it: a process's activity says busy or idle, not why.
+- ``restart``: the whole job starts again (``why``, ``elastic``);
+- ``goodput``: at the run's end, the run's goodput as the report has it
+  (``wall``, ``parts``, ``share``, ``no_checkpoint``), with ``spans``: each
+  ``[part, begin, end, attempt]`` that lies at a known time (start-up, work,
+  lost, stall, teardown, restart; compiles, saves and waiting are sums
+  inside the work, given in its span's arguments).
 
 ``chrome_trace`` turns the events into the Trace Event Format: a track
 group per process (``process N (host)``) with a row of its lives and a row
@@ -41,6 +44,7 @@ from jaxrun import contract
 FILE = "timeline.jsonl"
 # The words of the event log (``event``).
 ATTEMPT, STATE, JOIN, SIGNAL, ATTEMPT_END, RESTART = "attempt", "state", "join", "signal", "attempt_end", "restart"
+GOODPUT = "goodput"
 # The states a ``state`` line names (a slot's states, as words).
 STARTED, ENDED, PENDING = "started", "ended", "pending"
 # What a state's span is called in the picture.
@@ -50,7 +54,7 @@ DUMP = signal.Signals.SIGUSR1.name
 MAX_LINE = 1 << 16  # longer is not one of ours
 
 JOB_PID = 0  # the attempts' group; process N's is N + 1
-LIVES_TID, STATES_TID = 1, 2
+LIVES_TID, STATES_TID, GOODPUT_TID = 1, 2, 3
 
 
 def read(path: str) -> list[dict] | None:
@@ -111,6 +115,7 @@ class TraceBuilder:
         self.attempts: dict[int, dict] = {}
         self.verdicts: dict[tuple, dict] = {}
         self.last = 0.0
+        self.goodput: dict | None = None  # the run's goodput line, once read
 
     def add(self, event: dict) -> None:
         t = float(event["t"])
@@ -136,6 +141,15 @@ class TraceBuilder:
     def on_restart(self, event: dict, t: float) -> None:
         elastic = " (elastic)" if event.get("elastic") else ""
         self.instant(JOB_PID, LIVES_TID, f"restart{elastic}", t, {"why": event.get("why")}, scope="p")
+
+    def on_goodput(self, event: dict, t: float) -> None:
+        """The run's goodput, a row of the jaxrun group: a span per part where it lies."""
+        parts = event["parts"]
+        sums = {p: parts.get(p) for p in ("compile", "checkpoint", "waiting")}
+        for part, begin, end, attempt in event["spans"]:
+            args = {"attempt": attempt, **(sums if part == "work" else {})}
+            self.span(JOB_PID, GOODPUT_TID, part, float(begin), float(end), args)
+        self.goodput = event
 
     def on_join(self, event: dict, t: float) -> None:
         self.instant(event["rank"] + 1, LIVES_TID, "joined", t, {"attempt": event.get("attempt")})
@@ -204,6 +218,9 @@ class TraceBuilder:
         """The tracks' names and order: the attempts first, then each process by rank."""
         meta = [self.meta(JOB_PID, None, "process_name", "jaxrun"), self.meta(JOB_PID, None, "process_sort_index", 0),
                 self.meta(JOB_PID, LIVES_TID, "thread_name", "attempts")]
+        if self.goodput is not None:
+            meta.append(self.meta(JOB_PID, GOODPUT_TID, "thread_name",
+                                  f"goodput {self.goodput.get('share', 0):.0%} of {self.goodput.get('wall', 0):.1f} s"))
         for rank in sorted(set(self.hosts) | {k[1] for k in self.lives}):
             hosts = ", ".join(self.hosts.get(rank, [])) or "?"
             meta += [self.meta(rank + 1, None, "process_name", f"process {rank} ({hosts})"),

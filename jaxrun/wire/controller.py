@@ -54,3 +54,4 @@ class Exit(Message):
     reaped_at: float | None = None  # its wall clock as it reaped the controller
     clock: str | None = None  # which machine's clock that is (core.causes.clock_id)
     pid: int | None = None  # the controller's own pid there
+    marks: dict | None = None  # contract.Marks.to_dict(): its compiles and checkpoint saves

@@ -127,8 +127,9 @@ def spin_marker_start(data: bytes) -> int:
 # What a report home may say about the controller's end besides its record and
 # resources (each optional: an older far end leaves them out), with its type:
 # its own pid on its host, and when its reaper saw it end, by which machine's
-# clock (``core.causes.clock_id``).
-HOME_REPORT_FACTS = {"pid": int, "reaped_at": float, "clock": str}
+# clock (``core.causes.clock_id``); what it spent on compiles and checkpoint
+# saves (``contract.Marks.to_dict``).
+HOME_REPORT_FACTS = {"pid": int, "reaped_at": float, "clock": str, "marks": dict}
 
 
 def home_report(error_json: str | None, resources: dict | None, **facts) -> bytes:

@@ -138,9 +138,10 @@ def test_without_divergence_both_flags_change_nothing_but_the_cost(launch):
 
 def jaxrun_lines(stderr: str) -> list[str]:
     """The console's stderr, less what differs between any two runs: the log
-    folder and measured figures (memory, CPU time) in jaxrun's own lines."""
+    folder, the goodput (which losses are largest) and measured figures
+    (memory, CPU time) in jaxrun's own lines."""
     return [re.sub(r"\d+(?:\.\d+)?", "N", line) if line.startswith("jaxrun: ") else line
-            for line in stderr.splitlines() if not line.startswith("jaxrun: logs in")]
+            for line in stderr.splitlines() if not line.startswith(("jaxrun: logs in", "jaxrun: goodput "))]
 
 
 @pytest.mark.both_modes

@@ -354,7 +354,7 @@ def test_huge_environment_is_served_by_the_preloading_server(started, tmp_path):
     err = err.decode()
     assert proc.returncode == 0, err[-2000:]
     assert [line for line in jaxrun_lines(err)
-            if not line.startswith(("jaxrun: logs in ", "jaxrun: peak memory "))] == [], err[-2000:]
+            if not line.startswith(("jaxrun: logs in ", "jaxrun: peak memory ", "jaxrun: goodput "))] == [], err[-2000:]
     for rank in range(2):
         line = next((text for text in out.decode().splitlines() if text.startswith(f"[{rank}] env bytes")), "")
         words = line.split()

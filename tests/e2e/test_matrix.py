@@ -171,8 +171,8 @@ def stopped_on_sigterm(seen: Seen) -> list[str]:
 
 def clean_stop(seen: Seen) -> list[str]:
     """A stop every process took in its stride: the report holds each one's
-    real exit code and the resources its reaper measured, and the summary
-    blames no process."""
+    real exit code, the resources its reaper measured and the compiles its
+    shim heard (``marks``), and the summary blames no process."""
     found = stopped_on_sigterm(seen)
     if "jaxrun: stopped on SIGTERM; every process exited 0 within" not in seen.err:
         found.append("the summary does not say that jaxrun stopped on SIGTERM and every process exited 0")
@@ -182,6 +182,8 @@ def clean_stop(seen: Seen) -> list[str]:
         if (p["exit_code"], p["signal"]) != (0, None) or not (p["resources"] or {}).get("cpu_seconds"):
             found.append(f"process {p['process_id']}: exit code {p['exit_code']}, signal {p['signal']}, "
                          f"resources {p['resources']} in the report")
+        if not (p.get("marks") or {}).get("compile"):  # the run's goodput: its compiles came home with its end
+            found.append(f"process {p['process_id']}: marks {p.get('marks')} in the report, no compile")
     return found
 
 

@@ -84,7 +84,7 @@ def test_every_process_and_attempt_is_there_with_the_reports_times(crashed_and_r
     report, trace = crashed_and_restarted["report"], json.loads(Path(crashed_and_restarted["out"]).read_text())
     names = {e["pid"]: e["args"]["name"] for e in events(trace, "M", name="process_name")}
     assert names == {0: "jaxrun", 1: "process 0 (localhost)", 2: "process 1 (localhost)"}
-    attempts = sorted(events(trace, "X", pid=0), key=lambda e: e["ts"])
+    attempts = sorted(events(trace, "X", pid=0, tid=1), key=lambda e: e["ts"])
     assert [a["name"] for a in attempts] == ["attempt 0", "attempt 1"] and len(report["attempts"]) == 2
     for span, attempt in zip(attempts, report["attempts"]):
         # The same moment, written once (the log keeps it to the microsecond: 1 µs either way).

@@ -24,6 +24,7 @@ import time
 import psutil
 import pytest
 
+from jaxrun import contract
 from jaxrun.backends import far_end
 from jaxrun.backends.scheduler.task_agent import SchedulerSignals, TaskHome
 from jaxrun.backends.ssh.session_agent import SshHome
@@ -34,7 +35,9 @@ pytestmark = pytest.mark.timeout(60)
 
 # Leaves a grandchild in its group, says so, and ends with status 3 at SIGTERM.
 CONTROLLER = """
-import signal, subprocess, sys, time
+import json, os, signal, subprocess, sys, time
+with open(os.environ["JAXRUN_MARKS_FILE"], "w") as f:  # what the shim's marks would say (child.marks)
+    json.dump({"compile": 1.5, "checkpoint": 0.5, "saves": 1, "saved_at": 5.0}, f)
 grandchild = subprocess.Popen(["sleep", "60"])
 def end(signum, frame):
     print(signal.Signals(signum).name, flush=True)
@@ -165,6 +168,7 @@ def test_ssh_far_end_sends_no_signal_to_a_reaped_group(pipes):
     home = ssh.parse_home_report(report[report.index(ssh.HOME_REPORT_MARK):])
     assert home is not None, report
     check_facts(home[2], group.pgid, sent_at)
+    assert contract.Marks.from_dict(home[2]["marks"]) == contract.Marks(1.5, 0.5, 1, 5.0)  # the run's goodput
     os.close(control_r)
 
 
@@ -211,6 +215,7 @@ def test_task_far_end_sends_no_signal_to_a_reaped_group(pipes):
     assert channel.sent[0].resources["cpu_seconds"] > 0
     end = channel.sent[0]
     check_facts({"pid": end.pid, "reaped_at": end.reaped_at, "clock": end.clock}, group.pgid, sent_at)
+    assert contract.Marks.from_dict(end.marks) == contract.Marks(1.5, 0.5, 1, 5.0)  # the run's goodput
 
 
 def test_a_controller_that_cannot_start_is_named_on_its_stderr(pipes):

@@ -133,14 +133,17 @@ def test_a_process_ending_before_it_joined_erases_the_line_and_says_no_more():
     assert set(removed) == {"0.joined", "1.joined", "2.joined"}  # none left in the log folder
 
 
-def test_a_one_process_job_shows_nothing():
-    p, clock, screen, files, _ = progress([LOCAL_HOST], live=True)
+def test_a_one_process_job_shows_nothing_but_its_join_is_heard():
+    p, clock, screen, files, removed = progress([LOCAL_HOST], live=True)
+    heard = []
+    p.on_join = lambda rank, recoverable: heard.append(rank)
     p.begin()
     p.watch(0, "0.joined")
+    assert p.tick() is not None  # looked for: the run's goodput counts its start-up to the join
     files.add("0.joined")
     assert p.tick() is None
     p.finish()
-    assert screen.calls == []
+    assert screen.calls == [] and heard == [0] and "0.joined" in removed
 
 
 # -- the console keeps the live line apart from the output ----------------------------

@@ -28,7 +28,9 @@ pytestmark = pytest.mark.timeout(30)
 
 RECORD = '{"type": "ValueError", "message": "bad", "traceback": ""}'
 USED = {"peak_rss_bytes": 1 << 30, "cpu_seconds": 1.5, "oom": None}
-FACTS = {"pid": 4242, "reaped_at": 1796161488.25, "clock": "hostB"}
+FACTS = {"pid": 4242, "reaped_at": 1796161488.25, "clock": "hostB",
+         "marks": {"compile": 1.5, "checkpoint": 0.5, "saves": 2, "saved_at": 1796161480.0, "compile_after_save": 0.0,
+                   "steps": 40, "written_at": 1796161481.0, "clock": "hostB"}}
 
 
 def cut_through(stream: bytes, seed: int, error_file: str | None = None,
@@ -198,6 +200,7 @@ def test_a_session_child_exit_carries_the_controller_pid_and_reap_time(tmp_path)
     assert (end.returncode, end.pid, end.reaped_at, end.clock, end.lost) == (-9, 4242, FACTS["reaped_at"], "hostB",
                                                                             None)
     assert end.resources == contract.Resources.from_dict(USED)
+    assert end.marks == contract.Marks.from_dict(FACTS["marks"]) and end.marks.saves == 2  # the run's goodput
     assert child.pid != 4242  # the ssh client's, the handle jaxrun holds; the report takes the exit's
 
 

@@ -35,6 +35,7 @@ EXAMPLES = [
     tasks.Exit(137),
     tasks.Exit(-9, {"peak_rss_bytes": 7, "cpu_seconds": 0.0, "oom": "the kernel's OOM killer ended it"}),
     tasks.Exit(7, None, 1796161488.9206526, "node-3", 31337),
+    tasks.Exit(0, None, 1796161488.5, "node-3", 31337, contract.Marks(1.5, 0.3, 1, 1796161480.0).to_dict()),
     tasks.Ack(),
     preflight.Listen("fe80::1", 0),
     preflight.Connect("10.0.0.1", 1234, 10.0),
@@ -132,7 +133,7 @@ def test_every_message_round_trips_on_one_line(msg):
     (ssh.Spawn(["a"], {"B": "c"}, "/w", "srv"), b'spawn [["a"],{"B":"c"},"/w","srv"]'),
     (tasks.TaskHello("s", 3, tasks.STDERR), b'hello ["s",3,"stderr"]'),
     (tasks.TaskJoined(True), b"joined [true]"),
-    (tasks.Exit(7, None, 2.5, "node-3", 31337), b'exit [7,null,2.5,"node-3",31337]'),
+    (tasks.Exit(7, None, 2.5, "node-3", 31337), b'exit [7,null,2.5,"node-3",31337,null]'),
     (tasks.Ack(), b"ack []"),
     (preflight.Connect("10.0.0.1", 1234, 10.0), b'connect ["10.0.0.1",1234,10.0]'),
     (ray.Go([[0, ["a"], {"A": "b"}]], None), b'ray-go [[[0,["a"],{"A":"b"}]],null]'),
@@ -162,7 +163,8 @@ def test_the_protocols_share_one_signal_one_exit_and_one_set_of_stream_names():
 def test_what_comes_home_with_a_remote_stream():
     record = contract.ErrorRecord("ValueError", "bad", "Traceback ...\n").to_json()
     used = contract.Resources(123 << 20, 4.25).to_dict()
-    facts = {"pid": 4242, "reaped_at": 1796161488.25, "clock": "hostB"}
+    facts = {"pid": 4242, "reaped_at": 1796161488.25, "clock": "hostB",
+             "marks": contract.Marks(2.5, 0.5, 1, 1796161480.0, clock="hostB").to_dict()}
     assert ssh.parse_home_report(ssh.home_report(record, used, **facts)) == (record, used, facts)
     assert ssh.parse_home_report(ssh.home_report(record, used)) == (record, used, {})  # an older far end
     assert ssh.parse_home_report(ssh.home_report(None, None)) == (None, None, {})
@@ -187,7 +189,7 @@ def test_resources_from_the_far_end(data, expected):
     assert contract.Resources.from_dict(data) == expected
 
 
-@pytest.mark.parametrize("data", [b"", b"nonsense", b"exit", b'exit [1, {}, 3, "c", 4, 5]', b"started [not json",
+@pytest.mark.parametrize("data", [b"", b"nonsense", b"exit", b'exit [1, {}, 3, "c", 4, {}, 6]', b"started [not json",
                                   b"hello [1]", b"reply [1, [5]]"])
 def test_bad_lines_are_wire_errors(data):
     with pytest.raises(encoding.WireError):

@@ -112,7 +112,7 @@ class RankChild:
         pid = end.pid if isinstance(end.pid, int) else None
         reaped_at = float(end.reaped_at) if isinstance(end.reaped_at, (int, float)) else None
         return ChildExit(self._code, self._resources, reaped_at, end.clock if isinstance(end.clock, str) else None,
-                         pid)
+                         pid, marks=contract.Marks.from_dict(end.marks))
 
     def stream_filter(self, stream: Stream) -> None:
         return None  # the task channel carries the process's bytes and nothing else

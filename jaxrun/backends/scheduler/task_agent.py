@@ -235,7 +235,8 @@ class TaskHome:
 
     def report(self, code: int, record: contract.ErrorRecord | None, used: contract.Resources | None,
                reaped: far_end.Reaped) -> None:
-        exit_msg = tasks.Exit(code, used.to_dict() if used else None, reaped.at, reaped.clock, reaped.pid)
+        exit_msg = tasks.Exit(code, used.to_dict() if used else None, reaped.at, reaped.clock, reaped.pid,
+                              reaped.marks.to_dict() if reaped.marks else None)
         for msg in ([tasks.Error(record.to_json())] if record else []) + [exit_msg]:
             try:
                 self.channel.send(msg)

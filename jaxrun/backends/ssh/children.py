@@ -80,7 +80,7 @@ class AgentChild:
         facts = heard.facts if home else {}
         lost = None if confirmed or home else helper
         return ChildExit(returncode, heard.resources if home else None, facts.get("reaped_at"), facts.get("clock"),
-                         facts.get("pid", pid), lost)
+                         facts.get("pid", pid), lost, contract.Marks.from_dict(facts.get("marks")))
 
     @staticmethod
     def _later(action: Callable[[], None]) -> None:

@@ -163,6 +163,7 @@ def process_env(spec: ProcessSpec, extra_env: Mapping[str, str]) -> dict[str, st
     env.pop(contract.ERROR_FILE, None)
     env.pop(contract.JOINED_FILE, None)
     env.pop(contract.ACTIVITY_FILE, None)
+    env.pop(contract.MARKS_FILE, None)
     if contract.PROFILE_DIR in env:  # its traces stay on its host until they are asked for (traces_words)
         env[contract.PROFILE_DIR] = trace_name(spec)
     return env

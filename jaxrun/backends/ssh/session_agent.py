@@ -104,7 +104,8 @@ class SshHome:
         sys.stderr.flush()
         far_end.write_all(self.err, ssh.home_report(record.to_json() if record else None,
                                                      used.to_dict() if used else None,
-                                                     pid=reaped.pid, reaped_at=reaped.at, clock=reaped.clock))
+                                                     pid=reaped.pid, reaped_at=reaped.at, clock=reaped.clock,
+                                                     marks=reaped.marks.to_dict() if reaped.marks else None))
 
 
 def parse_args(argv: list[str]) -> tuple[str | None, str | None, list[str]]:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Callable, Sequence
 
 from jaxrun import contract
@@ -122,8 +123,9 @@ class ActivityWatch:
 
     def __init__(self, specs: Sequence[ProcessSpec], timeout: float, clock: Callable[[], float],
                  note: Callable[[str], None], stderr_logs: dict[int, str], poll: float | None = None,
-                 on_heard: Callable[[int, str], None] = lambda rank, state: None):
-        self.timeout, self.clock, self.note = timeout, clock, note
+                 on_heard: Callable[[int, str], None] = lambda rank, state: None,
+                 wall: Callable[[], float] = time.time):
+        self.timeout, self.clock, self.note, self.wall = timeout, clock, note, wall
         self.on_heard = on_heard  # every state heard, as said (the attempt's slots follow it)
         self.active = timeout > 0 and len(specs) > 0
         self.running = {s.rank for s in specs}
@@ -139,6 +141,10 @@ class ActivityWatch:
         self.offsets: dict[int, int] = {}  # each stderr log's size when they were
         # Processes whose flight recorder writes its block after each dump: their dump is whole with it.
         self.flight = {s.rank for s in specs if s.env.get(contract.FLIGHT_RECORDER)}
+        # The run's goodput: each span, by the wall clock, in which no process moved
+        # for at least the timeout (the watchdog's own "no progress"), and the one open now.
+        self.stills: list[tuple[float, float]] = []
+        self.still_from: float | None = None
 
     def watch(self, rank: int, path: str) -> None:
         self.paths[rank] = path
@@ -154,6 +160,7 @@ class ActivityWatch:
         if state != contract.BUSY and self.state.get(rank, contract.BUSY) == contract.BUSY:
             self.idle_since[rank] = self.clock()
         self.state[rank] = state
+        self._still_or_moved()
         if state == contract.SPIN:
             self.spinning[rank] = contract.Spinning.of(said)
         if state == contract.BUSY:
@@ -229,10 +236,27 @@ class ActivityWatch:
                 return False  # the text is what came after the probe: its block follows the dump
         return True
 
+    def _still_or_moved(self) -> None:
+        """Open a still span when every running process stands still, close it when one moves."""
+        if not self.active:
+            return
+        still = self._all_idle_since() is not None
+        if still and self.still_from is None:
+            self.still_from = self.wall()
+        elif not still:
+            self._close_still()
+
+    def _close_still(self) -> None:
+        now = self.wall()
+        if self.still_from is not None and now - self.still_from >= self.timeout:
+            self.stills.append((self.still_from, now))
+        self.still_from = None
+
     def _decide(self, now: float) -> tuple[float | None, str | Stall | None]:
         places = {r: place_in(read_after(self.stderr_logs[r], self.offsets.get(r, 0))) for r in sorted(self.running)}
         stall = classify(places, self.timeout)
         if stall is not None:
+            self._close_still()  # the stop that follows is the attempt's teardown
             self.active = False
             spinning = tuple((r, self.spinning[r]) for r in sorted(self.running) if r in self.spinning)
             return None, dataclasses.replace(stall, spinning=spinning)
@@ -243,4 +267,5 @@ class ActivityWatch:
     def finish(self) -> None:
         """Remove the activity files, and the new copy a sampler had not yet
         renamed over one when its process ended (``contract.write_private``)."""
+        self._close_still()
         contract.remove_private(*self.paths.values())  # their folder listed once, not once a process

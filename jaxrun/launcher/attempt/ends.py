@@ -59,6 +59,7 @@ class Ends:
             record.pid = end.pid  # the controller's own, now final
         if end.resources is not None:
             record.resources = end.resources
+        record.marks = end.marks
         if end.returncode == 0:
             record.verdict = Verdict.OK
             return False

@@ -22,7 +22,8 @@ What the user sees:
   ``JOIN_NAMING_AFTER`` seconds it names those not yet in, and their hosts;
   when all are in, it becomes ``jaxrun: 8/8 processes joined in 2.3 s``;
 - off a terminal, only that last line;
-- nothing for a one-process job (there is nobody to wait for), and nothing
+- nothing for a one-process job (there is nobody to wait for; its join is
+  still heard, for the run's goodput), and nothing
   more once a process has ended without joining (the job is failing, or the
   script never joins): a live line is then erased, never left half drawn.
 
@@ -96,7 +97,10 @@ class Joins:
         self.waiting: dict[int, str | None] = {}  # not yet in: rank -> its joined file, if watched
         self.paths: list[str] = []  # every file watched, removed at the end
         self.started: float | None = None
-        self.active = self.total > 1  # False: nothing (more) to show
+        self.active = True  # False: nothing (more) to look for or show
+        # One process has nobody to wait for: nothing is shown, but its join is
+        # still heard (the run's goodput counts its start-up to it).
+        self.quiet = self.total < 2
         self.shown: str | None = None  # the live line as last drawn
 
     def begin(self, ranks: Iterable[int] | None = None) -> None:
@@ -146,9 +150,10 @@ class Joins:
             if self.live and self.shown is not None:
                 self.shown = None
                 self.status(None)
-            self.note(line)
+            if not self.quiet:
+                self.note(line)
             return None
-        if self.live:
+        if self.live and not self.quiet:
             named = []
             if elapsed >= self.naming_after:
                 named = [(rank, self.hosts.get(rank)) for rank in sorted(self.waiting)]

@@ -5,13 +5,15 @@ flood passes through jaxrun unless the console shows it; the pump follows
 those files.  Other backends hand back pipes, which the pump reads into the
 logs (through the child's ``stream_filter``, which takes out what a far end
 sends in-band).  A waiter thread per child turns its end into an
-``Exited`` event; its join and activity come as events through the
+``Exited`` event, with the marks the process left (``child.marks``: read
+here from its file, or brought home by its far end); its join and activity come as events through the
 spawn's ``News``, or, for a child that does not report them, from the
 joined and activity files that the joins and the activity watch follow.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import time
@@ -42,12 +44,12 @@ class Starter:
     def start(self, slot: Slot) -> None:
         record, rank = slot.record, slot.rank
         joined_file = joined_path(self.log_dir, rank)
-        activity_file = activity_path(self.log_dir, rank)
-        for stale in (record.error_file, joined_file, activity_file):
+        activity_file, marks_file = activity_path(self.log_dir, rank), marks_path(self.log_dir, rank)
+        for stale in (record.error_file, joined_file, activity_file, marks_file):
             if os.path.lexists(stale):
                 os.unlink(stale)
         env = {contract.ERROR_FILE: record.error_file, contract.JOINED_FILE: joined_file,
-               contract.PROFILE_DIR: work_folder(self.log_dir, rank)}
+               contract.PROFILE_DIR: work_folder(self.log_dir, rank), contract.MARKS_FILE: marks_file}
         if self.activity.active:
             env[contract.ACTIVITY_FILE] = activity_file
         news = News(lambda recoverable=False: self.events.put(Joined(rank, recoverable)),
@@ -64,7 +66,8 @@ class Starter:
         if not child.reports_joins:  # else it tells its News: Joined and Activity events
             self.joins.watch(rank, joined_file)
             self.activity.watch(rank, activity_file)
-        start_thread(f"process-waiter:{rank}", self._wait, rank, child, hooks=self.hooks)
+        start_thread(f"process-waiter:{rank}", self._wait, rank, child, None if child.reports_joins else marks_file,
+                     hooks=self.hooks)
 
     def _spawn_into_files(self, slot: Slot, env: dict[str, str], news: News) -> Child:
         record = slot.record
@@ -92,6 +95,15 @@ class Starter:
         self.pump.add(pipe.fileno(), log, rank, stream, close, show=self.printer.shows(rank), path=path,
                       stream_filter=stream_filter)
 
-    def _wait(self, rank: int, child: Child) -> None:
+    def _wait(self, rank: int, child: Child, marks_file: str | None) -> None:
+        """``marks_file``: where the process left its marks, for a child whose far end does not bring them."""
         end = child.wait()
+        if marks_file is not None:
+            end = dataclasses.replace(end, marks=contract.Marks.read(marks_file))
+            contract.remove_private(marks_file)
         self.events.put(Exited(rank, end, self.clock()))
+
+
+def marks_path(log_dir: str, rank: int) -> str:
+    """Where a local process writes its compiles and checkpoint saves (``child.marks``)."""
+    return os.path.join(log_dir, f"process-{rank}.marks")

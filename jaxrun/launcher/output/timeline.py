@@ -29,6 +29,7 @@ from jaxrun.core.config import LaunchError
 from jaxrun.core.logfiles import create_private
 from jaxrun.core.outcome import Outcome, ProcessRecord
 from jaxrun.reporting import timeline as words
+from jaxrun.reporting.goodput import Account
 
 
 def warn_line(line: str) -> None:
@@ -72,6 +73,11 @@ class Timeline:
 
     def restart(self, why: str, elastic: bool) -> None:
         self.add(words.RESTART, why=why, elastic=elastic)
+
+    def goodput(self, account: Account) -> None:
+        """The run's goodput, at its end: its parts and the spans they lie in."""
+        self.add(words.GOODPUT, **account.to_dict(),
+                 spans=[[part, round(begin, 6), round(end, 6), attempt] for part, begin, end, attempt in account.spans])
 
     # -- what the slots and the stop sequence tell ---------------------------------------------
     def moved(self, state: str, record: ProcessRecord) -> None:

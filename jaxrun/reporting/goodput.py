@@ -1,0 +1,222 @@
+"""The run's goodput: where the whole run's wall time went, across attempts.
+
+The run's wall time, from jaxrun's start to its end, splits into parts
+that sum to it (``PARTS``; the report's ``goodput``, docs/contract.md):
+
+- ``startup``: from each attempt's beginning (jaxrun's own start, for the
+  first) to the moment its last process joined the job: placement,
+  spawning, imports, whatever the script does before it touches JAX;
+- ``compile``, ``checkpoint``: from the join to the end of the work, what
+  the processes' own events said (``child.marks``: JAX's compile events,
+  Orbax's save events, ``jaxrun.checkpointing()``).  The job is
+  synchronous, so the slowest process's sum counts (Orbax reports a save
+  from its primary host only; the others wait for it);
+- ``waiting``: the processes' waiting for one another at collectives, the
+  mean over processes of ``waiting_by_rank`` (0 where nothing says);
+- ``stall``: spans in which no process moved for the stall timeout or
+  more (the watchdog's own test, ``attempt.activity``);
+- ``lost``: in an attempt that failed and was restarted, the work done
+  after its last checkpoint save, which the next attempt did again; with
+  no save seen, all of its work (``unsaved`` names those attempts);
+- ``work``: the rest of the time from the join to the end of the work;
+- ``teardown``: from the end of the work (the first failure, or the
+  scripts' return) to the attempt's end, and after the last attempt to
+  jaxrun's end;
+- ``restart``: between one attempt's end and the next one's beginning.
+
+``account`` is pure: facts in (``AttemptFacts``, one per attempt, on the
+launcher's wall clock), the account out, with the spans the timeline
+draws.  ``attempt_facts`` reads those facts from an attempt's Outcome.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from jaxrun.core import causes
+from jaxrun.core.outcome import Outcome, ProcessRecord
+
+PARTS = ("startup", "compile", "work", "waiting", "checkpoint", "stall", "restart", "lost", "teardown")
+# The parts that are the job's own progress; the rest is lost to it.
+GOOD = frozenset({"work"})
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptFacts:
+    """One attempt, on the launcher's wall clock.  ``joined_at``: its last
+    process joined (None: not every one did); ``work_ended_at``: its first
+    failure, or its scripts' return; ``saved_at``: its last checkpoint save
+    ended (None: none seen), after which ``compile_after_save`` seconds
+    went to compiles; ``failed``: it ended without finishing its work."""
+
+    began_at: float
+    joined_at: float | None
+    work_ended_at: float
+    ended_at: float
+    failed: bool = False
+    compile: float = 0.0
+    checkpoint: float = 0.0
+    waiting: float = 0.0
+    saved_at: float | None = None
+    compile_after_save: float = 0.0
+    stills: tuple[tuple[float, float], ...] = ()
+    attempt: int = 0  # its number in the run (0: the first), as the report lists it
+
+
+@dataclasses.dataclass(frozen=True)
+class Account:
+    began_at: float  # jaxrun's start, by the wall clock
+    wall: float
+    parts: dict[str, float]
+    spans: tuple[tuple[str, float, float, int], ...]  # (part, begin, end, attempt), for the timeline
+    unsaved: tuple[int, ...] = ()  # failed, restarted attempts with no checkpoint seen: their work is lost
+
+    @property
+    def share(self) -> float:
+        """The goodput: the share of the wall time that was the job's work."""
+        return sum(self.parts[p] for p in GOOD) / self.wall if self.wall > 0 else 0.0
+
+    def losses(self) -> list[tuple[str, float]]:
+        """The parts other than work, largest first, those above zero."""
+        return sorted(((p, s) for p, s in self.parts.items() if p not in GOOD and s > 0), key=lambda x: -x[1])
+
+    def to_dict(self) -> dict:
+        return {"began_at": self.began_at, "wall": round(self.wall, 3),
+                "parts": {p: round(s, 3) for p, s in self.parts.items()}, "share": round(self.share, 4),
+                "no_checkpoint": list(self.unsaved)}
+
+
+def _overlap(spans: Sequence[tuple[float, float]], begin: float, end: float) -> float:
+    """Seconds of ``[begin, end]`` that the spans cover (overlaps counted once)."""
+    total, reached = 0.0, begin
+    for a, b in sorted(spans):
+        a, b = max(a, reached), min(b, end)
+        if b > a:
+            total += b - a
+            reached = b
+    return total
+
+
+def account(run_began: float, run_ended: float, attempts: Sequence[AttemptFacts]) -> Account:
+    """Split ``[run_began, run_ended]`` into ``PARTS``; each attempt's
+    times are clamped into order first, so the parts always sum to the wall."""
+    parts = dict.fromkeys(PARTS, 0.0)
+    spans: list[tuple[str, float, float, int]] = []
+    unsaved: list[int] = []
+
+    def add(part: str, seconds: float, n: int, begin: float | None = None, end: float | None = None) -> None:
+        parts[part] += seconds
+        if begin is not None and end is not None and end > begin:
+            spans.append((part, begin, end, n))
+
+    reached = run_began
+    for i, a in enumerate(attempts):
+        n = a.attempt
+        began = min(max(a.began_at, reached), run_ended) if i else reached  # jaxrun's own start-up is the first's
+        add("restart", began - reached, n, reached, began)
+        ended = min(max(a.ended_at, began), run_ended)
+        work_end = min(max(a.work_ended_at, began), ended)
+        join = work_end if a.joined_at is None else min(max(a.joined_at, began), work_end)
+        add("startup", join - began, n, began, join)
+        inside = work_end - join
+        stills = [(max(b, join), min(e, work_end)) for b, e in a.stills if min(e, work_end) > max(b, join)]
+        stalled = _overlap(stills, join, work_end)
+        add("stall", stalled, n)
+        spans.extend(("stall", b, e, n) for b, e in stills)
+        left = inside - stalled
+        for part, seconds in (("compile", a.compile), ("checkpoint", a.checkpoint), ("waiting", a.waiting)):
+            taken = min(max(0.0, seconds), left)
+            add(part, taken, n)
+            left -= taken
+        lost, lost_from = 0.0, work_end
+        if a.failed and i + 1 < len(attempts) and left > 0:  # the next attempt did this work again
+            if a.saved_at is None or not join <= a.saved_at <= work_end:
+                unsaved.append(n)
+                lost, lost_from = left, join
+            else:
+                window = work_end - a.saved_at
+                waited = a.waiting * window / inside if inside > 0 else 0.0
+                lost = window - a.compile_after_save - _overlap(stills, a.saved_at, work_end) - waited
+                lost, lost_from = min(max(0.0, lost), left), a.saved_at
+        add("lost", lost, n, lost_from if lost > 0 else None, work_end)
+        add("work", left - lost, n, join, lost_from if lost > 0 else work_end)
+        add("teardown", ended - work_end, n, work_end, ended)
+        reached = ended
+    add("teardown", run_ended - reached, attempts[-1].attempt if attempts else 0, reached, run_ended)
+    return Account(run_began, max(0.0, run_ended - run_began), parts, tuple(sorted(spans, key=lambda s: (s[1], s[2]))),
+                   tuple(unsaved))
+
+
+def _launcher_time(at: float | None, marks_clock: str, record: ProcessRecord) -> float | None:
+    """A process's wall-clock time on the launcher's clock: as it is where
+    both are one machine's; else moved by the difference between the
+    launcher's and the far end's sight of the process's end."""
+    if at is None or not marks_clock or marks_clock == causes.clock_id():
+        return at
+    if record.reaped_at is not None and record.clock == marks_clock and record.ended_at is not None:
+        return at + (record.ended_at - record.reaped_at)
+    return at
+
+
+def attempt_facts(outcome: Outcome, waiting_by_rank: Mapping[int, float] | None = None) -> AttemptFacts | None:
+    """An attempt's facts from its Outcome; None for one that never started
+    its processes.  ``waiting_by_rank``: each process's seconds spent
+    waiting for the others at collectives (0 where nothing says)."""
+    records = [life for record in outcome.records for life in record.lives]
+    if outcome.began_at is None or not records:
+        return None
+    ended = [r.ended_at for r in records if r.ended_at is not None]
+    ended_at = max(ended) if ended else outcome.began_at
+    joins = [r.joined_at for r in outcome.records]
+    joined_at = max(joins) if joins and None not in joins else None
+    failed = outcome.reason is not None and not outcome.work_finished
+    root = next((r for r in outcome.records if r.spec.rank == outcome.root_cause), None)
+    finished = [r.finished_at for r in outcome.records]
+    if failed and root is not None and root.ended_at is not None:
+        work_end = root.ended_at
+    elif finished and None not in finished:
+        work_end = max(finished)
+    else:
+        work_end = min(ended) if ended else ended_at
+    saved = [(_launcher_time(r.marks.saved_at, r.marks.clock, r), r.marks.compile_after_save)
+             for r in records if r.marks is not None and r.marks.saved_at is not None]
+    saved_at, after = max(saved) if saved else (None, 0.0)
+    marks = [r.marks for r in records if r.marks is not None]
+    waiting = waiting_by_rank or {}
+    return AttemptFacts(
+        outcome.began_at, joined_at, work_end, ended_at, failed,
+        compile=max((m.compile for m in marks), default=0.0),
+        checkpoint=max((m.checkpoint for m in marks), default=0.0),
+        waiting=sum(waiting.get(r.spec.rank, 0.0) for r in outcome.records) / len(outcome.records),
+        saved_at=saved_at, compile_after_save=after, stills=outcome.stills)
+
+
+def waiting_by_rank(outcome: Outcome) -> dict[int, float]:
+    """Each process's seconds waiting for the others at collectives in this
+    attempt: where the per-process time split (issue 57's ``TimeSplit``)
+    enters the account.  Nothing says it yet: 0 for every process."""
+    return {}
+
+
+def of_run(run_began: float, run_ended: float, outcomes: Sequence[Outcome]) -> Account:
+    """The account of a run's attempts so far."""
+    facts = []
+    for number, outcome in enumerate(outcomes):
+        found = attempt_facts(outcome, waiting_by_rank(outcome))
+        if found is not None:  # else it never started: its time is the restart's
+            facts.append(dataclasses.replace(found, attempt=number))
+    return account(run_began, run_ended, facts)
+
+
+def summary_line(found: Account) -> str:
+    """One line: the goodput share and the biggest losses."""
+    shown = [(part, seconds) for part, seconds in found.losses() if seconds >= 0.05][:3]  # "0.0 s" says nothing
+    losses = ", ".join(f"{part} {seconds:.1f} s" for part, seconds in shown)
+    line = f"jaxrun: goodput {found.share:.0%} of {found.wall:.1f} s"
+    if losses:
+        line += f"; lost to {losses}"
+    if found.unsaved:
+        which = ", ".join(str(n) for n in found.unsaved)
+        line += f" (no checkpoint seen in attempt {which}: its work counted as lost)"
+    return line
