@@ -132,6 +132,35 @@ class Stall:
 
 
 @dataclasses.dataclass(frozen=True)
+class Straggler:
+    """The process the others waited for, window after window
+    (``launcher/attempt/straggler.py``): where it ran, the share of the
+    others' accounted time they spent waiting (``lost``), and how its own
+    time compares with theirs: its work outside JAX (input, Python) and its
+    programs, each in seconds and as a multiple of the others' median;
+    ``windows``: in how many of the ``judged`` windows it was the one."""
+
+    rank: int
+    host: str
+    lost: float  # 0..1
+    work: float
+    programs: float
+    work_ratio: float
+    programs_ratio: float
+    windows: int
+    judged: int
+
+    def spends(self) -> str:
+        """What it spends its own time on, against the others."""
+        return (f"its own work (input, Python) {self.work_ratio:.1f}x the others', "
+                f"its programs {self.programs_ratio:.1f}x")
+
+    def line(self) -> str:
+        return (f"process {self.rank} on {self.host} is the straggler: the others spent {self.lost:.0%} of "
+                f"their time waiting for it ({self.windows} of {self.judged} windows); {self.spends()}")
+
+
+@dataclasses.dataclass(frozen=True)
 class PlacementRecord:
     """Where an attempt ran, as the report keeps it: its hosts in rank order, and the hosts left out
     before it with why (a lost host, one that failed its check again)."""
@@ -158,6 +187,7 @@ class Outcome:
     # --timeout counts from here, placement and start-up included.
     began_at: float | None = None
     stall: Stall | None = None  # the watchdog stopped it (reason STALL)
+    straggler: Straggler | None = None  # the process the others waited for (the time account's rule)
     # A recoverable job whose processes ran to their own ends (nothing stopped
     # it), some of them failed: where they could start again alone, a whole
     # restart would only repeat that (restarts.policy).

@@ -62,6 +62,7 @@ from jaxrun.portable.threads import (
     io_bytes,
     lower_thread_priority,
     main_native_id,
+    run_delay,
     thread_cpu,
     thread_times,
     thread_waits,
@@ -71,6 +72,6 @@ __all__ = [
     "claim_orphans", "descendants_cpu", "ended_unreaped", "free_port", "inotify", "io_bytes", "is_abstract",
     "lower_thread_priority", "main_native_id", "maxrss_bytes", "memory_group", "notes", "open_file_ids",
     "peer_pid", "peer_uid",
-    "pid_max", "server_address", "set_pipe_size", "temp_base_for_sockets", "thread_cpu", "thread_times",
+    "pid_max", "run_delay", "server_address", "set_pipe_size", "temp_base_for_sockets", "thread_cpu", "thread_times",
     "thread_waits",
 ]

@@ -157,3 +157,21 @@ def thread_waits() -> dict[int, float] | None:
     On a loaded machine a thread that works or spins gets a small share of a
     core and waits for the rest; a parked thread does neither."""
     return _each_thread("schedstat", 256, lambda text: int(text.split()[1]) / 1e9)
+
+
+def run_delay(tid: int) -> float | None:
+    """Seconds one thread of this process has spent ready to run but without
+    a CPU (its run queue's delay, a throttled group's wait included); None
+    where the system does not say."""
+    if forced():
+        return None
+    try:
+        fd = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return int(os.read(fd, 256).split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+    finally:
+        os.close(fd)

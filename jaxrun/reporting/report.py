@@ -8,7 +8,7 @@ import sys
 
 from jaxrun.contract import signal_name
 from jaxrun.core.logfiles import write_atomically
-from jaxrun.core.outcome import Outcome, ProcessRecord
+from jaxrun.core.outcome import Outcome, ProcessRecord, Straggler
 from jaxrun.reporting import diagnosis
 
 
@@ -45,6 +45,9 @@ def report_dict(outcomes: list[Outcome], run_id: str, log_dirs: list[str], not_r
                 # The processes did not share fate (a recoverable job): a failed
                 # process other than 0 left the others running.
                 "recoverable": outcome.recoverable,
+                # The process the others waited for, window after window (the
+                # time account's rule, docs/time.md), or null.
+                "straggler": straggler_dict(outcome.straggler),
                 "not_restarted": None,
             }
         )
@@ -58,8 +61,27 @@ def report_dict(outcomes: list[Outcome], run_id: str, log_dirs: list[str], not_r
         "restarts": len(attempts) - 1,
         "root_cause": last["root_cause"],
         "processes": last["processes"],
+        "straggler": last["straggler"],
         "attempts": attempts,
         "not_restarted": not_restarted,
+    }
+
+
+def straggler_dict(found: Straggler | None) -> dict | None:
+    if found is None:
+        return None
+    return {
+        "rank": found.rank,
+        "host": found.host,
+        # The share of the other processes' accounted time they spent waiting (0..1).
+        "lost": round(found.lost, 4),
+        # What it spent its own time on, in seconds, and as a multiple of the others' median.
+        "work": round(found.work, 3),
+        "programs": round(found.programs, 3),
+        "work_ratio": round(found.work_ratio, 3),
+        "programs_ratio": round(found.programs_ratio, 3),
+        "windows": found.windows,  # the windows that accused it, of those judged
+        "judged": found.judged,
     }
 
 

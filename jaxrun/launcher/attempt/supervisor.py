@@ -125,9 +125,11 @@ class Supervisor:
             os.close(lifeline_r)
             os.close(lifeline_w)
             self.pump.stop()
-        return ending.outcome(self.slots, self.stop, self.ends, recoverable=self.policy.recoverable,
+        came = ending.outcome(self.slots, self.stop, self.ends, recoverable=self.policy.recoverable,
                               spared=self.policy.failed, stall=self.stall_found, fault=self.fault,
                               log_errors=self.log_errors, full_folder=self.log_dir if full else None)
+        came.straggler = self.activity.stragglers.straggler()  # the time account's rule, over the whole attempt
+        return came
 
     def _joined(self, rank: int, recoverable: bool) -> None:
         """A join, heard from its file or its far end (``Joins``)."""
