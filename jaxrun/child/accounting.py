@@ -39,7 +39,7 @@ from jaxrun import contract, portable
 from jaxrun.child import activity
 
 TICK = 0.02  # seconds between looks
-FIRST_EVERY = 1.0  # the first record, then 2, 4, 8 s after it ...
+FIRST_EVERY = 2.0  # the first record, then 4 and 8 s after it ...
 EVERY = 10.0  # ... and every 10 s
 _OUTSIDE, _INSIDE, _COMPILER = 0, 1, 2
 

@@ -188,6 +188,10 @@ class Outcome:
     began_at: float | None = None
     stall: Stall | None = None  # the watchdog stopped it (reason STALL)
     straggler: Straggler | None = None  # the process the others waited for (the time account's rule)
+    # Each process's newest time account (contract.TimeSplit), by rank, and each
+    # window the straggler rule judged: (the process that waited least, its gap).
+    splits: dict = dataclasses.field(default_factory=dict)
+    windows: list = dataclasses.field(default_factory=list)
     # A recoverable job whose processes ran to their own ends (nothing stopped
     # it), some of them failed: where they could start again alone, a whole
     # restart would only repeat that (restarts.policy).

@@ -48,6 +48,9 @@ def report_dict(outcomes: list[Outcome], run_id: str, log_dirs: list[str], not_r
                 # The process the others waited for, window after window (the
                 # time account's rule, docs/time.md), or null.
                 "straggler": straggler_dict(outcome.straggler),
+                # Each window the straggler rule judged (docs/time.md): the process
+                # that waited least, and how much more of their time the others waited.
+                "windows": [{"least": least, "gap": by} for least, by in outcome.windows[-WINDOWS_KEPT:]],
                 "not_restarted": None,
             }
         )
@@ -65,6 +68,9 @@ def report_dict(outcomes: list[Outcome], run_id: str, log_dirs: list[str], not_r
         "attempts": attempts,
         "not_restarted": not_restarted,
     }
+
+
+WINDOWS_KEPT = 1000  # the report keeps the last this many windows of an attempt
 
 
 def straggler_dict(found: Straggler | None) -> dict | None:
@@ -165,7 +171,16 @@ def _process_dict(r: ProcessRecord, outcome: Outcome) -> dict:
         "finished_then_failed": outcome.work_finished and r.spec.rank == outcome.root_cause,
         "restarts": r.life,  # how many times it started again alone
         "lives": [_life_dict(life) for life in r.lives],
+        # Where its time went since its join, its newest account (contract.TimeSplit's
+        # fields, seconds; null where none came: --no-account, or it never joined).
+        "time": split_dict(outcome.splits.get(r.spec.rank)),
     }
+
+
+def split_dict(split) -> dict | None:
+    if split is None:
+        return None
+    return {name: round(getattr(split, name), 3) for name in split.FIELDS}
 
 
 def write_report(path: str, data: dict) -> None:

@@ -36,22 +36,32 @@ from jaxrun.core.outcome import Straggler
 GAP = 0.10  # of each process's time: how much more every other process waited
 STREAK = 2  # windows in a row that accuse one process, to say so while the job runs
 MAJORITY = 0.6  # of the windows judged, to name it at the end
-MIN_COVERED = 0.3  # seconds: a shorter window of a process is not judged
+MIN_COVERED = 1.0  # seconds: a shorter window (a job's last, cut short by its end) is not judged
 
 
 def waiting_share(split: contract.TimeSplit) -> float:
-    return split.waiting / split.covered if split.covered > 0 else 0.0
+    """Its share of its time spent waiting, compiles left out (a first
+    window's compile is no step's time)."""
+    stepping = split.covered - split.compile
+    return split.waiting / stepping if stepping > 0 else 0.0
+
+
+def gap(window: Mapping[int, contract.TimeSplit]) -> tuple[int | None, float]:
+    """(the process that waited least in this window, how much more of its
+    time every other one waited: the least of their differences); (None,
+    0.0) where fewer than two processes were judged."""
+    shares = {rank: waiting_share(s) for rank, s in window.items() if s.covered - s.compile >= MIN_COVERED}
+    if len(shares) < 2:
+        return None, 0.0
+    least = min(shares, key=lambda rank: (shares[rank], rank))
+    return least, min(share for rank, share in shares.items() if rank != least) - shares[least]
 
 
 def accused(window: Mapping[int, contract.TimeSplit]) -> int | None:
     """The process every other one waited ``GAP`` more of its time for, in
     this window; None where there is none."""
-    shares = {rank: waiting_share(s) for rank, s in window.items() if s.covered >= MIN_COVERED}
-    if len(shares) < 2:
-        return None
-    least = min(shares, key=lambda rank: (shares[rank], rank))
-    others = [share for rank, share in shares.items() if rank != least]
-    return least if min(others) - shares[least] >= GAP else None
+    least, by = gap(window)
+    return least if least is not None and by >= GAP else None
 
 
 class StragglerRule:
@@ -65,6 +75,7 @@ class StragglerRule:
         self.base: dict[int, contract.TimeSplit] = {}  # each one's split when the last window closed
         self.fresh: set[int] = set()  # processes heard since then
         self.verdicts: list[int | None] = []  # each window's accused
+        self.windows: list[tuple[int | None, float]] = []  # each window's least waiting process, and its gap
         self.said = False
         # What `jaxrun top` reads from the channel's thread: replaced whole, never changed.
         self.now: tuple[dict[int, float], Straggler | None] = ({}, None)
@@ -92,7 +103,11 @@ class StragglerRule:
             window[rank] = split.minus(base) if same_account else split
         self.base.update(self.latest)
         self.fresh = set()
-        self.verdicts.append(accused(window))
+        least, by = gap(window)
+        if least is None:
+            return  # too short to judge
+        self.windows.append((least, round(by, 4)))
+        self.verdicts.append(least if by >= GAP else None)
         last = self.verdicts[-STREAK:]
         if not self.said and len(last) == STREAK and last[0] is not None and len(set(last)) == 1:
             found = self.straggler(final=False)

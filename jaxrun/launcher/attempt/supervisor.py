@@ -129,6 +129,7 @@ class Supervisor:
                               spared=self.policy.failed, stall=self.stall_found, fault=self.fault,
                               log_errors=self.log_errors, full_folder=self.log_dir if full else None)
         came.straggler = self.activity.stragglers.straggler()  # the time account's rule, over the whole attempt
+        came.splits, came.windows = self.activity.splits(), list(self.activity.stragglers.windows)
         return came
 
     def _joined(self, rank: int, recoverable: bool) -> None:
