@@ -45,12 +45,12 @@ def run(shape: str, steps: int, n: int) -> dict:
             "throttled": [str(steps), "60", "--turns"]}[shape]
     with tempfile.TemporaryDirectory() as folder:
         report = os.path.join(folder, "report.json")
-        proc = subprocess.Popen([*JAXRUN, "-n", str(n), "--cpu-devices", "1", "--report", report, str(JOB), *args,
-                                 "--until", os.path.join(folder, "never")],  # a unique word in its title
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        proc = subprocess.Popen([*JAXRUN, "-n", str(n), "--cpu-devices", "1", "--report", report, str(JOB), *args],
+                                env={**os.environ, "BENCH_STRAGGLER": folder}, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             if shape == "throttled":
-                with throttled(find_process(f"jaxrun: process 2/{n} ", folder, within=60), 0.25):
+                with throttled(find_process(f"jaxrun: process 2/{n} ", f"BENCH_STRAGGLER={folder}", within=60), 0.25):
                     _, err = proc.communicate(timeout=600)
             else:
                 _, err = proc.communicate(timeout=600)

@@ -96,7 +96,7 @@ def test_the_straggler_is_named_with_its_host_in_top_the_summary_and_the_report(
                     env={TOKEN: shared_dir.name})
     run_id = run_id_of(logs)
     if shape == "throttled":
-        with throttled(find_process(f"jaxrun: process 2/4 {JOB.name}", str(release), within=60), 0.25):
+        with throttled(find_process(f"jaxrun: process 2/4 {JOB.name}", f"{TOKEN}={shared_dir.name}", within=60), 0.25):
             shown = top_until_named(job, run_id)
             release.write_text("")
             assert job.wait(timeout=120) == 0, job.stderr
