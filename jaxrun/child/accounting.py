@@ -10,15 +10,17 @@ gives the time since its last look to one part of a ``contract.TimeSplit``:
 - ``programs`` and ``waiting``: it is inside JAX (a jitted call, an eager
   operation, ``block_until_ready``, ``float(x)``).  The process's CPU since
   the last look, plus the time its main thread was ready to run but had no
-  CPU (a loaded machine's run queue, a CPU quota's throttling: it wanted
-  the CPU), is its programs' time, one core at most; the rest of the tick
+  CPU (a loaded machine's run queue) and the time its CPU group was held
+  back by a quota (a container's CPU limit: its threads wanted the CPU), is
+  its programs' time, one core at most; the rest of the tick
   it used no CPU and wanted none: it waited, and inside JAX what a process
   waits for is the other processes, at a collective or a sync point.  On
   CPU a waiting process blocks (0.3% of a core was measured: 1 ms of CPU in
   300 ms of waiting at a collective), so the line between the two is sharp.
 
 Each look costs a walk of the main thread's frames (each code object is
-judged once, then looked up), one CPU clock read and one ``schedstat`` read:
+judged once, then looked up), one CPU clock read, the main thread's
+``schedstat`` and the CPU group's ``cpu.stat``:
 ``bench/account.py`` measures it against the same job with the account off.
 The cumulative split goes to the launcher beside the activity line
 (``contract.read_activity_file``): ``FIRST_EVERY`` seconds after the join,
@@ -134,7 +136,9 @@ class Accountant:
         self.main = threading.main_thread().ident if main is None else main
         main_tid = portable.main_native_id()
         self.clock, self.cpu, self.frames = clock, cpu, frames
-        self.delay = delay or (lambda: (portable.run_delay(main_tid) or 0.0) if main_tid else 0.0)
+        throttled = portable.Throttling()
+        main_delay = (lambda: portable.run_delay(main_tid) or 0.0) if main_tid else (lambda: 0.0)
+        self.delay = delay or (lambda: main_delay() + throttled())
         self.places: dict[object, int] = {}  # code object -> _OUTSIDE, _INSIDE or _COMPILER
         self.parts = {"work": 0.0, "programs": 0.0, "waiting": 0.0, "compile": 0.0}
         self.began = wall()

@@ -59,6 +59,7 @@ from jaxrun.portable.notes import notes
 from jaxrun.portable.processes import claim_orphans, descendants_cpu, ended_unreaped, open_file_ids, pid_max
 from jaxrun.portable.sockets import free_port, is_abstract, peer_pid, peer_uid, server_address, temp_base_for_sockets
 from jaxrun.portable.threads import (
+    Throttling,
     io_bytes,
     lower_thread_priority,
     main_native_id,
@@ -69,7 +70,7 @@ from jaxrun.portable.threads import (
 )
 
 __all__ = [
-    "claim_orphans", "descendants_cpu", "ended_unreaped", "free_port", "inotify", "io_bytes", "is_abstract",
+    "Throttling", "claim_orphans", "descendants_cpu", "ended_unreaped", "free_port", "inotify", "io_bytes", "is_abstract",
     "lower_thread_priority", "main_native_id", "maxrss_bytes", "memory_group", "notes", "open_file_ids",
     "peer_pid", "peer_uid",
     "pid_max", "run_delay", "server_address", "set_pipe_size", "temp_base_for_sockets", "thread_cpu", "thread_times",

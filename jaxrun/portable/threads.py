@@ -175,3 +175,59 @@ def run_delay(tid: int) -> float | None:
         return None
     finally:
         os.close(fd)
+
+
+class Throttling:
+    """Seconds this process's CPU group has been held back by its CPU quota
+    so far (a container's CPU limit, a cgroup's ``cpu.cfs_quota_us``): its
+    threads wanted the CPU and the quota said no.  Read from the group's
+    ``cpu.stat`` (cgroup v1's ``throttled_time`` in ns, v2's
+    ``throttled_usec``); the group is looked up again every ``LOOK_AGAIN``
+    reads, as a process may be moved.  0.0 where the system does not say."""
+
+    LOOK_AGAIN = 50
+
+    def __init__(self) -> None:
+        self.path: str | None = None
+        self.reads = 0
+
+    def _find(self) -> str | None:
+        try:
+            with open("/proc/self/cgroup") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            return None
+        for line in lines:
+            _, controllers, group = line.split(":", 2)
+            if "cpu" in controllers.split(","):  # v1
+                for mount in (controllers, "cpu", "cpu,cpuacct"):
+                    path = os.path.join("/sys/fs/cgroup", mount, group.lstrip("/"), "cpu.stat")
+                    if os.path.exists(path):
+                        return path
+        unified = [line.split(":", 2)[2] for line in lines if line.startswith("0::")]
+        for base in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
+            if unified:
+                path = os.path.join(base, unified[0].lstrip("/"), "cpu.stat")
+                if os.path.exists(path):
+                    return path
+        return None
+
+    def __call__(self) -> float:
+        if forced():
+            return 0.0
+        if self.reads % self.LOOK_AGAIN == 0:
+            self.path = self._find()
+        self.reads += 1
+        if self.path is None:
+            return 0.0
+        try:
+            with open(self.path, "rb") as f:
+                for line in f.read().splitlines():
+                    name, _, value = line.partition(b" ")
+                    if name == b"throttled_time":
+                        return int(value) / 1e9
+                    if name == b"throttled_usec":
+                        return int(value) / 1e6
+        except (OSError, ValueError):
+            pass
+        return 0.0
