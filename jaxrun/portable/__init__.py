@@ -70,7 +70,8 @@ from jaxrun.portable.threads import (
 )
 
 __all__ = [
-    "Throttling", "claim_orphans", "descendants_cpu", "ended_unreaped", "free_port", "inotify", "io_bytes", "is_abstract",
+    "Throttling", "claim_orphans", "descendants_cpu", "ended_unreaped", "free_port", "inotify", "io_bytes",
+    "is_abstract",
     "lower_thread_priority", "main_native_id", "maxrss_bytes", "memory_group", "notes", "open_file_ids",
     "peer_pid", "peer_uid",
     "pid_max", "run_delay", "server_address", "set_pipe_size", "temp_base_for_sockets", "thread_cpu", "thread_times",
