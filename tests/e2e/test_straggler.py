@@ -35,7 +35,7 @@ JOB = DATA / "straggler_job.py"
 IN_SUITE = {("local", "host"), ("ssh", "throttled"), ("slurm", "host")}
 PAIRS = [(backend, shape) for backend in ("local", "ssh", "slurm") for shape in ("host", "throttled")]
 # Steps at most: the test stops the job long before (the rule needs about 6 s).
-MAX_STEPS = 400
+MAX_STEPS = 250
 # How long top may take to mark the straggler: the rule's second window
 # closes about 6 s after the join; a loaded CI machine and an SSH or Slurm
 # start-up take their share on top.
@@ -73,10 +73,10 @@ def run_id_of(logs) -> str:
 def top_until_named(job, run_id: str) -> str:
     deadline = time.monotonic() + NAMED_WITHIN
     while True:
+        assert job.proc.poll() is None, f"the job ended before top marked a straggler: {job.proc.communicate()[1][-2000:]}"
         out = top_once(run_id)
         if "straggler" in out or time.monotonic() > deadline:
             return out
-        assert job.proc.poll() is None, "the job ended before top marked a straggler"
         time.sleep(0.5)
 
 
