@@ -73,7 +73,8 @@ def run_id_of(logs) -> str:
 def top_until_named(job, run_id: str) -> str:
     deadline = time.monotonic() + NAMED_WITHIN
     while True:
-        assert job.proc.poll() is None, f"the job ended before top marked a straggler: {job.proc.communicate()[1][-2000:]}"
+        if job.proc.poll() is not None:
+            pytest.fail(f"the job ended before top marked a straggler: {job.proc.communicate()[1][-2000:]}")
         out = top_once(run_id)
         if "straggler" in out or time.monotonic() > deadline:
             return out
