@@ -136,8 +136,7 @@ class Accountant:
         self.main = threading.main_thread().ident if main is None else main
         main_tid = portable.main_native_id()
         self.clock, self.cpu, self.frames = clock, cpu, frames
-        throttled = portable.Throttling()
-        main_delay = (lambda: portable.run_delay(main_tid) or 0.0) if main_tid else (lambda: 0.0)
+        throttled, main_delay = portable.Throttling(), portable.RunDelay(main_tid)
         self.delay = delay or (lambda: main_delay() + throttled())
         self.places: dict[object, int] = {}  # code object -> _OUTSIDE, _INSIDE or _COMPILER
         self.parts = {"work": 0.0, "programs": 0.0, "waiting": 0.0, "compile": 0.0}

@@ -59,21 +59,21 @@ from jaxrun.portable.notes import notes
 from jaxrun.portable.processes import claim_orphans, descendants_cpu, ended_unreaped, open_file_ids, pid_max
 from jaxrun.portable.sockets import free_port, is_abstract, peer_pid, peer_uid, server_address, temp_base_for_sockets
 from jaxrun.portable.threads import (
+    RunDelay,
     Throttling,
     io_bytes,
     lower_thread_priority,
     main_native_id,
-    run_delay,
     thread_cpu,
     thread_times,
     thread_waits,
 )
 
 __all__ = [
-    "Throttling", "claim_orphans", "descendants_cpu", "ended_unreaped", "free_port", "inotify", "io_bytes",
+    "RunDelay", "Throttling", "claim_orphans", "descendants_cpu", "ended_unreaped", "free_port", "inotify", "io_bytes",
     "is_abstract",
     "lower_thread_priority", "main_native_id", "maxrss_bytes", "memory_group", "notes", "open_file_ids",
     "peer_pid", "peer_uid",
-    "pid_max", "run_delay", "server_address", "set_pipe_size", "temp_base_for_sockets", "thread_cpu", "thread_times",
+    "pid_max", "server_address", "set_pipe_size", "temp_base_for_sockets", "thread_cpu", "thread_times",
     "thread_waits",
 ]

@@ -16,7 +16,7 @@ process's share of it spent waiting inside JAX for the others is compared:
   accuse the same process (one line, once), and at the end when the whole
   account accuses it and so did at least ``MAJORITY`` of the windows.
 
-``GAP`` comes from measurements (docs/time.md, ``bench/jitter.py``): a clean
+``GAP`` comes from measurements (docs/time.md, ``bench/straggler.py``): a clean
 4-process job whose every input varies +-10% a step, 10 runs, against the
 host-shaped (one input 60% slower) and the throttled (a quarter of a core)
 straggler.
