@@ -62,6 +62,50 @@ LOOK = textwrap.dedent(
     """
 )
 
+# The same step in one process, its blocks of steps alternating with the
+# accountant's thread running and not: no launch, no other process, so the
+# rounds differ far less than whole jobs do on a shared machine.
+ALONE = textwrap.dedent(
+    """
+    import statistics, sys, threading, time
+    import jax, jax.numpy as jnp, numpy as np
+    from jaxrun.child import accounting
+
+    rounds, steps, width = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    rng = np.random.default_rng(0)
+    layers = [jnp.asarray(rng.standard_normal((width, width), np.float32) / width ** 0.5) for _ in range(3)]
+    x = jnp.asarray(rng.standard_normal((width // 2, width), np.float32))
+
+    def loss(params, x):
+        for w in params:
+            x = jnp.tanh(x @ w)
+        return jnp.mean(x ** 2)
+
+    @jax.jit
+    def train_step(params, x):
+        value, grads = jax.value_and_grad(loss)(params, x)
+        return [w - 0.01 * g for w, g in zip(params, grads)], value
+
+    for _ in range(5):
+        layers, value = train_step(layers, x)
+        value.block_until_ready()
+    for _ in range(rounds):
+        for mode in ("off", "on"):
+            account = accounting.Accountant(lambda line: None) if mode == "on" else None
+            if account is not None:
+                threading.Thread(target=account.run, daemon=True).start()
+            took = []
+            for _ in range(steps):
+                start = time.perf_counter()
+                layers, value = train_step(layers, x)
+                value.block_until_ready()
+                took.append(time.perf_counter() - start)
+            if account is not None:
+                account.finish()
+            print(f"ALONE {mode} {statistics.median(took) * 1000:.3f}", flush=True)
+    """
+)
+
 MODES = {"off (--no-account)": ["--no-account"], "on (default)": []}
 
 
@@ -83,6 +127,7 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=2)
     parser.add_argument("--width", type=int, default=416)
     parser.add_argument("--looks", type=int, default=2000)
+    parser.add_argument("--alone-width", type=int, default=720, help="one process's width for a 16 ms step here")
     args = parser.parse_args()
     folder = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"jaxrun-bench-account-{os.getpid()}")
     os.makedirs(folder, exist_ok=True)
@@ -96,6 +141,18 @@ def main() -> None:
     base = median(times["off (--no-account)"])
     rows = [[name, f"{median(ms):.2f}", f"{median(ms) / base:.3f}"] for name, ms in times.items()]
     print(table(rows, ("account", "median step ms", "vs off")))
+    alone = os.path.join(folder, "alone.py")
+    with open(alone, "w") as f:
+        f.write(ALONE)
+    proc = subprocess.run([sys.executable, alone, str(args.rounds * 2), "150", str(args.alone_width)],
+                          capture_output=True, text=True, timeout=600)
+    blocks = re.findall(r"ALONE (\w+) ([\d.]+)", proc.stdout)
+    if not blocks:
+        raise RuntimeError(proc.stderr[-1500:])
+    off = median([float(ms) for mode, ms in blocks if mode == "off"])
+    on = median([float(ms) for mode, ms in blocks if mode == "on"])
+    print(f"one process, width {args.alone_width}, {len(blocks) // 2} blocks of 150 steps each way: median step "
+          f"{off:.2f} ms off, {on:.2f} ms on: {on / off:.3f}")
     look = os.path.join(folder, "look.py")
     with open(look, "w") as f:
         f.write(LOOK)
