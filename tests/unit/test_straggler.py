@@ -9,10 +9,11 @@ import dis
 
 import pytest
 
-from jaxrun import contract
+from jaxrun import cli, contract
 from jaxrun.child import accounting
 from jaxrun.launcher.attempt import straggler
 from jaxrun.launcher.attempt.straggler import StragglerRule
+from jaxrun.launcher.setup import plan as planning
 
 HOSTS = {0: "hostA", 1: "hostA", 2: "hostB", 3: "hostB"}
 
@@ -192,3 +193,19 @@ def test_a_call_site_says_what_it_calls_from_its_bytecode():
     found = [accounting.callee_recipe(code, offset) for offset in calls]
     assert found == [(False, "step"), (False, "trainer", "step"), (False, "local_fn"),
                      (True, "x", "block_until_ready"), (False, "step"), (False, "inner"), (False, "outer")]
+
+
+@pytest.mark.parametrize("account, environ", [(True, None), (False, contract.ACCOUNT_OFF)])
+def test_no_account_reaches_every_process_and_the_child_then_keeps_none(account, environ):
+    opts = planning.LaunchOptions(target=planning.Target("t.py"), num_processes=2, coordinator="h:1", run_id="r",
+                                  account=account)
+    assert [spec.env.get(contract.ACCOUNT) for spec in planning.plan(opts)] == [environ, environ]
+    accounting.start({contract.ACTIVITY_FILE: "/nowhere", **({contract.ACCOUNT: environ} if environ else {})})
+    assert accounting._wanted is account
+    accounting.start({})  # no activity file: nowhere to tell
+    assert accounting._wanted is False
+
+
+def test_no_account_is_an_option_and_the_account_is_on_without_it():
+    assert cli.main.make_context("jaxrun", ["--no-account", "t.py"]).params["no_account"] is True
+    assert cli.main.make_context("jaxrun", ["t.py", "--no-account"]).params["no_account"] is False  # the script's
