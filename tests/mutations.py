@@ -40,6 +40,23 @@ class Mutation:
 
 MUTATIONS = [
     Mutation(
+        "straggler-swapped",
+        "the straggler rule names the process that waits most, not the one the others wait for",
+        (("jaxrun/launcher/attempt/straggler.py", "    least = min(shares, key=lambda rank: (shares[rank], rank))",
+          "    least = max(shares, key=lambda rank: (shares[rank], rank))"),),
+        ("tests/unit/test_straggler.py", "tests/e2e/test_straggler.py"),
+        "named",
+    ),
+    Mutation(
+        "account-waits-are-programs",
+        "the time account counts a wait inside JAX as the process's programs, and its programs as a wait",
+        (("jaxrun/child/accounting.py", """            self.parts["programs"] += ran
+            self.parts["waiting"] += seconds - ran""", """            self.parts["waiting"] += ran
+            self.parts["programs"] += seconds - ran"""),),
+        ("tests/unit/test_straggler.py", "tests/e2e/test_straggler.py"),
+        "part or local-host",
+    ),
+    Mutation(
         "scheduler-runs-local",
         "--launcher slurm/mpirun quietly start local processes instead",
         (("jaxrun/backends/__init__.py", "return start(config.backend_options, config.options, console)",

@@ -317,6 +317,7 @@ class Sampler:
         self.state: str | None = None  # the line last written
         self.lock = threading.Lock()  # FINISHED is the last word: no look after it writes over it
         self.finished = False
+        self.told = b""  # the account's TIME line, written with each state
         self.last = self._look()
         self.last_threads: dict[int, float] | None = None  # at the last look, where read then
         self.last_waits: dict[int, float] | None = None
@@ -370,10 +371,20 @@ class Sampler:
                 return
             self.state = said
             self.finished = said == contract.FINISHED
-            try:
-                contract.write_private(self.path, said.encode() + b"\n")
-            except OSError:
-                pass  # a hint: the launcher then keeps the state it heard last
+            self._write()
+
+    def tell(self, line: str) -> None:
+        """The account's TIME line (``child.accounting``), kept beside the state."""
+        with self.lock:
+            self.told = line.encode() + b"\n"
+            if not self.finished and self.state is not None:
+                self._write()
+
+    def _write(self) -> None:
+        try:
+            contract.write_private(self.path, self.state.encode() + b"\n" + self.told)
+        except OSError:
+            pass  # a hint: the launcher then keeps the state it heard last
 
     def run(self) -> None:
         self.write(contract.BUSY)

@@ -31,7 +31,7 @@ import sys
 from collections.abc import Mapping
 
 from jaxrun import contract
-from jaxrun.child import checks, ending, hooks, marks
+from jaxrun.child import accounting, checks, ending, hooks, marks
 from jaxrun.child.addresses import (
     TRANSPORT_LISTENERS,
     advertise_for_collectives,
@@ -202,6 +202,7 @@ def ensure_initialized() -> list[dict] | None:
     if distributed.global_state.client is not None:  # joined by other means
         _launch.initialized = True
         contract.mark_joined(_launch.joined_file, recoverable())
+        accounting.joined()
         return None
     return _join(getattr(distributed, "_jaxrun_real_initialize", distributed.initialize), {})
 
@@ -250,9 +251,10 @@ def _join(real, given: dict) -> list[dict]:
     finally:
         _launch.busy = False
     _launch.initialized = True
-    if os.environ.get(contract.PROCESS_RESTARTS, "0") != "0":
-        return []  # restarted alone: the others passed the preflight's barrier long ago
-    return preflight()
+    # Restarted alone: the others passed the preflight's barrier long ago.
+    rows = [] if os.environ.get(contract.PROCESS_RESTARTS, "0") != "0" else preflight()
+    accounting.joined()  # every process is in: the account of its time begins
+    return rows
 
 
 def note_preloaded_jax(import_env: Mapping[str, str], exit_hooks: list[tuple]) -> None:

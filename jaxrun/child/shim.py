@@ -13,7 +13,8 @@ Started as ``python -m jaxrun.shim -- SCRIPT ARGS...`` or
 3. arranges, without importing jax, that the process joins the job before
    jax creates a backend (see :mod:`jaxrun.child.bootstrap`);
 4. starts the stall watchdog's sampler (:mod:`jaxrun.child.activity`),
-   where the launcher asks for one;
+   where the launcher asks for one, and the time account
+   (:mod:`jaxrun.child.accounting`) that begins at the join;
 5. runs the user's script or module as the real ``__main__``, as ``python``
    would, and on an uncaught exception prints a traceback of the user's
    frames only and exits at once instead of waiting in JAX's shutdown barrier.
@@ -33,7 +34,7 @@ import threading
 import types
 
 from jaxrun import contract
-from jaxrun.child import activity, checks, marks, profiling
+from jaxrun.child import accounting, activity, checks, marks, profiling
 from jaxrun.child.ending import exit_now, fail, record_error
 
 USAGE = f"usage: python -m {contract.SHIM_MODULE} (-- SCRIPT | -m MODULE) [ARGS...]"
@@ -104,6 +105,7 @@ def main(argv: list[str]) -> None:
         fail(e)
     set_title(is_module, name, args)
     activity.start()  # --stall-timeout: from the script's first line on
+    accounting.start()  # where the time goes: from the join on
     run_target(is_module, name, args)
 
 
@@ -198,6 +200,7 @@ def script_returned() -> None:
     flight = sys.modules.get("jaxrun.child.flight")  # imported where a mode is on (bootstrap.prepare)
     if flight is not None:
         flight.script_returned()
+    accounting.script_returned()  # its last record, before the sampler's last word
     activity.script_returned()
     marks.script_ended()
 

@@ -91,6 +91,9 @@ class JaxrunCommand(click.Command):
               help="The guide's silent mistakes, caught by default: programs that span processes agree at their "
                    "first use, and replicas built from per-process data agree, sampled. strict: check every call; "
                    "off: patch nothing (docs/divergence.md).")
+@click.option("--no-account", "no_account", is_flag=True,
+              help="Do not account each process's time (its own work, its programs, its waits for the others) "
+                   "nor name the straggler the others wait for (docs/time.md).")
 @click.option("--check-divergence", is_flag=True,
               help="Debug mode: before each program that spans processes, the processes agree on it; the first "
                    "that differs stops the job and names the call (one key-value round trip per execution).")

@@ -186,11 +186,3 @@ def activity_word(said: str) -> str | None:
     if said in (BUSY, IDLE, FINISHED):
         return said
     return SPIN if Spinning.of(said) is not None else None
-
-
-def read_activity(path: str) -> str | None:
-    """The line a process's sampler wrote last (a word of ``activity_word``'s,
-    a SPIN line with its details), or None."""
-    data = read_small(path, ACTIVITY_LINE_MAX)
-    said = data.strip().decode(errors="replace") if data else ""
-    return said if activity_word(said) is not None else None

@@ -54,6 +54,14 @@ BUSY = "busy"
 IDLE = "idle"
 SPIN = "spin"
 FINISHED = "finished"
+# The time accounting (child.accounting; on unless --no-account, which sets
+# ACCOUNT to ACCOUNT_OFF): each process's time since its join, split into its
+# own work, its programs and its waits for the others (contract.TimeSplit),
+# as a TIME line beside its activity line, every ACCOUNT_EVERY seconds at
+# most and when its script returns.
+ACCOUNT = "JAXRUN_ACCOUNT"
+ACCOUNT_OFF = "off"
+TIME = "time"
 # On-demand traces (`jaxrun profile`, --profile): where this process keeps
 # them (see contract.traces: a path of the launching machine, or a bare name
 # in the host's per-user base).  Set, the shim takes PROFILE_SIGNAL (SIGUSR2)

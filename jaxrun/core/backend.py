@@ -108,7 +108,7 @@ class News:
     """What a child whose far end reports (``reports_joins``) passes on to the
     supervisor, from any thread: the controller's arrival at the rendezvous
     (and whether it enabled recoverability), and each change of its activity (the stall watchdog's:
-    the line its sampler wrote, ``contract.read_activity``)."""
+    the line its sampler wrote, ``contract.read_activity_file``)."""
 
     joined: Callable[[bool], None] = _unheard  # recoverable: it enabled JAX's fault tolerance
     activity: Callable[[str], None] = _unheard

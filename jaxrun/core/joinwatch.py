@@ -9,7 +9,8 @@ host, and a :class:`JoinWatch` looks at them there ten times a second (a
 ``stat`` each) until the controller ends, and tells the launcher in the
 agent's own way (a marker on the SSH stream, a message on the task channel):
 the join once (and whether the controller enabled recoverability, which the
-joined file says), each change of state as it sees it.
+joined file says), each change of state as it sees it, and each new TIME
+line (the account of the process's time, ``contract.TimeSplit``) the same way.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class JoinWatch:
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, name="join-watch", daemon=True)
         self._seen: tuple | None = None  # the activity file's (inode, mtime, size) when last read
-        self._state: str | None = None  # the state last told
+        self._told: dict[bool, str] = {}  # the state's line and the TIME line last told
 
     def start(self) -> JoinWatch:
         self.thread.start()
@@ -67,10 +68,11 @@ class JoinWatch:
         if seen == self._seen:
             return
         self._seen = seen
-        state = contract.read_activity(self.activity_path)
-        if state is not None and state != self._state:
-            self._state = state
-            self.activity(state)
+        for said in contract.read_activity_file(self.activity_path):  # its state, its TIME line
+            kind = contract.TimeSplit.of(said) is not None  # a TIME line, or the state's
+            if self._told.get(kind) != said:
+                self._told[kind] = said
+                self.activity(said)
 
     def stop(self) -> None:
         """The controller has ended: nothing is told after this returns, and

@@ -133,6 +133,35 @@ class Stall:
 
 
 @dataclasses.dataclass(frozen=True)
+class Straggler:
+    """The process the others waited for, window after window
+    (``launcher/attempt/straggler.py``): where it ran, the share of the
+    others' accounted time they spent waiting (``lost``), and how its own
+    time compares with theirs: its work outside JAX (input, Python) and its
+    programs, each in seconds and as a multiple of the others' median;
+    ``windows``: in how many of the ``judged`` windows it was the one."""
+
+    rank: int
+    host: str
+    lost: float  # 0..1
+    work: float
+    programs: float
+    work_ratio: float
+    programs_ratio: float
+    windows: int
+    judged: int
+
+    def spends(self) -> str:
+        """What it spends its own time on, against the others."""
+        return (f"its own work (input, Python) {self.work_ratio:.1f}x the others', "
+                f"its programs {self.programs_ratio:.1f}x")
+
+    def line(self) -> str:
+        return (f"process {self.rank} on {self.host} is the straggler: the others spent {self.lost:.0%} of "
+                f"their time waiting for it ({self.windows} of {self.judged} windows); {self.spends()}")
+
+
+@dataclasses.dataclass(frozen=True)
 class PlacementRecord:
     """Where an attempt ran, as the report keeps it: its hosts in rank order, and the hosts left out
     before it with why (a lost host, one that failed its check again)."""
@@ -161,6 +190,11 @@ class Outcome:
     stall: Stall | None = None  # the watchdog stopped it (reason STALL)
     # Spans (wall clock) in which no process moved for the stall timeout or more (the supervisor fills it in).
     stills: tuple[tuple[float, float], ...] = ()
+    straggler: Straggler | None = None  # the process the others waited for (the time account's rule)
+    # Each process's newest time account (contract.TimeSplit), by rank, and each
+    # window the straggler rule judged: (the process that waited least, its gap).
+    splits: dict = dataclasses.field(default_factory=dict)
+    windows: list = dataclasses.field(default_factory=list)
     # A recoverable job whose processes ran to their own ends (nothing stopped
     # it), some of them failed: where they could start again alone, a whole
     # restart would only repeat that (restarts.policy).

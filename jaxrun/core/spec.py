@@ -75,6 +75,7 @@ class LaunchOptions:
     check_divergence: bool = False  # --check-divergence
     checks: str = "on"  # --checks: contract.CHECKS_MODES
     stall_timeout: float = 0.0  # --stall-timeout: 0 is off
+    account: bool = True  # the time account and the straggler rule (--no-account: off)
     recoverable: bool | None = None  # --recoverable (True), --no-recoverable (False); None: as the processes say
     compile_cache: str = ""  # contract.COMPILE_CACHE: a folder here, a run's name elsewhere; empty: none
 

@@ -68,6 +68,8 @@ from jaxrun.portable.processes import (
 )
 from jaxrun.portable.sockets import free_port, is_abstract, peer_pid, peer_uid, server_address, temp_base_for_sockets
 from jaxrun.portable.threads import (
+    RunDelay,
+    Throttling,
     io_bytes,
     lower_thread_priority,
     main_native_id,
@@ -77,8 +79,9 @@ from jaxrun.portable.threads import (
 )
 
 __all__ = [
-    "claim_orphans", "descendants_cpu", "ended_unreaped", "free_port", "inotify", "io_bytes", "is_abstract",
-    "lower_thread_priority", "main_native_id", "maxrss_bytes", "memory_group", "notes", "open_file_ids", "own_age",
+    "RunDelay", "Throttling", "claim_orphans", "descendants_cpu", "ended_unreaped", "free_port", "inotify", "io_bytes",
+    "is_abstract", "lower_thread_priority", "main_native_id", "maxrss_bytes", "memory_group", "notes", "open_file_ids",
+    "own_age",
     "peer_pid", "peer_uid",
     "pid_max", "server_address", "set_pipe_size", "temp_base_for_sockets", "thread_cpu", "thread_times",
     "thread_waits",

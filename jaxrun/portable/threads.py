@@ -157,3 +157,98 @@ def thread_waits() -> dict[int, float] | None:
     On a loaded machine a thread that works or spins gets a small share of a
     core and waits for the rest; a parked thread does neither."""
     return _each_thread("schedstat", 256, lambda text: int(text.split()[1]) / 1e9)
+
+
+class RunDelay:
+    """Seconds one thread of this process has spent ready to run but without
+    a CPU (its run queue's delay) so far, its ``schedstat`` kept open and
+    read again at each call (0.4 us, against 3.5 us to open it each time);
+    0.0 where the system does not say."""
+
+    def __init__(self, tid: int | None) -> None:
+        self.fd: int | None = None
+        if tid is not None and not forced():
+            try:
+                self.fd = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                self.fd = None
+
+    def __call__(self) -> float:
+        if self.fd is None:
+            return 0.0
+        try:
+            return int(os.pread(self.fd, 256, 0).split()[1]) / 1e9
+        except (OSError, IndexError, ValueError):
+            return 0.0
+
+
+class Throttling:
+    """Seconds this process's CPU group has been held back by its CPU quota
+    so far (a container's CPU limit, a cgroup's ``cpu.cfs_quota_us``): its
+    threads wanted the CPU and the quota said no.  Read from the group's
+    ``cpu.stat`` (cgroup v1's ``throttled_time`` in ns, v2's
+    ``throttled_usec``); the group is looked up again every ``LOOK_AGAIN``
+    reads, as a process may be moved.  0.0 where the system does not say."""
+
+    LOOK_AGAIN = 50
+
+    def __init__(self) -> None:
+        self.path: str | None = None
+        self.fd: int | None = None  # the group's cpu.stat, kept open
+        self.reads = 0
+
+    def _find(self) -> str | None:
+        try:
+            with open("/proc/self/cgroup") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            return None
+        for line in lines:
+            _, controllers, group = line.split(":", 2)
+            if "cpu" in controllers.split(","):  # v1
+                for mount in (controllers, "cpu", "cpu,cpuacct"):
+                    path = os.path.join("/sys/fs/cgroup", mount, group.lstrip("/"), "cpu.stat")
+                    if os.path.exists(path):
+                        return path
+        unified = [line.split(":", 2)[2] for line in lines if line.startswith("0::")]
+        for base in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
+            if unified:
+                path = os.path.join(base, unified[0].lstrip("/"), "cpu.stat")
+                if os.path.exists(path):
+                    return path
+        return None
+
+    def __call__(self) -> float:
+        if forced():
+            return 0.0
+        if self.reads % self.LOOK_AGAIN == 0:
+            self._reopen(self._find())
+        self.reads += 1
+        if self.fd is None:
+            return 0.0
+        try:
+            for line in os.pread(self.fd, 512, 0).splitlines():
+                name, _, value = line.partition(b" ")
+                if name == b"throttled_time":
+                    return int(value) / 1e9
+                if name == b"throttled_usec":
+                    return int(value) / 1e6
+        except (OSError, ValueError):
+            pass
+        return 0.0
+
+    def _reopen(self, path: str | None) -> None:
+        if path == self.path and self.fd is not None:
+            return
+        self.close()
+        self.path = path
+        if path is not None:
+            try:
+                self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                self.fd = None
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None

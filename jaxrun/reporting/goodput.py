@@ -194,9 +194,10 @@ def attempt_facts(outcome: Outcome, waiting_by_rank: Mapping[int, float] | None 
 
 def waiting_by_rank(outcome: Outcome) -> dict[int, float]:
     """Each process's seconds waiting for the others at collectives in this
-    attempt: where the per-process time split (issue 57's ``TimeSplit``)
-    enters the account.  Nothing says it yet: 0 for every process."""
-    return {}
+    attempt, from its newest time account (``contract.TimeSplit``, the
+    ``child.accounting`` sampler's); none for a process that sent none
+    (``--no-account``, or it never joined)."""
+    return {rank: split.waiting for rank, split in outcome.splits.items()}
 
 
 def of_run(run_began: float, run_ended: float, outcomes: Sequence[Outcome]) -> Account:

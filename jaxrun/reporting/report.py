@@ -8,7 +8,7 @@ import sys
 
 from jaxrun.contract import signal_name
 from jaxrun.core.logfiles import write_atomically
-from jaxrun.core.outcome import Outcome, ProcessRecord
+from jaxrun.core.outcome import Outcome, ProcessRecord, Straggler
 from jaxrun.reporting import diagnosis
 from jaxrun.reporting.goodput import Account
 
@@ -47,6 +47,12 @@ def report_dict(outcomes: list[Outcome], run_id: str, log_dirs: list[str], not_r
                 # The processes did not share fate (a recoverable job): a failed
                 # process other than 0 left the others running.
                 "recoverable": outcome.recoverable,
+                # The process the others waited for, window after window (the
+                # time account's rule, docs/time.md), or null.
+                "straggler": straggler_dict(outcome.straggler),
+                # Each window the straggler rule judged (docs/time.md): the process
+                # that waited least, and how much more of their time the others waited.
+                "windows": [{"least": least, "gap": by} for least, by in outcome.windows[-WINDOWS_KEPT:]],
                 "not_restarted": None,
             }
         )
@@ -60,11 +66,33 @@ def report_dict(outcomes: list[Outcome], run_id: str, log_dirs: list[str], not_r
         "restarts": len(attempts) - 1,
         "root_cause": last["root_cause"],
         "processes": last["processes"],
+        "straggler": last["straggler"],
         "attempts": attempts,
         "not_restarted": not_restarted,
         # Where the run's wall time went, from jaxrun's start to this report:
         # parts (reporting.goodput.PARTS) that sum to "wall".
         "goodput": account.to_dict() if account is not None else None,
+    }
+
+
+WINDOWS_KEPT = 1000  # the report keeps the last this many windows of an attempt
+
+
+def straggler_dict(found: Straggler | None) -> dict | None:
+    if found is None:
+        return None
+    return {
+        "rank": found.rank,
+        "host": found.host,
+        # The share of the other processes' accounted time they spent waiting (0..1).
+        "lost": round(found.lost, 4),
+        # What it spent its own time on, in seconds, and as a multiple of the others' median.
+        "work": round(found.work, 3),
+        "programs": round(found.programs, 3),
+        "work_ratio": round(found.work_ratio, 3),
+        "programs_ratio": round(found.programs_ratio, 3),
+        "windows": found.windows,  # the windows that accused it, of those judged
+        "judged": found.judged,
     }
 
 
@@ -151,7 +179,16 @@ def _process_dict(r: ProcessRecord, outcome: Outcome) -> dict:
         "finished_then_failed": outcome.work_finished and r.spec.rank == outcome.root_cause,
         "restarts": r.life,  # how many times it started again alone
         "lives": [_life_dict(life) for life in r.lives],
+        # Where its time went since its join, its newest account (contract.TimeSplit's
+        # fields, seconds; null where none came: --no-account, or it never joined).
+        "time": split_dict(outcome.splits.get(r.spec.rank)),
     }
+
+
+def split_dict(split) -> dict | None:
+    if split is None:
+        return None
+    return {name: round(getattr(split, name), 3) for name in split.FIELDS}
 
 
 def write_report(path: str, data: dict) -> None:

@@ -67,6 +67,8 @@ def summary_lines(outcome: Outcome, log_dir: str) -> list[str]:
         if rec.resources and rec.resources.oom and rec.spec.rank != outcome.root_cause:
             lines.append(f"jaxrun: {where(rec)}: {rec.resources.oom}")
     lines.extend(rerun_line(rec) for rec in outcome.records if rec.earlier)
+    if outcome.straggler is not None:
+        lines.append(f"jaxrun: {outcome.straggler.line()}")
     lines.extend(resource_lines(outcome.records))
     lines.append(f"jaxrun: logs in {log_dir}")
     return lines

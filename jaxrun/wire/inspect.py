@@ -90,6 +90,8 @@ class TableRow(Message):
     memory: int | None = None  # resident bytes
     idle: float | None = None  # seconds since its last activity (0: busy now; None: not heard)
     last_line: str = ""  # its last line of output
+    waiting: float | None = None  # its share of its time spent waiting for the others (None: no account yet)
+    straggler: bool = False  # the others wait for it (the time account's rule)
 
 
 # The states a row shows (the attempt's slots, read for a person).
@@ -104,6 +106,7 @@ class Table(Message):
     max_restarts: int
     rows: tuple
     restarting: bool = False  # the attempt ended and the whole job starts again
+    straggler: str = ""  # the straggler's line, where the rule names one now
 
     def __post_init__(self):
         rows = tuple(r if isinstance(r, TableRow) else TableRow(*r) for r in self.rows)

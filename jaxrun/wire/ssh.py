@@ -87,43 +87,54 @@ JOINED_RECOVERABLE_MARKER = b"\x00\x1bjaxrun-joined-recoverable\n"
 # Written the same way each time the controller's stall-watchdog sampler
 # changes state (see contract.ACTIVITY_FILE): the activity line between the
 # marker's head and a newline.  busy, idle and finished are these fixed
-# markers; a SPIN line carries its details ("spin 2 1.97"), so its marker is
-# read by ``spin_marker`` and ``spin_marker_start``.
+# markers; a SPIN line carries its details ("spin 2 1.97"), and so does the
+# account's TIME line (contract.TimeSplit: "time 1733390000.000 10.020
+# ..."), so their markers are read by ``detail_marker`` and
+# ``detail_marker_start``.
 MARKER_HEAD = b"\x00\x1bjaxrun-"  # what every in-band marker begins with
 ACTIVITY_MARKERS = {state: MARKER_HEAD + b"%s\n" % state.encode()
                     for state in (contract.BUSY, contract.IDLE, contract.FINISHED)}
-SPIN_HEAD = MARKER_HEAD + contract.SPIN.encode() + b" "
-SPIN_MARKER_MAX = len(MARKER_HEAD) + contract.ACTIVITY_LINE_MAX + 1
-_SPIN_BYTES = frozenset(b"0123456789. ")
+DETAIL_HEADS = tuple(MARKER_HEAD + word.encode() + b" " for word in (contract.SPIN, contract.TIME))
+DETAIL_MARKER_MAX = len(MARKER_HEAD) + max(contract.ACTIVITY_LINE_MAX, contract.TIME_LINE_MAX) + 1
+_DETAIL_BYTES = frozenset(b"0123456789. ")
 
 
 def activity_marker(said: str) -> bytes:
-    """The marker that tells an activity line (``contract.read_activity``'s)."""
+    """The marker that tells an activity line (``contract.read_activity_file``'s)
+    or a TIME line."""
     return ACTIVITY_MARKERS.get(said) or MARKER_HEAD + said.encode() + b"\n"
 
 
-def spin_marker(data: bytes, at: int) -> tuple[str, int] | None:
-    """(the SPIN line, where its marker ends) if a whole, well-formed SPIN
-    marker begins at ``data[at]``; None otherwise."""
-    if not data.startswith(SPIN_HEAD, at):
+def _said(said: str) -> bool:
+    return contract.Spinning.of(said) is not None or contract.TimeSplit.of(said) is not None
+
+
+def detail_marker(data: bytes, at: int) -> tuple[str, int] | None:
+    """(the SPIN or TIME line, where its marker ends) if a whole, well-formed
+    such marker begins at ``data[at]``; None otherwise."""
+    head = next((h for h in DETAIL_HEADS if data.startswith(h, at)), None)
+    if head is None:
         return None
-    end = data.find(b"\n", at + len(SPIN_HEAD), at + SPIN_MARKER_MAX)
+    end = data.find(b"\n", at + len(head), at + DETAIL_MARKER_MAX)
     if end < 0:
         return None
     said = data[at + len(MARKER_HEAD):end].decode("ascii", "replace")
-    return (said, end + 1) if contract.Spinning.of(said) is not None else None
+    return (said, end + 1) if _said(said) else None
 
 
-def spin_marker_start(data: bytes) -> int:
-    """How many of ``data``'s last bytes may begin a SPIN marker, the rest
-    of which a later read brings (0: none)."""
-    at = data.find(b"\x00", max(0, len(data) - SPIN_MARKER_MAX + 1))
+def detail_marker_start(data: bytes) -> int:
+    """How many of ``data``'s last bytes may begin a SPIN or TIME marker,
+    the rest of which a later read brings (0: none)."""
+    at = data.find(b"\x00", max(0, len(data) - DETAIL_MARKER_MAX + 1))
     while at >= 0:
         tail = data[at:]
-        if SPIN_HEAD.startswith(tail) or (tail.startswith(SPIN_HEAD) and _SPIN_BYTES.issuperset(tail[len(SPIN_HEAD):])):
-            return len(tail)
+        for head in DETAIL_HEADS:
+            if head.startswith(tail) or (tail.startswith(head) and _DETAIL_BYTES.issuperset(tail[len(head):])):
+                return len(tail)
         at = data.find(b"\x00", at + 1)
     return 0
+
+
 # What a report home may say about the controller's end besides its record and
 # resources (each optional: an older far end leaves them out), with its type:
 # its own pid on its host, and when its reaper saw it end, by which machine's

@@ -106,19 +106,21 @@ def test_the_dump_is_taken_from_its_first_header_on():
 
 def test_the_plain_table_has_a_heading_aligned_columns_and_no_escape_codes():
     rows = (words.TableRow(1, "localhost", 4243, 2, "restarting", None, None, None, ""),
-            words.TableRow(0, "localhost", 4242, 0, "working", 99.6, 3 << 29, 0.0, "step 3 \x1b[1mloss\x1b[0m\r 0.5"),
-            words.TableRow(2, "hostB", None, 0, "waiting", None, None, 125.0, "x\ty"))
-    lines = top.plain(words.Table("r1", 1, 2, 3, rows, False))
+            words.TableRow(0, "localhost", 4242, 0, "working", 99.6, 3 << 29, 0.0, "step 3 \x1b[1mloss\x1b[0m\r 0.5",
+                           0.02, True),
+            words.TableRow(2, "hostB", None, 0, "waiting", None, None, 125.0, "x\ty", 0.354))
+    lines = top.plain(words.Table("r1", 1, 2, 3, rows, False, "process 0 on localhost is the straggler: \x1b[1m"))
     assert lines[0] == "jaxrun: run r1  attempt 1  restarts 2 of 3  processes 3"
-    assert lines[1].split() == ["RANK", "HOST", "PID", "STATE", "CPU", "MEM", "IDLE", "LAST", "LINE"]
-    assert lines[2].split() == ["0", "localhost", "4242", "working", "100%", "1.5G", "0s", "step", "3", "loss",
-                                "0.5"]
-    assert lines[3].split() == ["1", "localhost", "4243", "restarting", "(life", "2)", "-", "-", "-"]
-    assert lines[4].split() == ["2", "hostB", "-", "waiting", "-", "-", "2m05s", "x", "y"]
+    assert lines[1].split() == ["RANK", "HOST", "PID", "STATE", "CPU", "MEM", "IDLE", "WAIT", "LAST", "LINE"]
+    assert lines[2].split() == ["0", "localhost", "4242", "working", "100%", "1.5G", "0s", "2%", "straggler",
+                                "step", "3", "loss", "0.5"]
+    assert lines[3].split() == ["1", "localhost", "4243", "restarting", "(life", "2)", "-", "-", "-", "-"]
+    assert lines[4].split() == ["2", "hostB", "-", "waiting", "-", "-", "2m05s", "35%", "x", "y"]
+    assert lines[5] == "jaxrun: process 0 on localhost is the straggler:"
     assert all("\x1b" not in line and "\r" not in line for line in lines)
     assert len({line.index("STATE") if "STATE" in line else None for line in lines[1:2]}) == 1
     state_at = lines[1].index("STATE")
-    assert all(line[state_at:].split()[0] in words.STATES for line in lines[2:])
+    assert all(line[state_at:].split()[0] in words.STATES for line in lines[2:5])
 
 
 def test_the_heading_says_when_the_whole_job_restarts():

@@ -133,6 +133,17 @@ def test_spin_markers_carry_their_details_and_are_cut_out_wherever_a_read_splits
     assert heard.states == ["spin 2 1.97", "spin 3 2.90", contract.BUSY, "spin 1 0.50"]
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_time_markers_carry_the_account_and_are_cut_out_wherever_a_read_splits_them(seed):
+    line = "time 1796459760.505 6.031 2.717 1.421 1.662 0.232"
+    own = [b"step 3\n", b"half ", b"\x00\x1bjaxrun-time 1 x\n", b"end\n"]
+    busy = ssh.ACTIVITY_MARKERS[contract.BUSY]
+    stream = own[0] + ssh.activity_marker(line) + own[1] + busy + own[2] + ssh.activity_marker(line) + own[3]
+    out, joins, heard = cut_through(stream, seed)
+    assert out == b"".join(own)
+    assert heard.states == [line, contract.BUSY, line]
+
+
 @pytest.mark.parametrize("seed", range(10))
 @pytest.mark.parametrize("own", [
     b"ends with half a marker " + ssh.JOINED_MARKER[:5],

@@ -403,11 +403,11 @@ def test_a_spin_line_is_written_again_only_when_its_thread_count_changes(tmp_pat
     s.live.write("spin 2 1.95")
     first = os.stat(path)
     s.live.write("spin 2 1.50")
-    assert os.stat(path).st_ino == first.st_ino and contract.read_activity(path) == "spin 2 1.95"
+    assert os.stat(path).st_ino == first.st_ino and contract.read_activity_file(path)[:1] == ["spin 2 1.95"]
     s.live.write("spin 3 2.90")
-    assert contract.read_activity(path) == "spin 3 2.90"
+    assert contract.read_activity_file(path)[:1] == ["spin 3 2.90"]
     s.live.write(contract.IDLE)
-    assert contract.read_activity(path) == contract.IDLE
+    assert contract.read_activity_file(path)[:1] == [contract.IDLE]
 
 
 def test_the_interval_is_a_tenth_of_the_timeout_within_bounds():
@@ -422,11 +422,11 @@ def test_the_state_is_written_only_when_it_changes(tmp_path):
     s.live.write(contract.BUSY)
     first = path.stat()
     s.live.write(contract.BUSY)
-    assert path.stat().st_ino == first.st_ino and contract.read_activity(str(path)) == contract.BUSY
+    assert path.stat().st_ino == first.st_ino and contract.read_activity_file(str(path))[:1] == [contract.BUSY]
     s.live.write(contract.IDLE)
-    assert contract.read_activity(str(path)) == contract.IDLE and path.stat().st_mode & 0o777 == 0o600
+    assert contract.read_activity_file(str(path))[:1] == [contract.IDLE] and path.stat().st_mode & 0o777 == 0o600
     path.write_text("nonsense\n")
-    assert contract.read_activity(str(path)) is None
+    assert contract.read_activity_file(str(path)) == []
 
 
 # -- the launcher's watch ----------------------------------------------------------------
@@ -475,10 +475,10 @@ Current thread 0x02 (most recent call first):
 """
 
 
-def watch(tmp_path, n=3, timeout=10.0):
+def watch(tmp_path, n=3, timeout=10.0, env=None):
     clock, notes = Clock(), []
-    specs = [ProcessSpec(rank=r, local_rank=r, host=LOCAL_HOST, python="python", shim_args=("--", "x.py"), env={})
-             for r in range(n)]
+    specs = [ProcessSpec(rank=r, local_rank=r, host=LOCAL_HOST, python="python", shim_args=("--", "x.py"),
+                         env=env or {}) for r in range(n)]
     logs = {r: str(tmp_path / f"process-{r}.stderr") for r in range(n)}
     for path in logs.values():
         open(path, "w").close()
@@ -637,11 +637,23 @@ def test_the_watch_reads_local_progress_files_and_forgets_ended_processes(tmp_pa
 
 
 def test_an_off_watch_does_nothing(tmp_path):
-    w, clock, notes, logs = watch(tmp_path, timeout=0)
+    w, clock, notes, logs = watch(tmp_path, timeout=0, env={contract.ACCOUNT: contract.ACCOUNT_OFF})
     for r in range(3):
         w.heard(r, contract.IDLE)
     clock.now += 1e6
     assert w.tick() == (None, None)
+
+
+def test_with_the_watchdog_off_the_account_is_still_read_and_nothing_is_probed(tmp_path):
+    w, clock, notes, logs = watch(tmp_path, timeout=0)
+    path = tmp_path / "process-1.activity"
+    path.write_text("time 100.000 2.000 1.000 0.500 0.500 0.000\n")
+    w.watch(1, str(path))
+    for r in range(3):
+        w.heard(r, contract.IDLE)
+    clock.now += 1e6
+    assert w.tick() == (clock.now + stall.ACCOUNT_POLL, None)
+    assert w.splits() == {1: contract.TimeSplit(100.0, 2.0, 1.0, 0.5, 0.5, 0.0)}
 
 
 def test_finishing_removes_the_progress_files_and_a_copy_left_unrenamed(tmp_path):
@@ -684,7 +696,7 @@ def test_a_script_that_returned_says_finished_and_nothing_after(tmp_path):
     s.live.write(contract.BUSY)
     s.live.write(contract.FINISHED)
     s.live.write(contract.IDLE)  # a look that came late
-    assert contract.read_activity(str(path)) == contract.FINISHED and s.live.finished
+    assert contract.read_activity_file(str(path))[:1] == [contract.FINISHED] and s.live.finished
 
 
 def test_the_watch_takes_a_finished_process_for_an_idle_one(tmp_path):

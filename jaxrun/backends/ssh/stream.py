@@ -39,7 +39,7 @@ from jaxrun.wire import ssh
 # The in-band markers, with the state each activity marker tells (None: the join).
 MARKERS = {ssh.JOINED_MARKER: False, ssh.JOINED_RECOVERABLE_MARKER: True,
            **{m: state for state, m in ssh.ACTIVITY_MARKERS.items()}}
-MARKER_HEAD = ssh.MARKER_HEAD  # what every marker begins with (a SPIN marker's too: ssh.spin_marker)
+MARKER_HEAD = ssh.MARKER_HEAD  # what every marker begins with (a SPIN or TIME marker's too: ssh.detail_marker)
 assert all(m.startswith(MARKER_HEAD) for m in MARKERS)
 
 
@@ -75,7 +75,7 @@ class AgentStderr:
         if MARKER_HEAD in data:
             data = self._take_markers(data)
         if not end:
-            keep = max(ssh.spin_marker_start(data), *(marker_start(data, m) for m in MARKERS))
+            keep = max(ssh.detail_marker_start(data), *(marker_start(data, m) for m in MARKERS))
             if keep:
                 self._join_held, data = data[-keep:], data[:-keep]
         return data
@@ -89,7 +89,7 @@ class AgentStderr:
                 break
             marker = next((m for m in MARKERS if data.startswith(m, found)), None)
             if marker is None:
-                spinning = ssh.spin_marker(data, found)
+                spinning = ssh.detail_marker(data, found)
                 if spinning is None:
                     out.append(data[at:found + 1])
                     at = found + 1

@@ -41,8 +41,10 @@ from collections.abc import Callable, Sequence
 from jaxrun import contract
 from jaxrun.core.outcome import Place, Stall, StallGroup
 from jaxrun.core.spec import ProcessSpec
+from jaxrun.launcher.attempt.straggler import StragglerRule
 from jaxrun.reporting.stacks import DUMP_TAIL, dump_complete, dumped_state, user_frame
 
+ACCOUNT_POLL = 1.0  # seconds between reads of the local files for the time account alone (no watchdog)
 # At most, for the dumps to be written (and, from a far end, to arrive).  The
 # wait ends as soon as every dump is whole, so only a dump that never comes
 # costs all of it; one that comes after it is not read, and the job is taken
@@ -145,12 +147,28 @@ class ActivityWatch:
         # for at least the timeout (the watchdog's own "no progress"), and the one open now.
         self.stills: list[tuple[float, float]] = []
         self.still_from: float | None = None
+        # The time account (child.accounting): each process's newest split, and the straggler rule over them.
+        self.accounting = any(s.env.get(contract.ACCOUNT) != contract.ACCOUNT_OFF for s in specs)
+        self.latest: dict[int, contract.TimeSplit] = {}
+        self.stragglers = StragglerRule({s.rank: s.host.name for s in specs}, note)
+        self.told: dict[tuple[int, bool], str] = {}  # (rank, a TIME line) -> the line read last from its file
+
+    def splits(self) -> dict[int, contract.TimeSplit]:
+        """Each process's newest cumulative ``contract.TimeSplit`` (its work,
+        programs, waiting and compile seconds since its join), by rank."""
+        return dict(self.latest)
 
     def watch(self, rank: int, path: str) -> None:
         self.paths[rank] = path
 
     def heard(self, rank: int, said: str) -> None:
         """``said``: an activity line (``contract.activity_word``'s, a SPIN line with its details)."""
+        split = contract.TimeSplit.of(said)
+        if split is not None:
+            if rank in self.running:
+                self.latest[rank] = split
+                self.stragglers.heard(rank, split)
+            return
         state = contract.activity_word(said)
         if rank not in self.running or state is None:
             return
@@ -172,13 +190,16 @@ class ActivityWatch:
         if rank in self.paths and rank in self.running:
             self._read_file(rank, self.paths[rank])
         self.running.discard(rank)
+        self.stragglers.ended(rank)
 
     def again(self, rank: int, stderr_log: str) -> None:
         """A process starts again alone (a recoverable job's): watched anew."""
         self.running.add(rank)
+        self.stragglers.running.add(rank)
         self.stderr_logs[rank] = stderr_log
         for known in (self.state, self.idle_since, self.seen, self.offsets, self.spinning):
             known.pop(rank, None)
+        self.told = {key: said for key, said in self.told.items() if key[0] != rank}
 
     def _read_files(self) -> None:
         for rank, path in self.paths.items():
@@ -193,9 +214,11 @@ class ActivityWatch:
         seen = (st.st_ino, st.st_mtime_ns, st.st_size)
         if seen != self.seen.get(rank):
             self.seen[rank] = seen
-            state = contract.read_activity(path)
-            if state is not None:
-                self.heard(rank, state)
+            for said in contract.read_activity_file(path):  # its state, its TIME line: each when it changed
+                key = (rank, contract.TimeSplit.of(said) is not None)
+                if self.told.get(key) != said:
+                    self.told[key] = said
+                    self.heard(rank, said)
 
     def _all_idle_since(self) -> float | None:
         if not self.running or any(self.state.get(r, contract.BUSY) == contract.BUSY for r in self.running):
@@ -206,7 +229,10 @@ class ActivityWatch:
         """(when to be called again, what to do now): ``"probe"`` (ask every
         process for a stack dump), a :class:`Stall`, or None."""
         if not self.active:
-            return None, None
+            if not self.accounting:
+                return None, None
+            self._read_files()
+            return self.clock() + ACCOUNT_POLL, None
         self._read_files()
         now = self.clock()
         since = self._all_idle_since()

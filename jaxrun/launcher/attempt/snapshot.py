@@ -127,6 +127,7 @@ def rows(supervisor, usage: Usage | None, restarting: bool = False) -> list[word
     can see them (a local job's)."""
     now = supervisor.clock()
     activity = supervisor.activity
+    shares, straggler = activity.stragglers.now if activity is not None else ({}, None)
     made = []
     here = local(supervisor)
     for slot in supervisor.slots:
@@ -138,14 +139,17 @@ def rows(supervisor, usage: Usage | None, restarting: bool = False) -> list[word
             since = activity.idle_since.get(slot.rank)
             idle = 0.0 if slot.state is State.WORKING else (None if since is None else max(0.0, now - since))
         made.append(words.TableRow(slot.rank, record.spec.host.name, shown_pid(slot, here), record.life,
-                                   shown_state(slot, restarting), cpu, memory, idle, last_line(record)))
+                                   shown_state(slot, restarting), cpu, memory, idle, last_line(record),
+                                   shares.get(slot.rank), straggler is not None and straggler.rank == slot.rank))
     return made
 
 
 def table(supervisor, run_id: str, max_restarts: int, usage: Usage | None, restarting: bool) -> words.Table:
     attempt = int(supervisor.specs[0].env.get(contract.RESTART_COUNT, "0")) if supervisor.specs else 0
+    straggler = supervisor.activity.stragglers.now[1] if supervisor.activity is not None else None
     return words.Table(run_id, attempt, supervisor.policy.spent, max_restarts,
-                       tuple(rows(supervisor, usage, restarting)), restarting)
+                       tuple(rows(supervisor, usage, restarting)), restarting,
+                       straggler.line() if straggler is not None else "")
 
 
 def dumps(supervisor, post: Callable[[object], None], wait: float, clock: Callable[[], float] = time.monotonic,

@@ -50,7 +50,7 @@ class Starter:
                 os.unlink(stale)
         env = {contract.ERROR_FILE: record.error_file, contract.JOINED_FILE: joined_file,
                contract.PROFILE_DIR: work_folder(self.log_dir, rank), contract.MARKS_FILE: marks_file}
-        if self.activity.active:
+        if self.activity.active or self.activity.accounting:  # the watchdog's state, the account's TIME line
             env[contract.ACTIVITY_FILE] = activity_file
         news = News(lambda recoverable=False: self.events.put(Joined(rank, recoverable)),
                     lambda state: self.events.put(Activity(rank, state)))

@@ -129,6 +129,8 @@ class Supervisor:
                                  spared=self.policy.failed, stall=self.stall_found, fault=self.fault,
                                  log_errors=self.log_errors, full_folder=self.log_dir if full else None)
         outcome.stills = tuple(self.activity.stills)  # the run's goodput: spans no process moved in
+        outcome.straggler = self.activity.stragglers.straggler()  # the time account's rule, over the whole attempt
+        outcome.splits, outcome.windows = self.activity.splits(), list(self.activity.stragglers.windows)
         return outcome
 
     def _joined(self, rank: int, recoverable: bool) -> None:

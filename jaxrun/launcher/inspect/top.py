@@ -1,6 +1,8 @@
 """``jaxrun top``: a running job's processes, one row each, as the job sees
-them now: host, pid, state, CPU, memory, the time since its last activity
-and its last line of output; the attempt and the restarts on top.
+them now: host, pid, state, CPU, memory, the time since its last activity,
+its share of its time spent waiting for the others (the straggler they wait
+for marked, and its line under the table) and its last line of output; the
+attempt and the restarts on top.
 
 The live view is drawn by rich (``rich.live.Live``), imported here only, as
 this command runs; ``--once`` prints one plain table, with no escape codes,
@@ -19,7 +21,7 @@ import click
 from jaxrun.launcher.inspect import find
 from jaxrun.wire import inspect as words
 
-COLUMNS = ("RANK", "HOST", "PID", "STATE", "CPU", "MEM", "IDLE", "LAST LINE")
+COLUMNS = ("RANK", "HOST", "PID", "STATE", "CPU", "MEM", "IDLE", "WAIT", "LAST LINE")
 _CONTROL = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|[\x00-\x08\x0b-\x1f\x7f]")  # escape sequences first
 
 
@@ -47,6 +49,12 @@ def idle_text(seconds: float | None) -> str:
     return f"{minutes // 60}h{minutes % 60:02d}m"
 
 
+def wait_text(row: words.TableRow) -> str:
+    """Its share of its time spent waiting for the others; the straggler marked."""
+    share = "-" if row.waiting is None else f"{row.waiting:.0%}"
+    return f"{share} straggler" if row.straggler else share
+
+
 def clean(line: str) -> str:
     """A process's line as one safe cell: no escape sequences, no control characters."""
     return _CONTROL.sub("", line.replace("\t", " "))
@@ -58,7 +66,7 @@ def state_text(row: words.TableRow) -> str:
 
 def cells(row: words.TableRow) -> tuple[str, ...]:
     return (str(row.rank), row.host, str(row.pid) if row.pid else "-", state_text(row), cpu_text(row.cpu),
-            memory_text(row.memory), idle_text(row.idle), clean(row.last_line))
+            memory_text(row.memory), idle_text(row.idle), wait_text(row), clean(row.last_line))
 
 
 def heading(table: words.Table) -> str:
@@ -74,6 +82,8 @@ def plain(table: words.Table) -> list[str]:
     lines = [heading(table)]
     for row in [COLUMNS, *body]:
         lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+    if table.straggler:
+        lines.append(f"jaxrun: {clean(table.straggler)}")
     return [line.rstrip() for line in lines]
 
 
@@ -81,7 +91,9 @@ def drawn(table: words.Table):
     """The table as rich draws it."""
     from rich.table import Table
 
-    shown = Table(title=heading(table), title_justify="left", expand=False)
+    caption = f"jaxrun: {clean(table.straggler)}" if table.straggler else None
+    shown = Table(title=heading(table), title_justify="left", expand=False, caption=caption,
+                  caption_justify="left")
     for name in COLUMNS:
         shown.add_column(name, no_wrap=True, overflow="ellipsis", max_width=None if name != "LAST LINE" else 80)
     for row in sorted(table.rows, key=lambda r: r.rank):

@@ -126,6 +126,7 @@ def config_from_args(values: Mapping[str, Any], backends: Mapping[str, BackendEn
         check_divergence=values["check_divergence"],
         checks=values.get("checks") or contract.CHECKS_ON,
         stall_timeout=mode.stall_timeout(values.get("stall_timeout", 0.0)),
+        account=not values.get("no_account", False),
         recoverable=mode.recoverable(values.get("recoverable")),
         compile_cache=shared_compile_cache(values, entry, run_id, extra_env, system.environ),
     )

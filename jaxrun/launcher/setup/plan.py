@@ -121,6 +121,8 @@ def contract_env(opts: LaunchOptions, rank: int, local_rank: int, local_count: i
     env[contract.CHECKS] = opts.checks
     if opts.stall_timeout:
         env[contract.STALL_TIMEOUT] = f"{opts.stall_timeout:g}"
+    if not opts.account:
+        env[contract.ACCOUNT] = contract.ACCOUNT_OFF
     if opts.recoverable is not None:  # unset: as the processes announce (a task agent's "auto")
         env[contract.RECOVERABLE_MODE] = "on" if opts.recoverable else "off"
     if opts.compile_cache and not contract.own_compile_cache(opts.extra_env):
