@@ -22,7 +22,7 @@ HELP_SECTIONS = {
     "Output": ("log_dir", "output", "console_ranks", "timestamps", "report_path", "junit_path", "verbose",
                "profile"),
     "Failures": ("stall_timeout", "timeout", "grace", "checks", "flight_recorder", "check_divergence"),
-    "Restarts": ("max_restarts", "recoverable", "min_hosts", "hosts_command"),
+    "Restarts": ("max_restarts", "recoverable", "min_hosts", "probe", "hosts_command"),
     "Across hosts (SSH)": ("hosts_file", "host_opts"),
     "Engines (Slurm, Open MPI)": ("launcher",),
     "Runtime": ("mesh", "mesh_axis_types"),
