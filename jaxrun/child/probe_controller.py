@@ -68,7 +68,13 @@ def main(argv: list[str]) -> None:
 
     sizes = Sizes.parse(argv)
     n, me = jax.process_count(), jax.process_index()
+    began = time.perf_counter()
+
+    def said(what: str) -> None:  # where the probe's time goes, in this process's log
+        print(f"probe: {what} at {time.perf_counter() - began:.2f} s", flush=True)
+
     compute = compute_time(sizes)
+    said(f"compute {compute * 1e3:.1f} ms")
     # One device per process: the links are between processes (hosts).
     firsts = [min((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id) for p in range(n)]
     mesh = Mesh(np.array(firsts), ("p",))
@@ -118,11 +124,12 @@ def main(argv: list[str]) -> None:
         t_big = together(swap_big, big)
         if any(me in pair for pair in pairs):
             bandwidth[i], latency[i] = t_big, t_small
+        said(f"round {i + 1} of {len(schedule)}: {t_big * 1e3:.1f} ms, {t_small * 1e3:.2f} ms")
     allreduce = 0.0
     if n > 1:
-        reduce = compiled(lambda x: jax.lax.psum(x, "p"), big)
-        reduce(big).block_until_ready()
+        reduce = compiled(lambda x: jax.lax.psum(x, "p"), big)  # its peers are the barrier's: no first contact
         allreduce = together(reduce, big)
+        said(f"all-reduce {allreduce * 1e3:.1f} ms")
     mine = np.array([compute, float(len(jax.local_devices())), *bandwidth, *latency], np.float32)
     every = np.asarray(multihost_utils.process_allgather(mine)).reshape(n, -1)
     names = multihost_utils.process_allgather(np.frombuffer(socket.gethostname().encode()[:64].ljust(64), np.uint8))

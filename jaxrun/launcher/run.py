@@ -235,8 +235,9 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
             except elastic.ElasticStop as stop:  # too few hosts left: the failed attempt's status ends the run
                 print(f"jaxrun: {stop}", file=console, flush=True)
                 if config.report_path:  # the attempts so far, and why none follows
-                    report.write_report(config.report_path,
-                                        report.report_dict(outcomes, options.run_id, dirs, str(stop)))
+                    report.write_report(config.report_path, {**report.report_dict(outcomes, options.run_id, dirs,
+                                                                                  str(stop)),
+                                                             **probing.report_part(config.log_dir)})
                 break
             except (LaunchError, PlanError, Interrupted) as error:
                 if attempt == 0:
@@ -345,8 +346,9 @@ def report_attempt(config: RunConfig, outcomes: list[Outcome], dirs: list[str], 
         if annotation:
             print(annotation, file=console, flush=True)
     if config.report_path:
-        report.write_report(config.report_path,
-                            report.report_dict(outcomes, config.options.run_id, dirs, not_restarted))
+        report.write_report(config.report_path, {**report.report_dict(outcomes, config.options.run_id, dirs,
+                                                                      not_restarted),
+                                                 **probing.report_part(config.log_dir)})
     if config.junit_path:
         from jaxrun.reporting import junit
 

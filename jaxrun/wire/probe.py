@@ -25,8 +25,8 @@ class Sizes:
     median is kept)."""
 
     matmul: int = 512
-    matmul_iters: int = 16
-    bandwidth_bytes: int = 16 << 20
+    matmul_iters: int = 8
+    bandwidth_bytes: int = 8 << 20
     latency_bytes: int = 64
     reps: int = 5
     budget_ms: int = 250  # a transfer's repetitions stop once they took this long (at least one)

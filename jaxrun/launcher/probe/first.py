@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from jaxrun import contract
 from jaxrun.core.backend import Ask
 from jaxrun.core.config import PROBE_STRICT, RunConfig
-from jaxrun.core.logfiles import write_atomically
+from jaxrun.core.logfiles import PROBE_FOLDER, PROBE_JSON, PROBE_TABLE, write_atomically
 from jaxrun.core.outcome import Outcome
 from jaxrun.core.spec import LOCAL_HOST, Host, Target
 from jaxrun.launcher.probe import table
@@ -28,7 +28,6 @@ from jaxrun.launcher.restarts import elastic
 from jaxrun.wire import encoding
 from jaxrun.wire.probe import ProbeResult, Sizes
 
-FOLDER = "probe"  # the probe job's logs, in the run's folder
 SIZES = Sizes()  # what the probe measures with
 
 
@@ -46,7 +45,7 @@ def probe_config(config: RunConfig, sizes: Sizes = SIZES) -> RunConfig:
     options = dataclasses.replace(options, target=Target(contract.PROBE_MODULE, sizes.args(), is_module=True),
                                   mesh=None, recoverable=False, checks=contract.CHECKS_OFF, **changes)
     return dataclasses.replace(config, options=options, console_ranks=frozenset(), max_restarts=0, report_path=None,
-                               junit_path=None, profile=None, log_dir=os.path.join(config.log_dir, FOLDER))
+                               junit_path=None, profile=None, log_dir=os.path.join(config.log_dir, PROBE_FOLDER))
 
 
 def probed_hosts(config: RunConfig) -> tuple[Host, ...] | None:
@@ -89,8 +88,17 @@ def verdict_of(outcome: Outcome) -> ProbeVerdict | None:
 
 def keep(log_dir: str, verdict: ProbeVerdict) -> None:
     """The table and its JSON in the run's folder (``jaxrun logs`` shows the table)."""
-    write_atomically(os.path.join(log_dir, table.TABLE_FILE), ("\n".join(table.table_lines(verdict)) + "\n").encode())
-    write_atomically(os.path.join(log_dir, table.JSON_FILE), json.dumps(table.as_dict(verdict), indent=1).encode())
+    write_atomically(os.path.join(log_dir, PROBE_TABLE), ("\n".join(table.table_lines(verdict)) + "\n").encode())
+    write_atomically(os.path.join(log_dir, PROBE_JSON), json.dumps(table.as_dict(verdict), indent=1).encode())
+
+
+def report_part(log_dir: str) -> dict:
+    """``{"probe": ...}`` for the JSON run report, where the run had a probe."""
+    data = contract.read_small(os.path.join(log_dir, PROBE_JSON), 1 << 22)
+    try:
+        return {"probe": json.loads(data)} if data else {}
+    except ValueError:
+        return {}
 
 
 def placement_after(config: RunConfig, verdict: ProbeVerdict | None, hosts: Sequence[Host]) -> tuple[Ask, dict, str]:

@@ -17,8 +17,6 @@ from jaxrun.launcher.probe.verdict import (
 )
 from jaxrun.wire.probe import Sizes, rounds
 
-TABLE_FILE = "probe.txt"
-JSON_FILE = "probe.json"
 ALL_PEERS = 6  # up to this many peers a row lists each; beyond, its best and worst
 
 

@@ -1,0 +1,86 @@
+"""``jaxrun probe`` and ``--probe``: four SSH hosts on separate networks, one
+link slowed (tc tbf on both ends of hostC's veth) and one host held to a
+fraction of a core (a CPU quota on hostD's sshd): the probe names exactly
+those two, with what is slow, and a launch with spares starts on the rest.
+The slowed hosts are one module fixture (``fixtures.slowed``), shared.  The
+same probe under Open MPI, with one task held to a fraction of a core.
+``bench/probe.py`` runs the first check ten times.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fixtures.jobs import ROOT, TOKEN
+
+
+def ssh_flags(slowed) -> list:
+    return ["--ssh-config", slowed.hosts.config, "-x", f"PYTHONPATH={ROOT}", "-x", TOKEN, "--cpu-devices", 1]
+
+
+def check_slowed_verdict(verdict: dict) -> None:
+    """Exactly hostC (its links) and hostD (its compute) named, with what is slow."""
+    rows = {row["host"]: row for row in verdict["hosts"]}
+    assert sorted(rows) == ["hostA", "hostB", "hostC", "hostD"], verdict
+    assert [rows[h]["verdict"] for h in sorted(rows)] == ["ok", "ok", "slow", "slow"], verdict
+    assert rows["hostC"]["why"][0].startswith("every link slow") and not any(
+        w.startswith("compute") for w in rows["hostC"]["why"]), verdict
+    assert rows["hostD"]["why"][0].startswith("compute"), verdict
+    assert list(verdict["named"]) == ["hostC", "hostD"] and verdict["exit"] == 1, verdict
+    assert verdict["slow_links"] == [], verdict  # the link's slowness is hostC's: every pair through it is slow
+
+
+def run_probe(jaxrun, slowed, folder, *more) -> tuple[int, str, str]:
+    return jaxrun("probe", "--hosts", slowed.hosts_file(folder), *ssh_flags(slowed), "--log-dir", folder / "logs",
+                  *more, timeout=120)
+
+
+@pytest.mark.timeout(150)
+def test_the_probe_names_the_slow_link_and_the_slow_host_and_no_other(slowed_hosts, jaxrun, tmp_path):
+    code, out, err = run_probe(jaxrun, slowed_hosts, tmp_path, "--json")
+    assert code == 1, err[-3000:]
+    verdict = json.loads(out)
+    check_slowed_verdict(verdict)
+    assert json.loads((tmp_path / "logs" / "probe.json").read_text()) == verdict  # kept in the run's folder
+    table = (tmp_path / "logs" / "probe.txt").read_text().splitlines()
+    rows = {line.split()[0]: line for line in table[1:] if line.startswith("host")}
+    assert rows["hostA"].endswith("  ok") and rows["hostB"].endswith("  ok"), table
+    assert "SLOW: every link slow" in rows["hostC"] and "SLOW: compute" in rows["hostD"], table
+    assert table[-1] == "named: hostC, hostD", table
+
+
+@pytest.mark.timeout(180)
+def test_probe_with_spares_leaves_the_slow_hosts_out_and_the_job_finishes(slowed_hosts, jaxrun, tmp_path,
+                                                                           shared_dir):
+    script = shared_dir / "where.py"
+    script.write_text("import socket, jax\n"
+                      "print(f'process {jax.process_index()} of {jax.process_count()} on {socket.gethostname()}')\n")
+    logs, report = tmp_path / "logs", tmp_path / "report.json"
+    code, out, err = jaxrun("--probe", "--min-hosts", 2, "--hosts", slowed_hosts.hosts_file(tmp_path),
+                            *ssh_flags(slowed_hosts), "--log-dir", logs, "--report", report, script,
+                            cwd=shared_dir, timeout=150)
+    assert code == 0, err[-3000:]
+    left = [line for line in err.splitlines() if line.startswith("jaxrun: probe: leaving out")]
+    assert len(left) == 1 and left[0].startswith("jaxrun: probe: leaving out hostC, hostD ("), err[-3000:]
+    assert "hostC: every link slow" in left[0] and "hostD: compute" in left[0], left
+    assert left[0].endswith("starting 2 processes on hostA, hostB"), left
+    assert sorted(line.split("] ", 1)[1] for line in out.splitlines() if " of 2 on " in line) == \
+        ["process 0 of 2 on node-a", "process 1 of 2 on node-b"], out
+    data = json.loads(report.read_text())
+    assert set(data["probe"]["named"]) == {"hostC", "hostD"}, data["probe"]
+    assert [d["host"] for d in data["attempts"][0]["dropped"]] == ["hostC", "hostD"], data["attempts"]
+    code, shown, _ = jaxrun("logs", "--log-dir", tmp_path, "logs", timeout=30)
+    assert code == 0 and "jaxrun: the probe's table" in shown and "named: hostC, hostD" in shown, shown
+
+
+@pytest.mark.timeout(120)
+def test_a_local_probe_prints_its_table_and_exits_as_it_says(jaxrun, tmp_path):
+    code, out, err = jaxrun("probe", "-n", 2, "--cpu-devices", 1, "--log-dir", tmp_path / "logs")
+    lines = out.splitlines()
+    assert lines[0].split() == ["HOST", "COMPUTE", "BANDWIDTH", "TO", "PEERS", "(MB/s)", "LATENCY", "TO", "PEERS",
+                                "(ms)", "VERDICT"], out
+    assert [line.split()[0].rsplit("/", 1)[1] for line in lines[1:3]] == ["0", "1"], out  # HOST/rank: one machine
+    assert lines[3].startswith("all-reduce of 8 MiB over 2 processes: "), out
+    assert code == (0 if lines[-1] == "all fine" else 1) and lines[-1] in ("all fine", "named: " + lines[1].split()[0],
+                                                                           "named: " + lines[2].split()[0]), out
