@@ -7,14 +7,15 @@ as one ``wire.probe.ProbeResult`` line.
 What it measures, in this order, every process at once:
 
 - compute: a fixed float32 matmul chain on each local device, ``reps``
-  times after one warm-up; the median of each device, the slowest device's
-  kept (a device, not a host, is what a slow GPU or a throttled core is);
+  times after one warm-up, every process starting each repetition
+  together; the fastest of each device, the slowest device's kept (a
+  device, not a host, is what a slow GPU or a throttled core is);
 - links: one device per process forms a mesh over all processes; in each
   round of ``wire.probe.rounds`` the disjoint pairs of that round swap a
   buffer with ``lax.ppermute`` (the job's own collectives: Gloo on CPU,
   NCCL on GPU, ICI/DCN on TPU), every process entering together after a
   barrier; a process's time is its pair's transfer, at ``bandwidth_bytes``
-  and at ``latency_bytes``, the median of ``reps``;
+  and at ``latency_bytes``, the fastest of up to ``reps``;
 - one all-reduce (``psum``) of ``bandwidth_bytes`` over everyone.
 
 Nothing here decides what is slow: the launcher reads the figures
@@ -24,26 +25,30 @@ Nothing here decides what is slow: the launcher reads the figures
 from __future__ import annotations
 
 import socket
-import statistics
 import sys
 import time
 
+from jaxrun import contract
 from jaxrun.wire.probe import ProbeResult, Sizes, rounds
 
 
-def timed(run, reps: int) -> float:
-    """The median wall time of ``run()`` (which blocks until its result is
-    ready), after one untimed call that compiles it."""
+def fastest(run, reps: int, sync) -> float:
+    """The fastest of ``reps`` timed calls of ``run()`` (which blocks until
+    its result is ready), each started with every process after ``sync()``,
+    after one untimed call that compiles it.  The fastest, because on a
+    shared host noise only ever adds time, while a slow device or a
+    throttled core is slow in every call that outlasts its throttle."""
     run()
     times = []
     for _ in range(reps):
+        sync()
         start = time.perf_counter()
         run()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return min(times)
 
 
-def compute_time(sizes: Sizes) -> float:
+def compute_time(sizes: Sizes, sync) -> float:
     import jax
     import jax.numpy as jnp
 
@@ -56,11 +61,23 @@ def compute_time(sizes: Sizes) -> float:
     worst = 0.0
     for device in jax.local_devices():
         a = jax.device_put(jnp.full((sizes.matmul, sizes.matmul), 0.01, jnp.float32), device)
-        worst = max(worst, timed(lambda a=a: program(a).block_until_ready(), sizes.reps))
+        worst = max(worst, fastest(lambda a=a: program(a).block_until_ready(), sizes.reps, sync))
     return worst
 
 
+# On CPU, one thread per process: a device's matmul then measures a core,
+# and processes that share a machine share its cores evenly (with Eigen's
+# pool, one process's threads could crowd onto a busy core: 2.2x apart on
+# healthy hosts here).  Read by XLA's CPU backend only, when it starts.
+ONE_THREAD = "--xla_cpu_multi_thread_eigen=false"
+
+
 def main(argv: list[str]) -> None:
+    import os
+
+    flags = os.environ.get(contract.XLA_FLAGS, "")
+    if "xla_cpu_multi_thread_eigen" not in flags:  # before the first backend: the shim joins the job lazily
+        os.environ[contract.XLA_FLAGS] = f"{flags} {ONE_THREAD}".strip()
     import jax
     import numpy as np
     from jax.experimental import multihost_utils
@@ -73,8 +90,6 @@ def main(argv: list[str]) -> None:
     def said(what: str) -> None:  # where the probe's time goes, in this process's log
         print(f"probe: {what} at {time.perf_counter() - began:.2f} s", flush=True)
 
-    compute = compute_time(sizes)
-    said(f"compute {compute * 1e3:.1f} ms")
     # One device per process: the links are between processes (hosts).
     firsts = [min((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id) for p in range(n)]
     mesh = Mesh(np.array(firsts), ("p",))
@@ -91,9 +106,14 @@ def main(argv: list[str]) -> None:
 
     tick = global_rows(4, 0.0)
     barrier = compiled(lambda x: jax.lax.pmax(x, "p"), tick)
+    # Every process computes at once, each repetition started together: a
+    # process that started early would otherwise have the machine's cores
+    # to itself where hosts share them (a test bed), and look fast.
+    compute = compute_time(sizes, lambda: barrier(tick).block_until_ready())
+    said(f"compute {compute * 1e3:.1f} ms")
 
     def together(step, rows) -> float:
-        """The median of up to ``reps`` timed runs of ``step(rows)``, every
+        """The fastest of up to ``reps`` timed runs of ``step(rows)``, every
         process starting each after a barrier.  The barrier carries the
         slowest time of the run before, so that every process stops after
         the same run: once ``budget_ms`` is spent (a slow link's round costs
@@ -110,7 +130,7 @@ def main(argv: list[str]) -> None:
             last = time.perf_counter() - start
             times.append(last)
         barrier(tick).block_until_ready()  # the last run's time is not needed: the peers just leave together
-        return statistics.median(times)
+        return min(times)
 
     schedule = rounds(n)
     big, small = global_rows(sizes.bandwidth_bytes, me + 1.0), global_rows(sizes.latency_bytes, me + 1.0)

@@ -154,6 +154,8 @@ PYTEST_CONTROLLER_MODULE = "jaxrun.child.pytest_controller"
 INTERACTIVE_CONTROLLER_MODULE = "jaxrun.child.interactive_controller"
 # What every process of `jaxrun probe` (and of --probe before a launch) runs.
 PROBE_MODULE = "jaxrun.child.probe_controller"
+# XLA's own flags; the probe adds one for its CPU matmul.
+XLA_FLAGS = "XLA_FLAGS"
 # The pytest marker, as the plugin (parent side) and each controller's pytest declare it.
 PYTEST_MARKER_HELP = (
     "jaxrun(n=2, cpu_devices=None, mesh=None, timeout=None): "

@@ -25,7 +25,7 @@ class Sizes:
     median is kept)."""
 
     matmul: int = 512
-    matmul_iters: int = 8
+    matmul_iters: int = 24
     bandwidth_bytes: int = 8 << 20
     latency_bytes: int = 64
     reps: int = 5

@@ -10,9 +10,12 @@ same probe under Open MPI, with one task held to a fraction of a core.
 from __future__ import annotations
 
 import json
+import shutil
+import sys
 
 import pytest
 from fixtures.jobs import ROOT, TOKEN
+from fixtures.slowed import CPU_SHARE, HAVE_CPU_QUOTA, cpu_quota
 
 
 def ssh_flags(slowed) -> list:
@@ -84,3 +87,31 @@ def test_a_local_probe_prints_its_table_and_exits_as_it_says(jaxrun, tmp_path):
     assert lines[3].startswith("all-reduce of 8 MiB over 2 processes: "), out
     assert code == (0 if lines[-1] == "all fine" else 1) and lines[-1] in ("all fine", "named: " + lines[1].split()[0],
                                                                            "named: " + lines[2].split()[0]), out
+
+
+# What --python names under mpirun: the task whose rank is $1 joins the CPU
+# group $2 (held to a fraction of a core) before it becomes Python, so its
+# task agent and its process run there; the other tasks run as they would.
+SLOWED_TASK = """#!/bin/sh
+if [ "$OMPI_COMM_WORLD_RANK" = "{rank}" ]; then echo $$ > {group}/cgroup.procs; fi
+exec {python} "$@"
+"""
+
+
+@pytest.mark.skipif(not shutil.which("mpirun"), reason="Open MPI is not installed (apt-get install openmpi-bin)")
+@pytest.mark.skipif(not HAVE_CPU_QUOTA, reason="needs root and the cgroup v1 cpu controller")
+@pytest.mark.timeout(120)
+def test_under_open_mpi_the_probe_names_the_slowed_task(run_jaxrun, tmp_path, monkeypatch):
+    monkeypatch.setenv("OMPI_MCA_rmaps_base_oversubscribe", "1")  # 3 tasks, 2 cores (as test_mpirun.py)
+    with cpu_quota(None, CPU_SHARE) as group:
+        python = tmp_path / "python"
+        python.write_text(SLOWED_TASK.format(rank=2, group=group, python=sys.executable))
+        python.chmod(0o755)
+        code, out, err, _ = run_jaxrun("probe", "--launcher", "mpirun", "-n", 3, "--cpu-devices", 1, "--json",
+                                       "--python", python, "--log-dir", tmp_path / "logs", timeout=100)
+    assert code == 1, err[-3000:]
+    verdict = json.loads(out)
+    rows = verdict["hosts"]
+    assert [row["rank"] for row in rows] == [0, 1, 2], out
+    assert list(verdict["named"]) == [rows[2]["host"]] and rows[2]["why"][0].startswith("compute"), out
+    assert rows[0]["verdict"] == rows[1]["verdict"] == "ok", out

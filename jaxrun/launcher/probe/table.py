@@ -78,12 +78,13 @@ def plan_lines(hosts: Sequence[str], sizes: Sizes) -> list[str]:
     n = len(hosts)
     lines = [f"# probe: {n} process{'' if n == 1 else 'es'}, one job",
              f"# compute: a {sizes.matmul}x{sizes.matmul} float32 matmul, {sizes.matmul_iters} in a row, "
-             f"{sizes.reps} times on each device (the median)"]
+             f"{sizes.reps} times on each device, each started together (the fastest)"]
     schedule = rounds(n)
     if schedule:
-        lines.append(f"# links: {len(schedule)} rounds of disjoint pairs, {_mib(sizes.bandwidth_bytes)} "
+        lines.append(f"# links: {len(schedule)} round{'' if len(schedule) == 1 else 's'} of disjoint pairs, "
+                     f"{_mib(sizes.bandwidth_bytes)} "
                      f"(bandwidth) and {_mib(sizes.latency_bytes)} (latency) each way, up to {sizes.reps} times "
-                     f"or {sizes.budget_ms} ms a round")
+                     f"or {sizes.budget_ms} ms a round (the fastest, of the pair's faster end)")
         for i, pairs in enumerate(schedule):
             lines.append(f"#   round {i + 1}: " + ", ".join(f"{hosts[a]}-{hosts[b]}" for a, b in pairs))
         lines.append(f"# then one all-reduce of {_mib(sizes.bandwidth_bytes)} over every process")

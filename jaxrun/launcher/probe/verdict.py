@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 from jaxrun.wire.probe import ProbeResult, Sizes, rounds
 
-COMPUTE_SLOWER = 1.5
+COMPUTE_SLOWER = 3.0
 BANDWIDTH_SLOWER = 3.0
 LINK_SLOWER = 3.0
 LATENCY_HIGHER = 10.0
@@ -37,7 +37,7 @@ LATENCY_FLOOR_S = 1e-3
 @dataclasses.dataclass(frozen=True)
 class Link:
     peer: int
-    seconds: float  # the pair's bandwidth transfer: the slower of its two ends' medians
+    seconds: float  # the pair's bandwidth transfer: the faster of its two ends' figures
     latency_s: float
 
 
@@ -89,12 +89,13 @@ def median_of_others(values: Sequence[float], index: int) -> float | None:
 
 def pair_figures(result: ProbeResult) -> dict[tuple[int, int], tuple[float, float]]:
     """{(a, b): (bandwidth seconds, latency seconds)} for every pair, the
-    slower end's (a transfer is done when both ends are)."""
+    faster end's: both ends start after one barrier, but not at the same
+    instant, and the end that started last waited least for its peer."""
     out = {}
     for i, pairs in enumerate(rounds(len(result.hostnames))):
         for a, b in pairs:
-            out[(a, b)] = (max(result.bandwidth_s[a][i], result.bandwidth_s[b][i]),
-                           max(result.latency_s[a][i], result.latency_s[b][i]))
+            out[(a, b)] = (min(result.bandwidth_s[a][i], result.bandwidth_s[b][i]),
+                           min(result.latency_s[a][i], result.latency_s[b][i]))
     return out
 
 
