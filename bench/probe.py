@@ -46,7 +46,8 @@ def passed(verdict: dict) -> bool:
             and rows["hostC"]["why"][0].startswith("every link slow")
             and not any(w.startswith("compute") for w in rows["hostC"]["why"])
             and rows["hostD"]["why"][0].startswith("compute")
-            and rows["hostA"]["verdict"] == rows["hostB"]["verdict"] == "ok")
+            and rows["hostA"]["verdict"] == rows["hostB"]["verdict"] == "ok"
+            and verdict["slow_links"] == [])
 
 
 def main() -> int:

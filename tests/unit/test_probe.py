@@ -58,8 +58,8 @@ def test_a_healthy_spread_names_nobody():
 
 
 def test_the_slow_link_s_host_and_the_slow_host_are_named_and_no_other():
-    # hostC: every pair through it slow; hostD: its compute 4x, its transfers a little slow too.
-    pairs = {(0, 2): 0.7, (1, 2): 0.7, (2, 3): 0.7, (0, 3): 0.02, (1, 3): 0.02, (0, 1): 0.01}
+    # hostC: every pair through it slow; hostD: its compute 4x, one of its transfers slow too (not its link's fault).
+    pairs = {(0, 2): 0.7, (1, 2): 0.7, (2, 3): 0.7, (0, 3): 0.07, (1, 3): 0.02, (0, 1): 0.01}
     verdict = judge(result([0.10, 0.11, 0.10, 0.40], pairs), HOSTS)
     named = verdict.named()
     assert list(named) == ["hostC", "hostD"]

@@ -12,8 +12,9 @@ docs/probe.md:
   is slow has a slow best link; a healthy host has at least one healthy
   peer, so one bad host does not make its peers look bad (the bisection:
   a link is the host's when every pair through that host is slow);
-- a link: among the hosts not named, a pair ``LINK_SLOWER`` times slower
-  than the median of those pairs is named as a link, both ends given;
+- a link: among the hosts not named (for any reason: a host whose compute
+  is slow has slow transfers too), a pair ``LINK_SLOWER`` times slower than
+  the median of those pairs is named as a link, both ends given;
 - latency: a best latency ``LATENCY_HIGHER`` times the others' median, and
   at least ``LATENCY_FLOOR_S`` above it (below that, a loaded host's
   scheduling moves a tiny transfer by as much).
@@ -124,7 +125,9 @@ def judge(result: ProbeResult, hosts: Sequence[str]) -> ProbeVerdict:
             why.append(f"latency {best_latency[r] * 1e3:.1f} ms at best, the others' "
                        f"{usual_latency * 1e3:.2f} ms")
         rows.append(Row(r, hosts[r], int(result.devices[r]), result.compute_s[r], ratio, links[r], tuple(why)))
-    named = {row.rank for row in rows if any(w.startswith(("every link", "latency")) for w in row.why)}
+    # A host named for its compute is left out too: its CPU also drives its
+    # transfers, so its pairs are slow for its own reason (hostD's here).
+    named = {row.rank for row in rows if row.why}
     among = {pair: figures for pair, figures in pairs.items() if not set(pair) & named}
     slow_links = []
     if len(among) > 1:
