@@ -15,6 +15,7 @@ from jaxrun.backends import BACKENDS
 from jaxrun.cli.command import main
 from jaxrun.core.config import PROBE_JSON, PROBE_TABLE
 from jaxrun.launcher.setup.configure import config_from_args
+from jaxrun.wire.probe import Sizes
 
 # What a probe has no use for: its job is its own, runs once, and reports itself.
 NOT_TAKEN = {"args", "interactive", "kernel_pipe", "probe", "max_restarts", "recoverable", "min_hosts", "profile",
@@ -33,7 +34,7 @@ def probe(**values) -> None:
     defaults = main.make_context("jaxrun", ["SCRIPT"]).params  # what `jaxrun SCRIPT` gives those not taken here
     values = {**{name: value for name, value in defaults.items() if name in NOT_TAKEN}, **values}
     values["probe"] = PROBE_JSON if values.pop("json") else PROBE_TABLE
-    values["args"] = ("-m", contract.PROBE_MODULE)
+    values["args"] = ("-m", contract.PROBE_MODULE, *Sizes().args())  # the run's backend starts the probe's job
     config = config_from_args(values, BACKENDS, option_names=command.option_names())
     from jaxrun.launcher.run import run  # as `jaxrun`: --help needs none of the launcher
 

@@ -191,20 +191,24 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
     policy = restart_policy(config, backend)
     decision = Decision(Answer.RESTART_JOB)  # the first attempt
     profiler = Profiler(config.log_dir, config.profile)  # the run's traces, attached to each attempt in turn
+    first: Ask | None = None
+    probed: dict[str, str] = {}
+    if config.probe in PROBE_ALONE:  # `jaxrun probe`: the run's backend starts the probe's job
+        with backend:
+            return probe_first(config, backend, control, console, running)[1]
+    if config.probe:  # before the job: a backend of the probe's own (a scheduler's step runs one target)
+        probe_backend = create_backend(probing.probe_config(config), console)
+        probe_backend.hooks = control.hooks
+        with probe_backend:
+            verdict, _ = probe_first(config, probe_backend, control, console, running)
+        try:
+            first, probed, line = probing.placement_after(config, verdict, hosts)
+        except probing.ProbeStop as stop:
+            print(f"jaxrun: {stop}", file=console, flush=True)
+            return 1
+        if line:
+            print(line, file=console, flush=True)
     with backend, Timeline(config.log_dir) as timeline:
-        first: Ask | None = None
-        probed: dict[str, str] = {}
-        if config.probe:
-            verdict, status = probe_first(config, backend, control, console, running)
-            if config.probe in PROBE_ALONE:
-                return status
-            try:
-                first, probed, line = probing.placement_after(config, verdict, hosts)
-            except probing.ProbeStop as stop:
-                print(f"jaxrun: {stop}", file=console, flush=True)
-                return 1
-            if line:
-                print(line, file=console, flush=True)
         while decision.answer in (Answer.RESTART_JOB, Answer.RESTART_ELASTIC):
             attempt = len(outcomes)
             log_dir = attempt_dir(config.log_dir, attempt)
@@ -260,7 +264,8 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
 
 def probe_first(config: RunConfig, backend: Backend, control: RunControl, console: TextIO,
                 running: list) -> tuple[ProbeVerdict | None, int]:
-    """The probe's job, run as an attempt on the backend the launch opened;
+    """The probe's job, run as an attempt on ``backend`` (open, and built
+    from the probe's configuration: a scheduler's step runs one target);
     its verdict (None if it gave none), kept in the run's folder and shown
     (the table on stdout for `jaxrun probe`, on the console before a
     launch), and the probe's exit status."""

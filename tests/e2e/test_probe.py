@@ -70,15 +70,15 @@ def test_the_probe_names_the_slow_two_and_a_launch_with_spares_starts_on_the_res
 
 
 @pytest.mark.timeout(120)
-def test_a_local_probe_prints_its_table_and_exits_as_it_says(jaxrun, tmp_path):
-    code, out, err = jaxrun("probe", "-n", 2, "--cpu-devices", 1, "--log-dir", tmp_path / "logs")
-    lines = out.splitlines()
-    assert lines[0].split() == ["HOST", "COMPUTE", "BANDWIDTH", "TO", "PEERS", "(MB/s)", "LATENCY", "TO", "PEERS",
-                                "(ms)", "VERDICT"], out
-    assert [line.split()[0].rsplit("/", 1)[1] for line in lines[1:3]] == ["0", "1"], out  # HOST/rank: one machine
-    assert lines[3].startswith("all-reduce of 8 MiB over 2 processes: "), out
-    assert code == (0 if lines[-1] == "all fine" else 1) and lines[-1] in ("all fine", "named: " + lines[1].split()[0],
-                                                                           "named: " + lines[2].split()[0]), out
+def test_a_local_probe_prints_its_verdict_as_json_and_exits_as_it_says(jaxrun, tmp_path):
+    code, out, err = jaxrun("probe", "-n", 2, "--cpu-devices", 1, "--json", "--log-dir", tmp_path / "logs")
+    verdict = json.loads(out)
+    assert [row["rank"] for row in verdict["hosts"]] == [0, 1], out
+    assert all(row["compute_ms"] > 0 and len(row["links"]) == 1 for row in verdict["hosts"]), out
+    assert code == verdict["exit"] == (1 if verdict["named"] else 0), (code, out, err[-2000:])
+    table = (tmp_path / "logs" / "probe.txt").read_text().splitlines()  # what `jaxrun probe` prints without --json
+    assert table[0].split()[:2] == ["HOST", "COMPUTE"] and table[3].startswith("all-reduce of 8 MiB over 2"), table
+    assert [line.split()[0].rsplit("/", 1)[1] for line in table[1:3]] == ["0", "1"], table  # HOST/rank: one machine
 
 
 # What --python names under mpirun: the task whose rank is $1 joins the CPU
@@ -93,17 +93,21 @@ exec {python} "$@"
 @pytest.mark.skipif(not shutil.which("mpirun"), reason="Open MPI is not installed (apt-get install openmpi-bin)")
 @pytest.mark.skipif(not HAVE_CPU_QUOTA, reason="needs root and the cgroup v1 cpu controller")
 @pytest.mark.timeout(120)
-def test_under_open_mpi_the_probe_names_the_slowed_task(run_jaxrun, tmp_path, monkeypatch):
-    monkeypatch.setenv("OMPI_MCA_rmaps_base_oversubscribe", "1")  # 3 tasks, 2 cores (as test_mpirun.py)
+def test_under_open_mpi_the_probe_names_the_slowed_task_and_strict_starts_no_job(run_jaxrun, tmp_path, monkeypatch):
+    monkeypatch.setenv("OMPI_MCA_rmaps_base_oversubscribe", "1")  # as test_mpirun.py: more tasks than cores
+    script = tmp_path / "job.py"
+    script.write_text("print('the job ran')\n")
     with cpu_quota(None, CPU_SHARE) as group:
         python = tmp_path / "python"
         python.write_text(SLOWED_TASK.format(rank=1, group=group, python=sys.executable))
         python.chmod(0o755)
-        code, out, err, _ = run_jaxrun("probe", "--launcher", "mpirun", "-n", 2, "--cpu-devices", 1, "--json",
-                                       "--python", python, "--log-dir", tmp_path / "logs", timeout=100)
+        code, out, err, _ = run_jaxrun("--probe=strict", "--launcher", "mpirun", "-n", 2, "--cpu-devices", 1,
+                                       "--python", python, "--log-dir", tmp_path / "logs", script, timeout=100)
     assert code == 1, err[-3000:]
-    verdict = json.loads(out)
+    assert "the job ran" not in out + err, out  # neither the probe's step nor a job ran the script
+    verdict = json.loads((tmp_path / "logs" / "probe.json").read_text())
     rows = verdict["hosts"]
-    assert [row["rank"] for row in rows] == [0, 1], out
-    assert list(verdict["named"]) == [rows[1]["host"]] and rows[1]["why"][0].startswith("compute"), out
-    assert rows[0]["verdict"] == "ok", out
+    assert [row["rank"] for row in rows] == [0, 1], verdict
+    assert list(verdict["named"]) == [rows[1]["host"]] and rows[1]["why"][0].startswith("compute"), verdict
+    assert rows[0]["verdict"] == "ok", verdict
+    assert f"jaxrun: probe: {rows[1]['host']}" in err and "jaxrun: --probe=strict: not starting (" in err, err[-3000:]

@@ -135,6 +135,13 @@ def test_without_spares_the_launch_goes_on_or_strict_stops():
         first.placement_after(config_with(HOSTS, probe=PROBE_STRICT), slowed_verdict(), config.options.hosts)
 
 
+def test_a_probe_without_a_verdict_stops_only_a_strict_launch():
+    config = config_with(HOSTS)
+    assert first.placement_after(config, None, config.options.hosts)[1:] == ({}, "")
+    with pytest.raises(first.ProbeStop, match="the probe gave no verdict"):
+        first.placement_after(config_with(HOSTS, probe=PROBE_STRICT), None, config.options.hosts)
+
+
 def test_too_few_good_hosts_left_stops_before_the_job():
     config = config_with(HOSTS, min_hosts=3)
     with pytest.raises(first.ProbeStop, match="fewer than --min-hosts 3"):

@@ -104,6 +104,8 @@ def report_part(log_dir: str) -> dict:
 def placement_after(config: RunConfig, verdict: ProbeVerdict | None, hosts: Sequence[Host]) -> tuple[Ask, dict, str]:
     """The first attempt's ask after the probe, the hosts it leaves out
     with why, and the line that says so.  Raises ProbeStop."""
+    if verdict is None and config.probe == PROBE_STRICT:
+        raise ProbeStop("--probe=strict: not starting: the probe gave no verdict (its job failed, above)")
     named = verdict.named() if verdict is not None else {}
     ask = Ask(tuple(hosts), config.options.num_processes)
     if not named:
