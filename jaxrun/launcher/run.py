@@ -102,10 +102,11 @@ def run(config: RunConfig, backend: Backend | None = None, console: TextIO | Non
     backend = backend or create_backend(config, console, early)
     if config.dry_run:
         if config.probe:
-            probe_config = probing.probe_config(config)
+            probe_config = probing.probe_config(config)  # and its own backend, as it runs (run_attempts)
+            prober = backend if config.probe in PROBE_ALONE else create_backend(probe_config, console)
             print("\n".join(probe_table.plan_lines(probing.probe_hosts_of(config), probing.SIZES)))
-            _, specs = plan_attempt(probe_config, backend.dry_run_coordinator(config.fixed_coordinator), 0)
-            print(dry_run_text(specs, "", backend.dry_run_command(specs)))
+            _, specs = plan_attempt(probe_config, prober.dry_run_coordinator(config.fixed_coordinator), 0)
+            print(dry_run_text(specs, "", prober.dry_run_command(specs)))
             if config.probe in PROBE_ALONE:
                 return 0
             print("# then the job:")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import subprocess
+import sys
 
 import pytest
 
@@ -154,3 +156,18 @@ def test_the_dry_run_plan_names_each_round_s_pairs():
     assert [line for line in lines if "round" in line][1:] == [
         "#   round 1: hostA-hostD, hostB-hostC", "#   round 2: hostA-hostC, hostB-hostD",
         "#   round 3: hostA-hostB, hostC-hostD"]
+
+
+def test_the_dry_run_shows_the_probe_s_own_step_then_the_job_s(tmp_path):
+    """Under a scheduler the probe's step is a step of its own: the plan shows
+    the probe's program in it, not the job's script (the bug it had)."""
+    script = tmp_path / "job.py"
+    script.write_text("print('the job')\n")
+    done = subprocess.run([sys.executable, "-m", "jaxrun", "--probe", "--launcher", "mpirun", "-n", "2", "--dry-run",
+                           str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    steps = [line for line in done.stdout.splitlines() if line.startswith("# mpirun: ")]
+    assert len(steps) == 2, done.stdout
+    assert steps[0].endswith("-m jaxrun.child.probe_controller " + " ".join(Sizes().args())), steps[0]
+    assert steps[1].endswith(f"-- {script}"), steps[1]
+    assert done.stdout.index("# probe: 2 processes") < done.stdout.index("# then the job:")
