@@ -70,6 +70,10 @@ def _entry(argv: list[str]) -> None:
         from jaxrun.launcher.output import logs
 
         command, prog, argv = logs.command, "jaxrun logs", argv[1:]
+    elif argv[:1] == ["probe"] and not os.path.isfile("probe"):
+        from jaxrun.cli import probe
+
+        command, prog, argv = probe.command, "jaxrun probe", argv[1:]
     elif argv[:1] == ["kernel"] and not os.path.isfile("kernel"):
         command, prog, argv = kernel, "jaxrun kernel", argv[1:]
     elif argv[:1] in (["stacks"], ["top"], ["profile"]) and not os.path.isfile(argv[0]):  # looking into a running job

@@ -19,6 +19,7 @@ from jaxrun.cli.params import (
     KeyValue,
     MeshSpecType,
     OptionalCount,
+    OptionalWord,
     ProfileWindow,
     RankList,
     Seconds,
@@ -26,7 +27,7 @@ from jaxrun.cli.params import (
     deprecated,
     sort_variables,
 )
-from jaxrun.core.config import Flag, LaunchError, Value, declared_flags
+from jaxrun.core.config import PROBE_REPORT, PROBE_STRICT, Flag, LaunchError, Value, declared_flags
 from jaxrun.launcher.setup.configure import config_from_args
 
 CONTEXT = {
@@ -111,6 +112,10 @@ class JaxrunCommand(click.Command):
 @click.option("--min-hosts", type=click.IntRange(min=1), metavar="K",
               help="Elastic whole-job restarts: leave out lost hosts, take spare hosts (those beyond -n) in "
                    "their places, and go on with fewer processes while at least K hosts remain.")
+@click.option("--probe", "probe", cls=OptionalWord, type=click.Choice([PROBE_REPORT, PROBE_STRICT]), is_flag=False,
+              flag_value=PROBE_REPORT, default=None, metavar="[strict]",
+              help="Probe every host's compute and links first (`jaxrun probe`): with spares (--min-hosts, "
+                   "--hosts-command) leave the slow hosts out; without, say so and go on (strict: stop).")
 @click.option("--hosts-command", metavar="CMD",
               help="Run CMD (a shell command) before each attempt; what it prints is the hosts file, which "
                    "elastic restarts pick from.")

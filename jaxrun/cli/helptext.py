@@ -23,7 +23,7 @@ HELP_SECTIONS = {
                "profile"),
     "Failures": ("stall_timeout", "timeout", "grace", "checks", "flight_recorder", "check_divergence",
                  "no_account"),
-    "Restarts": ("max_restarts", "recoverable", "min_hosts", "hosts_command"),
+    "Restarts": ("max_restarts", "recoverable", "min_hosts", "probe", "hosts_command"),
     "Across hosts (SSH)": ("hosts_file", "host_opts"),
     "Engines (Slurm, Open MPI)": ("launcher",),
     "Runtime": ("mesh", "mesh_axis_types"),

@@ -60,14 +60,25 @@ class OptionalCount(click.Option):
             if parsed is not None:
                 parsed.process = self._giving_back(parsed.process)
 
+    def takes(self, word: str) -> bool:
+        return bool(DIGITS.match(word))
+
     def _giving_back(self, process):
         def process_count(value, state):
-            if isinstance(value, str) and not DIGITS.match(value):
+            if isinstance(value, str) and not self.takes(value):
                 state.rargs.insert(0, value)
                 value = str(self.flag_value)
             process(value, state)
 
         return process_count
+
+
+class OptionalWord(OptionalCount):
+    """``--probe`` or ``--probe strict``: the next word is its value only
+    when it is one of the option's choices."""
+
+    def takes(self, word: str) -> bool:
+        return word in self.type.choices
 
 
 class RankList(click.ParamType):

@@ -166,6 +166,10 @@ RAY_ACTOR_MODULE = "jaxrun.backends.ray.actor"
 PYTEST_CONTROLLER_MODULE = "jaxrun.child.pytest_controller"
 # What every controller of an interactive session runs instead of a script.
 INTERACTIVE_CONTROLLER_MODULE = "jaxrun.child.interactive_controller"
+# What every process of `jaxrun probe` (and of --probe before a launch) runs.
+PROBE_MODULE = "jaxrun.child.probe_controller"
+# XLA's own flags; the probe adds one for its CPU matmul.
+XLA_FLAGS = "XLA_FLAGS"
 # The pytest marker, as the plugin (parent side) and each controller's pytest declare it.
 PYTEST_MARKER_HELP = (
     "jaxrun(n=2, cpu_devices=None, mesh=None, timeout=None): "

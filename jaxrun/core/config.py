@@ -56,6 +56,12 @@ class RunConfig:
     mode: Mode = dataclasses.field(default_factory=Script)  # a script, or an interactive session (-i)
     profile: tuple[float, float] | None = None  # --profile START:SECONDS: a trace of every process
     count_source: str = ""  # what decided the process count when -n did not (the allocation's variable)
+    probe: str = ""  # --probe before the job (PROBE_REPORT, PROBE_STRICT), or `jaxrun probe` alone; "": none
+
+
+# --probe's words, and `jaxrun probe`'s (the probe alone: its table, or --json).
+PROBE_REPORT, PROBE_STRICT, PROBE_TABLE, PROBE_JSON = "report", "strict", "table", "json"
+PROBE_ALONE = (PROBE_TABLE, PROBE_JSON)
 
 
 def no_options(values: Mapping[str, Any], launch: LaunchOptions) -> None:

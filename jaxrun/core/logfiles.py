@@ -29,6 +29,9 @@ from typing import BinaryIO
 from jaxrun import contract
 from jaxrun.core.config import LaunchError
 
+# The probe's verdict in a run's folder (`jaxrun probe`, --probe): its table, which
+# `jaxrun logs` shows, and the same as JSON; the probe's own job logs in PROBE_FOLDER.
+PROBE_TABLE, PROBE_JSON, PROBE_FOLDER = "probe.txt", "probe.json", "probe"
 _ERROR_RECORD = re.compile(r"process-\d+\.error\.json\Z")
 
 

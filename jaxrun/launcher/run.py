@@ -16,6 +16,7 @@ them is left after each attempt.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shlex
 import signal
@@ -28,7 +29,7 @@ from jaxrun import portable
 from jaxrun.backends import create_backend
 from jaxrun.core import modes, reaper
 from jaxrun.core.backend import Ask, Backend, Interrupted, Placement
-from jaxrun.core.config import LaunchError, RunConfig
+from jaxrun.core.config import PROBE_ALONE, PROBE_JSON, LaunchError, RunConfig
 from jaxrun.core.deadline import NEVER, Deadline
 from jaxrun.core.outcome import BUG_REPORT, Outcome
 from jaxrun.core.spec import PlanError
@@ -38,6 +39,8 @@ from jaxrun.launcher.channel import JobView, open_channel
 from jaxrun.launcher.control import RunControl
 from jaxrun.launcher.output.printer import ConsolePrinter, SafeConsole
 from jaxrun.launcher.output.timeline import Timeline
+from jaxrun.launcher.probe import first as probing, table as probe_table
+from jaxrun.launcher.probe.verdict import ProbeVerdict
 from jaxrun.launcher.restarts import elastic
 from jaxrun.launcher.restarts.policy import Answer, AttemptEnd, Decision, Engine, RestartPolicy
 from jaxrun.launcher.setup import hosts as hostfile, plan as planning
@@ -99,6 +102,15 @@ def run(config: RunConfig, backend: Backend | None = None, console: TextIO | Non
             print(line, file=console, flush=True)
     backend = backend or create_backend(config, console, early)
     if config.dry_run:
+        if config.probe:
+            probe_config = probing.probe_config(config)  # and its own backend, as it runs (run_attempts)
+            prober = backend if config.probe in PROBE_ALONE else create_backend(probe_config, console)
+            print("\n".join(probe_table.plan_lines(probing.probe_hosts_of(config), probing.SIZES)))
+            _, specs = plan_attempt(probe_config, prober.dry_run_coordinator(config.fixed_coordinator), 0)
+            print(dry_run_text(specs, "", prober.dry_run_command(specs)))
+            if config.probe in PROBE_ALONE:
+                return 0
+            print("# then the job:")
         _, specs = plan_attempt(config, backend.dry_run_coordinator(config.fixed_coordinator), 0)
         print(dry_run_text(specs, config.count_source, backend.dry_run_command(specs)))
         return 0
@@ -185,6 +197,23 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
     policy = restart_policy(config, backend)
     decision = Decision(Answer.RESTART_JOB)  # the first attempt
     profiler = Profiler(config.log_dir, config.profile)  # the run's traces, attached to each attempt in turn
+    first: Ask | None = None
+    probed: dict[str, str] = {}
+    if config.probe in PROBE_ALONE:  # `jaxrun probe`: the run's backend starts the probe's job
+        with backend:
+            return probe_first(config, backend, control, console, running)[1]
+    if config.probe:  # before the job: a backend of the probe's own (a scheduler's step runs one target)
+        probe_backend = create_backend(probing.probe_config(config), console)
+        probe_backend.hooks = control.hooks
+        with probe_backend:
+            verdict, _ = probe_first(config, probe_backend, control, console, running)
+        try:
+            first, probed, line = probing.placement_after(config, verdict, hosts)
+        except probing.ProbeStop as stop:
+            print(f"jaxrun: {stop}", file=console, flush=True)
+            return 1
+        if line:
+            print(line, file=console, flush=True)
     with backend, Timeline(config.log_dir) as timeline:
         while decision.answer in (Answer.RESTART_JOB, Answer.RESTART_ELASTIC):
             attempt = len(outcomes)
@@ -199,9 +228,9 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
                 else:
                     if decision.why:
                         print(f"jaxrun: {decision.why}", file=console, flush=True)
-                    ask = Ask(hosts, options.num_processes)
+                    ask = first if first is not None and attempt == 0 else Ask(hosts, options.num_processes)
                 placement = backend.place(ask)
-                dropped = {**lost, **elastic.check_reasons(placement.dropped)}
+                dropped = {**lost, **elastic.check_reasons(placement.dropped), **(probed if attempt == 0 else {})}
                 hosts = placement.hosts
                 record = dataclasses.replace(placement.record(), dropped=tuple(dropped.items()))
                 if decision.answer is Answer.RESTART_ELASTIC:
@@ -220,7 +249,8 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
                 timeline.goodput(account)
                 if config.report_path:  # the attempts so far, and why none follows
                     report.write_report(config.report_path,
-                                        report.report_dict(outcomes, options.run_id, dirs, str(stop), account))
+                                        {**report.report_dict(outcomes, options.run_id, dirs, str(stop), account),
+                                         **probing.report_part(config.log_dir)})
                 break
             except (LaunchError, PlanError, Interrupted) as error:
                 if attempt == 0:
@@ -240,6 +270,35 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
             last = decision.answer not in (Answer.RESTART_JOB, Answer.RESTART_ELASTIC)
             report_attempt(config, outcomes, dirs, console, stopped or None, began, timeline if last else None)
     return outcomes[-1].exit_code
+
+
+def probe_first(config: RunConfig, backend: Backend, control: RunControl, console: TextIO,
+                running: list) -> tuple[ProbeVerdict | None, int]:
+    """The probe's job, run as an attempt on ``backend`` (open, and built
+    from the probe's configuration: a scheduler's step runs one target);
+    its verdict (None if it gave none), kept in the run's folder and shown
+    (the table on stdout for `jaxrun probe`, on the console before a
+    launch), and the probe's exit status."""
+    probe_config = probing.probe_config(config)
+    placement = backend.place(probing.probe_ask(probe_config))
+    _, specs = plan_attempt(probe_config, backend.choose_coordinator(config.fixed_coordinator), 0, placement)
+    print(f"jaxrun: probe: {len(specs)} process{'' if len(specs) == 1 else 'es'} on "
+          f"{', '.join(dict.fromkeys(spec.host.name for spec in specs))}", file=console, flush=True)
+    outcome = run_attempt(probe_config, specs, backend, probe_config.log_dir, console, control, running)
+    verdict = probing.verdict_of(outcome) if outcome.exit_code == 0 else None
+    if verdict is None:
+        outcome.placement = placement.record()
+        report_attempt(probe_config, [outcome], [probe_config.log_dir], console)
+        print("jaxrun: probe: no verdict: the probe's job failed (above)", file=console, flush=True)
+        return None, outcome.exit_code or 1
+    probing.keep(config.log_dir, verdict)
+    if config.probe == PROBE_JSON:
+        print(json.dumps(probe_table.as_dict(verdict), indent=1), flush=True)
+    else:
+        lines = probe_table.table_lines(verdict)
+        print("\n".join(lines if config.probe in PROBE_ALONE else [f"jaxrun: probe: {line}" for line in lines]),
+              file=sys.stdout if config.probe in PROBE_ALONE else console, flush=True)
+    return verdict, verdict.exit_code
 
 
 def restart_policy(config: RunConfig, backend: Backend) -> RestartPolicy:
@@ -311,7 +370,8 @@ def report_attempt(config: RunConfig, outcomes: list[Outcome], dirs: list[str], 
             print(annotation, file=console, flush=True)
     if config.report_path:
         report.write_report(config.report_path,
-                            report.report_dict(outcomes, config.options.run_id, dirs, not_restarted, account))
+                            {**report.report_dict(outcomes, config.options.run_id, dirs, not_restarted, account),
+                             **probing.report_part(config.log_dir)})
     if config.junit_path:
         from jaxrun.reporting import junit
 

@@ -29,7 +29,7 @@ _BY_WORD: dict[str, type] = {}
 # protocols it speaks; ``decode`` loads the others (``PROTOCOLS``) when a word
 # is not here, so that it knows each word of this version of jaxrun.
 WORDS: Mapping[str, type] = types.MappingProxyType(_BY_WORD)
-PROTOCOLS = ("console", "controller", "forkserver", "inspect", "preflight", "ssh", "tasks")
+PROTOCOLS = ("console", "controller", "forkserver", "inspect", "preflight", "probe", "ssh", "tasks")
 
 
 def load_every_protocol() -> None:

@@ -64,7 +64,7 @@ BACKEND_PICKER = "jaxrun.launcher.run"
 # the run only through its control.  setup, output and control lean on no
 # other room.
 ROOMS = {
-    "run": {"setup", "attempt", "restarts", "output", "interactive", "control", "channel"},
+    "run": {"setup", "attempt", "restarts", "output", "interactive", "control", "channel", "probe"},
     "control": set(),
     "setup": set(),
     "attempt": {"output", "restarts"},
@@ -75,6 +75,8 @@ ROOMS = {
     # commands that look into a running job reach it only through the channel.
     "channel": {"attempt"},
     "inspect": {"channel"},
+    # The probe before a launch places the job as an elastic restart would.
+    "probe": {"restarts"},
 }
 
 

@@ -149,7 +149,7 @@ def test_help_keeps_each_section_s_options_in_their_order():
     assert section(text, "Engines (Slurm, Open MPI)") == ["--launcher", "--nodes", "--ntasks-per-node",
                                                           "--scheduler-arg", "--channel-port"]
     assert section(text, "With --launcher ray") == ["--ray-address", "--placement"]
-    assert section(text, "Restarts") == ["--max-restarts", "--recoverable", "--min-hosts", "--hosts-command"]
+    assert section(text, "Restarts") == ["--max-restarts", "--recoverable", "--min-hosts", "--probe", "--hosts-command"]
     assert section(text, "Other") == ["--dry-run", "--version", "--help-all", "-h"]
 
 

@@ -307,7 +307,7 @@ def test_restarts_are_one_section_that_says_how_they_combine():
     said = cli.helptext.SECTION_TEXTS["Restarts"]
     assert re.sub(r"\s", "", paragraph) == re.sub(r"\s", "", said)  # first, however it wraps
     assert listed_options(options) == {"--max-restarts", "--recoverable", "--no-recoverable", "--min-hosts",
-                                       "--hosts-command"}
+                                       "--hosts-command", "--probe"}
     for words in ("one budget for the whole run", "every restart spends one", "--recoverable forces it",
                   "--no-recoverable refuses it", "--min-hosts or --hosts-command", "elastic",
                   "The same failure twice in a row is never restarted"):

@@ -189,6 +189,13 @@ def test_elastic_restarts_keep_their_minimum_and_a_hosts_command_alone_means_one
     assert configured(script, launcher="slurm", min_hosts=1, max_restarts=1, system=inside).min_hosts == 1
 
 
+def test_probe_leaves_hosts_out_without_a_restart_budget(script):
+    """--probe --min-hosts K: the hosts the probe names are left out before
+    the first attempt, which spends no restart."""
+    config = configured(script, min_hosts=2, host_opts=("a,b,c",), probe="strict")
+    assert config.min_hosts == 2 and config.probe == "strict" and config.max_restarts == 0
+
+
 
 @pytest.mark.parametrize("given, missing, message", [
     ({"launcher": "slurm"}, "srun", "--launcher slurm: srun is not on PATH"),

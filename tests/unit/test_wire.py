@@ -11,7 +11,7 @@ import pytest
 import jaxrun
 from jaxrun import contract
 from jaxrun.backends.ray import words as ray
-from jaxrun.wire import console, encoding, forkserver, inspect, preflight, ssh, tasks
+from jaxrun.wire import console, encoding, forkserver, inspect, preflight, probe, ssh, tasks
 
 PACKAGE = Path(jaxrun.__file__).parent
 
@@ -42,6 +42,8 @@ EXAMPLES = [
     preflight.Unlisten(),
     preflight.Listening(1234),
     preflight.Reached(),
+    probe.ProbeResult(list(probe.Sizes().args()), ["node-a", "node-b"], [1, 1], [0.1, 0.25], [[0.02], [0.02]],
+                      [[0.0003], [0.0004]], 0.05, "cpu"),
     preflight.Closed(),
     preflight.Failed("Connection refused"),
     console.SessionHello("s" * 64),

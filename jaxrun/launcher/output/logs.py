@@ -101,6 +101,15 @@ def command(run_id, last, ranks, output, base, trace):
                                  param_hint="'--ranks'") from None
     wanted = [r for r in present if chosen is None or any(r in span for span in chosen)]
     show(folder, wanted, output)
+    show_probe(folder)
+
+
+def show_probe(folder: str) -> None:
+    """The probe's table, where the run had one (`jaxrun probe`, --probe)."""
+    data = contract.read_small(os.path.join(folder, logfiles.PROBE_TABLE), 1 << 20)
+    if data:
+        click.echo("jaxrun: the probe's table (probe.json holds its figures):")
+        click.echo(data.decode(errors="replace").rstrip("\n"))
 
 
 def write_trace(base: str, run_id: str | None, path: str) -> None:

@@ -138,7 +138,7 @@ def config_from_args(values: Mapping[str, Any], backends: Mapping[str, BackendEn
     if not values["dry_run"]:
         log_dir = ready_for_a_run(values, entry, run_id, system)
     return run_config(values, launch, console_ranks, log_dir or default_log_dir(run_id), entry.name,
-                      backend_options, system.environ, mode=mode, min_hosts=min_hosts,
+                      backend_options, system.environ, mode=mode, min_hosts=min_hosts, probe=values.get("probe") or "",
                       hosts_command=values["hosts_command"], count_source=layout.source)
 
 
@@ -237,7 +237,7 @@ def elastic_minimum(values: Mapping[str, Any], entry: BackendEntry, hosts: Seque
     if not entry.elastic:
         raise LaunchError(f"--min-hosts and --hosts-command choose hosts for restarts; --launcher {entry.name} "
                           "does not start processes on chosen hosts")
-    if not values["max_restarts"]:
+    if not values["max_restarts"] and not values.get("probe"):  # --probe's hosts left out need no restart
         raise LaunchError("--min-hosts replaces lost hosts when the job restarts: give --max-restarts N too")
     if entry.elastic_variable and not environ.get(entry.elastic_variable):
         raise LaunchError(entry.elastic_refusal)
