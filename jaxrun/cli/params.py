@@ -59,9 +59,22 @@ class OptionalCount(click.Option):
             parsed = getattr(parser, "_long_opt", {}).get(name)
             if parsed is not None:
                 parsed.process = self._giving_back(parsed.process)
+        # A value given with "=" was meant for the option, never for the command
+        # line: one it cannot take is an error (``--probe=bogus``), not a script.
+        match = getattr(parser, "_match_long_opt", None)
+        if match is not None:
+            def match_long(opt, explicit_value, state):
+                if opt in self.opts and explicit_value is not None and not self.takes(explicit_value):
+                    raise click.BadOptionUsage(opt, f"{opt}={explicit_value}: {opt} takes {self.wants()}", ctx)
+                return match(opt, explicit_value, state)
+
+            parser._match_long_opt = match_long
 
     def takes(self, word: str) -> bool:
         return bool(DIGITS.match(word))
+
+    def wants(self) -> str:
+        return "a whole number or nothing"
 
     def _giving_back(self, process):
         def process_count(value, state):
@@ -79,6 +92,9 @@ class OptionalWord(OptionalCount):
 
     def takes(self, word: str) -> bool:
         return word in self.type.choices
+
+    def wants(self) -> str:
+        return ", ".join(self.type.choices) + " or nothing"
 
 
 class RankList(click.ParamType):

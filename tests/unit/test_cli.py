@@ -131,6 +131,19 @@ def test_bad_device_layouts_are_rejected(script, args, env, message):
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("given, message", [
+    ("--probe=bogus", "--probe=bogus: --probe takes report, strict or nothing"),
+    ("--flight-recorder=abc", "--flight-recorder=abc: --flight-recorder takes a whole number or nothing"),
+])
+def test_a_value_given_with_equals_that_an_optional_value_cannot_take_is_refused(script, given, message):
+    # Without "=" the next word is the script's when the option cannot take it;
+    # with "=" it was meant for the option, and taking it for the script said
+    # "script not found: bogus".
+    code, out, err = run_cli(given, "--dry-run", script)
+    assert (code, out) == (2, "") and message in err and len(err.strip().splitlines()) == 1
+    assert run_cli("--probe", "--dry-run", script)[0] == 0
+
+
 # -- pure checks behind the bad-input errors (#16) ---------------------------
 
 @pytest.mark.parametrize("text", ["nan", "NaN", "inf", "infinity", "1e300", "1000000001"])
