@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import threading
 import time
 
@@ -59,7 +58,7 @@ class Tally:
         self.written_at = float("-inf")
         self.dirty = False
         self.wake = threading.Event()
-        self.host = socket.gethostname()
+        self.host = os.uname().nodename  # gethostname's, without importing socket at every start-up
 
     def heard(self, event: str, seconds: float) -> None:
         """A ``jax.monitoring`` duration event."""
@@ -149,7 +148,10 @@ def prepare(environ=os.environ) -> None:
 
 
 def _listen(_jax) -> None:
-    from jax import monitoring
+    try:
+        from jax import monitoring
+    except ImportError:  # a jax without it (older, or a stand-in): no compile or save is heard
+        return
 
     tally = _the_tally()
     monitoring.register_event_duration_secs_listener(lambda event, seconds, **_kw: tally.heard(event, seconds))
