@@ -27,7 +27,7 @@ import sys
 import textwrap
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import JAXRUN, alternate, median, table  # noqa: E402
+from common import alternate, median, step_ms, table  # noqa: E402
 from stall import TRAIN  # noqa: E402
 
 LOOK = textwrap.dedent(
@@ -109,15 +109,6 @@ ALONE = textwrap.dedent(
 MODES = {"off (--no-account)": ["--no-account"], "on (default)": []}
 
 
-def step_ms(script: str, flags: list[str], processes: int, steps: int, width: int) -> float:
-    cmd = [*JAXRUN, "-n", str(processes), "--cpu-devices", "1", *flags, script, str(steps), str(width)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, start_new_session=True)
-    found = re.search(r"STEP_MS ([\d.]+)", proc.stdout)
-    if proc.returncode != 0 or not found:
-        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-1500:]}")
-    return float(found[1])
-
-
 def main() -> None:
     from jaxrun.child.accounting import TICK
 
@@ -135,7 +126,7 @@ def main() -> None:
     with open(script, "w") as f:
         f.write(TRAIN)
     print(f"{args.n} processes, width {args.width}, {args.steps} steps a run, {args.rounds} rounds")
-    times = alternate({name: (lambda flags=flags: step_ms(script, flags, args.n, args.steps, args.width))
+    times = alternate({name: (lambda flags=flags: step_ms(flags, script, args.steps, args.width, processes=args.n))
                        for name, flags in MODES.items()}, args.rounds,
                       log=lambda line: print(re.sub(r"(\d)s\b", r"\1 ms", line), flush=True))
     base = median(times["off (--no-account)"])

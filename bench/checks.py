@@ -32,7 +32,7 @@ import sys
 import textwrap
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import JAXRUN, alternate, median, table  # noqa: E402
+from common import alternate, median, step_ms, table  # noqa: E402
 
 TRAIN = textwrap.dedent(
     """
@@ -123,15 +123,6 @@ PROBE = textwrap.dedent(
 MODES = {"off": "off", "on (default)": "on"}
 
 
-def step_ms(script: str, checks: str, processes: int, steps: int, width: int) -> float:
-    cmd = [*JAXRUN, "-n", str(processes), "--cpu-devices", "2", "--checks", checks, script, str(steps), str(width)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, start_new_session=True)
-    found = re.search(r"STEP_MS ([\d.]+)", proc.stdout)
-    if proc.returncode != 0 or not found:
-        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-1500:]}")
-    return float(found[1])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -151,7 +142,8 @@ def main() -> None:
     times: dict[str, list[float]] = {name: [] for name in MODES}
     for r in range(args.rounds):
         order = list(MODES.items())[::1 if r % 2 == 0 else -1]
-        took = alternate({name: (lambda c=c: step_ms(script, c, args.n, args.steps, args.width))
+        took = alternate({name: (lambda c=c: step_ms(["--checks", c], script, args.steps, args.width,
+                                                     processes=args.n, cpu_devices=2))
                           for name, c in order}, 1, log=lambda line: None)
         for name, values in took.items():
             times[name] += values

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import compileall
 import os
+import re
 import signal
 import socket
 import statistics
@@ -75,3 +76,15 @@ def bash_loop(script: str, n: int, env: dict, extra_args: Sequence[str] = ()) ->
     args = " ".join(extra_args)
     loop = f"for i in $(seq 0 {n - 1}); do {PYTHON} {script} $i {n} {args} > /dev/null 2>&1 & done; wait"
     return ["bash", "-c", loop]
+
+
+def step_ms(flags: Sequence[str], script: str, *args: object, processes: int = 2, cpu_devices: int = 1) -> float:
+    """One job of a training benchmark (``bench/stall.py``'s, ``checks.py``'s,
+    ``account.py``'s): jaxrun with ``flags`` runs ``script ARGS``, whose
+    process 0 prints ``STEP_MS <median step>``; that median, in ms."""
+    cmd = [*JAXRUN, "-n", str(processes), "--cpu-devices", str(cpu_devices), *flags, script, *map(str, args)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, start_new_session=True)
+    found = re.search(r"STEP_MS ([\d.]+)", proc.stdout)
+    if proc.returncode != 0 or not found:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-1500:]}")
+    return float(found[1])

@@ -32,7 +32,7 @@ import sys
 import textwrap
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import JAXRUN, alternate, median, table  # noqa: E402
+from common import alternate, median, step_ms, table  # noqa: E402
 
 TRAIN = textwrap.dedent(
     """
@@ -102,16 +102,6 @@ LOOK = textwrap.dedent(
 MODES = {"off": "0", "default (600 s)": "600", "harsh (1 s)": "1"}
 
 
-def step_ms(script: str, timeout: str, processes: int, steps: int, width: int) -> float:
-    cmd = [*JAXRUN, "-n", str(processes), "--cpu-devices", "1", "--stall-timeout", timeout, script,
-           str(steps), str(width)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, start_new_session=True)
-    found = re.search(r"STEP_MS ([\d.]+)", proc.stdout)
-    if proc.returncode != 0 or not found:
-        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-1500:]}")
-    return float(found[1])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -127,7 +117,8 @@ def main() -> None:
     with open(script, "w") as f:
         f.write(TRAIN)
     print(f"{args.n} processes, width {args.width}, {args.steps} steps a run, {args.rounds} rounds")
-    times = alternate({name: (lambda t=t: step_ms(script, t, args.n, args.steps, args.width))
+    times = alternate({name: (lambda t=t: step_ms(["--stall-timeout", t], script, args.steps, args.width,
+                                                  processes=args.n))
                        for name, t in MODES.items()}, args.rounds,
                       log=lambda line: print(re.sub(r"(\d)s\b", r"\1 ms", line), flush=True))
     base = median(times["off"])
