@@ -58,7 +58,7 @@ class Tally:
         self.written_at = float("-inf")
         self.dirty = False
         self.wake = threading.Event()
-        self.host = os.uname().nodename  # gethostname's, without importing socket at every start-up
+        self.host = ""  # this machine's name, asked at the first write: no socket import at start-up
 
     def heard(self, event: str, seconds: float) -> None:
         """A ``jax.monitoring`` duration event."""
@@ -88,7 +88,14 @@ class Tally:
     def marks(self) -> contract.Marks:
         with self.lock:
             return contract.Marks(round(self.compile, 6), round(self.checkpoint, 6), self.saves, self.saved_at,
-                                  round(self.compile_after_save, 6), self.steps, self.clock(), self.host)
+                                  round(self.compile_after_save, 6), self.steps, self.clock(), self._host())
+
+    def _host(self) -> str:
+        if not self.host:
+            import socket
+
+            self.host = socket.gethostname()
+        return self.host
 
     def _changed(self) -> None:
         if self.clock() - self.written_at >= self.gap:

@@ -146,6 +146,7 @@ def test_the_timeline_draws_the_same_spans(goodput_run):
         drawn[span["name"]] = drawn.get(span["name"], 0.0) + span["dur"] / 1e6
     for part in ("startup", "lost", "restart", "teardown"):  # the parts that lie at one known time
         assert abs(drawn.get(part, 0.0) - goodput["parts"][part]) < 0.01, (part, drawn, goodput)
-    inside = goodput["parts"]["work"] + goodput["parts"]["compile"] + goodput["parts"]["checkpoint"]
+    parts = goodput["parts"]
+    inside = parts["work"] + parts["compile"] + parts["checkpoint"] + parts["waiting"]
     assert abs(drawn["work"] - inside) < 0.01, (drawn, goodput)  # the sums inside the work are its arguments
 

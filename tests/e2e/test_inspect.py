@@ -217,13 +217,19 @@ def test_top_once_shows_every_process_waiting_with_its_pid_cpu_and_memory(stuck)
 @pytest.mark.timeout(STUCK_START + 60)
 def test_top_live_draws_the_table_in_a_terminal_until_ctrl_c(stuck):
     pytest.importorskip("rich", reason="jaxrun top's live view needs rich, a dependency of jaxrun")
-    env = {k: str(v) for k, v in stuck.env.items()}
+    # An 80-column terminal, the common default (pytest-xdist's workers also
+    # have COLUMNS=80 and LINES=24 in their environment, which rich obeys):
+    # with the WAIT column and its straggler mark, boxes cut the header to
+    # "RA…" and the pids to "115…" there.  Every cell but the last line whole.
+    env = {**{k: str(v) for k, v in stuck.env.items()}, "COLUMNS": "80", "LINES": "24"}
     child = pexpect.spawn(sys.executable, ["-m", "jaxrun", "top", "--run", stuck.run_id, "--interval", "0.3"],
-                          env=env, cwd=str(ROOT), encoding="utf-8", timeout=30, dimensions=(40, 200),
-                          codec_errors="replace")  # the tty echoes ^C where it lands, inside a box character too
+                          env=env, cwd=str(ROOT), encoding="utf-8", timeout=30, dimensions=(24, 80),
+                          codec_errors="replace")  # the tty echoes ^C where it lands
     try:
         child.expect_exact(f"run {stuck.run_id}")
-        child.expect(r"RANK.*HOST.*PID.*STATE")
+        child.expect(r"RANK.*HOST.*PID.*STATE.*CPU.*MEM.*IDLE.*WAIT")
+        pid = rows_of(command(stuck.env, "top", "--once", "--run", stuck.run_id).stdout)[0][2]
+        child.expect(rf"\b0 +localhost +{pid} ")  # process 0's row, its pid whole
         child.expect("waiting")
         time.sleep(1.0)  # a few redraws
         child.sendintr()

@@ -88,16 +88,23 @@ def plain(table: words.Table) -> list[str]:
 
 
 def drawn(table: words.Table):
-    """The table as rich draws it."""
+    """The table as rich draws it.  Only the last line gives way to a narrow
+    terminal: every other cell keeps its width (a pid cut to "115…" names no
+    process), and the columns are parted by two spaces, not boxes, so that
+    the table fits 80 columns with a straggler's "WAIT" mark."""
     from rich.table import Table
 
     caption = f"jaxrun: {clean(table.straggler)}" if table.straggler else None
     shown = Table(title=heading(table), title_justify="left", expand=False, caption=caption,
-                  caption_justify="left")
-    for name in COLUMNS:
-        shown.add_column(name, no_wrap=True, overflow="ellipsis", max_width=None if name != "LAST LINE" else 80)
-    for row in sorted(table.rows, key=lambda r: r.rank):
-        shown.add_row(*cells(row))
+                  caption_justify="left", box=None, pad_edge=False, padding=(0, 1))
+    rows = [cells(row) for row in sorted(table.rows, key=lambda r: r.rank)]
+    for i, name in enumerate(COLUMNS):
+        if name == "LAST LINE":
+            shown.add_column(name, no_wrap=True, overflow="ellipsis", max_width=80)
+        else:
+            shown.add_column(name, no_wrap=True, min_width=max(len(c[i]) for c in [COLUMNS, *rows]))
+    for row in rows:
+        shown.add_row(*row)
     return shown
 
 
