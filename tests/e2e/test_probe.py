@@ -4,7 +4,7 @@ fraction of a core (a CPU quota on hostD's sshd): the probe names exactly
 those two, with what is slow, and a launch with spares starts on the rest
 (one probe for both, to keep the suite's time; ``bench/probe.py`` runs
 ``jaxrun probe --json`` on the same hosts ten times).  The slowed hosts are
-a module fixture (``fixtures.slowed``).  The same probe under Open MPI, with
+a module fixture (``fixtures.slowed``).  The same probe under Open MPI and Slurm, with
 one task held to a fraction of a core; and a local one's table.
 """
 
@@ -81,28 +81,36 @@ def test_a_local_probe_prints_its_verdict_as_json_and_exits_as_it_says(jaxrun, t
     assert [line.split()[0].rsplit("/", 1)[1] for line in table[1:3]] == ["0", "1"], table  # HOST/rank: one machine
 
 
-# What --python names under mpirun: the task whose rank is $1 joins the CPU
-# group $2 (held to a fraction of a core) before it becomes Python, so its
+# What --python names under the engine: the task whose rank is $1 joins the
+# CPU group $2 (held to a fraction of a core) before it becomes Python, so its
 # task agent and its process run there; the other tasks run as they would.
 SLOWED_TASK = """#!/bin/sh
-if [ "$OMPI_COMM_WORLD_RANK" = "{rank}" ]; then echo $$ > {group}/cgroup.procs; fi
+if [ "${rank_variable}" = "{rank}" ]; then echo $$ > {group}/cgroup.procs; fi
 exec {python} "$@"
 """
+RANK_VARIABLE = {"mpirun": "OMPI_COMM_WORLD_RANK", "slurm": "SLURM_PROCID"}
 
 
-@pytest.mark.skipif(not shutil.which("mpirun"), reason="Open MPI is not installed (apt-get install openmpi-bin)")
 @pytest.mark.skipif(not HAVE_CPU_QUOTA, reason="needs root and the cgroup v1 cpu controller")
-@pytest.mark.timeout(120)
-def test_under_open_mpi_the_probe_names_the_slowed_task_and_strict_starts_no_job(run_jaxrun, tmp_path, monkeypatch):
-    monkeypatch.setenv("OMPI_MCA_rmaps_base_oversubscribe", "1")  # as test_mpirun.py: more tasks than cores
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("engine", ["mpirun", "slurm"])
+def test_under_a_scheduler_the_probe_names_the_slowed_task_and_strict_starts_no_job(engine, request, run_jaxrun,
+                                                                                     tmp_path, monkeypatch):
+    if engine == "mpirun":
+        if not shutil.which("mpirun"):
+            pytest.skip("Open MPI is not installed (apt-get install openmpi-bin)")
+        monkeypatch.setenv("OMPI_MCA_rmaps_base_oversubscribe", "1")  # as test_mpirun.py: more tasks than cores
+    else:
+        request.getfixturevalue("slurm_cluster")
     script = tmp_path / "job.py"
     script.write_text("print('the job ran')\n")
     with cpu_quota(None, CPU_SHARE) as group:
         python = tmp_path / "python"
-        python.write_text(SLOWED_TASK.format(rank=1, group=group, python=sys.executable))
+        python.write_text(SLOWED_TASK.format(rank_variable=RANK_VARIABLE[engine], rank=1, group=group,
+                                             python=sys.executable))
         python.chmod(0o755)
-        code, out, err, _ = run_jaxrun("--probe=strict", "--launcher", "mpirun", "-n", 2, "--cpu-devices", 1,
-                                       "--python", python, "--log-dir", tmp_path / "logs", script, timeout=100)
+        code, out, err, _ = run_jaxrun("--probe=strict", "--launcher", engine, "-n", 2, "--cpu-devices", 1,
+                                       "--python", python, "--log-dir", tmp_path / "logs", script, timeout=120)
     assert code == 1, err[-3000:]
     assert "the job ran" not in out + err, out  # neither the probe's step nor a job ran the script
     verdict = json.loads((tmp_path / "logs" / "probe.json").read_text())

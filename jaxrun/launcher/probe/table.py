@@ -34,7 +34,9 @@ def table_lines(verdict: ProbeVerdict) -> list[str]:
             links = [links[0], links[-1]]
         bandwidth = ", ".join(f"{rows[link.peer].host} {verdict.mb_s(link.seconds):.0f}" for link in links) or "-"
         latency = ", ".join(f"{rows[link.peer].host} {link.latency_s * 1e3:.2f}" for link in links) or "-"
-        compute = f"{row.compute_s * 1e3:.0f} ms ({row.compute_ratio:.1f}x)"
+        ratio = row.compute_ratio  # two digits below 0.1x: a fast host beside a slow one read "0.0x"
+        compute = f"{row.compute_s * 1e3:.0f} ms ({ratio:.1f}x)" if ratio >= 0.095 else \
+            f"{row.compute_s * 1e3:.0f} ms ({ratio:.2f}x)"
         said = "SLOW: " + "; ".join(row.why) if row.why else "ok"
         for a, b, why in verdict.slow_links:
             if row.rank in (a, b):
