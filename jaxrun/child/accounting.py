@@ -51,9 +51,9 @@ _wanted = False  # the launcher asked for an account: it begins at the join
 
 def _code_place(code) -> int:
     name = code.co_filename
-    if name.endswith(activity._BUSY_FILES):
+    if name.endswith(activity.COMPILER_FILES):
         return _COMPILER
-    if activity._JAX_FOLDERS[0] in name or activity._JAX_FOLDERS[1] in name:
+    if activity.JAX_FOLDERS[0] in name or activity.JAX_FOLDERS[1] in name:
         return _INSIDE
     return _OUTSIDE
 
@@ -114,7 +114,7 @@ def calls_jax(frame) -> bool:
     recipe = callee_recipe(code, offset)
     if recipe is None:
         return False
-    if recipe[-1] in activity._JAX_WAITS:
+    if recipe[-1] in activity.JAX_WAITS:
         return True
     scope = frame.f_locals if recipe[0] else frame.f_globals
     value = scope.get(recipe[1])
@@ -223,7 +223,7 @@ class Accountant:
 
 def _tell(line: str) -> None:
     """Beside the sampler's state where it runs; else the file holds the TIME line alone."""
-    sampler = activity._started
+    sampler = activity.started
     if sampler is not None:
         sampler.tell(line)
         return

@@ -91,14 +91,14 @@ BUSY_IO = 64 * 1024  # bytes per interval
 SPIN_SYSTEM_SHARE = 0.5  # of the main thread's CPU: a loop on sched_yield is mostly system time
 GIL_HELD = 0.001  # seconds to take the GIL back: more, and a thread is running Python
 # Frames of JAX's that are work, or a wait that JAX bounds itself.
-_BUSY_FILES = (os.sep + os.path.join("jax", "_src", "compiler.py"),)
+COMPILER_FILES = (os.sep + os.path.join("jax", "_src", "compiler.py"),)
 _JOIN_FILE = os.sep + os.path.join("jax", "_src", "distributed.py")
 # Where the main thread is inside JAX: a program executing or awaited.
-_JAX_FOLDERS = (os.sep + os.path.join("jax", "_src") + os.sep, os.sep + "jaxlib" + os.sep)
+JAX_FOLDERS = (os.sep + os.path.join("jax", "_src") + os.sep, os.sep + "jaxlib" + os.sep)
 _OWN_THREADS = "jaxrun-"  # the names of jaxrun's own threads: neither work nor spin
 
 _beats = 0
-_started: Sampler | None = None
+started: Sampler | None = None  # this process's sampler, once start() made it (child.accounting tells through it)
 
 
 def alive() -> None:
@@ -203,7 +203,7 @@ def busy_place(stack: tuple) -> bool:
     """Inside JAX's compiler, or in its ``initialize()`` (waiting for the others to join)."""
     for code, _ in stack:
         name = code.co_filename
-        if name.endswith(_BUSY_FILES) or (name.endswith(_JOIN_FILE) and code.co_name == "initialize"):
+        if name.endswith(COMPILER_FILES) or (name.endswith(_JOIN_FILE) and code.co_name == "initialize"):
             return True
     return False
 
@@ -214,12 +214,12 @@ def inside_jax(stack: tuple) -> bool:
     Python, or a call from the script straight into JAX's native code that
     waits for a program: ``y.block_until_ready()`` (a method of jaxlib's,
     no Python frame of its own)."""
-    if any(_JAX_FOLDERS[0] in code.co_filename or _JAX_FOLDERS[1] in code.co_filename for code, _ in stack):
+    if any(JAX_FOLDERS[0] in code.co_filename or JAX_FOLDERS[1] in code.co_filename for code, _ in stack):
         return True
-    return bool(stack) and called_name(*stack[0]) in _JAX_WAITS
+    return bool(stack) and called_name(*stack[0]) in JAX_WAITS
 
 
-_JAX_WAITS = frozenset({"block_until_ready"})
+JAX_WAITS = frozenset({"block_until_ready"})
 _called: dict[tuple, str | None] = {}
 
 
@@ -418,22 +418,22 @@ def waited_between(before: dict[int, float] | None, now: dict[int, float] | None
 
 def script_returned() -> None:
     """The script returned: the process says FINISHED, and its sampler stops."""
-    if _started is not None:
-        _started.write(contract.FINISHED)
+    if started is not None:
+        started.write(contract.FINISHED)
 
 
 def start(environ=os.environ) -> Sampler | None:
     """Start the sampler if the launcher asked for one (``--stall-timeout``)."""
-    global _started
+    global started
     path, timeout = environ.get(contract.ACTIVITY_FILE), environ.get(contract.STALL_TIMEOUT)
-    if not path or not timeout or _started is not None:
-        return _started
+    if not path or not timeout or started is not None:
+        return started
     try:
         seconds = float(timeout)
     except ValueError:
         return None
     if seconds <= 0:
         return None
-    _started = Sampler(path, interval_for(seconds))
-    threading.Thread(target=_started.run, name="jaxrun-activity", daemon=True).start()
-    return _started
+    started = Sampler(path, interval_for(seconds))
+    threading.Thread(target=started.run, name="jaxrun-activity", daemon=True).start()
+    return started
