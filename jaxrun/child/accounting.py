@@ -106,19 +106,40 @@ def _is_jax(value) -> bool:
     return (getattr(type(value), "__module__", None) or "").startswith(("jax.", "jaxlib."))
 
 
-def calls_jax(frame) -> bool:
-    """Whether ``frame`` stands at a call into JAX's native code: a jitted
-    function (by a name or an attribute of one), ``block_until_ready``."""
+def site_offset(code, lasti: int) -> int:
+    """The call a frame stands at: a PRECALL read as its CALL
+    (``activity.call_offset``), and the last inline cache of a CALL (where
+    3.11 leaves a frame that called a Python function) as the CALL itself."""
+    offset = activity.call_offset(code, lasti)
+    raw = code.co_code
+    while 0 < offset < len(raw) and raw[offset] == activity.CACHE:
+        offset -= 2
+    return offset
+
+
+def calls_jax(frame, sites=frozenset()) -> bool:
+    """Whether ``frame`` stands at a call into JAX's native code: a call site
+    seen calling into JAX before (``sites``: its first call of a jitted
+    function ran JAX's Python), a jitted function named by a global (or an
+    attribute of one), ``block_until_ready``.
+
+    A callable in the frame's own variables is never read: ``f_locals`` of
+    a running frame copies every local into a dict that lives on with the
+    frame, and the script's arrays would outlive their ``del`` (a training
+    state kept a step too long is the device memory of a whole state)."""
     code = frame.f_code
-    offset = activity.call_offset(code, frame.f_lasti)
+    offset = site_offset(code, frame.f_lasti)
+    if (code, offset) in sites:
+        return True
     recipe = callee_recipe(code, offset)
     if recipe is None:
         return False
     if recipe[-1] in activity.JAX_WAITS:
         return True
-    scope = frame.f_locals if recipe[0] else frame.f_globals
-    value = scope.get(recipe[1])
-    if value is None and not recipe[0]:
+    if recipe[0]:
+        return False
+    value = frame.f_globals.get(recipe[1])
+    if value is None:
         value = frame.f_builtins.get(recipe[1])
     if len(recipe) == 3:
         import inspect  # here: once, the first time an attribute is called
@@ -139,6 +160,7 @@ class Accountant:
         throttled, main_delay = portable.Throttling(), portable.RunDelay(main_tid)
         self.delay = delay or (lambda: main_delay() + throttled())
         self.places: dict[object, int] = {}  # code object -> _OUTSIDE, _INSIDE or _COMPILER
+        self.sites: set[tuple[object, int]] = set()  # (code, offset): the script's calls seen going into JAX
         self.parts = {"work": 0.0, "programs": 0.0, "waiting": 0.0, "compile": 0.0}
         self.began = wall()
         self.start = self.last_time = clock()
@@ -148,23 +170,33 @@ class Accountant:
         self.finished = False
 
     def place(self) -> int:
-        """Where the main thread is now: outside JAX, inside it, or in its compiler."""
+        """Where the main thread is now: outside JAX, inside it, or in its
+        compiler.  A frame of the script's that called into JAX (the frame
+        below JAX's outermost) is a call site of JAX's, kept in ``sites``."""
         frame = self.frames().get(self.main)
-        innermost, where = frame, _OUTSIDE
+        innermost, where, inner = frame, _OUTSIDE, _OUTSIDE
         places = self.places
         while frame is not None:
             code = frame.f_code
             found = places.get(code)
             if found is None:
                 found = places[code] = _code_place(code)
-            if found == _COMPILER:
-                return _COMPILER
             if found:
-                where = _INSIDE
+                where = max(where, found)
+            elif inner:
+                self.learn(code, frame.f_lasti)
+            inner = found
             frame = frame.f_back
-        if where == _OUTSIDE and innermost is not None and calls_jax(innermost):
+        if where == _OUTSIDE and innermost is not None and calls_jax(innermost, self.sites):
             return _INSIDE  # a jitted call's C++ path, y.block_until_ready(): jaxlib's, no frame of their own
         return where
+
+    def learn(self, code, lasti: int) -> None:
+        site = (code, site_offset(code, lasti))
+        if site not in self.sites:
+            if len(self.sites) > 4096:
+                self.sites.clear()
+            self.sites.add(site)
 
     def look(self) -> None:
         """Give the time since the last look to the part the main thread is in."""

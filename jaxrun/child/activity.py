@@ -129,7 +129,7 @@ def main_stack(main: int, frames=sys._current_frames) -> tuple:
     return tuple(stack)
 
 
-_PRECALL, _CACHE = opcode.opmap.get("PRECALL"), opcode.opmap.get("CACHE", 0)  # PRECALL: Python 3.11 only
+_PRECALL, CACHE = opcode.opmap.get("PRECALL"), opcode.opmap.get("CACHE", 0)  # PRECALL: Python 3.11 only
 
 
 def call_offset(code, offset: int) -> int:
@@ -149,7 +149,7 @@ def call_offset(code, offset: int) -> int:
     if offset >= len(raw) or raw[offset] != _PRECALL:
         return offset
     after = offset + 2
-    while after < len(raw) and raw[after] == _CACHE:
+    while after < len(raw) and raw[after] == CACHE:
         after += 2
     return after
 

@@ -9,7 +9,7 @@ compiled program passes through this module first:
 
 - the flight recorder keeps the last K executions (function, program
   fingerprint, inputs, the user's line that made the call) in a ring, and
-  writes them into stderr right after each faulthandler dump on SIGUSR1
+  writes them into stderr right after each stack dump on SIGUSR1
   (``--timeout``, fail-fast, ``kill -USR1 JAXRUN_PID``), in
   ``contract.flight_block``'s format, for the launcher's summary;
 - the strict check has the processes agree on each program that spans
@@ -38,13 +38,12 @@ import collections
 import dataclasses
 import os
 import re
-import signal
 import sys
 import threading
 import weakref
 
 from jaxrun import contract
-from jaxrun.child import ending, hooks
+from jaxrun.child import dumps, ending, hooks
 from jaxrun.child.divergence import Checker
 
 # The jax versions these hooks were read in and tested with: 0.10.2 (what pip
@@ -369,46 +368,10 @@ class Flight:
         return contract.flight_block(self.rank, self.runs, self.state(), entries)
 
     def write_block(self) -> None:
-        """Straight to fd 2, in as few writes as the kernel allows: the main
-        thread may hold sys.stderr's lock, blocked in a collective."""
-        data = self.block().encode("utf-8", "replace")
-        while data:
-            try:
-                data = data[os.write(2, data):]
-            except OSError:
-                return
+        """Straight to fd 2 (``dumps.write``): the main thread may hold
+        sys.stderr's lock, blocked in a collective."""
+        dumps.write(self.block())
 
     def listen_for_dumps(self) -> None:
-        """Write the block after each faulthandler dump on SIGUSR1.
-
-        The dump must also come from a process whose main thread is stuck in
-        C++ (a collective, JAX's shutdown barrier), where no Python signal
-        handler runs.  So faulthandler keeps dumping from the C handler and
-        then chains to Python's, whose C half writes the signal's number to
-        the wakeup fd at once; a thread of ours reads it there and writes the
-        block (JAX releases the GIL while it blocks)."""
-        import faulthandler
-
-        read_fd, write_fd = os.pipe()
-        os.set_blocking(write_fd, False)
-        faulthandler.unregister(signal.SIGUSR1)
-        signal.signal(signal.SIGUSR1, _ignore)
-        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=True)
-        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-        threading.Thread(target=self._write_on_signal, args=(read_fd,), name="jaxrun-flight-recorder",
-                         daemon=True).start()
-
-    def _write_on_signal(self, read_fd: int) -> None:
-        while True:
-            try:
-                data = os.read(read_fd, 64)
-            except OSError:
-                return
-            if not data:
-                return
-            if signal.SIGUSR1 in data:
-                self.write_block()
-
-
-def _ignore(signum, frame) -> None:
-    """SIGUSR1's Python handler: the work is done in the recorder's thread."""
+        """Write the block after each stack dump on SIGUSR1 (``dumps``)."""
+        dumps.after_each(self.write_block)

@@ -7,8 +7,8 @@ Started as ``python -m jaxrun.shim -- SCRIPT ARGS...`` or
 1. unblocks SIGINT, SIGTERM and SIGHUP, which the agent that started it may
    hold blocked, and watches the launcher's lifeline pipe, so the whole
    process group dies if the launcher does (even by SIGKILL);
-2. registers ``faulthandler`` on SIGUSR1, so the launcher can ask for a stack
-   dump of every thread at any time, and SIGUSR2 as its ask for a trace
+2. takes SIGUSR1 as the launcher's ask for a dump of every thread's stack,
+   at any time (:mod:`jaxrun.child.dumps`), and SIGUSR2 as its ask for a trace
    (:mod:`jaxrun.child.profiling`), where it named a trace folder;
 3. arranges, without importing jax, that the process joins the job before
    jax creates a backend (see :mod:`jaxrun.child.bootstrap`);
@@ -25,7 +25,6 @@ It reads only the environment contract in :mod:`jaxrun.contract`.
 from __future__ import annotations
 
 import builtins
-import faulthandler
 import importlib.machinery
 import os
 import signal
@@ -34,7 +33,7 @@ import threading
 import types
 
 from jaxrun import contract
-from jaxrun.child import accounting, activity, checks, marks, profiling
+from jaxrun.child import accounting, activity, checks, dumps, marks, profiling
 from jaxrun.child.ending import exit_now, fail, record_error
 
 USAGE = f"usage: python -m {contract.SHIM_MODULE} (-- SCRIPT | -m MODULE) [ARGS...]"
@@ -85,11 +84,7 @@ def main(argv: list[str]) -> None:
     # sent before now was held and arrives here.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, contract.STOP_SIGNALS)
     watch_lifeline()
-    # The handler faulthandler restores when the interpreter finalizes: a dump
-    # asked for in the last moments of a clean exit must not kill the process
-    # (SIGUSR1's default), which would turn its exit 0 into a signal.
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+    dumps.install()  # SIGUSR1: a dump of every thread's stack
     profiling.install()  # SIGUSR2: start or stop a trace, where the launcher named a folder
     if len(argv) < 2 or argv[0] not in ("--", "-m"):
         print(USAGE, file=sys.stderr)

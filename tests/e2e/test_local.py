@@ -98,20 +98,43 @@ def test_module_mode(jaxrun, tmp_path):
 
 
 @pytest.mark.plain_python
-def test_a_stack_dump_asked_for_as_the_interpreter_finalizes_does_not_kill_it(jaxrun, tmp_path):
-    """Finalizing, the interpreter gives SIGUSR1 back to the handler it had
-    before faulthandler's; a dump asked for then (the launcher probing a job
-    whose processes are exiting) must leave an exit 0 alone."""
+def test_a_stack_dump_asked_for_as_the_interpreter_finalizes_is_written_and_does_not_kill_it(jaxrun, tmp_path):
+    """A dump asked for at the end (the launcher probing a job whose
+    processes are exiting): in an atexit function, as JAX's shutdown barrier
+    is, the dump is written; past the atexit functions, where Python would
+    give SIGUSR1 back its default, the process lives on and exits 0.  And a
+    script that took the wakeup fd for itself (asyncio does) still gets its
+    dump, from the main thread."""
     script = tmp_path / "late.py"
     script.write_text(
-        "import faulthandler, os, signal\n"
-        "faulthandler.unregister(signal.SIGUSR1)  # as finalization does\n"
+        "import atexit, os, signal, sys, time\n"
+        "class Late:\n"
+        "    def __del__(self):  # in the modules' teardown, past every atexit function\n"
+        "        os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "        os.write(1, b'survived the teardown\\n')\n"
+        "late = Late()\n"
+        "def in_atexit():\n"
+        "    os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "    time.sleep(0.5)\n"
+        "atexit.register(in_atexit)\n"
         "os.kill(os.getpid(), signal.SIGUSR1)\n"
-        "print('survived')\n"
+        "time.sleep(0.5)\n"
+        "ours = signal.set_wakeup_fd(-1)  # the script's own use of it\n"
+        "os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "time.sleep(0.5)\n"
+        "signal.set_wakeup_fd(ours)\n"
+        "print('survived', flush=True)\n"
     )
-    code, out, err = jaxrun("-n", 2, script)
+    code, out, err = jaxrun("-n", 2, "--log-dir", tmp_path / "logs", script)
     assert code == 0, err
-    assert out.count("survived") == 2, out
+    assert out.count("survived the teardown") == 2 and out.count("survived\n") == 2, out
+    at = re.compile(r'late\.py", line (\d+) in (\S+)')
+    for rank in range(2):
+        text = (tmp_path / "logs" / f"process-{rank}.stderr").read_text()
+        dumped = [at.search(part) for part in text.split("Current thread 0x")[1:]]
+        assert [(int(m[1]), m[2]) for m in dumped] in (
+            [(line, "<module>"), (again, "<module>"), (8, "in_atexit")] for line in (11, 12) for again in (14, 15)
+        ), text
 
 
 # Modules that a plain `python script.py` does not load, and that only a

@@ -566,38 +566,6 @@ def test_with_the_flight_recorder_a_dump_is_whole_with_the_block_after_it(tmp_pa
     assert isinstance(w.tick()[1], stall.Stall)
 
 
-DUMPED = """
-import faulthandler, signal, sys, time
-faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
-print("ready", flush=True)
-time.sleep(30)
-"""
-
-
-def test_a_real_dump_of_a_controller_started_with_python_m_is_whole(tmp_path):
-    import signal
-
-    from jaxrun.reporting import stacks
-
-    (tmp_path / "parked_module.py").write_text(DUMPED)
-    err = tmp_path / "err"
-    with open(err, "w") as f:
-        child = subprocess.Popen([sys.executable, "-m", "parked_module"], cwd=tmp_path, stdout=subprocess.PIPE,
-                                 stderr=f, text=True)
-    try:
-        assert child.stdout.readline() == "ready\n"
-        assert not stacks.dump_complete(err.read_text())
-        child.send_signal(signal.SIGUSR1)
-        deadline = time.monotonic() + 10
-        while not stacks.dump_complete(err.read_text()) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert stacks.dump_complete(err.read_text()), err.read_text()
-    finally:
-        child.kill()
-        child.wait()
-        child.stdout.close()
-
-
 def test_a_shared_wait_is_warned_of_once_per_timeout_and_a_move_cancels_a_probe(tmp_path):
     w, clock, notes, logs = watch(tmp_path, n=2)
     for r in range(2):

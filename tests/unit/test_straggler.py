@@ -6,6 +6,9 @@ a fake clock."""
 from __future__ import annotations
 
 import dis
+import threading
+import time
+import weakref
 
 import pytest
 
@@ -193,6 +196,79 @@ def test_a_call_site_says_what_it_calls_from_its_bytecode():
     found = [accounting.callee_recipe(code, offset) for offset in calls]
     assert found == [(False, "step"), (False, "trainer", "step"), (False, "local_fn"),
                      (True, "x", "block_until_ready"), (False, "step"), (False, "inner"), (False, "outer")]
+
+
+# A call into JAX's Python, from a file JAX's own would be taken for.
+FAKE_JAX = compile("def traced(arg):\n    time.sleep(arg)\n", "/site-packages/jax/_src/fake_pjit.py", "exec")
+
+
+def site(fn, arg):  # the script's call site: the callable in its own variables
+    return fn(arg)
+
+
+def other_site(fn, arg):
+    return fn(arg)
+
+
+def parked_in(account, target, *args) -> int:
+    """Where the accountant places a real thread parked in ``target(*args)``."""
+    ready = threading.Event()
+
+    def run():
+        ready.set()
+        target(*args)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    ready.wait()
+    time.sleep(0.1)
+    account.main = thread.ident
+    try:
+        return account.place()
+    finally:
+        thread.join()
+
+
+def test_a_call_site_seen_going_into_jax_is_inside_jax_from_then_on_whatever_it_calls():
+    """A jitted call's first run is JAX's Python (the trace): the site is
+    learned there, and its later calls, C++ alone, are still inside JAX."""
+    namespace = {"time": time}
+    exec(FAKE_JAX, namespace)
+    account = accounting.Accountant(lambda line: None, cpu=lambda: 0.0, delay=lambda: 0.0)
+    assert parked_in(account, site, time.sleep, 0.3) == accounting._OUTSIDE  # not seen yet
+    assert parked_in(account, site, namespace["traced"], 0.3) == accounting._INSIDE
+    assert parked_in(account, site, time.sleep, 0.3) == accounting._INSIDE  # learned
+    assert parked_in(account, other_site, time.sleep, 0.3) == accounting._OUTSIDE
+
+
+class Held:
+    pass
+
+
+def test_the_account_never_keeps_a_local_of_the_script_alive():
+    """``f_locals`` of a running frame would copy its locals into a dict that
+    outlives their ``del``: a state or a batch kept on the device."""
+    account = accounting.Accountant(lambda line: None, cpu=lambda: 0.0, delay=lambda: 0.0)
+    looked, freed = threading.Lock(), []
+    looked.acquire()
+
+    def script():
+        held = Held()
+        ref = weakref.ref(held)
+        wait = looked.acquire  # a callable of C in the frame's own variables: this frame is the innermost
+        wait(timeout=5)
+        del held
+        freed.append(ref() is None)
+
+    thread = threading.Thread(target=script)
+    thread.start()
+    time.sleep(0.1)
+    account.main = thread.ident
+    for _ in range(3):
+        account.look()
+    looked.release()
+    thread.join()
+    assert freed == [True]
 
 
 @pytest.mark.parametrize("account, environ", [(True, None), (False, contract.ACCOUNT_OFF)])

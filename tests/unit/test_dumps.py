@@ -1,0 +1,93 @@
+"""The stack dump on SIGUSR1 (jaxrun.child.dumps), in real processes.
+
+faulthandler's C handler, which the shim used to install, killed a process
+whose threads ran Python within a few dozen dumps (bench/dumps.py: 0 of 3
+runs survived, 32 asks median).  The rule: a dump never kills the process,
+and it keeps faulthandler's shape, main thread first, which the launcher
+reads."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from fixtures import looked_at
+
+from jaxrun.launcher.inspect import stacks as inspect_stacks
+from jaxrun.reporting import stacks
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+def start(tmp_path, *argv, cwd=None) -> tuple[subprocess.Popen, object]:
+    err = tmp_path / "err"
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    with open(err, "w") as f:
+        child = subprocess.Popen([sys.executable, *map(str, argv)], stdout=subprocess.PIPE, stderr=f, env=env,
+                                 text=True, cwd=cwd)
+    return child, err
+
+
+@pytest.mark.timeout(60)
+def test_dumps_asked_every_millisecond_never_kill_a_process_whose_threads_run_python(tmp_path):
+    child, err = start(tmp_path, looked_at.PATH, "jaxrun", 3)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        asks = looked_at.ask_until_gone(child)
+        assert child.wait(timeout=30) == 0, err.read_text()[-2000:]
+        assert child.stdout.read() == "survived\n"
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        child.stdout.close()
+    text = err.read_text()
+    dumped = text.count("Current thread 0x")
+    assert asks > 300 and dumped > 10, (asks, dumped)
+    # Each dump: the main thread first, in the script; the busy threads after
+    # it while they ran; the thread that writes the dump, and the handler,
+    # left out.
+    each = [inspect_stacks.threads("Current thread 0x" + part) for part in text.split("Current thread 0x")[1:]]
+    assert all(dump[0][0].startswith("Current thread 0x") and dump[0][1][-1][2] == "<module>" for dump in each)
+    busy = [dump for dump in each if len(dump) == 3]
+    assert busy and all(any(f[2] == "busy" for f in frames) for dump in busy for _, frames in dump[1:]), each[0]
+    assert "dumps.py" not in text
+
+
+PARKED = """
+import sys, time
+from jaxrun.child import dumps
+dumps.install()  # as the shim does
+print("ready", flush=True)
+time.sleep(30)
+"""
+
+
+@pytest.mark.parametrize("how", ["-m", "run_path"])
+def test_a_dump_of_a_process_parked_in_c_is_whole_and_reads_as_faulthandlers(tmp_path, how):
+    """The shape the launcher's readers parse: whole (dump_complete), also
+    without the interpreter's entry frame that ``python -m`` (every way
+    jaxrun starts a controller) gives, and the main thread's innermost frame
+    in the user's file (user_frame)."""
+    script = tmp_path / "parked_module.py"
+    script.write_text(PARKED)
+    run_path = f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')"
+    child, err = start(tmp_path, *(["-m", "parked_module"] if how == "-m" else ["-c", run_path]), cwd=tmp_path)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        assert not stacks.dump_complete(err.read_text())
+        child.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while not stacks.dump_complete(err.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        text = err.read_text()
+        assert stacks.dump_complete(text), text
+        assert stacks.user_frame(text) == (str(script), 6, "<module>", "time.sleep(30)")
+        assert child.poll() is None  # alive, still asleep
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
