@@ -47,8 +47,17 @@ def kill_group(pgid: int, signum: int) -> bool:
     return True
 
 
+# The launcher's asks of a controller (a stack dump, a trace) are for the
+# controller alone.  Its group also holds what the script started (a data
+# loader's workers, a tool it runs), and SIGUSR1's or SIGUSR2's default
+# action ends a process that has no handler for it: a probe of a healthy job
+# killed its loader's workers.
+ASKS = frozenset({signal.SIGUSR1, contract.PROFILE_SIGNAL})
+
+
 class ProcessGroup:
     """A controller's process group, signalled only while its leader is unreaped.
+    The asks (``ASKS``) go to the leader alone.
 
     Once the leader has been reaped, its pid, and so the group's id, may be
     given to an unrelated process: a signal sent after that could hit a
@@ -62,7 +71,15 @@ class ProcessGroup:
 
     def send(self, signum: int) -> bool:
         with self._lock:
-            return not self._reaped and kill_group(self.pgid, signum)
+            if self._reaped:
+                return False
+            if signum not in ASKS:
+                return kill_group(self.pgid, signum)
+            try:
+                os.kill(self.pgid, signum)
+            except (ProcessLookupError, PermissionError):
+                return False
+            return True
 
     def reaped(self) -> None:
         with self._lock:

@@ -399,9 +399,17 @@ def test_a_restart_over_ssh_picks_its_coordinator_port_again(sshd_hosts, jaxrun,
     """Each attempt serves the coordinator on a new socket in each host's
     private folder, forwarded anew over SSH (the route to the first host's
     address checked again on a free port)."""
-    script = write(shared_dir, "twice.py", "import os, sys\n"
-                   "print('attempt', os.environ['JAXRUN_RESTART_COUNT'], os.environ['JAXRUN_COORDINATOR_ADDRESS'])\n"
-                   "sys.exit(3 if os.environ['JAXRUN_RESTART_COUNT'] == '0' else 0)\n")
+    # Each process says its attempt, then waits for the other's word (a file
+    # in the shared folder): the first attempt's failure must not stop a
+    # process that has not spoken yet.
+    script = write(shared_dir, "twice.py", "import os, sys, time\n"
+                   "attempt, rank = os.environ['JAXRUN_RESTART_COUNT'], os.environ['JAXRUN_PROCESS_ID']\n"
+                   "print('attempt', attempt, os.environ['JAXRUN_COORDINATOR_ADDRESS'], flush=True)\n"
+                   "open(f'said-{attempt}-{rank}', 'w').close()\n"
+                   "end = time.monotonic() + 60\n"
+                   "while not all(os.path.exists(f'said-{attempt}-{r}') for r in '01') and time.monotonic() < end:\n"
+                   "    time.sleep(0.05)\n"
+                   "sys.exit(3 if attempt == '0' else 0)\n")
     code, out, err = jaxrun("-H", "hostA,hostB", *ssh_flags(sshd_hosts), "--max-restarts", 1,
                             "--log-dir", tmp_path / "logs", script, cwd=shared_dir)
     assert code == 0, err
