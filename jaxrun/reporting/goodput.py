@@ -159,6 +159,22 @@ def _launcher_time(at: float | None, marks_clock: str, record: ProcessRecord) ->
     return at
 
 
+def _joined_at(record: ProcessRecord, outcome: Outcome) -> float | None:
+    """When a process joined: its account's start (``TimeSplit.began``, its
+    join on its own clock, put on the launcher's as its marks say), not
+    later than the launcher heard of it (which a loaded machine hears a
+    poll or a message late), not before the attempt began."""
+    heard = record.joined_at
+    split = outcome.splits.get(record.spec.rank)
+    clock = record.marks.clock if record.marks is not None else record.clock
+    here = clock == causes.clock_id()
+    placed = here or (record.reaped_at is not None and record.clock == clock and record.ended_at is not None)
+    if heard is None or split is None or not clock or not placed:
+        return heard  # no account, or a far clock that nothing puts on the launcher's
+    own = _launcher_time(split.began, clock, record)
+    return min(heard, max(own, outcome.began_at or own))
+
+
 def attempt_facts(outcome: Outcome, waiting_by_rank: Mapping[int, float] | None = None) -> AttemptFacts | None:
     """An attempt's facts from its Outcome; None for one that never started
     its processes.  ``waiting_by_rank``: each process's seconds spent
@@ -168,7 +184,7 @@ def attempt_facts(outcome: Outcome, waiting_by_rank: Mapping[int, float] | None 
         return None
     ended = [r.ended_at for r in records if r.ended_at is not None]
     ended_at = max(ended) if ended else outcome.began_at
-    joins = [r.joined_at for r in outcome.records]
+    joins = [_joined_at(r, outcome) for r in outcome.records]
     joined_at = max(joins) if joins and None not in joins else None
     failed = outcome.reason is not None and not outcome.work_finished
     root = next((r for r in outcome.records if r.spec.rank == outcome.root_cause), None)

@@ -104,6 +104,16 @@ def raised_at(traceback_text: str) -> tuple[str, int] | None:
 _SHIM_FILE = "/jaxrun/child/shim.py"
 _SCRIPT_RUNNERS = ("run_target", "run_script", "run_module")
 _JAX_SHUTDOWN_FILE = "/jax/_src/distributed.py"
+# jaxrun's own exit hook, run just before JAX's shutdown: the strict checks'
+# board waits there for its peers' last entries (a process that finished the
+# script while another runs on waits in it first).
+_SETTLE = ("/jaxrun/child/agreement.py", "settle")
+
+
+def in_shutdown(file: str, func: str) -> bool:
+    """Whether a frame is the exit's wait for the other processes: JAX's
+    shutdown, or the checks' settle before it."""
+    return file.endswith(_JAX_SHUTDOWN_FILE) or (file.endswith(_SETTLE[0]) and func == _SETTLE[1])
 
 
 def runs_the_script(file: str, func: str) -> bool:
@@ -114,7 +124,8 @@ def runs_the_script(file: str, func: str) -> bool:
 
 def dumped_state(text: str) -> str | None:
     """Where the last faulthandler dump in ``text`` found the main thread:
-    inside the shim's run of the script, or past it, in JAX's shutdown;
+    inside the shim's run of the script, or past it, in JAX's shutdown (or
+    the checks' settle, just before it);
     None when the dump shows neither (or there is none)."""
     start = text.rfind("Current thread 0x")
     if start < 0:
@@ -128,7 +139,7 @@ def dumped_state(text: str) -> str | None:
             frames.append((m["file"], m["func"]))
     if any(runs_the_script(file, func) for file, func in frames):
         return contract.IN_SCRIPT
-    if any(file.endswith(_JAX_SHUTDOWN_FILE) for file, _ in frames):
+    if any(in_shutdown(file, func) for file, func in frames):
         return contract.IN_SHUTDOWN
     return None
 

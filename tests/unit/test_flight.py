@@ -119,6 +119,9 @@ Current thread 0x00007f0000000002 (most recent call first):
     ('  File "/site/jax/_src/distributed.py", line 199 in shutdown\n'
      '  File "/site/jax/_src/api.py", line 2582 in clean_up\n'
      '  File "/site/jaxrun/backends/forkserver/server.py", line 166 in become_controller', contract.IN_SHUTDOWN),
+    ('  File "/usr/lib/python3.11/threading.py", line 362 in wait_for\n'  # the checks' wait for their peers, at exit
+     '  File "/site/jaxrun/child/agreement.py", line 135 in settle\n'
+     '  File "/site/jaxrun/backends/forkserver/server.py", line 202 in become_controller', contract.IN_SHUTDOWN),
     ('  File "/w/pytest_runner.py", line 3 in run', None),
     ('  File "/site/jaxrun/child/shim.py", line 47 in wait_for_eof', None),  # the lifeline thread, not the script
 ])

@@ -162,6 +162,26 @@ def test_a_clean_attempt_s_work_ends_when_the_scripts_returned():
     assert (found.joined_at, found.work_ended_at) == (None, 10.0)
 
 
+def test_a_join_is_the_process_s_own_not_when_a_loaded_launcher_heard_it():
+    """Each process's account began at its join (``TimeSplit.began``): the
+    launcher heard it 0.3 s later.  Never later than heard, never before the
+    attempt began, and from a far clock only where something places it."""
+    def split(began: float) -> contract.TimeSplit:
+        return contract.TimeSplit(began, 1.0, 1.0, 0.0, 0.0, 0.0)
+
+    records = [record(r, joined_at=5.3, finished_at=9.0, ended_at=10.0, returncode=0, clock=causes.clock_id())
+               for r in (0, 1)]
+    outcome = Outcome(records, 0, None, began_at=1.0, splits={0: split(4.9), 1: split(5.0)})
+    assert goodput.attempt_facts(outcome).joined_at == 5.0
+    outcome.splits = {0: split(4.9), 1: split(6.0)}  # a clock ahead: what was heard
+    assert goodput.attempt_facts(outcome).joined_at == 5.3
+    outcome.splits = {0: split(0.2), 1: split(0.5)}  # behind the attempt's start: its start
+    assert goodput.attempt_facts(outcome).joined_at == 1.0
+    far = [record(r, joined_at=5.3, ended_at=10.0, returncode=0, clock="hostB") for r in (0, 1)]  # never reaped here
+    assert goodput.attempt_facts(Outcome(far, 0, None, began_at=1.0, splits={0: split(3.0), 1: split(3.0)})) \
+        .joined_at == 5.3
+
+
 def test_a_save_on_another_machine_is_put_on_the_launcher_s_clock():
     far = record(0, joined_at=2.0, ended_at=50.0, reaped_at=1050.0, clock="hostB",
                  marks=contract.Marks(saves=1, saved_at=1040.0, clock="hostB"))
