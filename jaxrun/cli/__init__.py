@@ -89,10 +89,17 @@ def _entry(argv: list[str]) -> None:
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except click.ClickException as e:
-        print(f"jaxrun: error: {e.format_message()}", file=sys.stderr)
-        sys.exit(2)
+        _error_line(e.format_message())
     except (LaunchError, PlanError) as e:
-        print(f"jaxrun: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        _error_line(str(e))
     except click.Abort:
         sys.exit(130)
+
+
+def _error_line(message: str) -> None:
+    """The refusal, in one write (line and newline together, however
+    stderr is buffered: mpirun merges its tasks' stderr at write
+    boundaries), and exit 2."""
+    sys.stderr.write(f"jaxrun: error: {message}\n")
+    sys.stderr.flush()
+    sys.exit(2)

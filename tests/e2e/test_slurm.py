@@ -7,6 +7,7 @@ Also the batch recipe examples/deploy/slurm.sbatch, submitted with sbatch, a
 
 import json
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -362,10 +363,10 @@ def test_jaxrun_run_by_an_engine_is_refused_and_starts_nothing(request, tmp_path
                            str(script)], capture_output=True, text=True, timeout=50)
     assert done.returncode != 0, (done.stdout, done.stderr)
     assert "ran" not in done.stdout and not logs.exists(), (done.stdout, done.stderr)
-    # Each task's line, read up to its known end: mpirun's own notice (a
-    # block of dashes) may land on the same line as a task's, before its newline.
-    refusals = sorted(line[:line.find(ends) + len(ends)] for line in done.stderr.splitlines()
-                      if line.startswith("jaxrun: error: ") and ends in line)
+    # Each task's refusal, from its start to its known end: the engine merges
+    # its tasks' stderr, and its own notice (a block of dashes) or another
+    # task's line may share a line with one.
+    refusals = sorted(re.findall(rf"jaxrun: error: .*?{re.escape(ends)}", done.stderr))
     assert len(refusals) == 2, done.stderr
     for task, line in enumerate(refusals):
         assert line.startswith(starts.format(task=task)), line
