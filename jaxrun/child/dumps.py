@@ -35,6 +35,13 @@ came and writes it itself.  At the interpreter's end SIGUSR1 is ignored
 again (Python would restore its default, which ends the process), as
 faulthandler left it: a dump asked for in a clean exit's last moments
 must not turn exit 0 into a signal.
+
+The same pipe carries the launcher's other asks (:func:`relay`: the trace's
+SIGUSR2): the C half writes one byte for each signal delivered, so each ask
+reaches its callback in our thread at once, while the main thread sits in
+a compile or a collective.  Python's own handler runs once for all the
+signals that came during one long call, so two asks (a trace's start and
+its stop) would have been heard as one, late.
 """
 
 from __future__ import annotations
@@ -52,8 +59,9 @@ FALLBACK_WAIT = 0.25  # seconds the main thread waits for our thread's dump befo
 
 _after: list = []  # called after each dump, in the dumping thread
 _lock = threading.RLock()  # one dump at a time (the main thread's may interrupt its own)
-_woken = 0  # SIGUSR1s our thread has read from the wakeup pipe
-_heard = 0  # SIGUSR1s the main thread's handler has run for
+_asks: dict = {signal.SIGUSR1: lambda: dump()}  # signal number: what each one of it asks for
+_woken: dict = {}  # per signal: how many our thread has read from the wakeup pipe
+_heard: dict = {}  # per signal: how many times the main thread's handler has run for it
 
 
 def install() -> None:
@@ -73,8 +81,15 @@ def after_each(write) -> None:
     _after.append(write)
 
 
+def relay(signum: int, ask) -> None:
+    """Call ``ask()`` once for each ``signum`` delivered, in our thread (in
+    the main thread where the script took the wakeup fd).  After
+    :func:`install`, from the main thread."""
+    _asks[signum] = ask
+    signal.signal(signum, _heard_in_main)
+
+
 def _serve(read_fd: int) -> None:
-    global _woken
     while True:
         try:
             data = os.read(read_fd, 64)
@@ -82,29 +97,41 @@ def _serve(read_fd: int) -> None:
             return
         if not data:
             return
-        asks = data.count(signal.SIGUSR1)
-        if asks:
-            _woken += asks
-            dump()
+        for signum, ask in list(_asks.items()):
+            count = data.count(signum)
+            _woken[signum] = _woken.get(signum, 0) + count
+            if signum == signal.SIGUSR1:
+                count = min(count, 1)  # one dump shows all a burst of asks would
+            for _ in range(count):
+                _call(ask)
+
+
+def _call(ask) -> None:
+    try:
+        ask()
+    except Exception:  # noqa: BLE001 - one ask that fails must not end our thread
+        pass
 
 
 def _heard_in_main(signum, frame) -> None:
-    """SIGUSR1's Python handler, run in the main thread.  Our thread has
-    almost always dumped by now; where it was not woken (the wakeup fd taken
-    by the script), the dump is written from here."""
-    global _heard, _woken
-    _heard += 1
+    """The Python handler of each signal we serve, run in the main thread.
+    Our thread has almost always served it by now; where it was not woken
+    (the wakeup fd taken by the script), it is served from here."""
+    _heard[signum] = _heard.get(signum, 0) + 1
     deadline = time.monotonic() + FALLBACK_WAIT
-    while _woken < _heard:
+    while _woken.get(signum, 0) < _heard[signum]:
         if time.monotonic() > deadline:
-            _woken = _heard
-            dump()
+            _woken[signum] = _heard[signum]
+            _call(_asks[signum])
             return
         time.sleep(0.005)
 
 
 def _ignore_from_now_on() -> None:
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    """At the interpreter's end, Python gives each signal it handled its
+    default back, which ends the process: an ask that late is ignored."""
+    for signum in _asks:
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def dump() -> None:

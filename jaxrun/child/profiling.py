@@ -6,23 +6,22 @@ then means "start a trace", the next one "stop it".  The signal reaches
 every process the same way on every backend (the launcher's ``send``, which
 each far end relays), as the stack dump's SIGUSR1 does.
 
-The handler only puts the signal on a queue, and starts nothing: a thread
-started in a handler can deadlock, when the signal lands while the main
-thread holds threading's own lock (in ``Thread.start()`` or
-``threading.enumerate()``).  The thread that serves the queue is started at
-start-up, and sleeps on it until the first ask; it starts
-and stops ``jax.profiler``'s trace (``start_trace``/``stop_trace``, never
-``start_server``, which listens on every interface).  A Python handler runs
-when the main thread next runs Python code, so a process whose main thread
-sits in one long call starts its trace when that call returns.  Until the
-first ask, nothing of ``jax.profiler`` is imported.
+Each ask is heard at once, in the stack dumps' thread (:func:`dumps.relay`:
+one byte on the wakeup pipe per signal), also while the main thread sits in
+a compile or a collective; Python's own handler would run once, when that
+call returns, for the start and the stop together.  The ask only goes on a
+queue, and starts nothing.  The thread that serves the queue is started at
+start-up, and sleeps on it until the first ask; it starts and stops
+``jax.profiler``'s trace (``start_trace``/``stop_trace``, never
+``start_server``, which listens on every interface).  Until the first ask,
+nothing of ``jax.profiler`` is imported.
 
 Each trace goes into a session folder of its own (``contract.traces``); once
 it is over, the marker there says which host name jax gave its files, or
-why there is no trace.  A trace that nobody stops (the start and the stop
-arrived while the main thread was in one call, and Python heard them as
-one) ends by itself after ``contract.PROFILE_MAX_SECONDS``, and the next
-ask starts a trace again.
+why there is no trace.  A trace that nobody stops (an ask lost: a script
+that took the wakeup fd hears its signals in the main thread, as one per
+long call) ends by itself after ``contract.PROFILE_MAX_SECONDS``, and the
+next ask starts a trace again.
 """
 
 from __future__ import annotations
@@ -30,33 +29,31 @@ from __future__ import annotations
 import itertools
 import os
 import queue
-import signal
 import sys
 import threading
 import time
 
 from jaxrun import contract
+from jaxrun.child import dumps
 
-_asks: queue.SimpleQueue = queue.SimpleQueue()  # put from the handler: SimpleQueue.put is reentrant
+_asks: queue.SimpleQueue = queue.SimpleQueue()  # SimpleQueue.put is reentrant: also from a handler
 
 
 def install(environ=os.environ) -> bool:
     """Take ``contract.PROFILE_SIGNAL`` as the launcher's ask, if it named a
-    trace folder; True if it did.  From the main thread, before the script."""
+    trace folder; True if it did.  From the main thread, before the script,
+    after ``dumps.install()``."""
     value = environ.get(contract.PROFILE_DIR)
     folder = contract.trace_folder(value) if value else None
     if folder is None:
         return False
     threading.Thread(target=Tracer(folder).serve, args=(_asks,), name="jaxrun-profiler", daemon=True).start()
-    signal.signal(contract.PROFILE_SIGNAL, _asked)
+    dumps.relay(contract.PROFILE_SIGNAL, _asked)
     return True
 
 
-def _asked(signum, _frame) -> None:
-    """Python runs this in the main thread, between two of its bytecodes: it
-    only queues the ask (``SimpleQueue.put`` is reentrant, and takes no lock
-    that the interrupted code may hold)."""
-    _asks.put(signum)
+def _asked() -> None:
+    _asks.put(contract.PROFILE_SIGNAL)
 
 
 class Tracer:

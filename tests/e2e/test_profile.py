@@ -171,3 +171,45 @@ def test_two_ssh_hosts_traces_come_home_into_one_session(sshd_hosts, shared_dir,
             assert left.stdout.strip() == "", (host, left.stdout)
     finally:
         job.kill()
+
+
+IN_A_COLLECTIVE = '''
+import os, sys, time
+import jax
+from jax.experimental import multihost_utils
+
+release = sys.argv[1]
+multihost_utils.sync_global_devices("warm")  # compiled: the next one blocks in C at once
+if jax.process_index() == 0:
+    print("ready", os.environ["JAXRUN_RUN_ID"], flush=True)
+else:
+    while not os.path.exists(release):  # process 0 waits in the collective meanwhile
+        time.sleep(0.05)
+multihost_utils.sync_global_devices("released")
+print("done", flush=True)
+'''
+
+
+@pytest.mark.timeout(300)
+def test_a_process_waiting_in_a_collective_is_traced_when_asked(tmp_path, job_env):
+    """Its main thread is in C for as long as the other process makes it
+    wait: the start and the stop are both heard as they come (jaxrun's own
+    thread), not as one when the collective returns (Python's handler,
+    which left this trace unwritten for the settle wait's 30 s)."""
+    script = tmp_path / "waits.py"
+    script.write_text(IN_A_COLLECTIVE)
+    job = Job(["-n", 2, "--cpu-devices", 1, script, tmp_path / "release"], job_env, tmp_path)
+    try:
+        run_id = job.run_id()
+        time.sleep(1.0)  # process 0 is in the collective
+        asked = subprocess.run([*JAXRUN, "profile", "--run", run_id, "--seconds", "1"], env=job.env, cwd=ROOT,
+                               capture_output=True, text=True, timeout=120)
+        assert asked.returncode == 0, asked.stdout + asked.stderr
+        assert f"jaxrun: run {run_id}: 2 of 2 processes traced into " in asked.stdout, asked.stdout
+        [session] = sessions(job.logs)
+        check_session(session, {f"{socket.gethostname()}-p{rank}.xplane.pb" for rank in range(2)})
+        code, out = job.end()
+        assert code == 0, job.stderr()
+        assert out.count("done") == 2, out
+    finally:
+        job.kill()

@@ -93,3 +93,57 @@ def test_a_dump_of_a_process_parked_in_c_is_whole_and_reads_as_faulthandlers(tmp
         child.kill()
         child.wait()
         child.stdout.close()
+
+
+IN_ONE_LONG_CALL = """
+import hashlib, os, signal, sys, threading, time
+from jaxrun.child import dumps
+mode = sys.argv[1]
+sent, heard = [], []
+if mode == "relayed":
+    dumps.install()  # as the shim does
+    dumps.relay(signal.SIGUSR2, lambda: heard.append(time.monotonic()))
+else:  # Python's own handler, which the trace's ask had
+    signal.signal(signal.SIGUSR2, lambda *_: heard.append(time.monotonic()))
+began = time.monotonic()
+hashlib.pbkdf2_hmac("sha256", b"k", b"s", 50_000)
+rate = 50_000 / (time.monotonic() - began)
+
+def ask():
+    for _ in range(2):  # a trace's start and its stop, while the main thread computes
+        time.sleep(0.3)
+        sent.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGUSR2)
+
+threading.Thread(target=ask).start()
+began = time.monotonic()
+hashlib.pbkdf2_hmac("sha256", b"k", b"s", int(rate * 3))  # about 3 s in C, the GIL let go, no signal checked
+call = time.monotonic() - began
+time.sleep(0.5)
+print(f"{call:.2f} {len(heard)} {max(h - s for h, s in zip(heard, sent)):.2f}", flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["relayed", "python"])
+def test_each_ask_is_heard_at_once_while_the_main_thread_is_in_one_long_call(tmp_path, mode):
+    """The trace's start and stop (SIGUSR2, relayed by ``dumps.relay``) reach
+    their callback as they come, twice, while the main thread sits in C
+    (a compile, a collective).  Python's own handler, shown for contrast,
+    hears both late, as one: a trace that never stopped."""
+    script = tmp_path / "busy.py"
+    script.write_text(IN_ONE_LONG_CALL)
+    child, err = start(tmp_path, script, mode)
+    try:
+        out, _ = child.communicate(timeout=45)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 0, err.read_text()
+    call, count, late = out.split()
+    assert float(call) > 1.5, out  # the asks came within the call
+    if mode == "relayed":
+        assert int(count) == 2 and float(late) < 1.0, out
+    else:
+        assert int(count) == 1 and float(late) > float(call) - 1.0, out
