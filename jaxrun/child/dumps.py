@@ -100,6 +100,8 @@ def _serve(read_fd: int) -> None:
         for signum, ask in list(_asks.items()):
             count = data.count(signum)
             _woken[signum] = _woken.get(signum, 0) + count
+            if count and signal.getsignal(signum) is not _heard_in_main:
+                continue  # the script took the signal over: it is its own now
             if signum == signal.SIGUSR1:
                 count = min(count, 1)  # one dump shows all a burst of asks would
             for _ in range(count):

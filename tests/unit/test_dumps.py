@@ -105,6 +105,10 @@ if mode == "relayed":
     dumps.relay(signal.SIGUSR2, lambda: heard.append(time.monotonic()))
 else:  # Python's own handler, which the trace's ask had
     signal.signal(signal.SIGUSR2, lambda *_: heard.append(time.monotonic()))
+if mode == "taken over":  # a script's own handler after jaxrun's: the signal is the script's alone
+    dumps.install()
+    dumps.relay(signal.SIGUSR2, lambda: heard.append(-1.0))
+    signal.signal(signal.SIGUSR2, lambda *_: heard.append(time.monotonic()))
 began = time.monotonic()
 hashlib.pbkdf2_hmac("sha256", b"k", b"s", 50_000)
 rate = 50_000 / (time.monotonic() - began)
@@ -125,12 +129,13 @@ print(f"{call:.2f} {len(heard)} {max(h - s for h, s in zip(heard, sent)):.2f}", 
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("mode", ["relayed", "python"])
+@pytest.mark.parametrize("mode", ["relayed", "python", "taken over"])
 def test_each_ask_is_heard_at_once_while_the_main_thread_is_in_one_long_call(tmp_path, mode):
     """The trace's start and stop (SIGUSR2, relayed by ``dumps.relay``) reach
     their callback as they come, twice, while the main thread sits in C
     (a compile, a collective).  Python's own handler, shown for contrast,
-    hears both late, as one: a trace that never stopped."""
+    hears both late, as one: a trace that never stopped.  A script that
+    installs its own handler after jaxrun's has the signal to itself."""
     script = tmp_path / "busy.py"
     script.write_text(IN_ONE_LONG_CALL)
     child, err = start(tmp_path, script, mode)
