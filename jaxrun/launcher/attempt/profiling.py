@@ -132,8 +132,9 @@ def gather(work: str, rank: int, into: str) -> Gathered:
     (a trace nobody gathered: the process missed an ask)."""
     over, taking = contract.trace_sessions(work)
     if not over:
-        return Gathered(rank, problem=f"its trace was not written within {SETTLE_WAIT:g} s (its main thread "
-                                      "in one long call?)" if taking else "no trace came (it was not running?)")
+        return Gathered(rank, problem=f"its trace was not written within {SETTLE_WAIT:g} s of the stop (a large "
+                                      "trace still being written?)" if taking
+                        else "no trace came (it had ended, or its script handles SIGUSR2 itself?)")
     for stale in over[:-1]:
         shutil.rmtree(os.path.join(work, stale), ignore_errors=True)
     session = os.path.join(work, over[-1])
