@@ -120,11 +120,12 @@ def ask():
         os.kill(os.getpid(), signal.SIGUSR2)
 
 threading.Thread(target=ask).start()
-began = time.monotonic()
 hashlib.pbkdf2_hmac("sha256", b"k", b"s", int(rate * 3))  # about 3 s in C, the GIL let go, no signal checked
-call = time.monotonic() - began
+ended = time.monotonic()
 time.sleep(0.5)
-print(f"{call:.2f} {len(heard)} {max(h - s for h, s in zip(heard, sent)):.2f}", flush=True)
+# How long the call went on after the last ask; the asks heard; those heard while it ran
+# (Python's handler runs as the call returns, a moment before ``ended`` is read).
+print(f"{ended - max(sent):.2f} {len(heard)} {sum(t < ended - 0.1 for t in heard)}", flush=True)
 """
 
 
@@ -146,9 +147,6 @@ def test_each_ask_is_heard_at_once_while_the_main_thread_is_in_one_long_call(tmp
             child.kill()
             child.wait()
     assert child.returncode == 0, err.read_text()
-    call, count, late = out.split()
-    assert float(call) > 1.5, out  # the asks came within the call
-    if mode == "relayed":
-        assert int(count) == 2 and float(late) < 1.0, out
-    else:
-        assert int(count) == 1 and float(late) > float(call) - 1.0, out
+    after, count, during = out.split()
+    assert float(after) > 0.3, out  # both asks came while the main thread was in the call
+    assert (int(count), int(during)) == ((2, 2) if mode == "relayed" else (1, 0)), out
