@@ -31,7 +31,7 @@ import sys
 from collections.abc import Mapping
 
 from jaxrun import contract
-from jaxrun.child import accounting, checks, ending, hooks, marks
+from jaxrun.child import accounting, checks, ending, hooks, marks, profiling
 from jaxrun.child.addresses import (
     TRANSPORT_LISTENERS,
     advertise_for_collectives,
@@ -241,15 +241,17 @@ def _join(real, given: dict) -> list[dict]:
             jax.config.update("jax_cross_host_transport_addresses",
                               ",".join([contract.join_address(ip, 0)] * TRANSPORT_LISTENERS))
     _launch.busy = True
+    profiling.joining()  # a trace asked from now on waits for the join: its start makes the backend
     # Arrived: tell the launcher now, not when initialize() returns, which
     # it does in every process at once, when the last one has arrived.
     contract.mark_joined(_launch.joined_file, recoverable())
-    if _launch.rank != 0:
-        wait_for_coordinator(_launch.coordinator)
     try:
+        if _launch.rank != 0:
+            wait_for_coordinator(_launch.coordinator)
         real(**kwargs)
     finally:
         _launch.busy = False
+        profiling.joined()
     _launch.initialized = True
     # Restarted alone: the others passed the preflight's barrier long ago.
     rows = [] if os.environ.get(contract.PROCESS_RESTARTS, "0") != "0" else preflight()

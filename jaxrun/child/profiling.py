@@ -37,6 +37,23 @@ from jaxrun import contract
 from jaxrun.child import dumps
 
 _asks: queue.SimpleQueue = queue.SimpleQueue()  # SimpleQueue.put is reentrant: also from a handler
+# Clear while jaxrun's bootstrap is inside jax.distributed.initialize.  The
+# launcher asks once every process has arrived there, and the trace's start
+# makes jax's backend (``start_trace`` does): made before the join is whole,
+# it would speak to the coordination service with a client not yet
+# connected (seen: "wrong service incarnation", the process aborted).
+_not_joining = threading.Event()
+_not_joining.set()
+
+
+def joining() -> None:
+    """jaxrun's bootstrap is about to join the job: a trace waits for it."""
+    _not_joining.clear()
+
+
+def joined() -> None:
+    """The join is over (done or failed): a trace may start."""
+    _not_joining.set()
 
 
 def install(environ=os.environ) -> bool:
@@ -94,6 +111,7 @@ class Tracer:
         if "jax" not in sys.modules:  # importing it here would make its backend before the job joined
             self.finish(session, "the process has not imported jax")
             return
+        _not_joining.wait()
         try:
             import jax.profiler
 

@@ -225,6 +225,47 @@ def test_the_child_turns_a_trace_on_the_signal_and_imports_nothing_unasked(tmp_p
     assert unasked.stdout.splitlines() == ["False True", "False False"]  # SIGUSR2 is left as it was
 
 
+HELD_WHILE_JOINING = r"""
+import os, signal, sys, time
+os.environ["JAX_PLATFORMS"] = "cpu"
+import jax
+from jax._src import xla_bridge
+from jaxrun import contract
+from jaxrun.child import dumps, profiling
+dumps.install()  # as the shim does
+profiling.install()
+profiling.joining()  # as jaxrun's bootstrap does, just before jax.distributed.initialize
+os.kill(os.getpid(), signal.SIGUSR2)  # the launcher's start: every process has arrived
+time.sleep(1.0)  # the main thread still in initialize
+print("backend made while joining:", bool(xla_bridge._backends), flush=True)
+profiling.joined()
+deadline = time.monotonic() + 30
+while not xla_bridge._backends and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("backend made once joined:", bool(xla_bridge._backends), flush=True)
+time.sleep(0.5)
+os.kill(os.getpid(), signal.SIGUSR2)  # the stop
+folder = contract.trace_folder(os.environ[contract.PROFILE_DIR])
+while not contract.trace_sessions(folder)[0] and time.monotonic() < deadline:
+    time.sleep(0.05)
+[over] = contract.trace_sessions(folder)[0]
+print("error:", contract.trace_marker(os.path.join(folder, over))["error"], flush=True)
+"""
+
+
+@pytest.mark.timeout(90)
+def test_a_trace_asked_while_the_process_joins_waits_for_the_join(tmp_path):
+    """The launcher asks once every process has arrived at the join; the
+    trace's start makes jax's backend, which must not come before the join
+    is whole (a process whose trace started mid-join aborted: "wrong service
+    incarnation").  Asked then, the trace starts once the join is over."""
+    work = str(tmp_path / "profiling" / "process-0")
+    ran = subprocess.run([sys.executable, "-c", HELD_WHILE_JOINING], env={**os.environ, contract.PROFILE_DIR: work},
+                         capture_output=True, text=True, timeout=80)
+    assert ran.stdout.splitlines() == ["backend made while joining: False", "backend made once joined: True",
+                                       "error: None"], ran.stdout + ran.stderr
+
+
 # -- the launcher's side of one trace, with the processes played by a thread ----------------------
 class Here(Backend):
     """A backend whose processes write their traces where the launcher reads them."""
