@@ -38,7 +38,7 @@ import threading
 import time
 
 from jaxrun import contract, portable
-from jaxrun.child import activity
+from jaxrun.child import activity, place
 
 TICK = 0.02  # seconds between looks
 FIRST_EVERY = 2.0  # the first record, then 4 and 8 s after it ...
@@ -51,9 +51,9 @@ _wanted = False  # the launcher asked for an account: it begins at the join
 
 def _code_place(code) -> int:
     name = code.co_filename
-    if name.endswith(activity.COMPILER_FILES):
+    if name.endswith(place.COMPILER_FILES):
         return _COMPILER
-    if activity.JAX_FOLDERS[0] in name or activity.JAX_FOLDERS[1] in name:
+    if place.JAX_FOLDERS[0] in name or place.JAX_FOLDERS[1] in name:
         return _INSIDE
     return _OUTSIDE
 
@@ -108,11 +108,11 @@ def _is_jax(value) -> bool:
 
 def site_offset(code, lasti: int) -> int:
     """The call a frame stands at: a PRECALL read as its CALL
-    (``activity.call_offset``), and the last inline cache of a CALL (where
+    (``place.call_offset``), and the last inline cache of a CALL (where
     3.11 leaves a frame that called a Python function) as the CALL itself."""
-    offset = activity.call_offset(code, lasti)
+    offset = place.call_offset(code, lasti)
     raw = code.co_code
-    while 0 < offset < len(raw) and raw[offset] == activity.CACHE:
+    while 0 < offset < len(raw) and raw[offset] == place.CACHE:
         offset -= 2
     return offset
 
@@ -134,7 +134,7 @@ def calls_jax(frame, sites=frozenset()) -> bool:
     recipe = callee_recipe(code, offset)
     if recipe is None:
         return False
-    if recipe[-1] in activity.JAX_WAITS:
+    if recipe[-1] in place.JAX_WAITS:
         return True
     if recipe[0]:
         return False

@@ -129,6 +129,9 @@ def _heard_in_main(signum, frame) -> None:
         time.sleep(0.005)
 
 
+HANDLER = _heard_in_main.__code__  # on the main thread's stack while an ask is served: not the script's
+
+
 def _ignore_from_now_on() -> None:
     """At the interpreter's end, Python gives each signal it handled its
     default back, which ends the process: an ask that late is ignored."""
@@ -176,7 +179,7 @@ def text(frames: dict | None = None, main: int | None = None, skip: int | None =
 
 
 def _stack(frame) -> str:
-    while frame is not None and frame.f_code is _heard_in_main.__code__:
+    while frame is not None and frame.f_code is HANDLER:
         frame = frame.f_back  # our handler, waiting for our thread's dump: not where the thread was
     if frame is None:
         return "  <no Python frame>\n"

@@ -380,7 +380,12 @@ def test_stalls_are_found_and_never_taken_for_slow_work(place, start_job, tmp_pa
         print(f"spin: parked -> attempt end {ended_at - spun_at:.1f} s (--stall-timeout {TIMEOUT:g})")
         # Timed on jaxrun's record, as stuck's: the timeout, a look or two to
         # see the threads spin (a tenth of it each), the dumps (3 s at most), the stop.
-        assert TIMEOUT < ended_at - spun_at < TIMEOUT + 5
+        # Beside the burners, with the calm jobs compiling, the stop alone took
+        # 3.5 s from SIGKILL to the reaped end (seen): twice the rest there.
+        # A dump that looked like progress cost a whole probe (9.1 s, CI):
+        # tests/unit/test_stall.py holds that one exactly.
+        loaded = request.node.callspec.params.get("place") == "loaded"
+        assert TIMEOUT < ended_at - spun_at < TIMEOUT + (10 if loaded else 5)
 
     # -- parted: the processes' collectives in different orders ----------------------
     if "parted" in runs:

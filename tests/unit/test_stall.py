@@ -6,6 +6,7 @@ are in tests/e2e/test_stall.py and the matrix's stuck row."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ import time
 import pytest
 
 from jaxrun import contract
-from jaxrun.child import activity
+from jaxrun.child import activity, place
 from jaxrun.core.outcome import Place
 from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
 from jaxrun.launcher.attempt import activity as stall
@@ -201,7 +202,7 @@ def test_a_call_from_the_script_that_awaits_a_program_is_inside_jax(source, wait
 
     code = compile(source, "/work/train.py", "exec")
     last_call = [i.offset for i in dis.get_instructions(code) if i.opname == "CALL"][-1]
-    assert activity.inside_jax(((code, last_call),)) is waits
+    assert place.inside_jax(((code, last_call),)) is waits
 
 
 def test_without_a_count_per_thread_any_cpu_is_work(tmp_path):
@@ -275,8 +276,8 @@ def test_the_stack_moves_with_a_loop_on_one_line_and_not_with_a_parked_call():
         t.start()
     try:
         time.sleep(0.05)
-        loops = {activity.main_stack(looping.ident) for _ in range(20) if not time.sleep(0.01)}
-        waits = {activity.main_stack(waiting.ident) for _ in range(5) if not time.sleep(0.01)}
+        loops = {place.main_stack(looping.ident) for _ in range(20) if not time.sleep(0.01)}
+        waits = {place.main_stack(waiting.ident) for _ in range(5) if not time.sleep(0.01)}
         assert len(loops) > 1 and len(waits) == 1
     finally:
         stop.set()
@@ -315,7 +316,7 @@ def test_a_call_parked_in_a_loop_stays_still_once_python_specializes_it():
         deadline = time.monotonic() + 10
         while len(turns) < 30 and time.monotonic() < deadline:
             time.sleep(0.005)
-            stack = activity.main_stack(thread.ident)
+            stack = place.main_stack(thread.ident)
             if stack and stack[0][0] is parked.__code__:
                 assert stack[0][1] not in precall, (len(turns), stack[0][1], call)
                 if len(turns) > 15:  # warmed up
@@ -331,10 +332,10 @@ def test_the_stack_walk_stops_at_anything_not_a_frame():
     controller over SSH, under load): the walk ends there, the look goes on."""
     import threading
 
-    assert activity.main_stack(1, frames=lambda: {1: "not a frame"}) == ()
-    assert activity.main_stack(2, frames=lambda: {1: "not a frame"}) == ()
-    here = activity.main_stack(threading.get_ident())
-    assert [c for c, _ in here[:2]] == [activity.main_stack.__code__,
+    assert place.main_stack(1, frames=lambda: {1: "not a frame"}) == ()
+    assert place.main_stack(2, frames=lambda: {1: "not a frame"}) == ()
+    here = place.main_stack(threading.get_ident())
+    assert [c for c, _ in here[:2]] == [place.main_stack.__code__,
                                        test_the_stack_walk_stops_at_anything_not_a_frame.__code__]
 
 
@@ -764,7 +765,7 @@ def test_the_summary_and_the_report_say_whose_threads_spun_while_its_python_stoo
 
 SPINNING_MAIN = """
 import ctypes, sys, threading, time
-from jaxrun.child import activity
+from jaxrun.child import activity, place
 sampler = activity.Sampler(sys.argv[1], 0.2)
 threading.Thread(target=sampler.run, name="jaxrun-activity", daemon=True).start()
 time.sleep(0.5)
@@ -792,7 +793,7 @@ def test_a_real_main_thread_spinning_in_a_native_call_spins_and_a_python_loop_wo
 
 STARVED_HELPER = """
 import os, sys, threading, time
-from jaxrun.child import activity
+from jaxrun.child import activity, place
 os.sched_setaffinity(0, {int(sys.argv[1])})
 stop = threading.Event()
 def work():  # until every look is taken: starved, the looks may take longer than planned
@@ -855,7 +856,7 @@ def test_a_real_helper_thread_starved_of_cpu_works_and_without_the_wait_it_looke
 FORKED_MAIN = """
 import os, sys, threading, time
 from jaxrun import portable
-from jaxrun.child import activity
+from jaxrun.child import activity, place
 threading.Thread(target=lambda: None).start()  # the parent's main thread has a native id of its own
 pid = os.fork()  # as the preload server's children are made
 if pid == 0:
@@ -888,3 +889,50 @@ def test_in_a_forked_child_the_main_threads_python_loop_is_work_not_spin():
 
     said = ast.literal_eval(said.strip())
     assert contract.SPIN not in {contract.activity_word(s) for s in said} and contract.BUSY in said, said
+
+
+DUMPED_WHILE_PARKED = """
+import sys, threading, time
+from jaxrun.child import activity, dumps
+dumps.install()  # as the shim does
+sampler = activity.Sampler(sys.argv[1], 0.1)
+said = []
+def look():
+    time.sleep(0.3)
+    sampler.judge()  # the baseline: parked from here on
+    for _ in range(30):
+        time.sleep(0.1)
+        said.append(sampler.judge())
+    print(" ".join(said), flush=True)
+    done.set()
+done = threading.Event()
+threading.Thread(target=look, name="jaxrun-activity", daemon=True).start()
+print("parked", flush=True)
+done.wait()  # parked, as a stuck process's main thread is
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_parked_main_thread_asked_for_dumps_again_and_again_never_looks_moved(tmp_path):
+    """Each dump runs jaxrun's handler on the parked main thread's stack for
+    a moment; the sampler read that as the script moving, so each probe of a
+    stall made the process look working and the stall was found a probe
+    later (a spinning job's, 9 s after it parked at --stall-timeout 2 under
+    load).  Dumped every 30 ms, it stays idle at every look."""
+    child = subprocess.Popen([sys.executable, "-c", DUMPED_WHILE_PARKED, str(tmp_path / "activity")],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert child.stdout.readline() == "parked\n"
+        dumps = 0
+        while child.poll() is None and dumps < 200:
+            child.send_signal(signal.SIGUSR1)
+            dumps += 1
+            time.sleep(0.03)
+        out, _ = child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    said = out.split()
+    assert dumps > 50 and len(said) == 30, (dumps, out)
+    assert set(said) == {contract.IDLE}, said
