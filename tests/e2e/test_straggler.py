@@ -40,6 +40,10 @@ MAX_STEPS = 250
 # closes about 6 s after the join; a loaded CI machine and an SSH or Slurm
 # start-up take their share on top.
 NAMED_WITHIN = 60
+# A throttled straggler's programs against the others' median: well above 1x,
+# where a host-shaped one's are below (0.4-0.6x, docs/time.md).  The others'
+# programs wait for a CPU on a loaded machine too, which narrows the ratio.
+PROGRAMS_SLOWER = 1.15
 
 
 def backend_args(request, backend: str) -> tuple[list[str], str]:
@@ -127,8 +131,10 @@ def test_the_straggler_is_named_with_its_host_in_top_the_summary_and_the_report(
     assert shares[2] < min(shares[r] for r in (0, 1, 3)), shares
     if shape == "host":  # its input is the slow part; its programs run as fast as the others'
         assert found["work_ratio"] > 1.3 and found["programs_ratio"] < found["work_ratio"], found
-    else:  # throttled: its programs are slower too
-        assert found["programs_ratio"] > 1.3, found
+    else:  # throttled: its programs are slower too (its quota's held-back time is its programs')
+        # Measured here under 4 busy loops: 1.53, 1.58, 2.26; CI: 1.29.  With the held-back
+        # time left out of the account (the rule this checks): 0.94, 1.04, 1.06.
+        assert found["programs_ratio"] > PROGRAMS_SLOWER, found
 
 
 def test_a_clean_job_with_ordinary_jitter_names_no_straggler(start_job, tmp_path):
