@@ -44,6 +44,8 @@ NAMED_WITHIN = 60
 # where a host-shaped one's are below (0.4-0.6x, docs/time.md).  The others'
 # programs wait for a CPU on a loaded machine too, which narrows the ratio.
 PROGRAMS_SLOWER = 1.15
+# A host-shaped straggler's own work (its input) against the others' median.
+WORK_SLOWER = 1.2
 
 
 def backend_args(request, backend: str) -> tuple[list[str], str]:
@@ -130,7 +132,9 @@ def test_the_straggler_is_named_with_its_host_in_top_the_summary_and_the_report(
     shares = {p["process_id"]: p["time"]["waiting"] / p["time"]["covered"] for p in data["processes"]}
     assert shares[2] < min(shares[r] for r in (0, 1, 3)), shares
     if shape == "host":  # its input is the slow part; its programs run as fast as the others'
-        assert found["work_ratio"] > 1.3 and found["programs_ratio"] < found["work_ratio"], found
+        # Its input takes 1.6x the others' wall time; measured under 4 busy loops (local, slurm):
+        # 1.58, 1.51, 1.50, 1.54, 1.47, 1.44.
+        assert found["work_ratio"] > WORK_SLOWER and found["programs_ratio"] < found["work_ratio"], found
     else:  # throttled: its programs are slower too (its quota's held-back time is its programs')
         # Measured here under 4 busy loops: 1.53, 1.58, 2.26; CI: 1.29.  With the held-back
         # time left out of the account (the rule this checks): 0.94, 1.04, 1.06.
