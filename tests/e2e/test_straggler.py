@@ -40,8 +40,9 @@ MAX_STEPS = 250
 # closes about 6 s after the join; a loaded CI machine and an SSH or Slurm
 # start-up take their share on top.
 NAMED_WITHIN = 60
-# A throttled straggler's programs against the others' median: well above 1x,
-# where a host-shaped one's are below (0.4-0.6x, docs/time.md).  The others'
+# A throttled straggler's programs against the others' median: above 1x, since
+# the time its quota held it back is its programs' (a host-shaped one's read
+# 0.4-0.6x in docs/time.md, 0.52-1.19 under 4 busy loops here).  The others'
 # programs wait for a CPU on a loaded machine too, which narrows the ratio.
 PROGRAMS_SLOWER = 1.15
 # A host-shaped straggler's own work (its input) against the others' median.
