@@ -34,7 +34,7 @@ LOOK = textwrap.dedent(
     """
     import statistics, sys, threading, time
     import jax, jax.numpy as jnp
-    from jaxrun.child import accounting
+    from jaxrun.child.watch import accounting
 
     looks = int(sys.argv[1])
     step = jax.jit(lambda x: jnp.tanh(x @ x).sum())
@@ -69,7 +69,7 @@ ALONE = textwrap.dedent(
     """
     import statistics, sys, threading, time
     import jax, jax.numpy as jnp, numpy as np
-    from jaxrun.child import accounting
+    from jaxrun.child.watch import accounting
 
     rounds, steps, width = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     rng = np.random.default_rng(0)
@@ -110,7 +110,7 @@ MODES = {"off (--no-account)": ["--no-account"], "on (default)": []}
 
 
 def main() -> None:
-    from jaxrun.child.accounting import TICK
+    from jaxrun.child.watch.accounting import TICK
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)

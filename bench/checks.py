@@ -83,7 +83,7 @@ PROBE = textwrap.dedent(
     """
     import statistics, sys, time
     import jax, numpy as np
-    from jaxrun.child import replicas_prints
+    from jaxrun.child.checks import replicas_prints
 
     calls, width = int(sys.argv[1]), int(sys.argv[2])
     host = np.random.default_rng(0).standard_normal((width // 2, width), np.float32)
@@ -105,7 +105,7 @@ PROBE = textwrap.dedent(
         def post(self, *args, **kwargs):
             pass
 
-    from jaxrun.child import replicas
+    from jaxrun.child.checks import replicas
     check = replicas.ReplicaCheck(Board(), False, replicas_prints)
     wrapped = check.wrap("make_array_from_process_local_data", lambda *a: None)
     for _ in range(100):  # past the sample's dense start

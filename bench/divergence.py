@@ -88,7 +88,7 @@ TRAIN = with_model(textwrap.dedent(
         # as --flight-recorder installs it.  train_step got its C++ fast path
         # above, before the hook, and keeps it; hooked_step, the same step
         # jitted anew, never gets one, so every call of it goes through the hook.
-        from jaxrun.child import flight
+        from jaxrun.child.checks import flight
 
         flight._flight = flight.Flight(jax.process_index(), jax.process_count(), 64, None)
         flight._flight.flags = "--flight-recorder"
@@ -133,7 +133,7 @@ PROBE = with_model(textwrap.dedent(
     import jax, jax.numpy as jnp, numpy as np
     from jax._src import pjit
     from jax._src.interpreters import pxla
-    from jaxrun.child import flight
+    from jaxrun.child.checks import flight
 
     calls, width = int(sys.argv[1]), int(sys.argv[2])
     rng = np.random.default_rng(0)

@@ -8,7 +8,7 @@ do, and is sent SIGUSR1 every millisecond for ``--seconds``.  The two handlers t
 - ``faulthandler``: ``faulthandler.register(SIGUSR1, all_threads=True)``,
   the C handler jaxrun used to install (it reads every thread's frames
   without the GIL);
-- ``jaxrun``: ``jaxrun.child.dumps``, what the shim installs now (Python's
+- ``jaxrun``: ``jaxrun.child.watch.dumps``, what the shim installs now (Python's
   handler wakes a thread that dumps holding the GIL).
 
 Printed: per handler, the runs it survived, the median seconds and asks

@@ -76,7 +76,7 @@ LOOK = textwrap.dedent(
     """
     import ctypes, os, statistics, sys, time
     import jax, jax.numpy as jnp
-    from jaxrun.child import activity
+    from jaxrun.child.watch import activity
 
     looks, parked = int(sys.argv[1]), int(sys.argv[2])
     libc = ctypes.CDLL(None)

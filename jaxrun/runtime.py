@@ -20,15 +20,15 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from jaxrun.child import mesh as child_mesh
-from jaxrun.child.activity import alive as alive  # the stall watchdog's: see --stall-timeout
-from jaxrun.child.bootstrap import allgather_json
-from jaxrun.child.marks import (
+from jaxrun.child.checks.replicas import ReplicaMismatchError as ReplicaMismatchError  # --checks raises it too
+from jaxrun.child.join import mesh as child_mesh
+from jaxrun.child.join.bootstrap import allgather_json
+from jaxrun.child.watch.activity import alive as alive  # the stall watchdog's: see --stall-timeout
+from jaxrun.child.watch.marks import (
     checkpoint_saved as checkpoint_saved,  # the run's goodput: see docs/runtime.md
     checkpointing as checkpointing,
     step as step,
 )
-from jaxrun.child.replicas import ReplicaMismatchError as ReplicaMismatchError  # --checks raises it too
 
 # How long a collective helper waits for the slowest process before giving up.
 DEFAULT_TIMEOUT_S = 300.0

@@ -50,7 +50,7 @@ MUTATIONS = [
     Mutation(
         "account-waits-are-programs",
         "the time account counts a wait inside JAX as the process's programs, and its programs as a wait",
-        (("jaxrun/child/accounting.py", """            self.parts["programs"] += ran
+        (("jaxrun/child/watch/accounting.py", """            self.parts["programs"] += ran
             self.parts["waiting"] += seconds - ran""", """            self.parts["waiting"] += ran
             self.parts["programs"] += seconds - ran"""),),
         ("tests/unit/test_straggler.py", "tests/e2e/test_straggler.py"),
@@ -70,7 +70,7 @@ MUTATIONS = [
         (
             ("jaxrun/backends/scheduler/task_agent.py", "contract.placeholder_values(rank, count,",
              "contract.placeholder_values(0, count,"),
-            ("jaxrun/child/bootstrap.py", "    environ[contract.PROCESS_ID] = str(rank)\n",
+            ("jaxrun/child/join/bootstrap.py", "    environ[contract.PROCESS_ID] = str(rank)\n",
              "    environ.pop(contract.PROCESS_ID, None)\n"),
         ),
         ("tests/e2e/test_slurm.py", "tests/e2e/test_mpirun.py"),
@@ -174,7 +174,7 @@ MUTATIONS = [
     Mutation(
         "recovery-flag-lost-at-join",
         "a process that enabled recoverability joins as one that did not",
-        (("jaxrun/child/bootstrap.py",
+        (("jaxrun/child/join/bootstrap.py",
           "    return bool(holder is not None and holder.value)",
           "    return False"),),
         ("tests/e2e/test_recoverable.py",),
@@ -183,10 +183,10 @@ MUTATIONS = [
     Mutation(
         "joined-when-initialize-returns",
         "a process counts as joined only once initialize() returns (every process at once)",
-        (("jaxrun/child/bootstrap.py",
+        (("jaxrun/child/join/bootstrap.py",
           "    contract.mark_joined(_launch.joined_file, recoverable())\n    if _launch.rank != 0:\n",
           "    if _launch.rank != 0:\n"),
-         ("jaxrun/child/bootstrap.py", "    try:\n        real(**kwargs)\n    finally:\n",
+         ("jaxrun/child/join/bootstrap.py", "    try:\n        real(**kwargs)\n    finally:\n",
           "    try:\n        real(**kwargs)\n        contract.mark_joined(_launch.joined_file, recoverable())\n"
           "    finally:\n"),),
         ("tests/e2e/test_progress.py",),
@@ -283,7 +283,8 @@ MUTATIONS = [
         "spin-counts-as-work",
         "native threads that spin while the main thread is parked count as work again: a GPU-shaped hang is never "
         "found",
-        (("jaxrun/child/activity.py", "        return judge_threads(before, self.last_threads, t - t0, work, own)",
+        (("jaxrun/child/watch/activity.py",
+          "        return judge_threads(before, self.last_threads, t - t0, work, own)",
           "        return contract.BUSY"),),
         ("tests/unit/test_stall.py", "tests/e2e/test_matrix.py"),
         "spin and not (preload or ssh or slurm or mpirun or ray)",
@@ -292,7 +293,7 @@ MUTATIONS = [
         "starved-thread-counts-as-idle",
         "on a loaded machine a helper thread that waits for a CPU more than it gets one is taken for idle: a "
         "working job is warned of, or stopped, as a stall",
-        (("jaxrun/child/activity.py",
+        (("jaxrun/child/watch/activity.py",
           "    if any(used[tid] + waited.get(tid, 0.0) >= wanted for tid in work if tid in used):", "    if False:"),),
         ("tests/unit/test_stall.py",),
         "starved or waited",
@@ -300,7 +301,8 @@ MUTATIONS = [
     Mutation(
         "main-spin-counts-as-work",
         "a main thread that loops on sched_yield inside a native call counts as work: that hang is never found",
-        (("jaxrun/child/activity.py", "        if not main_spins(main_before, self.last_main, enough, self.gil_free):",
+        (("jaxrun/child/watch/activity.py",
+          "        if not main_spins(main_before, self.last_main, enough, self.gil_free):",
           "        if True:"),),
         ("tests/unit/test_stall.py",),
         "spin",
@@ -309,7 +311,8 @@ MUTATIONS = [
         "programs-never-compared",
         "--checks: processes that get different programs at one position are never stopped: the guide's parted "
         "matmul hangs again",
-        (("jaxrun/child/programs.py", "            if len(sides) < 2:\n                sides = sides_of(entries, 'h')",
+        (("jaxrun/child/checks/programs.py",
+          "            if len(sides) < 2:\n                sides = sides_of(entries, 'h')",
           "            if True:\n                sides = sides_of(entries, 'h')"),),
         ("tests/unit/test_checks_programs.py", "tests/e2e/test_checks_programs.py"),
         "odd_side or mesh_over_some",
@@ -318,7 +321,7 @@ MUTATIONS = [
         "programs-without-collectives-counted",
         "--checks counts a program with no collective too: process 0 alone logging a replicated mean shifts its "
         "positions, and the job is stopped for nothing",
-        (("jaxrun/child/programs.py", "        if not collectives:", "        if False:"),),
+        (("jaxrun/child/checks/programs.py", "        if not collectives:", "        if False:"),),
         ("tests/e2e/test_checks_programs.py",),
         "agreeing",
     ),
@@ -326,7 +329,7 @@ MUTATIONS = [
         "programs-counted-across-threads",
         "--checks counts a thread pool's programs by position, whichever worker compiled them: the order of the "
         "workers stops a healthy job",
-        (("jaxrun/child/programs.py", "        main = thread is threading.main_thread()\n",
+        (("jaxrun/child/checks/programs.py", "        main = thread is threading.main_thread()\n",
           "        main = True\n"),),
         ("tests/e2e/test_checks_programs.py",),
         "thread_pool",
@@ -334,7 +337,7 @@ MUTATIONS = [
     Mutation(
         "programs-body-stops",
         "--checks stops a program whose body alone differs (a per-process constant): a healthy job is stopped",
-        (("jaxrun/child/programs.py", "                if not self.strict:\n                    self._warn",
+        (("jaxrun/child/checks/programs.py", "                if not self.strict:\n                    self._warn",
           "                if False:\n                    self._warn"),),
         ("tests/e2e/test_checks_programs.py",),
         "constant",
@@ -342,7 +345,7 @@ MUTATIONS = [
     Mutation(
         "replicas-counted-across-threads",
         "--checks counts a prefetching loader's calls across its threads: the threads' order is named a mismatch",
-        (("jaxrun/child/replicas.py", "            if threading.current_thread() is not checker.main:",
+        (("jaxrun/child/checks/replicas.py", "            if threading.current_thread() is not checker.main:",
           "            if False:"),),
         ("tests/e2e/test_checks_replicas.py",),
         "prefetch",
@@ -351,7 +354,7 @@ MUTATIONS = [
         "replicas-never-compared",
         "--checks: processes that hold one slice with different data are never stopped: the guide's replicas "
         "loaded by process index give two losses again",
-        (("jaxrun/child/replicas.py", "            if len({e[\"fp\"] for e in entries.values()}) > 1:",
+        (("jaxrun/child/checks/replicas.py", "            if len({e[\"fp\"] for e in entries.values()}) > 1:",
           "            if False:"),),
         ("tests/e2e/test_checks_replicas.py",),
         "fail_loud",
@@ -359,7 +362,7 @@ MUTATIONS = [
     Mutation(
         "replicas-slice-index-off-by-one",
         "--checks: a replica mismatch names the slice one row off",
-        (("jaxrun/child/replicas_prints.py", "    return tuple(s.indices(d)[:2] if",
+        (("jaxrun/child/checks/replicas_prints.py", "    return tuple(s.indices(d)[:2] if",
           "    return tuple(tuple(i + 1 for i in s.indices(d)[:2]) if"),),
         ("tests/e2e/test_checks_replicas.py",),
         "fail_loud",
@@ -368,7 +371,8 @@ MUTATIONS = [
         "replicas-sampled-per-process",
         "--checks: each process draws its own sample of the calls, so the processes that share a slice check "
         "different calls and a mismatch goes by",
-        (("jaxrun/child/replicas.py", "checker.prints.sampled(n)", "checker.prints.sampled(n + checker.board.rank)"),),
+        (("jaxrun/child/checks/replicas.py", "checker.prints.sampled(n)",
+          "checker.prints.sampled(n + checker.board.rank)"),),
         ("tests/e2e/test_checks_replicas.py",),
         "fail_loud",
     ),

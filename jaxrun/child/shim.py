@@ -8,13 +8,13 @@ Started as ``python -m jaxrun.shim -- SCRIPT ARGS...`` or
    hold blocked, and watches the launcher's lifeline pipe, so the whole
    process group dies if the launcher does (even by SIGKILL);
 2. takes SIGUSR1 as the launcher's ask for a dump of every thread's stack,
-   at any time (:mod:`jaxrun.child.dumps`), and SIGUSR2 as its ask for a trace
-   (:mod:`jaxrun.child.profiling`), where it named a trace folder;
+   at any time (:mod:`jaxrun.child.watch.dumps`), and SIGUSR2 as its ask for a trace
+   (:mod:`jaxrun.child.watch.profiling`), where it named a trace folder;
 3. arranges, without importing jax, that the process joins the job before
-   jax creates a backend (see :mod:`jaxrun.child.bootstrap`);
-4. starts the stall watchdog's sampler (:mod:`jaxrun.child.activity`),
+   jax creates a backend (see :mod:`jaxrun.child.join.bootstrap`);
+4. starts the stall watchdog's sampler (:mod:`jaxrun.child.watch.activity`),
    where the launcher asks for one, and the time account
-   (:mod:`jaxrun.child.accounting`) that begins at the join;
+   (:mod:`jaxrun.child.watch.accounting`) that begins at the join;
 5. runs the user's script or module as the real ``__main__``, as ``python``
    would, and on an uncaught exception prints a traceback of the user's
    frames only and exits at once instead of waiting in JAX's shutdown barrier.
@@ -33,8 +33,9 @@ import threading
 import types
 
 from jaxrun import contract
-from jaxrun.child import accounting, activity, checks, dumps, marks, profiling
+from jaxrun.child import checks
 from jaxrun.child.ending import exit_now, fail, record_error
+from jaxrun.child.watch import accounting, activity, dumps, marks, profiling
 
 USAGE = f"usage: python -m {contract.SHIM_MODULE} (-- SCRIPT | -m MODULE) [ARGS...]"
 
@@ -91,7 +92,7 @@ def main(argv: list[str]) -> None:
         exit_now(2)
     is_module, name, args = argv[0] == "-m", argv[1], argv[2:]
 
-    from jaxrun.child import bootstrap, compile_cache
+    from jaxrun.child.join import bootstrap, compile_cache
 
     compile_cache.apply()  # the attempts' shared cache: before anything imports jax (--mesh, in prepare)
     try:
@@ -192,7 +193,7 @@ def script_returned() -> None:
     """The script is over and the process is in JAX's shutdown: the flight
     recorder and the activity sampler say so."""
     checks.script_returned()
-    flight = sys.modules.get("jaxrun.child.flight")  # imported where a mode is on (bootstrap.prepare)
+    flight = sys.modules.get("jaxrun.child.checks.flight")  # imported where a mode is on (bootstrap.prepare)
     if flight is not None:
         flight.script_returned()
     accounting.script_returned()  # its last record, before the sampler's last word

@@ -163,11 +163,11 @@ SSH_TRACES_MODULE = "jaxrun.backends.ssh.traces_agent"
 SCHEDULER_AGENT_MODULE = "jaxrun.backends.scheduler.task_agent"
 RAY_DRIVER_MODULE = "jaxrun.backends.ray.driver"
 RAY_ACTOR_MODULE = "jaxrun.backends.ray.actor"
-PYTEST_CONTROLLER_MODULE = "jaxrun.child.pytest_controller"
+PYTEST_CONTROLLER_MODULE = "jaxrun.child.controllers.pytest_run"
 # What every controller of an interactive session runs instead of a script.
-INTERACTIVE_CONTROLLER_MODULE = "jaxrun.child.interactive_controller"
+INTERACTIVE_CONTROLLER_MODULE = "jaxrun.child.controllers.console"
 # What every process of `jaxrun probe` (and of --probe before a launch) runs.
-PROBE_MODULE = "jaxrun.child.probe_controller"
+PROBE_MODULE = "jaxrun.child.controllers.probe"
 # XLA's own flags; the probe adds one for its CPU matmul.
 XLA_FLAGS = "XLA_FLAGS"
 # The pytest marker, as the plugin (parent side) and each controller's pytest declare it.

@@ -128,7 +128,7 @@ MARKS_MAX = 4096  # bytes: a marks file larger than this is not read
 @dataclasses.dataclass(frozen=True)
 class Marks:
     """What one process spent on compiles and checkpoint saves, and how many
-    steps it marked, as its shim heard it (``child.marks``).  Times are
+    steps it marked, as its shim heard it (``child.watch.marks``).  Times are
     seconds; ``saved_at`` and ``written_at`` are the process's wall clock
     (``time.time()``), ``clock`` its machine (``core.causes.clock_id``), so
     the launcher can put them on its own clock.  ``compile_after_save``:

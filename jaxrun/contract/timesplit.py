@@ -1,7 +1,7 @@
 """Where one process's time went, as it travels to the launcher: the
 ``TimeSplit`` record and its line, and the activity file that carries it.
 
-A process's accountant (``child.accounting``) writes its cumulative split
+A process's accountant (``child.watch.accounting``) writes its cumulative split
 as one TIME line beside its activity line in the activity file
 (``contract.ACTIVITY_FILE``); the launcher reads the file, or a far end's
 agent reads it and sends each new line home the way it sends the activity

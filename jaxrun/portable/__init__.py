@@ -28,16 +28,16 @@ inotify; ``files``                     the output pump's tick (``launcher.output
 ``setpriority`` on a thread id;        the console thread keeps the default priority
 ``threads``
 ``/proc/self/io``, and each            the stall watchdog's sampler counts no I/O, only
-thread's (``task/*/io``); ``threads``  CPU time and the stack (``child.activity``)
+thread's (``task/*/io``); ``threads``  CPU time and the stack (``child.watch.activity``)
 ``/proc/self/task/*/stat``;            no CPU time per thread: any CPU time of the
 ``threads``                            process counts as work, so native threads that
-                                       spin hide a hang (``child.activity``)
+                                       spin hide a hang (``child.watch.activity``)
 ``/proc/self/task/*/schedstat``;       no wait for a CPU per thread: on a loaded machine
 ``threads``                            a starved thread that works or spins may be taken
-                                       for idle (``child.activity``)
+                                       for idle (``child.watch.activity``)
 ``waitid(WNOWAIT)``, ``/proc/PID/      psutil's walk of every process, at every look
 stat`` (``task/*/children``);          of the stall watchdog's sampler
-``processes``                          (``child.activity``)
+``processes``                          (``child.watch.activity``)
 cgroups; ``memory``                    no OOM-kill count and no memory limit
 ``/proc/self/stat``'s start time;      the run's goodput counts from the moment the
 ``processes``                          launcher's run began, after its imports

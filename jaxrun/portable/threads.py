@@ -1,7 +1,7 @@
 """Threads and what this process does: whether a thread's native id names
 it to the kernel, a thread's own priority, and the I/O counters, each
 thread's CPU time and each thread's wait for a CPU that the stall
-watchdog's sampler reads (``child.activity``)."""
+watchdog's sampler reads (``child.watch.activity``)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ that sum to it (``PARTS``; the report's ``goodput``, docs/contract.md):
   first) to the moment its last process joined the job: placement,
   spawning, imports, whatever the script does before it touches JAX;
 - ``compile``, ``checkpoint``: from the join to the end of the work, what
-  the processes' own events said (``child.marks``: JAX's compile events,
+  the processes' own events said (``child.watch.marks``: JAX's compile events,
   Orbax's save events, ``jaxrun.checkpointing()``).  The job is
   synchronous, so the slowest process's sum counts (Orbax reports a save
   from its primary host only; the others wait for it);
@@ -211,7 +211,7 @@ def attempt_facts(outcome: Outcome, waiting_by_rank: Mapping[int, float] | None 
 def waiting_by_rank(outcome: Outcome) -> dict[int, float]:
     """Each process's seconds waiting for the others at collectives in this
     attempt, from its newest time account (``contract.TimeSplit``, the
-    ``child.accounting`` sampler's); none for a process that sent none
+    ``child.watch.accounting`` sampler's); none for a process that sent none
     (``--no-account``, or it never joined)."""
     return {rank: split.waiting for rank, split in outcome.splits.items()}
 

@@ -107,7 +107,7 @@ _JAX_SHUTDOWN_FILE = "/jax/_src/distributed.py"
 # jaxrun's own exit hook, run just before JAX's shutdown: the strict checks'
 # board waits there for its peers' last entries (a process that finished the
 # script while another runs on waits in it first).
-_SETTLE = ("/jaxrun/child/agreement.py", "settle")
+_SETTLE = ("/jaxrun/child/checks/agreement.py", "settle")
 
 
 def in_shutdown(file: str, func: str) -> bool:

@@ -280,7 +280,7 @@ def global_mesh_installed():
 @check(group="mesh")
 def hybrid_mesh_leading_axis_spans_processes():
     from jaxrun import meshspec
-    from jaxrun.child import mesh as _mesh_setup
+    from jaxrun.child.join import mesh as _mesh_setup
 
     m = _mesh_setup.build_mesh(meshspec.parse("i=4,j=2"), None, multi_host=True)
     procs = [[d.process_index for d in row] for row in m.devices]

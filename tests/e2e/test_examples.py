@@ -21,7 +21,7 @@ from examples_expectations import CHECKS, FAILS, Layout, per_rank
 from fixtures.jobs import EXAMPLES, ROOT
 
 from jaxrun import contract
-from jaxrun.child import bootstrap
+from jaxrun.child.join import bootstrap
 
 README = EXAMPLES / "README.md"
 DEPLOY = EXAMPLES / "deploy"

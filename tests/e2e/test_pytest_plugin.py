@@ -131,7 +131,7 @@ def test_command_runs_one_test_per_controller(pytester):
     text = " ".join(cmd)
     assert "-n 4 --grace 5.0 --cpu-devices 2 --mesh i=4,j=2 --timeout 30" in text
     assert "--report /w/report.json" in text
-    tail = cmd[cmd.index("jaxrun.child.pytest_controller") + 1:]
+    tail = cmd[cmd.index("jaxrun.child.controllers.pytest_run") + 1:]
     assert tail[0] == f"{config.rootpath}/tests/test_x.py::test_y[a-b]"
     assert "--capture=no" in tail and "/w/tmp-{process_id}" in tail
 

@@ -1,5 +1,5 @@
 """A preloaded controller imports nothing after its fork that its server could
-have imported once for all (``jaxrun.child.warm``): none of jaxrun's child
+have imported once for all (``jaxrun.child.join.warm``): none of jaxrun's child
 side, and not what jax loads on a job's first program.  An audit hook in
 every process of the run (a ``sitecustomize`` on PYTHONPATH) writes down each
 import made in a process forked from the one that imported jax."""
@@ -49,7 +49,7 @@ def imports_after_fork(tmp_path, monkeypatch):
 
 
 def test_a_forked_controller_imports_nothing_its_server_could_have(start_job, imports_after_fork, tmp_path):
-    from jaxrun.child import warm
+    from jaxrun.child.join import warm
 
     script = tmp_path / "job.py"
     script.write_text(JOB)

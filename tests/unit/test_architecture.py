@@ -78,6 +78,20 @@ ROOMS = {
     # The probe before a launch places the job as an elastic restart would.
     "probe": {"restarts"},
 }
+# The child side's rooms, in the order of a process's life: the shim (its
+# entry) arranges the join, which may start the checks and the watches; the
+# checks may read what the watches read (the flight record's dump); hooks
+# (patching jax as it loads) and ending (leaving at once) are beneath all.
+# The controllers other than a script's run through the shim and the join.
+CHILD_ROOMS = {
+    "controllers": {"shim", "join", "checks", "watch", "hooks", "ending"},
+    "shim": {"join", "checks", "watch", "hooks", "ending"},
+    "join": {"checks", "watch", "hooks", "ending"},
+    "checks": {"watch", "hooks", "ending"},
+    "watch": {"hooks", "ending"},
+    "hooks": set(),
+    "ending": set(),
+}
 
 
 def module_name(path: Path) -> str:
@@ -172,6 +186,28 @@ def wrong_room_arrows(graph: dict[str, set[str]]) -> list[str]:
     return sorted(bad)
 
 
+def child_room_of(module: str) -> str | None:
+    """The child side's room a module is in (``jaxrun.child.join.mesh``: join;
+    ``jaxrun.child.shim``: shim), if any."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "child" else None
+
+
+def wrong_child_arrows(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for module, targets in graph.items():
+        here = child_room_of(module)
+        if here is None:
+            continue
+        for target in targets:
+            there = child_room_of(target)
+            if there is None or there == here:
+                continue
+            if there not in CHILD_ROOMS.get(here, set()):
+                bad.append(f"{module} imports {target} ({here} -> {there})")
+    return sorted(bad)
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected groups of more than one module (Tarjan)."""
     index: dict[str, int] = {}
@@ -216,6 +252,23 @@ def test_the_launcher_rooms_point_one_way():
     rooms = {room_of(m) for m in import_graph() if room_of(m)}
     assert rooms == set(ROOMS), "a new room of launcher/ needs its arrows in ROOMS"
     assert wrong_room_arrows(import_graph()) == []
+
+
+def test_the_child_rooms_point_one_way():
+    rooms = {child_room_of(m) for m in import_graph() if child_room_of(m)}
+    assert rooms == set(CHILD_ROOMS), "a new room of child/ needs its arrows in CHILD_ROOMS"
+    assert wrong_child_arrows(import_graph()) == []
+
+
+def test_the_child_rule_catches_an_arrow_from_the_checks_into_the_join():
+    """A planted arrow, in a copy of the real graph: a check that reads the join fails."""
+    graph = import_graph()
+    planted = {**graph, "jaxrun.child.checks.agreement": graph["jaxrun.child.checks.agreement"]
+               | {"jaxrun.child.join.bootstrap"}}
+    assert wrong_child_arrows(planted) == [
+        "jaxrun.child.checks.agreement imports jaxrun.child.join.bootstrap (checks -> join)"]
+    upward = {**graph, "jaxrun.child.watch.place": graph["jaxrun.child.watch.place"] | {"jaxrun.child.shim"}}
+    assert wrong_child_arrows(upward) == ["jaxrun.child.watch.place imports jaxrun.child.shim (watch -> shim)"]
 
 
 def test_no_import_cycle():
@@ -394,7 +447,8 @@ def test_every_module_put_on_a_command_line_exists_and_says_it_is_a_far_end():
     assert len(modules) >= 4
     assert sorted(m for m in modules.values() if m not in known) == []
     far = re.compile(r"(agent|server|driver|actor|preflight|shim|controller)$")
-    assert sorted(m for m in modules.values() if not far.search(m.rsplit(".", 1)[1])) == []
+    assert sorted(m for m in modules.values()
+                  if not far.search(m.rsplit(".", 1)[1]) and not m.startswith("jaxrun.child.controllers.")) == []
 
 
 def program_texts(tree: ast.AST) -> list[int]:
@@ -494,9 +548,9 @@ def test_the_cycle_check_finds_a_cycle():
 def test_an_import_of_the_package_inside_a_function_is_an_arrow_to_its_init():
     """The cycle that came back unseen: a function's ``import jaxrun`` closed
     jaxrun -> runtime -> child.replicas -> child.replicas_prints -> jaxrun."""
-    known = {"jaxrun", "jaxrun.runtime", "jaxrun.contract", "jaxrun.child", "jaxrun.child.replicas_prints"}
+    known = {"jaxrun", "jaxrun.runtime", "jaxrun.contract", "jaxrun.child", "jaxrun.child.checks.replicas_prints"}
     tree = ast.parse("def f():\n    import jaxrun\n")
-    assert real_modules(imported_modules(tree, "jaxrun.child.replicas_prints", False), known) == {"jaxrun"}
+    assert real_modules(imported_modules(tree, "jaxrun.child.checks.replicas_prints", False), known) == {"jaxrun"}
     tree = ast.parse("from jaxrun import contract\nfrom . import runtime\nfrom jaxrun import mesh\n")
     # From the package's __init__: a module it names, and a name in jaxrun itself.
     assert real_modules(imported_modules(tree, "jaxrun", True), known) == {"jaxrun.contract", "jaxrun.runtime",

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from jaxrun import cli, contract
-from jaxrun.child import agreement, checks, hooks
+from jaxrun.child import checks, hooks
+from jaxrun.child.checks import agreement
 from jaxrun.launcher.setup import plan as planning
 
 

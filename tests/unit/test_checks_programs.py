@@ -1,4 +1,4 @@
-"""The programs check's pure parts (jaxrun/child/programs.py): the message a
+"""The programs check's pure parts (jaxrun/child/checks/programs.py): the message a
 difference gives, the topics and positions each process posts, the
 fingerprint's stability, and who stops first.  Real jobs are in
 tests/e2e/test_checks_programs.py."""
@@ -12,7 +12,8 @@ import types
 
 import pytest
 
-from jaxrun.child import hooks, programs
+from jaxrun.child import hooks
+from jaxrun.child.checks import programs
 
 MODULE = '''module @jit_{name} attributes {{mhlo.num_partitions = 8 : i32}} {{
   func.func public @main(%arg0: tensor<8x4xf32>) -> tensor<8x4xf32> {{

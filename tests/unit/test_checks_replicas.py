@@ -13,7 +13,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from jaxrun.child import replicas, replicas_prints
+from jaxrun.child.checks import replicas, replicas_prints
 
 
 def test_the_sample_depends_on_the_call_count_alone():
@@ -86,7 +86,7 @@ def test_the_checks_wrap_the_calls_jax_binds_and_the_device_checksum_reads_bytes
         os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
         import jax, numpy as np
         from jax._src import array
-        from jaxrun.child import replicas, replicas_prints
+        from jaxrun.child.checks import replicas, replicas_prints
 
         class Board:
             rank = 0
@@ -143,7 +143,7 @@ def test_a_process_restarted_alone_checks_nothing():
         os.environ["JAXRUN_PROCESS_RESTARTS"] = "1"
         import jax
         from jax._src import array
-        from jaxrun.child import replicas
+        from jaxrun.child.checks import replicas
 
         class Board:
             rank = 2
@@ -162,7 +162,7 @@ def test_strict_checks_refuse_a_jax_without_the_hook_points(tmp_path):
     program: one line, an error record, exit 1."""
     record = tmp_path / "error.json"
     script = textwrap.dedent("""
-        from jaxrun.child import replicas
+        from jaxrun.child.checks import replicas
 
         class Board:
             rank = 1

@@ -12,7 +12,7 @@ import pytest
 from jaxrun import cli, contract
 from jaxrun.backends import BACKENDS
 from jaxrun.backends.ssh.commands import process_env
-from jaxrun.child import compile_cache
+from jaxrun.child.join import compile_cache
 from jaxrun.launcher.setup import plan as planning
 from jaxrun.launcher.setup.configure import System, config_from_args
 

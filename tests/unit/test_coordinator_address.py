@@ -15,7 +15,7 @@ import stat
 
 from jaxrun import contract, portable
 from jaxrun.backends import local
-from jaxrun.child import addresses
+from jaxrun.child.join import addresses
 from jaxrun.core import causes
 from jaxrun.core.outcome import Outcome, ProcessRecord, StopReason, Verdict
 from jaxrun.core.spec import LOCAL_HOST, ProcessSpec

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from jaxrun import contract, portable
-from jaxrun.child import bootstrap
+from jaxrun.child.join import bootstrap
 
 
 def test_an_open_port_is_found_at_once():

@@ -94,7 +94,7 @@ def test_forced_the_caller_asks_psutil(monkeypatch):
 
 
 def test_the_sampler_sees_the_tree_with_and_without_the_layer(tree, others, monkeypatch):
-    from jaxrun.child import activity
+    from jaxrun.child.watch import activity
 
     assert set(activity.children_cpu()) - others == set(tree)
     monkeypatch.setenv(contract.PORTABLE, "1")

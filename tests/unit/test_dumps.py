@@ -1,4 +1,4 @@
-"""The stack dump on SIGUSR1 (jaxrun.child.dumps), in real processes.
+"""The stack dump on SIGUSR1 (jaxrun.child.watch.dumps), in real processes.
 
 faulthandler's C handler, which the shim used to install, killed a process
 whose threads ran Python within a few dozen dumps (bench/dumps.py: 0 of 3
@@ -59,7 +59,7 @@ def test_dumps_asked_every_millisecond_never_kill_a_process_whose_threads_run_py
 
 PARKED = """
 import sys, time
-from jaxrun.child import dumps
+from jaxrun.child.watch import dumps
 dumps.install()  # as the shim does
 print("ready", flush=True)
 time.sleep(30)
@@ -97,7 +97,7 @@ def test_a_dump_of_a_process_parked_in_c_is_whole_and_reads_as_faulthandlers(tmp
 
 IN_ONE_LONG_CALL = """
 import hashlib, os, signal, sys, threading, time
-from jaxrun.child import dumps
+from jaxrun.child.watch import dumps
 mode = sys.argv[1]
 sent, heard = [], []
 if mode == "relayed":

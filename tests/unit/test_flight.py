@@ -8,7 +8,7 @@ import types
 import pytest
 
 from jaxrun import cli, contract
-from jaxrun.child import divergence, flight
+from jaxrun.child.checks import divergence, flight
 from jaxrun.launcher.setup import plan as planning
 from jaxrun.reporting import summary
 
@@ -120,7 +120,7 @@ Current thread 0x00007f0000000002 (most recent call first):
      '  File "/site/jax/_src/api.py", line 2582 in clean_up\n'
      '  File "/site/jaxrun/backends/forkserver/server.py", line 166 in become_controller', contract.IN_SHUTDOWN),
     ('  File "/usr/lib/python3.11/threading.py", line 362 in wait_for\n'  # the checks' wait for their peers, at exit
-     '  File "/site/jaxrun/child/agreement.py", line 135 in settle\n'
+     '  File "/site/jaxrun/child/checks/agreement.py", line 135 in settle\n'
      '  File "/site/jaxrun/backends/forkserver/server.py", line 202 in become_controller', contract.IN_SHUTDOWN),
     ('  File "/w/pytest_runner.py", line 3 in run', None),
     ('  File "/site/jaxrun/child/shim.py", line 47 in wait_for_eof', None),  # the lifeline thread, not the script
@@ -347,7 +347,7 @@ def test_a_programs_fingerprint_ignores_where_it_was_called_from(tmp_path):
     import subprocess
 
     script = ("import sys, jax, jax.numpy as jnp\n"
-              "from jaxrun.child import flight\n"
+              "from jaxrun.child.checks import flight\n"
               "def f(x): return jnp.sin(x) * 2\n"
               "def g(x): return jnp.cos(x) * 2\n"
               "def fp(h):\n"

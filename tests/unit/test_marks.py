@@ -15,7 +15,7 @@ import time
 import pytest
 
 from jaxrun import contract
-from jaxrun.child import marks
+from jaxrun.child.watch import marks
 from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
 from jaxrun.launcher.attempt import activity as stall
 
@@ -78,7 +78,7 @@ def test_checkpointing_counts_a_block_that_ends_and_not_one_that_raises(tmp_path
 
 LISTENS = """
 import os, sys
-from jaxrun.child import marks
+from jaxrun.child.watch import marks
 marks.prepare()
 import jax, jax.numpy as jnp
 jax.jit(lambda x: x * 2 + 1)(jnp.arange(4.0)).block_until_ready()

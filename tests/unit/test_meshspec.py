@@ -11,7 +11,7 @@ import click
 import pytest
 
 from jaxrun import cli
-from jaxrun.child.bootstrap import check_versions
+from jaxrun.child.join.bootstrap import check_versions
 from jaxrun.meshspec import (
     MeshSpec,
     MeshSpecError,
@@ -114,7 +114,7 @@ def test_versions_agree():
 
 
 def test_version_mismatch_names_processes():
-    from jaxrun.child.bootstrap import BootstrapError
+    from jaxrun.child.join.bootstrap import BootstrapError
 
     rows = [_row(0), _row(1, jaxlib="0.9.0"), _row(2), _row(3, jaxlib="0.9.0")]
     with pytest.raises(BootstrapError, match=r"jaxlib versions differ across processes: "
@@ -127,7 +127,7 @@ def test_the_preflight_table_reaches_the_launcher_in_one_write():
     what the launcher may read apart, with its own lines in between."""
     import io
 
-    from jaxrun.child.versions import show_preflight
+    from jaxrun.child.join.versions import show_preflight
 
     class Pipe(io.RawIOBase):
         def __init__(self):
@@ -164,7 +164,7 @@ def test_every_cli_axis_type_builds_a_mesh_of_that_type():
     code = (
         "import json, sys\n"
         "from jaxrun import meshspec\n"
-        "from jaxrun.child import mesh\n"
+        "from jaxrun.child.join import mesh\n"
         "spec = meshspec.parse('i=2,j=-1')\n"
         "print(json.dumps({str(t): [str(a) for a in mesh.build_mesh(spec, t, multi_host=False).axis_types]\n"
         "                  for t in json.loads(sys.argv[1])}))\n"

@@ -168,6 +168,6 @@ def test_the_dry_run_shows_the_probe_s_own_step_then_the_job_s(tmp_path):
     assert done.returncode == 0, done.stderr
     steps = [line for line in done.stdout.splitlines() if line.startswith("# mpirun: ")]
     assert len(steps) == 2, done.stdout
-    assert steps[0].endswith("-m jaxrun.child.probe_controller " + " ".join(Sizes().args())), steps[0]
+    assert steps[0].endswith("-m jaxrun.child.controllers.probe " + " ".join(Sizes().args())), steps[0]
     assert steps[1].endswith(f"-- {script}"), steps[1]
     assert done.stdout.index("# probe: 2 processes") < done.stdout.index("# then the job:")

@@ -194,7 +194,7 @@ def test_the_far_end_of_a_process_that_never_traced_sends_an_empty_tar(tmp_path)
 CHILD = r"""
 import os, signal, sys, threading, time
 from jaxrun import contract
-from jaxrun.child import dumps, profiling
+from jaxrun.child.watch import dumps, profiling
 dumps.install()  # as the shim does: the asks come through its thread
 installed = profiling.install()
 print(installed, signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL, flush=True)
@@ -231,7 +231,7 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 import jax
 from jax._src import xla_bridge
 from jaxrun import contract
-from jaxrun.child import dumps, profiling
+from jaxrun.child.watch import dumps, profiling
 dumps.install()  # as the shim does
 profiling.install()
 profiling.joining()  # as jaxrun's bootstrap does, just before jax.distributed.initialize
@@ -324,7 +324,7 @@ import os, queue, sys, threading, time
 os.environ["JAX_PLATFORMS"] = "cpu"
 import jax, jax.numpy as jnp
 from jaxrun import contract
-from jaxrun.child.profiling import Tracer
+from jaxrun.child.watch.profiling import Tracer
 
 folder = sys.argv[1]
 asks = queue.SimpleQueue()

@@ -12,7 +12,7 @@ import pytest
 from jaxrun import contract
 from jaxrun.backends.ssh.backend import routed
 from jaxrun.backends.ssh.routes import host_socket
-from jaxrun.child import addresses
+from jaxrun.child.join import addresses
 from jaxrun.core.spec import Host, ProcessSpec
 
 

@@ -1,5 +1,5 @@
 """The stall watchdog's pure parts: the child's sampler deciding busy or
-idle (``child.activity``), and the launcher's watch deciding when the job
+idle (``child.watch.activity``), and the launcher's watch deciding when the job
 has stalled and who stands out (``launcher.attempt.activity``).  The real processes
 are in tests/e2e/test_stall.py and the matrix's stuck row."""
 
@@ -14,7 +14,7 @@ import time
 import pytest
 
 from jaxrun import contract
-from jaxrun.child import activity, place
+from jaxrun.child.watch import activity, place
 from jaxrun.core.outcome import Place
 from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
 from jaxrun.launcher.attempt import activity as stall
@@ -772,7 +772,7 @@ def test_the_summary_and_the_report_say_whose_threads_spun_while_its_python_stoo
 
 SPINNING_MAIN = """
 import ctypes, sys, threading, time
-from jaxrun.child import activity, place
+from jaxrun.child.watch import activity, place
 sampler = activity.Sampler(sys.argv[1], 0.2)
 threading.Thread(target=sampler.run, name="jaxrun-activity", daemon=True).start()
 time.sleep(0.5)
@@ -804,7 +804,7 @@ def test_a_real_main_thread_spinning_in_a_native_call_spins_and_a_python_loop_wo
 
 STARVED_HELPER = """
 import os, sys, threading, time
-from jaxrun.child import activity, place
+from jaxrun.child.watch import activity, place
 os.sched_setaffinity(0, {int(sys.argv[1])})
 stop = threading.Event()
 def work():  # until every look is taken: starved, the looks may take longer than planned
@@ -867,7 +867,7 @@ def test_a_real_helper_thread_starved_of_cpu_works_and_without_the_wait_it_looke
 FORKED_MAIN = """
 import os, sys, threading, time
 from jaxrun import portable
-from jaxrun.child import activity, place
+from jaxrun.child.watch import activity, place
 threading.Thread(target=lambda: None).start()  # the parent's main thread has a native id of its own
 pid = os.fork()  # as the preload server's children are made
 if pid == 0:
@@ -904,7 +904,7 @@ def test_in_a_forked_child_the_main_threads_python_loop_is_work_not_spin():
 
 DUMPED_WHILE_PARKED = """
 import sys, threading, time
-from jaxrun.child import activity, dumps
+from jaxrun.child.watch import activity, dumps
 dumps.install()  # as the shim does
 sampler = activity.Sampler(sys.argv[1], 0.1)
 said = []

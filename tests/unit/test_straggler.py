@@ -13,7 +13,7 @@ import weakref
 import pytest
 
 from jaxrun import cli, contract
-from jaxrun.child import accounting
+from jaxrun.child.watch import accounting
 from jaxrun.launcher.attempt import straggler
 from jaxrun.launcher.attempt.straggler import StragglerRule
 from jaxrun.launcher.setup import plan as planning

@@ -90,7 +90,7 @@ def test_the_step_counts_its_gpus_before_the_device_files():
 
 def test_a_shim_a_scheduler_started_itself_follows_the_same_rule():
     """examples/deploy/slurm.sbatch: srun starts the shim with no task agent."""
-    from jaxrun.child.bootstrap import scheduled_devices
+    from jaxrun.child.join.bootstrap import scheduled_devices
 
     seen = {"SLURM_STEP_GPUS": "0,1,2,3", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
     for local, ids in ((0, "0,1"), (1, "2,3")):

@@ -52,7 +52,7 @@ import time
 
 from jaxrun import contract, portable
 from jaxrun.backends import shield
-from jaxrun.child import warm
+from jaxrun.child.join import warm
 from jaxrun.core import usage
 from jaxrun.wire import encoding, forkserver
 
@@ -185,7 +185,8 @@ def become_controller(sock: socket.socket, request: forkserver.ForkRequest, fds:
         os.environ.clear()
         os.environ.update(request.env)
         os.environ[contract.LIFELINE_FD] = str(lifeline)
-        from jaxrun.child import bootstrap, shim
+        from jaxrun.child import shim
+        from jaxrun.child.join import bootstrap
 
         bootstrap.note_preloaded_jax(IMPORT_ENV, IMPORT_EXIT_HOOKS)
         try:

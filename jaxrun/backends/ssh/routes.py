@@ -14,7 +14,7 @@ user (and root) can enter the folder.
 The collectives (Gloo, NCCL) still connect directly between the hosts: the
 socket's name carries the first host's network address
 (``contract.route_socket_name``), and every process advertises its own
-address on the route towards it (:func:`jaxrun.child.addresses.reachable_address`).
+address on the route towards it (:func:`jaxrun.child.join.addresses.reachable_address`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """At the far end: one process's finished traces, home over the host's connection.
 
 ``jaxrun profile`` and ``--profile`` ask every controller for a trace
-(``child.profiling``); a controller on an SSH host writes it in its own trace
+(``child.watch.profiling``); a controller on an SSH host writes it in its own trace
 folder there (``contract.PROFILE_DIR``, a bare name in the host's per-user
 base, ``contract.traces``).  Once the trace is over, the launcher runs this
 module in a session on the host's master (``SshBackend.bring_home``) with

@@ -1,6 +1,6 @@
 """The stall watchdog (``--stall-timeout``): the launcher's half.
 
-Each process's sampler (``child.activity``) says when the process changes
+Each process's sampler (``child.watch.activity``) says when the process changes
 between busy, idle and spin (its own threads burn CPU while its Python has
 not moved: a hang as NCCL's show); a local one writes it to its activity
 file, which this watch reads when its ``stat`` changes, and a remote one's

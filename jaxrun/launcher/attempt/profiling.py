@@ -7,7 +7,7 @@ trace is asked for the same way on every backend: the profile signal
 (``contract.PROFILE_SIGNAL``) to every running process through the
 supervisor (a ``Forward`` event, which each backend's ``send`` carries),
 once to start and once to stop; the child takes the trace itself
-(``child.profiling``).  Then each process's files come home
+(``child.watch.profiling``).  Then each process's files come home
 (``Backend.bring_home``: nothing to do for those written here) and are moved
 into one session of the run's log folder::
 

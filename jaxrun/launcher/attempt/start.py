@@ -5,7 +5,7 @@ flood passes through jaxrun unless the console shows it; the pump follows
 those files.  Other backends hand back pipes, which the pump reads into the
 logs (through the child's ``stream_filter``, which takes out what a far end
 sends in-band).  A waiter thread per child turns its end into an
-``Exited`` event, with the marks the process left (``child.marks``: read
+``Exited`` event, with the marks the process left (``child.watch.marks``: read
 here from its file, or brought home by its far end); its join and activity come as events through the
 spawn's ``News``, or, for a child that does not report them, from the
 joined and activity files that the joins and the activity watch follow.
@@ -105,5 +105,5 @@ class Starter:
 
 
 def marks_path(log_dir: str, rank: int) -> str:
-    """Where a local process writes its compiles and checkpoint saves (``child.marks``)."""
+    """Where a local process writes its compiles and checkpoint saves (``child.watch.marks``)."""
     return os.path.join(log_dir, f"process-{rank}.marks")

@@ -1,6 +1,6 @@
 """The straggler: the process the others wait for, window after window.
 
-Every process's account (``child.accounting``) comes home as a cumulative
+Every process's account (``child.watch.accounting``) comes home as a cumulative
 ``contract.TimeSplit`` a few times a minute.  Once every process has sent a
 new one, the time since the last such moment is a *window*, and each
 process's share of it spent waiting inside JAX for the others is compared:

@@ -10,7 +10,7 @@ thread keeps the frontend, which owns the signals as Python's console does:
 - ``Pipe``, for the Jupyter kernel (``launcher.interactive.kernel``): one JSON request a
   line on stdin, one JSON reply a line on the stdout it was started with.
 
-Every process runs every statement (``child.interactive_controller``); the
+Every process runs every statement (``child.controllers.console``); the
 replies are merged (``launcher.interactive.merge``).  Ctrl-C while a statement runs goes
 to every process as SIGINT, again each second until the statement's results
 are in, and the session goes on (a fourth Ctrl-C during one statement stops

@@ -1,4 +1,4 @@
-"""What the replica check (:mod:`jaxrun.child.replicas`) compares, and when.
+"""What the replica check (:mod:`jaxrun.child.checks.replicas`) compares, and when.
 
 - ``sampled(n)``: whether the n-th call at a call site is checked; it depends
   on ``n`` alone, so every process that shares a slice checks the same calls;

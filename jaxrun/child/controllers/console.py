@@ -27,7 +27,8 @@ import sys
 import traceback
 
 from jaxrun import contract
-from jaxrun.child import bootstrap, shim
+from jaxrun.child import shim
+from jaxrun.child.join import bootstrap
 from jaxrun.wire import console, encoding
 
 WAIT_MS = 250  # each key-value wait is this short, so that a stop is heard between two

@@ -11,7 +11,7 @@ computes a silently wrong result.  jaxrun wraps the three calls:
   basename, line and function: alike on every host) and its call count alone:
   the first ``FIRST`` calls, then each call whose count is a power of two
   (every call under ``--checks strict``), so processes that share a slice
-  always check the same calls (:mod:`jaxrun.child.replicas_prints`);
+  always check the same calls (:mod:`jaxrun.child.checks.replicas_prints`);
 - only the main thread's calls are counted and checked: it makes them in the
   script's order, the same in every process.  Calls from other threads (a
   prefetching loader's) come in the order their scheduling gives, so the n-th
@@ -22,7 +22,7 @@ computes a silently wrong result.  jaxrun wraps the three calls:
   input: a small checksum computed on its device, read back only on the
   board's thread) and posts them, one entry per group of processes that
   hold the same slices, among that group;
-- the board (:mod:`jaxrun.child.agreement`) compares them off the step's
+- the board (:mod:`jaxrun.child.checks.agreement`) compares them off the step's
   path; a difference ends the process that finds it with a
   :class:`ReplicaMismatchError` naming the slice, the processes and the line;
 - host data of a floating or integer batch that is byte-for-byte the same in
@@ -68,7 +68,7 @@ def install(board, strict: bool) -> None:
     if missing:
         _missing_hook_points(board, strict, missing, jax)
         return
-    from jaxrun.child import replicas_prints
+    from jaxrun.child.checks import replicas_prints
 
     checker = ReplicaCheck(board, strict, replicas_prints)
     for name in CALLS:
@@ -85,7 +85,7 @@ def _missing_hook_points(board, strict: bool, missing: list[str], jax) -> None:
     what = ", ".join(f"jax._src.array.{name}" for name in missing)
     version = getattr(jax, "__version__", "?")
     if strict:
-        from jaxrun.child import agreement
+        from jaxrun.child.checks import agreement
 
         error = RuntimeError(f"--checks strict: this jax ({version}) lacks {what}, "
                              "where the replica check hooks in")
@@ -209,7 +209,7 @@ class ReplicaCheck:
         return settled
 
     def _mismatch(self, call: CheckedCall, keys: list, entries: dict) -> None:
-        from jaxrun.child import agreement
+        from jaxrun.child.checks import agreement
 
         texts = [self.prints.key_text(k) for k in keys]
         differ = [i for i, t in enumerate(texts) if len({e["slices"][t]["fp"] for e in entries.values()}) > 1]

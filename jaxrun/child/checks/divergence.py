@@ -1,7 +1,7 @@
 """Child side: ``--check-divergence``, the strict check that every process
 runs the same program at the same call.
 
-The flight recorder (:mod:`jaxrun.child.flight`) hooks every execution; for
+The flight recorder (:mod:`jaxrun.child.checks.flight`) hooks every execution; for
 one that spans processes it asks the ``Checker`` here first, which agrees on
 the program with the other processes through the coordination service's
 key-value store.  The first process that differs stops the job with a

@@ -28,7 +28,7 @@ Where programs are counted depends on who made them.  The main thread makes
 its programs in the script's order: each process counts them per group of
 processes (the processes whose devices the program uses: a mesh over a
 subset compares among those only) and posts the k-th on the board
-(:mod:`jaxrun.child.agreement`) under ``programs/{group}/m/{k}``; processes
+(:mod:`jaxrun.child.checks.agreement`) under ``programs/{group}/m/{k}``; processes
 whose k-th programs' collectives differ would wait for each other in
 different collectives, and the job stops.  Any other thread (a pool that
 compiles ahead of time) makes them in an order its scheduling decides, so a
@@ -66,7 +66,8 @@ import threading
 import time
 
 from jaxrun import contract
-from jaxrun.child import agreement, ending
+from jaxrun.child import ending
+from jaxrun.child.checks import agreement
 
 # (module, attribute path) of the one name the check wraps.
 HOOK_POINT = ("jax._src.interpreters.pxla", "UnloadedMeshExecutable.from_hlo")
@@ -88,7 +89,7 @@ def install(board, strict: bool) -> None:
         return
     if os.environ.get(contract.PROCESS_RESTARTS, "0") not in ("", "0"):
         return  # started again alone: its peers' positions are past its own
-    from jaxrun.child import flight
+    from jaxrun.child.checks import flight
 
     locator = flight.Flight(board.rank, board.count, 0, None)  # its user_frame: the user's line
     locator.describe_paths(jax_module)

@@ -1,7 +1,7 @@
 """Child side of the pytest plugin: one controller's pytest run.
 
 Started by :mod:`jaxrun.pytest_plugin` through jaxrun as
-``python -m jaxrun.child.pytest_controller PYTEST_ARGS``; the marked test
+``python -m jaxrun.child.controllers.pytest_run PYTEST_ARGS``; the marked test
 then runs inline in every controller.
 """
 

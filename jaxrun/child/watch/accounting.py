@@ -38,7 +38,7 @@ import threading
 import time
 
 from jaxrun import contract, portable
-from jaxrun.child import activity, place
+from jaxrun.child.watch import activity, place
 
 TICK = 0.02  # seconds between looks
 FIRST_EVERY = 2.0  # the first record, then 4 and 8 s after it ...

@@ -78,7 +78,7 @@ import threading
 import time
 
 from jaxrun import contract, portable
-from jaxrun.child.place import busy_place, inside_jax, main_stack
+from jaxrun.child.watch.place import busy_place, inside_jax, main_stack
 
 MAX_INTERVAL = 5.0
 MIN_INTERVAL = 0.05
@@ -282,7 +282,7 @@ class Sampler:
             self._write()
 
     def tell(self, line: str) -> None:
-        """The account's TIME line (``child.accounting``), kept beside the state."""
+        """The account's TIME line (``child.watch.accounting``), kept beside the state."""
         with self.lock:
             self.told = line.encode() + b"\n"
             if not self.finished and self.state is not None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TextIO
 
 from jaxrun import contract
-from jaxrun.child.bootstrap_error import BootstrapError
+from jaxrun.child.join.errors import BootstrapError
 
 # Every process must run the same jax and jaxlib: mixed versions fail later in
 # obscure ways (mismatched HLO, hangs in collectives).

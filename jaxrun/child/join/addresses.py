@@ -2,7 +2,7 @@
 
 Where it listens for every listener JAX opens (collectives, transfers): one
 address, never a wildcard; and whether process 0's coordination service
-answers yet.  :mod:`jaxrun.child.bootstrap` calls these when the process
+answers yet.  :mod:`jaxrun.child.join.bootstrap` calls these when the process
 joins, never at start-up (only then is ``socket`` needed at all).
 """
 

@@ -43,8 +43,9 @@ import threading
 import weakref
 
 from jaxrun import contract
-from jaxrun.child import dumps, ending, hooks
-from jaxrun.child.divergence import Checker
+from jaxrun.child import ending, hooks
+from jaxrun.child.checks.divergence import Checker
+from jaxrun.child.watch import dumps
 
 # The jax versions these hooks were read in and tested with: 0.10.2 (what pip
 # gives Python 3.11 here) by the test suite, 0.12.0.1 (Python 3.13) by hand.

@@ -2,7 +2,7 @@
 devices and its links with JAX itself, and process 0 prints every figure
 as one ``wire.probe.ProbeResult`` line.
 
-    python -m jaxrun.shim -m jaxrun.child.probe_controller matmul=384 reps=5 ...
+    python -m jaxrun.shim -m jaxrun.child.controllers.probe matmul=384 reps=5 ...
 
 What it measures, in this order, every process at once:
 

@@ -34,7 +34,7 @@ import threading
 import time
 
 from jaxrun import contract
-from jaxrun.child import dumps
+from jaxrun.child.watch import dumps
 
 _asks: queue.SimpleQueue = queue.SimpleQueue()  # SimpleQueue.put is reentrant: also from a handler
 # Clear while jaxrun's bootstrap is inside jax.distributed.initialize.  The

@@ -1,5 +1,5 @@
 """Where a process's main thread stands, as the stall watchdog's sampler
-(``child.activity``) and the time account (``child.accounting``) read it:
+(``child.watch.activity``) and the time account (``child.watch.accounting``) read it:
 its stack as (code, instruction) pairs, compared look to look, and whether
 it is inside JAX (a compile, a join, a program executing or awaited)."""
 
@@ -10,7 +10,7 @@ import os
 import sys
 import types
 
-from jaxrun.child import dumps
+from jaxrun.child.watch import dumps
 
 # Frames of JAX's that are work, or a wait that JAX bounds itself.
 COMPILER_FILES = (os.sep + os.path.join("jax", "_src", "compiler.py"),)

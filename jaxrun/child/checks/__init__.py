@@ -2,17 +2,17 @@
 
 Two checks, both on unless ``--checks off``:
 
-- programs (:mod:`jaxrun.child.programs`): every process fingerprints each
+- programs (:mod:`jaxrun.child.checks.programs`): every process fingerprints each
   compiled program whose devices span more than one process, when it first
   gets it (compiled or from the persistent cache), and the processes that
   take part compare them in order; the first difference stops the job;
-- replicas (:mod:`jaxrun.child.replicas`): an array built from per-process
+- replicas (:mod:`jaxrun.child.checks.replicas`): an array built from per-process
   data whose sharding puts one slice on devices of several processes has
   that slice's fingerprint compared among them, on a sample of the calls
   (every call under ``--checks strict``).
 
 Both compare through the coordination service's key-value store from a
-thread of their own (:mod:`jaxrun.child.agreement`), never on the step's
+thread of their own (:mod:`jaxrun.child.checks.agreement`), never on the step's
 path.  Nothing here imports jax: the checks patch it when the script
 imports it.
 """
@@ -42,7 +42,7 @@ def prepare(environ, rank: int, count: int) -> None:
         return
 
     def install(_jax) -> None:
-        from jaxrun.child import agreement, programs, replicas
+        from jaxrun.child.checks import agreement, programs, replicas
 
         board = agreement.start(rank, count)
         strict = _mode == contract.CHECKS_STRICT
@@ -58,6 +58,6 @@ def script_returned() -> None:
         return
     import sys
 
-    agreement = sys.modules.get("jaxrun.child.agreement")
+    agreement = sys.modules.get("jaxrun.child.checks.agreement")
     if agreement is not None:
         agreement.script_returned()

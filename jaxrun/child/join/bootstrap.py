@@ -31,16 +31,17 @@ import sys
 from collections.abc import Mapping
 
 from jaxrun import contract
-from jaxrun.child import accounting, checks, ending, hooks, marks, profiling
-from jaxrun.child.addresses import (
+from jaxrun.child import checks, ending, hooks
+from jaxrun.child.join.addresses import (
     TRANSPORT_LISTENERS,
     advertise_for_collectives,
     reachable_address,
     transfer_address,
     wait_for_coordinator,
 )
-from jaxrun.child.bootstrap_error import BootstrapError
-from jaxrun.child.versions import check_versions, show_preflight
+from jaxrun.child.join.errors import BootstrapError
+from jaxrun.child.join.versions import check_versions, show_preflight
+from jaxrun.child.watch import accounting, marks, profiling
 
 
 class Launch:
@@ -107,7 +108,7 @@ def prepare(environ=os.environ) -> None:
     hooks.after_import("jax._src.distributed", _patch_distributed)
     hooks.after_import("jax._src.xla_bridge", _patch_xla_bridge)
     if environ.get(contract.FLIGHT_RECORDER) or environ.get(contract.CHECK_DIVERGENCE) == "1":
-        from jaxrun.child import flight  # its hook (and dataclasses, re) only where a mode is on
+        from jaxrun.child.checks import flight  # its hook (and dataclasses, re) only where a mode is on
         flight.prepare(environ, rank, count)  # --flight-recorder, --check-divergence: before any program runs
     checks.prepare(environ, rank, count)  # --checks: before any program runs
     marks.prepare(environ)  # the goodput's compiles and saves: before any program runs
@@ -121,7 +122,7 @@ def initialize_now(environ=os.environ) -> None:
     """Join before the script runs (``--mesh``) and install the mesh."""
     import jax  # noqa: F401 - the mesh needs it now
 
-    from jaxrun.child import mesh  # and meshspec's dataclasses: only for --mesh
+    from jaxrun.child.join import mesh  # and meshspec's dataclasses: only for --mesh
 
     rows = ensure_initialized()
     try:

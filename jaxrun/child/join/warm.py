@@ -29,15 +29,15 @@ import importlib
 # The child side, every module that a controller may import before and
 # while its script runs.
 CHILD = (
-    "jaxrun.child.bootstrap",
+    "jaxrun.child.join.bootstrap",
     "jaxrun.child.shim",
-    "jaxrun.child.compile_cache",
-    "jaxrun.child.agreement",
-    "jaxrun.child.programs",
-    "jaxrun.child.replicas",
-    "jaxrun.child.replicas_prints",
-    "jaxrun.child.flight",
-    "jaxrun.child.divergence",
+    "jaxrun.child.join.compile_cache",
+    "jaxrun.child.checks.agreement",
+    "jaxrun.child.checks.programs",
+    "jaxrun.child.checks.replicas",
+    "jaxrun.child.checks.replicas_prints",
+    "jaxrun.child.checks.flight",
+    "jaxrun.child.checks.divergence",
     "encodings.idna",
 )
 
