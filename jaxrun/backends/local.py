@@ -42,32 +42,31 @@ COORDINATOR_SOCKET = "coordinator-{token}.sock"  # in the user's private socket 
 def local_coordinator(fixed: str | None, folder: str | None = None) -> tuple[str, str]:
     """(address to connect to, address to bind) for a run on this machine
     only: a Unix socket in this user's 0700 socket folder, which no other
-    user can open (a loopback port is open to every user of the machine);
-    a free loopback port where there is no such folder, and --coordinator's
-    address (which must be free) where the user chose one."""
+    user can open (a loopback port is open to every user of the machine),
+    or --coordinator's address (which must be free) where the user chose
+    one.  Never a port the user did not ask for: where the usual folder is
+    taken, the socket folder is one of a random name (portable.sockets)."""
     if fixed:
         host, port = fixed.rsplit(":", 1)
         check_port_free(host, int(port))
         return fixed, fixed
-    path = coordinator_socket(folder or portable.sockets.private_socket_folder())
-    if path is not None:
-        return contract.unix_address(path), contract.unix_address(path)
-    address = contract.join_address("127.0.0.1", portable.free_port("127.0.0.1"))
-    return address, address
-
-
-def coordinator_socket(folder: str | None) -> str | None:
-    """A new socket file's path in ``folder`` for one attempt's coordination
-    service (None: no private folder, or a path too long for a socket)."""
+    folder = folder or portable.sockets.private_socket_folder()
     if folder is None:
-        return None
+        raise LaunchError("no private folder for the coordination service's socket can be made (set TMPDIR to "
+                          "a folder of yours), or pass --coordinator HOST:PORT to serve it on a port")
+    path = coordinator_socket(folder)
+    return contract.unix_address(path), contract.unix_address(path)
+
+
+def coordinator_socket(folder: str) -> str:
+    """A new socket file's path in ``folder`` for one attempt's coordination
+    service.  The folder leaves the name room (portable.sockets.SOCKET_NAME_ROOM)."""
     import secrets
 
     while True:
-        # 8 hex digits: a name within the 25 bytes the folder leaves it (temp_base_for_sockets)
         path = os.path.join(folder, COORDINATOR_SOCKET.format(token=secrets.token_hex(4)))
         if not os.path.lexists(path):  # never a name a killed run left behind
-            return path if len(path) <= portable.sockets.LONGEST_SOCKET_PATH else None
+            return path
 
 
 def remove_socket(address: str | None) -> None:

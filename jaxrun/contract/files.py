@@ -83,6 +83,57 @@ def private_folder(path: str) -> str | None:
     return None
 
 
+def private_folder_in(parent: str, name: str) -> tuple[str, str | None]:
+    """This user's folder called ``name`` in the shared folder ``parent``,
+    and what was wrong with the predictable one (None: it is that one).
+    Another user may make PARENT/NAME first (a folder, a link, a file, a
+    FIFO): then an earlier folder of ours of a random name, PARENT/NAME-XXXXXXXX,
+    or a new one, made 0700 and checked with lstat once made.  Never a
+    refusal: anyone could block every run of another user's that way.
+    Two runs that make one at once agree on the first by name.  OSError:
+    no folder can be made there."""
+    path = os.path.join(parent, name)
+    try:
+        problem = private_folder(path)
+    except OSError as e:
+        problem = f"it cannot be made ({e.strerror or e})"
+    if problem is None:
+        return path, None
+    found = private_folders(parent, name, random_only=True)
+    if not found:
+        import tempfile
+
+        made = tempfile.mkdtemp(prefix=name + "-", dir=parent)
+        if private_folder(made) is not None:  # lstat: ours, a folder, 0700
+            raise OSError(f"{made} is not private once made")
+        found = private_folders(parent, name, random_only=True)
+        if made != found[0]:
+            os.rmdir(made)  # another run made one first
+    return found[0], problem
+
+
+def private_folders(parent: str, name: str, random_only: bool = False) -> list[str]:
+    """This user's folders called ``name`` (or NAME-XXXXXXXX) in ``parent``
+    that only this user may enter, checked with lstat (no link, no one
+    else's): the predictable one first, then those of a random name by name."""
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return []
+    prefix = name + "-"
+    found = [] if random_only or name not in names else [name]
+    found += sorted(n for n in names if n.startswith(prefix) and len(n) == len(prefix) + 8)
+    return [os.path.join(parent, n) for n in found if _ours_alone(os.path.join(parent, n))]
+
+
+def _ours_alone(path: str) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077
+
+
 def write_private(path: str, data: bytes) -> None:
     """``data`` as the whole of ``path``, at once for a reader: a new file
     (0600, never through a symlink) renamed over the old one."""

@@ -6,7 +6,8 @@ for a folder other users may share live in one place:
 - The default logs go under a base folder of the user's own,
   ``$TMPDIR/jaxrun-logs-UID``, mode 0700.  A folder every user shares would be
   created by the first one, and the second could then neither write into it
-  nor keep the first from reading their tracebacks.
+  nor keep the first from reading their tracebacks.  Where another user made
+  that name first, a folder of a random name beside it (``private_base``).
 - A run's folder is created new, mode 0700.  An explicit ``--log-dir`` that
   exists already is reused, as users expect, when it is a folder they may
   write (and not a symlink another user planted).
@@ -53,23 +54,35 @@ def life_paths(log_dir: str, rank: int) -> list[tuple[str, str, str]]:
 # -- folders -----------------------------------------------------------------
 
 
+LOG_BASE = "jaxrun-logs-{uid}"  # in the temporary folder, one per user
+
+
 def default_base(tmpdir: str | None = None) -> str:
-    """The per-user folder that holds every run's default log folder."""
-    return os.path.join(tmpdir or tempfile.gettempdir(), f"jaxrun-logs-{os.geteuid()}")
+    """The per-user folder that holds every run's default log folder: the
+    usual one, or the one of a random name a run made beside it where
+    another user had taken that (``private_base``).  Nothing is made."""
+    parent = tmpdir or tempfile.gettempdir()
+    found = contract.private_folders(parent, LOG_BASE.format(uid=os.geteuid()))
+    return found[0] if found else os.path.join(parent, LOG_BASE.format(uid=os.geteuid()))
 
 
-def ensure_private_base(path: str) -> None:
-    """Create the per-user base 0700, or check that the one there is ours alone.
-
-    Checked with lstat: a symlink, another user's folder, or one that others
-    may read or write is refused, never repaired (changing the mode of another
-    user's folder is not ours to do)."""
+def private_base(tmpdir: str | None = None) -> tuple[str, str | None]:
+    """The per-user base, made 0700 if new, and the one line that says why
+    it is not the usual name (None where it is).  Where another user made
+    ``$TMPDIR/jaxrun-logs-UID`` first (a folder, a link, a file, a FIFO),
+    the logs go to a private folder of a random name beside it: a refusal
+    would let any user of the machine stop every run of another's."""
+    parent = tmpdir or tempfile.gettempdir()
+    name = LOG_BASE.format(uid=os.geteuid())
     try:
-        problem = contract.private_folder(path)
+        path, problem = contract.private_folder_in(parent, name)
     except OSError as e:
-        raise LaunchError(f"cannot create the log folder {path} ({e.strerror}); pass --log-dir DIR") from None
-    if problem:
-        raise LaunchError(f"the default log folder {path} is not private: {problem}; remove it or pass --log-dir DIR")
+        raise LaunchError(f"cannot create the log folder {os.path.join(parent, name)} ({e.strerror or e}); "
+                          "pass --log-dir DIR") from None
+    if problem is None:
+        return path, None
+    return path, (f"jaxrun: the log folder {os.path.join(parent, name)} is not yours alone ({problem}): "
+                  f"this run's logs are in {path}, a private folder of a random name")
 
 
 def check_log_dir(path: str) -> None:

@@ -29,6 +29,7 @@ import os
 import secrets
 import select
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -219,11 +220,17 @@ def read_line(conn: socket.socket, limit: int) -> bytes:
     return bytes(data)
 
 
-def open_channel(view: JobView, note: Callable[[str], None] = lambda line: None) -> ControlChannel | None:
+def open_channel(view: JobView, note: Callable[[str], None] = lambda line: None,
+                 say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
+                 ) -> ControlChannel | None:
     """Listen for the run's inspecting commands; None where this user has no
     private socket folder, or the socket cannot be made (the run goes on
-    without its channel, and ``note`` says why)."""
-    path = address(view.run_id)
+    without its channel, and ``note`` says why).  ``say``: the line that
+    tells where the run's sockets are when the usual folder was taken."""
+    folder, why = portable.sockets.socket_folder()
+    if why:
+        say(why)
+    path = address(view.run_id, folder) if folder else None
     if path is None:
         note("jaxrun: no private socket folder: jaxrun stacks and jaxrun top cannot reach this run")
         return None

@@ -131,17 +131,77 @@ def temp_base_for_sockets(room: int) -> str:
     return base if len(base) + room <= LONGEST_SOCKET_PATH else "/tmp"
 
 
-def private_socket_folder() -> str | None:
-    """This user's folder for socket files, made 0700 if new; None if what
-    is there is not a folder that only this user can enter (someone else's,
-    a symlink, too open), since a socket file's own mode is no defence."""
-    name = SOCKET_FOLDER.format(uid=os.getuid())
-    # A long $TMPDIR: under it, the socket's name would not fit.
-    folder = os.path.join(temp_base_for_sockets(len(name) + 27), name)
+# What a folder's path leaves a socket's name: "/coordinator-XXXXXXXX.sock".
+SOCKET_NAME_ROOM = 27
+RANDOM_ROOM = 9  # "-XXXXXXXX": the random name's part after SOCKET_FOLDER's
+RUNTIME_FOLDER = "jaxrun"  # in $XDG_RUNTIME_DIR
+
+
+def runtime_folder() -> str | None:
+    """``$XDG_RUNTIME_DIR/jaxrun`` where the system gives this user a runtime
+    folder (systemd's /run/user/UID: this user's alone, 0700) and a socket's
+    path in it fits; None otherwise."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    if not os.path.isabs(runtime):
+        return None
     try:
-        return None if contract.private_folder(folder) else folder
+        st = os.stat(runtime)
     except OSError:
         return None
+    import stat
+
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        return None
+    folder = os.path.join(runtime, RUNTIME_FOLDER)
+    return folder if len(folder) + SOCKET_NAME_ROOM <= LONGEST_SOCKET_PATH else None
+
+
+def socket_folder() -> tuple[str | None, str | None]:
+    """This user's folder for socket files, and the one line that says why
+    it is not the usual one (None where it is).  The runtime folder where
+    there is one; else ``jaxrun-sockets-UID`` in the temporary folder (or in
+    /tmp, where a long $TMPDIR leaves a socket's name no room); and where
+    another user made that first (or it is a link, a file, a FIFO, open to
+    others), a private folder of a random name beside it: never nothing, so
+    that no other user can push a run onto a port.  (None, None): no folder
+    can be made at all."""
+    runtime = runtime_folder()
+    if runtime is not None:
+        try:
+            if contract.private_folder(runtime) is None:
+                return runtime, None
+        except OSError:
+            pass
+    name = SOCKET_FOLDER.format(uid=os.getuid())
+    base = temp_base_for_sockets(len(name) + RANDOM_ROOM + SOCKET_NAME_ROOM)
+    try:
+        folder, problem = contract.private_folder_in(base, name)
+    except OSError:
+        return None, None
+    if problem is None:
+        return folder, None
+    return folder, (f"jaxrun: the socket folder {os.path.join(base, name)} is not yours alone ({problem}): "
+                    f"this run's sockets are in {folder}, a private folder of a random name")
+
+
+def private_socket_folder() -> str | None:
+    """This user's folder for socket files (``socket_folder``); None only
+    where none can be made."""
+    return socket_folder()[0]
+
+
+def socket_folders() -> list[str]:
+    """Every folder of this user's sockets that exists and is this user's
+    alone (lstat), where a running job of theirs may listen: the runtime
+    folder's, then those in the temporary folder ``socket_folder`` picks.
+    Nothing is made: ``jaxrun top`` and ``jaxrun stacks`` look in each."""
+    name = SOCKET_FOLDER.format(uid=os.getuid())
+    found = []
+    runtime = runtime_folder()
+    if runtime is not None:
+        found += contract.private_folders(os.path.dirname(runtime), RUNTIME_FOLDER)[:1]
+    found += contract.private_folders(temp_base_for_sockets(len(name) + RANDOM_ROOM + SOCKET_NAME_ROOM), name)
+    return found
 
 
 def server_address(name: str) -> str | None:

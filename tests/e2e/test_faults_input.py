@@ -260,6 +260,10 @@ def plant_base(tmpdir: str, kind: str) -> Path:
         elsewhere = Path(tmpdir) / "elsewhere"
         elsewhere.mkdir(mode=0o700)
         base.symlink_to(elsewhere)
+    elif kind == "file":
+        base.write_text("")
+    elif kind == "fifo":
+        os.mkfifo(base)
     else:
         base.mkdir()
         base.chmod(0o755 if kind == "mode-0755" else 0o700)
@@ -271,27 +275,37 @@ def plant_base(tmpdir: str, kind: str) -> Path:
     return base
 
 
+NOT_A_FOLDER = "it is not a folder (a symlink or a file)"
 BASE_PROBLEMS = [
     ("mode-0755", "other users have access to it (mode 0755)"),
     ("other-owner", "it belongs to uid {uid}"),
-    ("symlink", "it is not a folder (a symlink or a file)"),
+    ("symlink", NOT_A_FOLDER),
+    ("file", NOT_A_FOLDER),
+    ("fifo", NOT_A_FOLDER),
 ]
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("kind, problem", BASE_PROBLEMS, ids=[p[0] for p in BASE_PROBLEMS])
-def test_default_base_that_is_not_private_is_refused_untouched(kind, problem, place, tmp_path):
+def test_default_base_that_is_not_private_is_left_untouched_for_one_of_a_random_name(kind, problem, place):
+    """Another user's name in the way stops no run (issue 70): the logs go to
+    a private folder of a random name beside it, said in one line."""
     tmpdir = os.environ["TMPDIR"]
     base = plant_base(tmpdir, kind)
     before = base.lstat()
     proc = run_jaxrun([place["script"]])
-    uid = before.st_uid
-    assert_one_error_line(proc, f"the default log folder {base} is not private: {problem.format(uid=uid)}; "
-                                f"remove it or pass --log-dir DIR")
+    assert proc.returncode == 0, proc.stderr
+    (logs,) = re.findall(r"jaxrun: logs in (\S+)", proc.stderr)
+    chosen = Path(logs).parent
+    assert chosen.parent == Path(tmpdir) and chosen.name.startswith(base.name + "-"), logs
+    assert stat.S_IMODE(chosen.lstat().st_mode) == 0o700 and chosen.lstat().st_uid == os.geteuid()
+    said = [line for line in proc.stderr.splitlines() if "is not yours alone" in line]
+    assert said == [f"jaxrun: the log folder {base} is not yours alone ({problem.format(uid=before.st_uid)}): "
+                    f"this run's logs are in {chosen}, a private folder of a random name"], proc.stderr
     after = base.lstat()
-    assert (after.st_mode, after.st_uid) == (before.st_mode, before.st_uid)  # refused, not repaired
-    assert not (tmp_path / RAN).exists()
-    assert list(base.iterdir()) == []  # (through the symlink: the folder it points at)
+    assert (after.st_mode, after.st_uid) == (before.st_mode, before.st_uid)  # not repaired
+    if kind == "symlink" or stat.S_ISDIR(after.st_mode):
+        assert list(base.iterdir()) == []  # (through the symlink: the folder it points at)
 
 
 # -- files in a reused --log-dir ------------------------------------------------------

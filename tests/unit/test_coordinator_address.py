@@ -12,11 +12,13 @@ import os
 import signal
 import socket
 import stat
+import tempfile
 
 from jaxrun import contract, portable
 from jaxrun.backends import local
 from jaxrun.child.join import addresses
 from jaxrun.core import causes
+from jaxrun.core.config import LaunchError
 from jaxrun.core.outcome import Outcome, ProcessRecord, StopReason, Verdict
 from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
 from jaxrun.reporting import diagnosis, github, report, summary
@@ -51,18 +53,34 @@ def test_the_bind_address_is_never_a_wildcard_nor_a_port(tmp_path, monkeypatch):
         assert "0.0.0.0" not in env[name] and "[::]" not in env[name]
 
 
-def test_no_private_folder_falls_back_to_a_loopback_port_and_a_long_path_to_none():
-    assert local.coordinator_socket(None) is None
-    assert local.coordinator_socket("/tmp/" + "x" * 120) is None
+def test_no_folder_at_all_is_refused_never_moved_onto_a_port(tmp_path, monkeypatch):
+    """Where no private folder can be made (the temporary folder is a file),
+    the run stops with a line that names --coordinator: a port the user did
+    not ask for would be open to every user of the machine."""
+    fd, short = tempfile.mkstemp(dir="/tmp")  # short: a long one would move the folder to /tmp
+    os.close(fd)
+    monkeypatch.setattr("tempfile.tempdir", short)
+    try:
+        local.local_coordinator(None)
+    except LaunchError as e:
+        assert "pass --coordinator HOST:PORT" in str(e), e
+    else:
+        raise AssertionError("a port was chosen")
+    finally:
+        os.unlink(short)
 
 
 def test_the_name_fits_where_the_longest_temporary_folder_leaves_room(tmp_path, monkeypatch):
-    """temp_base_for_sockets keeps $TMPDIR only where the folder's name and 27
-    more bytes fit: a coordinator's socket must fit there too."""
+    """temp_base_for_sockets keeps $TMPDIR only where the folder's name, a
+    random part's 9 bytes and 27 more fit: a coordinator's socket must fit
+    there too, in a folder of a random name as well."""
     name = portable.sockets.SOCKET_FOLDER.format(uid=os.getuid())
-    base = "/" + "t" * (portable.sockets.LONGEST_SOCKET_PATH - len(name) - 27 - 1)  # the longest it keeps
-    assert len(base) + len(name) + 27 == portable.sockets.LONGEST_SOCKET_PATH
-    assert local.coordinator_socket(os.path.join(base, name)) is not None
+    room = len(name) + portable.sockets.RANDOM_ROOM + portable.sockets.SOCKET_NAME_ROOM
+    base = "/" + "t" * (portable.sockets.LONGEST_SOCKET_PATH - room - 1)  # the longest it keeps
+    monkeypatch.setattr("tempfile.tempdir", base)
+    assert portable.temp_base_for_sockets(room) == base
+    folder = os.path.join(base, name + "-abcdefgh")
+    assert len(local.coordinator_socket(folder)) <= portable.sockets.LONGEST_SOCKET_PATH
 
 
 def test_the_user_s_address_is_kept(tmp_path):

@@ -337,12 +337,21 @@ def test_a_path_too_long_for_a_socket_names_the_run_by_a_hash(short_tmp):
     assert short == str(short_tmp / "run-x.sock")
 
 
-def test_without_a_private_folder_the_run_goes_on_without_a_channel(short_tmp):
-    (short_tmp / f"jaxrun-sockets-{os.getuid()}").mkdir(mode=0o755)  # someone made it open: refused
+def test_a_taken_socket_folder_moves_the_channel_to_one_of_a_random_name_said_in_one_line(short_tmp):
+    usual = short_tmp / f"jaxrun-sockets-{os.getuid()}"
+    usual.mkdir(mode=0o755)  # someone made it open: not used, not repaired
     said = []
     view = channel.JobView("r", [], "/l", 0, [], queue.SimpleQueue().put)
-    assert channel.open_channel(view, said.append) is None
-    assert said == ["jaxrun: no private socket folder: jaxrun stacks and jaxrun top cannot reach this run"]
+    listening = channel.open_channel(view, said.append, said.append)
+    assert listening is not None
+    try:
+        folder = os.path.dirname(listening.path)
+        assert os.path.dirname(folder) == str(short_tmp) and folder.startswith(f"{usual}-")
+        assert said == [f"jaxrun: the socket folder {usual} is not yours alone (other users have access to it "
+                        f"(mode 0755)): this run's sockets are in {folder}, a private folder of a random name"]
+        assert find.find_job(None)[0] == listening.path == find.find_job("r")[0]  # jaxrun top finds it
+    finally:
+        listening.close()
 
 
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching to another user needs root")

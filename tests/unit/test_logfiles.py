@@ -44,43 +44,64 @@ def test_default_base_is_per_user(tmp_path):
 
 
 def test_private_base_is_created_0700(tmp_path):
-    base = tmp_path / "base"
     old = os.umask(0)  # even with a permissive umask
     try:
-        logfiles.ensure_private_base(str(base))
+        base, why = logfiles.private_base(str(tmp_path))
     finally:
         os.umask(old)
+    assert (base, why) == (str(tmp_path / f"jaxrun-logs-{os.geteuid()}"), None)
     assert mode(base) == 0o700
-    logfiles.ensure_private_base(str(base))  # and found again
+    assert logfiles.private_base(str(tmp_path)) == (base, None)  # and found again
 
 
-def test_base_others_may_read_is_refused_not_repaired(tmp_path):
-    base = tmp_path / "base"
-    base.mkdir(mode=0o755)
-    os.chmod(base, 0o755)
-    with pytest.raises(LaunchError, match=r"is not private: other users have access to it \(mode 0755\)"):
-        logfiles.ensure_private_base(str(base))
-    assert mode(base) == 0o755
+def _taken_by_a_random_one(tmp_path, problem: str) -> str:
+    """The base a run gets where the usual name is not ours alone: a new
+    folder of a random name beside it, 0700, said in one line; the next run
+    and ``jaxrun logs`` (default_base) find the same one."""
+    usual = tmp_path / f"jaxrun-logs-{os.geteuid()}"
+    base, why = logfiles.private_base(str(tmp_path))
+    assert os.path.dirname(base) == str(tmp_path) and os.path.basename(base).startswith(usual.name + "-")
+    assert len(os.path.basename(base)) == len(usual.name) + 9
+    st = os.lstat(base)
+    assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and mode(base) == 0o700
+    assert why == (f"jaxrun: the log folder {usual} is not yours alone ({problem}): this run's logs are in {base}, "
+                   "a private folder of a random name")
+    assert logfiles.private_base(str(tmp_path))[0] == base
+    assert logfiles.default_base(str(tmp_path)) == base
+    return base
 
 
-def test_base_that_is_a_symlink_is_refused(tmp_path):
+def test_a_base_others_may_read_is_left_as_it_is_for_one_of_a_random_name(tmp_path):
+    usual = tmp_path / f"jaxrun-logs-{os.geteuid()}"
+    usual.mkdir(mode=0o755)
+    os.chmod(usual, 0o755)
+    _taken_by_a_random_one(tmp_path, "other users have access to it (mode 0755)")
+    assert mode(usual) == 0o755  # never repaired
+
+
+@pytest.mark.parametrize("kind", ["symlink", "file", "fifo"])
+def test_a_base_that_is_not_a_folder_is_left_for_one_of_a_random_name(tmp_path, kind):
+    usual = tmp_path / f"jaxrun-logs-{os.geteuid()}"
     real = tmp_path / "real"
     real.mkdir(mode=0o700)
-    (tmp_path / "base").symlink_to(real)
-    with pytest.raises(LaunchError, match="it is not a folder"):
-        logfiles.ensure_private_base(str(tmp_path / "base"))
+    {"symlink": lambda: usual.symlink_to(real), "file": lambda: usual.write_text(""),
+     "fifo": lambda: os.mkfifo(usual)}[kind]()
+    _taken_by_a_random_one(tmp_path, "it is not a folder (a symlink or a file)")
+    assert os.listdir(real) == []  # nothing through the link
 
 
 @as_root
-def test_base_of_another_user_is_refused(tmp_path):
-    # The issue's case: the first user made the shared folder; now it is someone else's.
-    base = tmp_path / "base"
-    base.mkdir(mode=0o700)
-    os.chown(base, NOBODY, NOBODY)
-    with pytest.raises(LaunchError) as e:
-        logfiles.ensure_private_base(str(base))
-    assert str(e.value) == (f"the default log folder {base} is not private: it belongs to uid {NOBODY}; "
-                            f"remove it or pass --log-dir DIR")
+def test_a_base_of_another_user_is_left_for_one_of_a_random_name(tmp_path):
+    # The issue's case: another user made the name first.
+    usual = tmp_path / f"jaxrun-logs-{os.geteuid()}"
+    usual.mkdir(mode=0o700)
+    os.chown(usual, NOBODY, NOBODY)
+    mine = _taken_by_a_random_one(tmp_path, f"it belongs to uid {NOBODY}")
+    # Their folders of the random shape are never taken for ours.
+    theirs = tmp_path / (usual.name + "-aaaaaaaa")
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, NOBODY, NOBODY)
+    assert logfiles.private_base(str(tmp_path))[0] == mine
 
 
 # -- --log-dir before the start --------------------------------------------

@@ -13,6 +13,7 @@ import ast
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -231,20 +232,33 @@ def test_forced_the_hosts_server_uses_a_socket_file_in_a_private_folder(forced, 
     assert portable.server_address("another") != address
 
 
+def _in_a_random_folder(address: str, base: str) -> None:
+    """A socket in this user's folder of a random name beside the usual one:
+    0700, this user's, not a link (lstat)."""
+    folder = os.path.dirname(address)
+    assert os.path.dirname(folder) == base
+    assert os.path.basename(folder).startswith(f"jaxrun-sockets-{os.getuid()}-")
+    st = os.lstat(folder)
+    assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & 0o777 == 0o700
+    assert len(address) <= portable.sockets.LONGEST_SOCKET_PATH
+
+
 @pytest.mark.parametrize("mode", [0o755, 0o770, 0o701])
-def test_a_socket_folder_others_can_enter_is_refused(forced, short_tmp, mode):
-    tmp_path = short_tmp
-    folder = tmp_path / f"jaxrun-sockets-{os.getuid()}"
+def test_a_socket_folder_others_can_enter_is_left_for_one_of_a_random_name(forced, short_tmp, mode):
+    folder = short_tmp / f"jaxrun-sockets-{os.getuid()}"
     folder.mkdir()
     folder.chmod(mode)
-    assert portable.server_address("name") is None
+    address = portable.server_address("name")
+    _in_a_random_folder(address, str(short_tmp))
+    assert portable.server_address("name") == address  # the agents find it by the name alone
+    assert folder.stat().st_mode & 0o777 == mode  # never repaired
 
 
-def test_a_symlink_for_the_socket_folder_is_refused(forced, short_tmp):
-    tmp_path = short_tmp
-    (tmp_path / "elsewhere").mkdir(mode=0o700)
-    (tmp_path / f"jaxrun-sockets-{os.getuid()}").symlink_to(tmp_path / "elsewhere")
-    assert portable.server_address("name") is None
+def test_a_symlink_for_the_socket_folder_is_left_for_one_of_a_random_name(forced, short_tmp):
+    (short_tmp / "elsewhere").mkdir(mode=0o700)
+    (short_tmp / f"jaxrun-sockets-{os.getuid()}").symlink_to(short_tmp / "elsewhere")
+    _in_a_random_folder(portable.server_address("name"), str(short_tmp))
+    assert os.listdir(short_tmp / "elsewhere") == []
 
 
 def test_a_long_tmpdir_moves_the_socket_folder_to_tmp(forced, tmp_path, monkeypatch):
@@ -252,7 +266,19 @@ def test_a_long_tmpdir_moves_the_socket_folder_to_tmp(forced, tmp_path, monkeypa
     deep.mkdir()
     monkeypatch.setattr("tempfile.tempdir", str(deep))
     address = portable.server_address("name")
-    assert address == os.path.join("/tmp", f"jaxrun-sockets-{os.getuid()}", os.path.basename(address))
+    assert os.path.dirname(os.path.dirname(address)) == "/tmp"
+    assert os.path.basename(os.path.dirname(address)).startswith(f"jaxrun-sockets-{os.getuid()}")
+
+
+def test_the_runtime_folder_is_preferred_where_the_system_has_one(short_tmp, monkeypatch):
+    runtime = short_tmp / "run-user"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    assert portable.sockets.socket_folder() == (str(runtime / "jaxrun"), None)
+    assert os.lstat(runtime / "jaxrun").st_mode & 0o777 == 0o700
+    assert portable.sockets.socket_folders()[0] == str(runtime / "jaxrun")
+    runtime.chmod(0o755)  # not a runtime folder of this user's alone: not used
+    assert portable.sockets.socket_folder()[0] == str(short_tmp / f"jaxrun-sockets-{os.getuid()}")
 
 
 def test_peer_credentials_where_the_system_has_them():

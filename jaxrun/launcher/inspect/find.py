@@ -78,20 +78,22 @@ def describe(path: str) -> words.JobInfo | None:
 
 
 def find_job(run_id: str | None, folder: str | None = None) -> tuple[str, words.JobInfo]:
-    """(the channel's path, who it is): run ``run_id``'s, or the newest job's."""
-    folder = folder or portable.sockets.private_socket_folder()
-    if folder is None:
-        raise NoJob("you have no private socket folder, so no running job of yours can be reached")
+    """(the channel's path, who it is): run ``run_id``'s, or the newest job's,
+    in any of this user's socket folders (one of a random name where another
+    user took the usual one: each is checked to be this user's alone)."""
+    folders = [folder] if folder else portable.sockets.socket_folders()
     if run_id is not None:
         if not RUN_ID.fullmatch(run_id):
             raise click.BadParameter(f"{run_id!r} is not a run id (like 20261204-013000-1a2b3c)",
                                      param_hint="'--run'")
-        path = channel.address(run_id, folder)
-        info = describe(path) if path and os.path.exists(path) else None
-        if info is None:
-            raise NoJob(f"no running job {run_id} (it has ended, or was started by another user)")
-        return path, info
-    jobs = [(info.started, path, info) for path in listed(folder) if (info := describe(path)) is not None]
+        for place in folders:
+            path = channel.address(run_id, place)
+            info = describe(path) if path and os.path.exists(path) else None
+            if info is not None:
+                return path, info
+        raise NoJob(f"no running job {run_id} (it has ended, or was started by another user)")
+    jobs = [(info.started, path, info) for place in folders for path in listed(place)
+            if (info := describe(path)) is not None]
     if not jobs:
         raise NoJob("no running job of yours (jaxrun logs lists the finished ones)")
     _, path, info = max(jobs, key=lambda job: (job[0], job[1]))

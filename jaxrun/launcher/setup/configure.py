@@ -175,6 +175,7 @@ def run_config(values: Mapping[str, Any], launch: planning.LaunchOptions, consol
         report_path=values["report_path"],
         dry_run=values["dry_run"],
         verbose=values["verbose"],
+        quiet=values.get("quiet", False),
         fixed_coordinator=values["coordinator"],
         junit_path=values["junit_path"],
         timestamps=values["timestamps"],
@@ -397,8 +398,10 @@ def prepared_log_dir(log_dir: str | None, run_id: str) -> str:
         log_dir = os.path.abspath(log_dir)
         logfiles.check_log_dir(log_dir)
         return log_dir
-    logfiles.ensure_private_base(logfiles.default_base())
-    return default_log_dir(run_id)
+    base, why = logfiles.private_base()
+    if why:
+        print(why, file=sys.stderr, flush=True)
+    return os.path.join(base, run_id)
 
 
 def default_log_dir(run_id: str) -> str:
