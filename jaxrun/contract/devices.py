@@ -1,5 +1,6 @@
 """Which GPUs one task of a scheduler step owns, from what its engine set;
-and how many tasks share its node.
+and how many tasks share its node.  Below, a TPU host's chips: how many, and
+each local process's share (``tpu_env``, for the launcher's plan).
 
 JAX's own Slurm detection would give each process its ``SLURM_LOCALID``'s
 GPU, but the shim turns it off (``cluster_detection_method="deactivate"``,
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from jaxrun.contract.names import LOCAL_COUNT_SOURCES, LOCAL_PROCESS_COUNT, RANK_SOURCE
 
@@ -118,3 +119,137 @@ def local_count_from_env(environ: Mapping[str, str] = os.environ) -> int:
     source = environ.get(RANK_SOURCE, "")
     per_node, node = LOCAL_COUNT_SOURCES.get(source, (LOCAL_PROCESS_COUNT, None))
     return tasks_on_node(environ.get(per_node, ""), int(environ.get(node, "0")) if node else 0)
+
+
+# -- TPU hosts -------------------------------------------------------------------
+# One program at a time holds a TPU chip (libtpu's lockfile), so several
+# processes on one host each get chips of their own, with the variables JAX's
+# own multi-process runner (jax/_src/test_multiprocess.py) sets.  Each
+# process's chips, as indices among the host's:
+TPU_VISIBLE_CHIPS = "TPU_VISIBLE_CHIPS"
+TPU_CHIPS_PER_PROCESS_BOUNDS = "TPU_CHIPS_PER_PROCESS_BOUNDS"  # the shape of one process's chips
+TPU_PROCESS_BOUNDS = "TPU_PROCESS_BOUNDS"  # the shape of the grid of processes
+TPU_PROCESS_ADDRESSES = "TPU_PROCESS_ADDRESSES"  # every process's host:port, where libtpu's processes meet
+TPU_PROCESS_PORT = "TPU_PROCESS_PORT"  # this process's port among them
+CLOUD_TPU_TASK_ID = "CLOUD_TPU_TASK_ID"  # this process's place among them
+ALLOW_MULTIPLE_LIBTPU_LOAD = "ALLOW_MULTIPLE_LIBTPU_LOAD"
+# What a Cloud TPU VM (or a GKE pod) sets for the whole host, which libtpu and
+# JAX's TPU detection read as well: given jaxrun's numbering, so that the VM's
+# "worker 0 of one" does not undo it.
+TPU_WORKER_ID = "TPU_WORKER_ID"
+TPU_WORKER_HOSTNAMES = "TPU_WORKER_HOSTNAMES"
+TPU_HOST_BOUNDS = "TPU_HOST_BOUNDS"
+TPU_CHIPS_PER_HOST_BOUNDS = "TPU_CHIPS_PER_HOST_BOUNDS"
+# (chips the host's processes use together, chips per process) -> (process
+# bounds, chips-per-process bounds): JAX's runner's table, and 8 chips by 2
+# (absent there), which tiles the same 2x4 host as its 8 by 4.
+TPU_LAYOUTS = {
+    (1, 1): ("1,1,1", "1,1,1"),
+    (4, 1): ("2,2,1", "1,1,1"),
+    (4, 2): ("2,1,1", "1,2,1"),
+    (4, 4): ("1,1,1", "2,2,1"),
+    (8, 1): ("4,2,1", "1,1,1"),
+    (8, 2): ("2,2,1", "1,2,1"),
+    (8, 4): ("1,2,1", "2,2,1"),
+    (8, 8): ("1,1,1", "2,4,1"),
+}
+# The chips' device files: /dev/accelN (TPU v2 to v4), /dev/vfio/N (v5e and
+# newer: one VFIO group per chip).  A VFIO group may hold any device, so those
+# count only as far as PCI lists Google TPUs (vendor 0x1ae0; its device ids for
+# TPUs, as JAX's hardware_utils names them: v3 to TPU7x, not the gVNIC).
+ACCEL_FILE = re.compile(r"accel\d+")
+VFIO_GROUP = re.compile(r"\d+")
+GOOGLE_VENDOR = "0x1ae0"
+TPU_PCI_DEVICES = frozenset({"0x0027", "0x0056", "0x005e", "0x0062", "0x0063", "0x006f", "0x0076"})
+
+
+def _count(folder: str, pattern: re.Pattern) -> int:
+    try:
+        return sum(1 for name in os.listdir(folder) if pattern.fullmatch(name))
+    except OSError:
+        return 0
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read(64).strip()
+    except OSError:
+        return ""
+
+
+def tpu_pci_chips(root: str = "/") -> int:
+    """How many TPU chips PCI lists (sysfs), 0 where it cannot be read."""
+    folder = os.path.join(root, "sys/bus/pci/devices")
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return 0
+    return sum(1 for name in names if _read(os.path.join(folder, name, "vendor")) == GOOGLE_VENDOR
+               and _read(os.path.join(folder, name, "device")) in TPU_PCI_DEVICES)
+
+
+def host_tpu_chips(environ: Mapping[str, str], root: str = "/") -> list[int] | None:
+    """The TPU chips this host gives its processes, as the indices
+    TPU_VISIBLE_CHIPS takes; None where there are none, or where the job
+    leaves the TPU alone (JAX_PLATFORMS without ``tpu``).  TPU_VISIBLE_CHIPS,
+    where set, is the set; else the chips' device files under ``root``: a
+    sandbox may list more TPUs on PCI than it lets a process open (one VFIO
+    group of four TPUs seen: JAX showed one chip)."""
+    platforms = environ.get("JAX_PLATFORMS", "").strip()
+    if platforms and "tpu" not in platforms.lower().split(","):
+        return None
+    visible = listed(environ.get(TPU_VISIBLE_CHIPS))
+    if visible is not None:
+        try:
+            return [int(chip) for chip in visible] or None
+        except ValueError:
+            return None  # not ours to read: libtpu will say what is wrong with it
+    accel = _count(os.path.join(root, "dev"), ACCEL_FILE)
+    chips = accel or min(_count(os.path.join(root, "dev/vfio"), VFIO_GROUP), tpu_pci_chips(root))
+    return list(range(chips)) or None
+
+
+def tpu_split(chips: int, local_count: int, per_process: int | None) -> tuple[int, str, str]:
+    """(chips per process, TPU_PROCESS_BOUNDS, TPU_CHIPS_PER_PROCESS_BOUNDS)
+    for ``local_count`` processes on a host of ``chips`` TPU chips; ValueError,
+    one line, where they do not fit as JAX's runner lays chips out."""
+    s = "" if chips == 1 else "s"
+    if per_process is None:
+        if local_count > chips:
+            raise ValueError(f"-n {local_count}: this machine has {chips} TPU chip{s}, and a chip is held by one "
+                             f"process at a time; at most {chips} process{'' if chips == 1 else 'es'} here "
+                             "(or --cpu-devices D for CPU processes)")
+        if chips % local_count:
+            raise ValueError(f"{chips} TPU chips cannot be split evenly among {local_count} processes; "
+                             "pass --devices-per-process")
+        per_process = chips // local_count
+    if local_count * per_process > chips:
+        raise ValueError(f"-n {local_count} x --devices-per-process {per_process} needs {local_count * per_process} "
+                         f"TPU chips, but this machine has {chips}")
+    layout = TPU_LAYOUTS.get((local_count * per_process, per_process))
+    if layout is None:
+        raise ValueError(f"-n {local_count} x {per_process} TPU chip{'' if per_process == 1 else 's'}: jaxrun lays "
+                         "out a host's chips as JAX's multi-process runner does, 1, 4 or 8 chips in all, 1, 2, 4 "
+                         "or 8 to a process")
+    return per_process, *layout
+
+
+def tpu_env(chips: Sequence[int], local: int, local_count: int, per_process: int | None,
+            ports: Sequence[int]) -> dict[str, str]:
+    """Local process ``local``'s TPU variables: its chips (the ``local``-th
+    share of ``chips``, the host's), the layout, and where several meet (one
+    port each in ``ports``; a lone process needs none)."""
+    share, process_bounds, chip_bounds = tpu_split(len(chips), local_count, per_process)
+    env = {
+        TPU_VISIBLE_CHIPS: ",".join(str(c) for c in chips[local * share:(local + 1) * share]),
+        TPU_CHIPS_PER_PROCESS_BOUNDS: chip_bounds, TPU_PROCESS_BOUNDS: process_bounds,
+        CLOUD_TPU_TASK_ID: str(local), ALLOW_MULTIPLE_LIBTPU_LOAD: "1",
+        TPU_WORKER_ID: str(local), TPU_HOST_BOUNDS: process_bounds, TPU_CHIPS_PER_HOST_BOUNDS: chip_bounds,
+        TPU_WORKER_HOSTNAMES: "localhost",
+    }
+    if local_count > 1:
+        env[TPU_PROCESS_ADDRESSES] = ",".join(f"localhost:{p}" for p in ports)
+        env[TPU_PROCESS_PORT] = str(ports[local])
+        env[TPU_WORKER_HOSTNAMES] = ",".join(["localhost"] * local_count)
+    return env

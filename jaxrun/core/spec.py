@@ -63,6 +63,11 @@ class LaunchOptions:
     verbose: bool = False
     devices_per_process: int | None = None  # accelerator devices per controller
     devices_per_host: int | None = None  # accelerators seen on each host, if known
+    # This machine's TPU chips, where a local run splits them among its
+    # processes (contract.devices.tpu_env), and a TCP port for each process,
+    # where libtpu's processes meet (none for one process).
+    tpu_chips: tuple[int, ...] = ()
+    tpu_ports: tuple[int, ...] = ()
     # Slurm or Open MPI places the processes: a process's local rank (and so
     # its devices) is the scheduler's to give, when the step starts.
     scheduled: bool = False

@@ -22,10 +22,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from jaxrun import contract
+from jaxrun.contract import devices
 from jaxrun.core import forward, logfiles, modes
 from jaxrun.core.config import BackendEntry, LaunchError, RunConfig, declared_flags, on_github_actions
 from jaxrun.core.ranks import console_rank_set
 from jaxrun.launcher.setup import allocation, plan as planning
+from jaxrun.launcher.setup.devices import free_ports, tpu_share
 
 # The most accelerators one process may own when jaxrun cannot count them
 # (remote hosts, TPUs): more than any one host has.
@@ -45,8 +47,9 @@ class System:
     """This machine as the checks see it: its environment, its programs, its
     GPUs and its limits.  Tests pass one with fixed answers."""
 
-    def __init__(self, environ: Mapping[str, str] | None = None):
+    def __init__(self, environ: Mapping[str, str] | None = None, root: str = "/"):
         self.environ = os.environ if environ is None else environ
+        self.root = root  # where its /dev and /sys are (a test's folder of fake TPU chips)
 
     def which(self, program: str) -> str | None:
         return shutil.which(program, path=self.environ.get("PATH"))
@@ -55,6 +58,12 @@ class System:
         from jaxrun.launcher.setup.devices import count_local_gpus
 
         return count_local_gpus(self.environ)
+
+    def local_tpu_chips(self, environ: Mapping[str, str]) -> list[int] | None:
+        return devices.host_tpu_chips(environ, self.root)
+
+    def tcp_ports(self, count: int) -> list[int]:
+        return free_ports(count)
 
     def open_file_limits(self) -> tuple[int, int]:
         return resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -106,6 +115,8 @@ def config_from_args(values: Mapping[str, Any], backends: Mapping[str, BackendEn
     elsewhere = entry.takes_hosts or entry.scheduled
     devices_per_host = local_device_count(cpu_devices, per_process, num_processes, elsewhere, system)
     check_devices_per_process(per_process, devices_per_host)
+    tpu_chips, tpu_ports = ((), ()) if devices_per_host or cpu_devices is not None or elsewhere else \
+        tpu_share(system, num_processes, per_process, extra_env)
     run_id = new_run_id()
     launch = planning.LaunchOptions(
         target=target,
@@ -121,6 +132,8 @@ def config_from_args(values: Mapping[str, Any], backends: Mapping[str, BackendEn
         verbose=values["verbose"],
         devices_per_process=per_process,
         devices_per_host=devices_per_host,
+        tpu_chips=tpu_chips,
+        tpu_ports=tpu_ports,
         scheduled=entry.scheduled,
         flight_recorder=values["flight_recorder"],
         check_divergence=values["check_divergence"],

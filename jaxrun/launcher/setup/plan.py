@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from jaxrun import contract
+from jaxrun.contract import devices
 from jaxrun.core.spec import (  # noqa: F401 -- the plan's vocabulary
     LOCAL_HOST,
     Host,
@@ -57,6 +58,13 @@ def device_env(opts: LaunchOptions, local_rank: int, local_count: int, host: str
         if opts.devices_per_process < 1:
             raise PlanError(f"--devices-per-process must be at least 1, got {opts.devices_per_process}")
         return {contract.TASK_DEVICES_PER_PROCESS: str(opts.devices_per_process)}
+    if opts.tpu_chips:
+        if local_count == 1 and opts.devices_per_process is None:
+            return {}  # the one process owns every chip, as a bare python does
+        try:
+            return devices.tpu_env(opts.tpu_chips, local_rank, local_count, opts.devices_per_process, opts.tpu_ports)
+        except ValueError as e:
+            raise PlanError(str(e)) from None
     per_host = opts.host_devices.get(host, opts.devices_per_host)
     ids = local_device_ids(local_rank, local_count, opts.devices_per_process, per_host, host)
     return {} if ids is None else {contract.JAX_LOCAL_DEVICE_IDS: ",".join(map(str, ids))}
