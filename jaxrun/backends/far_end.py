@@ -260,6 +260,15 @@ def fork_by_server(name: str, command: list[str], env: dict, lifeline_r: int, fd
                 conn.close()
                 return None
             time.sleep(0.02)
+    owner = portable.peer_uid(conn)
+    if portable.is_abstract(address) and owner != os.getuid():
+        # Another user's process bound the name first: not one byte, no
+        # environment and no descriptor, goes to it.  (A socket file's
+        # folder is this user's alone.)
+        conn.close()
+        write_all(fds[1], f"jaxrun: the preloading server's name on this host is taken by uid {owner}, not "
+                          "jaxrun's: this process starts without it\n".encode())
+        return None
     request = forkserver.ForkRequest(command[3:], env, cwd or os.getcwd()).encode()
     try:
         encoding.send_frame(conn, request, [*fds, lifeline_r])

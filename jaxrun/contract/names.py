@@ -118,6 +118,11 @@ PORTABLE = "JAXRUN_PORTABLE"
 # value of its own in its children's environment, so that its daemons can be
 # found once they have left its process tree (see core.reaper).
 ORPHAN_MARK = "JAXRUN_ORPHAN_MARK"
+# An SSH host's preloading server's name (portable.server_address): it travels
+# in the environment frame on stdin, never on a command line, where every user
+# of the host could read it and bind the name first; each far end takes it out
+# of its environment before anything inherits it.
+FORKSERVER_NAME = "JAXRUN_FORKSERVER_NAME"
 
 # JAX's own variables, set for code that reads them directly.
 JAX_COORDINATOR_ADDRESS = "JAX_COORDINATOR_ADDRESS"

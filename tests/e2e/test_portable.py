@@ -228,7 +228,8 @@ def test_an_ssh_hosts_preloading_server_serves_its_agents_on_a_socket_file(tmp_p
     it (and ends with its exit code)."""
     name = f"jaxrun-test-{uuid.uuid4().hex}"
     folder = os.path.join(os.environ["TMPDIR"], f"jaxrun-sockets-{os.getuid()}")  # the leak guard's TMPDIR
-    server = subprocess.Popen([sys.executable, "-m", contract.FORKSERVER_AGENT_MODULE, "--listen", name],
+    server = subprocess.Popen([sys.executable, "-m", contract.FORKSERVER_AGENT_MODULE, "--listen"],
+                              env={**os.environ, contract.FORKSERVER_NAME: name},  # never on a command line
                               stdin=subprocess.PIPE, start_new_session=True)
     script = tmp_path / "served.py"
     script.write_text(
@@ -238,18 +239,18 @@ def test_an_ssh_hosts_preloading_server_serves_its_agents_on_a_socket_file(tmp_p
     )
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAXRUN_COORDINATOR_ADDRESS="127.0.0.1:1",
                JAXRUN_NUM_PROCESSES="1", JAXRUN_PROCESS_ID="0", JAXRUN_LOCAL_PROCESS_ID="0",
-               JAXRUN_LOCAL_PROCESS_COUNT="1")
+               JAXRUN_LOCAL_PROCESS_COUNT="1", **{contract.FORKSERVER_NAME: name})
     try:
         # (Its stdin stays open: EOF there is the connection dropping.)
         agent = subprocess.Popen(
-            [sys.executable, "-m", contract.SSH_AGENT_MODULE, "--forkserver", name, "--",
+            [sys.executable, "-m", contract.SSH_AGENT_MODULE, "--",
              sys.executable, "-m", contract.SHIM_MODULE, "--", str(script)],
             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         out = agent.stdout.read().decode()
         err = agent.stderr.read().decode()
         assert agent.wait(timeout=40) == 5, err[-2000:]
         agent.stdin.close()
-        assert "-m jaxrun.backends.forkserver.server --listen jaxrun-test-" in out, out
+        assert "-m jaxrun.backends.forkserver.server" in out and name not in out, out
         sockets = os.listdir(folder)  # the user's private folder, not the open temporary one
         assert len(sockets) == 1 and sockets[0].endswith(".sock"), sockets
         assert os.stat(folder).st_mode & 0o777 == 0o700

@@ -12,8 +12,10 @@ second registration instead of blaming a process of the job.
 """
 
 import ipaddress
+import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -41,8 +43,10 @@ def _system_python() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def outsider():
-    """Run tests/data/outsider.py as ``nobody`` over some addresses: its lines."""
+def nobody():
+    """(the command that runs a program as ``nobody`` with its own
+    interpreter, that interpreter with jaxlib on its path and the folder
+    that holds tests/data's outsider.py and intruder.py)."""
     python = _system_python()
     if os.geteuid() != 0 or shutil.which("runuser") is None or python is None:
         pytest.skip("needs root, runuser and a system python of this version for the other user")
@@ -55,22 +59,56 @@ def outsider():
         for name in PACKAGES:
             if (site / name).exists():  # hard links: the same files, in a folder the other user may enter
                 shutil.copytree(site / name, home / name, copy_function=_link_or_copy)
-        shutil.copy(DATA / "outsider.py", home / "outsider.py")
-        os.chmod(home / "outsider.py", 0o644)
+        for script in ("outsider.py", "intruder.py"):
+            shutil.copy(DATA / script, home / script)
+            os.chmod(home / script, 0o644)
         command = ["runuser", "-u", "nobody", "--", "env", f"PYTHONPATH={home}", python]
-        probe = subprocess.run([*command, "-c", "import jaxlib._jax"], capture_output=True, text=True, timeout=60)
-        if probe.returncode != 0:
-            pytest.skip(f"the other user's interpreter cannot import jaxlib: {probe.stderr[-300:]}")
-
-        def attack(addresses: list[str]) -> list[str]:
-            done = subprocess.run([*command, str(home / "outsider.py"), *addresses],
-                                  capture_output=True, text=True, timeout=120, cwd=home)
-            assert done.returncode == 0, done.stderr
-            return done.stdout.splitlines()
-
-        yield attack
+        yield command, home
     finally:
         shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def outsider(nobody):
+    """Run tests/data/outsider.py as ``nobody`` over some addresses: its lines."""
+    command, home = nobody
+    probe = subprocess.run([*command, "-c", "import jaxlib._jax"], capture_output=True, text=True, timeout=60)
+    if probe.returncode != 0:
+        pytest.skip(f"the other user's interpreter cannot import jaxlib: {probe.stderr[-300:]}")
+
+    def attack(addresses: list[str]) -> list[str]:
+        done = subprocess.run([*command, str(home / "outsider.py"), *addresses],
+                              capture_output=True, text=True, timeout=120, cwd=home)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.splitlines()
+
+    return attack
+
+
+@pytest.fixture
+def intruder(nobody):
+    """Start tests/data/intruder.py as ``nobody``; ``stop`` closes its stdin
+    and gives its report.  Every one started is killed at the end."""
+    command, home = nobody
+    started = []
+
+    def start(*args) -> subprocess.Popen:
+        proc = subprocess.Popen([*command, str(home / "intruder.py"), *map(str, args)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=home)
+        started.append(proc)
+        return proc
+
+    def stop(proc: subprocess.Popen) -> dict:
+        out, err = proc.communicate("", timeout=30)
+        assert proc.returncode == 0, err
+        return json.loads(out.splitlines()[-1])
+
+    start.stop = stop
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -217,3 +255,136 @@ def test_another_user_reaches_nothing_of_a_job_over_ssh(start_job, outsider, net
     # (hostB's end is sshd's, which carries no token).
     assert len(service) == 1 and service[0].startswith("/tmp/jaxrun-host-"), unix
     assert service[0].endswith(f"@{first}.sock"), service  # the route the processes' own listeners take
+
+
+# -- names in shared folders, made first by another user (issue 70) ---------------------
+# Each job runs in a mount namespace of its own whose /tmp is a fresh tmpfs (as a
+# machine's own /tmp: mode 1777), where ``nobody`` has made the name first.
+
+UID = os.getuid()
+SOCKETS, LOGS = f"jaxrun-sockets-{UID}", f"jaxrun-logs-{UID}"
+PLANTS = {  # what nobody leaves at /tmp/NAME
+    "folder": "mkdir -m 0700 /tmp/{name}",
+    "symlink": "mkdir -m 0700 /tmp/theirs && ln -s /tmp/theirs /tmp/{name}",
+    "file": "touch /tmp/{name}",
+    "fifo": "mkfifo /tmp/{name}",
+}
+# $1: the plant (run as nobody), then jaxrun's command line.  After jaxrun: what
+# the plant is now, and what went through it.
+NAMESPACE = rf"""
+set -e
+mount -t tmpfs -o mode=1777 jaxrun-test-tmp /tmp
+runuser -u nobody -- sh -c "$1"
+shift
+code=0
+"$@" || code=$?
+for name in {SOCKETS} {LOGS}; do
+  if [ -e /tmp/$name ] || [ -L /tmp/$name ]; then stat -c "PLANTED $name %F %U %a" /tmp/$name >&2; fi
+done
+if [ -d /tmp/theirs ]; then ls -A /tmp/theirs | sed 's/^/THROUGH /' >&2; fi
+exit $code
+"""
+
+
+@pytest.fixture
+def shared_tmp():
+    """A folder outside /tmp (the namespace hides /tmp): the job's files."""
+    folder = Path(tempfile.mkdtemp(prefix="jaxrun-security-", dir="/var/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def planted_run(monkeypatch, plant: str) -> None:
+    """From here on, the test's jobs start in a fresh /tmp where nobody ran ``plant``."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs util-linux's unshare and root")
+    import fixtures.jobs
+
+    monkeypatch.setattr(fixtures.jobs, "JAXRUN", ["unshare", "-m", "--propagation", "private", "sh", "-c",
+                                                  NAMESPACE, "sh", plant, *fixtures.jobs.JAXRUN])
+
+
+def in_namespace(pid: int, path: str) -> str:
+    """``path`` as the process ``pid`` sees it (its mount namespace's /tmp)."""
+    return f"/proc/{pid}/root{path}"
+
+
+@pytest.mark.parametrize("kind", list(PLANTS))
+def test_a_socket_folder_another_user_made_first_moves_nothing_onto_a_port(kind, start_job, outsider, shared_tmp,
+                                                                         monkeypatch, no_leftover_processes):
+    """The issue's first attack: the job still serves its coordination service
+    on a socket file, in a folder of a random name of its user's own; no
+    port that nobody could register on; jaxrun top finds the job; one line."""
+    planted_run(monkeypatch, PLANTS[kind].format(name=SOCKETS))
+    go = shared_tmp / "go"
+    job = start_job("-n", 3, "--cpu-devices", 1, DATA / "guarded_job.py", shared_tmp, go, env={"TMPDIR": "/tmp"},
+                    cwd=ROOT)
+    try:
+        wait_ready(shared_tmp, 3, job)
+        tcp, unix = listeners(no_leftover_processes)
+        service = [path for path in unix if os.path.basename(path).startswith("coordinator-")]
+        assert len(service) == 1, (tcp, unix)  # on a socket file, not a port
+        folder = os.path.dirname(service[0])
+        assert os.path.dirname(folder) == "/tmp" and os.path.basename(folder).startswith(f"{SOCKETS}-"), folder
+        st = os.lstat(in_namespace(job.proc.pid, folder))
+        assert stat.S_ISDIR(st.st_mode) and st.st_uid == UID and stat.S_IMODE(st.st_mode) == 0o700
+        top = subprocess.run(["nsenter", "-t", str(job.proc.pid), "-m", "--", sys.executable, "-m", "jaxrun", "top",
+                              "--once"], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                             env={**os.environ, "TMPDIR": "/tmp"})
+        assert top.returncode == 0 and "processes 3\n" in top.stdout, (top.stdout, top.stderr)  # it finds the job
+        lines = outsider(tcp)  # every port there is (Gloo's): none is the service
+    finally:
+        go.write_text("")
+    assert job.wait(timeout=90) == 0, job.stderr
+    assert len(lines) == len(tcp) and all(" refused (exit " in line for line in lines), lines
+    for rank in range(3):
+        assert f"[{rank}] process {rank} done, allgather [0, 1, 2]" in job.stdout
+    said = [line for line in job.stderr.splitlines() if "is not yours alone" in line]
+    assert said == [f"jaxrun: the socket folder /tmp/{SOCKETS} is not yours alone ({taken_because(kind)}): this run's "
+                    f"sockets are in {folder}, a private folder of a random name"], job.stderr
+    assert f"PLANTED {SOCKETS} " in job.stderr and "THROUGH" not in job.stderr, job.stderr  # left as it was
+
+
+def taken_because(kind: str) -> str:
+    return "it belongs to uid 65534" if kind == "folder" else "it is not a folder (a symlink or a file)"
+
+
+def test_a_long_tmpdir_moves_the_socket_folder_to_tmp_and_nobody_s_name_there_moves_nothing(
+        start_job, shared_tmp, monkeypatch, no_leftover_processes):
+    """A private $TMPDIR too long for a socket's path: the folder goes to
+    /tmp, where nobody made the predictable name first."""
+    planted_run(monkeypatch, PLANTS["folder"].format(name=SOCKETS))
+    long = shared_tmp / ("d" * 90)
+    long.mkdir(mode=0o700)
+    go = shared_tmp / "go"
+    job = start_job("-n", 2, "--cpu-devices", 1, DATA / "guarded_job.py", shared_tmp, go, env={"TMPDIR": str(long)},
+                    cwd=ROOT)
+    try:
+        wait_ready(shared_tmp, 2, job)
+        tcp, unix = listeners(no_leftover_processes)
+        service = [path for path in unix if os.path.basename(path).startswith("coordinator-")]
+        assert len(service) == 1 and service[0].startswith(f"/tmp/{SOCKETS}-"), (tcp, unix)
+        assert len(service[0]) <= portable.sockets.LONGEST_SOCKET_PATH
+    finally:
+        go.write_text("")
+    assert job.wait(timeout=90) == 0, job.stderr
+    for rank in range(2):
+        assert f"[{rank}] process {rank} done, allgather [0, 1]" in job.stdout
+    assert len([line for line in job.stderr.splitlines() if "is not yours alone" in line]) == 1, job.stderr
+
+
+@pytest.mark.parametrize("kind", list(PLANTS))
+def test_a_log_base_another_user_made_first_stops_no_run(kind, start_job, nobody, shared_tmp, monkeypatch):
+    """The issue's fifth attack: the run goes on, its logs in a private folder
+    of a random name, said in one line; nothing goes through the plant."""
+    planted_run(monkeypatch, PLANTS[kind].format(name=LOGS))
+    script = shared_tmp / "job.py"
+    script.write_text("import sys\nprint('out', flush=True)\nprint('err', file=sys.stderr, flush=True)\n")
+    job = start_job("-n", 2, "--no-preload", script, env={"TMPDIR": "/tmp"}, cwd=ROOT)
+    assert job.wait(timeout=90) == 0, job.stderr
+    assert job.stdout.count("out") == 2 and job.stderr.count("] err") == 2, (job.stdout, job.stderr)
+    said = [line for line in job.stderr.splitlines() if "is not yours alone" in line]
+    assert len(said) == 1 and said[0].startswith(f"jaxrun: the log folder /tmp/{LOGS} is not yours alone "
+                                                 f"({taken_because(kind)}): this run's logs are in /tmp/{LOGS}-"), \
+        job.stderr
+    assert f"PLANTED {LOGS} " in job.stderr and "THROUGH" not in job.stderr, job.stderr

@@ -242,3 +242,31 @@ def test_a_connection_with_a_wrong_secret_is_dropped_and_the_right_one_kept():
         listener.close()
         for sock in clients:
             sock.close()
+
+
+def test_idle_connections_do_not_hold_up_process_0_s_hello():
+    """Connections that never speak (any user of the machine may open them)
+    wait each on its own deadline: process 0's hello, after 20 of them and
+    more than the old backlog held, is heard at once (issue 70)."""
+    import socket
+    import time
+
+    listener = session.Session()
+    listener.listen("127.0.0.1")
+    host, _, port = listener.address.rpartition(":")
+    idle = [socket.create_connection((host, int(port))) for _ in range(20)]
+    ours = socket.create_connection((host, int(port)), timeout=5)
+    try:
+        ours.sendall(console.SessionHello(listener.secret).line() + console.Reply(0, (result(0, "hi\n"),)).line())
+        started = time.monotonic()
+        assert listener.accept(lambda: time.monotonic() - started < 4 * session.HELLO_WAIT)
+        assert time.monotonic() - started < session.HELLO_WAIT / 2  # not after the idle ones' deadlines
+        # What came right behind the hello is kept for the first statement.
+        assert listener.run("print('hi')", console.SINGLE, lambda: True).results[0].out == "hi\n"
+        for conn in idle:
+            conn.settimeout(5)
+            assert conn.recv(1) == b""  # each dropped, none left open
+    finally:
+        listener.close()
+        for conn in [*idle, ours]:
+            conn.close()

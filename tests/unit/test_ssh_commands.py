@@ -134,13 +134,23 @@ def test_preflight_words_carry_the_script_and_sync_but_no_env():
     assert words[:3] == ["/opt/py", "-c", commands.PREFLIGHT]
     assert words[3:] == [__version__, contract.SSH_PREFLIGHT_MODULE, "--chdir=/w", "--script=main.py", "--sync"]
     assert not any("s3cret" in w for w in words)
-    first = commands.preflight_words(SshOptions(python="/opt/py", chdir="/-w"), ("sock", "mod"), hold=True)
-    assert first[5:] == ["--chdir=/-w", "--hold", "--server", "sock", "mod"]
+    first = commands.preflight_words(SshOptions(python="/opt/py", chdir="/-w"), ["mod"], hold=True)
+    assert first[5:] == ["--chdir=/-w", "--hold", "--server", "mod"]  # the server's name: in its environment
     # The far end reads them as they were meant.
     args = preflight.parse_args(words[5:])
-    assert (args.chdir, args.script, args.sync, args.hold, args.server) == ("/w", "main.py", True, False, [])
+    assert (args.chdir, args.script, args.sync, args.hold, args.server) == ("/w", "main.py", True, False, None)
     args = preflight.parse_args(first[5:])
-    assert (args.chdir, args.script, args.sync, args.hold, args.server) == ("/-w", "", False, True, ["sock", "mod"])
+    assert (args.chdir, args.script, args.sync, args.hold, args.server) == ("/-w", "", False, True, ["mod"])
+    args = preflight.parse_args(commands.preflight_words(SshOptions(python="/opt/py", chdir="/w"), [])[5:])
+    assert args.server == []  # a server without --preload-module
+
+
+def test_no_command_line_names_the_host_s_server():
+    """Its name is a secret: another user who reads it (ps, /proc) can bind it
+    first.  It travels in the environment frame on stdin (issue 70)."""
+    spec = ProcessSpec(0, 0, Host("n1"), "/opt/py", ("t.py",), {})
+    for words in (commands.server_words("/opt/py", "/w", ["mod"]), commands.process_words(spec, "/w", "/opt/py")):
+        assert not any(w.startswith("jaxrun-") or w in ("--forkserver",) for w in words[3:]), words
 
 
 def test_a_host_that_could_not_run_the_preflight_is_checked_on_what_it_said():

@@ -27,14 +27,18 @@ every process of the tree at once leaves it serving (see
 :mod:`jaxrun.backends.shield`), and each controller unblocks them after the
 fork.
 
-On an SSH host the same server runs as ``... -m jaxrun.backends.forkserver.server --listen NAME``
-in a session of its own (see ``ssh.commands.server_words``): it listens on the
+On an SSH host the same server runs as ``... -m jaxrun.backends.forkserver.server --listen``
+in a session of its own (see ``ssh.commands.server_words``), its NAME in its
+environment (``contract.FORKSERVER_NAME``, never on a command line that any
+user can read): it listens on the
 Unix socket that ``portable.server_address(NAME)`` names, and each process's
 host agent connects, sends its ``ForkRequest`` with the session's stdout and
 stderr, and hears ``Started`` and ``ChildExited`` on its own connection.  Only
 processes of the same user may connect: an abstract socket (Linux) is used
 only where the peer's user id can be checked, and a socket file lies in a
-folder only this user can enter.  EOF on stdin (the session closed) ends it.
+folder only this user can enter.  The agents check the server's user in turn
+(``far_end.fork_by_server``): another user's listener on the name gets nothing.
+EOF on stdin (the session closed) ends it.
 A request is read whole once its first byte arrives (within ``FRAME_WAIT``).
 """
 
@@ -270,7 +274,8 @@ def main(argv: list[str]) -> None:
     # starts it with them blocked already; an SSH host's server too.
     shield.shield_self()
     if argv[:1] == ["--listen"]:
-        listen(argv[1], argv[2:])
+        # Its name comes in the environment, never on the command line (FORKSERVER_NAME).
+        listen(os.environ.pop(contract.FORKSERVER_NAME, ""), argv[1:])
         return
     sock = socket.socket(fileno=int(argv[0]))
     try:
@@ -299,13 +304,18 @@ def listen(name: str, modules: list[str]) -> None:
     where no safe place to listen exists)."""
     from jaxrun.core import reaper
 
-    address = portable.server_address(name)
+    address = portable.server_address(name) if name else None
     if address is None:
         print("jaxrun: the preloading server on this host has no private folder for its socket",
               file=sys.stderr, flush=True)
         sys.exit(1)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(address)
+    try:
+        listener.bind(address)
+    except OSError as e:  # taken: the agents find its listener is not ours, and start their processes
+        print(f"jaxrun: the preloading server on this host cannot listen ({e.strerror or e}): its processes "
+              "start without it", file=sys.stderr, flush=True)
+        sys.exit(1)
     try:
         listener.listen(256)
         reaper.become_subreaper()  # the controllers' daemons stay ours, and die with us

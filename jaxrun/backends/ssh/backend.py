@@ -195,9 +195,9 @@ class SshBackend(Backend):
             if host.name in self.servers:
                 continue  # one host listed twice
             socket_name = f"jaxrun-{os.getpid()}-{uuid.uuid4().hex}"
-            words = server_words(self.settings.python_on(host), self.settings.chdir, socket_name,
-                                 self.preload_modules)
-            session = self.connections.start_session(host, remote_command(words, self.settings.setup), env,
+            words = server_words(self.settings.python_on(host), self.settings.chdir, self.preload_modules)
+            session = self.connections.start_session(host, remote_command(words, self.settings.setup),
+                                                     {**env, contract.FORKSERVER_NAME: socket_name},
                                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             self.start_thread(f"ssh-preload-log:{host.name}", self._relay_server_stderr, host.name, session.stderr)
             self.servers[host.name] = (socket_name, session)
@@ -263,7 +263,9 @@ class SshBackend(Backend):
             master = self.connections.masters[spec.host.name]
             return ChannelChild(channel, ssh.Spawn(list(spec.argv), env, self.settings.chdir, server or ""),
                                 master.pid, spec.host.name, news, error_file)
-        words = process_words(spec, self.settings.chdir, self.settings.python_on(spec.host), server)
+        words = process_words(spec, self.settings.chdir, self.settings.python_on(spec.host))
+        if server:
+            env = {**env, contract.FORKSERVER_NAME: server}  # on stdin: the session agent takes it out
         return SessionChild(self.connections.start_session(spec.host, remote_command(words, self.settings.setup),
                                                            env),
                             news, error_file)

@@ -179,20 +179,24 @@ def traces_words(spec: ProcessSpec, python: str, wait: float) -> list[str]:
     return [python, "-c", RUN_MODULE, contract.SSH_TRACES_MODULE, trace_name(spec), f"{wait:.3f}"]
 
 
-def process_words(spec: ProcessSpec, chdir: str, python: str, server: str | None = None) -> list[str]:
-    """Only harmless words: the environment travels on stdin."""
-    via = ["--forkserver", server] if server else []
-    return [python, "-c", RUN_MODULE, contract.SSH_AGENT_MODULE, "--chdir", chdir, *via, "--", *spec.argv]
+def process_words(spec: ProcessSpec, chdir: str, python: str) -> list[str]:
+    """Only harmless words: the environment travels on stdin (with the
+    host's server's name, ``contract.FORKSERVER_NAME``, where it has one)."""
+    return [python, "-c", RUN_MODULE, contract.SSH_AGENT_MODULE, "--chdir", chdir, "--", *spec.argv]
 
 
-def server_words(python: str, chdir: str, name: str, modules: Sequence[str]) -> list[str]:
-    return [python, "-c", EXEC_MODULE, contract.FORKSERVER_AGENT_MODULE, "--listen", name, *modules]
+def server_words(python: str, chdir: str, modules: Sequence[str]) -> list[str]:
+    """The host's preloading server; its name travels in its environment
+    (``contract.FORKSERVER_NAME``): on a command line, any user of the host
+    could read it and bind it first."""
+    return [python, "-c", EXEC_MODULE, contract.FORKSERVER_AGENT_MODULE, "--listen", *modules]
 
 
-def preflight_words(settings: SshOptions, server: Sequence[str] = (), hold: bool = False,
+def preflight_words(settings: SshOptions, server: Sequence[str] | None = None, hold: bool = False,
                     python: str | None = None) -> list[str]:
-    """``server``: the preloading server's socket name and modules, to start
-    it from the preflight session; empty for none.  ``hold``: listen on a free
+    """``server``: the preloading server's modules, to start it from the
+    preflight session (its name travels in the session's environment,
+    ``contract.FORKSERVER_NAME``); None for none.  ``hold``: listen on a free
     port for the coordinator at once (the first host).  ``python``: the
     host's own interpreter, where it has one."""
     words = [python or settings.python, "-c", PREFLIGHT, __version__, contract.SSH_PREFLIGHT_MODULE,
@@ -203,7 +207,7 @@ def preflight_words(settings: SshOptions, server: Sequence[str] = (), hold: bool
         words.append(preflight.PREFLIGHT_SYNC)
     if hold:
         words.append(preflight.PREFLIGHT_HOLD)
-    if server:
+    if server is not None:
         words += [preflight.PREFLIGHT_SERVER, *server]  # last: it takes every word after it
     return words
 

@@ -167,14 +167,17 @@ class Connections:
         deadline.  Raises LaunchError naming each host that failed, or, with
         ``tolerate`` (an elastic restart), leaves those hosts out and keeps
         why in ``left_out``.  ``servers``: per host, the preloading server the
-        preflight starts there."""
+        preflight starts there (its name, then its modules: the name goes in
+        the session's environment, never on its command line)."""
         answers: dict[str, bytes] = {}
         readers = []
         for host in self.hosts:
             hold = host is self.hosts[0]  # the coordinator's host: it holds a free port from the start
-            command = remote_command(preflight_words(self.settings, (servers or {}).get(host.name, ()), hold,
+            server = (servers or {}).get(host.name)
+            command = remote_command(preflight_words(self.settings, list(server[1:]) if server else None, hold,
                                                      self.settings.python_on(host)), self.settings.setup)
-            master = self.masters[host.name] = self._start_master(host, command)
+            env = {**self.settings.env, contract.FORKSERVER_NAME: server[0]} if server else self.settings.env
+            master = self.masters[host.name] = self._start_master(host, command, env)
             readers.append(start_thread(f"ssh-preflight:{host.name}", read_answer, master.stdout, answers,
                                         host.name, hooks=self.hooks))
         # A signal or --timeout ends this wait (Interrupted); close() then ends the masters.
@@ -209,7 +212,7 @@ class Connections:
             master.wait()
         self.hosts = [host for host in self.hosts if host.name not in problems]
 
-    def _start_master(self, host: Host, command: str) -> subprocess.Popen:
+    def _start_master(self, host: Host, command: str, env: Mapping[str, str]) -> subprocess.Popen:
         with open(self._stderr_path(host), "wb") as stderr, shielded():
             master = subprocess.Popen(
                 ssh_args(self.settings, host, master_control(self.control_path(host))) + [command],
@@ -219,7 +222,7 @@ class Connections:
                 start_new_session=True,
                 bufsize=0,
             )
-        send_env(master, self.settings.env)
+        send_env(master, env)
         return master
 
     def _stderr_path(self, host: Host) -> str:

@@ -57,8 +57,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(preflight.PREFLIGHT_SCRIPT, dest="script", default="", metavar="PATH")
     parser.add_argument(preflight.PREFLIGHT_SYNC, dest="sync", action="store_true")
     parser.add_argument(preflight.PREFLIGHT_HOLD, dest="hold", action="store_true")
-    parser.add_argument(preflight.PREFLIGHT_SERVER, dest="server", nargs="+", default=[], metavar="WORD",
-                        help="the preloading server's socket name, then its modules")
+    parser.add_argument(preflight.PREFLIGHT_SERVER, dest="server", nargs="*", default=None, metavar="MODULE",
+                        help="start the preloading server (its name in the environment), with these modules")
     return parser.parse_args(argv)
 
 
@@ -83,12 +83,13 @@ def enter_folder(chdir: str, script: str, facts: dict) -> None:
         facts[Key.SCRIPT_MISSING] = os.path.join(chdir, script)
 
 
-def start_server(words: list[str]) -> None:
-    """The host's preloading server.  Its stdin is a pipe whose write end this
-    process holds, never closed: the server ends when this session does."""
+def start_server(name: str, modules: list[str]) -> None:
+    """The host's preloading server, its name in its environment alone.  Its
+    stdin is a pipe whose write end this process holds, never closed: the
+    server ends when this session does."""
     hold_r, _ = os.pipe()
-    subprocess.Popen([sys.executable, "-m", contract.FORKSERVER_AGENT_MODULE, "--listen", *words],
-                     stdin=hold_r, stdout=subprocess.DEVNULL)
+    subprocess.Popen([sys.executable, "-m", contract.FORKSERVER_AGENT_MODULE, "--listen", *modules],
+                     stdin=hold_r, stdout=subprocess.DEVNULL, env={**os.environ, contract.FORKSERVER_NAME: name})
     os.close(hold_r)
 
 
@@ -198,8 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     facts = interpreter_facts()
     if args.chdir and not args.sync:  # with --sync, the copy creates it
         enter_folder(args.chdir, args.script, facts)
-    if args.server and not facts.get(Key.CHDIR_ERROR):
-        start_server(args.server)
+    name = os.environ.pop(contract.FORKSERVER_NAME, "")  # the host agent and its processes never see it
+    if args.server is not None and name and not facts.get(Key.CHDIR_ERROR):
+        start_server(name, args.server)
     agent = start_agent(args.chdir, args.script, facts)
     facts.update(package_facts())
     held = None

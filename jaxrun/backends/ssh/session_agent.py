@@ -50,7 +50,7 @@ from jaxrun.backends import far_end
 from jaxrun.core import reaper
 from jaxrun.wire import encoding, ssh
 
-USAGE = f"usage: python -m {contract.SSH_AGENT_MODULE} [--chdir DIR] [--forkserver NAME] -- COMMAND..."
+USAGE = f"usage: python -m {contract.SSH_AGENT_MODULE} [--chdir DIR] -- COMMAND..."
 
 
 class SshHome:
@@ -108,22 +108,20 @@ class SshHome:
                                                      marks=reaped.marks.to_dict() if reaped.marks else None))
 
 
-def parse_args(argv: list[str]) -> tuple[str | None, str | None, list[str]]:
-    chdir = server = None
-    while argv[:1] in (["--chdir"], ["--forkserver"]) and len(argv) >= 2:
-        if argv[0] == "--chdir":
-            chdir = argv[1]
-        else:
-            server = argv[1]
-        argv = argv[2:]
+def parse_args(argv: list[str]) -> tuple[str | None, list[str]]:
+    chdir = None
+    if argv[:1] == ["--chdir"] and len(argv) >= 2:
+        chdir, argv = argv[1], argv[2:]
     if argv[:1] != ["--"] or len(argv) < 2:
         raise ValueError(USAGE)
-    return chdir, server, argv[1:]
+    return chdir, argv[1:]
 
 
 def main(argv: list[str]) -> int:
+    # The host's preloading server, named in the environment (never on a command line).
+    server = os.environ.pop(contract.FORKSERVER_NAME, None) or None
     try:
-        chdir, server, command = parse_args(argv)
+        chdir, command = parse_args(argv)
     except ValueError as e:
         print(e, file=sys.stderr)
         return 2

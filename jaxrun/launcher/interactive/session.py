@@ -28,6 +28,11 @@ from jaxrun.wire import console, encoding
 
 TICK = 0.25  # seconds between two looks at the caller's ``go_on``
 HELLO_WAIT = 5.0  # a connection that sends no hello in this long is dropped
+# Connections waiting for their hello, all read at once: idle ones (any user
+# of the machine can open some) never hold up process 0's.  Past this many,
+# the oldest is dropped.
+PENDING = 256
+MAX_HELLO = 4096
 
 
 def listen_address(options: LaunchOptions, coordinator: str, environ=os.environ) -> str:
@@ -72,48 +77,79 @@ class Session:
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
             listener = socket.socket(family, socket.SOCK_STREAM)
             listener.bind((host, 0))
-            listener.listen(8)
+            listener.listen(PENDING)
             self.address = contract.join_address(host, listener.getsockname()[1])
             self.listener = listener
         return {contract.CONSOLE_ADDRESS: self.address, contract.CONSOLE_SECRET: self.secret}
 
     def accept(self, go_on: Callable[[], bool]) -> bool:
-        """Wait for process 0; False when ``go_on`` says to stop waiting."""
-        while self.link is None:
-            if not go_on():
-                return False
-            if self.listener is None:  # the run has not placed its processes yet
-                time.sleep(TICK / 5)
-                continue
-            ready, _, _ = select.select([self.listener], [], [], TICK)
-            if not ready:
-                continue
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                continue
-            if self._authentic(conn):
-                self.link = conn
-            else:
+        """Wait for process 0; False when ``go_on`` says to stop waiting.
+        Every connection's hello is read as it comes, each within its own
+        HELLO_WAIT: one that never speaks holds up no other (issue 70)."""
+        pending: dict[socket.socket, tuple[float, bytes]] = {}  # connection -> (deadline, bytes so far)
+        try:
+            while self.link is None:
+                if not go_on():
+                    return False
+                if self.listener is None:  # the run has not placed its processes yet
+                    time.sleep(TICK / 5)
+                    continue
+                now = time.monotonic()
+                for conn in [c for c, (deadline, _) in pending.items() if deadline <= now]:
+                    pending.pop(conn)
+                    conn.close()
+                ready, _, _ = select.select([self.listener, *pending], [], [], TICK)
+                for conn in ready:
+                    if conn is self.listener:
+                        self._take(pending)
+                    else:
+                        self._hear(conn, pending)
+        finally:
+            for conn in pending:
                 conn.close()
         self.listener.close()
         return True
 
-    def _authentic(self, conn: socket.socket) -> bool:
-        conn.settimeout(HELLO_WAIT)
-        line = b""
+    def _take(self, pending: dict) -> None:
         try:
-            while not line.endswith(b"\n") and len(line) < 4096:
-                chunk = conn.recv(4096 - len(line))
-                if not chunk:
-                    return False
-                line += chunk
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
+        conn.setblocking(False)
+        if len(pending) >= PENDING:
+            oldest = min(pending, key=lambda c: pending[c][0])
+            pending.pop(oldest)
+            oldest.close()
+        pending[conn] = (time.monotonic() + HELLO_WAIT, b"")
+
+    def _hear(self, conn: socket.socket, pending: dict) -> None:
+        """More of ``conn``'s hello; once whole, the link if it is process 0's."""
+        deadline, line = pending[conn]
+        try:
+            chunk = conn.recv(MAX_HELLO - len(line))
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        line += chunk
+        if chunk and b"\n" not in line and len(line) < MAX_HELLO:
+            pending[conn] = (deadline, line)
+            return
+        pending.pop(conn)
+        hello, newline, rest = line.partition(b"\n")
+        if newline and self._authentic(hello):
+            conn.setblocking(True)
+            self.link, self.buffer = conn, rest
+        else:
+            conn.close()
+
+    def _authentic(self, line: bytes) -> bool:
+        try:
             hello = encoding.decode(line)
-        except (OSError, encoding.WireError):
+        except encoding.WireError:
             return False
         if not isinstance(hello, console.SessionHello) or not isinstance(hello.secret, str):
             return False
-        conn.settimeout(None)
         given = hello.secret.encode("utf-8", "surrogatepass")
         return secrets.compare_digest(given, self.secret.encode())
 
