@@ -43,6 +43,9 @@ class JaxrunCommand(click.Command):
     close match a mistyped one gets (since unknown options pass through to
     the script, click never sees one)."""
 
+    def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        formatter.write_usage(ctx.command_path, helptext.USAGE)
+
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         helptext.format_options(self, ctx, formatter)
 
@@ -148,8 +151,9 @@ class JaxrunCommand(click.Command):
 @click.option("--launcher", type=click.Choice(list(BACKENDS)), metavar="NAME",
               help=f"How to start the controllers: {', '.join(BACKENDS)} (default: local, or ssh when hosts "
                    "are given).")
-@click.option("--dry-run", is_flag=True, help="Print each process's command and environment, then exit.")
-@click.option("-v", "--verbose", is_flag=True, help="Show JAX's noise lines and the startup preflight table.")
+@click.option("--dry-run", is_flag=True, help="Print each process's command and environment.")
+@click.option("-v", "--verbose", is_flag=True, help="Show JAX's noise lines and the preflight table.")
+@click.option("-q", "--quiet", is_flag=True, help="End with only the failure and the log folder.")
 @click.option("-i", "--interactive", is_flag=True,
               help="No SCRIPT: a console whose every statement runs in every process, as python -i, or a "
                    "Jupyter kernel (docs/interactive.md).")
@@ -166,8 +170,6 @@ def main(**values):
       jaxrun -n 2 -m mypkg.train --lr 3e-4        a module, like python -m
       jaxrun -n 4 --cpu-devices 2 -i              a console over 4 controllers
       jaxrun --hosts hosts.txt train.py           over SSH, one process per slot
-      jaxrun k8s --image IMG -n 4 train.py        print a Kubernetes JobSet manifest instead
-      jaxrun top, jaxrun stacks, jaxrun profile   look into your running job (docs/inspect.md)
 
     Everything after SCRIPT (or -m MODULE) is passed to it untouched.  The
     placeholders {process_id}, {num_processes}, {local_process_id} and

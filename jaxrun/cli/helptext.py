@@ -20,7 +20,7 @@ HELP_SECTIONS = {
     "Processes": ("num_processes", "cpu_devices", "devices_per_process", "coordinator", "variables", "env_pairs",
                   "exports", "python", "preload", "preload_modules"),
     "Output": ("log_dir", "output", "console_ranks", "timestamps", "report_path", "junit_path", "verbose",
-               "profile"),
+               "quiet", "profile"),
     "Failures": ("stall_timeout", "timeout", "grace", "checks", "flight_recorder", "check_divergence",
                  "no_account"),
     "Restarts": ("max_restarts", "recoverable", "min_hosts", "probe", "hosts_command"),
@@ -47,9 +47,22 @@ SECTION_TEXTS = {
 # The options --help shows (by parameter name), in their sections' order;
 # --help-all shows every one.
 SHORT_HELP = frozenset({
-    "num_processes", "cpu_devices", "devices_per_process", "variables", "log_dir", "verbose", "timeout",
+    "num_processes", "cpu_devices", "devices_per_process", "variables", "log_dir", "verbose", "quiet", "timeout",
     "max_restarts", "hosts_file", "host_opts", "launcher", "interactive", "dry_run", "version", "help",
 })
+
+# The subcommands (`jaxrun NAME ...`, dispatched in jaxrun/cli/__init__.py):
+# --help names them, --help-all says what each is for.
+COMMANDS = {
+    "logs": "show a finished run's logs, or list recent runs",
+    "top": "a live table of a running job's processes (--once: one look)",
+    "stacks": "print every process's Python stacks now; the job goes on",
+    "profile": "trace a running job with jax.profiler, into one XProf session",
+    "probe": "measure every host's compute and links, and name the slow ones",
+    "k8s": "print a Kubernetes JobSet manifest that runs SCRIPT in N pods",
+    "kernel": "install a Jupyter kernel that runs every cell in every process",
+}
+USAGE = "[OPTIONS] SCRIPT [ARGS]..."
 
 # ctx.meta's key for "list every option": set by --help-all.
 EVERY_OPTION = "jaxrun.help_all"
@@ -85,10 +98,14 @@ def format_options(command: click.Command, ctx: click.Context, formatter: click.
             title = next((t for t, names in sections.items() if param.name in names), "Other")
             rows[title].append((param.name, record))
     if not ctx.meta.get(EVERY_OPTION):
+        with formatter.section(f"Commands ({ctx.command_path} COMMAND --help)"):
+            formatter.write_text(", ".join(COMMANDS))
         with formatter.section("Options"):
             formatter.write_dl([record for records in rows.values() for name, record in records
                                 if name in SHORT_HELP])
         return
+    with formatter.section(f"Commands ({ctx.command_path} COMMAND --help)"):
+        formatter.write_dl(list(COMMANDS.items()))
     for title, records in rows.items():
         if records:
             with formatter.section(title):

@@ -41,6 +41,7 @@ class RunConfig:
     report_path: str | None = None
     dry_run: bool = False
     verbose: bool = False
+    quiet: bool = False  # -q: no routine lines; the closing lines are the failure and the log folder
     fixed_coordinator: str | None = None  # from --coordinator
     junit_path: str | None = None
     github_actions: bool = False  # group output per process, annotate the root cause

@@ -88,6 +88,10 @@ class Place:
     func: str | None = None
     source: str | None = None
     state: str | None = None  # contract.IN_SCRIPT, contract.IN_SHUTDOWN, ...
+    # Its main thread's innermost frame is JAX's: it waits in a collective or
+    # for a result, whichever line of the user's reached it.
+    inside_jax: bool = False
+    also: tuple[str, ...] = ()  # other processes' lines (FILE:LINE) that reached the same wait
 
     @property
     def key(self) -> tuple:
@@ -104,7 +108,10 @@ class Place:
             return "JAX's shutdown, past the end of the script"
         if self.file is None:
             return "an unknown place (no stack dump in its log)"
-        return f"{self.file}:{self.line} in {self.func}" + (f": {self.source}" if self.source else "")
+        text = f"{self.file}:{self.line} in {self.func}" + (f": {self.source}" if self.source else "")
+        if self.also:  # processes that reached one wait inside JAX from different lines
+            return f"a call into JAX (a collective or a result) from {text}, and from {', '.join(self.also)}"
+        return text
 
 
 @dataclasses.dataclass(frozen=True)

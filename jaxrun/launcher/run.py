@@ -245,7 +245,8 @@ def run_attempts(config: RunConfig, backend: Backend, control: RunControl, conso
             except elastic.ElasticStop as stop:  # too few hosts left: the failed attempt's status ends the run
                 account = goodput.of_run(began, time.time(), outcomes)  # the run ends here
                 print(f"jaxrun: {stop}", file=console, flush=True)
-                print(goodput.summary_line(account), file=console, flush=True)
+                if goodput.worth_a_line(account) and not config.quiet:
+                    print(goodput.summary_line(account), file=console, flush=True)
                 timeline.goodput(account)
                 if config.report_path:  # the attempts so far, and why none follows
                     report.write_report(config.report_path,
@@ -356,9 +357,10 @@ def report_attempt(config: RunConfig, outcomes: list[Outcome], dirs: list[str], 
     shown = dirs[-1] if os.path.isdir(dirs[-1]) else config.log_dir  # a restart that never started made none
     # The logs are read here, once; every report below only formats what they said.
     diagnosis.attach(outcome, outputs=bool(config.junit_path))
-    lines = summary.summary_lines(outcome, shown)
-    if last is not None:  # the run's, once at its end, before its last attempt's own lines
-        lines.insert(0, goodput.summary_line(account))
+    # The run's goodput, once at its end, after the failure, where it tells something.
+    said = [goodput.summary_line(account)] if last is not None and goodput.worth_a_line(account) else []
+    lines = summary.summary_lines(outcome, shown, said, quiet=config.quiet)
+    if last is not None:
         last.goodput(account)
     for line in lines:
         print(line, file=console, flush=True)
@@ -383,8 +385,8 @@ def run_attempt(config: RunConfig, specs, backend: Backend, log_dir: str, consol
                 deadline: Deadline | None = None, policy: RestartPolicy | None = None,
                 timeline: Timeline | None = None, profiler: Profiler | None = None) -> Outcome:
     github_options = github.printer_options() if config.github_actions else {}
-    printer = ConsolePrinter(config.output, show_noise=config.verbose, ranks=config.console_ranks,
-                             timestamps=config.timestamps, **github_options)
+    printer = ConsolePrinter(config.output, show_noise=config.verbose, ranks=config.console_ranks, quiet=config.quiet,
+                             timestamps=config.timestamps, log_dir=log_dir, **github_options)
     control = control or RunControl(config.grace)
     running = running if running is not None else []
     before = reaper.descendants()  # what the backend holds across attempts (ssh masters)

@@ -226,6 +226,22 @@ def of_run(run_began: float, run_ended: float, outcomes: Sequence[Outcome]) -> A
     return account(run_began, run_ended, facts)
 
 
+# When the summary shows the goodput line (docs/time.md, "When the summary
+# shows it"): a run this long, whose fixed costs (start-up, the first
+# compiles, the teardown) no longer rule its share ...
+WORTH_A_LINE_AFTER = 60.0
+# ... or a run of any length that lost time to trouble: a stall, a restart,
+# work done again.
+TROUBLE = ("stall", "restart", "lost")
+
+
+def worth_a_line(found: Account) -> bool:
+    """Whether the run's goodput tells something: a run of
+    WORTH_A_LINE_AFTER seconds or more, or one that lost time to TROUBLE."""
+    return found.wall >= WORTH_A_LINE_AFTER or bool(found.unsaved) or \
+        any(found.parts[part] >= 0.05 for part in TROUBLE)
+
+
 def summary_line(found: Account) -> str:
     """One line: the goodput share and the biggest losses."""
     shown = [(part, seconds) for part, seconds in found.losses() if seconds >= 0.05][:3]  # "0.0 s" says nothing

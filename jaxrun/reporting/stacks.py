@@ -89,6 +89,26 @@ def user_frame(text: str) -> Frame | None:
     return None
 
 
+# JAX's own files: a main thread whose innermost frame is one of them waits
+# inside JAX (a collective, a result), not in the user's code.
+_JAX_PARTS = (os.sep + "jax" + os.sep, os.sep + "jaxlib" + os.sep)
+
+
+def waits_inside_jax(text: str) -> bool:
+    """Whether the last faulthandler dump in ``text`` found the main thread
+    with JAX's own frame innermost."""
+    start = text.rfind("Current thread 0x")
+    if start < 0:
+        return False
+    for line in text[start:].splitlines()[1:]:
+        m = FRAME.match(line)
+        if m:
+            return any(part in m["file"] for part in _JAX_PARTS)
+        if THREAD.match(line) or not line.strip():
+            break
+    return False
+
+
 def raised_at(traceback_text: str) -> tuple[str, int] | None:
     """From a traceback (most recent call last): the innermost frame in the
     user's own code, as (file, line)."""

@@ -12,9 +12,19 @@ from jaxrun.reporting import diagnosis
 from jaxrun.reporting.diagnosis import ENDED_BY_OTHERS, Diagnosis, EngineFailure, Kind, where
 from jaxrun.reporting.stacks import dumped_state as dumped_state  # its older name, for its callers
 
+# What the summary quotes of a text the console has shown already (an
+# exception, the end of a log): at most this many lines, each cut at
+# QUOTED_WIDTH characters; the rest is in the file it names.
+EXCEPTION_LINES = 4
+QUOTED_LINES = 10
+QUOTED_WIDTH = 200
 
-def summary_lines(outcome: Outcome, log_dir: str) -> list[str]:
-    """``log_dir``: the folder the last line names."""
+
+def summary_lines(outcome: Outcome, log_dir: str, run_lines: Iterable[str] = (), quiet: bool = False) -> list[str]:
+    """``log_dir``: the folder the last line names.  The failure comes
+    first, then what the others did; ``run_lines`` (the run's own, as its
+    goodput) and the figures follow, and the log folder ends it.  ``quiet``
+    (-q): the failure and the log folder only."""
     found = diagnosis.of(outcome)
     if found.kind is Kind.START_ERROR:  # a restart that never started its processes
         said = f"error: {outcome.start_error}" if outcome.reason is StopReason.NOT_STARTED else \
@@ -46,12 +56,12 @@ def summary_lines(outcome: Outcome, log_dir: str) -> list[str]:
     elif root is not None and found.kind is not Kind.STALL:
         lines.append(root_line(outcome, root))
         if root.error:
-            lines.append(f"jaxrun:   {root.error.headline}")
+            lines.extend(exception_lines(root))
         if root.oom:
             lines.append(f"jaxrun:   {root.oom}")
-        if root.output:
+        if root.output and not root.error:  # an exception's log ends with its traceback, which the console showed
             lines.append(f"jaxrun:   last lines of {root.output_path}:")
-            lines.extend(f"    {line}" for line in root.output)
+            lines.extend(quoted(root.output, QUOTED_LINES, root.output_path, "    "))
     others = _group(r for r in outcome.records
                     if r.verdict in (*ENDED_BY_OTHERS, Verdict.FAILED_ALONE) and r.spec.rank not in shared)
     for verdict, ranks in others.items():
@@ -67,10 +77,42 @@ def summary_lines(outcome: Outcome, log_dir: str) -> list[str]:
         if rec.resources and rec.resources.oom and rec.spec.rank != outcome.root_cause:
             lines.append(f"jaxrun: {where(rec)}: {rec.resources.oom}")
     lines.extend(rerun_line(rec) for rec in outcome.records if rec.earlier)
-    if outcome.straggler is not None:
-        lines.append(f"jaxrun: {outcome.straggler.line()}")
-    lines.extend(resource_lines(outcome.records))
+    if not quiet:
+        if outcome.straggler is not None:
+            lines.append(f"jaxrun: {outcome.straggler.line()}")
+        lines.extend(run_lines)
+        lines.extend(resource_lines(outcome.records))
     lines.append(f"jaxrun: logs in {log_dir}")
+    return lines
+
+
+def quoted(lines: Iterable[str], limit: int, path: str, indent: str) -> list[str]:
+    """At most ``limit`` of ``lines`` (the last ones), each cut at
+    QUOTED_WIDTH characters; where any were left out, a line that says how
+    many and names ``path``, which holds them."""
+    lines = list(lines)
+    shown = [indent + _cut(line) for line in lines[-limit:]]
+    if len(lines) > limit:
+        shown.insert(0, f"{indent}({len(lines) - limit} lines above these are in {path})")
+    return shown
+
+
+def _cut(line: str) -> str:
+    return line if len(line) <= QUOTED_WIDTH else line[:QUOTED_WIDTH] + " [...]"
+
+
+def exception_lines(root: diagnosis.RootCause) -> list[str]:
+    """The root cause's exception: its first EXCEPTION_LINES lines, each cut
+    at QUOTED_WIDTH, where the user's code raised it, and the log that holds
+    it whole with its traceback."""
+    text = root.error.headline.splitlines() or [root.error.type]
+    lines = [f"jaxrun:   {_cut(line)}" for line in text[:EXCEPTION_LINES]]
+    more = len(text) - EXCEPTION_LINES
+    cut = more > 0 or any(len(line) > QUOTED_WIDTH for line in text[:EXCEPTION_LINES])
+    said = f"{more} more lines of it, and its traceback," if more > 0 else \
+        ("all of it, and its traceback," if cut else "its traceback")
+    at = f"raised at {root.at}; " if root.at else ""
+    lines.append(f"jaxrun:   {at}{said} in {root.output_path}")
     return lines
 
 
@@ -138,7 +180,7 @@ def engine_failure_lines(failure: EngineFailure, pid: int | None) -> list[str]:
     lines = [f"jaxrun: {failure.headline} (pid {pid})"]
     if failure.log_tail:
         lines.append(f"jaxrun:   last lines of {failure.note.log}:")
-        lines.extend(f"    {line}" for line in failure.log_tail)
+        lines.extend(quoted(failure.log_tail, QUOTED_LINES, failure.note.log, "    "))
     return lines
 
 

@@ -27,9 +27,11 @@ def test_noise_and_stack_dumps_are_hidden_on_the_console_only():
     p.write(1, Stream.STDERR, b"warning\nCurrent thread 0x00007f (most recent call first):\n"
                               b'  File "x.py", line 3 in f\n\n')
     p.write(1, Stream.STDERR, b'  File "y.py", line 9 in <module>\nTraceback (most recent call last):\n')
+    p.write(1, Stream.STDERR, b'  File "y.py", line 9, in <module>\nValueError: x\n')  # held until its exception
     p.flush()
     assert out.getvalue() == b"[0] real\n"
-    assert err.getvalue() == b"[1] warning\n[1] Traceback (most recent call last):\n"
+    assert err.getvalue() == (b'[1] warning\n[1] Traceback (most recent call last):\n[1]   File "y.py", line 9, '
+                              b'in <module>\n[1] ValueError: x\n')
 
 
 def test_the_flight_recorders_block_is_hidden_on_the_console_like_a_stack_dump():

@@ -10,7 +10,15 @@ import pytest
 
 from jaxrun.core.events import Stream
 from jaxrun.core.spec import LOCAL_HOST, Host, ProcessSpec
-from jaxrun.launcher.attempt.joins import JOIN_NAMING_AFTER, MAX_NAMED, Joins, done_line, live_line, waiting_text
+from jaxrun.launcher.attempt.joins import (
+    JOIN_NAMING_AFTER,
+    MAX_NAMED,
+    SAY_JOINED_AFTER,
+    Joins,
+    done_line,
+    live_line,
+    waiting_text,
+)
 from jaxrun.launcher.output.printer import ERASE_LINE, ConsolePrinter
 
 pytestmark = pytest.mark.timeout(30)
@@ -41,7 +49,7 @@ class Screen:
         self.calls.append(("note", line))
 
 
-def progress(hosts, live, files=None):
+def progress(hosts, live, files=None, say_after=SAY_JOINED_AFTER):
     clock, screen = Clock(), Screen()
     files = files if files is not None else set()
     removed = []
@@ -51,7 +59,7 @@ def progress(hosts, live, files=None):
         files.discard(path)
 
     p = Joins(specs(hosts), screen.status, screen.note, live=live, clock=clock,
-                     exists=files.__contains__, remove=remove)
+                     exists=files.__contains__, remove=remove, say_after=say_after)
     return p, clock, screen, files, removed
 
 
@@ -177,7 +185,28 @@ def test_a_process_that_joined_and_ended_between_two_looks_counts_as_joined():
     files.add("0.joined")
     p.tick()
     files.add("1.joined")
-    clock.now += 0.1
+    clock.now += 6.0  # a slow join: its line is said
     p.ended(1)  # before the next tick looked
-    assert screen.calls[-2:] == [("status", None), ("note", "jaxrun: 2/2 processes joined in 0.1 s")]
+    assert screen.calls[-2:] == [("status", None), ("note", "jaxrun: 2/2 processes joined in 6.0 s")]
     assert p.tick() is None
+
+
+@pytest.mark.parametrize("live", [True, False], ids=["terminal", "no-terminal"])
+def test_a_quick_join_says_nothing_and_quiet_never_does(live):
+    """Issue 68: all being well (every process in within SAY_JOINED_AFTER)
+    leaves no line; a live line is erased; -q (say_after None) says not
+    even a slow join."""
+    for say_after, wait, said in ((SAY_JOINED_AFTER, 0.5, False), (SAY_JOINED_AFTER, 6.0, True), (None, 6.0, False)):
+        p, clock, screen, files, _ = progress([LOCAL_HOST] * 2, live=live, say_after=say_after)
+        p.begin()
+        p.watch(0, "0.joined")
+        p.watch(1, "1.joined")
+        files.add("0.joined")
+        p.tick()
+        clock.now += wait
+        files.add("1.joined")
+        assert p.tick() is None
+        notes = [call for call in screen.calls if call[0] == "note"]
+        assert notes == ([("note", f"jaxrun: 2/2 processes joined in {wait:.1f} s")] if said else []), (say_after, wait)
+        if live:
+            assert screen.calls[-1] == (("note", notes[0][1]) if said else ("status", None))

@@ -670,12 +670,12 @@ def test_joins_are_heard_the_way_each_child_reports_them(tmp_path, reports_joins
             open(env[contract.JOINED_FILE], "w").close()
 
     for kid in h.kids.values():
-        h.at(1, join, kid)
-        h.at(3, kid.exit, 0)
+        h.at(6, join, kid)  # a slow join (SAY_JOINED_AFTER): its line is said
+        h.at(8, kid.exit, 0)
     outcome = h.run()
     assert outcome.exit_code == 0
     # A joined file is seen at the next look (JOIN_POLL), a reported join at once.
-    done = b"jaxrun: 2/2 processes joined in " + (b"1.0 s" if how == "on_join" else b"1.2 s")
+    done = b"jaxrun: 2/2 processes joined in " + (b"6.0 s" if how == "on_join" else b"6.2 s")
     assert (done in h.sup.printer.err.getvalue()) == counted
 
 

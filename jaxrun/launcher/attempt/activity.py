@@ -42,7 +42,7 @@ from jaxrun import contract
 from jaxrun.core.outcome import Place, Stall, StallGroup
 from jaxrun.core.spec import ProcessSpec
 from jaxrun.launcher.attempt.straggler import StragglerRule
-from jaxrun.reporting.stacks import DUMP_TAIL, dump_complete, dumped_state, user_frame
+from jaxrun.reporting.stacks import DUMP_TAIL, dump_complete, dumped_state, user_frame, waits_inside_jax
 
 ACCOUNT_POLL = 1.0  # seconds between reads of the local files for the time account alone (no watchdog)
 # At most, for the dumps to be written (and, from a far end, to arrive).  The
@@ -89,23 +89,43 @@ def place_in(text: str) -> Place:
     if frame is None:
         return Place(None, None, state=state)
     file, line, func, source = frame
-    return Place(file, line, func, source, state)
+    return Place(file, line, func, source, state, inside_jax=waits_inside_jax(text))
+
+
+INSIDE_JAX = ("inside JAX",)  # the key of the processes that wait inside JAX, beside one that does not
 
 
 def classify(places: dict[int, Place], seconds: float) -> Stall | None:
     """The stall among these places, or None where they are all one place
-    (or one of them is unknown)."""
+    (or one of them is unknown).  Where a process stands still in its own
+    code (outside JAX), the processes that wait inside JAX (a collective, a
+    result) wait for it, whichever line of theirs reached the wait: they
+    are one group, never standing out for their lines."""
+    def outside(p: Place) -> bool:
+        return p.file is not None and not p.inside_jax and p.state != contract.IN_SHUTDOWN
+
+    merge = any(outside(p) for p in places.values())
     groups: dict[tuple, list[int]] = {}
     for rank in sorted(places):
-        groups.setdefault(places[rank].key, []).append(rank)
+        place = places[rank]
+        key = INSIDE_JAX if merge and place.inside_jax and place.state != contract.IN_SHUTDOWN else place.key
+        groups.setdefault(key, []).append(rank)
     if len(groups) < 2 or any(places[ranks[0]].file is None and places[ranks[0]].state != contract.IN_SHUTDOWN
                               for ranks in groups.values()):
         return None
-    made = sorted((StallGroup(tuple(ranks), places[ranks[0]]) for ranks in groups.values()),
-                  key=lambda g: (-len(g.ranks), g.ranks))
+    made = sorted((StallGroup(tuple(ranks), _group_place([places[r] for r in ranks]))
+                   for ranks in groups.values()), key=lambda g: (-len(g.ranks), g.ranks))
     if len(made[0].ranks) > 1 and len(made[0].ranks) > len(made[1].ranks):
         return Stall(seconds, made[0], tuple(sorted(made[1:], key=lambda g: (len(g.ranks), g.ranks))))
     return Stall(seconds, None, tuple(sorted(made, key=lambda g: g.ranks)))
+
+
+def _group_place(places: list[Place]) -> Place:
+    """One group's place: its first process's, naming the other lines that
+    reached the same wait inside JAX."""
+    first = places[0]
+    others = tuple(dict.fromkeys(p.at for p in places if p.key != first.key and p.at is not None))
+    return dataclasses.replace(first, also=others) if others else first
 
 
 def waiting_line(places: dict[int, Place], seconds: float) -> str:

@@ -20,8 +20,10 @@ What the user sees:
 - on a terminal (stderr is a tty), a live line redrawn in place,
   ``jaxrun: 6/8 processes joined``; once joining has taken longer than
   ``JOIN_NAMING_AFTER`` seconds it names those not yet in, and their hosts;
-  when all are in, it becomes ``jaxrun: 8/8 processes joined in 2.3 s``;
-- off a terminal, only that last line;
+  when all are in, it is erased, and where joining took ``SAY_JOINED_AFTER``
+  seconds or more it becomes ``jaxrun: 8/8 processes joined in 6.3 s``;
+- off a terminal, only that last line, where joining took that long (a
+  quick join is all being well: nothing to say; ``-q`` says it never);
 - nothing for a one-process job (there is nobody to wait for; its join is
   still heard, for the run's goodput), and nothing
   more once a process has ended without joining (the job is failing, or the
@@ -41,6 +43,7 @@ from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
 
 JOIN_POLL = 0.25  # seconds between looks at the joined files of those not yet in
 JOIN_NAMING_AFTER = 5.0  # after this long without everyone, name those not yet in
+SAY_JOINED_AFTER = JOIN_NAMING_AFTER  # a join that took this long is worth its line: a slow start-up
 MAX_NAMED = 8  # processes named on the live line; the rest are counted
 
 
@@ -86,7 +89,8 @@ class Joins:
                  poll: float = JOIN_POLL, naming_after: float = JOIN_NAMING_AFTER,
                  exists: Callable[[str], bool] = os.path.exists,
                  remove: Callable[[str], None] = None,
-                 on_join: Callable[[int, bool], None] = lambda rank, recoverable: None):
+                 on_join: Callable[[int, bool], None] = lambda rank, recoverable: None,
+                 say_after: float | None = SAY_JOINED_AFTER):
         self.total = len(specs)
         self.hosts = {s.rank: (None if s.host.name == LOCAL_HOST.name else s.host.name) for s in specs}
         self.status, self.note, self.live, self.clock = status, note, live, clock
@@ -102,6 +106,7 @@ class Joins:
         # still heard (the run's goodput counts its start-up to it).
         self.quiet = self.total < 2
         self.shown: str | None = None  # the live line as last drawn
+        self.say_after = say_after  # the done line, for a join at least this long (None: never)
 
     def begin(self, ranks: Iterable[int] | None = None) -> None:
         """The processes start now: the time to join is counted from here."""
@@ -150,7 +155,7 @@ class Joins:
             if self.live and self.shown is not None:
                 self.shown = None
                 self.status(None)
-            if not self.quiet:
+            if not self.quiet and self.say_after is not None and elapsed >= self.say_after:
                 self.note(line)
             return None
         if self.live and not self.quiet:

@@ -45,7 +45,7 @@ from jaxrun.core.outcome import Outcome, Stall, StopReason, Verdict
 from jaxrun.core.spec import ProcessSpec
 from jaxrun.launcher.attempt import ends as ending
 from jaxrun.launcher.attempt.activity import ActivityWatch
-from jaxrun.launcher.attempt.joins import Joins
+from jaxrun.launcher.attempt.joins import SAY_JOINED_AFTER, Joins
 from jaxrun.launcher.attempt.profiling import Profiler
 from jaxrun.launcher.attempt.slots import Slots
 from jaxrun.launcher.attempt.start import Starter
@@ -101,7 +101,8 @@ class Supervisor:
         ``begin_attempt`` is part of the start, and ``end_attempt`` is the caller's."""
         self.pump = OutputPump(self.events, self.printer.write, self.printer.flush, hooks=self.hooks)
         self.joins = Joins(self.specs, self.printer.status, self.printer.note, live=self.printer.can_show_status(),
-                           clock=self.clock, on_join=self._joined)
+                           clock=self.clock, on_join=self._joined,
+                           say_after=None if self.printer.quiet else SAY_JOINED_AFTER)
         self.activity = ActivityWatch(self.specs, self.stall_timeout, self.clock, self.printer.note,
                                       {slot.rank: slot.record.stderr_log for slot in self.slots},
                                       on_heard=lambda rank, state: self.slots[rank].activity(state))

@@ -6,8 +6,10 @@ attempt and the restarts on top.
 
 The live view is drawn by rich (``rich.live.Live``), imported here only, as
 this command runs; ``--once`` prints one plain table, with no escape codes,
-for scripts.  CPU and memory are measured where the launcher can see the
-process (a local job's); elsewhere they show as "-".
+for scripts, as does a ``jaxrun top`` whose output is no terminal (a pipe, a
+file: a live view would draw nothing there until the job ended).  CPU and
+memory are measured where the launcher can see the process (a local job's);
+elsewhere they show as "-".
 """
 
 from __future__ import annotations
@@ -147,13 +149,13 @@ def command(run_id, once, interval):
 
     \b
       jaxrun top                    the newest job you started, until it ends (Ctrl-C leaves)
-      jaxrun top --once             one plain table
+      jaxrun top --once             one plain table (so does top without a terminal)
       jaxrun top --run RUN_ID       that job
     """
     path, info, answer = find.asked(run_id, words.AskTable())
     if not isinstance(answer, words.Table):
         find.fail(f"run {info.run_id} answered {answer.WORD!r}, not a table")
-    if once:
+    if once or not sys.stdout.isatty():
         click.echo("\n".join(plain(answer)))
         return
     live(path, info, answer, interval)

@@ -20,7 +20,9 @@ from typing import BinaryIO, TextIO
 
 from jaxrun import contract
 from jaxrun.core.events import Stream
+from jaxrun.core.logfiles import log_paths
 from jaxrun.core.noise import is_noise, read_lines_in_chunks, without_noise
+from jaxrun.launcher.output.tracebacks import HEAD, TracebackFold
 from jaxrun.reporting import stacks
 
 FLUSH_AT = 1 << 20  # console bytes gathered before a write, at most
@@ -37,7 +39,7 @@ _FLIGHT_LINE = re.compile(rb"^jaxrun: flight\[\d+\] (?:begin: |#\d+ |end\r?$)")
 # note a scheduler step leaves in each task's log when it ends under them are
 # on stderr (the step says that once on the console, for all its tasks).
 _HIDDEN_MARKS = {Stream.STDOUT: (b"peer ranks", b"[Gloo]"),
-                 Stream.STDERR: (b"most recent call first", _FLIGHT_MARK, *contract.ENGINE_NOTE_MARKS)}
+                 Stream.STDERR: (b"most recent call first", HEAD, _FLIGHT_MARK, *contract.ENGINE_NOTE_MARKS)}
 # Back to the start of the line and erase it: where a live status line was.
 ERASE_LINE = b"\r\x1b[K"
 
@@ -59,8 +61,11 @@ class ConsolePrinter:
         group_markers: tuple[Callable[[int], str], str] | None = None,
         ranks: frozenset[int] | None = None,
         timestamps: bool = False,
+        quiet: bool = False,
+        log_dir: str | None = None,
     ):
         self.mode = mode
+        self.quiet = quiet  # -q: jaxrun's routine lines are left out
         self.timestamps = timestamps  # each live line starts with the wall-clock time it arrived
         self.ranks = ranks
         self.show_noise = show_noise
@@ -68,6 +73,8 @@ class ConsolePrinter:
         self.err = stderr or sys.stderr.buffer
         self.group_markers = group_markers
         self.in_dump: set[int] = set()  # ranks whose stderr is inside a stack dump
+        # Tracebacks folded on the console; each fold names the log (its folder: -v shows them whole).
+        self.tracebacks = TracebackFold(lambda rank: log_paths(log_dir, rank)[1] if log_dir else "its stderr log")
         self.pending: dict[Stream, list] = {Stream.STDOUT: [], Stream.STDERR: []}
         self.pending_bytes = 0
         self.gone: set[int] = set()  # ids of sinks whose reader went away
@@ -110,21 +117,30 @@ class ConsolePrinter:
         """Whether this process's output is shown live."""
         return self.mode == "stream" and (self.ranks is None or rank in self.ranks)
 
-    def _visible(self, rank: int, stream: Stream, line: bytes) -> bytes | None:
-        """The line as the console shows it, or None: stack dumps, flight
-        blocks and noise stay in the log files; the summary points at them."""
+    def _visible(self, rank: int, stream: Stream, line: bytes) -> list[bytes]:
+        """The lines the console shows for this one: stack dumps, flight
+        blocks and noise stay in the log files, the summary points at them;
+        a traceback is folded (``tracebacks``)."""
         if stream is Stream.STDERR:
-            if stacks.DUMP_HEAD.match(line):
-                self.in_dump.add(rank)
+            shown = self._hidden(rank, line)
+            return [] if shown is None else self.tracebacks.feed(rank, shown)
+        kept = without_noise(line) if is_noise(line) else line
+        return [] if kept is None else [kept]
+
+    def _hidden(self, rank: int, line: bytes) -> bytes | None:
+        """A line of stderr, or None where it is a dump's, a flight block's,
+        an engine's note or noise."""
+        if stacks.DUMP_HEAD.match(line):
+            self.in_dump.add(rank)
+            return None
+        if rank in self.in_dump:
+            if stacks.DUMP_BODY.match(line):
                 return None
-            if rank in self.in_dump:
-                if stacks.DUMP_BODY.match(line):
-                    return None
-                self.in_dump.discard(rank)
-            if line.startswith(_FLIGHT_MARK) and _FLIGHT_LINE.match(line):
-                return None
-            if contract.parse_engine_note(line.decode(errors="replace")):
-                return None
+            self.in_dump.discard(rank)
+        if line.startswith(_FLIGHT_MARK) and _FLIGHT_LINE.match(line):
+            return None
+        if contract.parse_engine_note(line.decode(errors="replace")):
+            return None
         return without_noise(line) if is_noise(line) else line
 
     def render(self, rank: int, stream: Stream, data: bytes, prefix: bytes = b"") -> bytes:
@@ -136,11 +152,11 @@ class ConsolePrinter:
         """
         if not data.endswith(b"\n"):
             data += b"\n"
-        if self.show_noise or (rank not in self.in_dump and not any(m in data for m in _HIDDEN_MARKS[stream])):
+        quiet = rank not in self.in_dump and not (stream is Stream.STDERR and self.tracebacks.active(rank))
+        if self.show_noise or (quiet and not any(m in data for m in _HIDDEN_MARKS[stream])):
             # The common case, done in C: prefix every line of the chunk at once.
             return data.replace(b"\n", b"\n" + prefix) if prefix else data
-        lines = (self._visible(rank, stream, line) for line in data.splitlines(keepends=True))
-        kept = [line for line in lines if line is not None]
+        kept = [shown for line in data.splitlines(keepends=True) for shown in self._visible(rank, stream, line)]
         return b"".join(line + prefix for line in kept) if prefix else b"".join(kept)
 
     def write(self, rank: int, stream: Stream, data: bytes) -> None:
