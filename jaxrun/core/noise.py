@@ -18,13 +18,30 @@ _NOISE = re.compile(
     rb"|Expected number of connected peer ranks is : \d+"
 )
 
+# JAX's teardown on an accelerator (a TPU host, issue 71): as process 0's
+# coordination service stops, each process's WatchTasks call ends, which it
+# says in three lines on stderr; or, where the service's socket file is gone
+# already, that it cannot connect to it.  Whole lines, on a clean run too (a
+# bare python has no coordination service).
+_TEARDOWN = re.compile(
+    rb"WatchTasksAsync failed for task \d+: CANCELLED"
+    rb"|^Additional GRPC error information from remote target coordination_service while calling "
+    rb"/xla\.coordination\.CoordinationService/WatchTasks:"
+    rb'|^:UNKNOWN:Error received from peer \{[^}]*grpc_message:"CANCELLED"'
+    rb"|failed to connect to all addresses.*coordinator-[0-9a-f]+\.sock.*No such file or directory"
+)
+# Substrings every teardown line holds one of (the console's quick test).
+TEARDOWN_MARKS = (b"WatchTasks", b"Error received from peer", b"failed to connect to all addresses")
+
 
 def is_noise(line: bytes) -> bool:
-    return bool(_NOISE.search(line))
+    return bool(_NOISE.search(line) or _TEARDOWN.search(line))
 
 
 def without_noise(line: bytes) -> bytes | None:
     """The line with JAX's notices cut out; None when nothing else was on it."""
+    if _TEARDOWN.search(line):
+        return None
     rest = _NOISE.sub(b"", line)
     return rest if rest.strip() else None
 

@@ -21,7 +21,7 @@ from typing import BinaryIO, TextIO
 from jaxrun import contract
 from jaxrun.core.events import Stream
 from jaxrun.core.logfiles import log_paths
-from jaxrun.core.noise import is_noise, read_lines_in_chunks, without_noise
+from jaxrun.core.noise import TEARDOWN_MARKS, is_noise, read_lines_in_chunks, without_noise
 from jaxrun.launcher.output.tracebacks import HEAD, TracebackFold
 from jaxrun.reporting import stacks
 
@@ -39,7 +39,8 @@ _FLIGHT_LINE = re.compile(rb"^jaxrun: flight\[\d+\] (?:begin: |#\d+ |end\r?$)")
 # note a scheduler step leaves in each task's log when it ends under them are
 # on stderr (the step says that once on the console, for all its tasks).
 _HIDDEN_MARKS = {Stream.STDOUT: (b"peer ranks", b"[Gloo]"),
-                 Stream.STDERR: (b"most recent call first", HEAD, _FLIGHT_MARK, *contract.ENGINE_NOTE_MARKS)}
+                 Stream.STDERR: (b"most recent call first", HEAD, _FLIGHT_MARK, *contract.ENGINE_NOTE_MARKS,
+                                 *TEARDOWN_MARKS)}
 # Back to the start of the line and erase it: where a live status line was.
 ERASE_LINE = b"\r\x1b[K"
 

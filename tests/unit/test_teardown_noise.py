@@ -1,0 +1,62 @@
+"""JAX's teardown lines on an accelerator (issue 71: every clean run on a TPU
+host printed them) are noise: the console hides them, the logs keep them, -v
+shows them.  A real failure's lines that look alike stay."""
+
+import io
+
+import pytest
+
+from jaxrun.core.events import Stream
+from jaxrun.core.noise import is_noise, without_noise
+from jaxrun.launcher.output.printer import ConsolePrinter
+
+# As a TPU host printed them at the end of a clean one-process run (issue 71), the
+# socket's variant with the coordinator's socket file already gone.
+CANCELLED = (
+    b"W1205 21:40:12.345678    2210 pjrt_client.cc:1615] WatchTasksAsync failed for task 0: CANCELLED: CANCELLED\n"
+    b"Additional GRPC error information from remote target coordination_service while calling "
+    b"/xla.coordination.CoordinationService/WatchTasks:\n"
+    b':UNKNOWN:Error received from peer {grpc_status:1, grpc_message:"CANCELLED"}\n'
+)
+GONE = (
+    b"W1205 21:41:02.000001    2311 pjrt_client.cc:1615] WatchTasksAsync failed for task 0: UNAVAILABLE: failed "
+    b"to connect to all addresses; last error: UNKNOWN: unix:/tmp/jaxrun-sockets-0/coordinator-1a2b3c4d.sock: "
+    b"No such file or directory\n"
+    b"Additional GRPC error information from remote target coordination_service while calling "
+    b"/xla.coordination.CoordinationService/WatchTasks:\n"
+    b':UNKNOWN:Error received from peer  {grpc_message:"failed to connect to all addresses; last error: UNKNOWN: '
+    b'unix:/tmp/jaxrun-sockets-0/coordinator-1a2b3c4d.sock: No such file or directory", grpc_status:14}\n'
+)
+
+
+def console(show_noise=False):
+    out, err = io.BytesIO(), io.BytesIO()
+    return ConsolePrinter(stdout=out, stderr=err, show_noise=show_noise), err
+
+
+@pytest.mark.parametrize("lines", [CANCELLED, GONE], ids=["cancelled", "socket-gone"])
+def test_the_teardown_lines_are_hidden_on_the_console_and_shown_with_v(lines):
+    p, err = console()
+    p.write(0, Stream.STDERR, b"step 10 done\n" + lines + b"the end\n")
+    p.flush()
+    assert err.getvalue() == b"[0] step 10 done\n[0] the end\n"
+    assert all(is_noise(line) and without_noise(line) is None for line in lines.splitlines())
+    p, err = console(show_noise=True)
+    p.write(0, Stream.STDERR, lines)
+    p.flush()
+    assert err.getvalue() == b"".join(b"[0] " + line for line in lines.splitlines(keepends=True))
+
+
+@pytest.mark.parametrize("line", [
+    # A peer that failed, not the service stopping at the end.
+    b"E1205 21:40:12.3 coordination_service_agent.cc:100] Polled an error from coordination service: UNAVAILABLE: "
+    b"failed to connect to all addresses; last error: UNKNOWN: ipv4:10.0.0.2:8476: Connection refused\n",
+    b':UNKNOWN:Error received from peer {grpc_status:4, grpc_message:"Deadline Exceeded"}\n',
+    b"WatchTasksAsync failed for task 0: INTERNAL: the task is gone\n",
+    b"my script says WatchTasks is a function\n",
+])
+def test_a_failures_lines_that_look_alike_stay(line):
+    p, err = console()
+    p.write(1, Stream.STDERR, line)
+    p.flush()
+    assert err.getvalue() == b"[1] " + line and not is_noise(line)
