@@ -136,8 +136,8 @@ class Host(System):
 class Sandbox(Host):
     """A machine whose every internet socket is refused (errno 97)."""
 
-    def tcp_ports(self, count):
-        raise OSError(97, "Address family not supported by protocol")
+    def loopback_refused(self):
+        return "Address family not supported by protocol"
 
 
 def configured(tmp_path, system, *args):
@@ -179,9 +179,13 @@ def test_a_four_chip_host_gives_four_processes_a_chip_and_a_port_each(tmp_path):
 def test_several_processes_where_internet_sockets_are_refused_say_why(tmp_path):
     with pytest.raises(LaunchError) as e:
         configured(tmp_path, Sandbox({}, root=machine(tmp_path / "root", accel=4)), "-n", "4")
-    assert str(e.value) == ("-n 4 on 4 TPU chips: libtpu's processes meet on TCP ports (TPU_PROCESS_ADDRESSES), "
-                            "and this machine refuses internet sockets (Address family not supported by protocol); "
-                            "one process owns every chip")
+    assert str(e.value) == ("-n 4: libtpu's processes meet on TCP ports (TPU_PROCESS_ADDRESSES), and this machine "
+                            "refuses internet sockets (Address family not supported by protocol); a job of one "
+                            "process needs none")
+    # CPU processes meet over them too.
+    with pytest.raises(LaunchError) as e:
+        configured(tmp_path, Sandbox({}, root=str(tmp_path / "no-tpu")), "-n", "2", "--cpu-devices", "1")
+    assert str(e.value).startswith("-n 2: a job's processes meet over internet sockets (JAX's CPU collectives, ")
     # One process with one chip of four needs no port.
     config = configured(tmp_path, Sandbox({}, root=machine(tmp_path / "r1", accel=4)), "--devices-per-process", "1")
     assert planning.plan(config.options)[0].env["TPU_VISIBLE_CHIPS"] == "0"

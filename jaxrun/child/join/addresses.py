@@ -77,6 +77,17 @@ def _connect(coordinator: str) -> None:
     socket.create_connection((host.strip("[]"), int(port)), timeout=1.0).close()
 
 
+def alone() -> None:
+    """A job of one process connects to no other: no transfer address, no
+    bulk transport (its caller sets neither), and no CPU collectives, which
+    JAX builds with gloo for every joined process: a TCP listener, and an
+    address it must find for the host, refused where the machine refuses
+    internet sockets (the TPU host of issue 71).  JAX's CPU client is built
+    as with ``jax_cpu_collectives_implementation`` None, as a bare python's
+    is, while the script still reads the implementation it chose."""
+    _collectives_hook(None)
+
+
 def transfer_address(ip: str) -> str:
     """A free address of our own for cross-process device_put, reachable by peers."""
     return contract.join_address(ip, portable.free_port(ip))
@@ -93,6 +104,11 @@ def advertise_for_collectives(ip: str) -> None:
     narrowest hook: only the module jax creates its default CPU client in
     sees a ``make_gloo_tcp_collectives`` that fills in ``hostname``, and only
     when the caller gave none."""
+    _collectives_hook(ip)
+
+
+def _collectives_hook(ip: str | None) -> None:
+    """``ip``: the hostname gloo gets; None: no gloo at all (``alone``)."""
     from jax._src import xla_bridge
 
     real_module = xla_bridge._jax
@@ -105,10 +121,12 @@ def advertise_for_collectives(ip: str) -> None:
 class _GlooHostname:
     """``xla_bridge``'s view of jaxlib's ``_jax`` module, but for one function."""
 
-    def __init__(self, module, real, hostname: str):
+    def __init__(self, module, real, hostname: str | None):
         self._module, self._real, self._hostname = module, real, hostname
 
     def make_gloo_tcp_collectives(self, distributed_client, hostname=None, interface=None):
+        if self._hostname is None:
+            return None  # one process: make_cpu_client takes None for no collectives
         if hostname is None and interface is None:
             hostname = self._hostname
         return self._real(distributed_client=distributed_client, hostname=hostname, interface=interface)

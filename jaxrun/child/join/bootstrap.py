@@ -35,6 +35,7 @@ from jaxrun.child import checks, ending, hooks
 from jaxrun.child.join.addresses import (
     TRANSPORT_LISTENERS,
     advertise_for_collectives,
+    alone,
     reachable_address,
     transfer_address,
     wait_for_coordinator,
@@ -227,11 +228,14 @@ def _join(real, given: dict) -> list[dict]:
         kwargs["local_device_ids"] = [int(i) for i in device_ids.split(",")]
     from jax._src import config
 
-    # Every listener on one reachable address, unless the script chose its own.
+    # Every listener on one reachable address, unless the script chose its own;
+    # one process has none (it opens no internet socket).
     try:
-        ip = reachable_address(_launch.coordinator)
+        ip = None if _launch.count == 1 else reachable_address(_launch.coordinator)
     except OSError:
         ip = None  # no route to the coordinator: initialize() will say so
+    if _launch.count == 1:
+        alone()
     if ip is not None:
         advertise_for_collectives(ip)
         transfer = config.config._value_holders.get("jax_cross_host_transfer_socket_address")

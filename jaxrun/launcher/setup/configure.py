@@ -27,7 +27,7 @@ from jaxrun.core import forward, logfiles, modes
 from jaxrun.core.config import BackendEntry, LaunchError, RunConfig, declared_flags, on_github_actions
 from jaxrun.core.ranks import console_rank_set
 from jaxrun.launcher.setup import allocation, plan as planning
-from jaxrun.launcher.setup.devices import free_ports, tpu_share
+from jaxrun.launcher.setup.devices import MEET_ON_CPU, check_loopback, free_ports, loopback_refused, tpu_share
 
 # The most accelerators one process may own when jaxrun cannot count them
 # (remote hosts, TPUs): more than any one host has.
@@ -64,6 +64,9 @@ class System:
 
     def tcp_ports(self, count: int) -> list[int]:
         return free_ports(count)
+
+    def loopback_refused(self) -> str | None:
+        return loopback_refused()
 
     def open_file_limits(self) -> tuple[int, int]:
         return resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -117,6 +120,8 @@ def config_from_args(values: Mapping[str, Any], backends: Mapping[str, BackendEn
     check_devices_per_process(per_process, devices_per_host)
     tpu_chips, tpu_ports = ((), ()) if devices_per_host or cpu_devices is not None or elsewhere else \
         tpu_share(system, num_processes, per_process, extra_env)
+    if num_processes > 1 and not elsewhere and not tpu_ports:
+        check_loopback(system, num_processes, MEET_ON_CPU)
     run_id = new_run_id()
     launch = planning.LaunchOptions(
         target=target,

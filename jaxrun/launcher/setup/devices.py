@@ -1,5 +1,6 @@
-"""Launcher side: how many accelerators this machine has, without importing
-jax; and a local run's share of a TPU host's chips."""
+"""Launcher side: what this machine gives a local job's processes, without
+importing jax: its accelerators, a TPU host's chips shared among them, and
+the internet sockets over which several of them meet."""
 
 from __future__ import annotations
 
@@ -28,9 +29,24 @@ def count_local_gpus(environ=os.environ) -> int | None:
     return sum(1 for line in out.splitlines() if line.startswith("GPU ")) or None
 
 
+def loopback_refused() -> str | None:
+    """Why a TCP connection over loopback fails here, or None where it works:
+    a sandbox that refuses internet sockets (errno 97, the TPU host of issue
+    71), a network namespace whose loopback is down (unreachable)."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+            server.bind(("127.0.0.1", 0))
+            server.listen(1)
+            socket.create_connection(server.getsockname(), timeout=2).close()
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
 def free_ports(count: int) -> list[int]:
-    """``count`` different free loopback ports; OSError where this machine
-    gives none (a sandbox that refuses internet sockets)."""
+    """``count`` different free loopback ports."""
     from jaxrun import portable
 
     ports: list[int] = []
@@ -43,6 +59,21 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
+def check_loopback(system, num_processes: int, need: str) -> None:
+    """LaunchError, one line, where ``num_processes`` processes on this
+    machine would meet over internet sockets (``need`` says why they do) and
+    it refuses them (``system.loopback_refused()``)."""
+    refused = system.loopback_refused()
+    if refused:
+        raise LaunchError(f"-n {num_processes}: {need}, and this machine refuses internet sockets ({refused}); "
+                          "a job of one process needs none")
+
+
+# Why several processes of a job meet over internet sockets.
+MEET_ON_CPU = "a job's processes meet over internet sockets (JAX's CPU collectives, its transfers between them)"
+MEET_ON_TPU = f"libtpu's processes meet on TCP ports ({devices.TPU_PROCESS_ADDRESSES})"
+
+
 def tpu_share(system, num_processes: int, per_process: int | None,
               extra_env: Mapping[str, str]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(this machine's TPU chips, a port for each process) for a local run
@@ -50,7 +81,7 @@ def tpu_share(system, num_processes: int, per_process: int | None,
     process that owns every chip.  LaunchError, one line, where the
     processes do not fit the chips (more processes than chips), or cannot
     meet (several, where this machine refuses internet sockets).  ``system``:
-    configure's System (``local_tpu_chips``, ``tcp_ports``)."""
+    configure's System (``local_tpu_chips``, ``loopback_refused``, ``tcp_ports``)."""
     if num_processes == 1 and per_process is None:
         return (), ()
     chips = system.local_tpu_chips({**system.environ, **extra_env})
@@ -62,9 +93,5 @@ def tpu_share(system, num_processes: int, per_process: int | None,
         raise LaunchError(str(e)) from None
     if num_processes == 1:
         return tuple(chips), ()
-    try:
-        return tuple(chips), tuple(system.tcp_ports(num_processes))
-    except OSError as e:
-        raise LaunchError(f"-n {num_processes} on {len(chips)} TPU chips: libtpu's processes meet on TCP ports "
-                          f"({devices.TPU_PROCESS_ADDRESSES}), and this machine refuses internet sockets "
-                          f"({e.strerror or e}); one process owns every chip") from None
+    check_loopback(system, num_processes, MEET_ON_TPU)
+    return tuple(chips), tuple(system.tcp_ports(num_processes))
