@@ -83,6 +83,7 @@ def descendants(roots: set[int]) -> set[int]:
 
 def race(roots: set[int]) -> dict:
     taken, seen, bound = Taken(), set(), []
+    print("ready", flush=True)
     stop = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
     while not stop.is_set():
@@ -128,11 +129,17 @@ def report(taken: Taken) -> dict:
 
 def idle(host: str, port: int, count: int) -> dict:
     held = []
-    for _ in range(count):
-        try:
-            held.append(socket.create_connection((host, port), timeout=5))
+
+    def one() -> None:
+        try:  # past a full backlog, the kernel tries again as the listener takes one
+            held.append(socket.create_connection((host, port), timeout=120))
         except OSError:
-            break
+            pass
+
+    tries = [threading.Thread(target=one, daemon=True) for _ in range(count)]
+    for thread in tries:
+        thread.start()
+    time.sleep(0.5)
     print("connected", len(held), flush=True)
     sys.stdin.read()
     return {"held": len(held)}

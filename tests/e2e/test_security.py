@@ -20,13 +20,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import psutil
 import pytest
 from fixtures.jobs import DATA, ROOT, TOKEN, processes_with_token
 
-from jaxrun import portable
+from jaxrun import contract, portable
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -388,3 +389,119 @@ def test_a_log_base_another_user_made_first_stops_no_run(kind, start_job, nobody
                                                  f"({taken_because(kind)}): this run's logs are in /tmp/{LOGS}-"), \
         job.stderr
     assert f"PLANTED {LOGS} " in job.stderr and "THROUGH" not in job.stderr, job.stderr
+
+
+# -- an SSH host's preloading server (issue 70) ------------------------------------------
+
+SECRET_SCRIPT = """\
+import os, sys
+print("process", os.environ["JAXRUN_PROCESS_ID"], "has its secret", os.environ.get("JOB_SECRET") == sys.argv[1],
+      flush=True)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_no_command_line_names_an_ssh_host_s_server_and_a_racer_gets_nothing(sshd_hosts, start_job, intruder,
+                                                                          shared_dir):
+    """The issue's second attack: nobody polls every command line on the
+    hosts (their processes are this machine's) for the server's name, to bind
+    it first.  It finds none; the job, its secret given with -x, runs whole."""
+    racer = intruder("race", *(server.pid for server in sshd_hosts.servers.values()))
+    assert racer.stdout.readline().strip() == "ready"
+    secret = uuid.uuid4().hex
+    script = shared_dir / "secret.py"
+    script.write_text(SECRET_SCRIPT)
+    job = start_job("-H", "hostA:2,hostB:2", "--ssh-config", sshd_hosts.config, "-x", f"PYTHONPATH={ROOT}",
+                    "-x", TOKEN, "-x", f"JOB_SECRET={secret}", "--log-dir", shared_dir / "logs", script, secret,
+                    cwd=shared_dir, env={"PYTHONPATH": str(ROOT)})
+    try:
+        code = job.wait(timeout=120)
+    finally:
+        taken = intruder.stop(racer)
+    assert code == 0, job.stderr
+    for rank in range(4):
+        assert f"process {rank} has its secret True" in job.stdout, job.stdout
+    assert taken["seen"] == [] and taken["connections"] == 0, taken
+    assert secret not in taken["data"]
+
+
+def test_an_agent_hands_nothing_to_another_user_s_listener_on_the_server_s_name(intruder, tmp_path):
+    """A stand-in that bound the name first (as a racer who read it would):
+    the agent checks who listens, sends it no byte and no descriptor, and
+    starts the process itself, which runs whole."""
+    from jaxrun.backends import far_end
+
+    if not portable.is_abstract(portable.server_address("probe") or ""):
+        pytest.skip("no abstract sockets here: the server's socket file lies in a private folder")
+    name = f"jaxrun-{os.getpid()}-{uuid.uuid4().hex}"
+    standin = intruder("standin", name)
+    assert standin.stdout.readline().strip() == "ready"
+    script = tmp_path / "job.py"
+    script.write_text("import os\nprint('ran with', os.environ['JOB_SECRET'], flush=True)\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JOB_SECRET="s3cret", JAXRUN_COORDINATOR_ADDRESS="127.0.0.1:1",
+               JAXRUN_NUM_PROCESSES="1", JAXRUN_PROCESS_ID="0", JAXRUN_LOCAL_PROCESS_ID="0",
+               JAXRUN_LOCAL_PROCESS_COUNT="1")
+    lifeline_r, lifeline_w = os.pipe()
+    out, err = tmp_path / "out", tmp_path / "err"
+    with open(out, "wb") as out_f, open(err, "wb") as err_f:
+        try:
+            child = far_end.start([sys.executable, "-m", contract.SHIM_MODULE, "--", str(script)], env, lifeline_r,
+                                  (out_f.fileno(), err_f.fileno()), str(tmp_path), name)
+            assert isinstance(child, subprocess.Popen)  # started here, not by the stand-in
+            assert child.wait(timeout=60) == 0, err.read_text()
+        finally:
+            taken = intruder.stop(standin)
+            os.close(lifeline_r)
+            os.close(lifeline_w)
+    assert taken["bytes"] == 0 and taken["fds"] == 0, taken
+    assert out.read_text() == "ran with s3cret\n"
+    assert err.read_text() == ("jaxrun: the preloading server's name on this host is taken by uid 65534, not "
+                               "jaxrun's: this process starts without it\n")
+
+
+# -- the console's listener (issue 70) ---------------------------------------------------
+
+@pytest.mark.timeout(120)
+def test_idle_connections_to_the_console_hold_up_nothing(intruder, tmp_path, no_leftover_processes):
+    """The issue's fourth attack: 20 connections to the jaxrun -i session's
+    port that never send a hello, made as soon as it listens, before process
+    0 connects.  The session still comes up, runs a statement and ends 0."""
+    import pexpect
+
+    env = {**os.environ, "JAXRUN_NO_PRELOAD": "1", "XDG_STATE_HOME": str(tmp_path), "TERM": "xterm"}
+    session = pexpect.spawn(sys.executable, ["-m", "jaxrun", "-n", "2", "--cpu-devices", "1", "--log-dir",
+                                             str(tmp_path / "logs"), "-i"], env=env, cwd=str(ROOT), encoding="utf-8",
+                            timeout=60, dimensions=(50, 300))
+    idle = None
+    try:
+        deadline = time.monotonic() + 30
+        while idle is None:
+            assert time.monotonic() < deadline, "the session never listened"
+            ports = [c.laddr for c in psutil.Process(session.pid).net_connections("inet")
+                     if c.status == psutil.CONN_LISTEN]
+            if ports:
+                idle = intruder("idle", ports[0].ip, ports[0].port, 20)
+            else:
+                time.sleep(0.01)
+        said, held = idle.stdout.readline().split()
+        assert said == "connected" and int(held) >= 8, held  # at least what the old backlog held
+        attacked = time.monotonic()
+        session.expect_exact(">>> ", timeout=90)
+        # The old listener read one hello at a time, 5 s each, with 8 idle
+        # connections in its backlog ahead of process 0's: its prompt came
+        # after 40 s at least (48 and 54 s here, or process 0's connect timed
+        # out); with the hellos read at once, 2 s here beside other work.
+        print(f"the prompt came {time.monotonic() - attacked:.1f} s after the attack")
+        assert time.monotonic() - attacked < 30
+        session.sendline("import jax; print('count', jax.process_count())")
+        session.expect_exact(">>> ", timeout=60)
+        assert "count 2" in session.before, session.before
+        session.sendeof()
+        session.expect(pexpect.EOF, timeout=30)
+        session.close()
+        assert session.exitstatus == 0, session.before
+    finally:
+        if session.isalive():
+            session.terminate(force=True)
+        if idle is not None:
+            intruder.stop(idle)
