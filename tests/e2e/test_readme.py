@@ -35,12 +35,68 @@ def fenced_after(heading: str) -> list[str]:
 def test_install_command_runs_the_toy(jaxrun):
     (line,) = fenced_after("## Install and run the example")
     install, run = line.split(" && ")
-    assert install == "pip install -e ."
+    # ml_dtypes where docs/performance.md says (0.7 doubles every import of jax), as the tests have it.
+    assert install == "pip install -e . 'ml_dtypes<0.7'"
+    assert "`pip install 'ml_dtypes<0.7'`" in (ROOT / "docs" / "performance.md").read_text()
+    assert '"ml_dtypes<0.7"' in (ROOT / "pyproject.toml").read_text()
     words = shlex.split(run)
     assert words[0] == "jaxrun"
     code, out, err = jaxrun(*words[1:], cwd=ROOT)
     assert code == 0, err
     assert all(f"process={r} got result: -0.12398731708526611" in out for r in range(4))
+    # The sample after the command is what the run printed: its process lines are
+    # the output's, and its jaxrun lines are the run's, one for one, but for the figures.
+    sample = fenced_after("Each of the 4 processes prints")
+    assert not {x for x in sample if x.startswith("[")} - set(out.splitlines()), (sample, out)
+    said = [x for x in err.splitlines() if x.startswith("jaxrun:")]
+    shapes = [shape_of(x) for x in sample if x.startswith("jaxrun:")]
+    assert len(said) == len(shapes) and all(re.fullmatch(p, x) for p, x in zip(shapes, said)), (sample, err)
+
+
+def shape_of(line: str) -> str:
+    """A sample line as a pattern: its figures and its log folder stand for any."""
+    parts = re.split(r"(/tmp/jaxrun-logs-\S+|\d+(?:\.\d+)?)", line)
+    return "".join(re.escape(part) if i % 2 == 0 else (r"\S+" if part.startswith("/") else r"\d+(?:\.\d+)?")
+                   for i, part in enumerate(parts))
+
+
+def test_the_coordinator_is_where_the_readme_says():
+    text = " ".join((ROOT / "README.md").read_text().split())
+    assert "starts the job's coordinator on a private Unix socket" in text and "bound to loopback" not in text
+    done = subprocess.run([sys.executable, "-m", "jaxrun", "--dry-run", "-n", "2", "examples/toy.py"],
+                          capture_output=True, text=True, check=True, cwd=ROOT)
+    address = re.search(r"JAXRUN_COORDINATOR_ADDRESS=(\S+)", done.stdout + done.stderr).group(1)
+    assert address.startswith("unix:") and address.endswith(".sock"), address
+
+
+def test_an_exception_shows_as_the_readme_says(jaxrun, tmp_path):
+    """The README: the shim prints the traceback; the console folds JAX's
+    frames into one line, and a traceback another process showed; the log
+    keeps them whole."""
+    text = " ".join((ROOT / "README.md").read_text().split())
+    assert ("The shim prints its traceback (on the console JAX's frames fold into one line, and so does one "
+            "another process showed; the log keeps them whole)") in text
+    script = ROOT / "tests" / "data" / "device_put_mistake.py"
+    code, out, err = jaxrun("-n", 2, "--cpu-devices", 1, "--log-dir", tmp_path, script)
+    assert code == 1, err
+    assert err.count("Traceback (most recent call last):") == 1 and re.search(r"^\[\d\]   \.\.\. \d+ frames of jax$",
+                                                                           err, re.M), err
+    assert re.search(rf"^\[\d\] AssertionError at {script}:\d+, as process \d's above", err, re.M), err
+    assert "jax/_src/" not in err
+    assert all("jax/_src/dispatch.py" in (tmp_path / f"process-{r}.stderr").read_text() for r in range(2))
+
+
+def test_the_runtime_snippet_runs_as_its_comment_says(jaxrun, tmp_path):
+    section = (ROOT / "README.md").read_text().split("## Runtime helpers", 1)[1]
+    block = re.search(r"```python\n(.*?)```", section, re.S).group(1).splitlines()
+    command = block[0].removeprefix("# ")
+    words = shlex.split(command)
+    assert words[0] == "jaxrun" and words[-1] == "train.py", command
+    script = tmp_path / "train.py"
+    script.write_text("\n".join(block) + "\n")
+    code, out, err = jaxrun(*words[1:-1], script)
+    assert code == 0, err
+    assert out.splitlines() == ["[0] global batch (16, 4)"], out
 
 
 def test_ci_runs_exactly_the_readme_test_command():

@@ -259,8 +259,9 @@ def test_help_all_comes_in_sections_without_importing_jax():
                "except SystemExit:\n    pass\nprint('JAX', 'jax' in sys.modules)\n")
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
     titles = [line[:-1] for line in done.stdout.splitlines() if line.endswith(":") and not line.startswith(" ")]
-    assert titles == ["Commands (jaxrun COMMAND --help)", "Processes", "Output", "Failures", "Restarts", "Across hosts (SSH)",
-                      "Engines (Slurm, Open MPI)", "Runtime", "Interactive", "With --launcher ray", "Other"]
+    assert titles == ["Commands (jaxrun COMMAND --help)", "Processes", "Output", "Failures", "Restarts",
+                      "Across hosts (SSH)", "Engines (Slurm, Open MPI)", "Runtime", "Interactive",
+                      "With --launcher ray", "Other"]
     assert done.stdout.rstrip().endswith("JAX False")
 
 
