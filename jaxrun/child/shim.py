@@ -12,14 +12,18 @@ Started as ``python -m jaxrun.shim -- SCRIPT ARGS...`` or
    (:mod:`jaxrun.child.watch.profiling`), where it named a trace folder;
 3. arranges, without importing jax, that the process joins the job before
    jax creates a backend (see :mod:`jaxrun.child.join.bootstrap`);
-4. starts the stall watchdog's sampler (:mod:`jaxrun.child.watch.activity`),
-   where the launcher asks for one, and the time account
-   (:mod:`jaxrun.child.watch.accounting`) that begins at the join;
+4. installs the checks and the marks (patches that wait for the script's
+   ``import jax``), and starts the stall watchdog
+   (:mod:`jaxrun.child.watch.activity`) where the launcher asks for one; the
+   time account (:mod:`jaxrun.child.watch.accounting`) begins at the join,
+   on the same sampler thread (:mod:`jaxrun.child.watch.sampler`);
 5. runs the user's script or module as the real ``__main__``, as ``python``
    would, and on an uncaught exception prints a traceback of the user's
    frames only and exits at once instead of waiting in JAX's shutdown barrier.
 
-It reads only the environment contract in :mod:`jaxrun.contract`.
+It reads only the environment contract in :mod:`jaxrun.contract`, and
+imports only what the launcher asked for: a process pays at start-up for
+the watches and checks that are on, and the rest loads where first used.
 """
 
 from __future__ import annotations
@@ -33,9 +37,8 @@ import threading
 import types
 
 from jaxrun import contract
-from jaxrun.child import checks
 from jaxrun.child.ending import exit_now, fail, record_error
-from jaxrun.child.watch import accounting, activity, dumps, marks, profiling
+from jaxrun.child.watch import dumps
 
 USAGE = f"usage: python -m {contract.SHIM_MODULE} (-- SCRIPT | -m MODULE) [ARGS...]"
 
@@ -86,7 +89,10 @@ def main(argv: list[str]) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, contract.STOP_SIGNALS)
     watch_lifeline()
     dumps.install()  # SIGUSR1: a dump of every thread's stack
-    profiling.install()  # SIGUSR2: start or stop a trace, where the launcher named a folder
+    if os.environ.get(contract.PROFILE_DIR):
+        from jaxrun.child.watch import profiling
+
+        profiling.install()  # SIGUSR2: start or stop a trace, in the folder the launcher named
     if len(argv) < 2 or argv[0] not in ("--", "-m"):
         print(USAGE, file=sys.stderr)
         exit_now(2)
@@ -96,13 +102,33 @@ def main(argv: list[str]) -> None:
 
     compile_cache.apply()  # the attempts' shared cache: before anything imports jax (--mesh, in prepare)
     try:
-        bootstrap.prepare()
+        launch = bootstrap.prepare()
+        install_checks(os.environ, launch.rank, launch.count)
+        bootstrap.begin()  # --mesh joins now; a forked controller's JAX_* settings wait for its import
     except bootstrap.BootstrapError as e:
         fail(e)
     set_title(is_module, name, args)
-    activity.start()  # --stall-timeout: from the script's first line on
-    accounting.start()  # where the time goes: from the join on
+    if os.environ.get(contract.STALL_TIMEOUT):
+        from jaxrun.child.watch import activity
+
+        activity.start()  # --stall-timeout: from the script's first line on (the account joins it at the join)
     run_target(is_module, name, args)
+
+
+def install_checks(environ, rank: int, count: int) -> None:
+    """What watches the script's programs, before any of them runs: the
+    flight recorder and the divergence check where a mode asks, the guide's
+    checks (``--checks``), and the goodput's marks.  Each patches jax when
+    the script imports it; none imports jax now."""
+    if environ.get(contract.FLIGHT_RECORDER) or environ.get(contract.CHECK_DIVERGENCE) == "1":
+        from jaxrun.child.checks import flight  # its hook (and dataclasses, re) only where a mode is on
+
+        flight.prepare(environ, rank, count)
+    from jaxrun.child import checks
+    from jaxrun.child.watch import marks
+
+    checks.prepare(environ, rank, count)
+    marks.prepare(environ)
 
 
 def set_title(is_module: bool, name: str, args: list[str]) -> None:
@@ -175,7 +201,7 @@ def run_target(is_module: bool, name: str, args: list[str]) -> None:
     except SystemExit as e:
         code = _exit_code(e)
         if code != 0:
-            marks.script_ended()
+            _script_ended()
             exit_now(code)
         script_returned()
         raise
@@ -183,22 +209,29 @@ def run_target(is_module: bool, name: str, args: list[str]) -> None:
         text = user_traceback(e)
         sys.stderr.write(text)
         record_error(e, text)
-        marks.script_ended()
+        _script_ended()
         exit_now(130 if isinstance(e, KeyboardInterrupt) else 1)
     else:
         script_returned()
 
 
 def script_returned() -> None:
-    """The script is over and the process is in JAX's shutdown: the flight
-    recorder and the activity sampler say so."""
-    checks.script_returned()
-    flight = sys.modules.get("jaxrun.child.checks.flight")  # imported where a mode is on (bootstrap.prepare)
-    if flight is not None:
-        flight.script_returned()
-    accounting.script_returned()  # its last record, before the sampler's last word
-    activity.script_returned()
-    marks.script_ended()
+    """The script is over and the process is in JAX's shutdown: the checks
+    settle, and the flight recorder, the account and the watchdog say so
+    (each where it was loaded)."""
+    for name in ("jaxrun.child.checks", "jaxrun.child.checks.flight",
+                 "jaxrun.child.watch.accounting",  # its last record, before the watchdog's last word
+                 "jaxrun.child.watch.activity"):
+        module = sys.modules.get(name)
+        if module is not None:
+            module.script_returned()
+    _script_ended()
+
+
+def _script_ended() -> None:
+    marks = sys.modules.get("jaxrun.child.watch.marks")
+    if marks is not None:
+        marks.script_ended()
 
 
 def run_script(name: str, args: list[str]) -> None:

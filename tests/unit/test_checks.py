@@ -11,7 +11,7 @@ import pytest
 
 from jaxrun import cli, contract
 from jaxrun.child import checks, hooks
-from jaxrun.child.checks import agreement
+from jaxrun.child.checks import agreement, store as transport
 from jaxrun.launcher.setup import plan as planning
 
 
@@ -105,7 +105,7 @@ def same_fp(mine, theirs):
     return mine["fp"] == theirs["fp"]
 
 
-def look_all(ones, store, clock, seconds=agreement.SLOW_POLL):
+def look_all(ones, store, clock, seconds=transport.SLOW_POLL):
     """Every board looks once its next look is due."""
     clock.now += seconds
     for board in ones:
@@ -196,7 +196,7 @@ def test_a_difference_waits_for_the_older_topics_a_peer_posted_while_the_judge_l
         return reads(prefix)
 
     store.key_value_dir_get = peer_posts_meanwhile
-    clock.now += agreement.SLOW_POLL
+    clock.now += transport.SLOW_POLL
     one._look(store)
     assert seen[:1] == ["r/1"], seen
 
@@ -227,7 +227,7 @@ def test_a_judge_that_left_with_the_topic_open_hands_it_on():
         ones[rank]._count(1)
     ones[0].script_returned()
     ones[0].settle(0.2)  # its thread publishes the word that it finished, then that it left
-    assert f"{agreement.LEFT}/0" in store.data
+    assert f"{transport.LEFT}/0" in store.data
     look_all(ones[1:], store, clock, agreement.LONG)
     ones[2]._publish(store, agreement.Post("p/0", {"fp": "a"}, (0, 1, 2), lambda *a: seen.append(a)))
     ones[2]._count(1)
@@ -258,9 +258,9 @@ def test_the_looks_back_off_and_cost_about_four_keys_a_rank():
     for _ in range(3):
         look_all(ones, store, clock)
     assert all(not board.open for board in ones)
-    assert looks <= 20 / agreement.SLOW_POLL + 8, looks
+    assert looks <= 20 / transport.SLOW_POLL + 8, looks
     assert store.served <= 4 * n * (looks + 3), (store.served, looks)
-    assert not store.data.keys() - {f"{agreement.PREFIX}/finished/{r}" for r in range(n)}
+    assert not store.data.keys() - {f"{transport.PREFIX}/finished/{r}" for r in range(n)}
 
 
 def test_posts_are_published_in_order_and_the_finished_word_comes_after_the_last():
@@ -278,8 +278,8 @@ def test_posts_are_published_in_order_and_the_finished_word_comes_after_the_last
         board.post(f"p/{k}", {"fp": "a"}, (0, 1), lambda *a: None)
     board.script_returned()
     board.settle(0.5)  # rank 1 never posts: the end waits a bounded time
-    assert order == [f"{agreement.ENTRIES}/p/{k}/0" for k in range(3)] + [f"{agreement.PREFIX}/finished/0",
-                                                                         f"{agreement.LEFT}/0"]  # with topics open
+    assert order == [f"{transport.ENTRIES}/p/{k}/0" for k in range(3)] + [f"{transport.PREFIX}/finished/0",
+                                                                         f"{transport.LEFT}/0"]  # with topics open
     assert not board.thread.is_alive()
 
 
@@ -315,13 +315,13 @@ def test_a_process_that_posted_nothing_still_says_it_finished():
     board = agreement.Board(1, 2, client=lambda: store)
     board.script_returned()
     board.settle(5.0)
-    assert store.data == {f"{agreement.PREFIX}/finished/1": "1"}
+    assert store.data == {f"{transport.PREFIX}/finished/1": "1"}
 
 
 def test_the_finished_word_goes_out_at_once_while_a_topic_waits(monkeypatch):
     """The peers' ends wait on it: it must not wait out the pause between
     looks (made long here, so that waiting it out would show)."""
-    monkeypatch.setattr(agreement, "POLL", 5.0)
+    monkeypatch.setattr(transport, "POLL", 5.0)
     store = Store()
     board = agreement.Board(0, 2, client=lambda: store)
     board.post("p/0", {"fp": "a"}, (0, 1), lambda *a: None)  # rank 1 never posts: the topic stays open
@@ -332,7 +332,7 @@ def test_the_finished_word_goes_out_at_once_while_a_topic_waits(monkeypatch):
     time.sleep(0.05)  # the thread is in its pause between looks now
     asked = time.monotonic()
     board.script_returned()
-    while f"{agreement.PREFIX}/finished/0" not in store.data and time.monotonic() < asked + 4.0:
+    while f"{transport.PREFIX}/finished/0" not in store.data and time.monotonic() < asked + 4.0:
         time.sleep(0.005)
     took = time.monotonic() - asked
     board.settle(0.0)

@@ -13,7 +13,7 @@ import types
 import pytest
 
 from jaxrun.child import hooks
-from jaxrun.child.checks import programs
+from jaxrun.child.checks import program_text, programs
 
 MODULE = '''module @jit_{name} attributes {{mhlo.num_partitions = 8 : i32}} {{
   func.func public @main(%arg0: tensor<8x4xf32>) -> tensor<8x4xf32> {{
@@ -31,9 +31,9 @@ def entry(h, fn="matmul", inputs="f32[8,4], f32[4,8]", sh="P('b', None), P(None,
 
 
 def test_the_fingerprint_leaves_out_the_modules_name_but_not_its_body():
-    add = programs.program_hash(MODULE.format(name="step", op="add"))
-    assert programs.program_hash(MODULE.format(name="train_step_1", op="add")) == add
-    assert programs.program_hash(MODULE.format(name="step", op="multiply")) != add
+    add = program_text.program_hash(MODULE.format(name="step", op="add"))
+    assert program_text.program_hash(MODULE.format(name="train_step_1", op="add")) == add
+    assert program_text.program_hash(MODULE.format(name="step", op="multiply")) != add
 
 
 def test_the_fingerprint_prints_the_module_without_locations():
@@ -45,20 +45,20 @@ def test_the_fingerprint_prints_the_module_without_locations():
             return MODULE.format(name="f", op="add")
 
     module = types.SimpleNamespace(operation=Operation())
-    assert programs.fingerprint(module) == programs.program_hash(MODULE.format(name="g", op="add"))
+    assert program_text.fingerprint(module) == program_text.program_hash(MODULE.format(name="g", op="add"))
     assert asked == {"enable_debug_info": False}
 
 
 @pytest.mark.parametrize("ranks, text", [([0, 1, 2, 3], "0-3"), ([3, 1, 2], "1-3"), ([0, 2, 5], "0,2,5"),
                                          ([4, 5], "4,5")])
 def test_a_group_is_named_alike_in_every_process(ranks, text):
-    assert programs.group_text(ranks) == text
+    assert program_text.group_text(ranks) == text
 
 
 @pytest.mark.parametrize("name, function", [("jit(train_step)", "train_step"), ("pjit(f)", "f"),
                                             ("jit(<lambda>)", "<lambda>"), ("", "?")])
 def test_the_function_is_named_without_jit(name, function):
-    assert programs.function_name(name) == function
+    assert program_text.function_name(name) == function
 
 
 def test_inputs_and_shardings_are_short():
@@ -68,22 +68,22 @@ def test_inputs_and_shardings_are_short():
 
     avals = [types.SimpleNamespace(dtype="float32", shape=(8, 4)), types.SimpleNamespace(dtype="bfloat16", shape=()),
              3]
-    assert programs.inputs_text(avals) == "f32[8,4], bf16[], int"
-    assert programs.inputs_text([avals[1]] * 10) == ", ".join(["bf16[]"] * 8 + ["+2"])
+    assert program_text.inputs_text(avals) == "f32[8,4], bf16[], int"
+    assert program_text.inputs_text([avals[1]] * 10) == ", ".join(["bf16[]"] * 8 + ["+2"])
     unspecified = type("UnspecifiedValue", (), {})()
-    assert programs.shardings_text([types.SimpleNamespace(spec=Spec()), unspecified]) == "P('b', None), -"
+    assert program_text.shardings_text([types.SimpleNamespace(spec=Spec()), unspecified]) == "P('b', None), -"
 
 
 def test_the_odd_side_leads_and_a_tie_goes_to_the_lowest_rank():
     entries = {0: entry("a"), 1: entry("a"), 2: entry("a"), 3: entry("b")}
-    assert programs.sides_of(entries) == [[3], [0, 1, 2]]
-    assert programs.sides_of({0: entry("a"), 1: entry("a"), 2: entry("b"), 3: entry("b")}) == [[0, 1], [2, 3]]
+    assert program_text.sides_of(entries) == [[3], [0, 1, 2]]
+    assert program_text.sides_of({0: entry("a"), 1: entry("a"), 2: entry("b"), 3: entry("b")}) == [[0, 1], [2, 3]]
 
 
 def test_the_message_names_each_side_its_line_and_what_differs():
     entries = {0: entry("a"), 1: entry("a"), 2: entry("a"),
                3: entry("b", inputs="f32[4,8], f32[8,4]", sh="P(None, 'b'), P('b', None)", at="/w/job.py:12")}
-    headline, lines = programs.describe(3, "0-3", entries, set(), [0, 1, 2, 3])
+    headline, lines = program_text.describe(3, "0-3", entries, set(), [0, 1, 2, 3])
     assert headline == ("program 3 of processes 0-3 differs (shapes, shardings): "
                         "process 3 made matmul(f32[4,8], f32[8,4]) sharded P(None, 'b'), P('b', None) at job.py:12; "
                         "processes 0, 1, 2 made matmul(f32[8,4], f32[4,8]) sharded P('b', None), P(None, 'b') "
@@ -95,34 +95,35 @@ def test_the_message_names_each_side_its_line_and_what_differs():
 
 def test_the_message_says_who_finished_and_who_is_not_there_yet():
     entries = {0: entry("a"), 2: entry("c", fn="eval_step")}
-    headline, lines = programs.describe(1, "0-3", entries, {3}, [0, 1, 2, 3])
+    headline, lines = program_text.describe(1, "0-3", entries, {3}, [0, 1, 2, 3])
     assert headline.startswith("program 1 of processes 0-3 differs (function): process 0 made matmul")
     assert "  process 3: finished its script without it" in lines
     assert "  process 1: not at program 1 yet" in lines
 
 
 def test_a_programs_collectives_are_read_from_its_hlo_without_names_or_places():
-    assert programs.collectives_of(Executable("all-reduce-start")) == ["all-reduce f32[] replica_groups={}"]
-    assert programs.collectives_of(Executable("send")) == ["send f32[] replica_groups={}"]
-    assert programs.collectives_of(Executable("add")) == [] == programs.collectives_of(Executable("all-reducer"))
-    assert programs.collectives_of(object()) == ["?"]  # unknown: compared
+    assert program_text.collectives_of(Executable("all-reduce-start")) == ["all-reduce f32[] replica_groups={}"]
+    assert program_text.collectives_of(Executable("send")) == ["send f32[] replica_groups={}"]
+    assert program_text.collectives_of(Executable("add")) == []
+    assert program_text.collectives_of(Executable("all-reducer")) == []
+    assert program_text.collectives_of(object()) == ["?"]  # unknown: compared
     line = ("  ROOT %all-reduce.7 = f32[8,8]{1,0} all-reduce(%fusion.3), channel_id=4, "
             "replica_groups=mesh['axis_0'=1,'axis_1'=4] {'axis_1'}, use_global_device_ids=true, "
             "to_apply=%add.clone, metadata={op_name=\"jit(mm)/dot_general\" stack_frame_id=2}")
-    assert programs.collectives_of(Executable(text=line)) == [
+    assert program_text.collectives_of(Executable(text=line)) == [
         "all-reduce f32[8,8] replica_groups=mesh['axis_0'=1,'axis_1'=4] {'axis_1'} use_global_device_ids=true"]
 
 
 def test_a_body_alone_can_differ_and_the_collectives_are_named_only_where_nothing_else_differs():
-    assert programs.what_differs({0: entry("a", c="x"), 1: entry("b", c="x")}, [[0], [1]]) == ["body"]
+    assert program_text.what_differs({0: entry("a", c="x"), 1: entry("b", c="x")}, [[0], [1]]) == ["body"]
     alike = {0: entry("a", cs="all-reduce f32[]"), 1: entry("b", cs="all-gather f32[8]")}
-    assert programs.what_differs(alike, [[0], [1]]) == ["collectives"]
-    headline, _ = programs.describe(2, "0,1", alike, set(), [0, 1])
+    assert program_text.what_differs(alike, [[0], [1]]) == ["collectives"]
+    headline, _ = program_text.describe(2, "0,1", alike, set(), [0, 1])
     assert headline == ("program 2 of processes 0,1 differs (collectives): "
                         "process 0 made matmul(f32[8,4], f32[4,8]) with all-reduce f32[] at job.py:10; "
                         "process 1 made matmul(f32[8,4], f32[4,8]) with all-gather f32[8] at job.py:10")
     shaped = {0: entry("a", cs="all-reduce f32[]"), 1: entry("b", inputs="f32[2]", cs="all-gather f32[8]")}
-    assert programs.what_differs(shaped, [[0], [1]]) == ["shapes"]
+    assert program_text.what_differs(shaped, [[0], [1]]) == ["shapes"]
 
 
 class Board:
@@ -177,8 +178,8 @@ def test_each_group_counts_its_main_threads_programs_once_each():
     topic, posted, _, _, same = board.posts[0]
     collectives = ["all-reduce f32[] replica_groups={}"]
     devices = given([0, 1, 2, 3])["device_list"]
-    assert posted == {"h": programs.program_hash(MODULE.format(name="y", op="add")),
-                      "c": programs.program_hash(programs.collectives_key(collectives, devices)),
+    assert posted == {"h": program_text.program_hash(MODULE.format(name="y", op="add")),
+                      "c": program_text.program_hash(program_text.collectives_key(collectives, devices)),
                       "cs": "all-reduce f32[]", "fn": "step", "in": "f32[8,4]", "sh": "", "at": "/w/job.py:7"}
     # By default the collectives decide: a body of its own (a per-process constant) is the same program.
     assert same(posted, dict(posted, at="/elsewhere/job.py:99", fn="other", h="z"))

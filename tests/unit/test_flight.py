@@ -8,7 +8,7 @@ import types
 import pytest
 
 from jaxrun import cli, contract
-from jaxrun.child.checks import divergence, flight
+from jaxrun.child.checks import divergence, flight, flight_text
 from jaxrun.launcher.setup import plan as planning
 from jaxrun.reporting import summary
 
@@ -151,10 +151,10 @@ def test_the_strict_check_names_processes_that_finished_or_had_not_arrived():
 # -- describing an execution -----------------------------------------------------------------
 
 def test_function_names_lose_jits_wrapper_and_spaces():
-    assert flight.function_name("jit(train_step)") == "train_step"
-    assert flight.function_name("jit(<lambda>)") == "<lambda>"
-    assert flight.function_name("pmap(a b)") == "a_b"
-    assert flight.function_name("") == "?"
+    assert flight_text.function_name("jit(train_step)") == "train_step"
+    assert flight_text.function_name("jit(<lambda>)") == "<lambda>"
+    assert flight_text.function_name("pmap(a b)") == "a_b"
+    assert flight_text.function_name("") == "?"
 
 
 class Aval:
@@ -163,9 +163,9 @@ class Aval:
 
 
 def test_inputs_are_short_dtypes_and_shapes_then_a_count():
-    assert flight.input_text([Aval((8, 4), "float32"), Aval((), "int32"), 3, Aval((2,), "bfloat16")]) == \
+    assert flight_text.input_text([Aval((8, 4), "float32"), Aval((), "int32"), 3, Aval((2,), "bfloat16")]) == \
         "f32[8,4],i32[],int,bf16[2]"
-    assert flight.input_text([Aval((1,), "uint8")] * 11) == ",".join(["u8[1]"] * 8) + ",+3"
+    assert flight_text.input_text([Aval((1,), "uint8")] * 11) == ",".join(["u8[1]"] * 8) + ",+3"
 
 
 class Sharding:
@@ -179,10 +179,10 @@ def handlers(ins, outs):
 
 
 def test_only_programs_over_other_processes_devices_are_checked():
-    assert flight.spans_processes(handlers([Sharding(True)], [Sharding(False)]))
-    assert not flight.spans_processes(handlers([Sharding(True)], [Sharding(True)]))
-    assert flight.spans_processes(handlers([object()], []))  # unknown: checked
-    assert flight.spans_processes(object())
+    assert flight_text.spans_processes(handlers([Sharding(True)], [Sharding(False)]))
+    assert not flight_text.spans_processes(handlers([Sharding(True)], [Sharding(True)]))
+    assert flight_text.spans_processes(handlers([object()], []))  # unknown: checked
+    assert flight_text.spans_processes(object())
 
 
 def test_missing_hook_points_are_named():
@@ -347,11 +347,11 @@ def test_a_programs_fingerprint_ignores_where_it_was_called_from(tmp_path):
     import subprocess
 
     script = ("import sys, jax, jax.numpy as jnp\n"
-              "from jaxrun.child.checks import flight\n"
+              "from jaxrun.child.checks import flight_text\n"
               "def f(x): return jnp.sin(x) * 2\n"
               "def g(x): return jnp.cos(x) * 2\n"
               "def fp(h):\n"
-              "    return flight.fingerprint(jax.jit(h).lower(jnp.ones(4)).compile()._executable.xla_executable)\n"
+              "    return flight_text.fingerprint(jax.jit(h).lower(jnp.ones(4)).compile()._executable.xla_executable)\n"
               "if sys.argv[1] == 'a':\n    print(fp(f), fp(g))\nelse:\n    print(fp(f), fp(g))\n")
     prints = []
     for folder, arg in (("one", "a"), ("two", "b")):

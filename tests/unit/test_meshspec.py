@@ -11,7 +11,7 @@ import click
 import pytest
 
 from jaxrun import cli
-from jaxrun.child.join.bootstrap import check_versions
+from jaxrun.child.join.versions import check_versions
 from jaxrun.meshspec import (
     MeshSpec,
     MeshSpecError,

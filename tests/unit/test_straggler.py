@@ -13,7 +13,7 @@ import weakref
 import pytest
 
 from jaxrun import cli, contract
-from jaxrun.child.watch import accounting
+from jaxrun.child.watch import accounting, place
 from jaxrun.launcher.attempt import straggler
 from jaxrun.launcher.attempt.straggler import StragglerRule
 from jaxrun.launcher.setup import plan as planning
@@ -193,7 +193,7 @@ def test_a_call_site_says_what_it_calls_from_its_bytecode():
     exec(SITES, namespace)
     code = namespace["g"].__code__
     calls = [i.offset for i in dis.get_instructions(code) if i.opname == "CALL"]
-    found = [accounting.callee_recipe(code, offset) for offset in calls]
+    found = [place.callee_recipe(code, offset) for offset in calls]
     assert found == [(False, "step"), (False, "trainer", "step"), (False, "local_fn"),
                      (True, "x", "block_until_ready"), (False, "step"), (False, "inner"), (False, "outer")]
 
@@ -276,10 +276,9 @@ def test_no_account_reaches_every_process_and_the_child_then_keeps_none(account,
     opts = planning.LaunchOptions(target=planning.Target("t.py"), num_processes=2, coordinator="h:1", run_id="r",
                                   account=account)
     assert [spec.env.get(contract.ACCOUNT) for spec in planning.plan(opts)] == [environ, environ]
-    accounting.start({contract.ACTIVITY_FILE: "/nowhere", **({contract.ACCOUNT: environ} if environ else {})})
-    assert accounting._wanted is account
-    accounting.start({})  # no activity file: nowhere to tell
-    assert accounting._wanted is False
+    assert accounting.wanted({contract.ACTIVITY_FILE: "/nowhere",
+                              **({contract.ACCOUNT: environ} if environ else {})}) is account
+    assert accounting.wanted({}) is False  # no activity file: nowhere to tell
 
 
 def test_no_account_is_an_option_and_the_account_is_on_without_it():

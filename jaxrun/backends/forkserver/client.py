@@ -266,7 +266,7 @@ def serves(server: ServerProcess, specs: Sequence[ProcessSpec], preload: Sequenc
     for them would: the same interpreter and modules, and the same
     environment but for jaxrun's own variables and the values of ``JAX_*``,
     which a controller reads again after the fork
-    (``child.join.bootstrap.sync_preloaded_config``); none it lacks, though."""
+    (``child.join.preloaded.sync_preloaded_config``); none it lacks, though."""
     if specs[0].python != server.python or tuple(preload) != server.preload:
         return False
     wanted = server_env(base_env, common_env(specs))

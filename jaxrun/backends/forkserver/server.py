@@ -190,9 +190,9 @@ def become_controller(sock: socket.socket, request: forkserver.ForkRequest, fds:
         os.environ.update(request.env)
         os.environ[contract.LIFELINE_FD] = str(lifeline)
         from jaxrun.child import shim
-        from jaxrun.child.join import bootstrap
+        from jaxrun.child.join import preloaded
 
-        bootstrap.note_preloaded_jax(IMPORT_ENV, IMPORT_EXIT_HOOKS)
+        preloaded.note_preloaded_jax(IMPORT_ENV, IMPORT_EXIT_HOOKS)
         try:
             shim.main(request.shim_args)
             code = 0
@@ -218,7 +218,7 @@ def become_controller(sock: socket.socket, request: forkserver.ForkRequest, fds:
 
 # The JAX_* values jax read at import here, and the atexit hooks the imports
 # registered: a controller's script may set variables and register hooks of
-# its own before its ``import jax`` (see bootstrap.note_preloaded_jax).
+# its own before its ``import jax`` (see preloaded.note_preloaded_jax).
 IMPORT_ENV: dict[str, str] = {}
 IMPORT_EXIT_HOOKS: list[tuple] = []
 
@@ -239,7 +239,7 @@ def preload(modules: list[str]) -> None:
             importlib.import_module(name)
         # And what each controller would import after the fork, once here:
         # inside the window, so an exit hook one of them registers is the
-        # script's to order, as jax's own are (bootstrap.note_preloaded_jax).
+        # script's to order, as jax's own are (preloaded.note_preloaded_jax).
         warm.warm()
     finally:
         atexit.register = register

@@ -187,7 +187,7 @@ class SshBackend(Backend):
         known good (and synced), so that its ``import jax`` overlaps the rest
         of the start.  It serves every attempt; a controller reads the JAX_*
         values of its own environment again after the fork (see
-        ``child.join.bootstrap.sync_preloaded_config``), so the server needs only
+        ``child.join.preloaded.sync_preloaded_config``), so the server needs only
         what every process gets: the user's --env/-x."""
         env = dict(self.settings.env)
         env["PYTHONUNBUFFERED"] = "1"

@@ -24,9 +24,8 @@ a topic among N ranks costs the coordinator about 4N keys (the judge's read
 of the entries and of who finished, a few small reads by each of the
 others), not N reads by each of N ranks.
 
-The looks back off: the first comes ``POLL`` seconds after the post (``END_POLL``
-once the script returned: its end, and its peers', wait on them), each pause
-twice the last, up to ``SLOW_POLL``.  When the script returns, the board says
+The store's keys, and the back-off of the looks, are the board's transport
+(``checks.store``); here is what the entries mean.  When the script returns, the board says
 so in the store (after its last entry), so that a peer stops waiting for a
 call this process never made, and it settles what is still open for at most
 ``SETTLE`` seconds before JAX's shutdown.
@@ -36,7 +35,6 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import json
 import os
 import queue
 import sys
@@ -46,16 +44,9 @@ from collections.abc import Callable, Sequence
 
 from jaxrun import contract
 from jaxrun.child import ending
+from jaxrun.child.checks import store
 
-PREFIX = "jaxrun/checks"
-ENTRIES = f"{PREFIX}/t"  # each rank's entry: ENTRIES/{topic}/{rank}
-VERDICTS = f"{PREFIX}/v"  # entries that differ, for the ranks that did not judge: VERDICTS/{topic}
-FINISHED = f"{PREFIX}/finished"  # FINISHED/{rank}: that rank's script returned
-LEFT = f"{PREFIX}/left"  # LEFT/{rank}: ... and its board stopped: it judges nothing more
 THREAD = "jaxrun-checks"  # the board's thread: a program compiled there is a check's own
-POLL = 0.05  # seconds from a post to its first look (each look costs the coordinator a few keys)
-END_POLL = 0.01  # ... once the script returned: its end, and its peers', wait on the looks
-SLOW_POLL = 1.0  # each pause is twice the last, up to this
 LONG = 5.0  # a topic this old: its judge may have finished without it
 GATHER_WAIT = 3.0  # after a difference: how long the others have to post theirs
 SETTLE = 10.0  # at the script's end: how long open topics may still take
@@ -74,7 +65,7 @@ class Post:
     posted_at: float = 0.0
     differs_since: float | None = None
     judge: int = 0  # the rank that judges it (the lowest named, until it is known to have finished without it)
-    pause: float = POLL  # until the next look
+    pause: float = store.POLL  # until the next look
     next_look: float = 0.0
 
 
@@ -89,7 +80,7 @@ class Board:
     def __init__(self, rank: int, count: int, client: Callable[[], object] | None = None,
                  clock: Callable[[], float] = time.monotonic):
         self.rank, self.count = rank, count
-        self.client = client or _jax_client
+        self.client = client or store.jax_client
         self.clock = clock
         self.queue: queue.Queue = queue.Queue()
         self.open: list[Post] = []
@@ -164,13 +155,13 @@ class Board:
                 if self.returned and not self.hurried:
                     self.hurried = True
                     for post in self.open:
-                        post.pause, post.next_look = END_POLL, self.clock()
+                        post.pause, post.next_look = store.END_POLL, self.clock()
                 self._look(client)
                 self._sweep(client)
                 self.nudge.wait(self._pause())
                 self.nudge.clear()
             if self.returned and self.open:  # topics it judged hand on to the next rank
-                client.key_value_set(f"{LEFT}/{self.rank}", "1", allow_overwrite=True)
+                store.say_left(client, self.rank)
         except Exception as e:  # noqa: BLE001 - the store gone (coordinator ended): the checks end quietly
             if os.environ.get(contract.VERBOSE) == "1":
                 print(f"jaxrun: --checks stopped comparing: {type(e).__name__}: {e}", file=sys.stderr)
@@ -194,29 +185,29 @@ class Board:
             return
         if item is _FINISHED or client is None:
             if item is _FINISHED and client is not None:
-                client.key_value_set(f"{FINISHED}/{self.rank}", "1", allow_overwrite=True)
+                store.say_finished(client, self.rank)
             self._count(-1)
             return
         item.posted_at = item.next_look = self.clock()
-        item.pause = END_POLL if self.returned else POLL
+        item.pause = store.END_POLL if self.returned else store.POLL
         item.next_look += item.pause
         item.judge = item.among[0]
         if callable(item.entry):  # read back here, off the script's thread (an on-device checksum)
             item.entry = item.entry()
-        client.key_value_set(f"{ENTRIES}/{item.topic}/{self.rank}", json.dumps(item.entry), allow_overwrite=True)
+        store.publish(client, item.topic, self.rank, item.entry)
         self.open.append(item)
 
     def _pause(self) -> float:
         """Seconds to the next look that is due (the board's thread waits that long)."""
         due = [p.next_look for p in self.open] + [p.next_look for p in self.sweeps]
-        return max(0.0, min(due) - self.clock()) if due else SLOW_POLL
+        return max(0.0, min(due) - self.clock()) if due else store.SLOW_POLL
 
     def _look(self, client) -> None:
         """Look at each open topic that is due, and at every older one with it
         (oldest first): judge it, or read its verdict.  A difference is named
         at its first call, not at whichever topic's backed-off look came due
         first (examples/replica_across.py once named its third)."""
-        now, still, finished = self.clock(), [], _Finished(client)
+        now, still, finished = self.clock(), [], store.Finished(client)
         due = [i for i, post in enumerate(self.open) if post.next_look <= now]
         last = due[-1] if due else -1
         for i, post in enumerate(self.open):
@@ -225,7 +216,7 @@ class Board:
                 continue
             if post.next_look <= now:  # an older topic looked at early keeps its own back-off
                 post.next_look = now + post.pause
-                post.pause = min(post.pause * 2, SLOW_POLL)
+                post.pause = store.backed_off(post.pause)
             if post.judge == self.rank:
                 done = self._judge(client, post, finished, still)
             else:
@@ -234,13 +225,13 @@ class Board:
                 still.append(post)
         self.open = still
 
-    def _judge(self, client, post: Post, finished: _Finished, older: list[Post] | None = None) -> bool:
+    def _judge(self, client, post: Post, finished: store.Finished, older: list[Post] | None = None) -> bool:
         """Settle ``post`` if its entries are in.  Before a difference is
         settled, the ``older`` topics this rank judges that this look found
         incomplete are judged again: each rank posts in its script's order,
         so a peer whose entry for this topic is here has its older ones here
         too, though they may have come after this look read those topics."""
-        entries = read_entries(client, post.topic)
+        entries = store.entries(client, post.topic)
         entries[self.rank] = post.entry
         wanted = {r: entries[r] for r in post.among if r in entries}
         gone: set = set()
@@ -255,28 +246,24 @@ class Board:
         if differs and older:
             older[:] = [p for p in older if p.judge != self.rank or not self._judge(client, p, finished)]
         if differs:  # the others judge these entries too: the verdict first, swept once read
-            client.key_value_set(f"{VERDICTS}/{post.topic}", json.dumps(
-                {"entries": {str(r): e for r, e in wanted.items()}, "gone": sorted(gone)}), allow_overwrite=True)
-            post.next_look, post.posted_at = self.clock() + SLOW_POLL, self.clock()
+            store.post_verdict(client, post.topic, wanted, gone)
+            post.next_look, post.posted_at = self.clock() + store.SLOW_POLL, self.clock()
             self.sweeps.append(post)
         else:
-            client.key_value_delete(f"{ENTRIES}/{post.topic}")
+            store.agreed(client, post.topic)
         self._settled(post, wanted, gone)
         return True
 
     def _follow(self, client, post: Post, now: float) -> bool:
-        said = try_get(client, f"{VERDICTS}/{post.topic}")
-        if said is not None:
-            verdict = json.loads(said)
-            client.key_value_delete(f"{ENTRIES}/{post.topic}/{self.rank}")  # read: the judge may sweep
-            self._settled(post, {int(r): e for r, e in verdict["entries"].items()}, set(verdict["gone"]))
+        verdict = store.verdict(client, post.topic, self.rank)
+        if verdict is not None:
+            self._settled(post, *verdict)
             return True
-        if try_get(client, f"{ENTRIES}/{post.topic}/{self.rank}") is None:
+        if not store.has_entry(client, post.topic, self.rank):
             self._count(-1)  # the judge found every entry alike and deleted them
             return True
-        if now - post.posted_at >= LONG and try_get(client, f"{FINISHED}/{post.judge}") is not None and (
-                try_get(client, f"{ENTRIES}/{post.topic}/{post.judge}") is None
-                or try_get(client, f"{LEFT}/{post.judge}") is not None):
+        if now - post.posted_at >= LONG and store.finished(client, post.judge) and (
+                not store.has_entry(client, post.topic, post.judge) or store.left(client, post.judge)):
             later = [r for r in post.among if r > post.judge]  # it finished without the topic, or left: the next judges
             post.judge = later[0] if later else self.rank
             post.next_look = now
@@ -290,13 +277,12 @@ class Board:
             if post.next_look > now:
                 still.append(post)
                 continue
-            left = set(read_entries(client, post.topic)) - {self.rank}
-            if left and now - post.posted_at < SWEEP:
-                post.next_look = now + SLOW_POLL
+            unread = set(store.entries(client, post.topic)) - {self.rank}
+            if unread and now - post.posted_at < SWEEP:
+                post.next_look = now + store.SLOW_POLL
                 still.append(post)
                 continue
-            client.key_value_delete(f"{ENTRIES}/{post.topic}")
-            client.key_value_delete(f"{VERDICTS}/{post.topic}")
+            store.sweep(client, post.topic)
         self.sweeps = still
 
     def _settled(self, post: Post, entries: dict, gone: set) -> None:
@@ -304,47 +290,6 @@ class Board:
             post.settled(post.topic, entries, gone)
         finally:
             self._count(-1)
-
-
-class _Finished:
-    """The ranks whose script returned, read at most once per look, and only if asked."""
-
-    def __init__(self, client):
-        self.client, self.known = client, None
-
-    def ranks(self) -> set[int]:
-        if self.known is None:
-            self.known = {int(k.rsplit("/", 1)[1]) for k, _ in self.client.key_value_dir_get(f"{FINISHED}/")}
-        return self.known
-
-
-def read_entries(client, topic: str) -> dict[int, dict]:
-    """Every rank's entry under ``topic``, by rank."""
-    entries = {}
-    for key, value in client.key_value_dir_get(f"{ENTRIES}/{topic}/"):
-        tail = key.rsplit("/", 1)[1]
-        if tail.isdigit():
-            try:
-                entries[int(tail)] = json.loads(value)
-            except ValueError:
-                continue
-    return entries
-
-
-def try_get(client, key: str) -> str | None:
-    """The key's value, or None where the store has no such key."""
-    try:
-        return client.key_value_try_get(key)
-    except Exception as e:  # jax's JaxRuntimeError has no public name: NOT_FOUND is an answer, the rest not
-        if "NOT_FOUND" in str(e):
-            return None
-        raise
-
-
-def _jax_client():
-    from jax._src import distributed
-
-    return distributed.global_state.client
 
 
 def stop(error: BaseException, lines: Sequence[str]) -> None:

@@ -17,21 +17,19 @@ job exactly once, before jax creates a backend:
 Until then the script may change ``os.environ``, ``XLA_FLAGS`` and
 ``jax.config`` as it would under a plain launch.  A controller forked from
 the preloading server found jax imported already; ``note_preloaded_jax``
-makes the script's own ``JAX_*`` settings reach ``jax.config`` at its first
-``import jax``, as jax would have read them there.
+(``join.preloaded``) makes the script's own ``JAX_*`` settings reach
+``jax.config`` at its first ``import jax``, as jax would have read them there.
 """
 
 from __future__ import annotations
 
-import atexit
 import functools
-import itertools
 import os
 import sys
-from collections.abc import Mapping
 
 from jaxrun import contract
-from jaxrun.child import checks, ending, hooks
+from jaxrun.child import hooks
+from jaxrun.child.join import preloaded
 from jaxrun.child.join.addresses import (
     TRANSPORT_LISTENERS,
     advertise_for_collectives,
@@ -41,8 +39,6 @@ from jaxrun.child.join.addresses import (
     wait_for_coordinator,
 )
 from jaxrun.child.join.errors import BootstrapError
-from jaxrun.child.join.versions import check_versions, show_preflight
-from jaxrun.child.watch import accounting, marks, profiling
 
 
 class Launch:
@@ -60,10 +56,6 @@ class Launch:
 
 
 _launch: Launch | None = None
-# The JAX_* variables the preloading server imported jax with; None when this
-# process imported nothing before the script.
-_preloaded_env: dict[str, str] | None = None
-_preloaded_exit_hooks: list[tuple] = []
 
 
 def identity_from_env(environ=os.environ) -> tuple[int, int, int]:
@@ -90,7 +82,7 @@ def scheduled_devices(environ, local: int) -> None:
         environ[contract.JAX_LOCAL_DEVICE_IDS] = ",".join(map(str, ids))
 
 
-def prepare(environ=os.environ) -> None:
+def prepare(environ=os.environ) -> Launch:
     """Check the launcher's environment and hook jax's initialization; no jax import."""
     global _launch
     coordinator = environ.get(contract.COORDINATOR_ADDRESS)
@@ -108,15 +100,16 @@ def prepare(environ=os.environ) -> None:
                      joined_file=environ.get(contract.JOINED_FILE))
     hooks.after_import("jax._src.distributed", _patch_distributed)
     hooks.after_import("jax._src.xla_bridge", _patch_xla_bridge)
-    if environ.get(contract.FLIGHT_RECORDER) or environ.get(contract.CHECK_DIVERGENCE) == "1":
-        from jaxrun.child.checks import flight  # its hook (and dataclasses, re) only where a mode is on
-        flight.prepare(environ, rank, count)  # --flight-recorder, --check-divergence: before any program runs
-    checks.prepare(environ, rank, count)  # --checks: before any program runs
-    marks.prepare(environ)  # the goodput's compiles and saves: before any program runs
+    return _launch
+
+
+def begin(environ=os.environ) -> None:
+    """After the checks are installed: join now for ``--mesh``, or make a
+    forked controller's own JAX_* settings reach jax at its import."""
     if environ.get(contract.MESH):
         initialize_now(environ)
-    elif _preloaded_env is not None:
-        hooks.on_first_import("jax", sync_preloaded_config)
+    elif preloaded.forked():
+        hooks.on_first_import("jax", preloaded.sync_preloaded_config)
 
 
 def initialize_now(environ=os.environ) -> None:
@@ -204,7 +197,7 @@ def ensure_initialized() -> list[dict] | None:
     if distributed.global_state.client is not None:  # joined by other means
         _launch.initialized = True
         contract.mark_joined(_launch.joined_file, recoverable())
-        accounting.joined()
+        _account_begins()
         return None
     return _join(getattr(distributed, "_jaxrun_real_initialize", distributed.initialize), {})
 
@@ -214,7 +207,7 @@ def _join(real, given: dict) -> list[dict]:
 
     import jax
 
-    sync_preloaded_config()
+    preloaded.sync_preloaded_config()
     params = inspect.signature(real).parameters
     kwargs = dict(given)
     kwargs.update(coordinator_address=_launch.coordinator, num_processes=_launch.count, process_id=_launch.rank)
@@ -246,7 +239,9 @@ def _join(real, given: dict) -> list[dict]:
             jax.config.update("jax_cross_host_transport_addresses",
                               ",".join([contract.join_address(ip, 0)] * TRANSPORT_LISTENERS))
     _launch.busy = True
-    profiling.joining()  # a trace asked from now on waits for the join: its start makes the backend
+    profiling = sys.modules.get("jaxrun.child.watch.profiling")  # installed where a trace folder was named
+    if profiling is not None:
+        profiling.joining()  # a trace asked from now on waits for the join: its start makes the backend
     # Arrived: tell the launcher now, not when initialize() returns, which
     # it does in every process at once, when the last one has arrived.
     contract.mark_joined(_launch.joined_file, recoverable())
@@ -256,134 +251,34 @@ def _join(real, given: dict) -> list[dict]:
         real(**kwargs)
     finally:
         _launch.busy = False
-        profiling.joined()
+        if profiling is not None:
+            profiling.joined()
     _launch.initialized = True
+    from jaxrun.child.join import preflight  # here: json and the versions' table only once joining
+
     # Restarted alone: the others passed the preflight's barrier long ago.
-    rows = [] if os.environ.get(contract.PROCESS_RESTARTS, "0") != "0" else preflight()
-    accounting.joined()  # every process is in: the account of its time begins
+    rows = [] if os.environ.get(contract.PROCESS_RESTARTS, "0") != "0" else preflight.exchange(
+        _launch.rank, _launch.count, _launch.verbose)
+    _account_begins()  # every process is in
     return rows
 
 
-def note_preloaded_jax(import_env: Mapping[str, str], exit_hooks: list[tuple]) -> None:
-    """Called in a forked controller: jax was imported with these JAX_* values
-    and registered these atexit hooks.  The hooks are taken back until the
-    script imports jax, so that they run in the order a plain import gives
-    them relative to the script's own hooks."""
-    global _preloaded_env, _preloaded_exit_hooks
-    _preloaded_env = dict(import_env)
-    _preloaded_exit_hooks = list(exit_hooks)
-    for func, _, _ in _preloaded_exit_hooks:
-        atexit.unregister(func)
+def _account_begins() -> None:
+    """The account of this process's time begins (where the launcher wants one)."""
+    from jaxrun.child.watch import accounting
 
-
-def sync_preloaded_config() -> None:
-    """What importing jax does that the preloading server did too early for
-    this script, done now: read the JAX_* variables the script may have set
-    before its ``import jax``, and register jax's atexit hooks.  Once only."""
-    global _preloaded_env, _preloaded_exit_hooks
-    if _preloaded_env is None:
-        return
-    before, _preloaded_env = _preloaded_env, None
-    hooks_back, _preloaded_exit_hooks = _preloaded_exit_hooks, []
-    for func, args, kwargs in hooks_back:
-        atexit.register(func, *args, **kwargs)
-    from jax._src import config
-
-    for name, (kind, _, _) in list(config.config.meta.items()):
-        var = name.upper()
-        value = os.environ.get(var)
-        if value is None or value == before.get(var):
-            continue
-        config.config.update(name, _parse_env(var, value, kind))
-
-
-def _parse_env(var: str, value: str, kind) -> object:
-    """As jax's config parses a variable at import, with its error messages."""
-    if kind is bool:
-        text = value.lower()
-        if text in ("y", "yes", "t", "true", "on", "1"):
-            return True
-        if text in ("n", "no", "f", "false", "off", "0"):
-            return False
-        raise ValueError(f"invalid truth value {text!r} for environment {var!r}")
-    if kind is int:
-        try:
-            return int(value)
-        except ValueError:
-            raise ValueError(f"invalid integer value {value} for environment variable {var}") from None
-    if kind is float:
-        try:
-            return float(value)
-        except ValueError:
-            raise ValueError(f"invalid float value {value} for environment variable {var}") from None
-    return value
-
-
-def preflight() -> list[dict]:
-    """Exchange host, pid and versions; fail fast on mismatched versions.
-
-    Through the coordination service only: no device is listed, so the
-    backend is still the script's to create.  One key-value set, one barrier
-    and one directory read per process, cheap enough for every launch.
-    """
-    import socket
-
-    import jax
-    import jaxlib
-
-    me = {
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "jax": jax.__version__,
-        "jaxlib": jaxlib.__version__,
-        "python": sys.version.split()[0],
-    }
-    everyone = allgather_json("preflight", me, timeout_s=120)
-    rows = [dict(everyone[p], process=p) for p in sorted(everyone)]
-    if _launch.verbose and _launch.rank == 0:
-        show_preflight(rows, sys.stderr)
-    try:
-        check_versions(rows)
-    except BootstrapError as e:
-        ending.fail(e)  # mixed versions: nothing the script does can go right
-    return rows
-
-
-_rounds = itertools.count()
+    accounting.joined()
 
 
 def allgather_json(tag: str, payload: object, timeout_s: float = 300.0) -> dict[int, object]:
-    """*Collective*: every process's JSON-able ``payload``, keyed by process id.
+    """*Collective*: every process's JSON-able ``payload``, keyed by process id
+    (``join.preflight.gather``: through the coordination service's store, no
+    device).  Joins first, where this process has not yet."""
+    from jaxrun.child.join import preflight
 
-    Goes through the coordination service's key-value store, so it needs no
-    device (it never creates jax's backend) and works before any mesh exists.
-    One set, one barrier and one directory read per process.
-    """
     ensure_initialized()
-    from jax._src import distributed
-
-    client = distributed.global_state.client
     if _launch is not None:
-        me, count = _launch.rank, _launch.count
-    else:  # the runtime helpers, in a job jaxrun did not start
-        import jax
+        return preflight.gather(tag, payload, _launch.rank, _launch.count, timeout_s)
+    import jax  # the runtime helpers, in a job jaxrun did not start
 
-        me, count = jax.process_index(), jax.process_count()
-    if client is None or count == 1:
-        return {me: payload}
-    import json
-
-    # Every process numbers its calls the same way, as collectives require.
-    prefix = f"jaxrun/{tag}/{next(_rounds)}"
-    client.key_value_set(f"{prefix}/{me}", json.dumps(payload))
-    client.wait_at_barrier(prefix, int(timeout_s * 1000))
-    found = {int(k.rsplit("/", 1)[1]): json.loads(v) for k, v in client.key_value_dir_get(prefix + "/")}
-    # Past this barrier every process has read the previous round, so its key
-    # can go: a helper called every step must not grow the store forever.
-    if _previous_key:
-        client.key_value_delete(_previous_key.pop())
-    _previous_key.append(f"{prefix}/{me}")
-    return found
-
-
-_previous_key: list[str] = []
+    return preflight.gather(tag, payload, jax.process_index(), jax.process_count(), timeout_s)

@@ -4,7 +4,7 @@ When restarts are possible, the launcher names a folder for JAX's persistent
 compile cache, and each process turns that name into
 ``JAX_COMPILATION_CACHE_DIR`` here, before the script runs.  JAX reads the
 variable at import (the preloading server's processes read it at the
-script's first ``import jax``, see ``bootstrap.sync_preloaded_config``), so
+script's first ``import jax``, see ``preloaded.sync_preloaded_config``), so
 a ``jax.config.update`` of the script's own still wins, and a variable the
 process already has (the user's, an ``--env``, a host's own) is left alone.
 

@@ -6,9 +6,9 @@ each controller imports again, all of them at the same moment on the same
 cores, on the way to the job's first collective.  So the server also
 imports, once, what a controller otherwise imports right after the fork:
 
-- the shim and the child side's modules that ``--checks`` (on by default)
-  and the flight recorder load (importing them only defines them; each still
-  installs itself only where its mode is on);
+- the shim and the child side's modules that ``--checks`` (on by default),
+  the flight recorder and the watches load (importing them only defines
+  them; each still installs itself only where its mode is on);
 - ``encodings.idna``, which the first connection to the coordinator by name
   loads (``socket.getaddrinfo``);
 - the modules jax itself loads lazily for a job's first program: the MLIR
@@ -30,6 +30,7 @@ import importlib
 # while its script runs.
 CHILD = (
     "jaxrun.child.join.bootstrap",
+    "jaxrun.child.join.preflight",
     "jaxrun.child.shim",
     "jaxrun.child.join.compile_cache",
     "jaxrun.child.checks.agreement",
@@ -38,6 +39,12 @@ CHILD = (
     "jaxrun.child.checks.replicas_prints",
     "jaxrun.child.checks.flight",
     "jaxrun.child.checks.divergence",
+    # The watches the shim loads where they are on (the stall watchdog and the
+    # account by default; a trace where the launcher named a folder).
+    "jaxrun.child.watch.activity",
+    "jaxrun.child.watch.accounting",
+    "jaxrun.child.watch.marks",
+    "jaxrun.child.watch.profiling",
     "encodings.idna",
 )
 

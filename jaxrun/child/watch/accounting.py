@@ -1,7 +1,8 @@
 """Where this process's time goes, from its join on: its own work, its
 programs, and its waits for the other processes (on unless ``--no-account``).
 
-A thread of the shim's looks at the main thread every ``TICK`` seconds and
+The main thread's sampler (``child.watch.sampler``, one thread that serves
+the stall watchdog too) looks at the main thread every ``TICK`` seconds and
 gives the time since its last look to one part of a ``contract.TimeSplit``:
 
 - ``work``: the main thread is outside JAX (the script's own Python, its
@@ -38,83 +39,18 @@ import threading
 import time
 
 from jaxrun import contract, portable
-from jaxrun.child.watch import activity, place
+from jaxrun.child.watch import activity, place, sampler
 
-TICK = 0.02  # seconds between looks
+TICK = sampler.TICK  # seconds between looks
 FIRST_EVERY = 2.0  # the first record, then 4 and 8 s after it ...
 EVERY = 10.0  # ... and every 10 s
-_OUTSIDE, _INSIDE, _COMPILER = 0, 1, 2
+_OUTSIDE, _INSIDE, _COMPILER = place.OUTSIDE, place.INSIDE, place.COMPILER
 
 _started: Accountant | None = None
-_wanted = False  # the launcher asked for an account: it begins at the join
-
-
-def _code_place(code) -> int:
-    name = code.co_filename
-    if name.endswith(place.COMPILER_FILES):
-        return _COMPILER
-    if place.JAX_FOLDERS[0] in name or place.JAX_FOLDERS[1] in name:
-        return _INSIDE
-    return _OUTSIDE
-
-
-# Where a name a call site loads lives: True, the frame's own variables; False, its globals (and builtins).
-_LOADS = {"LOAD_NAME": False, "LOAD_GLOBAL": False, "LOAD_FAST": True, "LOAD_DEREF": True}
-_ATTRS = ("LOAD_ATTR", "LOAD_METHOD")
-_CALLS = ("PRECALL", "CALL")
-_recipes: dict[tuple, tuple | None] = {}
-
-
-def callee_recipe(code, offset: int) -> tuple | None:
-    """How to find what the call at ``offset`` calls: ``(own, name)`` for
-    a name, ``(own, owner, attribute)`` for an attribute of a name (``own``:
-    the name is one of the frame's own variables, else a global), None
-    for anything else (or no call there).  Read from the bytecode once per
-    call site: back from the call over its arguments (by their stack
-    effects) to the instruction that pushed the callable."""
-    key = (code, offset)
-    if key in _recipes:
-        return _recipes[key]
-    import dis  # here: once per call site, in the accountant's thread
-
-    found = None
-    try:
-        ins = [i for i in dis.get_instructions(code) if i.offset <= offset]
-        at = len(ins) - 1
-        while at >= 0 and ins[at].opname in (*_CALLS, "KW_NAMES", "CACHE"):
-            at -= 1
-        if ins and ins[-1].opname in _CALLS and ins[-1].arg is not None:
-            pushed, needed = 0, ins[-1].arg
-            while at >= 0 and pushed < needed:
-                pushed += dis.stack_effect(ins[at].opcode, ins[at].arg if ins[at].opcode >= dis.HAVE_ARGUMENT else None)
-                at -= 1
-            if at >= 0 and pushed == needed:
-                last = ins[at]
-                if last.opname in _LOADS:
-                    found = (_LOADS[last.opname], last.argval)
-                elif last.opname in _ATTRS and at > 0 and ins[at - 1].opname in _LOADS:
-                    found = (_LOADS[ins[at - 1].opname], ins[at - 1].argval, last.argval)
-    except (ValueError, TypeError, IndexError):
-        found = None
-    if len(_recipes) > 4096:
-        _recipes.clear()
-    _recipes[key] = found
-    return found
 
 
 def _is_jax(value) -> bool:
     return (getattr(type(value), "__module__", None) or "").startswith(("jax.", "jaxlib."))
-
-
-def site_offset(code, lasti: int) -> int:
-    """The call a frame stands at: a PRECALL read as its CALL
-    (``place.call_offset``), and the last inline cache of a CALL (where
-    3.11 leaves a frame that called a Python function) as the CALL itself."""
-    offset = place.call_offset(code, lasti)
-    raw = code.co_code
-    while 0 < offset < len(raw) and raw[offset] == place.CACHE:
-        offset -= 2
-    return offset
 
 
 def calls_jax(frame, sites=frozenset()) -> bool:
@@ -128,10 +64,10 @@ def calls_jax(frame, sites=frozenset()) -> bool:
     frame, and the script's arrays would outlive their ``del`` (a training
     state kept a step too long is the device memory of a whole state)."""
     code = frame.f_code
-    offset = site_offset(code, frame.f_lasti)
+    offset = place.site_offset(code, frame.f_lasti)
     if (code, offset) in sites:
         return True
-    recipe = callee_recipe(code, offset)
+    recipe = place.callee_recipe(code, offset)
     if recipe is None:
         return False
     if recipe[-1] in place.JAX_WAITS:
@@ -180,7 +116,7 @@ class Accountant:
             code = frame.f_code
             found = places.get(code)
             if found is None:
-                found = places[code] = _code_place(code)
+                found = places[code] = place.code_place(code)
             if found:
                 where = max(where, found)
             elif inner:
@@ -192,7 +128,7 @@ class Accountant:
         return where
 
     def learn(self, code, lasti: int) -> None:
-        site = (code, site_offset(code, lasti))
+        site = (code, place.site_offset(code, lasti))
         if site not in self.sites:
             if len(self.sites) > 4096:
                 self.sites.clear()
@@ -226,19 +162,26 @@ class Accountant:
         self.next_tell = self.last_time + self.gap
         return True
 
+    def tick(self) -> bool:
+        """One look, and the split home where it is due; False once the account is over."""
+        with self.lock:
+            if self.finished:
+                return False
+            try:
+                self.look()
+                if self.due():
+                    self.tell(self.split().line())
+            except Exception:  # noqa: BLE001 - an account that fails is no failure of the job's
+                self.finished = True
+                return False
+            return True
+
     def run(self) -> None:
+        """On a thread of its own (a bench's way; a process's runs on ``sampler.shared``)."""
         while True:
             time.sleep(TICK)
-            with self.lock:
-                if self.finished:
-                    return
-                try:
-                    self.look()
-                    if self.due():
-                        self.tell(self.split().line())
-                except Exception:  # noqa: BLE001 - an account that fails is no failure of the job's
-                    self.finished = True
-                    return
+            if not self.tick():
+                return
 
     def finish(self) -> None:
         """The script returned: the last look, and the last record."""
@@ -255,9 +198,9 @@ class Accountant:
 
 def _tell(line: str) -> None:
     """Beside the sampler's state where it runs; else the file holds the TIME line alone."""
-    sampler = activity.started
-    if sampler is not None:
-        sampler.tell(line)
+    watchdog = activity.started
+    if watchdog is not None:
+        watchdog.tell(line)
         return
     path = os.environ.get(contract.ACTIVITY_FILE)
     if path:
@@ -267,20 +210,19 @@ def _tell(line: str) -> None:
             pass
 
 
-def start(environ=os.environ) -> None:
-    """At the shim's start: whether the launcher wants an account (one
-    begins at the join, ``joined``)."""
-    global _wanted
-    _wanted = bool(environ.get(contract.ACTIVITY_FILE)) and environ.get(contract.ACCOUNT) != contract.ACCOUNT_OFF
+def wanted(environ=os.environ) -> bool:
+    """Whether the launcher wants an account: where the activity file is
+    named (the account's lines go beside the watchdog's), unless ``--no-account``."""
+    return bool(environ.get(contract.ACTIVITY_FILE)) and environ.get(contract.ACCOUNT) != contract.ACCOUNT_OFF
 
 
-def joined() -> None:
-    """The process joined the job: its account begins."""
+def joined(environ=os.environ) -> None:
+    """The process joined the job: its account begins, where one is wanted."""
     global _started
-    if not _wanted or _started is not None:
+    if _started is not None or not wanted(environ):
         return
     _started = Accountant(_tell)
-    threading.Thread(target=_started.run, name="jaxrun-account", daemon=True).start()
+    sampler.shared.add_account(_started)
 
 
 def script_returned() -> None:

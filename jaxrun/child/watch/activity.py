@@ -1,9 +1,10 @@
 """Child side of the stall watchdog (``--stall-timeout``): is this process
 making progress?
 
-A thread of the shim's looks at the process every ``interval`` seconds
-(a tenth of the stall timeout, at most ``MAX_INTERVAL``) and asks whether
-anything moved since its last look.  Progress is any of:
+The main thread's sampler (``child.watch.sampler``, one thread that serves
+the time account too) has the watchdog look at the process every
+``interval`` seconds (a tenth of the stall timeout, at most
+``MAX_INTERVAL``) and ask whether anything moved since its last look.  Progress is any of:
 
 - the main thread's stack changed: it moved to another line, or to another
   instruction of one line (a loop written on one line), a call that Python
@@ -78,6 +79,7 @@ import threading
 import time
 
 from jaxrun import contract, portable
+from jaxrun.child.watch import sampler
 from jaxrun.child.watch.place import busy_place, inside_jax, main_stack
 
 MAX_INTERVAL = 5.0
@@ -294,19 +296,28 @@ class Sampler:
         except OSError:
             pass  # a hint: the launcher then keeps the state it heard last
 
-    def run(self) -> None:
+    def begin(self) -> None:
+        """At the sampler thread's start: the first word, and the first look again."""
         self.write(contract.BUSY)
-        try:  # again from this thread: its own CPU and I/O are the ones left out
+        try:  # again from the sampler's thread: its own CPU and I/O are the ones left out
             self.last = self._look()
         except Exception:  # noqa: BLE001 - the constructor's look stands, as a failed look's would
             pass
+
+    def step(self) -> None:
+        """One judgement, written where it is news."""
+        try:
+            said = self.judge()
+        except Exception:  # noqa: BLE001 - a look that fails is no hang: never a false stall, and the next look
+            said = contract.BUSY
+        self.write(said)
+
+    def run(self) -> None:
+        """On a thread of its own (the tests' way; a process's runs on ``sampler.shared``)."""
+        self.begin()
         while not self.finished:
             time.sleep(self.interval)
-            try:
-                said = self.judge()
-            except Exception:  # noqa: BLE001 - a look that fails is no hang: never a false stall, and the next look
-                said = contract.BUSY
-            self.write(said)
+            self.step()
 
 
 def _key(said: str | None) -> tuple:
@@ -343,5 +354,5 @@ def start(environ=os.environ) -> Sampler | None:
     if seconds <= 0:
         return None
     started = Sampler(path, interval_for(seconds))
-    threading.Thread(target=started.run, name="jaxrun-activity", daemon=True).start()
+    sampler.shared.add_watchdog(started)
     return started

@@ -1,7 +1,11 @@
-"""Where a process's main thread stands, as the stall watchdog's sampler
-(``child.watch.activity``) and the time account (``child.watch.accounting``) read it:
-its stack as (code, instruction) pairs, compared look to look, and whether
-it is inside JAX (a compile, a join, a program executing or awaited)."""
+"""Where a process's main thread stands, as the stall watchdog
+(``child.watch.activity``) and the time account (``child.watch.accounting``)
+read it at the one sampler's looks (``child.watch.sampler``): its stack as
+(code, instruction) pairs, compared look to look, and whether it is inside
+JAX (a compile, a join, a program executing or awaited).
+
+The one list of JAX's files and waits both read is here, and the one
+reader of a call site's bytecode (what a parked frame calls)."""
 
 from __future__ import annotations
 
@@ -17,6 +21,19 @@ COMPILER_FILES = (os.sep + os.path.join("jax", "_src", "compiler.py"),)
 JOIN_FILE = os.sep + os.path.join("jax", "_src", "distributed.py")
 # Where the main thread is inside JAX: a program executing or awaited.
 JAX_FOLDERS = (os.sep + os.path.join("jax", "_src") + os.sep, os.sep + "jaxlib" + os.sep)
+# Calls of jaxlib's that wait for a program and have no Python frame of their own.
+JAX_WAITS = frozenset({"block_until_ready"})
+# Where a code object stands: the script's own (or any code outside JAX), JAX's, JAX's compiler.
+OUTSIDE, INSIDE, COMPILER = 0, 1, 2
+
+
+def code_place(code) -> int:
+    name = code.co_filename
+    if name.endswith(COMPILER_FILES):
+        return COMPILER
+    if JAX_FOLDERS[0] in name or JAX_FOLDERS[1] in name:
+        return INSIDE
+    return OUTSIDE
 
 
 def main_stack(main: int, frames=sys._current_frames) -> tuple:
@@ -80,30 +97,71 @@ def inside_jax(stack: tuple) -> bool:
     Python, or a call from the script straight into JAX's native code that
     waits for a program: ``y.block_until_ready()`` (a method of jaxlib's,
     no Python frame of its own)."""
-    if any(JAX_FOLDERS[0] in code.co_filename or JAX_FOLDERS[1] in code.co_filename for code, _ in stack):
+    if any(code_place(code) for code, _ in stack):
         return True
     return bool(stack) and called_name(*stack[0]) in JAX_WAITS
 
 
-JAX_WAITS = frozenset({"block_until_ready"})
-_called: dict[tuple, str | None] = {}
-
-
 def called_name(code, offset: int) -> str | None:
-    """The name of what the instruction at ``offset`` of ``code`` calls, as
-    its last load of a name or an attribute before it says (a parked frame's
-    instruction is its call)."""
-    key = (code, offset)
-    if key not in _called:
-        import dis  # here: the sampler's thread pays for it, once a native call held it
+    """The name of what the call at ``offset`` of ``code`` calls (the
+    attribute's, for ``y.block_until_ready()``), as ``callee_recipe`` reads it."""
+    recipe = callee_recipe(code, offset)
+    return None if recipe is None else recipe[-1]
 
-        name = None
-        for instruction in dis.get_instructions(code):
-            if instruction.offset >= offset:
-                break
-            if instruction.opname in ("LOAD_ATTR", "LOAD_METHOD", "LOAD_GLOBAL", "LOAD_NAME", "LOAD_FAST"):
-                name = instruction.argval
-        if len(_called) > 1024:
-            _called.clear()
-        _called[key] = name
-    return _called[key]
+
+# Where a name a call site loads lives: True, the frame's own variables; False, its globals (and builtins).
+_LOADS = {"LOAD_NAME": False, "LOAD_GLOBAL": False, "LOAD_FAST": True, "LOAD_DEREF": True}
+_ATTRS = ("LOAD_ATTR", "LOAD_METHOD")
+_CALLS = ("PRECALL", "CALL")
+_recipes: dict[tuple, tuple | None] = {}
+
+
+def callee_recipe(code, offset: int) -> tuple | None:
+    """How to find what the call at ``offset`` calls: ``(own, name)`` for
+    a name, ``(own, owner, attribute)`` for an attribute of a name (``own``:
+    the name is one of the frame's own variables, else a global; an
+    attribute of anything else, ``f(x).block_until_ready()``, is
+    ``(True, None, attribute)``), None for anything else (or no call there).  Read from the bytecode once per
+    call site: back from the call over its arguments (by their stack
+    effects) to the instruction that pushed the callable."""
+    key = (code, offset)
+    if key in _recipes:
+        return _recipes[key]
+    import dis  # here: once per call site, in the sampler's thread
+
+    found = None
+    try:
+        ins = [i for i in dis.get_instructions(code) if i.offset <= offset]
+        at = len(ins) - 1
+        while at >= 0 and ins[at].opname in (*_CALLS, "KW_NAMES", "CACHE"):
+            at -= 1
+        if ins and ins[-1].opname in _CALLS and ins[-1].arg is not None:
+            pushed, needed = 0, ins[-1].arg
+            while at >= 0 and pushed < needed:
+                pushed += dis.stack_effect(ins[at].opcode, ins[at].arg if ins[at].opcode >= dis.HAVE_ARGUMENT else None)
+                at -= 1
+            if at >= 0 and pushed == needed:
+                last = ins[at]
+                if last.opname in _LOADS:
+                    found = (_LOADS[last.opname], last.argval)
+                elif last.opname in _ATTRS and at > 0 and ins[at - 1].opname in _LOADS:
+                    found = (_LOADS[ins[at - 1].opname], ins[at - 1].argval, last.argval)
+                elif last.opname in _ATTRS:  # of what a call or an expression made: never read
+                    found = (True, None, last.argval)
+    except (ValueError, TypeError, IndexError):
+        found = None
+    if len(_recipes) > 4096:
+        _recipes.clear()
+    _recipes[key] = found
+    return found
+
+
+def site_offset(code, lasti: int) -> int:
+    """The call a frame stands at: a PRECALL read as its CALL
+    (``call_offset``), and the last inline cache of a CALL (where 3.11
+    leaves a frame that called a Python function) as the CALL itself."""
+    offset = call_offset(code, lasti)
+    raw = code.co_code
+    while 0 < offset < len(raw) and raw[offset] == CACHE:
+        offset -= 2
+    return offset
