@@ -5,7 +5,8 @@ reaches the grandchildren it starts too.  (A group, not a session: the
 children stay in the user's session, so that the kernel's per-session CPU
 shares, "autogroups", weigh jaxrun and its processes together, as they do for
 a shell's background jobs.  A terminal's Ctrl-C reaches only the foreground
-group, jaxrun's, either way.)  The child writes its own log files.
+group, jaxrun's, either way.)  The child's stdout and stderr are the log
+writer's pipes it is given.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def child_env(
 class LocalChild:
     """A local controller: the leader of its own process group."""
 
-    stdout = stderr = None  # it writes its log files itself
+    stdout = stderr = None  # it writes into the log writer's pipes
     reports_joins = False  # it marks its join in its joined file
 
     def __init__(self, popen: subprocess.Popen, watch: usage.OomWatch | None = None):

@@ -12,10 +12,12 @@ A backend is used the same way by the launcher's run loop, whatever it is:
             backend.end_attempt()                   # every child is gone
                                                     # close(): disconnect
 
-A backend whose ``writes_log_files`` is true receives the two log files
+A backend whose ``writes_log_files`` is true receives two pipes
 (``log_fds``) and makes them the child's stdout and stderr: the child's
-``stdout``/``stderr`` are then None, and its bytes never pass through jaxrun.
-Other backends hand back pipes, and the supervisor writes the logs.
+``stdout``/``stderr`` are then None, and jaxrun's log writer moves the pipes
+into the log files in the kernel (``launcher.output.logwriter``), so that a
+log's write error never reaches the process.  Other backends hand back
+pipes, which the output pump reads into the logs.
 
 Each backend lives beside its far-end agent, if it has one: the program it
 starts on the other side (the fork server, the SSH host agent, the scheduler
@@ -152,7 +154,7 @@ class Child(Protocol):
     # exit (``ChildExit.pid``), and is final then.  Signals go through
     # ``send``, never to this pid.
     pid: int
-    stdout: BinaryIO | None  # None: it writes its log file itself
+    stdout: BinaryIO | None  # None: it writes into the log writer's pipe it was given (``log_fds``)
     stderr: BinaryIO | None
     reports_joins: bool  # True: the child tells the spawn's ``News``; no joined or activity file is watched
 

@@ -158,14 +158,9 @@ def create_private(path: str, flags: int = os.O_WRONLY) -> int:
         return os.open(path, flags, 0o600)
 
 
-def open_log(path: str) -> int:
-    """A log file for a child to write itself.  O_APPEND: grandchildren that
-    share it interleave their writes instead of overwriting each other's."""
-    return create_private(path, os.O_WRONLY | os.O_APPEND)
-
-
 def open_pumped_log(path: str) -> BinaryIO:
-    """A log file jaxrun writes itself, from a remote process's pipe."""
+    """A log file jaxrun writes itself, from a process's pipe (no O_APPEND:
+    the kernel moves a pipe into no such file)."""
     return os.fdopen(create_private(path), "wb", buffering=0)
 
 
@@ -211,12 +206,3 @@ def write_atomically(path: str, data: bytes) -> None:
     except BaseException:
         _unlink(tmp)
         raise
-
-def folder_is_full(path: str) -> bool:
-    """No block left for an unprivileged writer: the processes' own log
-    writes may have failed (and so may the processes themselves)."""
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return False
-    return st.f_bavail == 0

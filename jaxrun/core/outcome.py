@@ -35,6 +35,55 @@ class StopReason(enum.Enum):
     NOT_STARTED = "not started"  # a restart stopped in its start-up: planning, a preflight, a connection
 
 
+# The most of a process's stderr that jaxrun keeps in memory once its log
+# file stopped: enough for a long traceback, which the summary shows.
+KEPT_STDERR = 1 << 16
+
+
+@dataclasses.dataclass
+class LogLoss:
+    """A log file that jaxrun stopped writing (a full disk, any write error),
+    while its process went on: when, why, and how much of what the process
+    wrote after it the file lacks.  Filled in by the one thread that writes
+    the file (``launcher.output``); read once the attempt is over."""
+
+    stream: str  # "stdout" or "stderr"
+    path: str
+    error: str  # the failed write's strerror
+    at: float  # wall clock of the failed write
+    kept: int  # the bytes the file holds
+    lost: int = 0  # bytes written since, not in the file
+    tail: bytes = b""  # stderr's: the last KEPT_STDERR bytes of those (its traceback)
+
+    def missed(self, data: bytes) -> None:
+        self.lost += len(data)
+        if self.stream == "stderr":
+            self.tail = (self.tail + data)[-KEPT_STDERR:]
+
+    def line(self, rank: int) -> str:
+        """What the summary says of it."""
+        import time
+
+        when = time.strftime("%H:%M:%S", time.localtime(self.at))
+        return (f"process {rank}'s {self.stream} log {self.path} stopped at {when} ({self.error}) after "
+                f"{amount(self.kept)}; the process went on, and the {amount(self.lost)} it wrote since are not in it")
+
+    def to_dict(self) -> dict:
+        return {"stream": self.stream, "path": self.path, "error": self.error, "at": self.at,
+                "bytes_kept": self.kept, "bytes_lost": self.lost}
+
+
+def amount(size: int) -> str:
+    """A number of bytes as people read it."""
+    if size < 1000:
+        return f"{size} bytes" if size != 1 else "1 byte"
+    for unit in ("kB", "MB", "GB"):
+        size /= 1000
+        if size < 1000 or unit == "GB":
+            return f"{size:.1f} {unit}"
+    raise AssertionError
+
+
 @dataclasses.dataclass
 class ProcessRecord:
     spec: ProcessSpec
@@ -57,6 +106,16 @@ class ProcessRecord:
     finished_at: float | None = None  # wall clock: its script returned (heard through its activity)
     joined_at: float | None = None  # wall clock: it reached the job's rendezvous (heard)
     marks: contract.Marks | None = None  # its compiles and checkpoint saves, as it left them (child.marks)
+    losses: list[LogLoss] = dataclasses.field(default_factory=list)  # its log files jaxrun stopped writing
+
+    def stderr_tail(self, size: int) -> bytes | None:
+        """The last ``size`` bytes of its stderr: its log's, and after them
+        what jaxrun kept of the bytes that log lacks (None: neither is there)."""
+        data = contract.read_tail(self.stderr_log, size)
+        kept = b"".join(loss.tail for loss in self.losses if loss.stream == "stderr")
+        if not kept:
+            return data
+        return ((data or b"") + kept)[-size:]
 
     @property
     def phase(self) -> str:
@@ -186,7 +245,7 @@ class Outcome:
     signum: int | None = None
     root_cause: int | None = None  # rank
     fault: str | None = None  # which launcher thread died, and how
-    log_errors: list[str] = dataclasses.field(default_factory=list)  # "path: error" per log jaxrun could not write
+    log_errors: list[str] = dataclasses.field(default_factory=list)  # each log that stopped (LogLoss.line)
     lost: list[int] = dataclasses.field(default_factory=list)  # ranks whose end was never confirmed
     start_error: str | None = None  # why this attempt never started its processes
     stop_seconds: float | None = None  # a stop on a signal: from the signal to the last process's end

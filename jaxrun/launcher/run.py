@@ -27,7 +27,7 @@ from typing import TextIO
 
 from jaxrun import portable
 from jaxrun.backends import create_backend
-from jaxrun.core import modes, reaper
+from jaxrun.core import logclaim, modes, reaper
 from jaxrun.core.backend import Ask, Backend, Interrupted, Placement
 from jaxrun.core.config import PROBE_ALONE, PROBE_JSON, LaunchError, RunConfig
 from jaxrun.core.deadline import NEVER, Deadline
@@ -114,6 +114,8 @@ def run(config: RunConfig, backend: Backend | None = None, console: TextIO | Non
         _, specs = plan_attempt(config, backend.dry_run_coordinator(config.fixed_coordinator), 0)
         print(dry_run_text(specs, config.count_source, backend.dry_run_command(specs)))
         return 0
+    # One running job per log folder: refused here, before anything starts (core.logclaim).
+    held = logclaim.claim(config.log_dir, config.options.run_id, ["jaxrun", *sys.argv[1:]])
     running: list[Supervisor] = []  # the current attempt's, for the watchdog
 
     def emergency(why: str, code: int) -> None:
@@ -160,6 +162,7 @@ def run(config: RunConfig, backend: Backend | None = None, console: TextIO | Non
         reaper.kill_descendants()  # daemons of the last attempt, and anything a backend left
         control.restore()
         control.close()
+        held.release()
 
 
 def drive_script(config: RunConfig, control: RunControl, attempts: Callable[..., int],

@@ -25,6 +25,8 @@ abstract Unix socket ``"\\0name"``;     a socket file in a private 0700 folder
                                        folder's permissions alone
 inotify; ``files``                     the output pump's tick (``launcher.output.filewatch``)
 ``F_SETPIPE_SZ``; ``files``            the system's default pipe size
+``splice``; ``files``                  a local process's pipe is copied into its log
+                                       through jaxrun's memory (``launcher.output.logwriter``)
 ``setpriority`` on a thread id;        the console thread keeps the default priority
 ``threads``
 ``/proc/self/io``, and each            the stall watchdog's sampler counts no I/O, only
@@ -55,7 +57,7 @@ is read in ``probe`` and nowhere else.  Nothing here imports jax.
 
 from __future__ import annotations
 
-from jaxrun.portable.files import inotify, set_pipe_size
+from jaxrun.portable.files import inotify, move_from_pipe, set_pipe_size
 from jaxrun.portable.memory import maxrss_bytes, memory_group
 from jaxrun.portable.notes import notes
 from jaxrun.portable.processes import (
@@ -80,8 +82,8 @@ from jaxrun.portable.threads import (
 
 __all__ = [
     "RunDelay", "Throttling", "claim_orphans", "descendants_cpu", "ended_unreaped", "free_port", "inotify", "io_bytes",
-    "is_abstract", "lower_thread_priority", "main_native_id", "maxrss_bytes", "memory_group", "notes", "open_file_ids",
-    "own_age",
+    "is_abstract", "lower_thread_priority", "main_native_id", "maxrss_bytes", "memory_group", "move_from_pipe",
+    "notes", "open_file_ids", "own_age",
     "peer_pid", "peer_uid",
     "pid_max", "server_address", "set_pipe_size", "temp_base_for_sockets", "thread_cpu", "thread_times",
     "thread_waits",

@@ -1,5 +1,6 @@
 """Files and pipes, as the output pump uses them: inotify, to hear that a
-log file grew instead of ticking, and pipes enlarged past their default."""
+log file grew instead of ticking, pipes enlarged past their default, and
+splice, to move a local process's pipe into its log file."""
 
 from __future__ import annotations
 
@@ -35,3 +36,22 @@ def set_pipe_size(fd: int, size: int) -> bool:
         return True
     except OSError:
         return False
+
+
+def move_from_pipe(pipe: int, file: int, count: int) -> int | None:
+    """Move up to ``count`` bytes from ``pipe`` into ``file`` (at its
+    position) inside the kernel, never through jaxrun's memory: how many
+    (0: the pipe's writers are all gone).  None where this system cannot,
+    or not into this file: the caller copies them itself.  A failed write
+    raises, and leaves the bytes it could not write in the pipe."""
+    import errno
+    import os
+
+    if forced() or not hasattr(os, "splice"):
+        return None
+    try:
+        return os.splice(pipe, file, count)
+    except OSError as e:
+        if e.errno in (errno.EINVAL, errno.ENOSYS):  # a file system that takes no splice
+            return None
+        raise

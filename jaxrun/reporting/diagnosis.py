@@ -170,7 +170,7 @@ def diagnose(outcome: Outcome, outputs: bool = False) -> Diagnosis:
     read_stderr = stopped or outputs or outcome.root_cause is not None
     processes, notes, stderr_lines = [], [], []
     for rec in records:
-        data = contract.read_tail(rec.stderr_log, DUMP_TAIL if stopped else LOG_TAIL) if read_stderr else None
+        data = rec.stderr_tail(DUMP_TAIL if stopped else LOG_TAIL) if read_stderr else None
         lines = _lines(data)
         stderr_lines.append(lines)
         notes.append(contract.parse_engine_note(lines[-1]) if lines else None)
@@ -272,6 +272,8 @@ def _stack_facts(rec: ProcessRecord, text: str) -> ProcessFacts:
 def _root_cause(rec: ProcessRecord, stderr: list[str], stdout: tuple[str, ...] | None) -> RootCause:
     """``stdout``: its stdout log's last lines, where they were read already."""
     output_path, output = rec.stderr_log, stderr[-TAIL_LINES:]
+    if any(loss.stream == "stderr" and loss.tail for loss in rec.losses):
+        output_path += " (and what jaxrun kept of it in memory once the file stopped)"
     if not output:
         lines = list(stdout[-TAIL_LINES:]) if stdout is not None else tail(rec.stdout_log)
         output_path, output = (rec.stdout_log, lines) if lines else (rec.stderr_log, [])
@@ -305,7 +307,7 @@ def run_failure(rec: ProcessRecord) -> tuple[tuple | None, str]:
     """One failed run of one process, read from its files: its fingerprint
     (None: unknown) and its failure in short, for a process that restarts
     alone (``launcher.restarts.policy``)."""
-    data = contract.read_tail(rec.stderr_log, DUMP_TAIL)
+    data = rec.stderr_tail(DUMP_TAIL)
     lines = _lines(data)
     frame = _stack_facts(rec, data.decode("utf-8", "replace")).frame if data else None
     root = _with_fingerprint(_root_cause(rec, lines, None), rec, frame)

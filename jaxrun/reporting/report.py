@@ -159,6 +159,9 @@ def _life_dict(r: ProcessRecord) -> dict:
         "reaped_at": r.reaped_at,
         "stdout_log": r.stdout_log,
         "stderr_log": r.stderr_log,
+        # Each log file jaxrun stopped writing while the process went on (a
+        # full disk): which, when, why, the bytes it holds and those it lacks.
+        "logs_lost": [loss.to_dict() for loss in r.losses],
         "resources": r.resources.to_dict() if r.resources else None,
         # What it spent on compiles and checkpoint saves, and the steps it
         # marked, as its shim heard them (contract.Marks; null: it left none).

@@ -47,21 +47,24 @@ def run_ok(jaxrun, tmp_path, source: str, *args):
 
 
 @pytest.mark.both_modes
-def test_children_write_straight_into_their_log_files(jaxrun, tmp_path):
+def test_children_write_into_pipes_of_their_own_that_jaxrun_moves_into_the_logs(jaxrun, tmp_path):
+    """A pipe, not the file: a log's write error (a full disk) never reaches the process."""
     out, _, logs = run_ok(jaxrun, tmp_path, (
         "import os\n"
         "print(os.readlink('/proc/self/fd/1'), os.readlink('/proc/self/fd/2'))\n"
         "print('group', os.getpgid(0) == os.getpid(), 'session', os.getsid(0))\n"
     ), "-n", 2)
-    sessions = set()
+    sessions, pipes = set(), set()
     for rank in range(2):
         where, group = (logs / f"process-{rank}.stdout").read_text().splitlines()
-        assert where.split() == [str(logs / f"process-{rank}.stdout"), str(logs / f"process-{rank}.stderr")]
+        assert all(name.startswith("pipe:[") for name in where.split()), where
+        pipes.update(where.split())
         # Leader of its own group (one killpg takes its descendants), in the launcher's session.
         assert group.startswith("group True session ")
         sessions.add(group.split()[-1])
         assert f"[{rank}] {where}" in out
     assert len(sessions) == 1 and int(sessions.pop()) != 0
+    assert len(pipes) == 4  # one per stream of each process
 
 
 def test_a_quiet_process_line_shows_while_it_runs(launch, tmp_path):
@@ -215,8 +218,7 @@ def test_the_pump_follows_growing_files(tmp_path, monkeypatch, inotify):
     paths = [tmp_path / f"p{r}.log" for r in range(2)]
     writers = [os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND) for p in paths]
     try:
-        for rank, path in enumerate(paths):
-            pump.follow(str(path), rank, Stream.STDOUT)
+        dones = [pump.follow(str(path), rank, Stream.STDOUT)[1] for rank, path in enumerate(paths)]
         time.sleep(0.5)  # quiet files: the pump is waiting on them now
         if inotify:
             inodes = {os.stat(p).st_ino for p in paths}
@@ -232,7 +234,8 @@ def test_the_pump_follows_growing_files(tmp_path, monkeypatch, inotify):
             os.write(writers[0], b"step %d\n" % i)
             time.sleep(0.002)
         assert shown.wait_for(0, b"step 49\n")
-        pump.finish()
+        for done in dones:  # the log writer's word: each file is complete
+            done()
         closed = [events.get(timeout=5) for _ in paths]
         assert {(e.rank, e.stream) for e in closed} == {(0, Stream.STDOUT), (1, Stream.STDOUT)}
         assert all(isinstance(e, StreamClosed) for e in closed)
@@ -276,8 +279,7 @@ def test_the_pump_keeps_one_watch_and_lets_it_go_when_every_writer_is_gone(tmp_p
     writers = [os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND) for p in paths]
     inodes = {os.stat(p).st_ino for p in paths}
     try:
-        for rank, path in enumerate(paths):
-            pump.follow(str(path), rank, Stream.STDOUT)
+        dones = [pump.follow(str(path), rank, Stream.STDOUT)[1] for rank, path in enumerate(paths)]
         assert wait_until(lambda: inodes <= inotify_watched_inodes()), "the quiet files are not watched"
         ours = inotify_descriptors() - before
         assert len(ours) == 1
@@ -298,7 +300,8 @@ def test_the_pump_keeps_one_watch_and_lets_it_go_when_every_writer_is_gone(tmp_p
         cpu = portable.thread_cpu()[pump.thread.native_id]
         time.sleep(1.0)
         assert portable.thread_cpu()[pump.thread.native_id] - cpu < 0.2
-        pump.finish()
+        for done in dones:
+            done()
         closed = [events.get(timeout=5) for _ in paths]
         assert all(isinstance(e, StreamClosed) for e in closed)
         assert not inodes & inotify_watched_inodes(), "still watched once every writer is gone"

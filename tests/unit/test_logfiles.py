@@ -172,24 +172,18 @@ def test_a_file_where_the_run_folder_goes_is_refused(tmp_path):
 def test_log_files_are_0600_whatever_the_umask(tmp_path):
     old = os.umask(0)
     try:
-        os.close(logfiles.open_log(str(tmp_path / "p.stdout")))
         logfiles.open_pumped_log(str(tmp_path / "p.stderr")).close()
     finally:
         os.umask(old)
-    assert mode(tmp_path / "p.stdout") == mode(tmp_path / "p.stderr") == 0o600
+    assert mode(tmp_path / "p.stderr") == 0o600
 
 
-@pytest.mark.parametrize("opener", ["open_log", "open_pumped_log"])
-def test_planted_symlink_is_replaced_never_followed(tmp_path, victim, opener):
+def test_planted_symlink_is_replaced_never_followed(tmp_path, victim):
     log = tmp_path / "process-0.stdout"
     log.symlink_to(victim)
-    opened = getattr(logfiles, opener)(str(log))
-    if isinstance(opened, int):
-        os.write(opened, b"new\n")
-        os.close(opened)
-    else:
-        opened.write(b"new\n")
-        opened.close()
+    opened = logfiles.open_pumped_log(str(log))
+    opened.write(b"new\n")
+    opened.close()
     assert victim.read_text() == "keep me\n"
     assert not log.is_symlink() and log.read_bytes() == b"new\n" and mode(log) == 0o600
 
@@ -197,21 +191,9 @@ def test_planted_symlink_is_replaced_never_followed(tmp_path, victim, opener):
 def test_earlier_log_is_replaced_not_appended_to(tmp_path):
     log = tmp_path / "process-0.stderr"
     log.write_text("earlier run\n")
-    fd = logfiles.open_log(str(log))
-    os.write(fd, b"this run\n")
-    os.close(fd)
+    with logfiles.open_pumped_log(str(log)) as f:
+        f.write(b"this run\n")
     assert log.read_text() == "this run\n"
-
-
-def test_appends_from_two_writers_interleave(tmp_path):
-    log = tmp_path / "p"
-    fd = logfiles.open_log(str(log))
-    other = os.dup(fd)  # a grandchild sharing the file
-    os.write(fd, b"a")
-    os.write(other, b"b")
-    os.close(fd)
-    os.close(other)
-    assert log.read_bytes() == b"ab"
 
 
 # -- reports ------------------------------------------------------------------------

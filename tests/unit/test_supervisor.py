@@ -37,7 +37,7 @@ from jaxrun.core.outcome import INTERNAL_ERROR, StopReason, Verdict
 from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
 from jaxrun.launcher.attempt.ends import ECHO_WAIT, HOLD_WAIT
 from jaxrun.launcher.attempt.stop import DUMP_WAIT, KILL_CONFIRM_WAIT, TIMEOUT_DUMP_WAIT
-from jaxrun.launcher.attempt.supervisor import Supervisor
+from jaxrun.launcher.attempt.supervisor import DRAIN_WAIT, Supervisor
 from jaxrun.launcher.output.printer import ConsolePrinter
 from jaxrun.reporting.summary import summary_lines
 
@@ -148,6 +148,7 @@ class FakeChild:
         else:
             self.stdout = self.stderr = None
         self.spawned_with: tuple | None = None  # (extra_env, log_fds)
+        self.holds_log_pipes = False  # it holds the log writer's pipes (log_fds) until its end
         self.news = None
         self.filters: dict = {}
         self.resources: contract.Resources | None = None
@@ -177,7 +178,8 @@ class FakeChild:
         assert self.returncode is None, f"process {self.rank} scripted to end twice"
         self.end = ChildExit(returncode, self.resources, **facts)
         # Owed before the end is visible, so that no thread can put it first.
-        closes = self.pipes and not self.grandchild
+        closes = (self.pipes or self.holds_log_pipes) and not self.grandchild
+        self.holds_log_pipes = False
         self.events.owe(3 if closes else 1)  # Exited, and each pipe's StreamClosed
         self.returncode = returncode
         if closes:
@@ -209,9 +211,11 @@ class FakeBackend(Backend):
         assert (log_fds is not None) == self.writes_log_files
         child.spawned_with = (dict(extra_env), log_fds)
         child.news = news
-        if log_fds is not None:  # as a local child would, into the files it was given
-            os.write(log_fds[0], b"out %d\n" % spec.rank)
-            os.write(log_fds[1], b"err %d\n" % spec.rank)
+        if log_fds is not None:  # as a local child would, into the log writer's pipes, held to its end
+            child.out_w, child.err_w = os.dup(log_fds[0]), os.dup(log_fds[1])
+            child.holds_log_pipes = True
+            os.write(child.out_w, b"out %d\n" % spec.rank)
+            os.write(child.err_w, b"err %d\n" % spec.rank)
         return child
 
 
@@ -585,14 +589,15 @@ def test_a_job_that_ends_before_its_timeout_is_untouched(tmp_path):
 
 def test_a_process_whose_end_is_never_confirmed_is_given_up_on(tmp_path):
     """Its waiter thread died, or its host vanished: after SIGKILL the run
-    waits KILL_CONFIRM_WAIT for it, then ends anyway."""
+    waits KILL_CONFIRM_WAIT for it, then ends anyway, once the pipes it
+    still holds had DRAIN_WAIT to bring its last bytes."""
     h = Harness(tmp_path, n=2)
     h.kids[1].dies_on.discard(signal.SIGKILL)
     h.at(1, h.kids[0].exit, 3)
     outcome = h.run()
     assert outcome.lost == [1] and outcome.exit_code == 3
     assert outcome.records[1].verdict is Verdict.STOPPED and outcome.records[1].returncode == -signal.SIGKILL
-    assert h.clock.now == START + 1 + DUMP_WAIT + KILL_CONFIRM_WAIT
+    assert h.clock.now == pytest.approx(START + 1 + DUMP_WAIT + KILL_CONFIRM_WAIT + DRAIN_WAIT, abs=0.1)
     h.kids[1].exit(-signal.SIGKILL)  # let its waiter thread go
 
 

@@ -1,7 +1,7 @@
 """Local controllers forked from a server that imported jax once (the default).
 
 The server is :mod:`jaxrun.backends.forkserver.server`.  Each controller still
-gets its own environment, its own log files as stdout and stderr, its own
+gets its own environment, its own log pipes as stdout and stderr, its own
 process group and the launcher's lifeline, exactly as with
 :class:`~jaxrun.backends.local.LocalBackend`.  Only its parent differs: the
 server forks it, so exits arrive as messages instead of through ``waitpid``.
@@ -66,7 +66,7 @@ class PreloadError(LaunchError):
 class ForkedChild:
     """A controller the server forked: the server reaps it, and says so."""
 
-    stdout = stderr = None  # it writes its log files itself
+    stdout = stderr = None  # it writes into the log writer's pipes
     reports_joins = False  # it marks its join in its joined file
 
     def __init__(self, pid: int, watch: usage.OomWatch | None = None):

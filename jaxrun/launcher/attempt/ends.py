@@ -17,14 +17,12 @@ exit status (``core.outcome.exit_code``).
 
 from __future__ import annotations
 
-import errno
-import os
 import time
 from collections.abc import Callable
 
 from jaxrun import contract
 from jaxrun.core import causes
-from jaxrun.core.events import Exited, LogWriteFailed, ThreadDied
+from jaxrun.core.events import Exited, ThreadDied
 from jaxrun.core.outcome import Outcome, ProcessRecord, Stall, StopReason, Verdict, exit_code
 from jaxrun.launcher.attempt.slots import Slots
 from jaxrun.launcher.attempt.stop import StopSequence
@@ -78,11 +76,9 @@ class Ends:
 
 
 def outcome(slots: Slots, stop: StopSequence, ends: Ends, *, recoverable: bool, spared: list[int],
-            stall: Stall | None, fault: ThreadDied | None, log_errors: list[LogWriteFailed],
-            full_folder: str | None) -> Outcome:
+            stall: Stall | None, fault: ThreadDied | None) -> Outcome:
     """What the attempt came to.  ``spared``: a recoverable job's processes
-    that failed and were not started again, in order; ``full_folder``: the
-    log folder, where it was full at the end."""
+    that failed and were not started again, in order."""
     reason, root = stop.reason, ends.root_cause
     ran_out = recoverable and reason is None  # every process ran to its end
     if ran_out and spared:  # and some of their last lives failed
@@ -94,9 +90,7 @@ def outcome(slots: Slots, stop: StopSequence, ends: Ends, *, recoverable: bool, 
     for rec in records:
         if rec.pid is None:
             rec.verdict = Verdict.NOT_STARTED
-    problems = [f"{e.path}: {e.error}" for e in log_errors]
-    if full_folder:  # a local process's own writes failed there
-        problems.append(f"the log folder {full_folder} is full ({os.strerror(errno.ENOSPC)})")
+    problems = [loss.line(rec.spec.rank) for rec in records for life in rec.lives for loss in life.losses]
     signal_stop = reason is StopReason.SIGNAL and None not in (stop.began, ends.last_end)
     return Outcome(records, exit_code(reason, stop.signum, status), reason, stop.signum, root,
                    fault=f"thread {fault.name} died: {fault.error}" if fault else None, log_errors=problems,

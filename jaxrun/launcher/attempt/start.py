@@ -1,10 +1,13 @@
 """Starting one life of one process: its files, its spawn, its output, its waiter.
 
-Local backends let each child write its own log files, so no byte of a
-flood passes through jaxrun unless the console shows it; the pump follows
-those files.  Other backends hand back pipes, which the pump reads into the
-logs (through the child's ``stream_filter``, which takes out what a far end
-sends in-band).  A waiter thread per child turns its end into an
+Local backends get a pipe for each of the child's stdout and stderr, which
+the log writer moves into the log files in the kernel (``output.logwriter``),
+so no byte of a flood passes through jaxrun's memory unless the console shows
+it, and a log that cannot be written never fails the process's own writes;
+the pump follows those files for the console.  Other backends hand back
+pipes, which the pump reads into the logs (through the child's
+``stream_filter``, which takes out what a far end sends in-band).  Either way
+a log file's loss (``LogLoss``) lands in the life's record.  A waiter thread per child turns its end into an
 ``Exited`` event, with the marks the process left (``child.watch.marks``: read
 here from its file, or brought home by its far end); its join and activity come as events through the
 spawn's ``News``, or, for a child that does not report them, from the
@@ -22,20 +25,20 @@ from collections.abc import Callable
 from jaxrun import contract
 from jaxrun.core.backend import Backend, Child, News, RunHooks, StreamFilter, start_thread
 from jaxrun.core.events import Activity, Exited, Joined, Stream
-from jaxrun.core.logfiles import open_log, open_pumped_log
 from jaxrun.launcher.attempt.activity import ActivityWatch, activity_path
 from jaxrun.launcher.attempt.joins import Joins, joined_path
 from jaxrun.launcher.attempt.profiling import work_folder
 from jaxrun.launcher.attempt.slots import Slot
+from jaxrun.launcher.output.logwriter import LogFile, LogWriter
 from jaxrun.launcher.output.printer import ConsolePrinter
 from jaxrun.launcher.output.pump import OutputPump, enlarge_pipe
 
 
 class Starter:
-    def __init__(self, backend: Backend, printer: ConsolePrinter, pump: OutputPump, log_dir: str,
-                 events: queue.SimpleQueue, hooks: RunHooks, joins: Joins, activity: ActivityWatch,
+    def __init__(self, backend: Backend, printer: ConsolePrinter, pump: OutputPump, writer: LogWriter,
+                 log_dir: str, events: queue.SimpleQueue, hooks: RunHooks, joins: Joins, activity: ActivityWatch,
                  lifeline_r: int, clock: Callable[[], float]):
-        self.backend, self.printer, self.pump, self.log_dir = backend, printer, pump, log_dir
+        self.backend, self.printer, self.pump, self.writer, self.log_dir = backend, printer, pump, writer, log_dir
         self.events, self.hooks, self.clock = events, hooks, clock
         self.joins, self.activity = joins, activity
         self.lifeline_r = lifeline_r  # kept open to the attempt's end: a process started again alone gets it too
@@ -60,7 +63,7 @@ class Starter:
             child = self.backend.spawn(record.spec, self.lifeline_r, env, None, news)
             for pipe, path, stream in ((child.stdout, record.stdout_log, Stream.STDOUT),
                                        (child.stderr, record.stderr_log, Stream.STDERR)):
-                self._pump(pipe, path, rank, stream, child.stream_filter(stream))
+                self._pump(pipe, self._log(slot, path, stream), child.stream_filter(stream))
         slot.started(child)
         record.started_at = time.time()
         if not child.reports_joins:  # else it tells its News: Joined and Activity events
@@ -69,22 +72,35 @@ class Starter:
         start_thread(f"process-waiter:{rank}", self._wait, rank, child, None if child.reports_joins else marks_file,
                      hooks=self.hooks)
 
+    def _log(self, slot: Slot, path: str, stream: Stream) -> LogFile:
+        return LogFile(path, slot.rank, stream, self.events, slot.record.losses.append)
+
     def _spawn_into_files(self, slot: Slot, env: dict[str, str], news: News) -> Child:
-        record = slot.record
-        fds = (open_log(record.stdout_log), open_log(record.stderr_log))
+        """A local child: its stdout and stderr are pipes into the log writer."""
+        record, logs, pipes = slot.record, [], []
         try:
-            child = self.backend.spawn(record.spec, self.lifeline_r, env, fds, news)
-        finally:
-            for fd in fds:
-                os.close(fd)
-        if self.printer.shows(slot.rank):  # else nobody needs the bytes until the end
             for path, stream in ((record.stdout_log, Stream.STDOUT), (record.stderr_log, Stream.STDERR)):
+                logs.append(self._log(slot, path, stream))
+                pipes.append(os.pipe())
+            child = self.backend.spawn(record.spec, self.lifeline_r, env, tuple(w for _, w in pipes), news)
+        except BaseException:
+            for log in logs:
+                log.close()
+            for fd in (fd for pipe in pipes for fd in pipe):
+                os.close(fd)
+            raise
+        shown = self.printer.shows(slot.rank)  # else nobody needs the bytes until the end
+        for log, (read, write) in zip(logs, pipes):
+            os.close(write)
+            spill = done = None
+            if shown:
                 self.open_streams += 1
-                self.pump.follow(path, slot.rank, stream)
+                spill, done = self.pump.follow(log.path, slot.rank, log.stream)
+            self.open_streams += 1
+            self.writer.add(read, log, spill, done)
         return child
 
-    def _pump(self, pipe, path: str, rank: int, stream: Stream, stream_filter: StreamFilter | None) -> None:
-        log = open_pumped_log(path)
+    def _pump(self, pipe, log: LogFile, stream_filter: StreamFilter | None) -> None:
         enlarge_pipe(pipe.fileno())
 
         def close() -> None:
@@ -92,8 +108,8 @@ class Starter:
             pipe.close()
 
         self.open_streams += 1
-        self.pump.add(pipe.fileno(), log, rank, stream, close, show=self.printer.shows(rank), path=path,
-                      stream_filter=stream_filter)
+        self.pump.add(pipe.fileno(), log, log.rank, log.stream, close, show=self.printer.shows(log.rank),
+                      path=log.path, stream_filter=stream_filter)
 
     def _wait(self, rank: int, child: Child, marks_file: str | None) -> None:
         """``marks_file``: where the process left its marks, for a child whose far end does not bring them."""

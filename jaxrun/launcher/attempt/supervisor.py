@@ -40,7 +40,7 @@ from jaxrun.core.events import (
     StreamClosed,
     ThreadDied,
 )
-from jaxrun.core.logfiles import folder_is_full, prepare_log_dir
+from jaxrun.core.logfiles import prepare_log_dir
 from jaxrun.core.outcome import Outcome, Stall, StopReason, Verdict
 from jaxrun.core.spec import ProcessSpec
 from jaxrun.launcher.attempt import ends as ending
@@ -50,6 +50,7 @@ from jaxrun.launcher.attempt.profiling import Profiler
 from jaxrun.launcher.attempt.slots import Slots
 from jaxrun.launcher.attempt.start import Starter
 from jaxrun.launcher.attempt.stop import DUMP_WAIT, TIMEOUT_DUMP_WAIT, StopSequence
+from jaxrun.launcher.output.logwriter import LogWriter
 from jaxrun.launcher.output.printer import ConsolePrinter
 from jaxrun.launcher.output.pump import OutputPump
 from jaxrun.launcher.output.timeline import Timeline
@@ -85,7 +86,6 @@ class Supervisor:
         self.stop = StopSequence(self.slots, self.hooks, clock, printer.note)
         self.ends = ending.Ends(clock)
         self.fault: ThreadDied | None = None  # a dead launcher thread
-        self.log_errors: list[LogWriteFailed] = []
         self.stall_found: Stall | None = None
         self.joins: Joins | None = None  # made when the run starts, as the activity watch is
         self.activity: ActivityWatch | None = None
@@ -100,6 +100,8 @@ class Supervisor:
         """Start every process, watch them to the end; the backend's
         ``begin_attempt`` is part of the start, and ``end_attempt`` is the caller's."""
         self.pump = OutputPump(self.events, self.printer.write, self.printer.flush, hooks=self.hooks)
+        self.writer = LogWriter(self.events, hooks=self.hooks, processes=len(self.specs))
+        self.pump.yield_to = self.writer.busy
         self.joins = Joins(self.specs, self.printer.status, self.printer.note, live=self.printer.can_show_status(),
                            clock=self.clock, on_join=self._joined,
                            say_after=None if self.printer.quiet else SAY_JOINED_AFTER)
@@ -107,9 +109,8 @@ class Supervisor:
                                       {slot.rank: slot.record.stderr_log for slot in self.slots},
                                       on_heard=lambda rank, state: self.slots[rank].activity(state))
         lifeline_r, lifeline_w = os.pipe()
-        self.starter = Starter(self.backend, self.printer, self.pump, self.log_dir, self.events, self.hooks,
-                               self.joins, self.activity, lifeline_r, self.clock)
-        full = False
+        self.starter = Starter(self.backend, self.printer, self.pump, self.writer, self.log_dir, self.events,
+                               self.hooks, self.joins, self.activity, lifeline_r, self.clock)
         if self.profiler is not None:
             self.profiler.attach(self.specs, self.log_dir, self.events, self.backend, self.hooks, self.printer.note)
         try:
@@ -120,15 +121,14 @@ class Supervisor:
             if self.profiler is not None:
                 self.profiler.detach()
             self.stop.sweep()  # grandchildren left in a group
-            full = folder_is_full(self.log_dir)  # before the files below free their blocks
             self.joins.finish()
             self.activity.finish()
             os.close(lifeline_r)
             os.close(lifeline_w)
+            self.writer.stop()
             self.pump.stop()
         outcome = ending.outcome(self.slots, self.stop, self.ends, recoverable=self.policy.recoverable,
-                                 spared=self.policy.failed, stall=self.stall_found, fault=self.fault,
-                                 log_errors=self.log_errors, full_folder=self.log_dir if full else None)
+                                 spared=self.policy.failed, stall=self.stall_found, fault=self.fault)
         outcome.stills = tuple(self.activity.stills)  # the run's goodput: spans no process moved in
         outcome.straggler = self.activity.stragglers.straggler()  # the time account's rule, over the whole attempt
         outcome.splits, outcome.windows = self.activity.splits(), list(self.activity.stragglers.windows)
@@ -221,9 +221,8 @@ class Supervisor:
         elif isinstance(event, ThreadDied):
             self._on_fault(event)
         elif isinstance(event, LogWriteFailed):
-            self.log_errors.append(event)
-            self.printer.note(f"jaxrun: cannot write {event.path}: {event.error}; "
-                              f"process {event.rank}'s later output there is lost")
+            self.printer.note(f"jaxrun: cannot write {event.path}: {event.error}; process {event.rank} goes on, "
+                              "and what it writes there from now on is not kept (the summary says how much)")
 
     # -- ends and verdicts ------------------------------------------------------------
     def _on_exit(self, event: Exited) -> None:
@@ -321,7 +320,7 @@ class Supervisor:
     def _drain(self) -> None:
         """Print what the pumps still hold; pipes close once the groups are dead."""
         self.stop.sweep()
-        self.pump.finish()  # nobody is left to write the followed files
+        self.pump.finish()  # no pause holds back the last bytes
         end = time.monotonic() + DRAIN_WAIT  # real time: the pump runs in real time
         while self.starter.open_streams > 0 and not self.fault:
             try:

@@ -1,9 +1,10 @@
 """Moving children's bytes: into per-process log files, and to the console printer.
 
-Local children write straight into their log files (the file is the record;
-the console is a view), so a flood of output costs them no more than writing
-to a file would.  Remote children (SSH, srun, mpirun) reach jaxrun through
-pipes, and jaxrun writes their log files itself.
+Local children's pipes go into their log files through the log writer's
+thread (``output.logwriter``: the file is the record; the console is a view),
+so a flood of output costs them no more than writing to a file would.
+Remote children (SSH, srun, mpirun) reach jaxrun through pipes that this
+pump reads, and writes their log files itself (``LogFile``).
 
 ``OutputPump`` is one thread that serves both kinds of source: it reads every
 pipe as data arrives, and follows every local log file as it grows (woken by
@@ -20,12 +21,15 @@ passes on is what reaches the log and the console.
 
 The pump never stops reading a pipe, whatever goes wrong downstream: a remote
 process blocks once its pipe is full.  A log file that cannot be written (a
-full disk) is reported once, as an event, and its later bytes still reach the
-console; a console that went away is the printer's business.
+full disk) is given up on and reported once (``LogFile``), and its later bytes
+still reach the console: a pipe's at once, a followed file's as the log
+writer spills them (``spill``), after the file's last byte; a console that
+went away is the printer's business.
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import queue
 import select
@@ -33,12 +37,12 @@ import selectors
 import threading
 import time
 from collections.abc import Callable
-from typing import BinaryIO
 
 from jaxrun import portable
 from jaxrun.core.backend import RunHooks, StreamFilter, start_thread
-from jaxrun.core.events import LogWriteFailed, Stream, StreamClosed
+from jaxrun.core.events import Stream, StreamClosed
 from jaxrun.launcher.output.filewatch import FileWatch
+from jaxrun.launcher.output.logwriter import LogFile
 
 CHUNK = 1 << 18
 FILE_CHUNK = 1 << 16  # one look at a followed file; small enough for malloc's heap
@@ -52,16 +56,23 @@ COALESCE = 0.1  # seconds; the most a trickling console line is held back
 # second, at a fraction of the cost.  A quiet file is watched, so the first
 # line after a pause still shows at once.
 MAX_BATCH = 0.5
+# A followed file's bytes that its writer could not put in it, held for the
+# console: past this, a console that lags far behind does not get them.
+SPILL_HELD = 1 << 23
 
 class _Source:
     """One pipe being pumped, or one log file being followed: where its bytes
     go, and its unfinished last line."""
 
-    def __init__(self, fd: int, log: BinaryIO | None, rank: int, stream: Stream,
+    def __init__(self, fd: int, log: LogFile | None, rank: int, stream: Stream,
                  on_close: Callable[[], None] = lambda: None, show: bool = True, path: str = ""):
         self.fd, self.log, self.rank, self.stream, self.on_close = fd, log, rank, stream, on_close
         self.path = path  # the log file's name
-        self.log_failed = False  # a write to ``log`` failed: it is given up on
+        # A followed file's: the bytes its writer could not put in it, in
+        # order, once they are due (after the file's last byte); its writer is done.
+        self.spilled: collections.deque[bytes] = collections.deque()
+        self.spilled_bytes = 0
+        self.complete = False
         self.filter: StreamFilter | None = None  # what the child takes out of a pipe's bytes
         self.show = show  # False: keep the log only, send nothing to the console
         self.partial = b""
@@ -90,12 +101,18 @@ class OutputPump:
         self.pending: list[_Source] = []
         self.files: list[_Source] = []
         self.watch: FileWatch | None = None
-        self.finishing = False  # every writer of the followed files is gone
+        self.finishing = False  # every process is gone: no pause holds back the last bytes
         self.lock = threading.Lock()
         self.stopped = False
+        # The log writer moves a flood: the console, behind, reads one round
+        # per ``coalesce`` instead of catching up at once.  Between rounds this
+        # thread holds no interpreter lock, which the log writer needs after
+        # each of its system calls (a process waits for it once its pipe is
+        # full), and at its low priority it may be preempted holding it.
+        self.yield_to: Callable[[], bool] = lambda: False
         self.thread = start_thread("jaxrun-output", self._run, hooks=hooks or RunHooks())
 
-    def add(self, fd: int, log: BinaryIO, rank: int, stream: Stream, on_close: Callable[[], None],
+    def add(self, fd: int, log: LogFile, rank: int, stream: Stream, on_close: Callable[[], None],
             show: bool = True, path: str = "", stream_filter: StreamFilter | None = None) -> None:
         """Pump a pipe into ``log`` (the file at ``path``), through
         ``stream_filter`` if there is one: fed every read, closed at the end."""
@@ -105,15 +122,31 @@ class OutputPump:
             self.pending.append(src)
         os.write(self.wake_w, b"+")
 
-    def follow(self, path: str, rank: int, stream: Stream) -> None:
-        """Show a log file that a local child writes itself, as it grows."""
+    def follow(self, path: str, rank: int, stream: Stream) -> tuple[Callable[[bytes], None], Callable[[], None]]:
+        """Show a log file that the log writer writes, as it grows.  Returns
+        what its writer calls with the bytes the file could not take
+        (``spill``), and once the file is complete (``done``): the pump
+        then reads it to its end and closes it."""
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        src = _Source(fd, None, rank, stream, path=path)
         with self.lock:
-            self.pending.append(_Source(fd, None, rank, stream, path=path))
+            self.pending.append(src)
         os.write(self.wake_w, b"+")
 
+        def spill(data: bytes) -> None:
+            if src.spilled_bytes < SPILL_HELD:
+                src.spilled_bytes += len(data)
+                src.spilled.append(data)
+                self.wake()
+
+        def done() -> None:
+            src.complete = True
+            self.wake()
+
+        return spill, done
+
     def finish(self) -> None:
-        """Every process is gone: read the followed files to their end, then close them."""
+        """Every process is gone: no more coalescing pauses."""
         self.finishing = True
         self.wake()
 
@@ -145,7 +178,7 @@ class OutputPump:
             now = time.monotonic()
             timeout = None  # pipes only: sleep until one is readable
             if behind:
-                timeout = 0
+                timeout = max(0.0, last_round + self.coalesce - now) if self.yield_to() else 0
             elif self.files:
                 # Growing files are polled, less often the longer they keep
                 # growing; quiet files are watched, after one more look to
@@ -165,12 +198,10 @@ class OutputPump:
                     trickle = False
             if self.files:
                 self._disarm()
-                if self.finishing:
-                    self._close_files()
-                else:
-                    quiet, behind = self._read_files()
-                    interval = self.coalesce if quiet else min(2 * interval, MAX_BATCH)
-                    last_round = time.monotonic()
+                self._close_files()
+                quiet, behind = self._read_files()
+                interval = self.coalesce if quiet else min(2 * interval, MAX_BATCH)
+                last_round = time.monotonic()
                 self.flush()
                 continue
             self.flush()
@@ -235,35 +266,34 @@ class OutputPump:
         return len(data) < TRICKLE
 
     def _keep(self, src: _Source, data: bytes) -> None:
-        """Write every byte to the log, however many writes it takes."""
-        if src.log_failed:
-            return
-        view = memoryview(data)
-        try:
-            while view:
-                view = view[src.log.write(view):]
-        except OSError as e:
-            src.log_failed = True
-            self.events.put(LogWriteFailed(src.rank, src.path, e.strerror or str(e)))
+        src.log.write(data)  # what the file cannot take is counted there; the console still gets it
 
     def _read_files(self) -> tuple[bool, bool]:
-        """Read what each followed file gained, a chunk at most.  Returns
-        (nothing was new, a file holds more: its writer is ahead of the console)."""
+        """Read what each followed file gained, a chunk at most, and at its
+        end what its writer spilled.  Returns (nothing was new, a file holds
+        more: its writer is ahead of the console)."""
         quiet, behind = True, False
         for src in self.files:
+            due = len(src.spilled)  # spilled before this read: after every byte it finds
             data = os.read(src.fd, FILE_CHUNK)
+            if not data and due:
+                data = b"".join(src.spilled.popleft() for _ in range(due))
             if data:
                 self._lines(src, data)
-                quiet, behind = False, behind or len(data) == FILE_CHUNK
+                quiet, behind = False, behind or len(data) >= FILE_CHUNK
         return quiet, behind
 
     def _close_files(self) -> None:
-        for src in self.files:
+        """Read each file its writer is done with to its end, spilled bytes
+        last, and close it."""
+        for src in [src for src in self.files if src.complete]:
             while data := os.read(src.fd, CHUNK):
                 self._lines(src, data)
+            while src.spilled:
+                self._lines(src, src.spilled.popleft())
             os.close(src.fd)
             self._end(src)
-        self.files.clear()
+            self.files.remove(src)
 
     def _lines(self, src: _Source, data: bytes) -> None:
         if not src.show:

@@ -1,0 +1,75 @@
+"""One running job per log folder.
+
+A run claims its log folder before anything starts: an advisory lock on
+``run.lock`` in it, held to the run's end, and let go by the kernel when
+jaxrun ends however it ends (SIGKILL too), so a folder is never left claimed
+by a run that is gone.  A second run given that folder while the first runs
+is refused in one line that names the first (exit 2, nothing started); it
+has touched nothing of the first's.  A finished run's folder is free, and
+reused as before (docs/options.md, "Log files", says why a refusal rather
+than a folder of its own).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+
+from jaxrun.core.config import LaunchError
+
+LOCK = "run.lock"
+HOLDER_MAX = 4096  # what the lock file says of its holder, at most
+SHOWN_ARGV = 160  # characters of the holder's command line in the refusal
+
+
+class Claim:
+    """A log folder held by this run until ``release``."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)  # and with it the lock
+            self.fd = -1
+
+
+def claim(log_dir: str, run_id: str, argv: list[str]) -> Claim:
+    """Claim ``log_dir`` (made 0700 if it is not there), or refuse: another
+    running job holds it.  Raises LaunchError in one line."""
+    try:
+        os.makedirs(os.path.dirname(log_dir), exist_ok=True)
+        try:
+            os.mkdir(log_dir, 0o700)
+        except FileExistsError:
+            pass
+        fd = os.open(os.path.join(log_dir, LOCK), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise LaunchError(f"cannot use the log folder {log_dir} ({e.strerror or e})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, HOLDER_MAX, 0)
+        os.close(fd)
+        raise LaunchError(f"--log-dir {log_dir} is in use by a running job: {described(holder)}; give this run "
+                          "another --log-dir, or wait for that one to end") from None
+    me = {"run_id": run_id, "pid": os.getpid(), "started": time.time(), "argv": argv}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(me).encode(), 0)
+    return Claim(fd)
+
+
+def described(holder: bytes) -> str:
+    """The running job, as its lock file says: its run id, its jaxrun's pid,
+    when it started and its command line."""
+    try:
+        data = json.loads(holder)
+        when = time.strftime("%H:%M:%S", time.localtime(float(data["started"])))
+        command = " ".join(map(str, data["argv"]))
+        if len(command) > SHOWN_ARGV:
+            command = command[: SHOWN_ARGV - 3] + "..."
+        return f"run {data['run_id']} (jaxrun pid {int(data['pid'])}, started {when}: {command})"
+    except (ValueError, KeyError, TypeError):
+        return "a jaxrun that has not said which yet"

@@ -1,0 +1,18 @@
+"""A process that prints about 4 MB in 1 KB lines, 40 steps of 100 lines,
+and writes each step it finished to a side file on another disk: how far it
+got, whatever became of its logs.  ``fail`` as the second argument: it then
+raises, after all of it (its traceback comes after the log disk filled)."""
+
+import os
+import sys
+
+rank = os.environ.get("JAXRUN_PROCESS_ID", "0")
+side = os.path.join(sys.argv[1], f"steps-{rank}")
+line = "x" * 1023
+for step in range(40):
+    for _ in range(100):
+        print(line)
+    with open(side, "w") as f:
+        f.write(str(step))
+if sys.argv[2:] == ["fail"]:
+    raise RuntimeError("failed after the log disk filled")
