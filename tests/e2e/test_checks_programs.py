@@ -161,6 +161,24 @@ def test_a_per_process_constant_is_one_warning_and_stopped_only_under_strict(sta
                      strict.stderr), strict.stderr
 
 
+@pytest.mark.timeout(300)
+def test_under_strict_a_short_job_is_stopped_however_its_ends_fall_on_a_loaded_machine(start_job):
+    """The verdict never depends on timing: four strict jobs at once beside
+    four busy loops, each ending right after its one program, are each
+    stopped and named (the board once took a peer that posted and finished
+    between its two reads for one that never made the program: exit 0, no
+    word; tests/unit/test_checks.py pins that order, bench/strict_checks.py
+    runs 50)."""
+    from fixtures.jobs import overload
+
+    with overload(4):
+        jobs = [start_job("-n", 2, "--cpu-devices", 2, "--checks", "strict", SCRIPT, "constant") for _ in range(4)]
+        ends = [job.wait(timeout=110) for job in jobs]
+    for job, end in zip(jobs, ends):
+        assert end == 1, job.stderr
+        assert "ProgramMismatchError: program 1 of processes 0,1 differs (body)" in job.stderr, job.stderr
+
+
 def test_agreeing_programs_a_local_one_that_differs_and_a_warm_cache_beside_a_cold_one(start_job, tmp_path):
     """The first run fills the cache; in the second, process 0 gets every
     program from it and process 1 (an empty cache) compiles them: both must

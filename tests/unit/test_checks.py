@@ -337,3 +337,49 @@ def test_the_finished_word_goes_out_at_once_while_a_topic_waits(monkeypatch):
     took = time.monotonic() - asked
     board.settle(0.0)
     assert took < 1.0, f"the finished word took {took:.2f} s"
+
+
+class PeerBetweenReads(Store):
+    """A peer whose entry, then its word that its script returned, land right
+    after the judge read the topic's entries and before it read who finished:
+    the order a short job's last program and end take on a loaded machine."""
+
+    def __init__(self, peer):
+        super().__init__()
+        self.peer, self.armed = peer, True
+
+    def key_value_dir_get(self, prefix):
+        found = super().key_value_dir_get(prefix)
+        if self.armed and prefix.startswith(transport.ENTRIES + "/"):
+            self.armed = False
+            self.peer()
+        return found
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_peer_that_posts_and_finishes_between_the_judges_reads_is_judged_on_its_entry(strict):
+    """The verdict never depends on timing: a peer seen finished had posted
+    every entry before it said so, so its entry is read again, not taken as
+    missing (--checks strict let a short job's per-process constant go by,
+    exit 0, in 1 run of 12 beside other jobs)."""
+    seen = []
+    clock = Clock()
+    holder: list = []
+
+    def peer():
+        two = holder[0]
+        two._publish(store, agreement.Post("p/0", {"fp": "b"}, (0, 1), lambda *a: None, same_fp))
+        two._count(1)
+        two._publish(store, agreement._FINISHED)
+
+    store = PeerBetweenReads(peer)
+    one, two = boards(2, store, clock)
+    holder.append(two)
+    same = same_fp if strict else None
+    one._publish(store, agreement.Post("p/0", {"fp": "a"}, (0, 1), lambda *a: seen.append(a), same))
+    one._count(1)
+    look_all([one], store, clock)
+    assert seen, "the judge settled nothing"
+    topic, entries, gone = seen[0]
+    assert sorted(entries) == [0, 1] and gone == set(), (entries, gone)
+    assert entries[1] == {"fp": "b"}

@@ -237,6 +237,10 @@ class Board:
         gone: set = set()
         if len(wanted) < len(post.among):
             gone = {r for r in post.among if r not in wanted and r in finished.ranks()}
+            if gone:  # each posted every entry before it said it finished: read again, after that word
+                entries = store.entries(client, post.topic)
+                wanted.update({r: entries[r] for r in gone if r in entries})
+                gone = {r for r in gone if r not in wanted}
         differs = post.same is not None and any(not post.same(post.entry, e) for e in wanted.values())
         if len(wanted) + len(gone) < len(post.among):
             if (differs or gone) and post.differs_since is None:
