@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping
 
 from jaxrun import contract, portable
-from jaxrun.core import causes, usage
+from jaxrun.core import causes, stale, usage
 from jaxrun.core.backend import Backend, ChildExit, News
 from jaxrun.core.config import LaunchError
 from jaxrun.core.events import Stream
@@ -37,7 +37,8 @@ def check_port_free(host: str, port: int) -> None:
         raise LaunchError(f"--coordinator {host}:{port}: cannot listen there ({e.strerror})") from None
 
 
-COORDINATOR_SOCKET = "coordinator-{token}.sock"  # in the user's private socket folder
+# In the user's private socket folder; one a SIGKILLed run left there is removed by the next (core.stale).
+COORDINATOR_SOCKET = f"{stale.COORDINATOR_PREFIX}{{token}}{stale.SUFFIX}"
 
 
 def local_coordinator(fixed: str | None, folder: str | None = None) -> tuple[str, str]:
@@ -55,6 +56,7 @@ def local_coordinator(fixed: str | None, folder: str | None = None) -> tuple[str
     if folder is None:
         raise LaunchError("no private folder for the coordination service's socket can be made (set TMPDIR to "
                           "a folder of yours), or pass --coordinator HOST:PORT to serve it on a port")
+    stale.remove_stale(folder)  # a killed run's
     path = coordinator_socket(folder)
     return contract.unix_address(path), contract.unix_address(path)
 

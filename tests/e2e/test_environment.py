@@ -6,6 +6,8 @@ own ever ends the job or loses its output silently.
   after the disk filled is still in the summary.
 - One running job per log folder: a second run given a folder in use is
   refused in one line that names the first, and touches nothing of it.
+- A SIGKILLed jaxrun's coordination service socket is removed by the next
+  command, as its control channel's is.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import subprocess
 import time
 
 import pytest
-from fixtures.jobs import DATA
+from fixtures.jobs import DATA, JAXRUN, TOKEN, wait_gone
 
 from jaxrun import contract
 
@@ -24,6 +26,7 @@ pytestmark = pytest.mark.timeout(180)
 
 FLOOD = DATA / "log_flood.py"
 WAITER = DATA / "wait_for_file.py"
+JOINER = DATA / "import_and_wait.py"
 PRINTED = 40 * 100 * 1024  # what each of log_flood.py's processes prints
 
 
@@ -137,3 +140,35 @@ def read(path) -> str:
 
 def first_run_id(err: str) -> str:
     return err.split("in use by a running job: run ", 1)[1].split(" ", 1)[0]
+
+
+# -- what a killed run leaves behind --------------------------------------------------------
+
+
+def coordinator_socket_of(logs) -> str | None:
+    """The coordination service's socket file, as process 0 printed its address."""
+    words = read(logs / "process-0.stdout").split()
+    return contract.unix_socket_path(words[2]) if len(words) > 2 else None
+
+
+@pytest.mark.parametrize("next_command", ["top", "run"])
+def test_a_sigkilled_runs_coordinator_socket_is_removed_by_the_next_command(launch, jaxrun, tmp_path, next_command):
+    logs, go = tmp_path / "logs", tmp_path / "go"
+    job = launch("-n", 2, "--cpu-devices", 1, "--log-dir", logs, JOINER, go)
+    try:
+        assert wait_for(lambda: all("joined" in read(logs / f"process-{r}.stdout") for r in range(2)))
+        path = coordinator_socket_of(logs)
+        assert path is not None and os.path.exists(path)
+        job.proc.kill()  # jaxrun alone: its processes follow through their lifeline
+        job.proc.wait()
+        assert not wait_gone(os.environ[TOKEN], within=30)
+    finally:
+        go.touch()
+    assert os.path.exists(path)  # nobody removed it
+    time.sleep(1.1)  # past the age a socket between its bind and its listen may have (core.stale.YOUNG)
+    if next_command == "top":
+        subprocess.run([*JAXRUN, "top"], capture_output=True, timeout=60)  # whatever it finds (another job)
+    else:
+        code, out, err = jaxrun("-n", 2, "--cpu-devices", 1, "--log-dir", tmp_path / "next", JOINER, go)
+        assert code == 0, err
+    assert not os.path.exists(path)

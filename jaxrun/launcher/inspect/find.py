@@ -3,7 +3,8 @@
 Without a run id, the newest running job of this user's: every channel in
 the private socket folder is asked who it is (``Describe``), and the one
 started last answers.  A socket whose jaxrun is gone (SIGKILLed: it had no
-chance to remove it) refuses the connection, and is removed here.
+chance to remove it) refuses the connection, and is removed here, with the
+coordination services' sockets that dead runs left (``core.stale``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 import click
 
 from jaxrun import portable
+from jaxrun.core import stale
 from jaxrun.launcher import channel
 from jaxrun.wire import encoding, inspect as words
 
@@ -82,6 +84,8 @@ def find_job(run_id: str | None, folder: str | None = None) -> tuple[str, words.
     in any of this user's socket folders (one of a random name where another
     user took the usual one: each is checked to be this user's alone)."""
     folders = [folder] if folder else portable.sockets.socket_folders()
+    for place in folders:  # a SIGKILLed run's coordination service left its socket file too
+        stale.remove_stale(place)
     if run_id is not None:
         if not RUN_ID.fullmatch(run_id):
             raise click.BadParameter(f"{run_id!r} is not a run id (like 20261204-013000-1a2b3c)",
