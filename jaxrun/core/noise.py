@@ -27,7 +27,7 @@ _TEARDOWN = re.compile(
     rb"WatchTasksAsync failed for task \d+: CANCELLED"
     rb"|^Additional GRPC error information from remote target coordination_service while calling "
     rb"/xla\.coordination\.CoordinationService/WatchTasks:"
-    rb'|^:UNKNOWN:Error received from peer \{[^}]*grpc_message:"CANCELLED"'
+    rb'|^:UNKNOWN:Error received from peer\s+\{[^}]*grpc_message:"CANCELLED"'
     rb"|failed to connect to all addresses.*coordinator-[0-9a-f]+\.sock.*No such file or directory"
 )
 # Substrings every teardown line holds one of (the console's quick test).

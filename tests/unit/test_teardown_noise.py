@@ -10,22 +10,28 @@ from jaxrun.core.events import Stream
 from jaxrun.core.noise import is_noise, without_noise
 from jaxrun.launcher.output.printer import ConsolePrinter
 
-# As a TPU host printed them at the end of a clean one-process run (issue 71), the
-# socket's variant with the coordinator's socket file already gone.
+# As the TPU host printed them at the end of clean one-process runs (bench/tpu_smoke.sh, issue 71):
+# the service's end (its last line's two keys come in either order), and the variant where the
+# coordinator's socket file is gone already.
 CANCELLED = (
-    b"W1205 21:40:12.345678    2210 pjrt_client.cc:1615] WatchTasksAsync failed for task 0: CANCELLED: CANCELLED\n"
+    b"W1205 22:34:55.906839    5317 pjrt_client.cc:1615] WatchTasksAsync failed for task 0: CANCELLED: CANCELLED\n"
     b"Additional GRPC error information from remote target coordination_service while calling "
     b"/xla.coordination.CoordinationService/WatchTasks:\n"
-    b':UNKNOWN:Error received from peer {grpc_status:1, grpc_message:"CANCELLED"}\n'
+    b':UNKNOWN:Error received from peer  {grpc_message:"CANCELLED", grpc_status:1} '
+    b"[type.googleapis.com/tensorflow.DerivedStatus='']\n"
+    b':UNKNOWN:Error received from peer  {grpc_status:1, grpc_message:"CANCELLED"} '
+    b"[type.googleapis.com/tensorflow.DerivedStatus='']\n"
 )
+SOCKET = b"unix:/tmp/jaxrun-sockets-65534/coordinator-b084a3e5.sock"
 GONE = (
-    b"W1205 21:41:02.000001    2311 pjrt_client.cc:1615] WatchTasksAsync failed for task 0: UNAVAILABLE: failed "
-    b"to connect to all addresses; last error: UNKNOWN: unix:/tmp/jaxrun-sockets-0/coordinator-1a2b3c4d.sock: "
-    b"No such file or directory\n"
+    b"W1205 22:34:32.502950    4971 pjrt_client.cc:1615] WatchTasksAsync failed for task 0: UNAVAILABLE: failed to "
+    b"connect to all addresses; last error: FAILED_PRECONDITION: " + SOCKET + b": connect failed: addr: " + SOCKET
+    + b" error: No such file or directory\n"
     b"Additional GRPC error information from remote target coordination_service while calling "
     b"/xla.coordination.CoordinationService/WatchTasks:\n"
-    b':UNKNOWN:Error received from peer  {grpc_message:"failed to connect to all addresses; last error: UNKNOWN: '
-    b'unix:/tmp/jaxrun-sockets-0/coordinator-1a2b3c4d.sock: No such file or directory", grpc_status:14}\n'
+    b':UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:"failed to connect to all addresses; last '
+    b"error: FAILED_PRECONDITION: " + SOCKET + b": connect failed: addr: " + SOCKET
+    + b' error: No such file or directory"}\n'
 )
 
 
