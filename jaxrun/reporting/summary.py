@@ -17,7 +17,7 @@ from jaxrun.reporting.stacks import dumped_state as dumped_state  # its older na
 # QUOTED_WIDTH characters; the rest is in the file it names.
 EXCEPTION_LINES = 4
 QUOTED_LINES = 10
-QUOTED_WIDTH = 200
+QUOTED_WIDTH = 400
 
 
 def summary_lines(outcome: Outcome, log_dir: str, run_lines: Iterable[str] = (), quiet: bool = False) -> list[str]:

@@ -22,7 +22,7 @@ HEAD = b"Traceback (most recent call last):"
 _FRAME = re.compile(rb'^  File "(?P<file>[^"]+)", line (?P<line>\d+), in ')
 _PACKAGE = re.compile(r"/(?:site|dist)-packages/([^/]+)")
 MESSAGE_LINES = 3  # lines of an exception's message shown after its first
-LINE_WIDTH = 240  # characters of the exception's line shown
+LINE_WIDTH = 400  # characters of the exception's line shown
 
 
 def _library(path: str) -> str:
