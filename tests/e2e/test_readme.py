@@ -60,6 +60,13 @@ def shape_of(line: str) -> str:
                    for i, part in enumerate(parts))
 
 
+def test_the_readme_names_every_subcommand_help_lists():
+    from jaxrun.cli.helptext import COMMANDS
+
+    text = (ROOT / "README.md").read_text()
+    assert [name for name in COMMANDS if f"jaxrun {name}" not in text] == []
+
+
 def test_the_coordinator_is_where_the_readme_says():
     text = " ".join((ROOT / "README.md").read_text().split())
     assert "starts the job's coordinator on a private Unix socket" in text and "bound to loopback" not in text
