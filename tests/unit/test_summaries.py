@@ -228,3 +228,13 @@ def test_quiet_keeps_a_stop_on_a_signal(tmp_path):
     outcome = Outcome(recs, 143, StopReason.SIGNAL, signum=signal.SIGTERM)
     lines = summary.summary_lines(outcome, "/logs", quiet=True)
     assert lines[0].startswith("jaxrun: received SIGTERM") and lines[-1] == "jaxrun: logs in /logs"
+
+
+def test_jaxrun_logs_shows_a_traceback_whole(tmp_path, capfd):
+    """A log read back is for reading: `jaxrun logs` folds nothing."""
+    from jaxrun.launcher.output import logs
+
+    (tmp_path / "process-0.stdout").write_bytes(b"")
+    (tmp_path / "process-0.stderr").write_bytes(TRACEBACK)
+    logs.show(str(tmp_path), [0], "stream")
+    assert capfd.readouterr().err.encode() == b"".join(b"[0] " + x for x in TRACEBACK.splitlines(keepends=True))

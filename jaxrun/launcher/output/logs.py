@@ -31,7 +31,7 @@ LISTED = 20  # runs shown by a bare ``jaxrun logs``
 def show(folder: str, ranks: list[int], output: str) -> None:
     """The logs as the console shows them: rank-prefixed lines (one process
     after another: their interleaving in time is not recorded), or blocks."""
-    printer = ConsolePrinter(output)  # stdout to stdout, stderr to stderr, as live
+    printer = ConsolePrinter(output, fold=False)  # stdout to stdout, stderr to stderr, as live; tracebacks whole
     every_life = ((rank, life, paths) for rank in ranks for life, paths in enumerate(logfiles.life_paths(folder, rank)))
     for rank, life, (out, err, _) in every_life:
         if life:  # a recoverable job's process that started again alone: each life apart

@@ -64,6 +64,7 @@ class ConsolePrinter:
         timestamps: bool = False,
         quiet: bool = False,
         log_dir: str | None = None,
+        fold: bool = True,
     ):
         self.mode = mode
         self.quiet = quiet  # -q: jaxrun's routine lines are left out
@@ -75,7 +76,9 @@ class ConsolePrinter:
         self.group_markers = group_markers
         self.in_dump: set[int] = set()  # ranks whose stderr is inside a stack dump
         # Tracebacks folded on the console; each fold names the log (its folder: -v shows them whole).
-        self.tracebacks = TracebackFold(lambda rank: log_paths(log_dir, rank)[1] if log_dir else "its stderr log")
+        # (`jaxrun logs`, a log read back, shows them whole: fold=False.)
+        self.tracebacks = TracebackFold(lambda rank: log_paths(log_dir, rank)[1] if log_dir else "its stderr log") \
+            if fold else None
         self.pending: dict[Stream, list] = {Stream.STDOUT: [], Stream.STDERR: []}
         self.pending_bytes = 0
         self.gone: set[int] = set()  # ids of sinks whose reader went away
@@ -124,7 +127,9 @@ class ConsolePrinter:
         a traceback is folded (``tracebacks``)."""
         if stream is Stream.STDERR:
             shown = self._hidden(rank, line)
-            return [] if shown is None else self.tracebacks.feed(rank, shown)
+            if shown is None:
+                return []
+            return [shown] if self.tracebacks is None else self.tracebacks.feed(rank, shown)
         kept = without_noise(line) if is_noise(line) else line
         return [] if kept is None else [kept]
 
@@ -153,7 +158,8 @@ class ConsolePrinter:
         """
         if not data.endswith(b"\n"):
             data += b"\n"
-        quiet = rank not in self.in_dump and not (stream is Stream.STDERR and self.tracebacks.active(rank))
+        folding = stream is Stream.STDERR and self.tracebacks is not None and self.tracebacks.active(rank)
+        quiet = rank not in self.in_dump and not folding
         if self.show_noise or (quiet and not any(m in data for m in _HIDDEN_MARKS[stream])):
             # The common case, done in C: prefix every line of the chunk at once.
             return data.replace(b"\n", b"\n" + prefix) if prefix else data
