@@ -132,7 +132,9 @@ class Marks:
     seconds; ``saved_at`` and ``written_at`` are the process's wall clock
     (``time.time()``), ``clock`` its machine (``core.causes.clock_id``), so
     the launcher can put them on its own clock.  ``compile_after_save``:
-    the compile seconds since the last save ended (all of them before one)."""
+    the compile seconds since the last save ended (all of them before one).
+    ``runtime_start``: the seconds JAX took to make its backends (the TPU
+    runtime's start), left out of ``compile``."""
 
     compile: float = 0.0
     checkpoint: float = 0.0
@@ -142,6 +144,7 @@ class Marks:
     steps: int = 0
     written_at: float = 0.0
     clock: str = ""
+    runtime_start: float = 0.0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -155,7 +158,8 @@ class Marks:
             saved_at = data.get("saved_at")
             return cls(float(data["compile"]), float(data["checkpoint"]), int(data["saves"]),
                        None if saved_at is None else float(saved_at), float(data.get("compile_after_save", 0.0)),
-                       int(data.get("steps", 0)), float(data.get("written_at", 0.0)), str(data.get("clock", "")))
+                       int(data.get("steps", 0)), float(data.get("written_at", 0.0)), str(data.get("clock", "")),
+                       float(data.get("runtime_start", 0.0)))
         except (KeyError, TypeError, ValueError):
             return None
 

@@ -5,7 +5,9 @@ that sum to it (``PARTS``; the report's ``goodput``, docs/contract.md):
 
 - ``startup``: from each attempt's beginning (jaxrun's own start, for the
   first) to the moment its last process joined the job: placement,
-  spawning, imports, whatever the script does before it touches JAX;
+  spawning, imports, whatever the script does before it touches JAX; and
+  after the join, the runtime's start (JAX making its backends: about 10 s
+  on a TPU host), the slowest process's (``child.watch.marks``);
 - ``compile``, ``checkpoint``: from the join to the end of the work, what
   the processes' own events said (``child.watch.marks``: JAX's compile events,
   Orbax's save events, ``jaxrun.checkpointing()``).  The job is
@@ -62,6 +64,7 @@ class AttemptFacts:
     compile_after_save: float = 0.0
     stills: tuple[tuple[float, float], ...] = ()
     attempt: int = 0  # its number in the run (0: the first), as the report lists it
+    runtime_start: float = 0.0  # after the join: JAX making its backends, the slowest process's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +128,8 @@ def account(run_began: float, run_ended: float, attempts: Sequence[AttemptFacts]
         add("stall", stalled, n)
         spans.extend(("stall", b, e, n) for b, e in stills)
         left = inside - stalled
-        for part, seconds in (("compile", a.compile), ("checkpoint", a.checkpoint), ("waiting", a.waiting)):
+        for part, seconds in (("startup", a.runtime_start), ("compile", a.compile), ("checkpoint", a.checkpoint),
+                              ("waiting", a.waiting)):
             taken = min(max(0.0, seconds), left)
             add(part, taken, n)
             left -= taken
@@ -203,6 +207,7 @@ def attempt_facts(outcome: Outcome, waiting_by_rank: Mapping[int, float] | None 
     return AttemptFacts(
         outcome.began_at, joined_at, work_end, ended_at, failed,
         compile=max((m.compile for m in marks), default=0.0),
+        runtime_start=max((m.runtime_start for m in marks), default=0.0),
         checkpoint=max((m.checkpoint for m in marks), default=0.0),
         waiting=sum(waiting.get(r.spec.rank, 0.0) for r in outcome.records) / len(outcome.records),
         saved_at=saved_at, compile_after_save=after, stills=outcome.stills)

@@ -18,6 +18,14 @@ gives the time since its last look to one part of a ``contract.TimeSplit``:
   waits for is the other processes, at a collective or a sync point.  On
   CPU a waiting process blocks (0.3% of a core was measured: 1 ms of CPU in
   300 ms of waiting at a collective), so the line between the two is sharp.
+  A process alone in its job (``alone``) waits for nobody: its time inside
+  JAX is its programs', the device's time on an accelerator (where the host
+  blocks while the chip runs the step) as on CPU.
+
+The runtime's start (JAX making its first backend: about 10 s on a TPU
+host, often inside the script's first trace or compile) is no part of the
+split: it is start-up, and the account's clock moves past it (``began``
+and ``covered`` leave it out).
 
 Each look costs a walk of the main thread's frames (each code object is
 judged once, then looked up), one CPU clock read, the main thread's
@@ -44,7 +52,7 @@ from jaxrun.child.watch import activity, place, sampler
 TICK = sampler.TICK  # seconds between looks
 FIRST_EVERY = 2.0  # the first record, then 4 and 8 s after it ...
 EVERY = 10.0  # ... and every 10 s
-_OUTSIDE, _INSIDE, _COMPILER = place.OUTSIDE, place.INSIDE, place.COMPILER
+_OUTSIDE, _INSIDE, _COMPILER, _STARTING = place.OUTSIDE, place.INSIDE, place.COMPILER, place.STARTING
 
 _started: Accountant | None = None
 
@@ -88,8 +96,9 @@ class Accountant:
     """The account: its last look, and the parts so far."""
 
     def __init__(self, tell, main: int | None = None, clock=time.monotonic, wall=time.time,
-                 cpu=activity.others_cpu, delay=None, frames=sys._current_frames):
+                 cpu=activity.others_cpu, delay=None, frames=sys._current_frames, alone: bool = False):
         self.tell = tell  # called with each TIME line
+        self.alone = alone  # the job's only process: nobody to wait for
         self.main = threading.main_thread().ident if main is None else main
         main_tid = portable.main_native_id()
         self.clock, self.cpu, self.frames = clock, cpu, frames
@@ -145,8 +154,11 @@ class Accountant:
             self.parts["work"] += seconds
         elif where == _COMPILER:
             self.parts["compile"] += seconds
+        elif where == _STARTING:  # start-up: the account's clock moves past it
+            self.start += seconds
+            self.began += seconds
         else:
-            ran = min(seconds, wanted)
+            ran = seconds if self.alone else min(seconds, wanted)
             self.parts["programs"] += ran
             self.parts["waiting"] += seconds - ran
 
@@ -221,7 +233,7 @@ def joined(environ=os.environ) -> None:
     global _started
     if _started is not None or not wanted(environ):
         return
-    _started = Accountant(_tell)
+    _started = Accountant(_tell, alone=environ.get(contract.NUM_PROCESSES) == "1")
     sampler.shared.add_account(_started)
 
 

@@ -15,6 +15,11 @@ saves its own way marks it: ``with jaxrun.checkpointing(): save(...)``, or
 steps with ``jaxrun.step()``; any ``jax.monitoring`` duration event the
 script itself emits under one of the names above counts the same way.
 
+The runtime's start (JAX making its first backend: about 10 s on a TPU
+host) is timed apart (``runtime_start``): a script's first JAX call often
+starts it inside a trace or a compile, whose events would otherwise count it
+as compile time; the part of a compile event that overlaps it is left out.
+
 The sums go to the launcher as one small JSON object (``contract.Marks``)
 in the file ``contract.MARKS_FILE``, rewritten whole after a save or a
 compile, at most once every ``MIN_GAP`` seconds (a thread writes what a
@@ -52,7 +57,8 @@ class Tally:
     def __init__(self, path: str | None, clock=time.time, gap: float = MIN_GAP):
         self.path, self.clock, self.gap = path, clock, gap
         self.lock = threading.Lock()
-        self.compile = self.checkpoint = self.compile_after_save = 0.0
+        self.compile = self.checkpoint = self.compile_after_save = self.runtime_start = 0.0
+        self.starts: list[tuple[float, float]] = []  # the runtime's starts, on the monotonic clock
         self.saves = self.steps = 0
         self.saved_at: float | None = None
         self.written_at = float("-inf")
@@ -60,12 +66,22 @@ class Tally:
         self.wake = threading.Event()
         self.host = ""  # this machine's name, asked at the first write: no socket import at start-up
 
-    def heard(self, event: str, seconds: float) -> None:
-        """A ``jax.monitoring`` duration event."""
+    def heard(self, event: str, seconds: float, now: float | None = None) -> None:
+        """A ``jax.monitoring`` duration event, ending ``now`` (monotonic)."""
         if event in COMPILE_EVENTS:
-            self.add_compile(seconds)
+            end = time.monotonic() if now is None else now
+            with self.lock:
+                overlap = sum(max(0.0, min(end, b) - max(end - seconds, a)) for a, b in self.starts)
+            self.add_compile(seconds - overlap)
         elif event in CHECKPOINT_EVENTS:
             self.saved(seconds)
+
+    def runtime_started(self, began: float, ended: float) -> None:
+        """The runtime started between ``began`` and ``ended`` (monotonic)."""
+        with self.lock:
+            self.starts.append((began, ended))
+            self.runtime_start += max(0.0, ended - began)
+        self._changed()
 
     def add_compile(self, seconds: float) -> None:
         with self.lock:
@@ -88,7 +104,8 @@ class Tally:
     def marks(self) -> contract.Marks:
         with self.lock:
             return contract.Marks(round(self.compile, 6), round(self.checkpoint, 6), self.saves, self.saved_at,
-                                  round(self.compile_after_save, 6), self.steps, self.clock(), self._host())
+                                  round(self.compile_after_save, 6), self.steps, self.clock(), self._host(),
+                                  round(self.runtime_start, 6))
 
     def _host(self) -> str:
         if not self.host:
@@ -162,6 +179,28 @@ def _listen(_jax) -> None:
 
     tally = _the_tally()
     monitoring.register_event_duration_secs_listener(lambda event, seconds, **_kw: tally.heard(event, seconds))
+    _time_runtime_start(tally)
+
+
+def _time_runtime_start(tally: Tally) -> None:
+    """Time each backend JAX makes (``xla_bridge._init_backend``, once per platform)."""
+    try:
+        from jax._src import xla_bridge
+    except ImportError:
+        return
+    real = getattr(xla_bridge, "_init_backend", None)
+    if real is None or getattr(real, "_jaxrun_timed", False):
+        return
+
+    def _init_backend(*args, **kwargs):
+        began = time.monotonic()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            tally.runtime_started(began, time.monotonic())
+
+    _init_backend._jaxrun_timed = True
+    xla_bridge._init_backend = _init_backend
 
 
 def checkpoint_saved(seconds: float) -> None:

@@ -5,13 +5,21 @@ read it at the one sampler's looks (``child.watch.sampler``): its stack as
 JAX (a compile, a join, a program executing or awaited).
 
 The one list of JAX's files and waits both read is here, and the one
-reader of a call site's bytecode (what a parked frame calls)."""
+reader of a call site's bytecode (what a parked frame calls).  The watchdog
+also asks whether the main thread is parked in a wait of Python's own
+(``parked_in_python``): the evidence that a wait every process shares is no
+program of JAX's running on an accelerator."""
 
 from __future__ import annotations
 
+import builtins
 import opcode
 import os
+import select
+import signal
 import sys
+import threading
+import time
 import types
 
 from jaxrun.child.watch import dumps
@@ -23,12 +31,20 @@ JOIN_FILE = os.sep + os.path.join("jax", "_src", "distributed.py")
 JAX_FOLDERS = (os.sep + os.path.join("jax", "_src") + os.sep, os.sep + "jaxlib" + os.sep)
 # Calls of jaxlib's that wait for a program and have no Python frame of their own.
 JAX_WAITS = frozenset({"block_until_ready"})
-# Where a code object stands: the script's own (or any code outside JAX), JAX's, JAX's compiler.
-OUTSIDE, INSIDE, COMPILER = 0, 1, 2
+# The runtime's start: JAX making its first backend (finding its plugins, opening the
+# devices: about 10 s on a TPU host), which a script's first JAX call runs, often
+# inside a trace or a compile.  It is start-up, neither the script's compile nor its work.
+RUNTIME_FILE = os.sep + os.path.join("jax", "_src", "xla_bridge.py")
+RUNTIME_STARTS = frozenset({"_init_backend", "_discover_and_register_pjrt_plugins"})
+# Where a code object stands: the script's own (or any code outside JAX), JAX's,
+# JAX's compiler, the runtime's start (the greater wins on one stack).
+OUTSIDE, INSIDE, COMPILER, STARTING = 0, 1, 2, 3
 
 
 def code_place(code) -> int:
     name = code.co_filename
+    if name.endswith(RUNTIME_FILE) and code.co_name in RUNTIME_STARTS:
+        return STARTING
     if name.endswith(COMPILER_FILES):
         return COMPILER
     if JAX_FOLDERS[0] in name or JAX_FOLDERS[1] in name:
@@ -83,10 +99,11 @@ def call_offset(code, offset: int) -> int:
 
 
 def busy_place(stack: tuple) -> bool:
-    """Inside JAX's compiler, or in its ``initialize()`` (waiting for the others to join)."""
+    """Inside JAX's compiler, the runtime's start, or JAX's ``initialize()``
+    (waiting for the others to join): each bounded by JAX itself."""
     for code, _ in stack:
         name = code.co_filename
-        if name.endswith(COMPILER_FILES) or (name.endswith(JOIN_FILE) and code.co_name == "initialize"):
+        if code_place(code) >= COMPILER or (name.endswith(JOIN_FILE) and code.co_name == "initialize"):
             return True
     return False
 
@@ -165,3 +182,75 @@ def site_offset(code, lasti: int) -> int:
     while 0 < offset < len(raw) and raw[offset] == CACHE:
         offset -= 2
     return offset
+
+
+# The standard library's own code (not what is installed beside it): a
+# main thread whose innermost frame is there waits in Python's own
+# primitives (a queue, an event, a lock, a subprocess, a selector).
+STDLIB = os.path.dirname(os.__file__) + os.sep
+_INSTALLED = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+# Python's own blocking calls, by identity: the script's frame parked in one
+# of them waits on something other than JAX.
+_PYTHON_WAITS = frozenset(id(f) for f in (time.sleep, select.select, builtins.input, getattr(os, "waitpid", None),
+                                          getattr(os, "wait", None), getattr(signal, "pause", None)) if f)
+_OWN_THREADS = "jaxrun-"
+
+
+def is_stdlib(filename: str) -> bool:
+    return filename.startswith(STDLIB) and not any(part in filename for part in _INSTALLED)
+
+
+def parked_in_python(main: int, frames=sys._current_frames) -> bool:
+    """Whether the main thread (``main``: its ident) waits in a wait of
+    Python's own, outside JAX, while no other thread of the script's is
+    inside JAX: its innermost frame is the standard library's (a queue's
+    ``get``, an event's ``wait``, a subprocess), or the script's own frame
+    calls one of Python's blocking calls (``time.sleep``, ``select``,
+    ``input``, ...) by a global name.
+
+    Only then is a process with no CPU and no I/O known to wait on no
+    program: one running on an accelerator leaves the CPU idle while the
+    main thread waits inside JAX, or in a call into jaxlib's native code
+    with no Python frame (``np.asarray(y)``, ``y.block_until_ready()``),
+    and a program another thread of the script's runs makes that thread
+    JAX's.  Anything else (a native library's wait, a call this cannot
+    name) is not known to be parked.  Reads frames and dicts only: no code
+    of the script's runs here."""
+    current = frames()
+    stack = _frames(current.get(main))
+    if not stack or any(code_place(f.f_code) != OUTSIDE for f in stack):
+        return False
+    own = {t.ident for t in threading.enumerate() if t.name.startswith(_OWN_THREADS)}
+    for ident, frame in current.items():
+        if ident != main and ident not in own and any(code_place(f.f_code) != OUTSIDE for f in _frames(frame)):
+            return False  # another thread of the script's is inside JAX: its program, perhaps
+    innermost = stack[0]
+    code = innermost.f_code
+    if is_stdlib(code.co_filename):
+        return True
+    recipe = callee_recipe(code, site_offset(code, innermost.f_lasti))
+    if recipe is None or recipe[0]:
+        return False  # nothing called, or a local's: not read from another thread
+    found = innermost.f_globals.get(recipe[1], _MISSING)
+    if found is _MISSING and len(recipe) == 2:
+        found = vars(builtins).get(recipe[1], _MISSING)
+    if len(recipe) == 3:
+        found = vars(found).get(recipe[2], _MISSING) if isinstance(found, types.ModuleType) else _MISSING
+    return id(found) in _PYTHON_WAITS
+
+
+_MISSING = object()
+
+
+def _frames(frame) -> list:
+    """A thread's frames, innermost first, those of jaxrun's dump handler
+    and what it called left out (as ``main_stack`` does); it stops at
+    anything not a frame."""
+    found = []
+    while isinstance(frame, types.FrameType):
+        if frame.f_code is dumps.HANDLER:
+            found.clear()
+        else:
+            found.append(frame)
+        frame = frame.f_back
+    return found
