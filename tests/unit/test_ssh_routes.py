@@ -49,3 +49,39 @@ def test_a_forwarded_socket_s_process_advertises_the_routed_address_not_loopback
     coordinator = contract.unix_address(f"/tmp/jaxrun-host-b/{contract.route_socket_name('coordinator-1', own)}")
     assert addresses.reachable_address(coordinator) == own  # the first host is this machine, over the network
     assert addresses.reachable_address(coordinator) == addresses.reachable_address(f"{own}:1")
+
+
+def test_only_the_service_itself_counts_as_an_answer(tmp_path):
+    """What the launcher waits for before it forwards the other hosts'
+    sockets (issue 70): the coordination service's own first bytes, never
+    only an accept, which the ssh client gives before process 0 listens and
+    then hangs up (a far process took that for the service, and gRPC then
+    waited out a second of reconnect backoff)."""
+    import threading
+
+    from jaxlib import _jax
+
+    from jaxrun.backends.ssh.routes import service_answers
+
+    assert not service_answers(str(tmp_path / "nobody.sock"))
+    hangs_up = socket.socket(socket.AF_UNIX)
+    hangs_up.bind(str(tmp_path / "ssh.sock"))
+    hangs_up.listen()
+
+    def accept_and_close() -> None:
+        conn, _ = hangs_up.accept()
+        conn.close()
+
+    thread = threading.Thread(target=accept_and_close)
+    thread.start()
+    try:
+        assert not service_answers(str(tmp_path / "ssh.sock"))  # connected, then nothing
+    finally:
+        thread.join(10)
+        hangs_up.close()
+    path = tmp_path / "coordinator.sock"
+    service = _jax.get_distributed_runtime_service(contract.unix_address(str(path)), 1)
+    try:
+        assert service_answers(str(path))
+    finally:
+        service.shutdown()

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import posixpath
 import secrets
+import socket
 import subprocess
+import threading
 import time
 
 from jaxrun import contract, portable
@@ -45,28 +47,86 @@ def host_socket(channels: str | None, token: str, route: str) -> str | None:
     return path if len(path) <= portable.sockets.LONGEST_SOCKET_PATH else None
 
 
+# What a gRPC server answers: HTTP/2's client preface and an empty SETTINGS
+# frame, to which the server says its own SETTINGS.
+HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+ANSWER_WAIT = 2.0  # for one look's answer, once the connection is through
+LOOK_EVERY = 0.01  # between two looks, while process 0 is not listening yet
+
+
+def service_answers(path: str) -> bool:
+    """Whether the gRPC service behind the forward at ``path`` answers: its
+    first bytes, not only a connection, which the ssh client accepts before
+    process 0 listens (and hangs up once the far end finds nobody)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(ANSWER_WAIT)
+        try:
+            conn.connect(path)
+            conn.sendall(HTTP2_HELLO)
+            return bool(conn.recv(9))
+        except OSError:
+            return False
+
+
 class CoordinatorRoutes:
-    """One attempt's forwards: ``open`` adds them, ``close`` takes them away."""
+    """One attempt's forwards: ``open`` adds them, ``close`` takes them away.
+
+    The other hosts' sockets appear only once process 0's service answers
+    through the first host's forward.  Before that, a process there finds no
+    socket and looks again a few milliseconds later; had its host's sshd
+    accepted for a service not yet listening, its connection would have
+    ended at once, and gRPC would wait out its reconnect backoff (about a
+    second, which the whole job then waits with).  Whether each sshd
+    forwards at all is found at ``open``, on a socket of another name."""
 
     def __init__(self, connections) -> None:
         self.connections = connections
         self.addresses: dict[str, str] = {}  # host name -> the unix: address its processes connect to
         self.added: list[tuple[Host, str, str]] = []  # (host, -L or -R, the forward)
+        self.lock = threading.Lock()
+        self.ended = threading.Event()
+        self.linker: threading.Thread | None = None
 
     def open(self, route: str, token: str | None = None) -> str | None:
         """Add every forward; None once all are in place, else why not (and
         none is left in place).  ``route``: the first host's network address."""
         token = token or secrets.token_hex(4)
+        trial = secrets.token_hex(4)
         connections = self.connections
         hosts = list({h.name: h for h in connections.hosts}.values())  # a host listed twice: one socket
-        paths = {h.name: host_socket(connections.results[h.name].get(Key.CHANNELS), token, route) for h in hosts}
+        paths, trials = ({h.name: host_socket(connections.results[h.name].get(Key.CHANNELS), t, route) for h in hosts}
+                         for t in (token, trial))
         missing = [name for name, path in paths.items() if path is None]
         if missing:
             return f"{missing[0]} has no private folder of jaxrun's (its host agent did not start)"
         first = hosts[0]
         relay = f"{connections.dir}/k{token}"  # the launcher's end, in its private 0700 folder
         wanted = [(first, "-L", f"{relay}:{paths[first.name]}")]
-        wanted += [(h, "-R", f"{paths[h.name]}:{relay}") for h in hosts[1:]]
+        wanted += [(h, "-R", f"{trials[h.name]}:{relay}") for h in hosts[1:]]  # does its sshd forward?
+        failed = self._forward(wanted)
+        if failed:
+            self.close()
+            return failed
+        self.addresses = {name: contract.unix_address(path) for name, path in paths.items()}
+        later = [(h, "-R", f"{paths[h.name]}:{relay}") for h in hosts[1:]]
+        if later:
+            self.linker = threading.Thread(target=self._link, args=(relay, later), name="ssh-coordinator-routes",
+                                           daemon=True)
+            self.linker.start()
+        return None
+
+    def _link(self, relay: str, later: list[tuple[Host, str, str]]) -> None:
+        """The other hosts' sockets, once the service answers."""
+        while not self.ended.is_set():
+            if service_answers(relay):
+                if not self.ended.is_set():
+                    self._forward(later)
+                return
+            self.ended.wait(LOOK_EVERY)
+
+    def _forward(self, wanted: list[tuple[Host, str, str]]) -> str | None:
+        """Add ``wanted`` on the masters at once; why one failed, or None."""
+        connections = self.connections
         failed = None
         popens = []
         for host, flag, spec in wanted:
@@ -85,19 +145,20 @@ class CoordinatorRoutes:
                 code, said = None, ["no answer"]
             popen.stderr.close()
             if code == 0:
-                self.added.append((host, flag, spec))
+                with self.lock:
+                    self.added.append((host, flag, spec))
             elif failed is None:
                 failed = f"{host.name}'s sshd refused to forward a Unix socket ({said[-1] if said else f'exit {code}'})"
-        if failed:
-            self.close()
-            return failed
-        self.addresses = {name: contract.unix_address(path) for name, path in paths.items()}
-        return None
+        return failed
 
     def close(self) -> None:
         """Take the forwards off the masters (best effort: a master that has
         ended took its own with it); the socket files go with the agents' folders."""
-        added, self.added, self.addresses = self.added, [], {}
+        self.ended.set()
+        if self.linker is not None:
+            self.linker.join(self.connections.settings.connect_timeout + ANSWER_WAIT)
+        with self.lock:
+            added, self.added, self.addresses = self.added, [], {}
         popens = []
         for host, flag, spec in added:
             if host.name not in self.connections.masters:
