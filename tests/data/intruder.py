@@ -8,6 +8,8 @@ when its stdin closes (the test's "stop"):
     python intruder.py standin NAME       listen on the abstract name NAME
                                           first, and take what comes
     python intruder.py idle HOST PORT N   hold N connections that never speak
+    python intruder.py gloo HOST:PORT...  16 connections to each listener, the
+                                          i-th saying Gloo's sequence number i
 """
 
 import array
@@ -16,6 +18,7 @@ import os
 import re
 import select
 import socket
+import struct
 import sys
 import threading
 import time
@@ -145,12 +148,36 @@ def idle(host: str, port: int, count: int) -> dict:
     return {"held": len(held)}
 
 
+def gloo(addresses: list[str]) -> dict:
+    held, answered = [], 0
+    for address in addresses:
+        host, port = address.rsplit(":", 1)
+        for seq in range(16):
+            try:
+                conn = socket.create_connection((host.strip("[]"), int(port)), timeout=5)
+                conn.sendall(struct.pack("<Q", seq))
+            except OSError:
+                continue
+            held.append(conn)
+    print("connected", len(held), flush=True)
+    sys.stdin.read()
+    for conn in held:
+        conn.setblocking(False)
+        try:
+            answered += len(conn.recv(1 << 16))
+        except OSError:
+            pass
+    return {"connected": len(held), "answered": answered}
+
+
 if __name__ == "__main__":
     what = sys.argv[1]
     if what == "race":
         result = race({int(p) for p in sys.argv[2:]})
     elif what == "standin":
         result = standin(sys.argv[2])
+    elif what == "gloo":
+        result = gloo(sys.argv[2:])
     else:
         result = idle(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     print(json.dumps(result), flush=True)

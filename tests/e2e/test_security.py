@@ -11,10 +11,12 @@ same try gets through: jaxrun said so at the start, and its summary names the
 second registration instead of blaming a process of the job.
 """
 
+import contextlib
 import ipaddress
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -95,7 +97,8 @@ def intruder(nobody):
 
     def start(*args) -> subprocess.Popen:
         proc = subprocess.Popen([*command, str(home / "intruder.py"), *map(str, args)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=home)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=home,
+                                start_new_session=True)  # runuser and nobody's python: one group to kill
         started.append(proc)
         return proc
 
@@ -107,9 +110,9 @@ def intruder(nobody):
     start.stop = stop
     yield start
     for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -505,3 +508,48 @@ def test_idle_connections_to_the_console_hold_up_nothing(intruder, tmp_path, no_
             session.terminate(force=True)
         if idle is not None:
             intruder.stop(idle)
+
+
+# -- Gloo's loopback listeners (issue 70) ------------------------------------------------
+
+NETNS = 'ip link set lo up && exec "$@"'
+
+
+@pytest.mark.parametrize("where", ["shared network", "network namespace"])
+def test_another_user_reaches_gloo_s_listeners_unless_the_job_has_a_network_of_its_own(
+        where, start_job, intruder, shared_tmp, monkeypatch, no_leftover_processes):
+    """What docs/security.md says of the collectives: Gloo's listeners are
+    loopback ports, and any user of the machine may connect to them (the
+    issue's 16 connections per listener, each sending a sequence number,
+    broke the job's next gather in 2 runs of 2).  The remedy it gives: start
+    the job in a network namespace of its own; then no connection from
+    outside gets through, and the job ends whole."""
+    import fixtures.jobs
+
+    if where == "network namespace":
+        if shutil.which("unshare") is None or shutil.which("ip") is None:
+            pytest.skip("needs util-linux's unshare and iproute2's ip")
+        monkeypatch.setattr(fixtures.jobs, "JAXRUN", ["unshare", "-n", "sh", "-c", NETNS, "sh",
+                                                      *fixtures.jobs.JAXRUN])
+    go = shared_tmp / "go"
+    job = start_job("-n", 3, "--cpu-devices", 1, DATA / "late_gather_job.py", shared_tmp, go, cwd=ROOT)
+    try:
+        wait_ready(shared_tmp, 3, job)
+        tcp, _ = namespaced_listeners(no_leftover_processes)
+        assert tcp and all(address.startswith("127.0.0.1:") for address in tcp), tcp
+        attack = intruder("gloo", *tcp)
+        _, held = attack.stdout.readline().split()
+    finally:
+        go.write_text("")
+    if where == "network namespace":
+        assert job.wait(timeout=90) == 0, job.stderr
+        assert int(held) == 0, intruder.stop(attack)  # nothing from outside reaches them
+        for rank in range(3):
+            assert f"[{rank}] process {rank} done, allgather [0, 1, 2]" in job.stdout
+    else:
+        assert int(held) == 16 * len(tcp)  # every one taken
+        time.sleep(3)  # the gathers wait on the pairs it holds ...
+        intruder.stop(attack)  # ... and fail once it hangs up
+        assert job.wait(timeout=90) != 0, job.stdout
+        assert "done, allgather" not in job.stdout
+        assert "Gloo AllGather failed" in job.stderr, job.stderr  # named as the root cause
