@@ -146,10 +146,11 @@ PLACEMENT = Flag("placement", ("--placement",), "How Ray places the processes on
 
 
 BACKENDS: dict[str, BackendEntry] = {entry.name: entry for entry in (
-    # Locally jaxrun follows each process's two log files for the console
-    # (each child writes its own).
+    # Locally jaxrun holds each process's two pipes and the two log files it
+    # moves them into, and follows the files for the console: 6 (measured:
+    # the launcher's peak grows by 6 a process: bench/fds.py, setup.limits).
     BackendEntry("local", "child processes of jaxrun on this machine, forked from a preloading server by default",
-                 kind="local", fds_per_process=2, start=start_local, head_start=head_start_local, default=True),
+                 kind="local", fds_per_process=6, start=start_local, head_start=head_start_local, default=True),
     # Over SSH: the ssh session's three pipes and the two log files it pumps into.
     BackendEntry("ssh", "processes on the hosts of --hosts or -H, over the system's ssh client",
                  kind="ssh", fds_per_process=5, start=start_ssh, options=ssh_options, engine="ssh",

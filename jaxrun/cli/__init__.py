@@ -7,6 +7,7 @@ value they take, and ``helptext`` what --help and --help-all print.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
@@ -15,7 +16,8 @@ import click
 from jaxrun.cli.command import backend_option, kernel, main
 from jaxrun.cli.helptext import HELP_SECTIONS, SHORT_HELP, help_sections
 from jaxrun.cli.params import HostPort, KeyValue, MeshSpecType, RankList, Seconds, Variable
-from jaxrun.core.config import LaunchError
+from jaxrun.core.config import LaunchError, OutOfFiles
+from jaxrun.core.outcome import INTERNAL_ERROR
 from jaxrun.core.spec import PlanError
 
 __all__ = ["HELP_SECTIONS", "SHORT_HELP", "HostPort", "KeyValue", "MeshSpecType", "RankList", "Seconds", "Variable",
@@ -92,14 +94,22 @@ def _entry(argv: list[str]) -> None:
         _error_line(e.format_message())
     except (LaunchError, PlanError) as e:
         _error_line(str(e))
+    except OutOfFiles as e:
+        _error_line(str(e), INTERNAL_ERROR)
+    except OSError as e:
+        if e.errno not in (errno.EMFILE, errno.ENFILE):
+            raise
+        from jaxrun.launcher.setup.limits import out_of_files_line
+
+        _error_line(out_of_files_line(e), INTERNAL_ERROR)  # the run's finally has killed what it started
     except click.Abort:
         sys.exit(130)
 
 
-def _error_line(message: str) -> None:
+def _error_line(message: str, code: int = 2) -> None:
     """The refusal, in one write (line and newline together, however
     stderr is buffered: mpirun merges its tasks' stderr at write
-    boundaries), and exit 2."""
+    boundaries), and exit 2 (or ``code``)."""
     sys.stderr.write(f"jaxrun: error: {message}\n")
     sys.stderr.flush()
-    sys.exit(2)
+    sys.exit(code)

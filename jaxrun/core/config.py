@@ -27,6 +27,12 @@ class LaunchError(Exception):
     """Bad input found before anything started: exit 2 with this one line."""
 
 
+class OutOfFiles(Exception):
+    """jaxrun cannot have the open files it needs, for what is open already
+    (inherited descriptors) or a limit the system hit at start-up (EMFILE,
+    ENFILE): exit 70 with this one line, no process left."""
+
+
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
     """Built once, from the command line, and never changed after."""

@@ -12,6 +12,7 @@ than a folder of its own).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -27,8 +28,19 @@ SHOWN_ARGV = 160  # characters of the holder's command line in the refusal
 class Claim:
     """A log folder held by this run until ``release``."""
 
-    def __init__(self, fd: int):
-        self.fd = fd
+    def __init__(self, fd: int, folder: str, made: bool):
+        self.fd, self.folder, self.made = fd, folder, made
+
+    def kept(self) -> bool:
+        """Whether the folder stays: a folder this run made and left with
+        nothing but its lock (a refusal before anything started) goes, as
+        if it had never been made."""
+        if self.made and os.listdir(self.folder) == [LOCK]:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self.folder, LOCK))
+                os.rmdir(self.folder)
+                return False
+        return os.path.isdir(self.folder)
 
     def release(self) -> None:
         if self.fd >= 0:
@@ -39,10 +51,12 @@ class Claim:
 def claim(log_dir: str, run_id: str, argv: list[str]) -> Claim:
     """Claim ``log_dir`` (made 0700 if it is not there), or refuse: another
     running job holds it.  Raises LaunchError in one line."""
+    made = False
     try:
         os.makedirs(os.path.dirname(log_dir), exist_ok=True)
         try:
             os.mkdir(log_dir, 0o700)
+            made = True
         except FileExistsError:
             pass
         fd = os.open(os.path.join(log_dir, LOCK), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -58,7 +72,7 @@ def claim(log_dir: str, run_id: str, argv: list[str]) -> Claim:
     me = {"run_id": run_id, "pid": os.getpid(), "started": time.time(), "argv": argv}
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(me).encode(), 0)
-    return Claim(fd)
+    return Claim(fd, log_dir, made)
 
 
 def described(holder: bytes) -> str:

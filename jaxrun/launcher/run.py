@@ -157,7 +157,7 @@ def run(config: RunConfig, backend: Backend | None = None, console: TextIO | Non
     finally:
         if listening is not None:
             listening.close()
-        if os.path.isdir(config.log_dir):
+        if held.kept():  # else a folder it made was left empty: gone again
             history.record_run(config.log_dir, ["jaxrun", *sys.argv[1:]], code, started)
         reaper.kill_descendants()  # daemons of the last attempt, and anything a backend left
         control.restore()

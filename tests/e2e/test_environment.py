@@ -8,12 +8,16 @@ own ever ends the job or loses its output silently.
   refused in one line that names the first, and touches nothing of it.
 - A SIGKILLed jaxrun's coordination service socket is removed by the next
   command, as its control channel's is.
+- File limits: the open-file estimate is measured and counts what is open
+  already; a small job runs under a small limit, and descriptors inherited
+  up to the limit are one line and exit 70, with nothing started.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import time
 
@@ -172,3 +176,37 @@ def test_a_sigkilled_runs_coordinator_socket_is_removed_by_the_next_command(laun
         code, out, err = jaxrun("-n", 2, "--cpu-devices", 1, "--log-dir", tmp_path / "next", JOINER, go)
         assert code == 0, err
     assert not os.path.exists(path)
+
+
+# -- file limits ---------------------------------------------------------------------------------
+
+
+def limited(limit: int, inherited: int = 0):
+    """A preexec_fn: ``inherited`` descriptors open (as a shell may pass on), then ``ulimit -n limit``."""
+
+    def pre() -> None:
+        for _ in range(inherited):
+            os.set_inheritable(os.open(os.devnull, os.O_RDONLY), True)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+    return pre
+
+
+def test_one_process_runs_under_ulimit_n_64(jaxrun, tmp_path):
+    go = tmp_path / "go"
+    go.touch()
+    code, out, err = jaxrun("-n", 1, "--log-dir", tmp_path / "logs", JOINER, go, preexec_fn=limited(64))
+    assert code == 0, err
+    assert "joined 0" in out
+
+
+def test_descriptors_inherited_up_to_the_limit_are_one_line_and_exit_70_with_nothing_started(jaxrun, tmp_path):
+    go = tmp_path / "go"
+    go.touch()
+    logs = tmp_path / "logs"
+    code, out, err = jaxrun("-n", 1, "--log-dir", logs, JOINER, go, preexec_fn=limited(64, inherited=64),
+                            close_fds=False)
+    assert code == 70, err
+    assert err.count("\n") == 1 and err.startswith("jaxrun: error: -n 1: jaxrun needs about "), err
+    assert "are open already (inherited) and the open-file limit is 64 (ulimit -Hn)" in err
+    assert out == "" and not logs.exists()

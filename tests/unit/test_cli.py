@@ -14,7 +14,7 @@ from fixtures.jobs import JAXRUN, ROOT
 from jaxrun import cli
 from jaxrun.core.config import LaunchError
 from jaxrun.core.ranks import console_rank_set
-from jaxrun.launcher.setup import configure
+from jaxrun.launcher.setup import configure, limits
 
 
 def run_cli(*args, env=None, cwd=None):
@@ -185,16 +185,17 @@ def test_bad_coordinator_fails_cleanly(value):
 
 
 def test_scale_names_the_open_file_limit():
-    problem = configure.scale_problem(100_000_000, 2, "local", nofile_hard=20000, pid_max=4194304)
-    assert problem == ("-n 100000000: jaxrun needs about 200000064 open files for that many processes "
-                       "(2 each, local run), but the open-file limit is 20000 (ulimit -Hn); at most 9968 processes")
-    assert "(9 each, scheduler run)" in configure.scale_problem(3000, 9, "scheduler", nofile_hard=20000,
+    problem = limits.scale_problem(100_000_000, 2, "local", nofile_hard=20000, pid_max=4194304)
+    assert problem == ("-n 100000000: jaxrun needs about 200000027 open files for that many processes "
+                       "(2 each, local run), but the open-file limit is 20000 (ulimit -Hn); at most 9986 processes")
+    assert "(9 each, scheduler run)" in limits.scale_problem(3000, 9, "scheduler", nofile_hard=20000,
                                                                 pid_max=4194304)
-    assert configure.scale_problem(9968, 2, "local", nofile_hard=20000, pid_max=4194304) is None
+    assert limits.scale_problem(9986, 2, "local", nofile_hard=20000, pid_max=4194304) is None
+    assert limits.scale_problem(9987, 2, "local", nofile_hard=20000, pid_max=4194304) is not None
 
 
 def test_scale_names_the_pid_limit_when_files_are_plenty():
-    problem = configure.scale_problem(100_000, 2, "local", nofile_hard=1 << 30, pid_max=32768)
+    problem = limits.scale_problem(100_000, 2, "local", nofile_hard=1 << 30, pid_max=32768)
     assert problem.startswith("-n 100000: this machine numbers at most 32768 processes and threads (kernel.pid_max)")
     assert problem.endswith("at most 16384 processes")
 

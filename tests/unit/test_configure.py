@@ -16,8 +16,9 @@ import pytest
 from jaxrun.backends import BACKENDS, create_backend
 from jaxrun.backends.scheduler.options import MpirunOptions, SlurmOptions
 from jaxrun.backends.ssh.options import SshOptions
-from jaxrun.core.config import BackendEntry, Flag, LaunchError
+from jaxrun.core.config import BackendEntry, Flag, LaunchError, OutOfFiles
 from jaxrun.launcher.setup.configure import System, config_from_args
+from jaxrun.launcher.setup.limits import FDS_RESERVED
 
 # Every value the command hands over when nothing is given (click's defaults).
 NOTHING_GIVEN = {
@@ -37,9 +38,10 @@ class FakeSystem(System):
     jaxrun would change on it."""
 
     def __init__(self, environ=None, programs=("srun", "mpirun", "ssh", "python3"), gpus=None,
-                 limits=(1 << 20, 1 << 20), pid_max=4194304):
+                 limits=(1 << 20, 1 << 20), pid_max=4194304, open_files=3):
         super().__init__(dict(environ or {}))
         self.programs, self.gpus, self.limits, self.pids = set(programs), gpus, limits, pid_max
+        self.open = open_files  # descriptors open before the check (the standard streams, inherited ones)
         self.gpu_counts = 0
         self.raised = False
 
@@ -52,6 +54,9 @@ class FakeSystem(System):
 
     def open_file_limits(self):
         return self.limits
+
+    def open_files(self):
+        return self.open
 
     def raise_open_file_limit(self):
         self.raised = True
@@ -214,10 +219,10 @@ def test_python_is_checked_here_unless_the_processes_run_over_ssh(script):
     assert configured(script, host_opts=("a",), python="nopython").options.python == "nopython"
 
 
-@pytest.mark.parametrize("given, each, kind", [({}, 2, "local"), ({"host_opts": ("a:4",)}, 5, "ssh"),
+@pytest.mark.parametrize("given, each, kind", [({}, 6, "local"), ({"host_opts": ("a:4",)}, 5, "ssh"),
                                                ({"launcher": "mpirun"}, 9, "scheduler")])
 def test_the_open_file_budget_is_the_backend_s(script, given, each, kind):
-    need = 64 + each * 4
+    need = 3 + FDS_RESERVED + each * 4  # the standard streams, the launcher's own (measured), the processes
     with pytest.raises(LaunchError, match=fr"needs about {need} open files .*\({each} each, {kind} run\)"):
         configured(script, num_processes=4, system=FakeSystem(limits=(need - 1, need - 1)), **given)
     short = FakeSystem(limits=(need - 1, need))
@@ -226,6 +231,20 @@ def test_the_open_file_budget_is_the_backend_s(script, given, each, kind):
     plenty = FakeSystem(limits=(need, need))
     configured(script, num_processes=4, system=plenty, **given)
     assert not plenty.raised
+
+
+def test_what_is_open_already_counts_and_is_one_line_with_exit_70(script):
+    """Descriptors inherited from the shell count against the same limit: a
+    job that fits an empty launcher but not this one is OutOfFiles (exit 70)."""
+    need = 3 + FDS_RESERVED + 6
+    configured(script, num_processes=1, system=FakeSystem(limits=(need, need)))
+    with pytest.raises(OutOfFiles, match=r"^-n 1: jaxrun needs about 30 more open files \(6 for each process, local "
+                                         r"run\), but 40 are open already \(inherited\) and the open-file limit is "
+                                         fr"{need} \(ulimit -Hn\); close them, or raise the limit$"):
+        configured(script, num_processes=1, system=FakeSystem(limits=(need, need), open_files=40))
+    # One that cannot fit however little is open stays bad input (exit 2), as before.
+    with pytest.raises(LaunchError, match="at most 0 processes"):
+        configured(script, num_processes=1, system=FakeSystem(limits=(need - 1, need - 1)))
 
 
 def test_gpus_are_counted_only_for_several_local_processes(script):
@@ -282,7 +301,7 @@ def test_a_new_backend_brings_its_options_and_costs_without_other_changes(script
     assert config.options.scheduled
     with pytest.raises(LaunchError, match=r"\(3 each, cloud run\)"):
         configured(script, backends=backends, launcher="cloud", pool="", num_processes=10,
-                   system=FakeSystem(limits=(70, 70)))
+                   system=FakeSystem(limits=(50, 50)))
     # --nodes and its kin are the srun/mpirun steps' (kind "scheduler"), not every scheduled backend's.
     refused(script, "--nodes, --ntasks-per-node and --scheduler-arg need --launcher slurm or mpirun",
             backends=backends, nodes=2)

@@ -26,17 +26,12 @@ from jaxrun.contract import devices
 from jaxrun.core import forward, logfiles, modes
 from jaxrun.core.config import BackendEntry, LaunchError, RunConfig, declared_flags, on_github_actions
 from jaxrun.core.ranks import console_rank_set
-from jaxrun.launcher.setup import allocation, plan as planning
+from jaxrun.launcher.setup import allocation, limits, plan as planning
 from jaxrun.launcher.setup.devices import MEET_ON_CPU, check_loopback, free_ports, loopback_refused, tpu_share
 
 # The most accelerators one process may own when jaxrun cannot count them
 # (remote hosts, TPUs): more than any one host has.
 MAX_DEVICES_PER_PROCESS = 256
-# File descriptors jaxrun holds for itself, whatever the backend: standard
-# streams, the lifeline pipe, the pump's selector and inotify, the fork
-# server's socket, a process being started.  (Each process's own cost is
-# its backend entry's.)
-FDS_RESERVED = 64
 # A hosts file lists hosts; more than this is not one (--hosts /dev/zero).
 MAX_HOSTS_FILE = 1 << 20
 # The folder of a local run's log folder where its attempts share JAX's compile cache.
@@ -70,6 +65,10 @@ class System:
 
     def open_file_limits(self) -> tuple[int, int]:
         return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+    def open_files(self) -> int:
+        """How many file descriptors this process holds now (inherited ones too)."""
+        return limits.open_files()
 
     def raise_open_file_limit(self) -> None:
         """Soft to hard, as other launchers do (the processes inherit it)."""
@@ -109,7 +108,7 @@ def config_from_args(values: Mapping[str, Any], backends: Mapping[str, BackendEn
         extra_env = {**forward.forwarded(system.environ), **extra_env}
     layout = allocation.process_count(values, entry, hosts, system.environ)
     num_processes = layout.count
-    check_scale(num_processes, entry, system)
+    limits.check_scale(num_processes, entry, system)
     if hosts:
         planning.assign_hosts(hosts, num_processes)  # too few slots: exit 2 before any ssh
     min_hosts = elastic_minimum(values, entry, hosts, num_processes, system.environ)
@@ -332,37 +331,6 @@ def exported_env(exports: Sequence[str], env_pairs: Sequence[tuple[str, str]],
         env[key] = environ[key]
     env.update(env_pairs)
     return env
-
-
-def check_scale(num_processes: int, entry: BackendEntry, system: System) -> None:
-    """Refuse a job this machine cannot hold, naming the limit, before a plan
-    of that size is even built.  When the soft open-file limit is too low for
-    it, raise it to the hard one."""
-    soft, hard = system.open_file_limits()
-    problem = scale_problem(num_processes, entry.fds_per_process, entry.kind, hard, system.pid_max())
-    if problem:
-        raise LaunchError(problem)
-    if soft != resource.RLIM_INFINITY and fds_needed(num_processes, entry.fds_per_process) > soft:
-        system.raise_open_file_limit()
-
-
-def fds_needed(num_processes: int, per_process: int) -> int:
-    return FDS_RESERVED + per_process * num_processes
-
-
-def scale_problem(num_processes: int, per_process: int, kind: str, nofile_hard: int, pid_max: int) -> str | None:
-    """Why ``num_processes`` processes, each costing jaxrun ``per_process``
-    open files in a ``kind`` run, do not fit here; or None."""
-    need = fds_needed(num_processes, per_process)
-    if nofile_hard != resource.RLIM_INFINITY and need > nofile_hard:
-        most = max(0, (nofile_hard - FDS_RESERVED) // per_process)
-        return (f"-n {num_processes}: jaxrun needs about {need} open files for that many processes "
-                f"({per_process} each, {kind} run), but the open-file limit is {nofile_hard} "
-                f"(ulimit -Hn); at most {most} processes")
-    if num_processes > pid_max // 2:  # each process, and jaxrun's thread waiting for it, takes a pid here
-        return (f"-n {num_processes}: this machine numbers at most {pid_max} processes and threads "
-                f"(kernel.pid_max), and jaxrun needs two for each process; at most {pid_max // 2} processes")
-    return None
 
 
 def check_devices_per_process(per_process: int | None, local_gpus: int | None = None) -> None:
