@@ -12,7 +12,7 @@ import io
 import os
 import stat
 
-from jaxrun.contract.names import BUSY, FINISHED, IDLE, RECOVERABLE, SPIN
+from jaxrun.contract.names import BUSY, FINISHED, IDLE, PARKED, RECOVERABLE, SPIN
 
 # -- reading back what a process left ---------------------------------------------------
 # Every log and record is read after a run through these three: only a regular
@@ -232,8 +232,8 @@ ACTIVITY_LINE_MAX = 40  # bytes: the longest line a sampler writes (a SPIN line)
 
 
 def activity_word(said: str) -> str | None:
-    """The state an activity line says (BUSY, IDLE, SPIN or FINISHED), or
-    None for a line that is none of them."""
-    if said in (BUSY, IDLE, FINISHED):
+    """The state an activity line says (BUSY, IDLE, PARKED, SPIN or
+    FINISHED), or None for a line that is none of them."""
+    if said in (BUSY, IDLE, PARKED, FINISHED):
         return said
     return SPIN if Spinning.of(said) is not None else None

@@ -40,7 +40,11 @@ RECOVERABLE_MODE = "JAXRUN_RECOVERABLE"
 # the script returned.  SPIN: the process's own threads burn CPU while its
 # Python has not moved (native threads in a busy wait, as NCCL's in a hang);
 # its line says how many and their CPU in cores ("spin 2 1.97", see
-# contract.Spinning), and counts as not moving, as IDLE does.
+# contract.Spinning), and counts as not moving, as IDLE does.  PARKED: idle
+# (no CPU, no I/O, its stack unmoved) with the main thread parked in a wait of
+# Python's own, outside JAX, while no thread of the script's is inside JAX;
+# not moving too, and the evidence that a wait every process shares at one
+# line is a stall (IDLE alone may be a program running on an accelerator).
 STALL_TIMEOUT = "JAXRUN_STALL_TIMEOUT"
 ACTIVITY_FILE = "JAXRUN_ACTIVITY_FILE"
 # Where the shim writes what the process spent on compiles and checkpoint
@@ -52,6 +56,7 @@ MARKS_FILE = "JAXRUN_MARKS_FILE"
 STALL_EXIT = 125  # jaxrun's exit status when the watchdog stopped a stalled job
 BUSY = "busy"
 IDLE = "idle"
+PARKED = "parked"
 SPIN = "spin"
 FINISHED = "finished"
 # The time accounting (child.accounting; on unless --no-account, which sets

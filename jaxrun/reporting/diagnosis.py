@@ -252,6 +252,10 @@ def stall_lines(stall: Stall, records: list[ProcessRecord]) -> list[str]:
     """The stall in two lines: how long, then who stands out and where the
     others wait (and whose threads spun there)."""
     head = f"the job stalled: no process made progress for {stall.seconds:g} s"
+    if stall.waiting is None and len(stall.odd) == 1:  # every process at one line, parked outside JAX
+        group = stall.odd[0]
+        return [head, f"{group_name(group, records)} {'stand' if len(group.ranks) > 1 else 'stands'} still at "
+                      f"{group.place.text()}, parked outside JAX with no CPU and no I/O"]
     if stall.waiting is None:
         parts = "; ".join(f"{group_name(g, records)} at {g.place.text()}{spun(g, stall)}" for g in stall.odd)
         return [head, f"the processes wait at different places: {parts}"]

@@ -86,14 +86,14 @@ JOINED_MARKER = b"\x00\x1bjaxrun-joined\n"
 JOINED_RECOVERABLE_MARKER = b"\x00\x1bjaxrun-joined-recoverable\n"
 # Written the same way each time the controller's stall-watchdog sampler
 # changes state (see contract.ACTIVITY_FILE): the activity line between the
-# marker's head and a newline.  busy, idle and finished are these fixed
+# marker's head and a newline.  busy, idle, parked and finished are these fixed
 # markers; a SPIN line carries its details ("spin 2 1.97"), and so does the
 # account's TIME line (contract.TimeSplit: "time 1733390000.000 10.020
 # ..."), so their markers are read by ``detail_marker`` and
 # ``detail_marker_start``.
 MARKER_HEAD = b"\x00\x1bjaxrun-"  # what every in-band marker begins with
 ACTIVITY_MARKERS = {state: MARKER_HEAD + b"%s\n" % state.encode()
-                    for state in (contract.BUSY, contract.IDLE, contract.FINISHED)}
+                    for state in (contract.BUSY, contract.IDLE, contract.PARKED, contract.FINISHED)}
 DETAIL_HEADS = tuple(MARKER_HEAD + word.encode() + b" " for word in (contract.SPIN, contract.TIME))
 DETAIL_MARKER_MAX = len(MARKER_HEAD) + max(contract.ACTIVITY_LINE_MAX, contract.TIME_LINE_MAX) + 1
 _DETAIL_BYTES = frozenset(b"0123456789. ")

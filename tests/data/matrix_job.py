@@ -26,7 +26,11 @@ for it in a collective, until the stall watchdog stops the job); ``spin``
 on ``sched_yield``, from ``libspin.so`` beside this script, which the test
 compiles (tests/fixtures/spinner.py), marks ``fault`` and parks its main
 thread in ``threading.Event().wait()``, while the others wait for it in a
-collective, until the stall watchdog stops the job).
+collective, until the stall watchdog stops the job); ``parked`` (every
+process, marking ``fault`` first, parks in ``while True: time.sleep(1)``,
+outside JAX, until the stall watchdog stops the job); ``queue`` (every
+process waits for a batch from an empty queue whose loader thread died,
+until the stall watchdog stops the job).
 """
 
 import os
@@ -116,6 +120,21 @@ elif FAULT == "spin" and RANK == 2:
     threading.Event().wait()  # parked, while its threads spin
 elif FAULT == "spin":
     collective()
+elif FAULT == "parked":
+    mark("fault", repr(time.time()))
+    while True:
+        time.sleep(1)  # every process parked here
+elif FAULT == "queue":
+    import queue
+
+    batches: queue.Queue = queue.Queue()
+
+    def load() -> None:
+        raise RuntimeError("the loader died")  # and nothing will come
+
+    threading.Thread(target=load, daemon=True).start()
+    mark("fault", repr(time.time()))
+    batch = batches.get()  # every process waits here for a batch
 elif FAULT == "idle":
     # Python code between short sleeps, so that the handler runs at once.
     deadline = time.monotonic() + 300

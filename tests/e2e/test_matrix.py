@@ -143,7 +143,7 @@ class Fault:
 
     @property
     def stalls(self) -> bool:
-        """The job hangs until the stall watchdog stops it (stuck, spin)."""
+        """The job hangs until the stall watchdog stops it (stuck, spin, parked, queue)."""
         return "--stall-timeout" in self.flags
 
 
@@ -241,6 +241,17 @@ FAULTS = [
                r"threading.Event\(\).wait\(\)  # parked, while its threads spin \(its Python stood still while [12] "
                r"of its own threads spun, [\d.]+ cores of CPU\); processes 0, 1, 3 wait at \S+matrix_job.py:\d+ in "
                r"collective", flags=("--stall-timeout", STALL), extra=stacks_dumped),
+    # Every process stands at one line, outside JAX, with no CPU and no I/O
+    # (issue 71): stuck however many stand there, one group named at its
+    # line.  Before, a warning every STALL ("not a stall") until STUCK.
+    Fault("parked", "parked", "job", 125, within=STALL + 15, root=0,
+          says=r"^jaxrun:   processes 0, 1, 2, 3 stand still at \S+matrix_job.py:\d+ in <module>: time.sleep\(1\)  "
+               r"# every process parked here, parked outside JAX with no CPU and no I/O$",
+          flags=("--stall-timeout", STALL), extra=stacks_dumped),
+    Fault("queue", "queue", "job", 125, within=STALL + 15, root=0,
+          says=r"^jaxrun:   processes 0, 1, 2, 3 stand still at \S+matrix_job.py:\d+ in <module>: batch = "
+               r"batches.get\(\)  # every process waits here for a batch, parked outside JAX",
+          flags=("--stall-timeout", STALL), extra=stacks_dumped),
 ]
 CRASHES = [f for f in FAULTS if f.crash and not f.stalls]
 

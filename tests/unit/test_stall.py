@@ -48,12 +48,14 @@ class Sampler:
         self.main_system = 0.0  # of MAIN's CPU, the share that was system time
         self.gil_free = True
         self.stack = ((code("/work/train.py", "<module>"), 12),)
+        self.parked = False  # the main thread waits in a wait of Python's own (place.parked_in_python)
         self.live = activity.Sampler(str(tmp_path / "progress"), 1.0, clock=self.clock, cpu=lambda: self.cpu,
                                       io=lambda: self.io, stack=lambda: self.stack, children=lambda: self.kids,
                                       threads=lambda: None if self.threads is None else dict(self.threads),
                                       python=lambda: (self.work, self.own), main_tid=MAIN,
                                       main_times=self.main_times, gil_free=lambda: self.gil_free,
-                                      waits=lambda: None if self.waits is None else dict(self.waits))
+                                      waits=lambda: None if self.waits is None else dict(self.waits),
+                                      parked=lambda: self.parked)
 
     def main_times(self) -> tuple[float, float] | None:
         if self.threads is None:
@@ -861,7 +863,7 @@ def test_a_real_helper_thread_starved_of_cpu_works_and_without_the_wait_it_looke
 
     said = ast.literal_eval(out.stdout.strip().splitlines()[-1])
     assert set(said["waits"][2:]) == {contract.BUSY}, said
-    assert contract.IDLE in said["cpu-only"][2:], said
+    assert {contract.IDLE, contract.PARKED} & set(said["cpu-only"][2:]), said  # not moving: parked in its wait
 
 
 FORKED_MAIN = """
@@ -946,4 +948,132 @@ def test_a_parked_main_thread_asked_for_dumps_again_and_again_never_looks_moved(
             child.wait()
     said = out.split()
     assert dumps > 50 and len(said) == 30, (dumps, out)
-    assert set(said) == {contract.IDLE}, said
+    assert set(said) == {contract.PARKED}, said  # in an event's wait: Python's own, outside JAX
+
+
+# -- every process at one line: parked outside JAX (issue 71) ----------------------------
+
+JAX_FRAME = (code("/site-packages/jax/_src/array.py", "_value"), 4)
+
+
+def test_an_idle_process_parked_in_pythons_own_wait_outside_jax_says_parked(tmp_path):
+    s = Sampler(tmp_path)
+    s.threads, s.parked = {MAIN: 0.0}, True
+    assert s.says(1.0) == contract.PARKED  # time.sleep, a queue's get: no CPU, no I/O, outside JAX
+    assert s.says(1.0, io=10 * activity.BUSY_IO) == contract.BUSY  # a save writes
+    assert s.burn(1.0, HELPER=0.5) == contract.BUSY  # a loader thread computes
+    assert s.says(1.0) == contract.PARKED
+    # Inside JAX, the CPU idle: a program on an accelerator.  Idle, never parked.
+    assert s.says(1.0, stack=(JAX_FRAME, *s.stack)) == contract.BUSY  # it moved there
+    assert s.says(1.0) == contract.IDLE
+    # At the script's line, in a native call of jaxlib's (np.asarray(y)): not parked in Python's own wait.
+    s.says(1.0, stack=((code("/work/train.py", "<module>"), 30),))
+    assert s.says(1.0, parked=False) == contract.IDLE
+
+
+SLEEPER = compile("def park(event):\n    event.set()\n    time.sleep(60)\n", "/work/train.py", "exec")
+IN_JAX = compile("def program(event):\n    event.set()\n    time.sleep(60)\n", "/site-packages/jax/_src/pjit.py",
+                 "exec")
+NATIVE = compile("def native(event, libc):\n    event.set()\n    libc.sleep(60)\n", "/work/train.py", "exec")
+
+
+def parked_thread(source, name: str, *args):
+    """A daemon thread of the script's parked in ``name`` of ``source`` (a
+    function that sets its event, then waits), once it waits."""
+    import threading
+    import time as time_module
+
+    space = {"time": time_module}
+    exec(source, space)  # noqa: S102 - the test's own code, under the file name it pretends
+    event = threading.Event()
+    thread = threading.Thread(target=space[name], args=(event, *args), daemon=True)
+    thread.start()
+    event.wait(10)
+    time.sleep(0.05)
+    return thread
+
+
+def test_parked_in_pythons_own_wait_is_read_from_the_threads_frames():
+    import ctypes
+    import queue
+    import threading
+
+    asleep = parked_thread(SLEEPER, "park")
+    assert place.parked_in_python(asleep.ident)  # time.sleep, called by its global name
+
+    getter = threading.Thread(target=queue.Queue().get, daemon=True)  # a loader that died: nothing comes
+    getter.start()
+    time.sleep(0.1)
+    assert place.parked_in_python(getter.ident)  # the innermost frame is the standard library's
+
+    libc = ctypes.CDLL(None)
+    native = parked_thread(NATIVE, "native", libc)
+    assert not place.parked_in_python(native.ident)  # a native call it cannot name: np.asarray(y), say
+    assert not place.parked_in_python(parked_thread(IN_JAX, "program").ident)  # inside JAX
+
+    # Another thread of the script's inside JAX (a program it runs for the main thread): none is parked.
+    assert not place.parked_in_python(asleep.ident) and not place.parked_in_python(getter.ident)
+
+
+def heard_for(w, clock, states: dict[int, str], seconds: float) -> None:
+    for rank, said in states.items():
+        w.heard(rank, said)
+    clock.now += seconds
+
+
+def probe_with(w, clock, logs, lines: dict[int, str]) -> object:
+    """Probe, let each process dump ``lines[rank]`` (a dump's frame lines), and decide."""
+    assert w.tick()[1] == "probe"
+    for rank, frames in lines.items():
+        with open(logs[rank], "a") as f:
+            f.write(f"Current thread 0x02 (most recent call first):\n{frames}{ENTRY}")
+    clock.now += 0.1
+    return w.tick()[1]
+
+
+AT_SLEEP = '  File "/work/t.py", line 5 in <module>\n'
+AT_PROGRAM = '  File "/site-packages/jax/_src/array.py", line 640 in _value\n  File "/work/t.py", line 9 in step\n'
+
+
+def test_every_process_parked_at_one_line_for_the_timeout_is_a_stall(tmp_path):
+    w, clock, notes, logs = watch(tmp_path, n=3)
+    heard_for(w, clock, dict.fromkeys(range(3), contract.PARKED), 10.1)
+    found = probe_with(w, clock, logs, dict.fromkeys(range(3), AT_SLEEP))
+    assert isinstance(found, stall.Stall) and found.waiting is None, (found, notes)
+    assert [g.ranks for g in found.odd] == [(0, 1, 2)] and found.odd[0].place.at == "/work/t.py:5"
+    from jaxrun.reporting import diagnosis
+
+    lines = diagnosis.stall_lines(found, [])
+    assert lines[1] == ("processes 0, 1, 2 stand still at /work/t.py:5 in <module>, parked outside JAX with no "
+                        "CPU and no I/O"), lines
+
+    (tmp_path / "alone").mkdir()
+    alone, clock, notes, logs = watch(tmp_path / "alone", n=1)  # one process: as stuck, nobody to share its line
+    heard_for(alone, clock, {0: contract.PARKED}, 10.1)
+    assert [g.ranks for g in probe_with(alone, clock, logs, {0: AT_SLEEP}).odd] == [(0,)]
+
+
+@pytest.mark.parametrize("states, dumped", [
+    # A program on an accelerator: the CPU idle, the main thread inside JAX (or in jaxlib's native call).
+    ((contract.IDLE,) * 3, AT_PROGRAM),
+    ((contract.IDLE,) * 3, AT_SLEEP),
+    # One that waits in a way the sampler cannot name, among parked ones.
+    ((contract.PARKED, contract.IDLE, contract.PARKED), AT_SLEEP),
+    # Parked to the samplers, inside JAX to the dumps: the dumps' word stands.
+    ((contract.PARKED,) * 3, AT_PROGRAM),
+], ids=["inside-jax", "native-call", "one-not-parked", "dumped-inside-jax"])
+def test_one_shared_line_without_every_process_parked_outside_jax_is_no_stall(tmp_path, states, dumped):
+    w, clock, notes, logs = watch(tmp_path, n=3)
+    heard_for(w, clock, dict(enumerate(states)), 10.1)
+    assert probe_with(w, clock, logs, dict.fromkeys(range(3), dumped)) is None
+    assert len(notes) == 1 and "not a stall, as one long program on an accelerator looks the same" in notes[0]
+
+
+def test_a_process_parked_for_less_than_the_timeout_stalls_a_timeout_later(tmp_path):
+    w, clock, notes, logs = watch(tmp_path, n=2)
+    heard_for(w, clock, {0: contract.PARKED, 1: contract.IDLE}, 6)  # 1 waits on a program of another thread's
+    heard_for(w, clock, {1: contract.PARKED}, 4.1)  # that thread is done: parked from here on
+    assert probe_with(w, clock, logs, dict.fromkeys(range(2), AT_SLEEP)) is None and len(notes) == 1
+    clock.now += 10
+    found = probe_with(w, clock, logs, dict.fromkeys(range(2), AT_SLEEP))
+    assert [g.ranks for g in found.odd] == [(0, 1)]

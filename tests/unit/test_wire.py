@@ -151,6 +151,7 @@ def test_the_in_band_marks_stay_what_they_were():
     assert ssh.JOINED_MARKER == b"\x00\x1bjaxrun-joined\n"
     assert ssh.JOINED_RECOVERABLE_MARKER == b"\x00\x1bjaxrun-joined-recoverable\n"
     assert ssh.ACTIVITY_MARKERS == {contract.BUSY: b"\x00\x1bjaxrun-busy\n", contract.IDLE: b"\x00\x1bjaxrun-idle\n",
+                                   contract.PARKED: b"\x00\x1bjaxrun-parked\n",
                                    contract.FINISHED: b"\x00\x1bjaxrun-finished\n"}
     assert ssh.env_frame({"A": "b"}) == b'0000000010{"A": "b"}'
     report = b'\x00\x1bjaxrun-error-record {"error": "e", "resources": null, "pid": 3}\n'

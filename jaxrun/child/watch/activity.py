@@ -24,6 +24,13 @@ the time account too) has the watchdog look at the process every
 
 A process that waits in a collective, in ``time.sleep`` or on a lock uses
 well under 1% of a core (JAX's own background threads included): IDLE.
+Where its main thread is then parked in a wait of Python's own, outside
+JAX, while no thread of the script's is inside JAX (``place.parked_in_python``:
+a queue's ``get``, an event, ``time.sleep``), it says PARKED instead: it is
+known to wait on no program.  IDLE alone may be a program running on an
+accelerator (the CPU idle while the device computes), so the launcher takes
+a wait every process shares at one line for a stall only where each said
+PARKED for the whole timeout.
 A third state is neither: SPIN, the process's own threads burn CPU while
 its Python has not moved.  That is a GPU job's hang as NCCL shows it: the
 culprit's native threads (no Python frame) loop on ``sched_yield`` at 100%
@@ -63,8 +70,8 @@ own CPU and I/O are left out of the process's: at 300 threads its reads
 were 64 KiB a look, and passed for progress (issue 61).
 
 What the launcher hears is only the changes: the file
-``contract.ACTIVITY_FILE`` holds one line, ``busy``, ``idle`` or ``spin N
-CORES`` (``contract``'s words, ``contract.Spinning``), rewritten whole (a
+``contract.ACTIVITY_FILE`` holds one line, ``busy``, ``idle``, ``parked`` or
+``spin N CORES`` (``contract``'s words, ``contract.Spinning``), rewritten whole (a
 new file renamed over the old) each time the state changes (for SPIN: or
 the number of threads).  The launcher reads it, or the far-end agent does
 and sends the change home.  Where each process waits is not reported here:
@@ -80,7 +87,7 @@ import time
 
 from jaxrun import contract, portable
 from jaxrun.child.watch import sampler
-from jaxrun.child.watch.place import busy_place, inside_jax, main_stack
+from jaxrun.child.watch.place import busy_place, inside_jax, main_stack, parked_in_python
 
 MAX_INTERVAL = 5.0
 MIN_INTERVAL = 0.05
@@ -210,11 +217,13 @@ class Sampler:
 
     def __init__(self, path: str, interval: float, clock=time.monotonic, cpu=others_cpu,
                  io=portable.io_bytes, stack=None, children=None, threads=portable.thread_cpu, python=None,
-                 main_times=None, gil_free=None, main_tid: int | None = None, waits=portable.thread_waits):
+                 main_times=None, gil_free=None, main_tid: int | None = None, waits=portable.thread_waits,
+                 parked=None):
         self.path, self.interval = path, interval
         self.clock, self.cpu, self.io = clock, cpu, io
         main = threading.main_thread()
         self.stack = stack or (lambda: main_stack(main.ident))
+        self.parked = parked or (lambda: parked_in_python(main.ident))  # asked only of an idle look
         self.children = children or children_cpu
         self.threads = threads  # each thread's CPU seconds, or None (read only when the process used CPU)
         self.waits = waits  # each thread's seconds waiting for a CPU, or None (read with the CPU seconds)
@@ -237,9 +246,12 @@ class Sampler:
         return self.clock(), self.cpu(), self.io(), self.stack(), _beats, self.children()
 
     def judge(self) -> str:
-        """What the process did since the last look: BUSY, IDLE, or a SPIN
-        line (``contract.Spinning``)."""
+        """What the process did since the last look: BUSY, IDLE, PARKED (idle,
+        parked in a wait of Python's own outside JAX), or a SPIN line
+        (``contract.Spinning``)."""
         said = self._judge()
+        if said == contract.IDLE and not inside_jax(self.last[3]) and self.parked():
+            said = contract.PARKED
         self.was_busy = said == contract.BUSY
         return said
 

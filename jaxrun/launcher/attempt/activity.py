@@ -16,10 +16,16 @@ to land in the logs (until every process's dump is whole, looking every
 ``DUMP_LOOK``; ``PROBE_WAIT`` at most), and reads where each process
 waits (the dump's innermost line of the user's code, or JAX's shutdown):
 
-- every process at one place: a long checkpoint save, an input pipeline
-  that waits for data, or one long program on an accelerator look exactly
-  like that, so this is not a stall.  One line names the place, at most
-  once per timeout, and the watch waits on;
+- every process at one place, each parked (``contract.PARKED``: no CPU, no
+  I/O, its main thread in a wait of Python's own outside JAX, no thread of
+  the script's inside JAX) for the whole timeout, and the dumps say the
+  same (the place outside JAX): stuck, however many processes stand there
+  (a save does I/O, a working pipeline uses CPU, a long program waits
+  inside JAX).  The job has stalled, all of it one group at that place;
+- every process at one place otherwise: one long program on an
+  accelerator (the CPU idle while the device computes), a collective all
+  of them wait in, or a wait this cannot see into; not a stall.  One line
+  names the place, at most once per timeout, and the watch waits on;
 - a process whose place cannot be read (no dump in its log): the same, a
   line that says so;
 - otherwise the job has stalled (:class:`~jaxrun.core.outcome.Stall`):
@@ -128,6 +134,19 @@ def _group_place(places: list[Place]) -> Place:
     return dataclasses.replace(first, also=others) if others else first
 
 
+def parked_stall(places: dict[int, Place], seconds: float) -> Stall | None:
+    """Every process at one place of the script's, outside JAX (the dumps'
+    word, beside the samplers' ``PARKED``): the stall of all of them, one
+    group that stands out; None for any other places."""
+    keys = {p.key for p in places.values()}
+    first = places[min(places)] if places else None
+    if len(keys) != 1 or first.file is None or first.state == contract.IN_SHUTDOWN:
+        return None
+    if any(p.inside_jax for p in places.values()):
+        return None
+    return Stall(seconds, None, (StallGroup(tuple(sorted(places)), first),))
+
+
 def waiting_line(places: dict[int, Place], seconds: float) -> str:
     """The warning when nobody moved but the job has not stalled."""
     unknown = sorted(r for r, p in places.items() if p.file is None and p.state != contract.IN_SHUTDOWN)
@@ -136,8 +155,8 @@ def waiting_line(places: dict[int, Place], seconds: float) -> str:
         who = ("process " if len(unknown) == 1 else "processes ") + ", ".join(map(str, unknown))
         return f"{head}; cannot tell where {who} waits (no stack dump in its log): not taken for a stall"
     place = next(iter(places.values()))
-    return (f"{head}; every process waits at {place.text()}: not a stall (a long save, an input "
-            f"pipeline or one long program look the same); waiting on")
+    return (f"{head}; every process waits at {place.text()}: not a stall, as one long program on an "
+            f"accelerator looks the same (none of them is known to be parked outside JAX); waiting on")
 
 
 class ActivityWatch:
@@ -155,6 +174,7 @@ class ActivityWatch:
         self.state: dict[int, str] = {}  # rank -> BUSY, IDLE or SPIN, once heard
         self.spinning: dict[int, contract.Spinning] = {}  # its spin since it last moved
         self.idle_since: dict[int, float] = {}
+        self.parked_since: dict[int, float] = {}  # since it said PARKED, while it says so
         self.paths: dict[int, str] = {}  # local activity files
         self.seen: dict[int, tuple] = {}
         self.poll = poll if poll is not None else min(1.0, max(0.05, timeout / 20))
@@ -197,6 +217,10 @@ class ActivityWatch:
             state = contract.IDLE
         if state != contract.BUSY and self.state.get(rank, contract.BUSY) == contract.BUSY:
             self.idle_since[rank] = self.clock()
+        if state != contract.PARKED:
+            self.parked_since.pop(rank, None)
+        elif self.state.get(rank) != contract.PARKED:
+            self.parked_since[rank] = self.clock()
         self.state[rank] = state
         self._still_or_moved()
         if state == contract.SPIN:
@@ -217,7 +241,7 @@ class ActivityWatch:
         self.running.add(rank)
         self.stragglers.running.add(rank)
         self.stderr_logs[rank] = stderr_log
-        for known in (self.state, self.idle_since, self.seen, self.offsets, self.spinning):
+        for known in (self.state, self.idle_since, self.parked_since, self.seen, self.offsets, self.spinning):
             known.pop(rank, None)
         self.told = {key: said for key, said in self.told.items() if key[0] != rank}
 
@@ -301,6 +325,8 @@ class ActivityWatch:
     def _decide(self, now: float) -> tuple[float | None, str | Stall | None]:
         places = {r: place_in(read_after(self.stderr_logs[r], self.offsets.get(r, 0))) for r in sorted(self.running)}
         stall = classify(places, self.timeout)
+        if stall is None and self._parked_throughout(now):
+            stall = parked_stall(places, self.timeout)
         if stall is not None:
             self._close_still()  # the stop that follows is the attempt's teardown
             self.active = False
@@ -309,6 +335,11 @@ class ActivityWatch:
         self.note(waiting_line(places, self.timeout))
         self.quiet_until = now + self.timeout
         return now + self.poll, None
+
+    def _parked_throughout(self, now: float) -> bool:
+        """Every running process has said PARKED, and nothing else, for the
+        timeout: no CPU, no I/O, no program of JAX's."""
+        return all(r in self.parked_since and now - self.parked_since[r] >= self.timeout for r in self.running)
 
     def finish(self) -> None:
         """Remove the activity files, and the new copy a sampler had not yet

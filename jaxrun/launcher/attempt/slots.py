@@ -49,7 +49,7 @@ class State(enum.Enum):
 LIVE = frozenset({State.STARTED, State.JOINED, State.WORKING, State.WAITING, State.FINISHED})
 # What a process's activity sampler says, as the slot's state.
 BY_ACTIVITY = {contract.BUSY: State.WORKING, contract.IDLE: State.WAITING, contract.SPIN: State.WAITING,
-               contract.FINISHED: State.FINISHED}
+               contract.PARKED: State.WAITING, contract.FINISHED: State.FINISHED}
 
 
 @dataclasses.dataclass
