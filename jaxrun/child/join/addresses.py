@@ -38,22 +38,24 @@ COORDINATOR_WAIT = 60.0
 
 
 def wait_for_coordinator(coordinator: str, within: float = COORDINATOR_WAIT) -> bool:
-    """Until the coordinator accepts connections: True; False once ``within``
-    seconds have passed, or at once where its host does not answer (a
-    firewall, no route), which initialize() then reports as it would.
+    """Until the coordinator answers: True; False once ``within`` seconds
+    have passed, or at once where its host does not answer (a firewall, no
+    route), which initialize() then reports as it would.
 
     A process whose first connection finds nobody listening yet waits out
     gRPC's reconnect backoff, about a second, before its second; initialize()
     returns in every process together, so the whole job waits with it.
-    Looking first costs one connection when the service is up."""
+    Looking first costs one connection when the service is up.  An accept
+    is no answer: a forward (sshd's, on an SSH host) accepts before anyone
+    listens behind it; the service's own first bytes are (``_connect``)."""
     end = time.monotonic() + within
     pause = 0.002
     while True:
         try:
             _connect(coordinator)
             return True
-        except (ConnectionRefusedError, FileNotFoundError):
-            pass  # the host (or the socket's folder) is there; the service is not, yet
+        except (ConnectionRefusedError, FileNotFoundError, ConnectionResetError, BrokenPipeError, TimeoutError):
+            pass  # the host (or the socket's folder, or a forward) is there; the service is not, yet
         except OSError:
             return False
         if time.monotonic() + pause > end:
@@ -62,19 +64,33 @@ def wait_for_coordinator(coordinator: str, within: float = COORDINATOR_WAIT) -> 
         pause = min(2 * pause, 0.02)
 
 
+# A client's first bytes in HTTP/2 (gRPC's transport): the preface and an empty
+# SETTINGS frame.  A service answers with its own SETTINGS frame.
+HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
 def _connect(coordinator: str) -> None:
-    """One connection to the coordinator's address, closed at once: a Unix
-    socket's (``unix:PATH``) or HOST:PORT's."""
+    """One connection to the coordinator's address (a Unix socket's,
+    ``unix:PATH``, or HOST:PORT's), its hello said and the service's first
+    bytes read, then closed; a hang-up before them is no answer."""
     import socket
 
     path = contract.unix_socket_path(coordinator)
     if path is not None:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(1.0)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(1.0)
+        try:
             s.connect(path)
-        return
-    host, port = coordinator.rsplit(":", 1)
-    socket.create_connection((host.strip("[]"), int(port)), timeout=1.0).close()
+        except OSError:
+            s.close()
+            raise
+    else:
+        host, port = coordinator.rsplit(":", 1)
+        s = socket.create_connection((host.strip("[]"), int(port)), timeout=1.0)
+    with s:
+        s.sendall(HTTP2_HELLO)
+        if not s.recv(9):
+            raise ConnectionRefusedError("accepted, then closed: nobody behind it yet")
 
 
 def alone() -> None:
