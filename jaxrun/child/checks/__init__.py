@@ -42,11 +42,13 @@ def prepare(environ, rank: int, count: int) -> None:
         return
 
     def install(_jax) -> None:
-        from jaxrun.child.checks import agreement, programs, replicas
+        from jaxrun.child.checks import agreement, parting, programs, replicas
 
         board = agreement.start(rank, count)
         strict = _mode == contract.CHECKS_STRICT
-        programs.install(board, strict=strict)
+        checker = programs.install(board, strict=strict)
+        if checker is not None:
+            parting.install(board, checker)
         replicas.install(board, strict=strict)
 
     hooks.after_import("jax", install)

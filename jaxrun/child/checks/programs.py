@@ -95,8 +95,8 @@ class ProgramMismatchError(RuntimeError):
     """Processes got different programs at the same position."""
 
 
-def install(board, strict: bool) -> None:
-    """Wrap ``from_hlo`` (jax is loaded: ``checks`` calls this from its import hook)."""
+def install(board, strict: bool) -> Programs | None:
+    """Wrap ``from_hlo`` (jax is loaded: ``checks`` calls this from its import hook); the check, where it runs."""
     jax_module = sys.modules["jax"]
     target = _hook_target(sys.modules)
     if target is None:
@@ -121,6 +121,7 @@ def install(board, strict: bool) -> None:
         return executable
 
     sys.modules[HOOK_POINT[0]].UnloadedMeshExecutable.from_hlo = staticmethod(from_hlo)
+    return checker
 
 
 def _hook_target(modules):
@@ -152,6 +153,7 @@ class Programs:
         self.seen: set[tuple[str, str]] = set()
         self.warned = False  # a body that differs is said once per process
         self.lock = threading.Lock()
+        self.parting = None  # the parting check (checks.parting), told each program's line
 
     def got(self, given: dict, executable) -> None:
         """``given``: from_hlo's arguments by name; ``executable``: what it made."""
@@ -171,6 +173,8 @@ class Programs:
                  "in": inputs_text(given.get("global_in_avals")),
                  "sh": shardings_text(given.get("in_shardings")), "at": f"{file}:{line}"}
         group = group_text(ranks)
+        if self.parting is not None:
+            self.parting.made(entry["at"], ranks, entry["fn"], devices)
         main = thread is threading.main_thread()
         key = f"{group}/m" if main else f"{group}/t{program_hash(thread_key(entry))}"
         with self.lock:
@@ -194,7 +198,9 @@ class Programs:
             if len(sides) < 2:
                 sides = sides_of(entries, 'h')
                 if len(sides) < 2 or self._ambiguous(key, entries):
-                    return  # agreed; a rank that finished without it is the stall watchdog's
+                    if gone and self.parting is not None:  # a rank finished without it: the parting check's
+                        self.parting.unmet(entries, ranks, gone)
+                    return  # agreed
                 if not self.strict:
                     self._warn(k, group, entries, sides)
                     return

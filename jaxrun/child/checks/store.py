@@ -4,7 +4,8 @@ the checks' board (``checks.agreement``) uses it, and the back-off of its looks.
 The keys: each rank's entry under ``ENTRIES/{topic}/{rank}``; entries that
 differ, for the ranks that did not judge, under ``VERDICTS/{topic}``;
 ``FINISHED/{rank}`` once that rank's script returned, and ``LEFT/{rank}`` once
-its board stopped with topics open (it judges nothing more).  Each function
+its board stopped with topics open (it judges nothing more); ``WAITS/{rank}``
+while that rank waits inside JAX at one line (the parting check's).  Each function
 here is one or two of the store's calls; what the answers mean is the
 board's to judge.
 
@@ -22,6 +23,7 @@ ENTRIES = f"{PREFIX}/t"  # each rank's entry: ENTRIES/{topic}/{rank}
 VERDICTS = f"{PREFIX}/v"  # entries that differ, for the ranks that did not judge: VERDICTS/{topic}
 FINISHED = f"{PREFIX}/finished"  # FINISHED/{rank}: that rank's script returned
 LEFT = f"{PREFIX}/left"  # LEFT/{rank}: ... and its board stopped: it judges nothing more
+WAITS = f"{PREFIX}/wait"  # WAITS/{rank}: where that rank waits now (``checks.parting``)
 POLL = 0.05  # seconds from a post to its first look (each look costs the coordinator a few keys)
 END_POLL = 0.01  # ... once the script returned: its end, and its peers', wait on the looks
 SLOW_POLL = 1.0  # each pause is twice the last, up to this
@@ -93,6 +95,27 @@ def finished(client, rank: int) -> bool:
 
 def left(client, rank: int) -> bool:
     return try_get(client, f"{LEFT}/{rank}") is not None
+
+
+def post_wait(client, rank: int, wait: dict) -> None:
+    client.key_value_set(f"{WAITS}/{rank}", json.dumps(wait), allow_overwrite=True)
+
+
+def clear_wait(client, rank: int) -> None:
+    client.key_value_delete(f"{WAITS}/{rank}")
+
+
+def waits(client) -> dict[int, dict]:
+    """Every rank's wait, by rank."""
+    found = {}
+    for key, value in client.key_value_dir_get(f"{WAITS}/"):
+        tail = key.rsplit("/", 1)[1]
+        if tail.isdigit():
+            try:
+                found[int(tail)] = json.loads(value)
+            except ValueError:
+                continue
+    return found
 
 
 class Finished:

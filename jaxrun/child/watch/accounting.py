@@ -55,6 +55,10 @@ EVERY = 10.0  # ... and every 10 s
 _OUTSIDE, _INSIDE, _COMPILER, _STARTING = place.OUTSIDE, place.INSIDE, place.COMPILER, place.STARTING
 
 _started: Accountant | None = None
+# Who hears of a long wait (the parting check, ``child.checks.parting``): anything
+# with ``seconds`` (how long a wait at one place must last) and ``changed(waiting)``,
+# called on the sampler's thread once a wait has lasted that long, and once it ends.
+waits = None
 
 
 def _is_jax(value) -> bool:
@@ -113,13 +117,15 @@ class Accountant:
         self.next_tell, self.gap = self.start + FIRST_EVERY, FIRST_EVERY
         self.lock = threading.Lock()
         self.finished = False
+        self.at = None  # (code, line) of the script's frame that called into JAX, at the last look
+        self.wait_at, self.wait_since, self.wait_said = None, 0.0, False  # the wait at one place so far
 
     def place(self) -> int:
         """Where the main thread is now: outside JAX, inside it, or in its
         compiler.  A frame of the script's that called into JAX (the frame
         below JAX's outermost) is a call site of JAX's, kept in ``sites``."""
         frame = self.frames().get(self.main)
-        innermost, where, inner = frame, _OUTSIDE, _OUTSIDE
+        innermost, where, inner, at = frame, _OUTSIDE, _OUTSIDE, None
         places = self.places
         while frame is not None:
             code = frame.f_code
@@ -130,9 +136,13 @@ class Accountant:
                 where = max(where, found)
             elif inner:
                 self.learn(code, frame.f_lasti)
+                if at is None:
+                    at = (code, frame.f_lineno)
             inner = found
             frame = frame.f_back
+        self.at = at
         if where == _OUTSIDE and innermost is not None and calls_jax(innermost, self.sites):
+            self.at = (innermost.f_code, innermost.f_lineno)
             return _INSIDE  # a jitted call's C++ path, y.block_until_ready(): jaxlib's, no frame of their own
         return where
 
@@ -161,6 +171,20 @@ class Accountant:
             ran = seconds if self.alone else min(seconds, wanted)
             self.parts["programs"] += ran
             self.parts["waiting"] += seconds - ran
+        if waits is not None:
+            self.waited(waits, where == _INSIDE and wanted < seconds / 2, now)
+
+    def waited(self, heard, waiting: bool, now: float) -> None:
+        """A wait inside JAX with no CPU, at one call site, from ``wait_since``
+        on: ``heard`` hears of it once it lasted ``heard.seconds``, and when it ends."""
+        if waiting and self.at is not None and self.at == self.wait_at:
+            if not self.wait_said and now - self.wait_since >= heard.seconds:
+                self.wait_said = True
+                heard.changed(True)
+            return
+        if self.wait_said:
+            heard.changed(False)
+        self.wait_at, self.wait_since, self.wait_said = (self.at if waiting else None), now, False
 
     def split(self) -> contract.TimeSplit:
         p = self.parts

@@ -1,0 +1,89 @@
+"""Jobs for the parting check (tests/e2e/test_parting.py, bench/parting.py): a
+training loop of STEPS steps over a global array on every process's CPU
+devices, with one of the guide's commonest mistakes, or a healthy job that
+looks like one.
+
+    parting_job.py eval          process 0 alone evaluates at step 3 (a program
+                                 that spans every process)
+    parting_job.py all-but-0     every process but 0 evaluates at step 3
+    parting_job.py skip          process 2 skips step 3
+    parting_job.py columns       process 0 alone evaluates each column's mean at step 3:
+                                 its collective's size differs from the step's (Gloo aborts)
+    parting_job.py gather        process 0 alone gathers the weights at step 3
+                                 (multihost_utils.process_allgather, a checkpoint's way)
+    parting_job.py healthy       a sub-mesh program (processes 0-1 apart from 2-3, at
+                                 two lines) and a process-local one on process 0
+                                 alone, each step, beside the global steps
+
+Each process prints "process R parts at T" (the script's clock) just before
+the step where it parts.
+"""
+
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+what = sys.argv[1]
+STEPS, PART = 6, 3
+rank, count = jax.process_index(), jax.process_count()
+mesh = Mesh(np.array(jax.devices()), ("b",))
+w = jax.make_array_from_callback((mesh.size, 4), NamedSharding(mesh, P("b", None)),
+                                 lambda index: np.ones((mesh.size, 4), np.float32)[index])
+
+
+@jax.jit
+def train_step(w):
+    return w * 0.5 + jnp.sum(w) / w.size  # the sum: every process's devices take part
+
+
+@jax.jit
+def eval_step(w):
+    return jnp.mean(w * w)
+
+
+@jax.jit
+def eval_columns(w):
+    return jnp.mean(w, axis=0)
+
+
+def sub_mesh(ranks):
+    devices = [d for d in jax.devices() if d.process_index in ranks]
+    return Mesh(np.array(devices), ("s",))
+
+
+for step in range(STEPS):
+    if step == PART:
+        print(f"process {rank} parts at {time.time():.3f}", flush=True)
+    if what == "skip" and rank == 2 and step == PART:
+        continue
+    w = train_step(w)
+    loss = float(jnp.sum(w))  # every process waits here for the step's collective
+    if step == PART and what == "eval" and rank == 0:
+        print("eval", float(eval_step(w)), flush=True)  # process 0 alone evaluates
+    if step == PART and what == "columns" and rank == 0:
+        print("eval", eval_columns(w), flush=True)  # process 0 alone evaluates each column
+    if step == PART and what == "all-but-0" and rank != 0:
+        print("eval", float(eval_step(w)), flush=True)  # every process but 0 evaluates
+    if step == PART and what == "gather" and rank == 0:
+        whole = multihost_utils.process_allgather(w, tiled=True)  # process 0 alone gathers a checkpoint
+    if what == "healthy":
+        half = [0, 1] if rank < 2 else [2, 3]
+        sub = sub_mesh(half)
+        local = np.full((len(sub.devices.flat), 4), float(step), np.float32)
+        v = jax.make_array_from_callback(local.shape, NamedSharding(sub, P("s", None)),
+                                         lambda index, local=local: local[index])
+        if rank < 2:
+            s = float(jnp.sum(v))  # the sub-mesh of processes 0-1
+        else:
+            s = float(jnp.sum(v * 2))  # the sub-mesh of processes 2-3
+        if rank == 0:
+            mine = jax.device_put(np.ones(4, np.float32), jax.local_devices()[0])
+            time.sleep(0.5)  # process 0 alone, in its own work
+            s += float(jax.jit(lambda a: a.sum() * 3)(mine))  # a process-local program
+    print(f"process {rank} step {step} loss {loss}", flush=True)
+print(f"process {rank} done", flush=True)

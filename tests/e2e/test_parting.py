@@ -1,0 +1,108 @@
+"""The parting check (issue 68, docs/divergence.md): a program that spans
+processes, run where its peers never come, stops the job by default within
+seconds, named at its lines, on every backend that runs JAX's CPU
+collectives; a healthy job with a sub-mesh program and a process-local one
+runs clean (bench/parting.py repeats it 20 times).
+
+Real jobs of tests/data/parting_job.py, 4 processes x 2 CPU devices, the
+stall timeout at its default (600 s): process 0 alone evaluates; every
+process but 0 does; process 2 skips a step; process 0 alone gathers the
+weights (multihost_utils.process_allgather, a checkpoint's way); process 0
+alone evaluates a program whose collective's size differs from the step's.
+Each backend's five jobs run at once (one wait for all).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+from fixtures.jobs import DATA, ROOT, TOKEN
+
+pytestmark = pytest.mark.timeout(240)
+
+SCRIPT = DATA / "parting_job.py"
+WITHIN = 15.0  # the issue's bound, from the last process's part to the job's stop, by jaxrun's record
+
+
+def line_of(text: str) -> int:
+    return next(n for n, line in enumerate(SCRIPT.read_text().splitlines(), 1) if text in line)
+
+
+LOSS = line_of("loss = float(jnp.sum(w))")
+EVAL0 = line_of("# process 0 alone evaluates")
+EVALN = line_of("# every process but 0 evaluates")
+GATHER = line_of("# process 0 alone gathers")
+COLUMNS = line_of("# process 0 alone evaluates each column")
+TAIL = "(a program that spans processes runs on every one of them, or on none)"
+NAMED = {  # shape -> (the process named first, what the headline says)
+    "eval": (0, f"process 0 ran eval_step (spanning 0-3) at parting_job.py:{EVAL0} and processes 1, 2, 3 "
+                "never made it; now "),
+    "all-but-0": (1, f"processes 1, 2, 3 ran eval_step (spanning 0-3) at parting_job.py:{EVALN} and process 0 "
+                     "never made it; now process 0 finished its script; processes 1, 2, 3 wait in _reduce_sum "
+                     f"(spanning 0-3) at parting_job.py:{LOSS} {TAIL}"),
+    "skip": (0, "process 2 finished its script; processes 0, 1, 3 wait in _reduce_sum (spanning 0-3) at "
+                f"parting_job.py:{LOSS} {TAIL}"),
+    "gather": (0, f"process 0 ran _identity_fn (spanning 0-3) at parting_job.py:{GATHER} and processes 1, 2, 3 "
+                  "never made it; now "),
+    "columns": (0, f"process 0 ran eval_columns (spanning 0-3) at parting_job.py:{COLUMNS} and processes 1, 2, 3 "
+                   "never made it; now "),
+}
+
+
+def backend_flags(request, backend: str, monkeypatch) -> list:
+    if backend == "no-preload":
+        monkeypatch.setenv("JAXRUN_NO_PRELOAD", "1")
+    elif backend == "ssh":
+        hosts = request.getfixturevalue("sshd_hosts")
+        return ["-H", "hostA:2,hostB:2", "--ssh-config", hosts.config, "-x", f"PYTHONPATH={ROOT}", "-x", TOKEN]
+    elif backend == "slurm":
+        request.getfixturevalue("slurm_cluster")
+        return ["--launcher", "slurm", "-n", 4]
+    elif backend == "mpirun":
+        if not shutil.which("mpirun"):
+            pytest.skip("Open MPI is not installed (apt-get install openmpi-bin)")
+        monkeypatch.setenv("OMPI_MCA_rmaps_base_oversubscribe", "1")  # 4 processes on 2 cores
+        return ["--launcher", "mpirun", "-n", 4]
+    else:
+        monkeypatch.delenv("JAXRUN_NO_PRELOAD", raising=False)
+    return ["-n", 4]
+
+
+def check_named(shape: str, code: int, stdout: str, stderr: str, report_path, host) -> None:
+    """The job failed, its first process named with the parting at its lines,
+    within WITHIN seconds of the last process's part (the SSH and Slurm test
+    hosts are this machine: one clock)."""
+    first, headline = NAMED[shape]
+    assert code == 1, stderr
+    assert f"jaxrun: process {first}{host(first)} failed first: exit code 1" in stderr, stderr
+    said = re.search(r"PartedProgramError: processes 0-3 parted: (.*)", stderr)
+    assert said and said[1].startswith(headline), stderr
+    assert said[1].endswith(TAIL), stderr
+    parted = max(float(t) for t in re.findall(r"process \d parts at ([\d.]+)", stdout))
+    process = json.loads(report_path.read_text())["processes"][first]
+    took = process["ended_at"] - parted
+    assert took < WITHIN, f"{shape}: process {first} ended {took:.1f}s after the last part"
+
+
+@pytest.mark.parametrize("backend", ["preload", "no-preload", "ssh", "slurm", "mpirun"])
+def test_each_shape_of_the_parting_is_named_at_its_lines_within_seconds(request, monkeypatch, start_job,
+                                                                        shared_dir, backend):
+    flags = backend_flags(request, backend, monkeypatch)
+    script = shutil.copy(SCRIPT, shared_dir / SCRIPT.name)
+    jobs = {shape: start_job(*flags, "--cpu-devices", 2, "--report", shared_dir / f"{shape}.json",
+                             "--log-dir", shared_dir / f"logs-{shape}", script, shape, cwd=shared_dir)
+            for shape in NAMED}
+    codes = {shape: job.wait(timeout=200) for shape, job in jobs.items()}
+    host = (lambda rank: " on hostA" if rank < 2 else " on hostB") if backend == "ssh" else (lambda rank: "")
+    for shape, job in jobs.items():
+        check_named(shape, codes[shape], job.stdout, job.stderr, shared_dir / f"{shape}.json", host)
+
+
+def test_a_sub_mesh_program_and_a_process_local_one_run_clean(start_job, tmp_path):
+    job = start_job("-n", 4, "--cpu-devices", 2, SCRIPT, "healthy", cwd=tmp_path)
+    assert job.wait(timeout=120) == 0, job.stderr
+    assert "parted" not in job.stderr, job.stderr
+    assert all(f"process {r} done" in job.stdout for r in range(4)), job.stdout
