@@ -1,6 +1,6 @@
 """Child side of ``--checks``: the guide's silent mistakes, caught by default.
 
-Two checks, both on unless ``--checks off``:
+The checks, on unless ``--checks off``:
 
 - programs (:mod:`jaxrun.child.checks.programs`): every process fingerprints each
   compiled program whose devices span more than one process, when it first
@@ -9,7 +9,10 @@ Two checks, both on unless ``--checks off``:
 - replicas (:mod:`jaxrun.child.checks.replicas`): an array built from per-process
   data whose sharding puts one slice on devices of several processes has
   that slice's fingerprint compared among them, on a sample of the calls
-  (every call under ``--checks strict``).
+  (every call under ``--checks strict``);
+- partings (:mod:`jaxrun.child.checks.parting`): a program that spans
+  processes where some of them never come (rank 0 alone evaluates) is found
+  from the time account's long waits and stops the job in seconds.
 
 Both compare through the coordination service's key-value store from a
 thread of their own (:mod:`jaxrun.child.checks.agreement`), never on the step's

@@ -36,7 +36,8 @@ The cumulative split goes to the launcher beside the activity line
 then at twice the last gap up to ``EVERY``, and when the script returns; what
 the launcher makes of it (who the others wait for) is in
 ``launcher/attempt/straggler.py``.  docs/time.md says what each part is
-computed from on GPU and TPU.
+computed from on GPU and TPU.  A wait inside JAX at one call site that lasts
+is said to ``waits`` (the parting check, where ``--checks`` runs).
 """
 
 from __future__ import annotations

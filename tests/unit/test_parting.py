@@ -1,0 +1,97 @@
+"""The parting check's rules (jaxrun/child/checks/parting.py): which waits
+are a parting and how it is said, and the account's word of a long wait at
+one line (jaxrun/child/watch/accounting.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from jaxrun.child.checks.parting import describe, parted
+from jaxrun.child.watch import accounting
+
+ALL = [0, 1, 2, 3]
+
+
+def wait(at: str, *groups, fn: str = "", spans: str = "", opened=()) -> dict:
+    return {"at": at, "groups": [list(g) for g in groups], "fn": fn, "spans": spans, "text": "x",
+            "open": list(opened)}
+
+
+@pytest.mark.parametrize("waits, finished, found", [
+    ({0: wait("t.py:66", ALL)}, {1, 2, 3}, ALL),  # rank 0 evaluates, the others finished
+    ({0: wait("t.py:66", ALL), 1: wait("t.py:61", ALL), 2: wait("t.py:61", ALL), 3: wait("t.py:61", ALL)},
+     set(), ALL),  # ... the others wait in their next step
+    ({0: wait("t.py:61", ALL), 1: wait("t.py:61", ALL), 3: wait("t.py:61", ALL)}, {2}, ALL),  # rank 2 skipped
+    ({r: wait("t.py:61", ALL) for r in ALL}, set(), None),  # one line: a long program on an accelerator
+    ({0: wait("t.py:66", ALL), 1: wait("t.py:61", ALL)}, set(), None),  # 2 and 3 still work
+    ({0: wait("t.py:70", [0, 1]), 1: wait("t.py:70", [0, 1]), 2: wait("t.py:72", [2, 3]),
+      3: wait("t.py:72", [2, 3])}, set(), None),  # two sub-meshes, each at its own line
+    ({0: wait("t.py:80")}, {1, 2, 3}, None),  # a process-local program spans no one
+    ({0: wait("t.py:70", [0, 1]), 1: wait("t.py:70", [0, 1])}, {2, 3}, None),  # a sub-mesh, the rest done
+    ({0: wait("t.py:66", ALL), 1: wait("t.py:66", ALL)}, {0, 2, 3}, [0, 1, 2, 3]),  # a finished rank's stale wait
+])
+def test_a_parting_is_a_group_whose_members_all_wait_or_finished_not_at_one_line(waits, finished, found):
+    assert parted(waits, finished) == found
+
+
+def test_a_parting_names_the_program_the_others_never_made_and_where_each_waits():
+    ran = {"fn": "eval_step", "at": "/w/train.py:66", "spans": "0-3", "among": ALL}
+    waits = {0: wait("/w/train.py:68", ALL, fn="_reduce_sum", spans="0-3", opened=[ran])}
+    headline, lines = describe(ALL, waits, {1, 2, 3})
+    assert headline == ("processes 0-3 parted: process 0 ran eval_step (spanning 0-3) at train.py:66 and "
+                        "processes 1, 2, 3 never made it; now process 0 waits in _reduce_sum (spanning 0-3) at "
+                        "train.py:68; processes 1, 2, 3 finished their script (a program that spans processes "
+                        "runs on every one of them, or on none)")
+    assert lines[1:] == ["process 0 ran eval_step at /w/train.py:66, which processes 1, 2, 3 never made",
+                         "process 0 waits at /w/train.py:68: x"]
+
+
+class Heard:
+    seconds = 3.0
+
+    def __init__(self):
+        self.said = []
+
+    def changed(self, waiting: bool) -> None:
+        self.said.append(waiting)
+
+
+class Frames:
+    """The main thread inside JAX (innermost), called from the script at ``line[0]``."""
+
+    def __init__(self, line):
+        self.line, self.script = line, compile("step = 1", "/home/u/train.py", "exec")  # not equal to the other
+        self.jax = compile("pass", "/site-packages/jax/_src/pjit.py", "exec")
+
+    def __call__(self):
+        script = type("Frame", (), {"f_code": self.script, "f_back": None, "f_lasti": 0, "f_lineno": self.line[0]})()
+        inner = type("Frame", (), {"f_code": self.jax, "f_back": script, "f_lasti": 0, "f_lineno": 1})()
+        return {1: inner}
+
+
+def test_the_account_says_a_wait_at_one_line_once_it_lasted_and_when_it_ends(monkeypatch):
+    heard, clock, used, line = Heard(), [0.0], [0.0], [61]
+    monkeypatch.setattr(accounting, "waits", heard)
+    account = accounting.Accountant(lambda text: None, main=1, clock=lambda: clock[0], wall=lambda: 100.0,
+                                    cpu=lambda: used[0], delay=lambda: 0.0, frames=Frames(line))
+
+    def ticks(seconds: float, cpu: float = 0.0) -> None:
+        for _ in range(round(seconds / 0.02)):
+            clock[0] += 0.02
+            used[0] += cpu
+            account.look()
+
+    ticks(2.9)
+    assert heard.said == []  # not yet 3 s
+    ticks(0.2)
+    assert heard.said == [True]
+    ticks(5.0)
+    assert heard.said == [True]  # said once
+    line[0] = 66  # moved to another line, waiting still: a new wait, said after its own 3 s
+    ticks(0.1)
+    assert heard.said == [True, False]
+    ticks(2.5)
+    assert heard.said == [True, False]
+    ticks(1.0, cpu=0.02)  # it computes: no wait at all
+    ticks(2.0)
+    assert heard.said == [True, False]
