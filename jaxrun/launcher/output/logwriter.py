@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import queue
 import selectors
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +41,7 @@ PIPE_DEFAULT = 1 << 16  # Linux's own
 # fs.pipe-user-pages-soft (64 MiB by default) get a single page each.
 PIPES_BUDGET = 1 << 25
 BUSY = 0.05  # seconds since a pipe last had bytes, within which the writer counts as busy
+SWITCH = 0.001  # seconds: the launcher's interpreter lock changes hands at least this often
 
 
 class LogFile:
@@ -116,6 +118,10 @@ class LogWriter:
     def __init__(self, events: queue.SimpleQueue, hooks: RunHooks | None = None, processes: int = 1):
         self.events = events
         self.pipe_size = pipe_size(processes)
+        # After each system call this thread needs the interpreter lock back,
+        # and a process waits for it once its pipe is full: another thread of
+        # the launcher's that holds the lock gives it up within this, not 5 ms.
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH))
         self.moved_at = float("-inf")  # when a pipe last had bytes (time.monotonic)
         self.selector = selectors.DefaultSelector()
         self.wake_r, self.wake_w = os.pipe()

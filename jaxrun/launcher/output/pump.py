@@ -105,7 +105,7 @@ class OutputPump:
         self.lock = threading.Lock()
         self.stopped = False
         # The log writer moves a flood: the console, behind, reads one round
-        # per ``coalesce`` instead of catching up at once.  Between rounds this
+        # per ``MAX_BATCH`` instead of catching up at once.  Between rounds this
         # thread holds no interpreter lock, which the log writer needs after
         # each of its system calls (a process waits for it once its pipe is
         # full), and at its low priority it may be preempted holding it.
@@ -178,7 +178,7 @@ class OutputPump:
             now = time.monotonic()
             timeout = None  # pipes only: sleep until one is readable
             if behind:
-                timeout = max(0.0, last_round + self.coalesce - now) if self.yield_to() else 0
+                timeout = max(0.0, last_round + MAX_BATCH - now) if self.yield_to() else 0
             elif self.files:
                 # Growing files are polled, less often the longer they keep
                 # growing; quiet files are watched, after one more look to
