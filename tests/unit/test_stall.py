@@ -971,10 +971,11 @@ def test_an_idle_process_parked_in_pythons_own_wait_outside_jax_says_parked(tmp_
     assert s.says(1.0, parked=False) == contract.IDLE
 
 
-SLEEPER = compile("def park(event):\n    event.set()\n    time.sleep(60)\n", "/work/train.py", "exec")
-IN_JAX = compile("def program(event):\n    event.set()\n    time.sleep(60)\n", "/site-packages/jax/_src/pjit.py",
+# Each waits 10 s at most (the test takes well under 1 s): no thread outlives it by much.
+SLEEPER = compile("def park(event):\n    event.set()\n    time.sleep(10)\n", "/work/train.py", "exec")
+IN_JAX = compile("def program(event):\n    event.set()\n    time.sleep(10)\n", "/site-packages/jax/_src/pjit.py",
                  "exec")
-NATIVE = compile("def native(event, libc):\n    event.set()\n    libc.sleep(60)\n", "/work/train.py", "exec")
+NATIVE = compile("def native(event, libc):\n    event.set()\n    libc.sleep(10)\n", "/work/train.py", "exec")
 
 
 def parked_thread(source, name: str, *args):
@@ -989,8 +990,18 @@ def parked_thread(source, name: str, *args):
     thread = threading.Thread(target=space[name], args=(event, *args), daemon=True)
     thread.start()
     event.wait(10)
-    time.sleep(0.05)
-    return thread
+    return in_a_call(thread)
+
+
+def in_a_call(thread):
+    """``thread``, once its innermost frame stands at a call (a loaded machine may hold it before)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        frame = sys._current_frames().get(thread.ident)
+        if frame is not None and place.callee_recipe(frame.f_code, place.site_offset(frame.f_code, frame.f_lasti)):
+            return thread
+        time.sleep(0.01)
+    raise AssertionError(f"{thread.name} never reached its call")
 
 
 def test_parked_in_pythons_own_wait_is_read_from_the_threads_frames():
@@ -1001,9 +1012,9 @@ def test_parked_in_pythons_own_wait_is_read_from_the_threads_frames():
     asleep = parked_thread(SLEEPER, "park")
     assert place.parked_in_python(asleep.ident)  # time.sleep, called by its global name
 
-    getter = threading.Thread(target=queue.Queue().get, daemon=True)  # a loader that died: nothing comes
+    getter = threading.Thread(target=queue.Queue().get, args=(True, 10), daemon=True)  # a dead loader's queue
     getter.start()
-    time.sleep(0.1)
+    in_a_call(getter)
     assert place.parked_in_python(getter.ident)  # the innermost frame is the standard library's
 
     libc = ctypes.CDLL(None)
