@@ -132,15 +132,18 @@ def small_disk(tmp_path):
 
 @pytest.mark.timeout(120)
 @pytest.mark.both_modes
-def test_full_log_folder_is_named_locally(launch_mode, small_disk, started, tmp_path):
+def test_full_log_folder_locally_keeps_the_job_and_names_the_files(launch_mode, small_disk, started, tmp_path):
+    """The processes write into jaxrun's pipes: a full log folder fails
+    jaxrun's writes, never theirs (issue 69; tests/e2e/test_environment.py
+    holds the rest: the counts, the report, a traceback past the full disk)."""
     script = write(tmp_path, "many.py", MANY_LINES * 2)  # ~2.2 MiB per process
     logs = small_disk / "logs"
     proc = start(["-n", 2, "--log-dir", logs, script], stdout=subprocess.DEVNULL)
     started.append(proc)
     code, took, err = finish(proc, 60)
-    # The processes' own writes failed: the job's status is theirs, not 0.
-    assert code == 1, err[-2000:]
-    assert f"jaxrun: logs incomplete: the log folder {logs} is full (No space left on device)" in err
+    assert code == 0, err[-2000:]
+    assert any(line.startswith("jaxrun: logs incomplete: process ") and f"log {logs}/process-" in line
+               and "(No space left on device)" in line for line in jaxrun_lines(err)), err[-2000:]
     assert not any(line.startswith("Traceback") for line in err.splitlines()), err[-2000:]
 
 
@@ -158,7 +161,8 @@ def test_full_log_folder_over_ssh_keeps_the_job(sshd_hosts, small_disk, started,
     assert code == 0, err[-2000:]
     failed = [line for line in jaxrun_lines(err) if line.startswith("jaxrun: cannot write")]
     assert failed and "No space left on device" in failed[0], err[-2000:]
-    assert any(f"the log folder {logs} is full" in line for line in jaxrun_lines(err))
+    assert any(line.startswith("jaxrun: logs incomplete: process ") and "(No space left on device)" in line
+               and "the process went on" in line for line in jaxrun_lines(err)), err[-2000:]
 
 
 # -- processes -------------------------------------------------------------------
