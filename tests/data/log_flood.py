@@ -1,15 +1,18 @@
-"""A process that prints about 4 MB in 1 KB lines, 40 steps of 100 lines,
-and writes each step it finished to a side file on another disk: how far it
-got, whatever became of its logs.  ``fail`` as the second argument: it then
+"""A JAX process that prints about 4 MB in 1 KB lines, 40 steps of 100
+lines, and writes each step it finished to a side file on another disk: how
+far it got, whatever became of its logs.  ``fail`` as the second argument: it then
 raises, after all of it (its traceback comes after the log disk filled)."""
 
 import os
 import sys
 
-rank = os.environ.get("JAXRUN_PROCESS_ID", "0")
+import jax
+
+rank = jax.process_index()  # joined: its joined, activity and marks files are in the full folder too
 side = os.path.join(sys.argv[1], f"steps-{rank}")
 line = "x" * 1023
 for step in range(40):
+    jax.numpy.ones(4).sum().block_until_ready()
     for _ in range(100):
         print(line)
     with open(side, "w") as f:
