@@ -13,7 +13,9 @@ looks like one.
                                  (multihost_utils.process_allgather, a checkpoint's way)
     parting_job.py healthy       a sub-mesh program (processes 0-1 apart from 2-3, at
                                  two lines) and a process-local one on process 0
-                                 alone, each step, beside the global steps
+                                 alone, each step, beside the global steps; at step 3
+                                 each holds a host callback that sleeps SLOW s (every
+                                 process waits inside JAX with no CPU, at three lines)
 
 Each process prints "process R parts at T" (the script's clock) just before
 the step where it parts.
@@ -21,6 +23,7 @@ the step where it parts.
 
 import sys
 import time
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -29,7 +32,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 what = sys.argv[1]
-STEPS, PART = 6, 3
+STEPS, PART, SLOW = 6, 3, 5.0
 rank, count = jax.process_index(), jax.process_count()
 mesh = Mesh(np.array(jax.devices()), ("b",))
 w = jax.make_array_from_callback((mesh.size, 4), NamedSharding(mesh, P("b", None)),
@@ -49,6 +52,16 @@ def eval_step(w):
 @jax.jit
 def eval_columns(w):
     return jnp.mean(w, axis=0)
+
+
+def slow(x, seconds):
+    """``x``, after a host callback that sleeps: the process waits inside JAX, with no CPU."""
+    return jax.pure_callback(lambda a: (time.sleep(seconds), a)[1], jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+
+@partial(jax.jit, static_argnums=1)
+def slow_sum(v, seconds):
+    return slow(jnp.sum(v), seconds)
 
 
 def sub_mesh(ranks):
@@ -77,13 +90,14 @@ for step in range(STEPS):
         local = np.full((len(sub.devices.flat), 4), float(step), np.float32)
         v = jax.make_array_from_callback(local.shape, NamedSharding(sub, P("s", None)),
                                          lambda index, local=local: local[index])
+        pause = SLOW if step == PART else 0.0
         if rank < 2:
-            s = float(jnp.sum(v))  # the sub-mesh of processes 0-1
+            s = float(slow_sum(v, pause))  # the sub-mesh of processes 0-1
         else:
-            s = float(jnp.sum(v * 2))  # the sub-mesh of processes 2-3
+            s = float(slow_sum(v * 2, pause))  # the sub-mesh of processes 2-3
         if rank == 0:
             mine = jax.device_put(np.ones(4, np.float32), jax.local_devices()[0])
             time.sleep(0.5)  # process 0 alone, in its own work
-            s += float(jax.jit(lambda a: a.sum() * 3)(mine))  # a process-local program
+            s += float(slow_sum(mine * 3, pause))  # a process-local program
     print(f"process {rank} step {step} loss {loss}", flush=True)
 print(f"process {rank} done", flush=True)

@@ -95,3 +95,16 @@ def test_the_account_says_a_wait_at_one_line_once_it_lasted_and_when_it_ends(mon
     ticks(1.0, cpu=0.02)  # it computes: no wait at all
     ticks(2.0)
     assert heard.said == [True, False]
+
+
+def test_a_host_callback_on_any_thread_is_the_process_in_its_own_code():
+    from jaxrun.child.checks.parting import in_callback
+
+    def frame(filename, back=None):
+        return type("Frame", (), {"f_code": compile("q = 2", filename, "exec"), "f_back": back})()
+
+    parked = frame("/site-packages/jax/_src/array.py", frame("/home/u/train.py"))
+    callback = frame("/home/u/train.py", frame("/site-packages/jax/_src/callback.py"))
+    assert not in_callback(lambda: {1: parked, 2: frame("/usr/lib/python3.11/threading.py")})
+    assert in_callback(lambda: {1: parked, 2: callback})
+    assert in_callback(lambda: {1: callback})  # the main thread runs it

@@ -49,6 +49,7 @@ WAIT = 3.0  # seconds a process waits inside JAX with no CPU, at one line, befor
 ACCELERATOR_WAIT = 30.0  # ... where a program runs on an accelerator: a long one leaves the host idle
 LOOK = 0.5  # seconds between the judge's looks; a parting is one seen alike on two
 THREAD = "jaxrun-parting"
+CALLBACK_FILE = os.path.join("jax", "_src", "callback.py")
 
 
 class PartedProgramError(RuntimeError):
@@ -109,12 +110,24 @@ def _unmatched(ranks: list[int], waits: dict[int, dict], finished: set[int]):
     return None
 
 
+def in_callback(frames=sys._current_frames) -> bool:
+    """Whether a thread (the main one, or one of JAX's) runs a host callback
+    of the script's (``jax.pure_callback``, ``io_callback``): the process
+    waits for its own code, which may sleep or read a file."""
+    for frame in frames().values():
+        while frame is not None:
+            if frame.f_code.co_filename.endswith(CALLBACK_FILE):
+                return True
+            frame = frame.f_back
+    return False
+
+
 class Parting:
     """This process's side: the lines its programs were made at, its wait, the judge."""
 
     def __init__(self, board, locator):
         self.board, self.locator = board, locator
-        self.sites: dict[str, tuple[str, str, list[int]]] = {}  # line -> (function, group, ranks) made there
+        self.sites: dict[str, dict[str, tuple[str, list[int]]]] = {}  # line -> group -> (function, ranks) made there
         self.groups: dict[str, list[int]] = {}  # every group this process's programs span
         self.seconds = WAIT
         self.missed: list[dict] = []  # programs the programs check settled with a peer that finished without them
@@ -124,10 +137,13 @@ class Parting:
         self.lock = threading.Lock()
 
     def made(self, at: str, ranks: list[int], fn: str, devices) -> None:
-        """The programs check got a program that spans ``ranks``, made at ``at``."""
-        group = group_text(ranks)
-        self.sites[at] = (fn, group, ranks)
-        self.groups[group] = ranks
+        """The programs check got a program that spans ``ranks`` (none: it makes
+        no process wait for another, a process-local one), made at ``at``."""
+        spans = self.sites.setdefault(at, {})
+        if ranks:
+            group = group_text(ranks)
+            spans[group] = (fn, ranks)
+            self.groups[group] = ranks
         if self.seconds == WAIT and any(getattr(d, "platform", "cpu") != "cpu" for d in devices):
             self.seconds = ACCELERATOR_WAIT
 
@@ -152,10 +168,11 @@ class Parting:
         frame = sys._current_frames().get(threading.main_thread().ident)
         file, line = self.locator.user_frame(frame)
         at = f"{file}:{line}"
-        made = self.sites.get(at)
-        groups = [made[2]] if made else list(self.groups.values())
+        made = self.sites.get(at)  # a line that made only programs that span no one waits for no one
+        groups = [ranks for _, ranks in made.values()] if made is not None else list(self.groups.values())
+        fn, spans = next(((fn, group) for group, (fn, _) in (made or {}).items()), ("", ""))
         return {"at": at, "text": linecache.getline(file, line).strip()[:120], "groups": groups,
-                "fn": made[0] if made else "", "spans": made[1] if made else "", "open": self.unmatched()}
+                "fn": fn, "spans": spans, "open": self.unmatched()}
 
     def unmatched(self) -> list[dict]:
         """The programs this process made that its peers have not matched yet
@@ -173,10 +190,12 @@ class Parting:
         try:
             client = store.jax_client()
             while True:
-                self.wake.wait(LOOK if posted else None)
+                self.wake.wait(LOOK if self.waiting else None)
                 self.wake.clear()
                 with self.lock:
                     waiting, turn = self.waiting, self.turn
+                if waiting and in_callback():
+                    waiting = False  # in its own code: its wait is posted again once out
                 if not waiting:
                     if posted:
                         store.clear_wait(client, rank)

@@ -159,13 +159,15 @@ class Programs:
         """``given``: from_hlo's arguments by name; ``executable``: what it made."""
         devices = given.get("device_list") or ()
         ranks = sorted({d.process_index for d in devices})
-        if len(ranks) < 2 or self.board.rank not in ranks:
-            return  # process-local: nothing that another process must match
         thread = threading.current_thread()
         if thread.name == agreement.THREAD:
             return  # a check's own program (the replicas' checksum): no user's position
+        if len(ranks) < 2 or self.board.rank not in ranks:
+            self._waits_for_no_one(devices)
+            return  # process-local: nothing that another process must match
         collectives = collectives_of(executable)
         if not collectives:
+            self._waits_for_no_one(devices)
             return  # no process waits for another in it (process 0 alone logs a replicated mean)
         file, line = self.locator.user_frame(sys._getframe(2))
         entry = {"h": fingerprint(given["hlo"]), "c": program_hash(collectives_key(collectives, devices)),
@@ -187,6 +189,12 @@ class Programs:
         same = (same_program if self.strict else same_collectives) if main else (same_program if self.strict else None)
         self.board.post(f"programs/{key}/{k}", entry, ranks, self.settled(k if main else 0, group, ranks, key),
                         same=same)
+
+    def _waits_for_no_one(self, devices) -> None:
+        """The parting check hears of a line whose program makes no process wait for another."""
+        if self.parting is not None:
+            file, line = self.locator.user_frame(sys._getframe(3))
+            self.parting.made(f"{file}:{line}", [], "", devices)
 
     def settled(self, k: int, group: str, ranks: list[int], key: str = ""):
         """The judge of program ``k`` of ``group`` (0: one made off the main thread)."""
