@@ -274,7 +274,12 @@ def _stack_facts(rec: ProcessRecord, text: str) -> ProcessFacts:
 
 
 def _root_cause(rec: ProcessRecord, stderr: list[str], stdout: tuple[str, ...] | None) -> RootCause:
-    """``stdout``: its stdout log's last lines, where they were read already."""
+    """``stdout``: its stdout log's last lines, where they were read already.
+    A fatal error's dump (faulthandler: the process aborted) is left out of
+    its last lines: what came before it says why, and the dump's main thread
+    is its line (``ProcessFacts.frame``)."""
+    fatal = next((i for i in range(len(stderr) - 1, -1, -1) if stderr[i].startswith("Fatal Python error:")), None)
+    stderr = stderr if fatal is None or fatal == 0 else stderr[:fatal]
     output_path, output = rec.stderr_log, stderr[-TAIL_LINES:]
     if any(loss.stream == "stderr" and loss.tail for loss in rec.losses):
         output_path += " (and what jaxrun kept of it in memory once the file stopped)"

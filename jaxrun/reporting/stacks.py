@@ -75,8 +75,36 @@ def dump_complete(text: str) -> bool:
 
 def user_frame(text: str) -> Frame | None:
     """From the last faulthandler dump in ``text``: the main thread's innermost
-    frame in the user's own code, with its source line (read from the file)."""
-    start = text.rfind("Current thread 0x")
+    frame in the user's own code, with its source line (read from the file).
+    A fatal error's dump (a runtime thread aborted: Gloo's size mismatch) has
+    the main thread among the other threads: the block that reaches the
+    interpreter's entry frame."""
+    start, fatal = text.rfind("Current thread 0x"), text.rfind("Fatal Python error:")
+    if fatal > start:  # the thread that aborted runs no Python: no "Current thread" block
+        return _block_frame(text, _fatal_main(text, fatal))
+    if start < 0:
+        return None
+    head = text.rfind("Fatal Python error:", 0, start)  # a Python thread aborted: the main one may be another
+    return _block_frame(text, start) or _block_frame(text, _fatal_main(text, head))
+
+
+def _fatal_main(text: str, head: int) -> int:
+    """Where the main thread's block starts in the fatal error's dump that
+    begins at ``head`` (-1: none)."""
+    if head < 0:
+        return -1
+    for m in _THREAD_LINE.finditer(text, head):
+        end = text.find("\n\n", m.end())
+        block = text[m.start():end if end >= 0 else len(text)]
+        if any(_ENTRY_FRAME.match(line) for line in block.splitlines()):
+            return m.start()
+    return -1
+
+
+_THREAD_LINE = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+", re.M)
+
+
+def _block_frame(text: str, start: int) -> Frame | None:
     if start < 0:
         return None
     for line in text[start:].splitlines()[1:]:

@@ -3,6 +3,8 @@ attempt's diagnosis (``reporting.diagnosis``); nothing here reads a log."""
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Iterable
 
 from jaxrun import contract
@@ -54,6 +56,7 @@ def summary_lines(outcome: Outcome, log_dir: str, run_lines: Iterable[str] = (),
         shared = set(failure.ranks)
         lines.extend(engine_failure_lines(failure, root.pid))
     elif root is not None and found.kind is not Kind.STALL:
+        lines.extend(parted_lines(outcome, found))
         lines.append(root_line(outcome, root))
         if root.error:
             lines.extend(exception_lines(root))
@@ -114,6 +117,34 @@ def exception_lines(root: diagnosis.RootCause) -> list[str]:
     at = f"raised at {root.at}; " if root.at else ""
     lines.append(f"jaxrun:   {at}{said} in {root.output_path}")
     return lines
+
+
+# Gloo's words where processes that a collective spans reached different ones:
+# "Received data size doesn't match expected size. Is there a distributed
+# collective mismatch in your code?" (the process aborts: SIGABRT).
+COLLECTIVE_MISMATCH = re.compile(r"(Received data size doesn't match expected size)|collective mismatch")
+
+
+def parted_lines(outcome: Outcome, found: Diagnosis) -> list[str]:
+    """Where the root cause aborted in a collective that did not match, and
+    the processes stood at different lines: they parted there, and that is
+    the failure (the abort is its consequence)."""
+    root = found.root
+    said = next((line for line in reversed(root.stderr_tail) if COLLECTIVE_MISMATCH.search(line)), None)
+    if said is None:
+        return []
+    places: dict[tuple, list[int]] = {}
+    for rec, facts in zip(outcome.records, found.processes):
+        if facts.frame:
+            places.setdefault(facts.frame, []).append(rec.spec.rank)
+    if len({frame[:2] for frame in places}) < 2:
+        return []
+    sides = sorted(places.items(), key=lambda side: (len(side[1]), side[1]))
+    what = COLLECTIVE_MISMATCH.search(said)
+    pieces = [f"{'process' if len(ranks) == 1 else 'processes'} {', '.join(map(str, ranks))} at "
+              f"{os.path.basename(frame[0])}:{frame[1]}: {frame[3]}" for frame, ranks in sides]
+    return [f"jaxrun: the processes parted: {'; '.join(pieces)} (a program that spans processes runs on every "
+            f"one of them, or on none); their collectives did not match ({what[0]})"]
 
 
 def root_line(outcome: Outcome, root) -> str:

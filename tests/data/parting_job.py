@@ -7,8 +7,9 @@ looks like one.
                                  that spans every process)
     parting_job.py all-but-0     every process but 0 evaluates at step 3
     parting_job.py skip          process 2 skips step 3
-    parting_job.py columns       process 0 alone evaluates each column's mean at step 3:
-                                 its collective's size differs from the step's (Gloo aborts)
+    parting_job.py columns       process 0 alone evaluates each column's mean of a wide
+                                 array at step 3: its collective's size (1 KiB) differs
+                                 from the step's (4 bytes), and Gloo aborts (SIGABRT)
     parting_job.py gather        process 0 alone gathers the weights at step 3
                                  (multihost_utils.process_allgather, a checkpoint's way)
     parting_job.py healthy       a sub-mesh program (processes 0-1 apart from 2-3, at
@@ -64,6 +65,10 @@ def slow_sum(v, seconds):
     return slow(jnp.sum(v), seconds)
 
 
+wide = jax.make_array_from_callback((mesh.size, 256), NamedSharding(mesh, P("b", None)),
+                                    lambda index: np.ones((mesh.size, 256), np.float32)[index])
+
+
 def sub_mesh(ranks):
     devices = [d for d in jax.devices() if d.process_index in ranks]
     return Mesh(np.array(devices), ("s",))
@@ -79,7 +84,7 @@ for step in range(STEPS):
     if step == PART and what == "eval" and rank == 0:
         print("eval", float(eval_step(w)), flush=True)  # process 0 alone evaluates
     if step == PART and what == "columns" and rank == 0:
-        print("eval", eval_columns(w), flush=True)  # process 0 alone evaluates each column
+        print("eval", float(eval_columns(wide).sum()), flush=True)  # process 0 alone evaluates each column
     if step == PART and what == "all-but-0" and rank != 0:
         print("eval", float(eval_step(w)), flush=True)  # every process but 0 evaluates
     if step == PART and what == "gather" and rank == 0:

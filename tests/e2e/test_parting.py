@@ -8,7 +8,8 @@ Real jobs of tests/data/parting_job.py, 4 processes x 2 CPU devices, the
 stall timeout at its default (600 s): process 0 alone evaluates; every
 process but 0 does; process 2 skips a step; process 0 alone gathers the
 weights (multihost_utils.process_allgather, a checkpoint's way); process 0
-alone evaluates a program whose collective's size differs from the step's.
+alone evaluates a program whose collective's size differs from the step's
+(Gloo aborts: the summary's first line is the parting, at each side's line).
 Each backend's five jobs run at once (one wait for all).
 """
 
@@ -52,6 +53,12 @@ NAMED = {  # shape -> (the process named first, what the headline says)
 }
 
 
+# Where Gloo aborts on the size that differs (the columns' 1 KiB against the step's 4 bytes).
+ABORTED = (f"jaxrun: the processes parted: process 0 at parting_job.py:{COLUMNS}: print(\"eval\", "
+           f"float(eval_columns(wide).sum()), flush=True)  # process 0 alone evaluates each column; "
+           f"processes 1, 2, 3 at parting_job.py:{LOSS}: loss = float(jnp.sum(w))")
+
+
 def backend_flags(request, backend: str, monkeypatch) -> list:
     if backend == "no-preload":
         monkeypatch.setenv("JAXRUN_NO_PRELOAD", "1")
@@ -76,11 +83,19 @@ def check_named(shape: str, code: int, stdout: str, stderr: str, report_path, ho
     within WITHIN seconds of the last process's part (the SSH and Slurm test
     hosts are this machine: one clock)."""
     first, headline = NAMED[shape]
-    assert code == 1, stderr
-    assert f"jaxrun: process {first}{host(first)} failed first: exit code 1" in stderr, stderr
-    said = re.search(r"PartedProgramError: processes 0-3 parted: (.*)", stderr)
-    assert said and said[1].startswith(headline), stderr
-    assert said[1].endswith(TAIL), stderr
+    aborted = re.search(r"^jaxrun: process (\d)\S* (?:on \S+ )?failed first: killed by SIGABRT", stderr, re.M)
+    if aborted:  # Gloo aborted: the summary's first line is the parting, at each side's line
+        first = int(aborted[1])
+        assert code == 128 + 6, stderr
+        summary = stderr[stderr.index("jaxrun: the processes parted: "):]
+        assert summary.startswith(ABORTED), stderr
+        assert summary.splitlines()[1].startswith(f"jaxrun: process {first}"), stderr
+    else:
+        assert code == 1, stderr
+        assert f"jaxrun: process {first}{host(first)} failed first: exit code 1" in stderr, stderr
+        said = re.search(r"PartedProgramError: processes 0-3 parted: (.*)", stderr)
+        assert said and said[1].startswith(headline), stderr
+        assert said[1].endswith(TAIL), stderr
     parted = max(float(t) for t in re.findall(r"process \d parts at ([\d.]+)", stdout))
     process = json.loads(report_path.read_text())["processes"][first]
     took = process["ended_at"] - parted

@@ -108,3 +108,29 @@ def test_a_host_callback_on_any_thread_is_the_process_in_its_own_code():
     assert not in_callback(lambda: {1: parked, 2: frame("/usr/lib/python3.11/threading.py")})
     assert in_callback(lambda: {1: parked, 2: callback})
     assert in_callback(lambda: {1: callback})  # the main thread runs it
+
+
+FATAL = '''terminate called after throwing an instance of 'gloo::EnforceNotMet'
+  what():  [enforce fail at pair.cc:459] Received data size doesn't match expected size.
+Fatal Python error: Aborted
+
+Thread 0x00007f60b3e456c0 (most recent call first):
+  File "/work/jaxrun/child/watch/dumps.py", line 95 in _serve
+  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+Thread 0x00007f60cd45bb80 (most recent call first):
+  File "/usr/lib/python3.11/site-packages/jax/_src/numpy/reductions.py", line 310 in sum
+  File "/home/u/train.py", line 61 in <module>
+  File "<frozen runpy>", line 198 in _run_module_as_main
+
+Extension modules: jaxlib.cpu_feature_guard (total: 1)
+'''
+
+
+def test_a_fatal_errors_dump_names_the_main_threads_line_though_another_thread_aborted():
+    """Gloo's thread aborts (no Python frame, so no "Current thread" block):
+    the main thread is the block that reaches the interpreter's entry."""
+    from jaxrun.reporting import stacks
+
+    assert stacks.user_frame(FATAL)[:3] == ("/home/u/train.py", 61, "<module>")
+    assert stacks.user_frame(FATAL.replace("Fatal Python error: Aborted", "")) is None  # not a fatal error's
