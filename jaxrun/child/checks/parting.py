@@ -29,7 +29,8 @@ ever), and the stall watchdog takes its timeout.  So:
 Never a parting: processes that wait at one line (a long program on an
 accelerator, a slow peer), a program of a subset of processes whose members
 wait together, a process-local program (it spans no one), a process busy in
-its own work (it wants CPU, or it is outside JAX).  Known limits: with
+its own work (it wants CPU, or it is outside JAX, or a thread of its runs a
+host callback of the script's: ``in_callback``).  Known limits: with
 ``--no-account`` nothing here runs; a process that finished its script with
 a long program still running in the background reads as finished.
 """
