@@ -55,22 +55,6 @@ def prepare(environ, rank: int, count: int) -> None:
         replicas.install(board, strict=strict)
 
     hooks.after_import("jax", install)
-    _name_the_line_of_a_crash()
-
-
-def _name_the_line_of_a_crash() -> None:
-    """A process that a collective aborts (Gloo's "Received data size doesn't
-    match expected size", SIGABRT) leaves every thread's Python stack in its
-    log, so that the summary names its line beside its peers': they parted
-    there.  Where the script enabled faulthandler itself, it stays as it is."""
-    import faulthandler
-    import sys
-
-    if not faulthandler.is_enabled() and sys.stderr is not None:
-        try:
-            faulthandler.enable(file=sys.stderr, all_threads=True)
-        except (ValueError, OSError, AttributeError):  # a stderr without a file descriptor
-            pass
 
 
 def script_returned() -> None:
