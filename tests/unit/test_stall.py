@@ -1088,3 +1088,34 @@ def test_a_process_parked_for_less_than_the_timeout_stalls_a_timeout_later(tmp_p
     clock.now += 10
     found = probe_with(w, clock, logs, dict.fromkeys(range(2), AT_SLEEP))
     assert [g.ranks for g in found.odd] == [(0, 1)]
+
+
+@pytest.mark.parametrize("dumped, a_stall", [(AT_PROGRAM, False), (AT_SLEEP, True)], ids=["one-program", "native"])
+def test_one_long_program_is_said_once_and_its_time_is_no_stall_in_the_goodput(tmp_path, dumped, a_stall):
+    """Every process inside JAX at one place (a 30 s program on the TPU host,
+    --stall-timeout 8): one line while nothing moves, not one every timeout,
+    and the span is the program's time (it read 'lost to stall 27.8 s')."""
+    clock, notes = Clock(), []
+    specs = [ProcessSpec(rank=r, local_rank=r, host=LOCAL_HOST, python="python", shim_args=("--", "x.py"), env={})
+             for r in range(2)]
+    logs = {r: str(tmp_path / f"process-{r}.stderr") for r in range(2)}
+    for path in logs.values():
+        open(path, "w").close()
+    w = stall.ActivityWatch(specs, 10.0, clock, notes.append, logs, wall=clock)
+    heard_for(w, clock, dict.fromkeys(range(2), contract.IDLE), 10.1)
+    assert probe_with(w, clock, logs, dict.fromkeys(range(2), dumped)) is None
+    probes = 0
+    for _ in range(3):  # it goes on: probed again each timeout, said no more
+        clock.now += 10.1
+        if w.tick()[1] == "probe":
+            probes += 1
+            for rank in range(2):
+                with open(logs[rank], "a") as f:
+                    f.write(f"Current thread 0x02 (most recent call first):\n{dumped}{ENTRY}")
+            clock.now += 0.1
+            assert w.tick()[1] is None
+    assert probes >= 2
+    assert len(notes) == 1, notes
+    heard_for(w, clock, {0: contract.BUSY}, 0.1)  # the program ended
+    w.tick()
+    assert bool(w.stills) is a_stall, w.stills

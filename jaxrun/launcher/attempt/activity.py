@@ -187,6 +187,10 @@ class ActivityWatch:
         # for at least the timeout (the watchdog's own "no progress"), and the one open now.
         self.stills: list[tuple[float, float]] = []
         self.still_from: float | None = None
+        # The open still span, as the dumps placed it: every process inside JAX at one
+        # place (one long program: its time, not a stall's), and whether that was said.
+        self.span_in_program = False
+        self.span_noted = False
         # The time account (child.accounting): each process's newest split, and the straggler rule over them.
         self.accounting = any(s.env.get(contract.ACCOUNT) != contract.ACCOUNT_OFF for s in specs)
         self.latest: dict[int, contract.TimeSplit] = {}
@@ -318,9 +322,10 @@ class ActivityWatch:
 
     def _close_still(self) -> None:
         now = self.wall()
-        if self.still_from is not None and now - self.still_from >= self.timeout:
+        if self.still_from is not None and now - self.still_from >= self.timeout and not self.span_in_program:
             self.stills.append((self.still_from, now))
         self.still_from = None
+        self.span_in_program = self.span_noted = False
 
     def _decide(self, now: float) -> tuple[float | None, str | Stall | None]:
         places = {r: place_in(read_after(self.stderr_logs[r], self.offsets.get(r, 0))) for r in sorted(self.running)}
@@ -332,7 +337,12 @@ class ActivityWatch:
             self.active = False
             spinning = tuple((r, self.spinning[r]) for r in sorted(self.running) if r in self.spinning)
             return None, dataclasses.replace(stall, spinning=spinning)
-        self.note(waiting_line(places, self.timeout))
+        # Every process inside JAX at one place: one long program (an accelerator's),
+        # whose time is the program's, not a stall's; said once while nothing moves.
+        self.span_in_program = all(p.inside_jax for p in places.values()) and len({p.key for p in places.values()}) == 1
+        if not self.span_noted:
+            self.note(waiting_line(places, self.timeout))
+            self.span_noted = True
         self.quiet_until = now + self.timeout
         return now + self.poll, None
 
