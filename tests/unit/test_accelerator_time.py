@@ -27,7 +27,7 @@ class Frames:
         frame = None
         for filename, name in reversed(stack):
             code = compile(f"def {name}(): pass", filename, "exec").co_consts[0]
-            frame = type("Frame", (), {"f_code": code, "f_back": frame, "f_lasti": 0})()
+            frame = type("Frame", (), {"f_code": code, "f_back": frame, "f_lasti": 0, "f_lineno": 1})()
         self.frame = frame
 
     def __call__(self):

@@ -39,6 +39,7 @@ CHILD = (
     "jaxrun.child.checks.replicas_prints",
     "jaxrun.child.checks.flight",
     "jaxrun.child.checks.divergence",
+    "jaxrun.child.checks.parting",
     # The watches the shim loads where they are on (the stall watchdog and the
     # account by default; a trace where the launcher named a folder).
     "jaxrun.child.watch.activity",

@@ -81,7 +81,7 @@ class Tally:
         with self.lock:
             self.starts.append((began, ended))
             self.runtime_start += max(0.0, ended - began)
-        self._changed()
+        self.dirty = True  # told with the next write: the first compile's goes out at once, as before
 
     def add_compile(self, seconds: float) -> None:
         with self.lock:
