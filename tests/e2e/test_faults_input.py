@@ -75,10 +75,10 @@ BAD_INPUTS = [
     ("junit-folder-missing", ["--junit-xml", "{dir}/missing/j.xml"], {},
      "--junit-xml {dir}/missing/j.xml: the folder {dir}/missing does not exist"),
     ("report-folder-is-a-file", ["--report", "{file}/r.json"], {}, "the folder {file} is not a folder"),
-    ("n-100000000", ["-n", "100000000"], {}, "-n 100000000: jaxrun needs about 200000064 open files"),
+    ("n-100000000", ["-n", "100000000"], {}, "-n 100000000: jaxrun needs about 600000027 open files"),
     ("n-100000000-ssh", ["-n", "100000000", "-H", "localhost"], {"PATH": "{fake}"}, "(5 each, ssh run)"),
     ("slurm-ntasks-100000000", ["--launcher", "slurm"], {"PATH": "{fake}", "SLURM_NTASKS": "100000000"},
-     "-n 100000000: jaxrun needs about 900000064 open files"),
+     "-n 100000000: jaxrun needs about 900000027 open files"),
     ("hosts-slots-100000000", ["--hosts", "{hosts}"], {}, "{hosts}:2: slots must be between 1 and 4096, got 100000000"),
     ("H-slots-100000000", ["-H", "localhost:100000000"], {},
      "-H localhost:100000000: slots must be between 1 and 4096"),
@@ -209,23 +209,23 @@ def test_open_file_limit_is_named(place, tmp_path):
     prlimit = shutil.which("prlimit") or pytest.skip("prlimit (util-linux) is not installed")
     proc = run_jaxrun(["--log-dir", tmp_path / "logs", "-n", 300, place["script"]],
                       prefix=(prlimit, "--nofile=256:256", "--"))
-    assert_one_error_line(proc, "-n 300: jaxrun needs about 664 open files for that many processes (2 each, "
-                                "local run), but the open-file limit is 256 (ulimit -Hn); at most 96 processes")
+    assert_one_error_line(proc, "-n 300: jaxrun needs about 1827 open files for that many processes (6 each, "
+                                "local run), but the open-file limit is 256 (ulimit -Hn); at most 38 processes")
     assert not (tmp_path / RAN).exists() and not (tmp_path / "logs").exists()
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.both_modes
 def test_soft_open_file_limit_is_raised_to_the_hard_one(jaxrun, tmp_path):
-    # 64 + 2 per process is more than a soft limit of 70 at -n 4: jaxrun raises it, as launchers do.
+    # 24 of its own + 6 per process is more than a soft limit of 70 at -n 8: jaxrun raises it, as launchers do.
     prlimit = shutil.which("prlimit") or pytest.skip("prlimit (util-linux) is not installed")
     script = tmp_path / "limit.py"
     script.write_text("import resource\nprint('NOFILE', *resource.getrlimit(resource.RLIMIT_NOFILE))\n")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("fixtures.jobs.JAXRUN", [prlimit, "--nofile=70:4096", "--", *JAXRUN])
-        code, out, err = jaxrun("-n", 4, "--cpu-devices", 1, script)  # (on a GPU host, 4 would share its GPUs)
+        code, out, err = jaxrun("-n", 8, "--cpu-devices", 1, script)  # (on a GPU host, 8 would share its GPUs)
     assert code == 0, err
-    assert out.count("NOFILE 4096 4096") == 4, out
+    assert out.count("NOFILE 4096 4096") == 8, out
 
 
 # -- the default log folder: per user, private -------------------------------------
@@ -247,10 +247,11 @@ def test_default_logs_are_private(jaxrun, tmp_path):
     for folder in (base, run_dir, run_dir / "restart-1"):
         assert stat.S_IMODE(folder.lstat().st_mode) == 0o700, folder
     files = [p for p in run_dir.rglob("*") if p.is_file()]
-    # stdout and stderr of 2 processes in 2 attempts, the run's record and its timeline
+    # stdout and stderr of 2 processes in 2 attempts, the run's record, its lock and its timeline
     assert sorted(p.name for p in files if p.parent == run_dir) == [
-        "process-0.stderr", "process-0.stdout", "process-1.stderr", "process-1.stdout", "run.json", "timeline.jsonl"]
-    assert len(files) == 10, files
+        "process-0.stderr", "process-0.stdout", "process-1.stderr", "process-1.stdout", "run.json", "run.lock",
+        "timeline.jsonl"]
+    assert len(files) == 11, files
     assert all(stat.S_IMODE(p.lstat().st_mode) == 0o600 for p in files), files
 
 
