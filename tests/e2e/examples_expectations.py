@@ -70,6 +70,13 @@ def ranks(layout: Layout) -> range:
 # --- the examples -----------------------------------------------------------
 
 
+# The toy's result as the plain launch prints it.  Processes that join build JAX's
+# CPU collectives with gloo; a job of one process builds none, as a bare python's
+# (issue 71: it opens no internet socket), and 8 local devices then reduce in
+# another order: the last digits differ.
+TOY_RESULT = {False: r"-0\.12398731708526611", True: r"-0\.12398737668991089"}
+
+
 def check_toy(layout, out):
     data = np.arange(32).reshape(4, 8)
     blocks = {str(data[i:i + 1, 4 * j:4 * j + 4].tolist()) for i in range(4) for j in range(2)}
@@ -78,7 +85,7 @@ def check_toy(layout, out):
         rows = matches(out[p], r"device (cpu:\d+) has local data (\[\[.*\]\])")
         assert sorted(owner(m[1]) for m in rows) == [p] * layout.devices, rows
         seen += [str(ast.literal_eval(re.sub(r"(\d)\s+(?=\d)", r"\1, ", m[2]))) for m in rows]
-        one(out[p], rf"process={p} got result: -0\.12398731708526611")
+        one(out[p], rf"process={p} got result: {TOY_RESULT[layout.processes == 1]}")
     assert sorted(seen) == sorted(blocks)
     if layout == (4, 2):  # the guide's printed layout: process p holds 8p..8p+7
         for p in ranks(layout):

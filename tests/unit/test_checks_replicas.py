@@ -179,3 +179,16 @@ def test_strict_checks_refuse_a_jax_without_the_hook_points(tmp_path):
     assert done.stderr == ("jaxrun: --checks strict: this jax (0.0.1) lacks jax._src.array.make_array_from_callback, "
                            "where the replica check hooks in\n")
     assert "RuntimeError: --checks strict: this jax (0.0.1) lacks" in record.read_text()
+
+
+def test_jaxruns_own_folder_is_the_packages_whose_frames_are_never_the_users():
+    """The replicas' and the flight recorder's call site skips jaxrun's own
+    frames (jaxrun.make_global_batch in runtime.py): after the child side
+    moved a floor down, its own folder was taken for jaxrun's, and the
+    mismatch was named at runtime.py:150."""
+    import os
+
+    from jaxrun.child import JAXRUN_FOLDER
+
+    assert os.path.isfile(os.path.join(JAXRUN_FOLDER, "runtime.py"))
+    assert os.path.isfile(os.path.join(JAXRUN_FOLDER, "child", "shim.py"))

@@ -196,7 +196,9 @@ class Flight:
         """Which files are JAX's, jaxrun's or the standard library's: never the user's frame."""
         import sysconfig
 
-        dirs = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+        from jaxrun.child import JAXRUN_FOLDER
+
+        dirs = [JAXRUN_FOLDER]
         for name in ("jax", "jaxlib"):
             module = jax_module if name == "jax" else sys.modules.get(name)
             if getattr(module, "__file__", None):

@@ -35,9 +35,9 @@ def skipped_folders() -> tuple[str, tuple[str, ...]]:
     import jax
 
     own = os.path.dirname(jax.__file__) + os.sep
-    # jaxrun's folder, from this file's place in it: ``import jaxrun`` here
-    # would close a cycle (jaxrun -> runtime -> child.replicas -> here).
-    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    from jaxrun.child import JAXRUN_FOLDER
+
+    ours = JAXRUN_FOLDER + os.sep
     return own + "_src" + os.sep, (own, ours)
 
 
