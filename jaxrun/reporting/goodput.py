@@ -121,15 +121,17 @@ def account(run_began: float, run_ended: float, attempts: Sequence[AttemptFacts]
         ended = min(max(a.ended_at, began), run_ended)
         work_end = min(max(a.work_ended_at, began), ended)
         join = work_end if a.joined_at is None else min(max(a.joined_at, began), work_end)
-        add("startup", join - began, n, began, join)
+        # The runtime's start follows the join (the script's first JAX call makes the backend): start-up too.
+        started = min(join + max(0.0, a.runtime_start), work_end)
+        add("startup", started - began, n, began, started)
+        join = started
         inside = work_end - join
         stills = [(max(b, join), min(e, work_end)) for b, e in a.stills if min(e, work_end) > max(b, join)]
         stalled = _overlap(stills, join, work_end)
         add("stall", stalled, n)
         spans.extend(("stall", b, e, n) for b, e in stills)
         left = inside - stalled
-        for part, seconds in (("startup", a.runtime_start), ("compile", a.compile), ("checkpoint", a.checkpoint),
-                              ("waiting", a.waiting)):
+        for part, seconds in (("compile", a.compile), ("checkpoint", a.checkpoint), ("waiting", a.waiting)):
             taken = min(max(0.0, seconds), left)
             add(part, taken, n)
             left -= taken
