@@ -25,8 +25,10 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from pathlib import Path
 
 import pexpect
 import pytest
@@ -118,7 +120,8 @@ STUCK_START = 90
 def stuck_job(tmp_path_factory, started: list) -> Job:
     """A job stuck as the module's docstring says, once all three processes are ready."""
     token = uuid.uuid4().hex
-    base = tmp_path_factory.mktemp("inspect")  # short: the channel's folder goes under it
+    # Short: the channel's folder goes under it (tmp_path_factory's run past a socket's room under xdist).
+    base = Path(tempfile.mkdtemp(prefix="jr-inspect-", dir="/tmp"))
     env = {**os.environ, TOKEN: token, "TMPDIR": str(base), "TERM": "xterm"}
     env.pop("JAXRUN_NO_PRELOAD", None)
     script, release, logs = base / "stuck.py", base / "release", base / "logs"
