@@ -38,10 +38,10 @@ def publish(client, topic: str, rank: int, entry: dict) -> None:
     client.key_value_set(f"{ENTRIES}/{topic}/{rank}", json.dumps(entry), allow_overwrite=True)
 
 
-def entries(client, topic: str) -> dict[int, dict]:
-    """Every rank's entry under ``topic``, by rank."""
+def by_rank(client, folder: str) -> dict[int, dict]:
+    """Every rank's JSON value in ``folder`` (``folder/{rank}``), by rank."""
     found = {}
-    for key, value in client.key_value_dir_get(f"{ENTRIES}/{topic}/"):
+    for key, value in client.key_value_dir_get(f"{folder}/"):
         tail = key.rsplit("/", 1)[1]
         if tail.isdigit():
             try:
@@ -49,6 +49,11 @@ def entries(client, topic: str) -> dict[int, dict]:
             except ValueError:
                 continue
     return found
+
+
+def entries(client, topic: str) -> dict[int, dict]:
+    """Every rank's entry under ``topic``, by rank."""
+    return by_rank(client, f"{ENTRIES}/{topic}")
 
 
 def has_entry(client, topic: str, rank: int) -> bool:
@@ -107,15 +112,7 @@ def clear_wait(client, rank: int) -> None:
 
 def waits(client) -> dict[int, dict]:
     """Every rank's wait, by rank."""
-    found = {}
-    for key, value in client.key_value_dir_get(f"{WAITS}/"):
-        tail = key.rsplit("/", 1)[1]
-        if tail.isdigit():
-            try:
-                found[int(tail)] = json.loads(value)
-            except ValueError:
-                continue
-    return found
+    return by_rank(client, WAITS)
 
 
 class Finished:
