@@ -144,7 +144,11 @@ def account(run_began: float, run_ended: float, attempts: Sequence[AttemptFacts]
                 window = work_end - a.saved_at
                 waited = a.waiting * window / inside if inside > 0 else 0.0
                 lost = window - a.compile_after_save - _overlap(stills, a.saved_at, work_end) - waited
-                lost, lost_from = min(max(0.0, lost), left), a.saved_at
+                # Drawn as long as it counts, ending where the work ended: the
+                # window's compile and waiting stay in the work's span, whose
+                # arguments hold them, so the timeline's spans sum to the parts.
+                lost = min(max(0.0, lost), left)
+                lost_from = work_end - lost
         add("lost", lost, n, lost_from if lost > 0 else None, work_end)
         add("work", left - lost, n, join, lost_from if lost > 0 else work_end)
         add("teardown", ended - work_end, n, work_end, ended)

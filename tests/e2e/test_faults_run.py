@@ -302,7 +302,7 @@ def test_sigterm_while_ssh_preflight_hangs(sshd_hosts, started, tmp_path, shared
 # -- a launcher thread dies ----------------------------------------------------------
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("thread", ["jaxrun-output", "process-waiter", "forkserver-reader"])
+@pytest.mark.parametrize("thread", ["jaxrun-output", "jaxrun-logs", "process-waiter", "forkserver-reader"])
 def test_a_dying_launcher_thread_ends_the_run(thread, started, tmp_path):
     script = write(tmp_path, "many.py", MANY_LINES)
     proc = start(["-n", 2, "--log-dir", tmp_path / "logs", script],

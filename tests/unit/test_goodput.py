@@ -46,7 +46,10 @@ def test_a_crash_after_a_save_loses_the_work_since_and_the_restart_s_gap_is_its_
     assert found.parts["stall"] == pytest.approx(1.0)
     assert found.parts["startup"] == pytest.approx(6.0)
     assert found.parts["work"] == pytest.approx(17 - 1.6 - 1.0 - 1.5 + 9 - 0.8)
-    assert ("lost", 17.0, 20.0, 0) in found.spans and ("restart", 21.0, 23.0, 1) in found.spans
+    # The timeline draws the lost work as long as it counts, up to the crash,
+    # after the save; the work's span runs up to it.
+    assert ("lost", 18.5, 20.0, 0) in found.spans and ("restart", 21.0, 23.0, 1) in found.spans
+    assert ("work", 3.0, 18.5, 0) in found.spans
     assert ("stall", 18.0, 19.0, 0) in found.spans
 
 

@@ -1012,18 +1012,26 @@ def test_parked_in_pythons_own_wait_is_read_from_the_threads_frames():
     asleep = parked_thread(SLEEPER, "park")
     assert place.parked_in_python(asleep.ident)  # time.sleep, called by its global name
 
-    getter = threading.Thread(target=queue.Queue().get, args=(True, 10), daemon=True)  # a dead loader's queue
+    # A dead loader's queue.  Released by the test's own put, never by a
+    # timeout: a get that timed out raised Empty in its thread seconds later,
+    # and pytest blamed whichever test that worker ran then.
+    loader = queue.Queue()
+    getter = threading.Thread(target=loader.get, daemon=True)
     getter.start()
-    in_a_call(getter)
-    assert place.parked_in_python(getter.ident)  # the innermost frame is the standard library's
+    try:
+        in_a_call(getter)
+        assert place.parked_in_python(getter.ident)  # the innermost frame is the standard library's
 
-    libc = ctypes.CDLL(None)
-    native = parked_thread(NATIVE, "native", libc)
-    assert not place.parked_in_python(native.ident)  # a native call it cannot name: np.asarray(y), say
-    assert not place.parked_in_python(parked_thread(IN_JAX, "program").ident)  # inside JAX
+        libc = ctypes.CDLL(None)
+        native = parked_thread(NATIVE, "native", libc)
+        assert not place.parked_in_python(native.ident)  # a native call it cannot name: np.asarray(y), say
+        assert not place.parked_in_python(parked_thread(IN_JAX, "program").ident)  # inside JAX
 
-    # Another thread of the script's inside JAX (a program it runs for the main thread): none is parked.
-    assert not place.parked_in_python(asleep.ident) and not place.parked_in_python(getter.ident)
+        # Another thread of the script's inside JAX (a program it runs for the main thread): none is parked.
+        assert not place.parked_in_python(asleep.ident) and not place.parked_in_python(getter.ident)
+    finally:
+        loader.put(None)
+        getter.join(5)
 
 
 def heard_for(w, clock, states: dict[int, str], seconds: float) -> None:

@@ -322,7 +322,11 @@ class Supervisor:
         self.stop.sweep()
         self.pump.finish()  # no pause holds back the last bytes
         end = time.monotonic() + DRAIN_WAIT  # real time: the pump runs in real time
-        while self.starter.open_streams > 0 and not self.fault:
+        # After a launcher thread died, the streams still close if the two
+        # threads that close them live: their last bytes are the user's.  If
+        # one of those died, its streams never close, so nobody waits for them.
+        carriers = (self.pump.thread, self.writer.thread)
+        while self.starter.open_streams > 0 and all(thread.is_alive() for thread in carriers):
             try:
                 event = self.events.get(timeout=max(0.0, end - time.monotonic()))
             except queue.Empty:
