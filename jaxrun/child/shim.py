@@ -28,10 +28,10 @@ the watches and checks that are on, and the rest loads where first used.
 
 from __future__ import annotations
 
+import _signal as signal  # not signal's enums: contract.STOP_SIGNALS says why
 import builtins
 import importlib.machinery
 import os
-import signal
 import sys
 import threading
 import types

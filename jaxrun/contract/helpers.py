@@ -4,8 +4,8 @@ how a listener picks its address."""
 
 from __future__ import annotations
 
+import _signal  # the signal module's C half: see STOP_SIGNALS
 import os
-import signal
 from collections.abc import Mapping, Sequence
 
 from jaxrun.contract.names import (  # the names these rules fill in
@@ -108,7 +108,12 @@ def substitute(arg: str, values: Mapping[str, object]) -> str:
 # The signals that ask a job to stop: jaxrun forwards them to every process
 # with a grace period, its helpers start with them blocked, and a controller
 # gets them back unblocked.  One tuple for every side.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_SIGNALS = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP)
+# Plain numbers from ``_signal``, the module that ``signal`` wraps: ``signal``'s
+# import turns its constants into enums, 3 ms of every process's start-up
+# (256 processes on 2 cores: 0.4 s of ``bench/startup.py --part many``).  The
+# shim and what it imports before the script use ``_signal``; a number
+# compares equal to its enum everywhere else.
 
 
 def exit_status(returncode: int) -> int:
@@ -119,12 +124,14 @@ def exit_status(returncode: int) -> int:
 def returncode_from_status(status: int) -> int:
     """The inverse, for an agent that reported its child's death by signal N as
     128+N.  255 is ssh's own failure and stays as it is."""
-    if 128 < status < 128 + signal.NSIG:
+    if 128 < status < 128 + _signal.NSIG:
         return -(status - 128)
     return status
 
 
 def signal_name(signum: int) -> str:
+    import signal  # its names: only where one is said
+
     try:
         return signal.Signals(signum).name
     except ValueError:

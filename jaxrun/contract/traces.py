@@ -14,13 +14,13 @@ is not finished yet.  Nothing here imports jax or reads what jax wrote.
 
 from __future__ import annotations
 
+import _signal  # not signal: contract.STOP_SIGNALS says why
 import os
-import signal
 
 from jaxrun.contract.files import read_small
 
 # The launcher's ask: the first starts a trace, the next stops it (SIGUSR1 is the stack dump).
-PROFILE_SIGNAL = signal.SIGUSR2
+PROFILE_SIGNAL = _signal.SIGUSR2
 TRACE_MARKER = "jaxrun-trace.json"
 MARKER_LIMIT = 1 << 16
 

@@ -45,9 +45,10 @@ cgroups; ``memory``                    no OOM-kill count and no memory limit
 ``processes``                          launcher's run began, after its imports
 =====================================  ====================================================
 
-``probe`` holds what they all ask with, and ``notes`` what ``-v`` says about
+``probe`` holds what they all ask with, and ``lacking`` (``notes()``) what ``-v`` says about
 the facilities this system lacks.  The rest of jaxrun calls the names this
-package imports below, as ``portable.free_port(...)``.  (The fork server's messages need none of these:
+package lists in ``__all__``, as ``portable.free_port(...)``; each loads its
+module when first used.  (The fork server's messages need none of these:
 they are framed over a stream socket, see ``wire.encoding.send_frame``.)
 
 ``JAXRUN_PORTABLE=1`` in the environment makes every answer here "no", on
@@ -57,28 +58,42 @@ is read in ``probe`` and nowhere else.  Nothing here imports jax.
 
 from __future__ import annotations
 
-from jaxrun.portable.files import inotify, move_from_pipe, set_pipe_size
-from jaxrun.portable.memory import maxrss_bytes, memory_group
-from jaxrun.portable.notes import notes
-from jaxrun.portable.processes import (
-    claim_orphans,
-    descendants_cpu,
-    ended_unreaped,
-    open_file_ids,
-    own_age,
-    pid_max,
-)
-from jaxrun.portable.sockets import free_port, is_abstract, peer_pid, peer_uid, server_address, temp_base_for_sockets
-from jaxrun.portable.threads import (
-    RunDelay,
-    Throttling,
-    io_bytes,
-    lower_thread_priority,
-    main_native_id,
-    thread_cpu,
-    thread_times,
-    thread_waits,
-)
+# Each name's module, loaded when the name is first used (PEP 562): a
+# process's start-up pays for the facilities it uses, not for all eight
+# modules (the shim, before the script: sockets and probe; 1 ms of every
+# process of ``bench/startup.py --part many``).
+_WHERE = {
+    "inotify": "files", "move_from_pipe": "files", "set_pipe_size": "files",
+    "maxrss_bytes": "memory", "memory_group": "memory",
+    "notes": "lacking",
+    "claim_orphans": "processes", "descendants_cpu": "processes", "ended_unreaped": "processes",
+    "open_file_ids": "processes", "own_age": "processes", "pid_max": "processes",
+    "free_port": "sockets", "is_abstract": "sockets", "peer_pid": "sockets", "peer_uid": "sockets",
+    "server_address": "sockets", "temp_base_for_sockets": "sockets",
+    "RunDelay": "threads", "Throttling": "threads", "io_bytes": "threads", "lower_thread_priority": "threads",
+    "main_native_id": "threads", "thread_cpu": "threads", "thread_times": "threads", "thread_waits": "threads",
+}
+
+
+def __getattr__(name: str):
+    import importlib
+
+    where = _WHERE.get(name)
+    if where is None:  # a module of the layer's, as ``portable.sockets``
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(f"{__name__}.{where}"), name)
+    globals()[name] = value  # no module of the layer has a name of these: nothing sets it back
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})
+
 
 __all__ = [
     "RunDelay", "Throttling", "claim_orphans", "descendants_cpu", "ended_unreaped", "free_port", "inotify", "io_bytes",

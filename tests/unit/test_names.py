@@ -87,6 +87,10 @@ def top_level_names(module: str, trees: dict[str, ast.AST]) -> set[str]:
         elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
             for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
                 names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+                if isinstance(target, ast.Name) and target.id == "__all__" and node.value is not None:
+                    # What it exports, loaded when first used (PEP 562: jaxrun.portable)
+                    names.update(n.value for n in ast.walk(node.value)
+                                 if isinstance(n, ast.Constant) and isinstance(n.value, str))
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             for alias in node.names:
                 if alias.name == "*" and isinstance(node, ast.ImportFrom) and node.module in trees:

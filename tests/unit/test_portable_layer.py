@@ -421,3 +421,18 @@ def test_a_long_tmpdir_keeps_socket_paths_short(monkeypatch, tmp_path):
         assert os.path.dirname(connections.dir) == "/tmp"
     monkeypatch.setattr(tempfile, "tempdir", "/var/tmp")  # a short one is kept
     assert portable.temp_base_for_sockets(SSH_SOCKET_ROOM) == "/var/tmp"
+
+
+def test_every_name_of_the_layer_loads_its_own_module_when_first_used():
+    """The layer's names load lazily (PEP 562): each one listed, each one
+    found in the module it names, and the shim's start-up loads only the
+    modules it uses."""
+    assert set(portable.__all__) == set(portable._WHERE)
+    for name, where in portable._WHERE.items():
+        module = __import__(f"jaxrun.portable.{where}", fromlist=[name])
+        assert getattr(portable, name) is getattr(module, name), name
+    assert not set(portable._WHERE) & {path.stem for path in LAYER.glob("*.py")}  # a module's import would hide one
+    loaded = subprocess.run([sys.executable, "-c", "import sys; from jaxrun import portable; portable.free_port; "
+                             "print(sorted(m for m in sys.modules if m.startswith('jaxrun.portable.')))"],
+                            capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "['jaxrun.portable.probe', 'jaxrun.portable.sockets']", loaded

@@ -46,9 +46,9 @@ its stop) would have been heard as one, late.
 
 from __future__ import annotations
 
+import _signal as signal  # not signal's enums: contract.STOP_SIGNALS says why
 import atexit
 import os
-import signal
 import sys
 import threading
 import time

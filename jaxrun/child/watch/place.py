@@ -12,11 +12,11 @@ program of JAX's running on an accelerator."""
 
 from __future__ import annotations
 
+import _signal as signal  # not signal's enums: contract.STOP_SIGNALS says why
 import builtins
 import opcode
 import os
 import select
-import signal
 import sys
 import threading
 import time
