@@ -45,12 +45,6 @@ def head_start_local(config: RunConfig) -> Any:
     before, so that they see what every process gets."""
     if not config.preload or config.preload_modules:
         return None
-    return start_server(config.options.python, config.options.extra_env)
-
-
-def start_server(python: str, extra_env: Mapping[str, str]) -> Any:
-    """A preloading server for a local run, started now (``head_start_local``,
-    or the command line's guess before it was parsed: ``cli.early``)."""
     from jaxrun import portable
     from jaxrun.backends.forkserver.process import ServerProcess, server_env
 
@@ -63,7 +57,7 @@ def start_server(python: str, extra_env: Mapping[str, str]) -> Any:
         from jaxrun.core import reaper
 
         reaper.become_subreaper()
-    return ServerProcess(python, server_env(os.environ, extra_env))
+    return ServerProcess(config.options.python, server_env(os.environ, config.options.extra_env))
 
 
 def start_ssh(config: RunConfig, console: TextIO, early: Any = None) -> Backend:

@@ -13,7 +13,7 @@ import click
 
 from jaxrun import __version__, contract, meshspec, portable
 from jaxrun.backends import BACKENDS, head_start
-from jaxrun.cli import early as early_guess, helptext
+from jaxrun.cli import helptext
 from jaxrun.cli.params import (
     HostPort,
     KeyValue,
@@ -178,7 +178,7 @@ def main(**values):
     config = config_from_args(values, BACKENDS, option_names=main.option_names())
     # The command line is good: a local run's preloading server starts its
     # import of jax now, while the launcher loads and plans.
-    early = early_guess.take(config) or head_start(config)
+    early = head_start(config)
     try:
         from jaxrun.launcher.run import run  # here: --help, and a bad option's error, need none of the launcher
 
