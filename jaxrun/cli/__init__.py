@@ -94,18 +94,22 @@ def _entry(argv: list[str]) -> None:
     except (LaunchError, PlanError) as e:
         _error_line(str(e))
     except OutOfFiles as e:
-        from jaxrun.core.outcome import INTERNAL_ERROR  # here: its dataclasses cost every run's start 10 ms
-
-        _error_line(str(e), INTERNAL_ERROR)
+        _internal_error_line(str(e))
     except OSError as e:
         if e.errno not in (errno.EMFILE, errno.ENFILE):
             raise
-        from jaxrun.core.outcome import INTERNAL_ERROR
         from jaxrun.launcher.setup.limits import out_of_files_line
 
-        _error_line(out_of_files_line(e), INTERNAL_ERROR)  # the run's finally has killed what it started
+        _internal_error_line(out_of_files_line(e))  # the run's finally has killed what it started
     except click.Abort:
         sys.exit(130)
+
+
+def _internal_error_line(message: str) -> None:
+    """jaxrun's own failure: one line, exit 70."""
+    from jaxrun.core.outcome import INTERNAL_ERROR  # here: its dataclasses cost every run's start 10 ms
+
+    _error_line(message, INTERNAL_ERROR)
 
 
 def _error_line(message: str, code: int = 2) -> None:

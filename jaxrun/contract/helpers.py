@@ -108,12 +108,13 @@ def substitute(arg: str, values: Mapping[str, object]) -> str:
 # The signals that ask a job to stop: jaxrun forwards them to every process
 # with a grace period, its helpers start with them blocked, and a controller
 # gets them back unblocked.  One tuple for every side.
-STOP_SIGNALS = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP)
+#
 # Plain numbers from ``_signal``, the module that ``signal`` wraps: ``signal``'s
 # import turns its constants into enums, 3 ms of every process's start-up
 # (256 processes on 2 cores: 0.4 s of ``bench/startup.py --part many``).  The
 # shim and what it imports before the script use ``_signal``; a number
 # compares equal to its enum everywhere else.
+STOP_SIGNALS = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP)
 
 
 def exit_status(returncode: int) -> int:

@@ -26,6 +26,7 @@ import os
 import queue
 import signal
 import threading
+import time
 
 import pytest
 
@@ -612,6 +613,28 @@ def test_a_dead_launcher_thread_stops_the_job_and_is_named(tmp_path):
     summary = summary_lines(outcome, h.log_dir)
     assert summary[0] == f"jaxrun: internal error: {outcome.fault}; stopped every process"
     assert "please report it" in summary[1]
+
+
+def test_the_streams_of_a_dead_log_writer_are_not_waited_for(tmp_path):
+    """The log writer's thread itself died: the streams it carried never
+    close, so the run ends without spending DRAIN_WAIT on them (real time:
+    the drain waits on the clock the pump runs on)."""
+    h = Harness(tmp_path, n=2)
+
+    def writer_dies():
+        writer = h.sup.writer
+        writer.stopped = True
+        os.write(writer.wake_w, b"x")
+        writer.thread.join(5)
+        h.sup.hooks.thread_died("jaxrun-logs", RuntimeError("gone"))
+
+    h.at(1, writer_dies)
+    began = time.monotonic()
+    outcome = h.sup.run()  # not Harness.run: the dead writer's StreamClosed are never heard, rightly
+    took = time.monotonic() - began
+    assert (outcome.reason, outcome.exit_code) == (StopReason.INTERNAL, INTERNAL_ERROR)
+    assert not h.sup.writer.thread.is_alive()
+    assert took < DRAIN_WAIT / 2, took  # about 0.1 s here; waiting for those streams would be DRAIN_WAIT
 
 
 # -- the Child contract ----------------------------------------------------------------
