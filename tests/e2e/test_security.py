@@ -464,11 +464,30 @@ def test_an_agent_hands_nothing_to_another_user_s_listener_on_the_server_s_name(
 
 # -- the console's listener (issue 70) ---------------------------------------------------
 
+def _console_address(launcher: int) -> str | None:
+    """The session's listener, as its processes are told it (their first
+    environment).  Not any port the launcher listens on: its check that
+    loopback works listens for an instant too, and an attack on that one
+    was refused (CI, stop 72: "connected 0")."""
+    try:
+        children = psutil.Process(launcher).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return None
+    for child in children:
+        try:
+            address = child.environ().get("JAXRUN_CONSOLE_ADDRESS")
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        if address:
+            return address
+    return None
+
+
 @pytest.mark.timeout(120)
 def test_idle_connections_to_the_console_hold_up_nothing(intruder, tmp_path, no_leftover_processes):
     """The issue's fourth attack: 20 connections to the jaxrun -i session's
-    port that never send a hello, made as soon as it listens, before process
-    0 connects.  The session still comes up, runs a statement and ends 0."""
+    port that never send a hello, made as soon as its processes are told
+    where it is, before process 0 connects.  The session still comes up, runs a statement and ends 0."""
     import pexpect
 
     env = {**os.environ, "JAXRUN_NO_PRELOAD": "1", "XDG_STATE_HOME": str(tmp_path), "TERM": "xterm"}
@@ -480,10 +499,10 @@ def test_idle_connections_to_the_console_hold_up_nothing(intruder, tmp_path, no_
         deadline = time.monotonic() + 30
         while idle is None:
             assert time.monotonic() < deadline, "the session never listened"
-            ports = [c.laddr for c in psutil.Process(session.pid).net_connections("inet")
-                     if c.status == psutil.CONN_LISTEN]
-            if ports:
-                idle = intruder("idle", ports[0].ip, ports[0].port, 20)
+            address = _console_address(session.pid)
+            if address:
+                host, port = address.rsplit(":", 1)
+                idle = intruder("idle", host.strip("[]"), port, 20)
             else:
                 time.sleep(0.01)
         said, held = idle.stdout.readline().split()
