@@ -142,7 +142,9 @@ def idle(host: str, port: int, count: int) -> dict:
     tries = [threading.Thread(target=one, daemon=True) for _ in range(count)]
     for thread in tries:
         thread.start()
-    time.sleep(0.5)
+    deadline = time.monotonic() + 5  # those past a full backlog may wait: not for them
+    for thread in tries:
+        thread.join(max(0.0, deadline - time.monotonic()))
     print("connected", len(held), flush=True)
     sys.stdin.read()
     return {"held": len(held)}
