@@ -70,8 +70,8 @@ import os, sys
 fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
 try:
     import fcntl
-    fcntl.fcntl(0, 1031, 1 << 20)  # F_SETPIPE_SZ: the 1 MiB pipe jaxrun's are
-except OSError:
+    fcntl.fcntl(0, fcntl.F_SETPIPE_SZ, 1 << 20)  # the 1 MiB pipe jaxrun's are
+except (OSError, AttributeError):
     pass
 while os.splice(0, fd, 1 << 20):
     pass

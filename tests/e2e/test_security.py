@@ -468,14 +468,14 @@ def _console_address(launcher: int) -> str | None:
     """The session's listener, as its processes are told it (their first
     environment).  Not any port the launcher listens on: its check that
     loopback works listens for an instant too, and an attack on that one
-    was refused (CI, stop 72: "connected 0")."""
+    was refused (a CI run: "connected 0")."""
     try:
         children = psutil.Process(launcher).children(recursive=True)
     except psutil.NoSuchProcess:
         return None
     for child in children:
         try:
-            address = child.environ().get("JAXRUN_CONSOLE_ADDRESS")
+            address = child.environ().get(contract.CONSOLE_ADDRESS)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
         if address:
@@ -487,7 +487,8 @@ def _console_address(launcher: int) -> str | None:
 def test_idle_connections_to_the_console_hold_up_nothing(intruder, tmp_path, no_leftover_processes):
     """The issue's fourth attack: 20 connections to the jaxrun -i session's
     port that never send a hello, made as soon as its processes are told
-    where it is, before process 0 connects.  The session still comes up, runs a statement and ends 0."""
+    where it is, before process 0 connects.  The session still comes up,
+    runs a statement and ends 0."""
     import pexpect
 
     env = {**os.environ, "JAXRUN_NO_PRELOAD": "1", "XDG_STATE_HOME": str(tmp_path), "TERM": "xterm"}
