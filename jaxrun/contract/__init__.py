@@ -25,6 +25,7 @@ imports jax.
 from jaxrun.contract.files import *  # noqa: F401,F403
 from jaxrun.contract.helpers import *  # noqa: F401,F403
 from jaxrun.contract.names import *  # noqa: F401,F403
+from jaxrun.contract.owned import *  # noqa: F401,F403
 from jaxrun.contract.timesplit import *  # noqa: F401,F403
 from jaxrun.contract.traces import *  # noqa: F401,F403
 

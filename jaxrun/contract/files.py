@@ -1,7 +1,7 @@
 """Reading back what a process left, and leaving it: the one guarded reader
-(``open_regular``, ``read_tail``, ``read_small``), private folders and files
-written whole (``write_private``), the joined file's word, and the activity
-file's line (``Spinning``).
+(``open_regular``, ``read_tail``, ``read_small``), private files written
+whole (``write_private``), the joined file's word, and the activity file's
+line (``Spinning``).  The rule for private folders is ``contract.owned``.
 
 Every controller writes through this module at start-up, so it imports
 nothing beyond the interpreter's own start: no dataclasses, json or re."""
@@ -62,76 +62,6 @@ def read_small(path: str, limit: int) -> bytes | None:
         except OSError:
             return None
     return None if len(data) > limit else data
-
-
-def private_folder(path: str) -> str | None:
-    """Create ``path`` 0700, or check that the folder there is this user's
-    alone: what is wrong with it ("it belongs to uid 65534"), or None.
-    Checked with lstat: a symlink, another user's folder or one that others
-    may enter is refused, never repaired.  OSError when it cannot be made."""
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        return "it is not a folder (a symlink or a file)"
-    if st.st_uid != os.geteuid():
-        return f"it belongs to uid {st.st_uid}"
-    if st.st_mode & 0o077:
-        return f"other users have access to it (mode {stat.S_IMODE(st.st_mode):04o})"
-    return None
-
-
-def private_folder_in(parent: str, name: str) -> tuple[str, str | None]:
-    """This user's folder called ``name`` in the shared folder ``parent``,
-    and what was wrong with the predictable one (None: it is that one).
-    Another user may make PARENT/NAME first (a folder, a link, a file, a
-    FIFO): then an earlier folder of ours of a random name, PARENT/NAME-XXXXXXXX,
-    or a new one, made 0700 and checked with lstat once made.  Never a
-    refusal: anyone could block every run of another user's that way.
-    Two runs that make one at once agree on the first by name.  OSError:
-    no folder can be made there."""
-    path = os.path.join(parent, name)
-    try:
-        problem = private_folder(path)
-    except OSError as e:
-        problem = f"it cannot be made ({e.strerror or e})"
-    if problem is None:
-        return path, None
-    found = private_folders(parent, name, random_only=True)
-    if not found:
-        import tempfile
-
-        made = tempfile.mkdtemp(prefix=name + "-", dir=parent)
-        if private_folder(made) is not None:  # lstat: ours, a folder, 0700
-            raise OSError(f"{made} is not private once made")
-        found = private_folders(parent, name, random_only=True)
-        if made != found[0]:
-            os.rmdir(made)  # another run made one first
-    return found[0], problem
-
-
-def private_folders(parent: str, name: str, random_only: bool = False) -> list[str]:
-    """This user's folders called ``name`` (or NAME-XXXXXXXX) in ``parent``
-    that only this user may enter, checked with lstat (no link, no one
-    else's): the predictable one first, then those of a random name by name."""
-    try:
-        names = os.listdir(parent)
-    except OSError:
-        return []
-    prefix = name + "-"
-    found = [] if random_only or name not in names else [name]
-    found += sorted(n for n in names if n.startswith(prefix) and len(n) == len(prefix) + 8)
-    return [os.path.join(parent, n) for n in found if _ours_alone(os.path.join(parent, n))]
-
-
-def _ours_alone(path: str) -> bool:
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077
 
 
 def write_private(path: str, data: bytes) -> None:

@@ -18,6 +18,7 @@ import json
 import os
 import time
 
+from jaxrun import contract
 from jaxrun.core.config import LaunchError
 
 LOCK = "run.lock"
@@ -48,9 +49,13 @@ class Claim:
             self.fd = -1
 
 
-def claim(log_dir: str, run_id: str, argv: list[str]) -> Claim:
+def claim(log_dir: str, run_id: str, argv: list[str], note=None) -> Claim:
     """Claim ``log_dir`` (made 0700 if it is not there), or refuse: another
-    running job holds it.  Raises LaunchError in one line."""
+    running job of this user's holds it.  Raises LaunchError in one line.
+    The lock is this user's file alone (``contract.owned``): one that
+    another user made (a plant, a hard link, a file open to others) is
+    removed and made anew, never read, obeyed or quoted; where it cannot be
+    removed, the run goes on unclaimed, said in one line to ``note``."""
     made = False
     try:
         os.makedirs(os.path.dirname(log_dir), exist_ok=True)
@@ -59,9 +64,18 @@ def claim(log_dir: str, run_id: str, argv: list[str]) -> Claim:
             made = True
         except FileExistsError:
             pass
-        fd = os.open(os.path.join(log_dir, LOCK), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        folder = os.open(log_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as e:
         raise LaunchError(f"cannot use the log folder {log_dir} ({e.strerror or e})") from None
+    try:
+        fd = _lock_file(folder)
+    except OSError as e:
+        if note is not None:
+            note(f"jaxrun: {os.path.join(log_dir, LOCK)} is not yours and cannot be replaced ({e.strerror or e}): "
+                 "this run does not claim its log folder")
+        return Claim(-1, log_dir, made)
+    finally:
+        os.close(folder)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -73,6 +87,20 @@ def claim(log_dir: str, run_id: str, argv: list[str]) -> Claim:
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(me).encode(), 0)
     return Claim(fd, log_dir, made)
+
+
+def _lock_file(folder: int) -> int:
+    """The lock in the log folder ``folder``: a new file (0600, never
+    through a link), or an earlier run's of this user's alone, which a
+    running one may hold.  Anything else there is removed first."""
+    try:
+        return os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                       dir_fd=folder)
+    except FileExistsError:
+        pass
+    with contextlib.suppress(contract.NotOurs, FileNotFoundError):
+        return contract.open_own_file(LOCK, folder, os.O_RDWR)
+    return contract.create_file(LOCK, folder, os.O_RDWR)
 
 
 def described(holder: bytes) -> str:

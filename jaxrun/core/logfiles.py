@@ -147,15 +147,15 @@ def _check_reusable(path: str) -> None:
 
 
 def create_private(path: str, flags: int = os.O_WRONLY) -> int:
-    """A new file only the user can read, at exactly ``path``: a file left
-    there (by an earlier run of an explicit --log-dir) is unlinked first, and
-    whatever appears there meanwhile, symlink included, is refused, not opened."""
-    flags |= os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    """A new file only the user can read, at exactly ``path``
+    (``contract.create_file``): a file left there (by an earlier run of an
+    explicit --log-dir, or planted) is unlinked first, never opened."""
     try:
-        return os.open(path, flags, 0o600)
-    except FileExistsError:
-        _replaceable(path)
-        return os.open(path, flags, 0o600)
+        return contract.create_file(path, flags=flags)
+    except OSError as e:
+        if os.path.lexists(path):
+            raise LaunchError(f"cannot replace {path}, left there before this run ({e.strerror})") from None
+        raise
 
 
 def open_pumped_log(path: str) -> BinaryIO:

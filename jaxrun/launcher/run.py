@@ -115,7 +115,8 @@ def run(config: RunConfig, backend: Backend | None = None, console: TextIO | Non
         print(dry_run_text(specs, config.count_source, backend.dry_run_command(specs)))
         return 0
     # One running job per log folder: refused here, before anything starts (core.logclaim).
-    held = logclaim.claim(config.log_dir, config.options.run_id, ["jaxrun", *sys.argv[1:]])
+    held = logclaim.claim(config.log_dir, config.options.run_id, ["jaxrun", *sys.argv[1:]],
+                          lambda line: print(line, file=sys.stderr, flush=True))
     running: list[Supervisor] = []  # the current attempt's, for the watchdog
 
     def emergency(why: str, code: int) -> None:

@@ -27,6 +27,9 @@ inotify; ``files``                     the output pump's tick (``launcher.output
 ``F_SETPIPE_SZ``; ``files``            the system's default pipe size
 ``splice``; ``files``                  a local process's pipe is copied into its log
                                        through jaxrun's memory (``launcher.output.logwriter``)
+``/proc/self/fd/N``; ``files``         a trace is written through its folder's name, which
+                                       another user could swap where a team log folder is
+                                       theirs to write (``child.watch.profiling``)
 ``setpriority`` on a thread id;        the console thread keeps the default priority
 ``threads``
 ``/proc/self/io``, and each            the stall watchdog's sampler counts no I/O, only
@@ -63,7 +66,7 @@ from __future__ import annotations
 # modules (the shim, before the script: sockets and probe; 1 ms of every
 # process of ``bench/startup.py --part many``).
 _WHERE = {
-    "inotify": "files", "move_from_pipe": "files", "set_pipe_size": "files",
+    "inotify": "files", "move_from_pipe": "files", "set_pipe_size": "files", "held_path": "files",
     "maxrss_bytes": "memory", "memory_group": "memory",
     "notes": "lacking",
     "claim_orphans": "processes", "descendants_cpu": "processes", "ended_unreaped": "processes",
@@ -96,7 +99,8 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "RunDelay", "Throttling", "claim_orphans", "descendants_cpu", "ended_unreaped", "free_port", "inotify", "io_bytes",
+    "RunDelay", "Throttling", "claim_orphans", "descendants_cpu", "ended_unreaped", "free_port", "held_path", "inotify",
+    "io_bytes",
     "is_abstract", "lower_thread_priority", "main_native_id", "maxrss_bytes", "memory_group", "move_from_pipe",
     "notes", "open_file_ids", "own_age",
     "peer_pid", "peer_uid",

@@ -1,8 +1,11 @@
 """Files and pipes, as the output pump uses them: inotify, to hear that a
 log file grew instead of ticking, pipes enlarged past their default, and
-splice, to move a local process's pipe into its log file."""
+splice, to move a local process's pipe into its log file; and a name for a
+folder held open (``held_path``)."""
 
 from __future__ import annotations
+
+import os
 
 from jaxrun.portable.probe import forced, libc
 
@@ -55,3 +58,12 @@ def move_from_pipe(pipe: int, file: int, count: int) -> int | None:
         if e.errno in (errno.EINVAL, errno.ENOSYS):  # a file system that takes no splice
             return None
         raise
+
+
+def held_path(fd: int, path: str) -> str:
+    """A name for the folder held open as ``fd`` that reaches that folder
+    whatever is renamed meanwhile (``/proc/self/fd/FD``), for a library
+    that opens by name (``jax.profiler``); ``path`` where the system has no
+    such names (a folder swapped after its check is then the one written)."""
+    held = f"/proc/self/fd/{fd}"
+    return held if not forced() and os.path.isdir(held) else path

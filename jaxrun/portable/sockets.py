@@ -140,17 +140,20 @@ RUNTIME_FOLDER = "jaxrun"  # in $XDG_RUNTIME_DIR
 def runtime_folder() -> str | None:
     """``$XDG_RUNTIME_DIR/jaxrun`` where the system gives this user a runtime
     folder (systemd's /run/user/UID: this user's alone, 0700) and a socket's
-    path in it fits; None otherwise."""
+    path in it fits; None otherwise.  The folder is judged as it is, never
+    through a link (lstat), and no folder above it may be another user's to
+    change (``contract.trusted_path``): a link that another user controls
+    would let them swap the folder after the check."""
     runtime = os.environ.get("XDG_RUNTIME_DIR", "")
     if not os.path.isabs(runtime):
         return None
     try:
-        st = os.stat(runtime)
+        if contract.folder_problem(os.lstat(runtime)) is not None:
+            return None
+        real, problem = contract.trusted_path(runtime)
     except OSError:
         return None
-    import stat
-
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+    if problem is not None or real != os.path.normpath(runtime):
         return None
     folder = os.path.join(runtime, RUNTIME_FOLDER)
     return folder if len(folder) + SOCKET_NAME_ROOM <= LONGEST_SOCKET_PATH else None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import stat
 
 from jaxrun import contract
 from jaxrun.core import logfiles
@@ -29,22 +30,62 @@ def record_run(log_dir: str, argv: list[str], exit_code: int, started: float) ->
         pass
 
 
-def runs(base: str) -> list[tuple[str, dict]]:
-    """(folder, record) of each finished run under ``base``, newest first."""
+def runs(base: str, skipped: list[str] | None = None) -> list[tuple[str, dict]]:
+    """(folder, record) of each finished run under ``base``, newest first.
+    Only this user's runs count (``foreign``); a folder of another user's,
+    or a record that is not one jaxrun wrote (``malformed``), is left out,
+    and one line each says why in ``skipped``."""
     found = []
     try:
         names = os.listdir(base)
     except OSError:
         return []
-    for name in names:
-        data = contract.read_small(os.path.join(base, name, RECORD), RECORD_MAX)
+    for name in sorted(names):
+        folder = os.path.join(base, name)
+        data = contract.read_small(os.path.join(folder, RECORD), RECORD_MAX)
         try:
             record = json.loads(data) if data is not None else None
         except ValueError:  # bad bytes too (UnicodeDecodeError)
+            record = {}
+        if record is None:
             continue
-        if isinstance(record, dict):
-            found.append((os.path.join(base, name), record))
+        why = foreign(folder) or malformed(record)
+        if why:
+            if skipped is not None:
+                skipped.append(f"jaxrun: skipped {folder}: {why}")
+            continue
+        found.append((folder, record))
     return sorted(found, key=lambda item: item[1].get("started", 0), reverse=True)
+
+
+def foreign(folder: str) -> str | None:
+    """Why the run folder ``folder`` is not this user's to trust (a link,
+    another user's), or None."""
+    try:
+        st = os.lstat(folder)
+    except OSError as e:
+        return e.strerror or str(e)
+    if not stat.S_ISDIR(st.st_mode):
+        return "it is not a folder (a symlink or a file)"
+    if st.st_uid != os.geteuid():
+        return f"another user's run (uid {st.st_uid})"
+    return None
+
+
+def malformed(record) -> str | None:
+    """What makes ``record`` not a run.json jaxrun wrote, or None."""
+    if not isinstance(record, dict):
+        return f"its {RECORD} is not a record"
+    for key, kinds in (("started", (int, float)), ("ended", (int, float)), ("exit_code", (int, type(None))),
+                       ("argv", (list,))):
+        value = record.get(key)
+        if key in record and (not isinstance(value, kinds) or isinstance(value, bool)):
+            return f"its {RECORD} has a {key} of the wrong kind ({type(value).__name__})"
+    if not all(isinstance(word, str) for word in record.get("argv", [])):
+        return f"its {RECORD} has an argv that is not a list of words"
+    if not -1e11 < record.get("started", 0) < 1e11:
+        return f"its {RECORD} has a started time out of range"
+    return None
 
 
 def ranks_in(folder: str) -> list[int]:

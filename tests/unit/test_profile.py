@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import stat
 import queue
 import shutil
 import socket
@@ -79,10 +80,14 @@ def test_processes_on_one_machine_get_distinct_host_names():
 
 
 def test_a_session_of_the_same_second_gets_a_folder_of_its_own(tmp_path):
-    first = profiling.new_session(str(tmp_path), 1796161488.0)
-    os.makedirs(first)
-    second = profiling.new_session(str(tmp_path), 1796161488.4)
-    assert second == first + "-2" and os.path.basename(first).count("_") == 5
+    held = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        first = profiling.new_session(held, 1796161488.0)
+        second = profiling.new_session(held, 1796161488.4)
+    finally:
+        os.close(held)
+    assert second == first + "-2" and first.count("_") == 5
+    assert stat.S_IMODE(os.lstat(tmp_path / first).st_mode) == 0o700
 
 
 def test_the_open_command_quotes_the_folder():
@@ -95,6 +100,8 @@ def trace(work: str, session: str, host: str | None, files: dict[str, bytes], er
     folder = os.path.join(work, session)
     stamp = os.path.join(folder, "plugins", "profile", "2026_12_04_01_00_00")
     os.makedirs(stamp, exist_ok=True)
+    for private in (work, folder):  # as the child makes them
+        os.chmod(private, 0o700)
     for name, data in files.items():
         with open(os.path.join(stamp, name), "wb") as f:
             f.write(data)
@@ -104,12 +111,16 @@ def trace(work: str, session: str, host: str | None, files: dict[str, bytes], er
     return folder
 
 
+def held(folder: str) -> int:
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    return os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+
+
 def test_gathering_moves_and_renames_the_newest_finished_trace(tmp_path):
     work, into = str(tmp_path / "work"), str(tmp_path / "session")
-    os.makedirs(into)
     trace(work, "100-0", "box", {"box.xplane.pb": b"old"})
     trace(work, "100-1", "box", {"box.xplane.pb": b"new", "box.trace.json.gz": b"gz"})
-    part = profiling.gather(work, 2, into)
+    part = profiling.gather(work, 2, held(into))
     assert part == profiling.Gathered(2, ("box-p2.trace.json.gz", "box-p2.xplane.pb"))
     assert open(os.path.join(into, "box-p2.xplane.pb"), "rb").read() == b"new"  # bytes untouched
     assert os.listdir(work) == []  # the gathered one and the stale one are gone
@@ -117,13 +128,13 @@ def test_gathering_moves_and_renames_the_newest_finished_trace(tmp_path):
 
 def test_gathering_says_why_a_process_has_no_trace(tmp_path):
     into = str(tmp_path / "session")
-    os.makedirs(into)
+    session = held(into)
     trace(str(tmp_path / "failed"), "1-0", "box", {}, error="RuntimeError: Profile has already been started.")
     trace(str(tmp_path / "slow"), "1-0", "box", {"box.xplane.pb": b"x"}, over=False)
-    assert profiling.gather(str(tmp_path / "failed"), 0, into).problem == \
+    assert profiling.gather(str(tmp_path / "failed"), 0, session).problem == \
         "RuntimeError: Profile has already been started."
-    assert "not written within" in profiling.gather(str(tmp_path / "slow"), 1, into).problem
-    assert "no trace came" in profiling.gather(str(tmp_path / "none"), 2, into).problem
+    assert "not written within" in profiling.gather(str(tmp_path / "slow"), 1, session).problem
+    assert "no trace came" in profiling.gather(str(tmp_path / "none"), 2, session).problem
     assert os.listdir(into) == []
 
 
@@ -288,6 +299,7 @@ def playing_processes(events: queue.SimpleQueue, log_dir: str, ranks, heard: lis
             for rank in ranks:
                 work = profiling.work_folder(log_dir, rank)
                 trace(work, "9-0", "box", {"box.xplane.pb": b"x"}, over=turn == 1)
+                os.chmod(os.path.dirname(work), 0o700)  # the attempt's profiling, as the child makes it
 
     thread = threading.Thread(target=play, daemon=True)
     thread.start()

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import stat
 import sys
 import tarfile
 import time
@@ -55,14 +54,9 @@ def not_private(folder: str) -> str | None:
     """What is wrong with the folder (another user's, open to others), or
     None; a folder that is not there holds nothing to send."""
     try:
-        st = os.lstat(folder)
+        return contract.folder_problem(os.lstat(folder))
     except FileNotFoundError:
         return None
-    if not stat.S_ISDIR(st.st_mode):
-        return "it is not a folder"
-    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
-        return f"owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}"
-    return None
 
 
 if __name__ == "__main__":

@@ -11,8 +11,12 @@ process already has (the user's, an ``--env``, a host's own) is left alone.
 The folder is made on the host that runs the process, mode 0700: the
 launcher's path where the process runs on the launching machine, else a
 folder named after the run in this host's per-user base,
-``$TMPDIR/jaxrun-cache-UID``.  A folder that is not this user's alone is
-refused with one line on stderr, and the process runs without the cache.
+``$TMPDIR/jaxrun-cache-UID`` (or the private one of a random name beside
+it, where another user made that name first).  JAX opens the folder by its
+name for as long as the process runs, so it must be a folder no other user
+can swap (``contract.trusted_path``: no folder on the way is theirs to
+change), and this user's alone; else the process runs without the cache,
+said in one line on stderr.
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ from jaxrun import contract
 
 
 def host_base(tmpdir: str | None = None) -> str:
-    """This host's per-user folder for the caches of runs started elsewhere."""
-    return os.path.join(tmpdir or tempfile.gettempdir(), f"jaxrun-cache-{os.geteuid()}")
+    """This host's per-user folder for the caches of runs started elsewhere,
+    made private (OSError: it cannot be)."""
+    return contract.private_folder_in(tmpdir or tempfile.gettempdir(), f"jaxrun-cache-{os.geteuid()}")[0]
 
 
 def apply(environ: MutableMapping[str, str] = os.environ, tmpdir: str | None = None) -> str | None:
@@ -36,21 +41,20 @@ def apply(environ: MutableMapping[str, str] = os.environ, tmpdir: str | None = N
     name = environ.get(contract.COMPILE_CACHE)
     if not name or contract.own_compile_cache(environ):
         return None
-    if os.path.isabs(name):
-        folders = [name]
-    elif os.sep in name or name in (os.curdir, os.pardir):
+    if not os.path.isabs(name) and (os.sep in name or name in (os.curdir, os.pardir)):
         print(f"jaxrun: no shared compile cache: {contract.COMPILE_CACHE}={name!r} is neither a path nor a "
               "run's name", file=sys.stderr, flush=True)
         return None
-    else:
-        folders = [host_base(tmpdir), os.path.join(host_base(tmpdir), name)]
-    for folder in folders:
-        try:
-            problem = contract.private_folder(folder)
-        except OSError as e:
-            problem = f"it cannot be created ({e.strerror})"
-        if problem:
-            print(f"jaxrun: no shared compile cache: {folder} is not private: {problem}", file=sys.stderr, flush=True)
-            return None
-    environ[contract.JAX_COMPILATION_CACHE_DIR] = folders[-1]
-    return folders[-1]
+    folder = real = name
+    try:
+        folder = name if os.path.isabs(name) else os.path.join(host_base(tmpdir), name)
+        problem = contract.private_folder(folder)
+        real, unsafe = contract.trusted_path(folder)
+    except OSError as e:
+        problem, unsafe = f"it cannot be created ({e.strerror or e})", None
+    if problem or unsafe:
+        print(f"jaxrun: no shared compile cache: {folder} is not private: {problem or unsafe}", file=sys.stderr,
+              flush=True)
+        return None
+    environ[contract.JAX_COMPILATION_CACHE_DIR] = real
+    return real

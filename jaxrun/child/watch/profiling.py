@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 
-from jaxrun import contract
+from jaxrun import contract, portable
 from jaxrun.child.watch import dumps
 
 _asks: queue.SimpleQueue = queue.SimpleQueue()  # SimpleQueue.put is reentrant: also from a handler
@@ -61,10 +61,9 @@ def install(environ=os.environ) -> bool:
     trace folder; True if it did.  From the main thread, before the script,
     after ``dumps.install()``."""
     value = environ.get(contract.PROFILE_DIR)
-    folder = contract.trace_folder(value) if value else None
-    if folder is None:
+    if not value:
         return False
-    threading.Thread(target=Tracer(folder).serve, args=(_asks,), name="jaxrun-profiler", daemon=True).start()
+    threading.Thread(target=Tracer(value).serve, args=(_asks,), name="jaxrun-profiler", daemon=True).start()
     dumps.relay(contract.PROFILE_SIGNAL, _asked)
     return True
 
@@ -81,6 +80,7 @@ class Tracer:
         self.folder, self.limit = folder, limit
         self.asked = False  # the launcher's last ask was "start"
         self.session: str | None = None  # the session folder of the trace being taken
+        self.held = -1  # its descriptor, until the trace's marker is written
         self.count = itertools.count()
 
     def serve(self, asks: queue.SimpleQueue) -> None:
@@ -98,16 +98,32 @@ class Tracer:
                 self.stop()
 
     def start(self) -> None:
-        problem = private_folder(self.folder)
-        session = os.path.join(self.folder, f"{os.getpid()}-{next(self.count)}")
-        try:
-            if problem is None:
-                os.mkdir(session, 0o700)
+        name = f"{os.getpid()}-{next(self.count)}"
+        try:  # a bare name: in this host's private base, made now (one of a random name where another user's is)
+            if not os.path.isabs(self.folder):
+                self.folder = contract.trace_folder(self.folder, make=True) or ""
         except OSError as e:
-            problem = f"cannot make {session}: {e.strerror}"
-        if problem is not None:
-            print(f"jaxrun: no trace: {problem}", file=sys.stderr, flush=True)
+            print(f"jaxrun: no trace: no private trace folder on this host ({e.strerror or e})", file=sys.stderr,
+                  flush=True)
             return
+        if not self.folder:
+            print("jaxrun: no trace: the launcher named no trace folder", file=sys.stderr, flush=True)
+            return
+        session = os.path.join(self.folder, name)
+        try:  # held by descriptor: a folder renamed or swapped meanwhile changes nothing
+            held = contract.open_chain(self.folder, 2)
+            try:
+                os.mkdir(name, 0o700, dir_fd=held)
+                self.held = contract.open_folder(name, held)
+            finally:
+                os.close(held)
+        except contract.NotOurs as e:
+            print(f"jaxrun: no trace: {self.folder} or its parent is not private: {e}", file=sys.stderr, flush=True)
+            return
+        except OSError as e:
+            print(f"jaxrun: no trace: cannot make {session}: {e.strerror or e}", file=sys.stderr, flush=True)
+            return
+        session = portable.held_path(self.held, session)
         if "jax" not in sys.modules:  # importing it here would make its backend before the job joined
             self.finish(session, "the process has not imported jax")
             return
@@ -134,24 +150,15 @@ class Tracer:
             error = f"{type(e).__name__}: {e}"
         self.finish(session, error)
 
-    @staticmethod
-    def finish(session: str, error: str | None) -> None:
+    def finish(self, session: str, error: str | None) -> None:
         """The marker: the trace is over, and what the gatherer needs to name its files."""
         import json  # here: only a trace's end needs them
         import socket
 
         said = {"host": socket.gethostname(), "error": error, "at": time.time()}
-        contract.write_private(os.path.join(session, contract.TRACE_MARKER), json.dumps(said).encode())
-
-
-def private_folder(folder: str) -> str | None:
-    """Make the trace folder and the one that holds it (the log folder's
-    ``profiling``, or this host's base) private, or say why not."""
-    for path in (os.path.dirname(folder), folder):
         try:
-            problem = contract.private_folder(path)
-        except OSError as e:
-            return f"cannot make {path}: {e.strerror}"
-        if problem is not None:
-            return f"{path} is not private: {problem}"
-    return None
+            contract.write_private(os.path.join(session, contract.TRACE_MARKER), json.dumps(said).encode())
+        finally:
+            if self.held >= 0:
+                os.close(self.held)
+                self.held = -1

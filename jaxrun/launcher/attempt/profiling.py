@@ -32,6 +32,7 @@ import os
 import queue
 import shlex
 import shutil
+import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -102,15 +103,19 @@ def session_name(now: float) -> str:
     return time.strftime("%Y_%m_%d_%H_%M_%S", time.localtime(now))
 
 
-def new_session(sessions: str, now: float) -> str:
-    """A session folder in ``sessions`` that no earlier trace has: named by
-    ``now``, with a count after it where a trace of the same second has it."""
-    base = os.path.join(sessions, session_name(now))
-    folder, count = base, 1
-    while os.path.lexists(folder):
-        count += 1
-        folder = f"{base}-{count}"
-    return folder
+def new_session(sessions: int, now: float) -> str:
+    """A new session folder (0700) in the held folder ``sessions``, that no
+    earlier trace has: named by ``now``, with a count after it where a
+    trace of the same second has it.  Made here, never one that was there."""
+    base = session_name(now)
+    name, count = base, 1
+    while True:
+        try:
+            os.mkdir(name, 0o700, dir_fd=sessions)
+            return name
+        except FileExistsError:
+            count += 1
+            name = f"{base}-{count}"
 
 
 def open_command(root: str) -> str:
@@ -126,26 +131,51 @@ class Gathered:
     problem: str | None = None
 
 
-def gather(work: str, rank: int, into: str) -> Gathered:
-    """Move the newest finished trace in ``work`` into the session folder
-    ``into``, each file renamed for its process; older ones are dropped
-    (a trace nobody gathered: the process missed an ask)."""
-    over, taking = contract.trace_sessions(work)
+def gather(work: str, rank: int, into: int) -> Gathered:
+    """Move the newest finished trace in ``work`` into the held session
+    folder ``into``, each file renamed for its process; older ones are
+    dropped (a trace nobody gathered: the process missed an ask).  Only a
+    folder of this user's alone is read (``contract.owned``), held by
+    descriptor: only this user's regular files move, and no link is followed."""
+    try:  # the attempt's ``profiling`` and the process's folder in it
+        held = contract.open_chain(work, 2, make=False)
+    except contract.NotOurs as e:
+        return Gathered(rank, problem=f"its trace folder {work} or its parent is not yours alone ({e}): nothing "
+                                      "in it was read")
+    except OSError:
+        held = -1
+    try:
+        return _gather(held, rank, into)
+    finally:
+        if held >= 0:
+            os.close(held)
+
+
+def _gather(work: int, rank: int, into: int) -> Gathered:
+    over, taking = contract.trace_sessions(work) if work >= 0 else ([], [])
     if not over:
         return Gathered(rank, problem=f"its trace was not written within {SETTLE_WAIT:g} s of the stop (a large "
                                       "trace still being written?)" if taking
                         else "no trace came (it had ended, or its script handles SIGUSR2 itself?)")
     for stale in over[:-1]:
-        shutil.rmtree(os.path.join(work, stale), ignore_errors=True)
-    session = os.path.join(work, over[-1])
-    said = contract.trace_marker(session)
-    moved = []
-    for folder, _, names in os.walk(os.path.join(session, "plugins", "profile")):
-        for name in sorted(names):
-            target = renamed(name, said["host"], rank)
-            os.replace(os.path.join(folder, name), os.path.join(into, target))
-            moved.append(target)
-    shutil.rmtree(session, ignore_errors=True)
+        shutil.rmtree(stale, ignore_errors=True, dir_fd=work)
+    try:
+        session = contract.open_folder(over[-1], work)
+    except OSError as e:
+        return Gathered(rank, problem=f"its trace {over[-1]} cannot be read ({e.strerror or e})")
+    try:
+        said = contract.trace_marker(session)
+        moved = []
+        for _, _, names, folder in os.fwalk(os.path.join("plugins", "profile"), dir_fd=session):
+            for name in sorted(names):
+                st = os.stat(name, dir_fd=folder, follow_symlinks=False)
+                if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+                    target = renamed(name, said["host"], rank)
+                    os.replace(name, target, src_dir_fd=folder, dst_dir_fd=into)
+                    moved.append(target)
+    finally:
+        os.close(session)
+    shutil.rmtree(over[-1], ignore_errors=True, dir_fd=work)
     if said["error"] and not moved:
         return Gathered(rank, problem=said["error"])
     return Gathered(rank, tuple(moved), None if moved else "its trace held no file")
@@ -237,19 +267,38 @@ class Profiler:
             attempt = self.attempt
             if attempt is None or not attempt.joined:
                 raise NotNow("the job's processes have not all joined yet")
-            folder = new_session(os.path.join(self.root, "plugins", "profile"), time.time())
-            attempt.events.put(Forward(contract.PROFILE_SIGNAL))
-            if not attempt.over.wait(seconds):
+            root, sessions = self._sessions(attempt)
+            try:
+                name = new_session(sessions, time.time())
+                into = contract.open_folder(name, sessions)
+            finally:
+                os.close(sessions)
+            try:
+                folder = os.path.join(root, "plugins", "profile", name)
                 attempt.events.put(Forward(contract.PROFILE_SIGNAL))
-            traced = Traced(self.root, folder, self._bring_home(attempt, folder))
+                if not attempt.over.wait(seconds):
+                    attempt.events.put(Forward(contract.PROFILE_SIGNAL))
+                traced = Traced(root, folder, self._bring_home(attempt, into))
+            finally:
+                os.close(into)
             for line in traced.lines():
                 attempt.note(line)
             return traced
         finally:
             self.lock.release()
 
-    def _bring_home(self, attempt: _Attempt, folder: str) -> tuple[Gathered, ...]:
-        """Every process's trace, once written, moved into ``folder``."""
+    def _sessions(self, attempt: _Attempt) -> tuple[str, int]:
+        """What XProf opens (the run's ``profile``, or a private folder of a
+        random name beside it where another user made that first), and its
+        folder of sessions, held open."""
+        root, problem = contract.private_folder_in(*os.path.split(self.root))
+        if problem is not None:
+            attempt.note(f"jaxrun: profile: {self.root} is not yours alone ({problem}): the traces are in {root}, "
+                         "a private folder of a random name")
+        return root, contract.open_chain(os.path.join(root, "plugins", "profile"), 3)
+
+    def _bring_home(self, attempt: _Attempt, into: int) -> tuple[Gathered, ...]:
+        """Every process's trace, once written, moved into the held session folder ``into``."""
         end = time.monotonic() + SETTLE_WAIT
         works = {spec.rank: work_folder(attempt.log_dir, spec.rank) for spec in attempt.specs}
         problems: dict[int, str] = {}
@@ -265,10 +314,9 @@ class Profiler:
             return not any(contract.trace_sessions(work)[1] for work in works.values())
 
         wait_until(settled, attempt.hooks, timeout=max(0.0, end - time.monotonic()))
-        os.makedirs(folder, mode=0o700, exist_ok=True)  # within the run's private log folder
         parts = []
         for rank, work in sorted(works.items()):
-            part = gather(work, rank, folder)
+            part = gather(work, rank, into)
             if part.problem and rank in problems:
                 part = dataclasses.replace(part, problem=problems[rank])
             parts.append(part)

@@ -31,6 +31,10 @@ class NoJob(Exception):
     """No running job answers: one line, exit 1."""
 
 
+class NotMine(NoJob):
+    """The listener on a channel's socket is another user's process: it is asked nothing."""
+
+
 def run_option(f):
     return click.option("--run", "run_id", metavar="RUN_ID",
                         help="The running job to look into (default: the newest one you started).")(f)
@@ -38,10 +42,15 @@ def run_option(f):
 
 def ask(path: str, request: encoding.Message, timeout: float = ASK_TIMEOUT) -> encoding.Message:
     """Send ``request`` to the channel at ``path``, and its answer.
-    OSError: nobody listens there; NoJob: the job answered no message."""
+    OSError: nobody listens there; NoJob: the job answered no message;
+    NotMine: another user's process listens there (``SO_PEERCRED``), and
+    is sent nothing."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(timeout)
         conn.connect(path)
+        uid = portable.peer_uid(conn)
+        if uid not in (None, os.getuid()):
+            raise NotMine(f"skipped {path}: its listener is another user's (uid {uid})")
         conn.sendall(request.line())
         try:
             line = channel.read_line(conn, words.MAX_LINE)
@@ -61,8 +70,12 @@ def listed(folder: str) -> list[str]:
         path = os.path.join(folder, name)
         if name.startswith(channel.PREFIX) and name.endswith(channel.SUFFIX):
             with contextlib.suppress(OSError):
-                if stat.S_ISSOCK(os.lstat(path).st_mode):
+                st = os.lstat(path)
+                if stat.S_ISSOCK(st.st_mode) and st.st_uid == os.getuid():
                     found.append(path)
+                elif stat.S_ISSOCK(st.st_mode):
+                    print(f"jaxrun: skipped {path}: another user's socket (uid {st.st_uid})", file=sys.stderr,
+                          flush=True)
     return found
 
 
@@ -73,6 +86,9 @@ def describe(path: str) -> words.JobInfo | None:
     except ConnectionRefusedError:  # its jaxrun is gone
         with contextlib.suppress(OSError):
             os.unlink(path)
+        return None
+    except NotMine as e:
+        print(f"jaxrun: {e}", file=sys.stderr, flush=True)
         return None
     except (OSError, NoJob):
         return None

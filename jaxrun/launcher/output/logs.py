@@ -23,7 +23,7 @@ from jaxrun.core.noise import read_lines_in_chunks
 from jaxrun.core.ranks import parse_ranks
 from jaxrun.launcher.output.printer import ConsolePrinter
 from jaxrun.reporting import timeline
-from jaxrun.reporting.history import ranks_in, runs
+from jaxrun.reporting.history import foreign, ranks_in, runs
 
 LISTED = 20  # runs shown by a bare ``jaxrun logs``
 
@@ -71,11 +71,17 @@ def command(run_id, last, ranks, output, base, trace):
       jaxrun logs RUN_ID --ranks 0   one process of that run
       jaxrun logs --trace t.json     the last run's timeline, for ui.perfetto.dev
     """
-    base = base or logfiles.default_base()
+    if not base:
+        base = logfiles.default_base()
+        if os.path.lexists(base) and not contract.ours_alone(base):  # another user made the usual name first
+            click.echo(f"jaxrun: {base} is not yours alone: no run in it that is not yours is shown", err=True)
     if trace:
         write_trace(base, run_id, trace)
         return
-    found = runs(base)
+    skipped: list[str] = []
+    found = runs(base, skipped)
+    for line in skipped:
+        click.echo(line, err=True)
     if not run_id and not last:
         if not found:
             click.echo(f"jaxrun: no finished runs in {base}")
@@ -90,9 +96,7 @@ def command(run_id, last, ranks, output, base, trace):
             raise click.UsageError(f"no finished runs in {base}")
         folder = found[0][0]
     else:
-        folder = os.path.join(base, run_id)
-        if not os.path.isdir(folder):
-            raise click.UsageError(f"no run {run_id!r} in {base}")
+        folder = own_run(base, run_id)
     present = ranks_in(folder)
     try:
         chosen = parse_ranks(ranks) if ranks else None
@@ -116,9 +120,7 @@ def write_trace(base: str, run_id: str | None, path: str) -> None:
     """The run's timeline as a Chrome trace at ``path``; without a run id,
     the run that began last, finished or still running."""
     if run_id:
-        folder = os.path.join(base, run_id)
-        if not os.path.isdir(folder):
-            raise click.UsageError(f"no run {run_id!r} in {base}")
+        folder = own_run(base, run_id)
     else:
         folder = newest_timeline(base)
         if folder is None:
@@ -138,9 +140,20 @@ def write_trace(base: str, run_id: str | None, path: str) -> None:
                "(Open trace file) or in chrome://tracing")
 
 
+def own_run(base: str, run_id: str) -> str:
+    """Run ``run_id``'s folder in ``base``, where it is this user's."""
+    folder = os.path.join(base, run_id)
+    if not os.path.isdir(folder):
+        raise click.UsageError(f"no run {run_id!r} in {base}")
+    why = foreign(folder)
+    if why:
+        fail(f"run {run_id} in {base} is not shown: {why}")
+    return folder
+
+
 def newest_timeline(base: str) -> str | None:
     try:
-        names = os.listdir(base)
+        names = [name for name in os.listdir(base) if foreign(os.path.join(base, name)) is None]
     except OSError:
         return None
     began = {name: timeline.began(os.path.join(base, name, timeline.FILE)) for name in names}

@@ -273,16 +273,23 @@ def shared_compile_cache(values: Mapping[str, Any], entry: BackendEntry, run_id:
                          extra_env: Mapping[str, str], environ: Mapping[str, str]) -> str:
     """Where the attempts keep JAX's persistent compile cache
     (``contract.COMPILE_CACHE``): in the run's log folder when the processes
-    run here, else a folder named after the run on each host; empty without
-    restarts, or when the processes get a cache of their own (SSH does not
-    carry this environment to the hosts; the shim checks theirs)."""
+    run here and no other user can swap a folder on its way (a team's
+    --log-dir can: ``contract.trusted_path``), else a folder named after the
+    run on each host; empty without restarts, or when the processes get a
+    cache of their own (SSH does not carry this environment to the hosts;
+    the shim checks theirs)."""
     carried = {} if entry.takes_hosts else environ
     if not values["max_restarts"] or contract.own_compile_cache({**carried, **extra_env}):
         return ""
     if entry.takes_hosts or entry.scheduled:
         return run_id
-    return os.path.join(os.path.abspath(values["log_dir"]) if values["log_dir"] else default_log_dir(run_id),
-                        COMPILE_CACHE_FOLDER)
+    folder = os.path.join(os.path.abspath(values["log_dir"]) if values["log_dir"] else default_log_dir(run_id),
+                          COMPILE_CACHE_FOLDER)
+    try:
+        trusted = contract.trusted_path(folder)[1] is None
+    except OSError:
+        trusted = False
+    return folder if trusted else run_id
 
 
 def read_hosts_text(path: str) -> str:
