@@ -7,10 +7,10 @@ from __future__ import annotations
 import io
 import json
 import os
-import stat
 import queue
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tarfile
