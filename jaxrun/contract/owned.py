@@ -37,26 +37,17 @@ class NotOurs(OSError):
     """A name that is there but fails the check: what is wrong, in words."""
 
 
-def folder_problem(st: os.stat_result) -> str | None:
-    """What makes a folder (lstat or fstat of it) not this user's alone, or None."""
-    if not stat.S_ISDIR(st.st_mode):
-        return "it is not a folder (a symlink or a file)"
+def private_problem(st: os.stat_result, kind: int = stat.S_IFDIR) -> str | None:
+    """What makes a folder (``kind`` S_IFDIR) or a file (S_IFREG), by its
+    lstat or fstat, not this user's alone, or None.  A file must have one
+    name: a hard link to it is another name that someone else may have made."""
+    if stat.S_IFMT(st.st_mode) != kind:
+        return "it is not a folder (a symlink or a file)" if kind == stat.S_IFDIR else "it is not a regular file"
     if st.st_uid != os.geteuid():
         return f"it belongs to uid {st.st_uid}"
     if st.st_mode & OTHERS:
         return f"other users have access to it (mode {stat.S_IMODE(st.st_mode):04o})"
-    return None
-
-
-def file_problem(st: os.stat_result) -> str | None:
-    """What makes a file (fstat of it, opened ``O_NOFOLLOW``) not this user's alone, or None."""
-    if not stat.S_ISREG(st.st_mode):
-        return "it is not a regular file"
-    if st.st_uid != os.geteuid():
-        return f"it belongs to uid {st.st_uid}"
-    if st.st_mode & OTHERS:
-        return f"other users have access to it (mode {stat.S_IMODE(st.st_mode):04o})"
-    if st.st_nlink != 1:
+    if kind == stat.S_IFREG and st.st_nlink != 1:
         return f"it has {st.st_nlink} names (a hard link)"
     return None
 
@@ -77,7 +68,7 @@ def open_folder(name: str, dir_fd: int | None = None, make: bool = False) -> int
         if e.errno in (20, 40):  # ENOTDIR, ELOOP: a file, a link
             raise NotOurs("it is not a folder (a symlink or a file)") from None
         raise
-    problem = folder_problem(os.fstat(fd))
+    problem = private_problem(os.fstat(fd))
     if problem is not None:
         os.close(fd)
         raise NotOurs(problem)
@@ -142,7 +133,7 @@ def open_own_file(name: str, dir_fd: int | None = None, flags: int = os.O_RDONLY
     NotOurs where another user made it, or it is open to others or has a
     second name; OSError where it is not there."""
     fd = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-    problem = file_problem(os.fstat(fd))
+    problem = private_problem(os.fstat(fd), stat.S_IFREG)
     if problem is not None:
         os.close(fd)
         raise NotOurs(problem)
@@ -228,6 +219,6 @@ def private_folders(parent: str, name: str, random_only: bool = False) -> list[s
 def ours_alone(path: str) -> bool:
     """Whether ``path`` (lstat) is a folder of this user's that nobody else may enter."""
     try:
-        return folder_problem(os.lstat(path)) is None
+        return private_problem(os.lstat(path)) is None
     except OSError:
         return False

@@ -148,7 +148,7 @@ def runtime_folder() -> str | None:
     if not os.path.isabs(runtime):
         return None
     try:
-        if contract.folder_problem(os.lstat(runtime)) is not None:
+        if contract.private_problem(os.lstat(runtime)) is not None:
             return None
         real, problem = contract.trusted_path(runtime)
     except OSError:

@@ -54,7 +54,7 @@ def not_private(folder: str) -> str | None:
     """What is wrong with the folder (another user's, open to others), or
     None; a folder that is not there holds nothing to send."""
     try:
-        return contract.folder_problem(os.lstat(folder))
+        return contract.private_problem(os.lstat(folder))
     except FileNotFoundError:
         return None
 
