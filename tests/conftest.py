@@ -21,7 +21,7 @@ import pytest
 # fixtures.signals sets the dispositions at configure time, before any test or
 # fixture starts a process (the daemons of the fixtures after it included).
 pytest_plugins = ["fixtures.signals", "fixtures.jobs", "fixtures.sshd", "fixtures.netns", "fixtures.slurm",
-                  "fixtures.engines", "fixtures.ray_cluster", "fixtures.slowed"]
+                  "fixtures.engines", "fixtures.ray_cluster", "fixtures.slowed", "fixtures.others"]
 
 # A test that needs one of these fixtures runs in the worker of that group:
 # one Slurm cluster and one Ray cluster for the run, and the hosts a test

@@ -33,44 +33,6 @@ from jaxrun import contract, portable
 
 pytestmark = pytest.mark.timeout(180)
 
-PACKAGES = ("jaxlib", "numpy", "numpy.libs", "ml_dtypes")  # what jaxlib's client imports
-
-
-def _system_python() -> str | None:
-    """An interpreter outside root's home with this one's ABI (jaxlib's wheel)."""
-    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    for path in (f"/usr/bin/{version}", f"/usr/local/bin/{version}"):
-        if os.access(path, os.X_OK):
-            return path
-    return None
-
-
-@pytest.fixture(scope="module")
-def nobody():
-    """(the command that runs a program as ``nobody`` with its own
-    interpreter, that interpreter with jaxlib on its path and the folder
-    that holds tests/data's outsider.py and intruder.py)."""
-    python = _system_python()
-    if os.geteuid() != 0 or shutil.which("runuser") is None or python is None:
-        pytest.skip("needs root, runuser and a system python of this version for the other user")
-    import jaxlib
-
-    site = Path(jaxlib.__file__).resolve().parents[1]
-    home = Path(tempfile.mkdtemp(prefix="jaxrun-outsider-", dir="/tmp"))
-    try:
-        os.chmod(home, 0o755)
-        for name in PACKAGES:
-            if (site / name).exists():  # hard links: the same files, in a folder the other user may enter
-                shutil.copytree(site / name, home / name, copy_function=_link_or_copy)
-        for script in ("outsider.py", "intruder.py"):
-            shutil.copy(DATA / script, home / script)
-            os.chmod(home / script, 0o644)
-        command = ["runuser", "-u", "nobody", "--", "env", f"PYTHONPATH={home}", python]
-        yield command, home
-    finally:
-        shutil.rmtree(home, ignore_errors=True)
-
-
 @pytest.fixture(scope="module")
 def outsider(nobody):
     """Run tests/data/outsider.py as ``nobody`` over some addresses: its lines."""
@@ -113,13 +75,6 @@ def intruder(nobody):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-
-
-def _link_or_copy(src: str, dst: str) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
 
 
 def wait_ready(folder: Path, count: int, job, within: float = 90) -> None:
