@@ -11,12 +11,9 @@ same try gets through: jaxrun said so at the start, and its summary names the
 second registration instead of blaming a process of the job.
 """
 
-import contextlib
 import ipaddress
-import json
 import os
 import shutil
-import signal
 import stat
 import subprocess
 import sys
@@ -28,6 +25,7 @@ from pathlib import Path
 import psutil
 import pytest
 from fixtures.jobs import DATA, ROOT, TOKEN, processes_with_token
+from fixtures.others import nobody_runs
 
 from jaxrun import contract, portable
 
@@ -54,27 +52,8 @@ def outsider(nobody):
 def intruder(nobody):
     """Start tests/data/intruder.py as ``nobody``; ``stop`` closes its stdin
     and gives its report.  Every one started is killed at the end."""
-    command, home = nobody
-    started = []
-
-    def start(*args) -> subprocess.Popen:
-        proc = subprocess.Popen([*command, str(home / "intruder.py"), *map(str, args)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=home,
-                                start_new_session=True)  # runuser and nobody's python: one group to kill
-        started.append(proc)
-        return proc
-
-    def stop(proc: subprocess.Popen) -> dict:
-        out, err = proc.communicate("", timeout=30)
-        assert proc.returncode == 0, err
-        return json.loads(out.splitlines()[-1])
-
-    start.stop = stop
-    yield start
-    for proc in started:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    with nobody_runs(nobody, "intruder.py") as start:
+        yield start
 
 
 def wait_ready(folder: Path, count: int, job, within: float = 90) -> None:

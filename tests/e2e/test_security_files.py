@@ -8,10 +8,8 @@ Each test has a folder of its own in /var/tmp, root's and open to read
 nobody's), a shared temporary folder (1777, as /tmp), its links.
 """
 
-import contextlib
 import json
 import os
-import signal
 import stat
 import subprocess
 import sys
@@ -22,7 +20,7 @@ from pathlib import Path
 import pytest
 from fixtures.guide import check_guide_output
 from fixtures.jobs import EXAMPLES, ROOT
-from fixtures.others import as_nobody
+from fixtures.others import as_nobody, nobody_runs
 
 from jaxrun.launcher import channel
 
@@ -51,28 +49,8 @@ def squatter(nobody):
     """Start tests/data/squatter.py as ``nobody`` (it says "ready" once its
     plant is there); ``stop`` closes its stdin and gives its report.
     Every one started is killed at the end."""
-    command, home = nobody
-    started = []
-
-    def start(*args) -> subprocess.Popen:
-        proc = subprocess.Popen([*command, str(home / "squatter.py"), *map(str, args)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=home,
-                                start_new_session=True)
-        started.append(proc)
-        assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
-        return proc
-
-    def stop(proc: subprocess.Popen) -> dict:
-        out, err = proc.communicate("", timeout=30)
-        assert proc.returncode == 0, err
-        return json.loads(out.splitlines()[-1])
-
-    start.stop = stop
-    yield start
-    for proc in started:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    with nobody_runs(nobody, "squatter.py", ready=True) as start:
+        yield start
 
 
 def env_of(place: Path, **more) -> dict:
