@@ -52,11 +52,14 @@ def private_problem(st: os.stat_result, kind: int = stat.S_IFDIR) -> str | None:
     return None
 
 
-def open_folder(name: str, dir_fd: int | None = None, make: bool = False) -> int:
+def open_folder(name: str, dir_fd: int | None = None, make: bool = False, inside_private: bool = False) -> int:
     """A descriptor of the private folder ``name`` (relative to ``dir_fd``,
     itself already checked, or a path whose last part is not followed),
-    made 0700 first where ``make`` and it is not there.  NotOurs: it is
-    there and fails the check; OSError: it cannot be made or opened."""
+    made 0700 first where ``make`` and it is not there.  ``inside_private``:
+    ``dir_fd`` is a private folder, which keeps everyone else out of what
+    it holds, so this one's mode does not matter (a tar unpacked it 0755);
+    its owner still does.  NotOurs: it is there and fails the check;
+    OSError: it cannot be made or opened."""
     if make:
         try:
             os.mkdir(name, 0o700, dir_fd=dir_fd)
@@ -68,7 +71,8 @@ def open_folder(name: str, dir_fd: int | None = None, make: bool = False) -> int
         if e.errno in (20, 40):  # ENOTDIR, ELOOP: a file, a link
             raise NotOurs("it is not a folder (a symlink or a file)") from None
         raise
-    problem = private_problem(os.fstat(fd))
+    st = os.fstat(fd)
+    problem = private_problem(st if not inside_private else os.stat_result((st.st_mode & ~OTHERS, *st[1:])))
     if problem is not None:
         os.close(fd)
         raise NotOurs(problem)

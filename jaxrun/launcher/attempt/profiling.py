@@ -160,7 +160,7 @@ def _gather(work: int, rank: int, into: int) -> Gathered:
     for stale in over[:-1]:
         shutil.rmtree(stale, ignore_errors=True, dir_fd=work)
     try:
-        session = contract.open_folder(over[-1], work)
+        session = contract.open_folder(over[-1], work, inside_private=True)
     except OSError as e:
         return Gathered(rank, problem=f"its trace {over[-1]} cannot be read ({e.strerror or e})")
     try:
