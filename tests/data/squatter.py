@@ -9,8 +9,9 @@ closes (the test's "stop"), after saying "ready" once its plant is there:
                                            count what comes
     python squatter.py links FOLDER TARGET SECONDS
                                            a link to TARGET in FOLDER for each
-                                           second of the next SECONDS, named as
-                                           a profile session of that second
+                                           of the last SECONDS seconds, named as
+                                           a profile session of that second,
+                                           until stdin closes
 """
 
 import fcntl
@@ -60,16 +61,24 @@ def listen(path: str) -> dict:
 
 
 def links(folder: str, target: str, seconds: str) -> dict:
+    """Until stdin closes: a link for each of the last SECONDS seconds, made
+    as soon as that second has passed (a name chosen for a session of that
+    second, and made later, meets the link)."""
     os.makedirs(folder, exist_ok=True)
-    now = int(time.time())
     made = 0
-    for second in range(now - 2, now + int(seconds)):
-        name = time.strftime("%Y_%m_%d_%H_%M_%S", time.localtime(second))
-        for count in ("", "-2", "-3"):
-            os.symlink(target, os.path.join(folder, name + count))
-            made += 1
+    closed = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), closed.set()), daemon=True).start()
     ready()
-    sys.stdin.read()
+    while not closed.wait(0.05):
+        now = int(time.time())
+        for second in range(now - int(seconds), now):
+            name = time.strftime("%Y_%m_%d_%H_%M_%S", time.localtime(second))
+            for count in ("", "-2", "-3"):
+                try:
+                    os.symlink(target, os.path.join(folder, name + count))
+                    made += 1
+                except FileExistsError:
+                    pass
     return {"links": made}
 
 

@@ -81,20 +81,21 @@ def test_a_team_log_folder_another_user_made_runs_the_toy_and_its_files_are_root
 # -- 1: --profile in a team's log folder -------------------------------------------------
 
 TRACED_SCRIPT = """\
-import time
+import glob, sys, time
 import jax, jax.numpy as jnp
 x = jnp.ones((64, 64))
-end = time.monotonic() + 14
-while time.monotonic() < end:
+end = time.monotonic() + 90
+while time.monotonic() < end and not glob.glob(sys.argv[1] + "/profile*/plugins/profile/*/*"):
     x = (x @ x) / 64
     x.block_until_ready()
+time.sleep(2)  # the launcher's lines come once every file has moved
 print("traced script done", flush=True)
 """
 
 
 def test_profile_gathering_follows_no_link_and_moves_no_file_another_user_planted(start_job, squatter, place):
-    """nobody made links under LOGDIR/profile/plugins/profile/ for every
-    second to come, into a folder only root may write (a login-script
+    """nobody makes links under LOGDIR/profile/plugins/profile/ for every
+    second just past, into a folder only root may write (a login-script
     folder), and planted a finished trace under LOGDIR/profiling/process-0/.
     Nothing lands in root's folder, the planted file stays where it was,
     and no planted file is counted as a trace."""
@@ -103,10 +104,10 @@ def test_profile_gathering_follows_no_link_and_moves_no_file_another_user_plante
     as_nobody(f"mkdir -p {team}/profiling/process-0/1-0/plugins/profile/2026_01_01_00_00_00 && "
               f"echo planted > {team}/profiling/process-0/1-0/plugins/profile/2026_01_01_00_00_00/h.xplane.pb && "
               f"echo '{{\"host\": \"h\"}}' > {team}/profiling/process-0/1-0/jaxrun-trace.json")
-    links = squatter("links", team / "profile" / "plugins" / "profile", login, 150)
+    links = squatter("links", team / "profile" / "plugins" / "profile", login, 10)
     script = place / "private" / "traced.py"
     script.write_text(TRACED_SCRIPT)
-    job = start_job("-n", 1, "--cpu-devices", 1, "--log-dir", team, "--profile", "6:2", script,
+    job = start_job("-n", 1, "--cpu-devices", 1, "--log-dir", team, "--profile", "8:2", script, team,
                     env=env_of(place), cwd=ROOT)
     assert job.wait(timeout=150) == 0, job.stderr
     assert squatter.stop(links)["links"] > 0
@@ -114,7 +115,11 @@ def test_profile_gathering_follows_no_link_and_moves_no_file_another_user_plante
     assert os.listdir(login) == [], job.stderr  # nothing moved through a link
     planted = team / "profiling" / "process-0" / "1-0" / "plugins" / "profile" / "2026_01_01_00_00_00" / "h.xplane.pb"
     assert planted.read_text() == "planted\n" and os.lstat(planted).st_uid == NOBODY, job.stderr
-    assert "1 of 1 processes traced" not in job.stderr, job.stderr  # the planted trace is nobody's, not a trace
+    traced = [line for line in job.stderr.splitlines() if "processes traced into" in line]
+    assert len(traced) == 1 and f"1 of 1 processes traced into {team}/profile-" in traced[0], job.stderr
+    session = Path(traced[0].split(" traced into ")[1])
+    owners = {p.name: os.lstat(p).st_uid for p in session.iterdir()}  # root's own trace, not the plant
+    assert owners and set(owners.values()) == {0} and not any(name.startswith("h-") for name in owners), owners
     for path in everything(team):
         if os.lstat(path).st_uid == 0:  # whatever root made: its own, private, never under nobody's
             assert all(os.lstat(parent).st_uid == 0 for parent in path.parents if team in parent.parents), path

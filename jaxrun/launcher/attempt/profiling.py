@@ -57,8 +57,17 @@ class NotNow(Exception):
 
 
 def work_folder(log_dir: str, rank: int) -> str:
-    """Where process ``rank`` of the attempt whose log folder is ``log_dir`` writes its traces."""
-    return contract.process_trace_folder(os.path.join(log_dir, WORK), rank)
+    """Where process ``rank`` of the attempt whose log folder is ``log_dir``
+    writes its traces: in its ``profiling``, which the process makes at its
+    first trace; where another user made that first (a team's log folder),
+    in a private folder of a random name beside it, made here."""
+    work = os.path.join(log_dir, WORK)
+    if os.path.lexists(work) and not contract.ours_alone(work):
+        try:
+            work = contract.private_folder_in(log_dir, WORK)[0]
+        except OSError:
+            pass  # the process says why it has no trace
+    return contract.process_trace_folder(work, rank)
 
 
 def parse_window(text: str) -> tuple[float, float]:
