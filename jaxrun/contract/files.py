@@ -16,19 +16,22 @@ from jaxrun.contract.names import BUSY, FINISHED, IDLE, PARKED, RECOVERABLE, SPI
 
 # -- reading back what a process left ---------------------------------------------------
 # Every log and record is read after a run through these three: only a regular
-# file, never through a symlink, and never more than a bound, so that a FIFO or
+# file of this user's, never through a symlink, and never more than a bound, so that a FIFO or
 # a device put in a log's place cannot block the launcher, a link cannot lead
 # it elsewhere, and a log of many gigabytes costs neither memory nor time.
 
 def open_regular(path: str) -> io.BufferedReader | None:
-    """``path`` opened for reading if it is a regular file (not a symlink);
-    None otherwise, or if it cannot be opened."""
+    """``path`` opened for reading if it is a regular file (not a symlink)
+    of this user's; None otherwise, or if it cannot be opened.  Every file
+    read back was written by this user's jaxrun or processes: one of
+    another user's in its place (a team's log folder) is never believed."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except (OSError, ValueError):  # ValueError: a NUL in the path
         return None
     try:
-        if stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
             return os.fdopen(fd, "rb")
     except OSError:
         pass

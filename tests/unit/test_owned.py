@@ -147,3 +147,14 @@ def test_a_predictable_name_another_user_took_gives_way_to_a_random_private_one(
     assert problem == f"it belongs to uid {OTHER}" and folder.startswith(str(tmp_path / "jaxrun-cache-0-"))
     assert contract.ours_alone(folder)
     assert contract.private_folder_in(str(tmp_path), "jaxrun-cache-0") == (folder, problem)  # found again
+
+
+@needs_root
+def test_a_record_another_user_put_in_a_log_folder_is_never_read_back(tmp_path):
+    """The guarded reader behind every log, record and marker read after a
+    run believes this user's files alone."""
+    record = tmp_path / "process-0.error.json"
+    record.write_text('{"exc_type": "Planted"}')
+    assert contract.read_small(str(record), 1 << 10) is not None
+    os.chown(record, OTHER, OTHER)
+    assert contract.read_small(str(record), 1 << 10) is None and contract.read_tail(str(record), 10) is None
