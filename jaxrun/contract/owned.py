@@ -206,6 +206,21 @@ def private_folder_in(parent: str, name: str) -> tuple[str, str | None]:
     return found[0], problem
 
 
+def folder_to_use(parent: str, name: str) -> str:
+    """Where jaxrun's folder called ``name`` in ``parent`` (a log folder
+    that others may write) goes: PARENT/NAME where nothing is there yet
+    (made later, 0700) or it is this user's alone; where another user made
+    it first, a private folder of a random name beside it, made now (or
+    PARENT/NAME where none can be made: its maker's check then refuses it)."""
+    path = os.path.join(parent, name)
+    if not os.path.lexists(path) or ours_alone(path):
+        return path
+    try:
+        return private_folder_in(parent, name)[0]
+    except OSError:
+        return path
+
+
 def private_folders(parent: str, name: str, random_only: bool = False) -> list[str]:
     """This user's folders called ``name`` (or NAME-XXXXXXXX) in ``parent``
     that only this user may enter, checked with lstat (no link, no one

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from jaxrun import portable
+from jaxrun import contract, portable
 from jaxrun.backends import create_backend
 from jaxrun.core import logclaim, modes, reaper
 from jaxrun.core.backend import Ask, Backend, Interrupted, Placement
@@ -52,7 +52,9 @@ SessionEnv = Callable[[str], dict[str, str]]
 
 
 def attempt_dir(log_dir: str, attempt: int) -> str:
-    return log_dir if attempt == 0 else os.path.join(log_dir, f"restart-{attempt}")
+    """The attempt's log folder: the run's, then ``restart-N`` in it (a
+    private one of a random name where another user made that first)."""
+    return log_dir if attempt == 0 else contract.folder_to_use(log_dir, f"restart-{attempt}")
 
 
 def dry_run_text(specs: list[planning.ProcessSpec], count_source: str = "",

@@ -142,8 +142,9 @@ sys.exit(1 if attempt == 0 else 0)
 def test_the_compile_cache_cannot_be_swapped_for_another_user_s_between_or_within_attempts(start_job, place):
     """With --max-restarts 1 and a team's log folder, nobody renames root's
     compile-cache aside once process 0 has checked it, and makes its own in
-    its place: no cache entry of root's lands in a folder of nobody's, and
-    the attempts still share a cache (root's, private)."""
+    its place, and makes the next attempt's restart-1 first: no cache entry
+    or log of root's lands in a folder of nobody's, and the attempts still
+    share a cache (root's, private)."""
     team, private = place / "team", place / "private"
     script = private / "cached.py"
     script.write_text(CACHED_SCRIPT)
@@ -156,7 +157,7 @@ def test_the_compile_cache_cannot_be_swapped_for_another_user_s_between_or_withi
         assert job.proc.poll() is None and time.monotonic() < deadline, job.wait()
         time.sleep(0.1)
     as_nobody(f"if [ -d {team}/compile-cache ]; then mv {team}/compile-cache {team}/aside && "
-              f"mkdir -m 0777 {team}/compile-cache; fi")
+              f"mkdir -m 0777 {team}/compile-cache; fi; mkdir -m 0777 {team}/restart-1")
     go.write_text("")
     assert job.wait(timeout=150) == 0, job.stderr
     assert "attempt 1 [1, 4, 7" in job.stdout, job.stdout
@@ -164,6 +165,10 @@ def test_the_compile_cache_cannot_be_swapped_for_another_user_s_between_or_withi
         st = os.lstat(path)
         if st.st_uid == NOBODY and stat.S_ISDIR(st.st_mode):
             assert os.listdir(path) == [], (path, job.stderr)  # nothing of root's written into nobody's folder
+    assert os.listdir(team / "restart-1") == [], job.stderr  # the attempt's logs: in a private restart-1-XXXXXXXX
+    restarted = [p for p in team.iterdir() if p.name.startswith("restart-1-")]
+    assert len(restarted) == 1 and contract_private(restarted[0]), job.stderr
+    assert f"jaxrun: logs in {restarted[0]}" in job.stderr, job.stderr
     entries = [p for p in everything(private) if "jaxrun-cache-" in str(p) and p.is_file()]
     assert entries, everything(private)  # the attempts' cache: in root's private base
     for path in entries:

@@ -61,13 +61,7 @@ def work_folder(log_dir: str, rank: int) -> str:
     writes its traces: in its ``profiling``, which the process makes at its
     first trace; where another user made that first (a team's log folder),
     in a private folder of a random name beside it, made here."""
-    work = os.path.join(log_dir, WORK)
-    if os.path.lexists(work) and not contract.ours_alone(work):
-        try:
-            work = contract.private_folder_in(log_dir, WORK)[0]
-        except OSError:
-            pass  # the process says why it has no trace
-    return contract.process_trace_folder(work, rank)
+    return contract.process_trace_folder(contract.folder_to_use(log_dir, WORK), rank)
 
 
 def parse_window(text: str) -> tuple[float, float]:
