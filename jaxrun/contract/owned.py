@@ -37,15 +37,17 @@ class NotOurs(OSError):
     """A name that is there but fails the check: what is wrong, in words."""
 
 
-def private_problem(st: os.stat_result, kind: int = stat.S_IFDIR) -> str | None:
+def private_problem(st: os.stat_result, kind: int = stat.S_IFDIR, any_mode: bool = False) -> str | None:
     """What makes a folder (``kind`` S_IFDIR) or a file (S_IFREG), by its
     lstat or fstat, not this user's alone, or None.  A file must have one
-    name: a hard link to it is another name that someone else may have made."""
+    name: a hard link to it is another name that someone else may have made.
+    ``any_mode``: only what it is and its owner count (a folder inside a
+    private one, or one the user made and named)."""
     if stat.S_IFMT(st.st_mode) != kind:
         return "it is not a folder (a symlink or a file)" if kind == stat.S_IFDIR else "it is not a regular file"
     if st.st_uid != os.geteuid():
         return f"it belongs to uid {st.st_uid}"
-    if st.st_mode & OTHERS:
+    if st.st_mode & OTHERS and not any_mode:
         return f"other users have access to it (mode {stat.S_IMODE(st.st_mode):04o})"
     if kind == stat.S_IFREG and st.st_nlink != 1:
         return f"it has {st.st_nlink} names (a hard link)"
@@ -71,8 +73,7 @@ def open_folder(name: str, dir_fd: int | None = None, make: bool = False, inside
         if e.errno in (20, 40):  # ENOTDIR, ELOOP: a file, a link
             raise NotOurs("it is not a folder (a symlink or a file)") from None
         raise
-    st = os.fstat(fd)
-    problem = private_problem(st if not inside_private else os.stat_result((st.st_mode & ~OTHERS, *st[1:])))
+    problem = private_problem(os.fstat(fd), any_mode=inside_private)
     if problem is not None:
         os.close(fd)
         raise NotOurs(problem)
@@ -142,14 +143,6 @@ def open_own_file(name: str, dir_fd: int | None = None, flags: int = os.O_RDONLY
         os.close(fd)
         raise NotOurs(problem)
     return fd
-
-
-def owned_by_me(path: str) -> bool:
-    """Whether ``path`` itself (lstat: a link is not followed) is this user's."""
-    try:
-        return os.lstat(path).st_uid == os.geteuid()
-    except OSError:
-        return False
 
 
 def trusted_path(path: str) -> tuple[str, str | None]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import stat
 
 from jaxrun import contract
 from jaxrun.core import logfiles
@@ -42,14 +41,18 @@ def runs(base: str, skipped: list[str] | None = None) -> list[tuple[str, dict]]:
         return []
     for name in sorted(names):
         folder = os.path.join(base, name)
-        data = contract.read_small(os.path.join(folder, RECORD), RECORD_MAX)
-        try:
-            record = json.loads(data) if data is not None else None
-        except ValueError:  # bad bytes too (UnicodeDecodeError)
-            record = {}
-        if record is None:
-            continue
-        why = foreign(folder) or malformed(record)
+        if not os.path.lexists(os.path.join(folder, RECORD)):
+            continue  # not a run
+        why = foreign(folder)
+        if why is None:
+            data = contract.read_small(os.path.join(folder, RECORD), RECORD_MAX)
+            if data is None:
+                continue  # too large, a link, not a file: not one of ours
+            try:
+                record = json.loads(data)
+            except ValueError:  # bad bytes too (UnicodeDecodeError)
+                record = None
+            why = malformed(record)
         if why:
             if skipped is not None:
                 skipped.append(f"jaxrun: skipped {folder}: {why}")
@@ -60,16 +63,13 @@ def runs(base: str, skipped: list[str] | None = None) -> list[tuple[str, dict]]:
 
 def foreign(folder: str) -> str | None:
     """Why the run folder ``folder`` is not this user's to trust (a link,
-    another user's), or None."""
+    another user's), or None.  Its mode is the user's business: an explicit
+    --log-dir may be a folder they made open to read."""
     try:
-        st = os.lstat(folder)
+        why = contract.private_problem(os.lstat(folder), any_mode=True)
     except OSError as e:
         return e.strerror or str(e)
-    if not stat.S_ISDIR(st.st_mode):
-        return "it is not a folder (a symlink or a file)"
-    if st.st_uid != os.geteuid():
-        return f"another user's run (uid {st.st_uid})"
-    return None
+    return why and why.replace("it belongs to", "another user's run: it belongs to")
 
 
 def malformed(record) -> str | None:
