@@ -12,9 +12,9 @@ that another user made first is followed, written through, read or trusted.
   check (``dir_fd``), one name at a time, with ``O_NOFOLLOW``, and the check
   is made on the descriptor itself (``fstat``): a name swapped after the
   check changes nothing of what was opened.
-- A path handed by name to someone who opens it later (JAX's compile cache,
-  a coordinator's socket) must be a ``trusted_path``: no folder on the way
-  can be renamed or replaced by another user.
+- A path handed by name to someone who opens it later, for as long as it
+  runs (JAX's compile cache), must be a ``trusted_path``: no folder on the
+  way can be renamed or replaced by another user.
 - Where another user made a predictable name first (``jaxrun-sockets-UID``
   in /tmp), a private folder of a random name beside it takes its place
   (``private_folder_in``): a refusal would let anyone stop every run of
@@ -26,6 +26,7 @@ imports it at start-up: nothing here beyond the interpreter's own start).
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
@@ -70,7 +71,7 @@ def open_folder(name: str, dir_fd: int | None = None, make: bool = False, inside
     try:
         fd = os.open(name, FOLDER_FLAGS, dir_fd=dir_fd)
     except OSError as e:
-        if e.errno in (20, 40):  # ENOTDIR, ELOOP: a file, a link
+        if e.errno in (errno.ENOTDIR, errno.ELOOP):  # a file, a link
             raise NotOurs("it is not a folder (a symlink or a file)") from None
         raise
     problem = private_problem(os.fstat(fd), any_mode=inside_private)
