@@ -107,16 +107,17 @@ def test_profile_gathering_follows_no_link_and_moves_no_file_another_user_plante
     links = squatter("links", team / "profile" / "plugins" / "profile", login, 10)
     script = place / "private" / "traced.py"
     script.write_text(TRACED_SCRIPT)
-    job = start_job("-n", 1, "--cpu-devices", 1, "--log-dir", team, "--profile", "8:2", script, team,
+    # Two processes: --profile's clock starts once both joined, when each has its handler of the ask.
+    job = start_job("-n", 2, "--cpu-devices", 1, "--log-dir", team, "--profile", "2:2", script, team,
                     env=env_of(place), cwd=ROOT)
     assert job.wait(timeout=150) == 0, job.stderr
     assert squatter.stop(links)["links"] > 0
-    assert "traced script done" in job.stdout
+    assert job.stdout.count("traced script done") == 2, job.stdout
     assert os.listdir(login) == [], job.stderr  # nothing moved through a link
     planted = team / "profiling" / "process-0" / "1-0" / "plugins" / "profile" / "2026_01_01_00_00_00" / "h.xplane.pb"
     assert planted.read_text() == "planted\n" and os.lstat(planted).st_uid == NOBODY, job.stderr
     traced = [line for line in job.stderr.splitlines() if "processes traced into" in line]
-    assert len(traced) == 1 and f"1 of 1 processes traced into {team}/profile-" in traced[0], job.stderr
+    assert len(traced) == 1 and f"2 of 2 processes traced into {team}/profile-" in traced[0], job.stderr
     session = Path(traced[0].split(" traced into ")[1])
     owners = {p.name: os.lstat(p).st_uid for p in session.iterdir()}  # root's own trace, not the plant
     assert owners and set(owners.values()) == {0} and not any(name.startswith("h-") for name in owners), owners
