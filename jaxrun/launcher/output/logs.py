@@ -74,7 +74,8 @@ def command(run_id, last, ranks, output, base, trace):
     if not base:
         base = logfiles.default_base()
         if os.path.lexists(base) and not contract.ours_alone(base):  # another user made the usual name first
-            click.echo(f"jaxrun: {base} is not yours alone: no run in it that is not yours is shown", err=True)
+            click.echo(f"jaxrun: {base} is not yours alone (another user made it first?): only runs of yours in it "
+                       "are shown", err=True)
     if trace:
         write_trace(base, run_id, trace)
         return
