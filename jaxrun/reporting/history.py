@@ -80,7 +80,7 @@ def malformed(record) -> str | None:
                        ("argv", (list,))):
         value = record.get(key)
         if key in record and (not isinstance(value, kinds) or isinstance(value, bool)):
-            return f"its {RECORD} has a {key} of the wrong kind ({type(value).__name__})"
+            return f"its {RECORD}'s {key} is of the wrong kind ({type(value).__name__})"
     if not all(isinstance(word, str) for word in record.get("argv", [])):
         return f"its {RECORD} has an argv that is not a list of words"
     if not -1e11 < record.get("started", 0) < 1e11:

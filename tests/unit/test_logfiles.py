@@ -389,3 +389,19 @@ def test_the_run_list_skips_a_record_it_may_not_read(tmp_path, victim):
     (tmp_path / "linked" / history.RECORD).symlink_to(victim)
     (tmp_path / "huge" / history.RECORD).write_text(json.dumps({"started": 3.0, "pad": "x" * history.RECORD_MAX}))
     assert [os.path.basename(folder) for folder, _ in history.runs(str(tmp_path))] == ["good"]
+
+
+@pytest.mark.parametrize("record, why", [
+    ({"started": "yesterday"}, "started is of the wrong kind (str)"),
+    ({"started": 1.0, "argv": "rm -rf /"}, "argv is of the wrong kind (str)"),
+    ({"started": 1.0, "argv": [1, 2]}, "an argv that is not a list of words"),
+    ({"started": 1e300}, "a started time out of range"),
+    ([1, 2], "is not a record"),
+])
+def test_the_run_list_skips_a_record_jaxrun_did_not_write_in_one_line(tmp_path, record, why):
+    for name, said in (("good", {"started": 2.0, "exit_code": 0, "argv": ["jaxrun"]}), ("odd", record)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / history.RECORD).write_text(json.dumps(said))
+    skipped: list[str] = []
+    assert [os.path.basename(folder) for folder, _ in history.runs(str(tmp_path), skipped)] == ["good"]
+    assert len(skipped) == 1 and skipped[0].startswith(f"jaxrun: skipped {tmp_path / 'odd'}: ") and why in skipped[0]
