@@ -161,10 +161,11 @@ def test_a_checks_diagnosis_is_left_to_the_summary_and_other_lines_stay():
     """Every process that judged writes the check's lines; the console shows
     the job's one diagnosis, in the summary (test_summary_rules.py)."""
     p, _, err = console()
+    p.write(0, Stream.STDERR, b"jaxrun: warning: a line that comes before any diagnosis\n")
     for rank in range(4):
         p.write(rank, Stream.STDERR, f"{contract.DIAGNOSIS_HEAD}\njaxrun: processes 0-3 parted: ...\n"
                                      "jaxrun:   processes 1, 2, 3 wait at train.py:83\n".encode())
     p.write(2, Stream.STDERR, b"a line of the script's\n")
-    p.write(0, Stream.STDERR, b"jaxrun: warning: a line that comes before any diagnosis\n")
     p.flush()
-    assert err.getvalue() == b"[2] a line of the script's\n", err.getvalue().decode()
+    assert err.getvalue() == (b"[0] jaxrun: warning: a line that comes before any diagnosis\n"
+                              b"[2] a line of the script's\n"), err.getvalue().decode()
