@@ -1,8 +1,8 @@
 """The console view of the job: rank-prefixed live lines, or one block per
 process at the end, with JAX's per-run noise, its fatal-error pages (counted
-in one line: ``pages.line()``), the checks' diagnoses (the summary gives the
-job's one) and stack dumps left to the logs.  Every backend's output comes
-through here.
+on the summary's last line: ``pages.said()``), the checks' diagnoses (the
+summary gives the job's one) and stack dumps left to the logs.  Every
+backend's output comes through here.
 
 The console is a view; the log files are the record.  When the console's
 reader goes away (``jaxrun ... | head -1``) or it fails otherwise, jaxrun stops
