@@ -169,3 +169,27 @@ def test_a_checks_diagnosis_is_left_to_the_summary_and_other_lines_stay():
     p.flush()
     assert err.getvalue() == (b"[0] jaxrun: warning: a line that comes before any diagnosis\n"
                               b"[2] a line of the script's\n"), err.getvalue().decode()
+
+
+def test_junits_output_of_a_process_is_the_consoles_without_the_pages(tmp_path):
+    """--junit-xml's system-err is the end of a log as the console shows it."""
+    import xml.etree.ElementTree as ET
+
+    from jaxrun.core.outcome import Outcome, ProcessRecord, StopReason, Verdict
+    from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
+    from jaxrun.reporting import junit
+
+    recs = []
+    for rank in (0, 1):
+        spec = ProcessSpec(rank, rank, LOCAL_HOST, "python", (), {})
+        rec = ProcessRecord(spec, str(tmp_path / f"process-{rank}.stdout"), str(tmp_path / f"process-{rank}.stderr"),
+                            str(tmp_path / f"process-{rank}.error.json"), pid=100 + rank, started_at=1.0,
+                            ended_at=2.0, returncode=3 if rank == 0 else -6,
+                            verdict=Verdict.ROOT_CAUSE if rank == 0 else Verdict.CONSEQUENCE)
+        (tmp_path / f"process-{rank}.stdout").write_text("")
+        (tmp_path / f"process-{rank}.stderr").write_bytes(b"waiting in the collective\n" + PAGE if rank else b"")
+        recs.append(rec)
+    xml = junit.render(Outcome(recs, 3, StopReason.FAILURE, root_cause=0), suite="s")
+    suite = ET.fromstring(xml.split("\n", 1)[1])
+    (case,) = [case for case in suite.iter("testcase") if case.get("name") == "process 1"]
+    assert case.find("system-err").text == "waiting in the collective\n"
