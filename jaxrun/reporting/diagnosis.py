@@ -125,6 +125,9 @@ class ProcessFacts:
     state: str | None = None  # in the script, or past it (contract.IN_SCRIPT, ...)
     stdout: tuple[str, ...] = ()  # with outputs only: each log's last OUTPUT_LINES lines
     stderr: tuple[str, ...] = ()
+    # After a failure, a process the others' end stopped that raised an error of
+    # its own all the same: its (type, message), from its error record.
+    raised: tuple[str, str] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +181,9 @@ def diagnose(outcome: Outcome, outputs: bool = False) -> Diagnosis:
         facts = ProcessFacts(rec.spec.rank)
         if stopped and data:
             facts = _stack_facts(rec, data.decode("utf-8", "replace"))
+        if outcome.root_cause is not None and rec.verdict in ENDED_BY_OTHERS and rec.error_file:
+            own = ErrorRecord.load(rec.error_file)
+            facts = facts if own is None else dataclasses.replace(facts, raised=(own.type, own.message))
         if outputs:
             facts = dataclasses.replace(facts, stdout=tuple(tail(rec.stdout_log, OUTPUT_LINES)),
                                         stderr=tuple(lines[-OUTPUT_LINES:]))

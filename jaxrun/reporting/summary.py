@@ -67,9 +67,14 @@ def summary_lines(outcome: Outcome, log_dir: str, run_lines: Iterable[str] = (),
             lines.extend(quoted(root.output, QUOTED_LINES, root.output_path, "    "))
     others = _group(r for r in outcome.records
                     if r.verdict in (*ENDED_BY_OTHERS, Verdict.FAILED_ALONE) and r.spec.rank not in shared)
+    alike = same_error(outcome.records, found)  # ended after the root cause, but raised its error themselves
     for verdict, ranks in others.items():
-        noun = "processes" if "," in ranks else "process"
-        lines.append(f"jaxrun: {noun} {ranks} {verdict.value}")
+        ranks = ", ".join(rank for rank in ranks.split(", ") if int(rank) not in alike)
+        if ranks:
+            lines.append(f"jaxrun: {'processes' if ',' in ranks else 'process'} {ranks} {verdict.value}")
+    if alike:
+        lines.append(f"jaxrun: {_ranks(alike)} raised the same {found.root.error.type} "
+                     f"{'themselves' if len(alike) > 1 else 'itself'}, after the root cause")
     if outcome.reason is not None:
         lines.extend(place_lines(outcome.records, found))
         # A check's diagnosis says where each process stood when it judged: the
@@ -254,6 +259,17 @@ def engine_failure_lines(failure: EngineFailure, pid: int | None) -> list[str]:
         lines.append(f"jaxrun:   last lines of {failure.note.log}:")
         lines.extend(quoted(failure.log_tail, QUOTED_LINES, failure.note.log, "    "))
     return lines
+
+
+def same_error(records: list[ProcessRecord], found: Diagnosis) -> list[int]:
+    """The processes that ended after the root cause having raised its very
+    error (type and message) themselves: not its consequences."""
+    root = found.root
+    if root is None or root.error is None:
+        return []
+    error = (root.error.type, root.error.message)
+    return [rec.spec.rank for rec, facts in zip(records, found.processes)
+            if rec.spec.rank != root.rank and facts.raised == error]
 
 
 def _group(records: Iterable[ProcessRecord]) -> dict[Verdict, str]:

@@ -99,3 +99,8 @@ def test_was_at_is_where_each_process_ended_not_an_older_dump(start_job, tmp_pat
     assert f"{LATE}:{older}" not in job.stderr, job.stderr
     at = re.search(rf"^jaxrun:   processes? ([\d, ]+) (?:was|were) at {LATE}:{ends} in <module>: ", job.stderr, re.M)
     assert at and all(str(rank) in at[1].split(", ") for rank in raised), job.stderr
+    # They raised the root cause's very error themselves: not its consequences.
+    recorded = [rank for rank in raised if (tmp_path / "logs" / f"process-{rank}.error.json").exists()]
+    same = re.search(r"^jaxrun: process(?:es)? ([\d, ]+) raised the same ValueError (?:themselves|itself), after "
+                     r"the root cause$", job.stderr, re.M)
+    assert not recorded or (same and all(str(rank) in same[1].split(", ") for rank in recorded)), job.stderr

@@ -164,3 +164,19 @@ def test_processes_at_one_place_share_one_line_and_the_root_causes_is_not_repeat
     assert places == [f"jaxrun:   processes 1, 2, 3 were at {script}:6 in <module>: time.sleep(0.2)  # OLDER"], said
     # An exception's traceback is in the log the summary names.
     assert f"jaxrun:   raised at {script}:7; its traceback in {recs[0].stderr_log}" in said, said
+
+
+def test_processes_that_raised_the_root_causes_error_themselves_are_not_its_consequences(tmp_path, script):
+    """A flax job whose processes all raised the same error within 0.5 s:
+    at 74d7ebe they "failed after the root cause"."""
+    recs = records(tmp_path, 4)
+    for rec in recs:
+        write(rec.stderr_log, traceback(script, 7))
+        if rec.spec.rank != 3:  # process 3 was lost with the root cause: Gloo's error, its own
+            ErrorRecord("ValueError", "bad batch", traceback(script, 7), 5.0).dump(rec.error_file)
+    ErrorRecord("JaxRuntimeError", "Gloo all-reduce failed", "", 5.0).dump(recs[3].error_file)
+    recs[2].verdict = Verdict.STOPPED
+    said = summary.summary_lines(Outcome(recs, 1, StopReason.FAILURE, root_cause=0), str(tmp_path))
+    assert "jaxrun: processes 1, 2 raised the same ValueError themselves, after the root cause" in said, said
+    assert "jaxrun: process 3 failed after the root cause" in said, said
+    assert not any("stopped by jaxrun" in line or "processes 1" in line and "failed after" in line for line in said)
