@@ -196,6 +196,7 @@ def failure_text(code: int, report: dict | None, console: str, n: int, workdir: 
     summary = [
         line for line in console.splitlines()
         if (line.startswith("jaxrun: ") and not line.startswith("jaxrun:  ")) or " was at " in line
+        or " were at " in line
     ]
     cause = report.get("root_cause") if report else None
     if cause:

@@ -35,3 +35,12 @@ def fail(exc: BaseException) -> None:
     print(f"jaxrun: {exc}", file=sys.stderr)
     record_error(exc, f"{type(exc).__name__}: {exc}\n")
     exit_now(1)
+
+
+def judged(error: BaseException, text: str, record: str) -> None:
+    """A check's stop: its lines (``text``) on stderr under the head that
+    keeps every process's copy off the console (the summary shows the root
+    cause's, from ``record``, once for the job), the record, exit 1."""
+    sys.stderr.write(f"{contract.DIAGNOSIS_HEAD}\n{text}")
+    record_error(error, record)
+    exit_now(1)

@@ -94,6 +94,13 @@ class ErrorRecord:
         return f"{self.type}: {self.message}"
 
 
+# A check's diagnosis on a process's stderr (issue 74): the check's lines
+# follow this one.  Every process that judged writes them; the console hides
+# them (the log keeps them) and shows the job's one diagnosis in the summary,
+# from the root cause's error record, which holds the same lines.
+DIAGNOSIS_HEAD = "jaxrun: a check stopped this process; the summary gives the diagnosis below once for the job"
+
+
 # -- what a process used --------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Resources:

@@ -64,6 +64,10 @@ LOST_PEER = re.compile("|".join((
     r"Failed to send RPC to coordination service",
     r"has disconnected from coordination service",
     r"Coordination service has stopped",
+    # An RPC to the coordination service when its process is gone (issue 74:
+    # a process still starting, or in a key-value wait, as process 0 ends).
+    r"UNAVAILABLE: \w+: ?Connection reset by peer",  # "sendmsg: Connection...", "recvmsg:Connection..."
+    r"UNAVAILABLE: Socket closed",
 )), re.IGNORECASE)
 
 

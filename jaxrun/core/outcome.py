@@ -266,6 +266,9 @@ class Outcome:
     # restart would only repeat that (restarts.policy).
     ran_out: bool = False
     recoverable: bool = False  # the processes did not share fate (launcher.restarts.policy)
+    # JAX's fatal-error pages the console left to the logs, counted (the
+    # printer's: "processes 1-3: JAX's fatal-error pages, 36 lines"); None: none.
+    pages: str | None = None
     # reporting.diagnosis.Diagnosis, kept once the run loop has read the logs, so
     # that no report reads them again (core cannot name reporting's type).
     diagnosis: object | None = dataclasses.field(default=None, compare=False, repr=False)

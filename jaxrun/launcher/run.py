@@ -412,4 +412,5 @@ def run_attempt(config: RunConfig, specs, backend: Backend, log_dir: str, consol
             control.reset()  # a failure or --timeout ended this attempt; a restart may follow
     for life in (life for rec in outcome.records for life in rec.lives):  # a process that restarted alone: each life
         printer.grouped(life.spec.rank, life.stdout_log, life.stderr_log)
+    outcome.pages = printer.pages.said()  # JAX's fatal-error pages the console left to the logs, counted
     return outcome

@@ -21,7 +21,7 @@ from jaxrun.contract import ErrorRecord, FlightLog, signal_name
 from jaxrun.core import causes
 from jaxrun.core.outcome import Outcome, ProcessRecord, Stall, StallGroup, StopReason, Verdict
 from jaxrun.core.ranks import format_ranks
-from jaxrun.reporting.stacks import DUMP_TAIL, Frame, dumped_state, raised_at, user_frame
+from jaxrun.reporting.stacks import DUMP_TAIL, Frame, dumped_state, last_place, raised_at
 
 TAIL_LINES = 15  # the lines of a log the reports quote
 # JUnit's system-out and system-err: it leaves JAX's noise lines out of these,
@@ -94,6 +94,7 @@ class RootCause:
     # (a lost host, an exit code alone, a SIGKILL or SIGTERM from outside).
     fingerprint: tuple | None = None
     place: str | None = None  # a stall's: FILE:LINE where it stood out
+    error_path: str = ""  # where its error record is
 
     @property
     def at(self) -> str | None:
@@ -124,6 +125,9 @@ class ProcessFacts:
     state: str | None = None  # in the script, or past it (contract.IN_SCRIPT, ...)
     stdout: tuple[str, ...] = ()  # with outputs only: each log's last OUTPUT_LINES lines
     stderr: tuple[str, ...] = ()
+    # After a failure, a process the others' end stopped that raised an error of
+    # its own all the same: its (type, message), from its error record.
+    raised: tuple[str, str] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,6 +181,9 @@ def diagnose(outcome: Outcome, outputs: bool = False) -> Diagnosis:
         facts = ProcessFacts(rec.spec.rank)
         if stopped and data:
             facts = _stack_facts(rec, data.decode("utf-8", "replace"))
+        if outcome.root_cause is not None and rec.verdict in ENDED_BY_OTHERS and rec.error_file:
+            own = ErrorRecord.load(rec.error_file)
+            facts = facts if own is None else dataclasses.replace(facts, raised=(own.type, own.message))
         if outputs:
             facts = dataclasses.replace(facts, stdout=tuple(tail(rec.stdout_log, OUTPUT_LINES)),
                                         stderr=tuple(lines[-OUTPUT_LINES:]))
@@ -269,7 +276,7 @@ def stall_lines(stall: Stall, records: list[ProcessRecord]) -> list[str]:
 def _stack_facts(rec: ProcessRecord, text: str) -> ProcessFacts:
     log = contract.parse_flight_block(text)
     state = log.state if log is not None else dumped_state(text)
-    return ProcessFacts(rec.spec.rank, user_frame(text), log if log is not None and log.rank == rec.spec.rank else None,
+    return ProcessFacts(rec.spec.rank, last_place(text), log if log is not None and log.rank == rec.spec.rank else None,
                         state)
 
 
@@ -288,7 +295,7 @@ def _root_cause(rec: ProcessRecord, stderr: list[str], stdout: tuple[str, ...] |
         output_path, output = (rec.stdout_log, lines) if lines else (rec.stderr_log, [])
     return RootCause(rec.spec.rank, rec.spec.host.name, where(rec), rec.pid, describe_exit(rec),
                      ErrorRecord.load(rec.error_file), rec.resources.oom if rec.resources else None,
-                     tuple(stderr[-TAIL_LINES:]), output_path, tuple(output))
+                     tuple(stderr[-TAIL_LINES:]), output_path, tuple(output), error_path=rec.error_file or "")
 
 
 def _with_fingerprint(root: RootCause, rec: ProcessRecord, frame: Frame | None) -> RootCause:

@@ -15,7 +15,7 @@ import re
 import xml.etree.ElementTree as ET
 
 from jaxrun.contract import signal_name
-from jaxrun.core.noise import is_noise
+from jaxrun.core.noise import FatalPages, is_noise
 from jaxrun.core.outcome import Outcome, ProcessRecord, StopReason, Verdict
 from jaxrun.reporting import diagnosis, report
 from jaxrun.reporting.diagnosis import Diagnosis, ProcessFacts, describe_exit
@@ -81,8 +81,12 @@ def _earlier_lives(rec: ProcessRecord) -> list[str]:
 
 
 def _output_tail(lines: tuple[str, ...]) -> list[str]:
-    """The end of a log as the console shows it: without JAX's per-run noise."""
-    return [line for line in lines if not is_noise(line.encode())][-diagnosis.TAIL_LINES:]
+    """The end of a log as the console shows it: without JAX's per-run noise
+    and its fatal-error pages (a process that aborted after a peer was gone
+    would otherwise end in its C++ stack's frames)."""
+    pages = FatalPages()
+    return [line for line in lines
+            if not is_noise(data := line.encode()) and not pages.hides(0, data)][-diagnosis.TAIL_LINES:]
 
 
 def _result(outcome: Outcome, rec: ProcessRecord, facts: ProcessFacts,

@@ -88,6 +88,38 @@ def user_frame(text: str) -> Frame | None:
     return _block_frame(text, start) or _block_frame(text, _fatal_main(text, head))
 
 
+def last_place(text: str) -> Frame | None:
+    """Where a process was when it ended: the innermost frame of the user's
+    code in its last traceback or its last stack dump, whichever came later
+    (a dump asked for before the process raised is an older place).  A dump
+    after a traceback that holds none of the user's frames (the process in
+    jaxrun's ending of that exception) leaves the traceback's, unless it
+    found the process past its script, in JAX's shutdown."""
+    tb = text.rfind(TRACEBACK_HEAD)
+    dump = max(text.rfind("Current thread 0x"), text.rfind("Fatal Python error:"))
+    if tb > dump:
+        return traceback_frame(text[tb:])
+    frame = user_frame(text)
+    if frame is None and tb >= 0 and dumped_state(text) != contract.IN_SHUTDOWN:
+        return traceback_frame(text[tb:dump])
+    return frame
+
+
+TRACEBACK_HEAD = "Traceback (most recent call last):"
+
+
+def traceback_frame(text: str) -> Frame | None:
+    """The innermost frame of the user's code in a traceback, with its source line."""
+    found = None
+    for m in FRAME.finditer(text):
+        if is_user_file(m["file"]):
+            found = m
+    if found is None:
+        return None
+    file, line = found["file"], int(found["line"])
+    return file, line, found["func"], linecache.getline(file, line).strip()
+
+
 def _fatal_main(text: str, head: int) -> int:
     """Where the main thread's block starts in the fatal error's dump that
     begins at ``head`` (-1: none)."""
@@ -190,6 +222,13 @@ def dumped_state(text: str) -> str | None:
     if any(in_shutdown(file, func) for file, func in frames):
         return contract.IN_SHUTDOWN
     return None
+
+
+def has_traceback(text: str) -> bool:
+    """Whether an error record's text is a traceback (a Python one, or a
+    pytest report's, which ends at FILE:LINE: ...), and not only a check's
+    lines or jaxrun's one line: the log it was written to then holds one."""
+    return TRACEBACK_HEAD in text or bool(PYTEST_LOCATION.search(text))
 
 
 def user_location(traceback_text: str, workspace: str | None) -> tuple[str, int] | None:

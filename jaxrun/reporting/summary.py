@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from jaxrun import contract
 from jaxrun.contract import FlightEntry, FlightLog, signal_name
 from jaxrun.core.outcome import BUG_REPORT, Outcome, ProcessRecord, StopReason, Verdict
-from jaxrun.reporting import diagnosis
+from jaxrun.reporting import diagnosis, stacks
 from jaxrun.reporting.diagnosis import ENDED_BY_OTHERS, Diagnosis, EngineFailure, Kind, where
 from jaxrun.reporting.stacks import dumped_state as dumped_state  # its older name, for its callers
 
@@ -67,15 +67,19 @@ def summary_lines(outcome: Outcome, log_dir: str, run_lines: Iterable[str] = (),
             lines.extend(quoted(root.output, QUOTED_LINES, root.output_path, "    "))
     others = _group(r for r in outcome.records
                     if r.verdict in (*ENDED_BY_OTHERS, Verdict.FAILED_ALONE) and r.spec.rank not in shared)
+    alike = same_error(outcome.records, found)  # ended after the root cause, but raised its error themselves
     for verdict, ranks in others.items():
-        noun = "processes" if "," in ranks else "process"
-        lines.append(f"jaxrun: {noun} {ranks} {verdict.value}")
+        ranks = ", ".join(rank for rank in ranks.split(", ") if int(rank) not in alike)
+        if ranks:
+            lines.append(f"jaxrun: {'processes' if ',' in ranks else 'process'} {ranks} {verdict.value}")
+    if alike:
+        lines.append(f"jaxrun: {_ranks(alike)} raised the same {found.root.error.type} "
+                     f"{'themselves' if len(alike) > 1 else 'itself'}, after the root cause")
     if outcome.reason is not None:
-        for rec, facts in zip(outcome.records, found.processes):
-            if facts.frame:
-                file, line, func, source = facts.frame
-                lines.append(f"jaxrun:   {where(rec)} was at {file}:{line} in {func}: {source}")
-        lines.extend(divergence_lines(found))
+        lines.extend(place_lines(outcome.records, found))
+        # A check's diagnosis says where each process stood when it judged: the
+        # dumps' later word on who had finished would only repeat it, or differ.
+        lines.extend(divergence_lines(found, states=not judged(found.root)))
     for rec in outcome.records:
         if rec.resources and rec.resources.oom and rec.spec.rank != outcome.root_cause:
             lines.append(f"jaxrun: {where(rec)}: {rec.resources.oom}")
@@ -85,7 +89,9 @@ def summary_lines(outcome: Outcome, log_dir: str, run_lines: Iterable[str] = (),
             lines.append(f"jaxrun: {outcome.straggler.line()}")
         lines.extend(run_lines)
         lines.extend(resource_lines(outcome.records))
-    lines.append(f"jaxrun: logs in {log_dir}")
+    # The console's count of what it left to the logs rides on their line (issue 74: a few lines a failure).
+    pages = f" ({outcome.pages}, left off the console; -v shows them)" if outcome.pages else ""
+    lines.append(f"jaxrun: logs in {log_dir}{pages}")
     return lines
 
 
@@ -112,10 +118,50 @@ def exception_lines(root: diagnosis.RootCause) -> list[str]:
     lines = [f"jaxrun:   {_cut(line)}" for line in text[:EXCEPTION_LINES]]
     more = len(text) - EXCEPTION_LINES
     cut = more > 0 or any(len(line) > QUOTED_WIDTH for line in text[:EXCEPTION_LINES])
+    at = f"raised at {root.at}; " if root.at else ""
+    if not stacks.has_traceback(root.error.traceback):
+        # jaxrun stopped it (a check, a refusal): its log holds jaxrun's lines,
+        # its error record the whole of it.  A check's lines are the job's one
+        # diagnosis: the console left every process's copy to the logs.
+        lines.extend(quoted(diagnosis_of(root.error), QUOTED_LINES, root.error_path, "jaxrun:   "))
+        said = f"{more} more lines of it are in" if more > 0 else ("all of it is in" if cut else "its record:")
+        lines.append(f"jaxrun:   {at}no traceback (jaxrun stopped it); {said} {root.error_path}")
+        return lines
     said = f"{more} more lines of it, and its traceback," if more > 0 else \
         ("all of it, and its traceback," if cut else "its traceback")
-    at = f"raised at {root.at}; " if root.at else ""
     lines.append(f"jaxrun:   {at}{said} in {root.output_path}")
+    return lines
+
+
+def diagnosis_of(error: contract.ErrorRecord) -> list[str]:
+    """A check's lines in its error record (jaxrun's own lines, which its
+    process wrote under contract.DIAGNOSIS_HEAD), less the exception's own."""
+    said = [line.removeprefix("jaxrun: ") for line in error.traceback.splitlines() if line.startswith("jaxrun: ")]
+    return [line for line in said if line not in (error.message, error.headline)]
+
+
+def judged(root: diagnosis.RootCause | None) -> bool:
+    """Whether the root cause is a check's stop that says what it saw."""
+    return root is not None and root.error is not None and not stacks.has_traceback(root.error.traceback) \
+        and bool(diagnosis_of(root.error))
+
+
+def place_lines(records: list[ProcessRecord], found: Diagnosis) -> list[str]:
+    """Where each process was when it ended: one line per place, its
+    processes together ("processes 1, 2, 3 were at train.py:7 ...")."""
+    places: dict[tuple, list[ProcessRecord]] = {}
+    root = found.root
+    for rec, facts in zip(records, found.processes):
+        if not facts.frame:
+            continue
+        if root is not None and rec.spec.rank == root.rank and f"{facts.frame[0]}:{facts.frame[1]}" == root.at:
+            continue  # the root cause's line, which its exception's lines name already
+        places.setdefault(facts.frame, []).append(rec)
+    lines = []
+    for (file, line, func, source), recs in places.items():
+        who = where(recs[0]) + " was" if len(recs) == 1 else \
+            "processes " + ", ".join(str(r.spec.rank) for r in recs) + " were"
+        lines.append(f"jaxrun:   {who} at {file}:{line} in {func}: {source}")
     return lines
 
 
@@ -215,6 +261,17 @@ def engine_failure_lines(failure: EngineFailure, pid: int | None) -> list[str]:
     return lines
 
 
+def same_error(records: list[ProcessRecord], found: Diagnosis) -> list[int]:
+    """The processes that ended after the root cause having raised its very
+    error (type and message) themselves: not its consequences."""
+    root = found.root
+    if root is None or root.error is None:
+        return []
+    error = (root.error.type, root.error.message)
+    return [rec.spec.rank for rec, facts in zip(records, found.processes)
+            if rec.spec.rank != root.rank and facts.raised == error]
+
+
 def _group(records: Iterable[ProcessRecord]) -> dict[Verdict, str]:
     groups: dict[Verdict, list[str]] = {}
     for r in records:
@@ -224,14 +281,14 @@ def _group(records: Iterable[ProcessRecord]) -> dict[Verdict, str]:
 
 # -- where each process was, and what it last ran ---------------------------------------
 
-def divergence_lines(found: Diagnosis) -> list[str]:
+def divergence_lines(found: Diagnosis, states: bool = True) -> list[str]:
     """After a stop: which processes had finished the script (and wait in JAX's
-    shutdown for the others) and which were still in it, and, from the flight
-    recorder's blocks (--flight-recorder), the call where the processes parted
-    and the program each one ran last."""
+    shutdown for the others) and which were still in it (``states``), and, from
+    the flight recorder's blocks (--flight-recorder), the call where the
+    processes parted and the program each one ran last."""
     logs = {p.rank: p.flight for p in found.processes if p.flight is not None}
-    states = {p.rank: p.state for p in found.processes if p.state}
-    return state_lines(states) + line_up(logs)
+    said = state_lines({p.rank: p.state for p in found.processes if p.state}) if states else []
+    return said + line_up(logs)
 
 
 def _ranks(ranks: list[int]) -> str:

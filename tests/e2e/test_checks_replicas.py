@@ -48,8 +48,15 @@ def caught_at_call_4(code: int, stdout: str, stderr: str, call: str, line: int) 
         headline[1]), headline[1]
     found = re.fullmatch(r".*\[(\d):\d, .*cpu:(\d+) \(process 0\); .* cpu:(\d+) \(process 2\)", headline[1])
     assert int(found[2]) == int(found[1]) // 2 and int(found[3]) == 4096 + int(found[1]) // 2, headline[1]
-    assert re.search(rf"jaxrun: processes 0, 2 hold slice \[(0:2|2:4), 0:3\] of the array built at "
-                     rf"checks_replicas_across.py:{line} \(call 4 there\)", stderr), stderr
+    # The job's one diagnosis, in the summary (issue 74: each process that
+    # judged wrote it, and the console showed every copy, then the headline).
+    held = re.findall(rf"^jaxrun:   processes 0, 2 hold slice \[(?:0:2|2:4), 0:3\] of the array built at "
+                      rf"checks_replicas_across.py:{line} \(call 4 there\)", stderr, re.M)
+    assert len(held) == 1 and "hold slice" not in stdout and stderr.count("hold slice") == 1, stderr
+    # The process's stderr log holds no traceback: the summary names its error record.
+    assert "its traceback in" not in stderr, stderr
+    record = rf"\S+/process-{first[1]}\.error\.json"
+    assert re.search(rf"^jaxrun:   no traceback \(jaxrun stopped it\); its record: {record}$", stderr, re.M), stderr
     # Calls 1-3 agreed: every process went past them.
     for rank in range(4):
         assert f"[{rank}] step 3 loss" in stdout, stdout

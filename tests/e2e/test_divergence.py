@@ -54,6 +54,9 @@ def test_check_divergence_stops_the_job_at_the_first_different_call(launch):
         rf"process 2 runs eval_step#1 \[program \w+\] at divergence_train.py:{EVAL_LINE}; "
         rf"processes 0, 1, 3 run train_step#6 \[program \w+\] at divergence_train.py:{TRAIN_LINE}", headline[1])
     assert "process 2: eval_step#1, program" in job.stderr and f"{SCRIPT}:{EVAL_LINE}" in job.stderr
+    # One diagnosis for the job, in the summary, however many processes judged (issue 74).
+    assert job.stderr.count("stopping the job before that call runs") == 1, job.stderr
+    assert not re.search(r"^\[\d\] jaxrun: --check-divergence", job.stderr, re.M), job.stderr
     assert "sum" not in job.stdout  # nobody went on to a wrong result
     # From the start, the processes' own start included: 2-4 s alone, and a
     # job left to itself hangs until JAX's heartbeat timeout (100 s).  30 s
@@ -69,7 +72,10 @@ def test_check_divergence_notices_a_process_that_runs_on_after_the_others_finish
                       rf"processes 0, 1, 3 had finished the script after (\d+) calls", job.stderr)
     assert found, job.stderr
     assert int(found[2]) == int(found[1]) - 1
-    assert "processes 0, 1, 3 had finished the script and were waiting in JAX's shutdown" in job.stderr
+    # The check's own word on who had finished, once; the dumps' line would
+    # only repeat it (issue 74: "no line contradicts another").
+    assert job.stderr.count("processes 0, 1, 3: finished the script after") == 1, job.stderr
+    assert "had finished the script and were waiting" not in job.stderr, job.stderr
 
 
 # The two --timeout runs of the detour, with --flight-recorder and with no

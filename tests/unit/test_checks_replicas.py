@@ -13,6 +13,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from jaxrun import contract
 from jaxrun.child.checks import replicas, replicas_prints
 
 
@@ -176,7 +177,9 @@ def test_strict_checks_refuse_a_jax_without_the_hook_points(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "JAXRUN_ERROR_FILE": str(record)})
     assert done.returncode == 1 and "went on" not in done.stdout, done.stderr
-    assert done.stderr == ("jaxrun: --checks strict: this jax (0.0.1) lacks jax._src.array.make_array_from_callback, "
+    # Under the head that leaves every process's copy to its log: the summary says it once (issue 74).
+    assert done.stderr == (f"{contract.DIAGNOSIS_HEAD}\n"
+                           "jaxrun: --checks strict: this jax (0.0.1) lacks jax._src.array.make_array_from_callback, "
                            "where the replica check hooks in\n")
     assert "RuntimeError: --checks strict: this jax (0.0.1) lacks" in record.read_text()
 

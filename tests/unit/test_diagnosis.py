@@ -184,7 +184,8 @@ def test_a_timeout_names_where_every_process_was_alike(tmp_path):
     assert [p.frame for p in found.processes] == [(str(script), 2, "<module>", "time.sleep(60)")] * 2
     out = all_reports(outcome, tmp_path)
     assert out["summary"][0] == "jaxrun: --timeout expired; stack dumps are in each process's stderr log"
-    assert f"jaxrun:   process 1 was at {script}:2 in <module>: time.sleep(60)" in out["summary"]
+    # One line for the processes at one place (issue 74: the summary's lines are few).
+    assert f"jaxrun:   processes 0, 1 were at {script}:2 in <module>: time.sleep(60)" in out["summary"]
     assert out["report"]["root_cause"] is None and out["report"]["attempts"][0]["stop_reason"] == "timeout"
     where = f" at {script}:2 in <module>: time.sleep(60)"
     assert failures(out["junit"]) == {f"process {r}": f"still running when --timeout expired{where}" for r in (0, 1)}

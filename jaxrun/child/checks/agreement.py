@@ -301,9 +301,7 @@ def stop(error: BaseException, lines: Sequence[str]) -> None:
     (from the board's thread: the main thread may be waiting in a collective
     that never ends)."""
     text = "".join(f"jaxrun: {line}\n" for line in lines)
-    sys.stderr.write(text)
-    ending.record_error(error, text + f"{type(error).__name__}: {error}\n")
-    ending.exit_now(1)
+    ending.judged(error, text, text + f"{type(error).__name__}: {error}\n")
 
 
 _board: Board | None = None

@@ -11,7 +11,6 @@ key-value store.  The first process that differs stops the job with a
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 from jaxrun.child import ending
@@ -118,9 +117,7 @@ class Checker:
         headline, lines = describe_difference(call, seen, finished, self.count)
         text = "".join(f"jaxrun: {line}\n" for line in lines)
         error = DivergenceError(headline)
-        sys.stderr.write(text)
-        ending.record_error(error, text)
-        ending.exit_now(1)
+        ending.judged(error, text, text)
 
 
 def describe_difference(call: int, seen: dict[int, dict], finished: dict[int, int],

@@ -1,5 +1,8 @@
 """The console view of the job: rank-prefixed live lines, or one block per
-process at the end, with JAX's per-run noise and stack dumps left to the logs.
+process at the end, with JAX's per-run noise, its fatal-error pages (counted
+on the summary's last line: ``pages.said()``), the checks' diagnoses (the
+summary gives the job's one) and stack dumps left to the logs.  Every
+backend's output comes through here.
 
 The console is a view; the log files are the record.  When the console's
 reader goes away (``jaxrun ... | head -1``) or it fails otherwise, jaxrun stops
@@ -21,7 +24,7 @@ from typing import BinaryIO, TextIO
 from jaxrun import contract
 from jaxrun.core.events import Stream
 from jaxrun.core.logfiles import log_paths
-from jaxrun.core.noise import TEARDOWN_MARKS, is_noise, read_lines_in_chunks, without_noise
+from jaxrun.core.noise import PAGE_MARKS, TEARDOWN_MARKS, FatalPages, is_noise, read_lines_in_chunks, without_noise
 from jaxrun.launcher.output.tracebacks import HEAD, TracebackFold
 from jaxrun.reporting import stacks
 
@@ -33,6 +36,8 @@ FLUSH_AT = 1 << 20  # console bytes gathered before a write, at most
 # per process).
 _FLIGHT_MARK = b"jaxrun: flight["
 _FLIGHT_LINE = re.compile(rb"^jaxrun: flight\[\d+\] (?:begin: |#\d+ |end\r?$)")
+# The line a check writes before its diagnosis (contract.DIAGNOSIS_HEAD).
+_DIAGNOSIS_HEAD = contract.DIAGNOSIS_HEAD.encode()
 # Substrings that mark a chunk as possibly holding a line to hide.  Plain
 # substring tests run at memchr speed; a regex alternation over megabytes doesn't.
 # Gloo's noise is on stdout; faulthandler's dumps, the flight block and the
@@ -40,7 +45,7 @@ _FLIGHT_LINE = re.compile(rb"^jaxrun: flight\[\d+\] (?:begin: |#\d+ |end\r?$)")
 # on stderr (the step says that once on the console, for all its tasks).
 _HIDDEN_MARKS = {Stream.STDOUT: (b"peer ranks", b"[Gloo]"),
                  Stream.STDERR: (b"most recent call first", HEAD, _FLIGHT_MARK, *contract.ENGINE_NOTE_MARKS,
-                                 *TEARDOWN_MARKS)}
+                                 *TEARDOWN_MARKS, *PAGE_MARKS, _DIAGNOSIS_HEAD)}
 # Back to the start of the line and erase it: where a live status line was.
 ERASE_LINE = b"\r\x1b[K"
 
@@ -75,10 +80,12 @@ class ConsolePrinter:
         self.err = stderr or sys.stderr.buffer
         self.group_markers = group_markers
         self.in_dump: set[int] = set()  # ranks whose stderr is inside a stack dump
+        self.pages = FatalPages()  # JAX's fatal-error pages, and a lost peer's tracebacks with them
+        self.judged: set[int] = set()  # ranks past a check's diagnosis head: their jaxrun lines are its
         # Tracebacks folded on the console; each fold names the log (its folder: -v shows them whole).
         # (`jaxrun logs`, a log read back, shows them whole: fold=False.)
-        self.tracebacks = TracebackFold(lambda rank: log_paths(log_dir, rank)[1] if log_dir else "its stderr log") \
-            if fold else None
+        self.tracebacks = TracebackFold(lambda rank: log_paths(log_dir, rank)[1] if log_dir else "its stderr log",
+                                        self.pages.enter) if fold else None
         self.pending: dict[Stream, list] = {Stream.STDOUT: [], Stream.STDERR: []}
         self.pending_bytes = 0
         self.gone: set[int] = set()  # ids of sinks whose reader went away
@@ -135,7 +142,7 @@ class ConsolePrinter:
 
     def _hidden(self, rank: int, line: bytes) -> bytes | None:
         """A line of stderr, or None where it is a dump's, a flight block's,
-        an engine's note or noise."""
+        an engine's note, a fatal-error page's, a check's diagnosis or noise."""
         if stacks.DUMP_HEAD.match(line):
             self.in_dump.add(rank)
             return None
@@ -143,6 +150,13 @@ class ConsolePrinter:
             if stacks.DUMP_BODY.match(line):
                 return None
             self.in_dump.discard(rank)
+        if self.pages.hides(rank, line):
+            return None
+        if line.startswith(_DIAGNOSIS_HEAD):
+            self.judged.add(rank)
+            return None
+        if rank in self.judged and line.startswith(b"jaxrun: "):
+            return None
         if line.startswith(_FLIGHT_MARK) and _FLIGHT_LINE.match(line):
             return None
         if contract.parse_engine_note(line.decode(errors="replace")):
@@ -159,7 +173,7 @@ class ConsolePrinter:
         if not data.endswith(b"\n"):
             data += b"\n"
         folding = stream is Stream.STDERR and self.tracebacks is not None and self.tracebacks.active(rank)
-        quiet = rank not in self.in_dump and not folding
+        quiet = rank not in self.in_dump and not folding and rank not in self.pages.inside and rank not in self.judged
         if self.show_noise or (quiet and not any(m in data for m in _HIDDEN_MARKS[stream])):
             # The common case, done in C: prefix every line of the chunk at once.
             return data.replace(b"\n", b"\n" + prefix) if prefix else data

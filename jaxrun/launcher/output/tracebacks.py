@@ -2,8 +2,10 @@
 frames of installed libraries and of Python's own (JAX's, above all) folded
 into one line, a long message capped, and a traceback that another process
 showed already (every process's ``device_put`` of its own data fails alike)
-said in one line.  The log keeps every byte, and each fold names it; ``-v``
-shows the traceback whole.
+said in one line.  A lost peer's traceback (Gloo's closed connection, the
+coordination service gone: ``core.causes.LOST_PEER``) is a consequence of
+another process's end, and goes with JAX's fatal-error pages (``lost``).  The
+log keeps every byte, and each fold names it; ``-v`` shows the traceback whole.
 
 Pure: lines in, the lines the console shows out, one ``TracebackFold`` per
 console (one attempt).  A traceback is held until its exception line comes
@@ -16,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from jaxrun.core.causes import LOST_PEER
 from jaxrun.reporting.stacks import is_user_file
 
 HEAD = b"Traceback (most recent call last):"
@@ -42,8 +45,10 @@ class _Reading:
         self.folded = 0  # library frames in the run being folded
         self.libraries: dict[str, None] = {}
         self.in_library = False  # the last frame line was a library's: its source lines go too
+        self.lines = 1  # the lines read of it
 
     def frame(self, file: str, line: int, text: bytes) -> None:
+        self.lines += 1
         self.in_library = not is_user_file(file)
         if self.in_library:
             self.folded += 1
@@ -55,6 +60,7 @@ class _Reading:
 
     def body(self, text: bytes) -> None:
         """A source line, or the markers under it, of the last frame."""
+        self.lines += 1
         if not self.in_library:
             self.shown.append(text)
 
@@ -66,10 +72,13 @@ class _Reading:
 
 
 class TracebackFold:
-    """``log_of(rank)``: the log that holds a process's stderr whole."""
+    """``log_of(rank)``: the log that holds a process's stderr whole;
+    ``lost(rank, lines)``: told of a lost peer's traceback, which is not shown
+    (None: shown as any other)."""
 
-    def __init__(self, log_of: Callable[[int], str]):
+    def __init__(self, log_of: Callable[[int], str], lost: Callable[[int, int], None] | None = None):
         self.log_of = log_of
+        self.lost = lost
         self.reading: dict[int, _Reading] = {}
         self.message: dict[int, int] = {}  # rank -> the message's lines still shown (-1: said where the rest is)
         self.seen: dict[tuple, int] = {}  # (exception type, the user's frames) -> the process that showed it
@@ -116,6 +125,10 @@ class TracebackFold:
         """The exception's line ends the frames: the traceback as shown, or
         one line where another process showed the same one."""
         reading.close_fold()
+        if self.lost is not None and LOST_PEER.search(bare.decode(errors="replace")):
+            self.lost(rank, reading.lines + 1)
+            self.message[rank] = -1
+            return []
         kind = bare.split(b":", 1)[0].decode(errors="replace")
         key = (kind, tuple(reading.user))
         first = self.seen.setdefault(key, rank)
