@@ -15,7 +15,7 @@ import pytest
 
 from jaxrun import contract
 from jaxrun.backends.scheduler.backend import task_argv
-from jaxrun.backends.scheduler.step import Command, Step
+from jaxrun.backends.scheduler.step import Command, Notices, Step
 from jaxrun.core.backend import NO_NEWS
 from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
 
@@ -93,3 +93,17 @@ def test_stopping_a_step_is_its_engines_own_rule(tmp_path):
     assert children[0].wait().returncode == -9
     step.close()
     assert process.stopped == [False]  # no task had reached the step
+
+
+def test_an_engine_notice_that_repeats_the_jobs_end_stays_off_the_console_and_others_pass():
+    ruler = b"-" * 74 + b"\n"
+    notices = Notices((b"exited with non-zero status",))
+    shown = []
+    for line in [b"before\n", ruler, b"mpirun detected that one or more processes exited with non-zero status\n",
+                 ruler, ruler, b"There are not enough slots available\n", ruler, b"after\n", ruler, b"cut short\n"]:
+        shown += notices.passing(line)
+    shown += notices.held()
+    assert shown == [b"before\n", ruler, b"There are not enough slots available\n", ruler, b"after\n",
+                     ruler, b"cut short\n"]
+    # An engine without such words shows everything at once, boxes too.
+    assert Notices(()).passing(ruler) == [ruler]

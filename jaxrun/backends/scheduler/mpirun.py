@@ -48,6 +48,7 @@ class MpirunProcess(Command):
     """The mpirun of one step; it is started shielded and ends on SIGKILL."""
 
     program = "mpirun"
+    repeats = (b"a non-zero exit code. Per user-direction", b"exited with non-zero status", b"exited on signal")
 
     def __init__(self, options: MpirunOptions, count: int, task: Sequence[str], planned: Iterable[str]):
         self.options, self.count, self.task, self.planned = options, count, list(task), tuple(planned)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import abc
 import os
+import re
 import secrets
 import signal
 import socket
@@ -65,6 +66,10 @@ class StepProcess(abc.ABC):
 
     program: str = ""  # how messages and the EngineNote name it
     popen: subprocess.Popen | None = None  # set by ``start``
+    # Words of the engine's own notices that only repeat how the job ended,
+    # which the summary says better (mpirun's "a process exited with non-zero
+    # status" boxes): such a notice stays in engine.log, off the console.
+    repeats: tuple[bytes, ...] = ()
 
     @abc.abstractmethod
     def start(self, env: Mapping[str, str], hooks: RunHooks) -> None:
@@ -79,6 +84,7 @@ class StepProcess(abc.ABC):
         except OSError as e:
             log = None
             say(f"[{self.program}] jaxrun: cannot write {log_path}: {e}")
+        notices = Notices(self.repeats)
         console = True
         try:
             for line in self.popen.stdout:
@@ -90,8 +96,12 @@ class StepProcess(abc.ABC):
                     except OSError:
                         log.close()
                         log = None
+                for shown in notices.passing(line):
+                    if console:
+                        console = say(f"[{self.program}] {shown.decode(errors='replace').rstrip()}")
+            for shown in notices.held():
                 if console:
-                    console = say(f"[{self.program}] {line.decode(errors='replace').rstrip()}")
+                    console = say(f"[{self.program}] {shown.decode(errors='replace').rstrip()}")
         finally:
             if log is not None:
                 try:
@@ -143,6 +153,38 @@ class StepProcess(abc.ABC):
     def settle(self) -> None:
         """The watchdog's last resort is about to SIGKILL what is left: wait
         (briefly) for whatever must come first."""
+
+
+class Notices:
+    """An engine's output on its way to the console: a notice boxed between
+    ruler lines (``-----``) is held until its box closes, then shown, or left
+    to engine.log alone when it holds one of ``repeats``."""
+
+    def __init__(self, repeats: tuple[bytes, ...]):
+        self.repeats = repeats
+        self.box: list[bytes] | None = None  # the open box's lines, ruler first
+
+    def passing(self, line: bytes) -> list[bytes]:
+        """The lines to show now, ``line`` among them or held."""
+        ruler = bool(self.repeats) and _RULER.match(line) is not None
+        if self.box is None:
+            if not ruler:
+                return [line]
+            self.box = [line]
+            return []
+        self.box.append(line)
+        if not ruler:
+            return []
+        box, self.box = self.box, None
+        return [] if any(word in part for part in box for word in self.repeats) else box
+
+    def held(self) -> list[bytes]:
+        """At the output's end: a box that never closed, shown as it is."""
+        box, self.box = self.box or [], None
+        return box
+
+
+_RULER = re.compile(rb"^-{20,}\s*$")
 
 
 class Command(StepProcess):
