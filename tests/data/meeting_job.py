@@ -14,8 +14,8 @@ or a healthy job that looks like one.
     meeting_job.py healthy       every process evaluates; process 0 evaluates its
                                  own local data; process 0 alone compiles a spanning
                                  program ahead and never runs it (its memory and cost
-                                 analysis); process 0 compiles one ahead that every
-                                 process runs later; a thread pool compiles two
+                                 analysis); process 0 compiles one ahead (a warm-up)
+                                 that every process runs later; a thread pool compiles two
                                  programs in another order on each process; a
                                  background thread reads the weights' shards back and
                                  runs programs on them while the main thread trains
@@ -66,8 +66,18 @@ def evaluate_later(w, x):
 
 
 @jax.jit
-def never_run(w, x):
+def pooled(w, x):
     return jnp.min(x @ w)
+
+
+@jax.jit
+def warmed(w, x):
+    return jnp.sum(x @ w) / 3
+
+
+@jax.jit
+def never_run(w, x):
+    return jnp.sum(jnp.abs(x @ w))
 
 
 def background(stop, seen):
@@ -82,12 +92,13 @@ def background(stop, seen):
 if what == "healthy":
     pool = concurrent.futures.ThreadPoolExecutor(2)
     x0 = batch(0)
-    order = [evaluate_later, never_run] if rank % 2 else [never_run, evaluate_later]
+    order = [evaluate_later, pooled] if rank % 2 else [pooled, evaluate_later]
     ahead = [pool.submit(lambda f=f: f.lower(w, x0).compile()) for f in order]  # another order on each process
-    later = dict(zip(order, [f.result() for f in ahead]))[evaluate_later]
+    later = dict(zip(order, [f.result() for f in ahead]))
     if rank == 0:
         alone = never_run.lower(w, x0).compile()  # compiled ahead, never run
         print("analysis", alone.memory_analysis() is not None, bool(alone.cost_analysis()), flush=True)
+        warmed.lower(w, x0).compile()  # a warm-up: every process runs it later
     stop, seen = threading.Event(), []
     saver = threading.Thread(target=background, args=(stop, seen), daemon=True)
     saver.start()
@@ -112,7 +123,8 @@ for step in range(STEPS):
         mine = jax.device_put(np.arange(8, dtype=np.float32), jax.local_devices()[0])
         if rank == 0:
             print("local", float(jnp.sum(mine * 3)), flush=True)  # process 0 alone, its own data
-        print("later", float(later(w, x)), flush=True)  # compiled ahead by a pool, run by every process
+        print("later", float(later[evaluate_later](w, x)), float(later[pooled](w, x)), flush=True)  # pool's
+        print("warmed", float(warmed(w, x)), flush=True)  # process 0 compiled it ahead
     print(f"process {rank} step {step} loss {loss:.4f}", flush=True)
 
 if what == "healthy":
