@@ -43,19 +43,21 @@ LOSS, EVAL0 = line_of("loss = float(loss)"), line_of("# process 0 alone evaluate
 EVALN, ELEMENT = line_of("# every process but 0 evaluates"), line_of("# process 0 alone reads an element")
 BEFORE = "(stopped before it ran: none of its collectives ran)"
 TAIL = "(a program that spans processes runs on every one of them, or on none)"
+def met(group: str, came: str, fn: str, line: int, lacking: str, rest: str) -> str:
+    """The headline of a parting at a meeting: who came to run what, where; who never did; where the rest are."""
+    return (f"processes {group} parted: {came} came to run {fn} (spanning {group}) at meeting_job.py:{line}, "
+            f"which {lacking} never reached {BEFORE}; {rest} {TAIL}")
+
+
 STOPPED = {  # job -> (processes, shape, the process named first, its headline)
-    "eval-2": (2, "eval", 0, f"processes 0,1 parted: process 0 came to run evaluate (spanning 0,1) at "
-                             f"meeting_job.py:{EVAL0}, which process 1 never reached {BEFORE}; process 1 waits at "
-                             f"meeting_job.py:{LOSS} {TAIL}"),
-    "eval-4": (4, "eval", 0, f"processes 0-3 parted: process 0 came to run evaluate (spanning 0-3) at "
-                             f"meeting_job.py:{EVAL0}, which processes 1, 2, 3 never reached {BEFORE}; processes 1, "
-                             f"2, 3 wait at meeting_job.py:{LOSS} {TAIL}"),
-    "element": (2, "element", 0, f"processes 0,1 parted: process 0 came to run gather (spanning 0,1) at "
-                                 f"meeting_job.py:{ELEMENT}, which process 1 never reached {BEFORE}; process 1 "
-                                 f"finished its script {TAIL}"),
-    "all-but-0": (2, "all-but-0", 0, f"processes 0,1 parted: process 1 came to run evaluate (spanning 0,1) at "
-                                     f"meeting_job.py:{EVALN}, which process 0 never reached {BEFORE}; process 0 "
-                                     f"waits at meeting_job.py:{LOSS} {TAIL}"),
+    "eval-2": (2, "eval", 0, met("0,1", "process 0", "evaluate", EVAL0, "process 1",
+                                 f"process 1 waits at meeting_job.py:{LOSS}")),
+    "eval-4": (4, "eval", 0, met("0-3", "process 0", "evaluate", EVAL0, "processes 1, 2, 3",
+                                 f"processes 1, 2, 3 wait at meeting_job.py:{LOSS}")),
+    "element": (2, "element", 0, met("0,1", "process 0", "gather", ELEMENT, "process 1",
+                                     "process 1 finished its script")),
+    "all-but-0": (2, "all-but-0", 0, met("0,1", "process 1", "evaluate", EVALN, "process 0",
+                                         f"process 0 waits at meeting_job.py:{LOSS}")),
     "skip": (2, "skip", 0, f"processes 0,1 parted: process 0 waits at meeting_job.py:{LOSS}; process 1 finished its "
                            f"script {TAIL}"),
 }
