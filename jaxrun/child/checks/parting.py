@@ -2,8 +2,9 @@
 peers never come (the guide's commonest mistake), stopped in seconds.
 
 ``if jax.process_index() == 0: eval_step(w)``, where ``eval_step``'s program
-spans every process: process 0 waits in it, the others wait in their next
-step (or finished their script), and nothing moves.  The programs check
+spans every process: process 0 waits at its first run's meeting
+(``checks.meeting``; or in it, where it ran before, agreed on by all), the
+others wait in their next step (or finished their script), and nothing moves.  The programs check
 cannot see it (the others never make ``eval_step``: its topic waits for
 ever), and the stall watchdog takes its timeout.  So:
 
@@ -19,7 +20,8 @@ ever), and the stall watchdog takes its timeout.  So:
   this process waits under ``WAITS/{rank}`` in the store (the line, its
   text, and the processes the program made at that line spans, or every
   group of processes this process's programs span where that line made
-  none), and clears it once the process moves;
+  none; at a meeting, the program it is to run and its group, ``meets``),
+  and clears it once the process moves;
 - the lowest rank that waits reads every wait and who finished its script
   (the board's ``FINISHED`` keys): where every process of a group a waiting
   process's program spans waits or finished, and they do not all wait at

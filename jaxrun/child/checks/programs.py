@@ -1,16 +1,24 @@
 """Child side of ``--checks``: programs that span processes agree, checked
-when each process first gets them.
+when each process first runs them (a compile alone is no run).
 
 The guide's parted program (three processes run ``x @ y``, the last
 ``y @ x``) hangs in a collective that never matches, and a stack dump names
 where each process waits, not where they parted.  So every process
-fingerprints each executable whose devices belong to more than one process,
+describes each executable whose devices belong to more than one process
 the moment it gets it: ``pxla.UnloadedMeshExecutable.from_hlo``, which every
 ``jax.jit`` call, eager operation and ``.lower().compile()`` passes through
 once per program, whether XLA compiles it or the persistent compile cache
-hands it back (so a warm host and a cold spare count alike).  Executions are
-never seen: the C++ fast path stays on, and the cost is one print and hash
-of the module per program, next to its compile.
+hands it back (so a warm host and a cold spare count alike).  Nothing is
+posted then: a process may compile ahead a program it runs later, or never
+(for its cost analysis, a warm-up, a thread pool's compiles in whatever
+order).  The program counts at its first run: ``ExecuteReplicated.__call__``,
+which every first execution passes through (JAX's C++ fast path takes only
+calls whose first run in Python handed it the executable), asks ``ran``
+whether the executable is one not run yet (one dictionary lookup), and
+there the program is posted and met on (``checks.meeting``: its group comes
+to it before it runs).  Later executions are never seen: the fast path stays
+on, and the cost is one print and hash of the module per program, next to
+its compile, and the meeting at its first run.
 
 Only a program whose compiled HLO holds a collective counts: one without
 (a replicated mean that process 0 alone computes to log it) makes no
@@ -19,23 +27,23 @@ for each other is compared: the program's collectives in order, each with
 its kind, shapes, replica groups and dimensions, and the devices the
 program spans (``collectives_of``, hashed with the device ids).  The body
 (the module as lowered, printed without source locations and without its
-name, so the same program made at another line or from a checkout at
+name, so the same program run at another line or from a checkout at
 another path agrees) is compared too, but a body that differs where the
 collectives agree (a per-process constant baked in, a local operation)
 cannot make processes wait: one warning, and ``--checks strict`` stops.
 
-Where programs are counted depends on who made them.  The main thread makes
-its programs in the script's order: each process counts them per group of
-processes (the processes whose devices the program uses: a mesh over a
-subset compares among those only) and posts the k-th on the board
-(:mod:`jaxrun.child.checks.agreement`) under ``programs/{group}/m/{k}``; processes
-whose k-th programs' collectives differ would wait for each other in
-different collectives, and the job stops.  Any other thread (a pool that
-compiles ahead of time) makes them in an order its scheduling decides, so a
+Where programs are counted depends on who runs them.  The main thread runs
+its programs in the script's order: each process counts their first runs
+per group of processes (the processes whose devices the program uses: a
+mesh over a subset compares among those only) and posts the k-th on the
+board (:mod:`jaxrun.child.checks.agreement`) under ``programs/{group}/m/{k}``;
+processes whose k-th programs' collectives differ would wait for each other
+in different collectives, and the job stops.  Any other thread (a
+background saver) runs them in an order its scheduling decides, so a
 position there means nothing: such a program is keyed by what it is, its
 line, function, inputs, shardings and collectives
 (``programs/{group}/t{key}/{n}``), and only its body is compared, where the
-key is unambiguous (each process made one program under it).  A program
+key is unambiguous (each process ran one program under it).  A program
 this process already posted under its key is not counted again.
 
 On a difference in the collectives every process that sees it stops with a
@@ -44,15 +52,14 @@ and line, the odd side first; the odd side stops at once, the others
 ``LATER`` seconds after, if fail-fast has not ended them by then, so that
 the summary's "failed first" is the odd one out.  The board's own thread's
 programs are not counted.  In a process started again alone (a recoverable
-job) nothing is posted: its peers are past its positions.
+job) nothing is posted or met on: its peers are past its positions.
 
-Known limits: a process that reuses a program it already has while another
-compiles a new one makes no new entry, so the difference is not found by
-position (the stall watchdog and ``--check-divergence`` remain for it); a
-peer that finished its script without a program is left to the stall
-watchdog; programs made off the main thread whose collectives differ are
-not paired (nothing says which of them stand for each other); ``pmap``'s
-programs are not seen.
+Known limits: a process that runs a program it already ran while another
+runs a new one makes no new entry, so the difference is not found by
+position (the parting check and ``--check-divergence`` remain for it);
+programs run off the main thread whose collectives differ are not paired
+(nothing says which of them stand for each other); ``pmap``'s programs are
+not seen.
 """
 
 from __future__ import annotations
