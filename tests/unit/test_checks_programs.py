@@ -268,7 +268,7 @@ def test_off_the_main_thread_a_key_with_two_programs_is_not_judged(monkeypatch, 
     settled(board.posts[0][0], {0: dict(entry("a", c="x"), n=1), 1: dict(entry("b", c="x"), n=2)}, set())
     assert stopped == [] and "warning" not in capsys.readouterr().err
     settled(board.posts[0][0], {0: dict(entry("a", c="x"), n=1), 1: dict(entry("b", c="x"), n=1)}, set())
-    assert "made off the main thread differs in its body only" in capsys.readouterr().err
+    assert "run off the main thread differs in its body only" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("rank, waits", [(3, []), (0, [programs.LATER])])

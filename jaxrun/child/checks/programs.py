@@ -261,7 +261,7 @@ class Programs:
             self.meetings.meet(entry, ranks, main)
 
     def settled(self, k: int, group: str, ranks: list[int], key: str = ""):
-        """The judge of program ``k`` of ``group`` (0: one made off the main thread)."""
+        """The judge of program ``k`` of ``group`` (0: one run off the main thread)."""
         rank = self.board.rank
 
         def judge(topic: str, entries: dict, gone: set) -> None:
@@ -296,7 +296,7 @@ class Programs:
         if self.warned:
             return
         self.warned = True
-        what = f"program {k} of processes {group}" if k else f"a program of processes {group} made off the main thread"
+        what = f"program {k} of processes {group}" if k else f"a program of processes {group} run off the main thread"
         print(f"jaxrun: warning: {what} differs in its body only, not in its collectives (a per-process "
               "constant, a local operation): " + "; ".join(f"{who(side)} made {made(entries[side[0]])} "
                                                            f"[program {entries[side[0]].get('h')}]"
