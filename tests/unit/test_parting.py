@@ -46,6 +46,27 @@ def test_a_parting_names_the_program_the_others_never_made_and_where_each_waits(
                          "process 0 waits at /w/train.py:68: x"]
 
 
+def test_a_parting_at_a_meeting_names_the_program_some_came_to_run_before_it_ran():
+    """Issue 74: process 0 waits before evaluate's first run; 1 and 2 in their
+    next step; 3 finished.  Two meetings on different programs name both."""
+    met = dict(wait("/w/train.py:66", ALL, fn="evaluate", spans="0-3"), meets=True)
+    waits = {0: met, 1: wait("/w/train.py:61", ALL, fn="train_step", spans="0-3"),
+             2: wait("/w/train.py:61", ALL, fn="train_step", spans="0-3")}
+    assert parted(waits, {3}) == ALL
+    headline, lines = describe(ALL, waits, {3})
+    assert headline == ("processes 0-3 parted: process 0 came to run evaluate (spanning 0-3) at train.py:66, which "
+                        "processes 1, 2, 3 never reached (stopped before it ran: none of its collectives ran); "
+                        "process 3 finished its script; processes 1, 2 wait in train_step (spanning 0-3) at "
+                        "train.py:61 (a program that spans processes runs on every one of them, or on none)")
+    assert lines[1:] == ["process 0 waits to run evaluate at /w/train.py:66: x",
+                         "processes 1, 2 wait at /w/train.py:61: x"]
+    other = dict(wait("/w/train.py:70", ALL, fn="gather", spans="0-3"), meets=True)
+    headline, _ = describe(ALL, {0: met, 1: other, 2: other, 3: other}, set())
+    assert headline.startswith("processes 0-3 parted: process 0 came to run evaluate (spanning 0-3) at train.py:66; "
+                               "processes 1, 2, 3 came to run gather (spanning 0-3) at train.py:70 (stopped before "
+                               "any of them ran)"), headline
+
+
 class Heard:
     seconds = 3.0
 
