@@ -96,3 +96,13 @@ def test_programs_that_differ_meet_apart():
         (entry(), [0, 1]), (entry(c="c2"), [0, 1]), (entry(fn="train_step"), [0, 1]), (entry(), [0, 1, 2]))}
     assert len(names) == 4
     assert meeting.meeting_name(entry(at="/elsewhere/job.py:99"), [0, 1]) == meeting.meeting_name(entry(), [0, 1])
+
+
+def test_a_store_that_cannot_count_lets_the_program_run_as_without_the_check():
+    class Broken:
+        def key_value_increment(self, key, by):
+            raise RuntimeError("UNAVAILABLE: no such method on this jax")
+
+    parting = Parting()
+    meeting.Meetings(parting, client=Broken).meet(entry(), [0, 1], main=True)  # returns: no wait for ever
+    assert parting.meeting is None
