@@ -93,7 +93,7 @@ from jaxrun.child.checks.program_text import (
     who,
 )
 
-# (module, attribute path) of the one name the check wraps.
+# (module, attribute path) of the name where every program is made, which the check wraps ...
 HOOK_POINT = ("jax._src.interpreters.pxla", "UnloadedMeshExecutable.from_hlo")
 # ... and the one every first execution passes through (``checks.meeting``).
 RUN_POINT = ("jax._src.interpreters.pxla", "ExecuteReplicated.__call__")
@@ -226,6 +226,9 @@ class Programs:
                 owner = made.owner()
                 if owner is not None and owner.xla_executable is xla_executable:
                     self._first_run(made)
+            except Exception as e:  # noqa: BLE001 - as from_hlo's: a check that cannot read the program stays silent
+                if os.environ.get(contract.VERBOSE) == "1":
+                    print(f"jaxrun: --checks could not read a first run: {type(e).__name__}: {e}", file=sys.stderr)
             finally:
                 made.done = True
                 if self.pending.get(id(xla_executable)) is made:
