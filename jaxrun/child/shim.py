@@ -119,15 +119,17 @@ def install_checks(environ, rank: int, count: int) -> None:
     """What watches the script's programs, before any of them runs: the
     flight recorder and the divergence check where a mode asks, the guide's
     checks (``--checks``), and the goodput's marks.  Each patches jax when
-    the script imports it; none imports jax now."""
-    if environ.get(contract.FLIGHT_RECORDER) or environ.get(contract.CHECK_DIVERGENCE) == "1":
-        from jaxrun.child.checks import flight  # its hook (and dataclasses, re) only where a mode is on
-
-        flight.prepare(environ, rank, count)
+    the script imports it, in this order; none imports jax now.  The
+    recorder's hook wraps the checks' (a program's first run waits there for
+    its group), so that ``--check-divergence`` judges a call before it waits."""
     from jaxrun.child import checks
     from jaxrun.child.watch import marks
 
     checks.prepare(environ, rank, count)
+    if environ.get(contract.FLIGHT_RECORDER) or environ.get(contract.CHECK_DIVERGENCE) == "1":
+        from jaxrun.child.checks import flight  # its hook (and dataclasses, re) only where a mode is on
+
+        flight.prepare(environ, rank, count)
     marks.prepare(environ)
 
 

@@ -180,15 +180,21 @@ def parted_lines(outcome: Outcome, found: Diagnosis) -> list[str]:
     if said is None:
         return []
     places: dict[tuple, list[int]] = {}
+    finished: list[int] = []  # their script returned: the others' collectives met no one there
     for rec, facts in zip(outcome.records, found.processes):
         if facts.frame:
             places.setdefault(facts.frame, []).append(rec.spec.rank)
-    if len({frame[:2] for frame in places}) < 2:
+        elif rec.finished_at:
+            finished.append(rec.spec.rank)
+    if not places or len({frame[:2] for frame in places}) + bool(finished) < 2:
         return []
     sides = sorted(places.items(), key=lambda side: (len(side[1]), side[1]))
     what = COLLECTIVE_MISMATCH.search(said)
     pieces = [f"{'process' if len(ranks) == 1 else 'processes'} {', '.join(map(str, ranks))} at "
               f"{os.path.basename(frame[0])}:{frame[1]}: {frame[3]}" for frame, ranks in sides]
+    if finished:
+        pieces.append(f"{'process' if len(finished) == 1 else 'processes'} {', '.join(map(str, finished))} "
+                      f"finished {'its' if len(finished) == 1 else 'their'} script")
     return [f"jaxrun: the processes parted: {'; '.join(pieces)} (a program that spans processes runs on every "
             f"one of them, or on none); their collectives did not match ({what[0]})"]
 

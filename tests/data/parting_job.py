@@ -7,8 +7,10 @@ looks like one.
                                  that spans every process)
     parting_job.py all-but-0     every process but 0 evaluates at step 3
     parting_job.py skip          process 2 skips step 3
-    parting_job.py columns       process 0 alone evaluates each column's mean of a wide
-                                 array at step 3: its collective's size (1 KiB) differs
+    parting_job.py columns       every process evaluates each column's mean of a wide
+                                 array at step 0, then process 0 alone again at step 3:
+                                 a program its peers agreed on runs with no meeting
+                                 (checks.meeting), its collective's size (1 KiB) differs
                                  from the step's (4 bytes), and Gloo aborts (SIGABRT)
     parting_job.py gather        process 0 alone gathers the weights at step 3
                                  (multihost_utils.process_allgather, a checkpoint's way)
@@ -83,6 +85,8 @@ for step in range(STEPS):
     loss = float(jnp.sum(w))  # every process waits here for the step's collective
     if step == PART and what == "eval" and rank == 0:
         print("eval", float(eval_step(w)), flush=True)  # process 0 alone evaluates
+    if step == 0 and what == "columns":
+        float(eval_columns(wide).sum())  # every process: the program is agreed on at its first run
     if step == PART and what == "columns" and rank == 0:
         print("eval", float(eval_columns(wide).sum()), flush=True)  # process 0 alone evaluates each column
     if step == PART and what == "all-but-0" and rank != 0:

@@ -8,8 +8,12 @@ Real jobs of tests/data/parting_job.py, 4 processes x 2 CPU devices, the
 stall timeout at its default (600 s): process 0 alone evaluates; every
 process but 0 does; process 2 skips a step; process 0 alone gathers the
 weights (multihost_utils.process_allgather, a checkpoint's way); process 0
-alone evaluates a program whose collective's size differs from the step's
-(Gloo aborts: the summary's first line is the parting, at each side's line).
+alone evaluates again a program every process ran once, whose collective's
+size differs from the step's (agreed on, it runs with no meeting and Gloo
+aborts: the summary's first line is the parting, at each side's line).
+Since issue 74 a program's first run waits until its whole group comes to
+it: the shapes whose odd program is new are named at that meeting, before
+the program ran.
 Each backend's five jobs run at once (one wait for all).
 """
 
@@ -38,18 +42,22 @@ EVALN = line_of("# every process but 0 evaluates")
 GATHER = line_of("# process 0 alone gathers")
 COLUMNS = line_of("# process 0 alone evaluates each column")
 TAIL = "(a program that spans processes runs on every one of them, or on none)"
+BEFORE = "(stopped before it ran: none of its collectives ran); "  # the meeting before a first run (issue 74)
 NAMED = {  # shape -> (the process named first, what the headline says)
-    "eval": (0, f"process 0 ran eval_step (spanning 0-3) at parting_job.py:{EVAL0} and processes 1, 2, 3 "
-                "never made it; now "),
-    "all-but-0": (1, f"processes 1, 2, 3 ran eval_step (spanning 0-3) at parting_job.py:{EVALN} and process 0 "
-                     "never made it; now process 0 finished its script; processes 1, 2, 3 wait in _reduce_sum "
-                     f"(spanning 0-3) at parting_job.py:{LOSS} {TAIL}"),
+    "eval": (0, f"process 0 came to run eval_step (spanning 0-3) at parting_job.py:{EVAL0}, which processes 1, 2, 3 "
+                f"never reached {BEFORE}processes 1, 2, 3 wait in _reduce_sum (spanning 0-3) at "
+                f"parting_job.py:{LOSS} {TAIL}"),
+    "all-but-0": (0, f"processes 1, 2, 3 came to run eval_step (spanning 0-3) at parting_job.py:{EVALN}, which "
+                     f"process 0 never reached {BEFORE}process 0 waits in _reduce_sum (spanning 0-3) at "
+                     f"parting_job.py:{LOSS} {TAIL}"),
     "skip": (0, "process 2 finished its script; processes 0, 1, 3 wait in _reduce_sum (spanning 0-3) at "
                 f"parting_job.py:{LOSS} {TAIL}"),
-    "gather": (0, f"process 0 ran _identity_fn (spanning 0-3) at parting_job.py:{GATHER} and processes 1, 2, 3 "
-                  "never made it; now "),
-    "columns": (0, f"process 0 ran eval_columns (spanning 0-3) at parting_job.py:{COLUMNS} and processes 1, 2, 3 "
-                   "never made it; now "),
+    "gather": (0, f"process 0 came to run _identity_fn (spanning 0-3) at parting_job.py:{GATHER}, which processes "
+                  f"1, 2, 3 never reached {BEFORE}processes 1, 2, 3 wait in _reduce_sum (spanning 0-3) at "
+                  f"parting_job.py:{LOSS} {TAIL}"),
+    "columns": (0, f"process 0 came to run eval_columns (spanning 0-3) at parting_job.py:{COLUMNS}, which processes "
+                   f"1, 2, 3 never reached {BEFORE}processes 1, 2, 3 wait in _reduce_sum (spanning 0-3) at "
+                   f"parting_job.py:{LOSS} {TAIL}"),
 }
 
 

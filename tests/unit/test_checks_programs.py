@@ -158,6 +158,12 @@ class Executable:
 COLLECTIVE = Executable()
 
 
+def made_and_ran(check, made, executable=COLLECTIVE):
+    """What from_hlo gave and made, then its first run (a compile alone posts nothing)."""
+    check.got(made, executable)
+    check.ran(executable.xla_executable)
+
+
 def checker(rank, strict=False):
     locator = types.SimpleNamespace(user_frame=lambda frame: ("/w/job.py", 7))
     board = Board(rank)
@@ -166,13 +172,13 @@ def checker(rank, strict=False):
 
 def test_each_group_counts_its_main_threads_programs_once_each():
     board, check = checker(rank=1)
-    check.got(given([0, 1, 2, 3]), COLLECTIVE)
-    check.got(given([0, 1, 2, 3]), COLLECTIVE)  # the same program again (a new jit of the same function): once
-    check.got(given([0, 1], op="multiply"), Executable("all-gather-start"))
-    check.got(given([0, 1, 2, 3], op="subtract"), Executable("add"))  # no collective: nobody waits in it
-    check.got(given([0, 1, 2, 3], op="multiply"), Executable("collective-permute"))
-    check.got(given([1]), COLLECTIVE)  # process-local: nobody to agree with
-    check.got(given([2, 3]), COLLECTIVE)  # not this process's
+    made_and_ran(check, given([0, 1, 2, 3]), COLLECTIVE)
+    made_and_ran(check, given([0, 1, 2, 3]), COLLECTIVE)  # the same program again (a new jit of it): once
+    made_and_ran(check, given([0, 1], op="multiply"), Executable("all-gather-start"))
+    made_and_ran(check, given([0, 1, 2, 3], op="subtract"), Executable("add"))  # no collective: no one waits
+    made_and_ran(check, given([0, 1, 2, 3], op="multiply"), Executable("collective-permute"))
+    made_and_ran(check, given([1]), COLLECTIVE)  # process-local: nobody to agree with
+    made_and_ran(check, given([2, 3]), COLLECTIVE)  # not this process's
     assert [(topic, among) for topic, _, among, _, _ in board.posts] == [
         ("programs/0-3/m/1", [0, 1, 2, 3]), ("programs/0,1/m/1", [0, 1]), ("programs/0-3/m/2", [0, 1, 2, 3])]
     topic, posted, _, _, same = board.posts[0]
@@ -185,15 +191,32 @@ def test_each_group_counts_its_main_threads_programs_once_each():
     assert same(posted, dict(posted, at="/elsewhere/job.py:99", fn="other", h="z"))
     assert not same(posted, dict(posted, c="z"))
     board, check = checker(rank=1, strict=True)
-    check.got(given([0, 1, 2, 3]), COLLECTIVE)
+    made_and_ran(check, given([0, 1, 2, 3]), COLLECTIVE)
     assert not board.posts[0][4](posted, dict(posted, h="z"))  # strict: the body too
+
+
+def test_a_compile_alone_posts_nothing_and_a_first_run_posts_and_meets_once():
+    met = []
+    board, check = checker(rank=0)
+    check.meetings = type("Meetings", (), {"meet": lambda self, e, ranks, main: met.append((e["fn"], ranks, main))})()
+    ahead = Executable()
+    check.got(given([0, 1]), ahead)  # lower().compile(): its analysis, a warm-up
+    check.got(given([0, 1, 2, 3]), COLLECTIVE)
+    assert board.posts == [] and met == []
+    check.ran(COLLECTIVE.xla_executable)
+    check.ran(COLLECTIVE.xla_executable)  # a later run (JAX's Python path): nothing more
+    assert [topic for topic, *_ in board.posts] == ["programs/0-3/m/1"]
+    assert met == [("step", [0, 1, 2, 3], True)]
+    check.ran(ahead.xla_executable)  # run at last, after another: the next position, met then
+    assert [topic for topic, *_ in board.posts] == ["programs/0-3/m/1", "programs/0,1/m/1"]
+    assert len(met) == 2 and not check.pending
 
 
 def made_on_threads(rank, names, ops):
     """The programs ``ops`` made in this order, each on its own thread of ``names``."""
     board, check = checker(rank)
     for name, op in zip(names, ops):
-        thread = threading.Thread(target=check.got, args=(given([0, 1], op=op, name=f"jit({op})"), COLLECTIVE),
+        thread = threading.Thread(target=made_and_ran, args=(check, given([0, 1], op=op, name=f"jit({op})")),
                                   name=name)
         thread.start()
         thread.join()
@@ -210,7 +233,7 @@ def test_programs_made_off_the_main_thread_are_keyed_by_what_they_are_not_by_who
     assert sorted(topic for topic, *_ in one.posts) == sorted(topic for topic, *_ in two.posts)
     assert all(re.fullmatch(r"programs/0,1/t[0-9a-f]{16}/1", topic) for topic, *_ in one.posts), one.posts
     _, check = checker(rank=0)
-    check.got(given([0, 1]), COLLECTIVE)
+    made_and_ran(check, given([0, 1]), COLLECTIVE)
     assert check.board.posts[0][0] == "programs/0,1/m/1"
 
 
@@ -220,14 +243,14 @@ def test_a_body_that_differs_where_the_collectives_agree_is_one_warning_and_stop
     monkeypatch.setattr(programs.time, "sleep", lambda s: None)
     constant = {0: entry("a", c="x"), 1: entry("b", c="x")}  # x * (process_index() + 1)
     board, check = checker(rank=0)
-    check.got(given([0, 1]), COLLECTIVE)
+    made_and_ran(check, given([0, 1]), COLLECTIVE)
     for _ in range(2):
         board.posts[0][3]("programs/0,1/m/1", constant, set())
     warned = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
     assert stopped == [] and len(warned) == 1, warned
     assert warned[0].startswith("jaxrun: warning: program 1 of processes 0,1 differs in its body only"), warned
     board, check = checker(rank=0, strict=True)
-    check.got(given([0, 1]), COLLECTIVE)
+    made_and_ran(check, given([0, 1]), COLLECTIVE)
     board.posts[0][3]("programs/0,1/m/1", constant, set())
     (error, lines), = stopped
     assert str(error).startswith("program 1 of processes 0,1 differs (body): process 0 made matmul"), error
@@ -245,7 +268,7 @@ def test_off_the_main_thread_a_key_with_two_programs_is_not_judged(monkeypatch, 
     settled(board.posts[0][0], {0: dict(entry("a", c="x"), n=1), 1: dict(entry("b", c="x"), n=2)}, set())
     assert stopped == [] and "warning" not in capsys.readouterr().err
     settled(board.posts[0][0], {0: dict(entry("a", c="x"), n=1), 1: dict(entry("b", c="x"), n=1)}, set())
-    assert "made off the main thread differs in its body only" in capsys.readouterr().err
+    assert "run off the main thread differs in its body only" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("rank, waits", [(3, []), (0, [programs.LATER])])
@@ -254,7 +277,7 @@ def test_the_odd_side_stops_at_once_and_the_others_later(monkeypatch, rank, wait
     monkeypatch.setattr(programs.agreement, "stop", lambda error, lines: stopped.append((error, lines)))
     monkeypatch.setattr(programs.time, "sleep", slept.append)
     board, check = checker(rank)
-    check.got(given([0, 1, 2, 3]), COLLECTIVE)
+    made_and_ran(check, given([0, 1, 2, 3]), COLLECTIVE)
     settled = board.posts[0][3]
     settled("programs/0-3/m/1", {0: entry("a"), 1: entry("a"), 2: entry("a"), 3: entry("b")}, set())
     assert slept == waits

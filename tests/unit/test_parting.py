@@ -46,6 +46,27 @@ def test_a_parting_names_the_program_the_others_never_made_and_where_each_waits(
                          "process 0 waits at /w/train.py:68: x"]
 
 
+def test_a_parting_at_a_meeting_names_the_program_some_came_to_run_before_it_ran():
+    """Issue 74: process 0 waits before evaluate's first run; 1 and 2 in their
+    next step; 3 finished.  Two meetings on different programs name both."""
+    met = dict(wait("/w/train.py:66", ALL, fn="evaluate", spans="0-3"), meets=True)
+    waits = {0: met, 1: wait("/w/train.py:61", ALL, fn="train_step", spans="0-3"),
+             2: wait("/w/train.py:61", ALL, fn="train_step", spans="0-3")}
+    assert parted(waits, {3}) == ALL
+    headline, lines = describe(ALL, waits, {3})
+    assert headline == ("processes 0-3 parted: process 0 came to run evaluate (spanning 0-3) at train.py:66, which "
+                        "processes 1, 2, 3 never reached (stopped before it ran: none of its collectives ran); "
+                        "process 3 finished its script; processes 1, 2 wait in train_step (spanning 0-3) at "
+                        "train.py:61 (a program that spans processes runs on every one of them, or on none)")
+    assert lines[1:] == ["process 0 waits to run evaluate at /w/train.py:66: x",
+                         "processes 1, 2 wait at /w/train.py:61: x"]
+    other = dict(wait("/w/train.py:70", ALL, fn="gather", spans="0-3"), meets=True)
+    headline, _ = describe(ALL, {0: met, 1: other, 2: other, 3: other}, set())
+    assert headline.startswith("processes 0-3 parted: process 0 came to run evaluate (spanning 0-3) at train.py:66; "
+                               "processes 1, 2, 3 came to run gather (spanning 0-3) at train.py:70 (stopped before "
+                               "any of them ran)"), headline
+
+
 class Heard:
     seconds = 3.0
 
@@ -136,13 +157,12 @@ def test_a_fatal_errors_dump_names_the_main_threads_line_though_another_thread_a
     assert stacks.user_frame(FATAL.replace("Fatal Python error: Aborted", "")) is None  # not a fatal error's
 
 
-def test_an_abort_in_a_collective_that_did_not_match_is_said_first_as_the_parting(tmp_path):
-    """Gloo's size mismatch kills process 2 (SIGABRT); processes 0 and 1
-    dumped their stacks as the job stopped, at two lines: the summary's first
-    line is the parting at those lines, then the abort."""
+def aborted_job(tmp_path, finished=()):
+    """Process 2 aborted in Gloo (no Python stack); process 0 dumped its stack
+    at line 66, process 1 at line 61 or, where it is in ``finished``, its
+    script had returned (no line of the script in its dump)."""
     from jaxrun.core.outcome import Outcome, ProcessRecord, StopReason, Verdict
     from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
-    from jaxrun.reporting import summary
 
     script = tmp_path / "train.py"
     script.write_text("w = step(w)\n" * 60 + "loss = float(jnp.sum(w))\n" + "x = 1\n" * 4 + "print(eval_step(w))\n")
@@ -151,14 +171,36 @@ def test_an_abort_in_a_collective_that_did_not_match_is_said_first_as_the_partin
         spec = ProcessSpec(rank, rank, LOCAL_HOST, "python", (), {})
         rec = ProcessRecord(spec, str(tmp_path / f"p{rank}.out"), str(tmp_path / f"p{rank}.err"),
                             str(tmp_path / f"p{rank}.json"), pid=100 + rank, started_at=1.0, ended_at=2.0,
-                            returncode=code, verdict=Verdict.ROOT_CAUSE if rank == 2 else Verdict.STOPPED)
+                            returncode=code, verdict=Verdict.ROOT_CAUSE if rank == 2 else Verdict.STOPPED,
+                            finished_at=1.5 if rank in finished else None)
         open(rec.stdout_log, "w").close()
         line = 66 if rank == 0 else 61
         with open(rec.stderr_log, "w") as f:
-            f.write(FATAL.split("Fatal")[0] if rank == 2 else
+            f.write(FATAL.split("Fatal")[0] if rank == 2 else "" if rank in finished else
                     f'Current thread 0x01 (most recent call first):\n  File "{script}", line {line} in <module>\n')
         recs.append(rec)
-    lines = summary.summary_lines(Outcome(recs, 134, StopReason.FAILURE, root_cause=2), str(tmp_path))
+    return Outcome(recs, 134, StopReason.FAILURE, root_cause=2)
+
+
+def test_an_abort_after_the_others_finished_names_the_line_and_who_finished(tmp_path):
+    """Issue 74: process 1 finished its script on mixed data while process 0's
+    collective met no one (Gloo aborts process 2): still the parting, first."""
+    from jaxrun.reporting import summary
+
+    lines = summary.summary_lines(aborted_job(tmp_path, finished=(1,)), str(tmp_path))
+    assert lines[0] == ("jaxrun: the processes parted: process 0 at train.py:66: print(eval_step(w)); process 1 "
+                        "finished its script (a program that spans processes runs on every one of them, or on "
+                        "none); their collectives did not match (Received data size doesn't match expected size)")
+    assert lines[1] == "jaxrun: process 2 failed first: killed by SIGABRT (pid 102)"
+
+
+def test_an_abort_in_a_collective_that_did_not_match_is_said_first_as_the_parting(tmp_path):
+    """Gloo's size mismatch kills process 2 (SIGABRT); processes 0 and 1
+    dumped their stacks as the job stopped, at two lines: the summary's first
+    line is the parting at those lines, then the abort."""
+    from jaxrun.reporting import summary
+
+    lines = summary.summary_lines(aborted_job(tmp_path), str(tmp_path))
     assert lines[0] == ("jaxrun: the processes parted: process 0 at train.py:66: print(eval_step(w)); process 1 at "
                         "train.py:61: loss = float(jnp.sum(w)) (a program that spans processes runs on every one of "
                         "them, or on none); their collectives did not match (Received data size doesn't match "

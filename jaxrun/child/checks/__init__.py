@@ -3,16 +3,21 @@
 The checks, on unless ``--checks off``:
 
 - programs (:mod:`jaxrun.child.checks.programs`): every process fingerprints each
-  compiled program whose devices span more than one process, when it first
-  gets it (compiled or from the persistent cache), and the processes that
-  take part compare them in order; the first difference stops the job;
+  compiled program whose devices span more than one process, as it gets it
+  (compiled or from the persistent cache), and at its first run the
+  processes that take part compare them in order; the first difference
+  stops the job;
+- meetings (:mod:`jaxrun.child.checks.meeting`): that first run waits until
+  every process of the program's group has come to the same program, so a
+  program some never come to runs none of its collectives;
 - replicas (:mod:`jaxrun.child.checks.replicas`): an array built from per-process
   data whose sharding puts one slice on devices of several processes has
   that slice's fingerprint compared among them, on a sample of the calls
   (every call under ``--checks strict``);
 - partings (:mod:`jaxrun.child.checks.parting`): a program that spans
-  processes where some of them never come (rank 0 alone evaluates) is found
-  from the time account's long waits and stops the job in seconds.
+  processes where some of them never come (rank 0 alone evaluates: it waits
+  at its meeting) is found from the time account's long waits and stops the
+  job in seconds.
 
 Both compare through the coordination service's key-value store from a
 thread of their own (:mod:`jaxrun.child.checks.agreement`), never on the step's

@@ -2,8 +2,9 @@
 peers never come (the guide's commonest mistake), stopped in seconds.
 
 ``if jax.process_index() == 0: eval_step(w)``, where ``eval_step``'s program
-spans every process: process 0 waits in it, the others wait in their next
-step (or finished their script), and nothing moves.  The programs check
+spans every process: process 0 waits at its first run's meeting
+(``checks.meeting``; or in it, where it ran before, agreed on by all), the
+others wait in their next step (or finished their script), and nothing moves.  The programs check
 cannot see it (the others never make ``eval_step``: its topic waits for
 ever), and the stall watchdog takes its timeout.  So:
 
@@ -19,7 +20,8 @@ ever), and the stall watchdog takes its timeout.  So:
   this process waits under ``WAITS/{rank}`` in the store (the line, its
   text, and the processes the program made at that line spans, or every
   group of processes this process's programs span where that line made
-  none), and clears it once the process moves;
+  none; at a meeting, the program it is to run and its group, ``meets``),
+  and clears it once the process moves;
 - the lowest rank that waits reads every wait and who finished its script
   (the board's ``FINISHED`` keys): where every process of a group a waiting
   process's program spans waits or finished, and they do not all wait at
@@ -73,14 +75,39 @@ def parted(waits: dict[int, dict], finished: set[int]) -> list[int] | None:
 
 def describe(ranks: list[int], waits: dict[int, dict], finished: set[int]) -> tuple[str, list[str]]:
     """The headline and the lines that name each side of a parting: first a
-    program some ran that the others never made (an open topic of the
-    programs check), then where each side waits now, the smallest side first."""
+    program some came to run and the others never reached (a meeting,
+    ``checks.meeting``: it never ran), or else one some ran that the others
+    never made (an open topic of the programs check); then where each other
+    side waits now, the smallest side first."""
     sides: dict[str, list[int]] = {}
     for r in ranks:
         sides.setdefault("" if r in finished else waits[r].get("at", "?"), []).append(r)
     order = sorted(sides.items(), key=lambda side: (len(side[1]), side[1]))
+    meeting = [(at, side) for at, side in order if at and waits[side[0]].get("meets")]
     pieces, lines = [], []
+    headline = f"processes {group_text(ranks)} parted: "
+    for at, side in meeting:
+        wait = waits[side[0]]
+        pieces.append(f"{who(side)} came to run {wait['fn']} (spanning {wait['spans']}) at {os.path.basename(at)}")
+        lines.append(f"{who(side)} {'waits' if len(side) == 1 else 'wait'} to run {wait['fn']} at {at}: "
+                     f"{wait.get('text', '')}")
+    if meeting:
+        others = [r for r in ranks if not any(r in side for _, side in meeting)]
+        reached = f", which {who(others)} never reached" if others and len(meeting) == 1 else ""
+        headline += "; ".join(pieces) + reached + (" (stopped before it ran: none of its collectives ran)"
+                                                   if len(meeting) == 1 else " (stopped before any of them ran)")
+        pieces = []
+    else:
+        ran = _unmatched(ranks, waits, finished)
+        if ran:
+            program, had = ran
+            lacking = [r for r in ranks if r not in had]
+            headline += (f"{who(had)} ran {program['fn']} (spanning {program['spans']}) at "
+                         f"{os.path.basename(program['at'])} and {who(lacking)} never made it; now ")
+            lines.append(f"{who(had)} ran {program['fn']} at {program['at']}, which {who(lacking)} never made")
     for at, side in order:
+        if (at, side) in meeting:
+            continue
         if not at:
             pieces.append(f"{who(side)} finished {'its' if len(side) == 1 else 'their'} script")
             continue
@@ -88,15 +115,8 @@ def describe(ranks: list[int], waits: dict[int, dict], finished: set[int]) -> tu
         program = f" in {wait['fn']} (spanning {wait['spans']})" if wait.get("fn") else ""
         pieces.append(f"{who(side)} {verb}{program} at {os.path.basename(at)}")
         lines.append(f"{who(side)} {verb} at {at}: {wait.get('text', '')}")
-    headline = f"processes {group_text(ranks)} parted: "
-    ran = _unmatched(ranks, waits, finished)
-    if ran:
-        program, had = ran
-        lacking = [r for r in ranks if r not in had]
-        headline += (f"{who(had)} ran {program['fn']} (spanning {program['spans']}) at "
-                     f"{os.path.basename(program['at'])} and {who(lacking)} never made it; now ")
-        lines.insert(0, f"{who(had)} ran {program['fn']} at {program['at']}, which {who(lacking)} never made")
-    headline += ("; ".join(pieces) + " (a program that spans processes runs on every one of them, or on none)")
+    headline += ("; " if meeting and pieces else "") + "; ".join(pieces)
+    headline += " (a program that spans processes runs on every one of them, or on none)"
     return headline, [headline, *lines]
 
 
@@ -133,6 +153,7 @@ class Parting:
         self.seconds = WAIT
         self.missed: list[dict] = []  # programs the programs check settled with a peer that finished without them
         self.waiting, self.turn = False, 0  # the account's word, and how many waits it said
+        self.meeting: dict | None = None  # the program the main thread waits to run first (checks.meeting)
         self.wake = threading.Event()
         self.thread: threading.Thread | None = None
         self.lock = threading.Lock()
@@ -169,11 +190,15 @@ class Parting:
         frame = sys._current_frames().get(threading.main_thread().ident)
         file, line = self.locator.user_frame(frame)
         at = f"{file}:{line}"
+        text = linecache.getline(file, line).strip()[:120]
+        meeting = self.meeting
+        if meeting is not None:  # before its first run: it waits for its group to come to the same program
+            return {"at": at, "text": text, "groups": [meeting["among"]], "fn": meeting["fn"],
+                    "spans": meeting["spans"], "meets": True, "open": []}
         made = self.sites.get(at)  # a line that made only programs that span no one waits for no one
         groups = [ranks for _, ranks in made.values()] if made is not None else list(self.groups.values())
         fn, spans = next(((fn, group) for group, (fn, _) in (made or {}).items()), ("", ""))
-        return {"at": at, "text": linecache.getline(file, line).strip()[:120], "groups": groups,
-                "fn": fn, "spans": spans, "open": self.unmatched()}
+        return {"at": at, "text": text, "groups": groups, "fn": fn, "spans": spans, "open": self.unmatched()}
 
     def unmatched(self) -> list[dict]:
         """The programs this process made that its peers have not matched yet
@@ -225,4 +250,6 @@ def install(board, programs) -> None:
 
     parting = Parting(board, programs.locator)
     programs.parting = parting
+    if programs.meetings is not None:
+        programs.meetings.parting = parting
     accounting.waits = parting

@@ -76,7 +76,7 @@ def collectives_text(collectives: list[str]) -> str:
 
 
 def thread_key(entry: dict) -> str:
-    """What keys a program made off the main thread: the same in every process
+    """What keys a program run off the main thread: the same in every process
     for the same program, whichever thread made it and when."""
     return "\n".join(str(entry[k]) for k in ("at", "fn", "in", "sh", "c"))
 
@@ -197,11 +197,11 @@ def describe(k: int, group: str, entries: dict, gone: set, ranks) -> tuple[str, 
         sides = sides_of(entries, "h")
     fields = what_differs(entries, sides)
     plural = "processes" if "," in group or "-" in group else "process"
-    what = f"program {k} of {plural} {group}" if k else f"a program of {plural} {group} made off the main thread"
+    what = f"program {k} of {plural} {group}" if k else f"a program of {plural} {group} run off the main thread"
     headline = (f"{what} differs ({', '.join(fields)}): "
                 + "; ".join(f"{who(side)} made {made(entries[side[0]], shown=tuple(fields))}" for side in sides))
     lines = [f"--checks: the processes part at {what} "
-             "(counting programs that span processes, as each process first got them):"]
+             "(counting programs that span processes, as each process first ran them):"]
     for side in sides:
         e = entries[side[0]]
         lines.append(f"  {who(side)}: {made(e, short=False)}, sharded {e.get('sh') or '-'}, "

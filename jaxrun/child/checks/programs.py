@@ -1,16 +1,24 @@
 """Child side of ``--checks``: programs that span processes agree, checked
-when each process first gets them.
+when each process first runs them (a compile alone is no run).
 
 The guide's parted program (three processes run ``x @ y``, the last
 ``y @ x``) hangs in a collective that never matches, and a stack dump names
 where each process waits, not where they parted.  So every process
-fingerprints each executable whose devices belong to more than one process,
+describes each executable whose devices belong to more than one process
 the moment it gets it: ``pxla.UnloadedMeshExecutable.from_hlo``, which every
 ``jax.jit`` call, eager operation and ``.lower().compile()`` passes through
 once per program, whether XLA compiles it or the persistent compile cache
-hands it back (so a warm host and a cold spare count alike).  Executions are
-never seen: the C++ fast path stays on, and the cost is one print and hash
-of the module per program, next to its compile.
+hands it back (so a warm host and a cold spare count alike).  Nothing is
+posted then: a process may compile ahead a program it runs later, or never
+(for its cost analysis, a warm-up, a thread pool's compiles in whatever
+order).  The program counts at its first run: ``ExecuteReplicated.__call__``,
+which every first execution passes through (JAX's C++ fast path takes only
+calls whose first run in Python handed it the executable), asks ``ran``
+whether the executable is one not run yet (one dictionary lookup), and
+there the program is posted and met on (``checks.meeting``: its group comes
+to it before it runs).  Later executions are never seen: the fast path stays
+on, and the cost is one print and hash of the module per program, next to
+its compile, and the meeting at its first run.
 
 Only a program whose compiled HLO holds a collective counts: one without
 (a replicated mean that process 0 alone computes to log it) makes no
@@ -19,23 +27,23 @@ for each other is compared: the program's collectives in order, each with
 its kind, shapes, replica groups and dimensions, and the devices the
 program spans (``collectives_of``, hashed with the device ids).  The body
 (the module as lowered, printed without source locations and without its
-name, so the same program made at another line or from a checkout at
+name, so the same program run at another line or from a checkout at
 another path agrees) is compared too, but a body that differs where the
 collectives agree (a per-process constant baked in, a local operation)
 cannot make processes wait: one warning, and ``--checks strict`` stops.
 
-Where programs are counted depends on who made them.  The main thread makes
-its programs in the script's order: each process counts them per group of
-processes (the processes whose devices the program uses: a mesh over a
-subset compares among those only) and posts the k-th on the board
-(:mod:`jaxrun.child.checks.agreement`) under ``programs/{group}/m/{k}``; processes
-whose k-th programs' collectives differ would wait for each other in
-different collectives, and the job stops.  Any other thread (a pool that
-compiles ahead of time) makes them in an order its scheduling decides, so a
+Where programs are counted depends on who runs them.  The main thread runs
+its programs in the script's order: each process counts their first runs
+per group of processes (the processes whose devices the program uses: a
+mesh over a subset compares among those only) and posts the k-th on the
+board (:mod:`jaxrun.child.checks.agreement`) under ``programs/{group}/m/{k}``;
+processes whose k-th programs' collectives differ would wait for each other
+in different collectives, and the job stops.  Any other thread (a
+background saver) runs them in an order its scheduling decides, so a
 position there means nothing: such a program is keyed by what it is, its
 line, function, inputs, shardings and collectives
 (``programs/{group}/t{key}/{n}``), and only its body is compared, where the
-key is unambiguous (each process made one program under it).  A program
+key is unambiguous (each process ran one program under it).  A program
 this process already posted under its key is not counted again.
 
 On a difference in the collectives every process that sees it stops with a
@@ -44,15 +52,14 @@ and line, the odd side first; the odd side stops at once, the others
 ``LATER`` seconds after, if fail-fast has not ended them by then, so that
 the summary's "failed first" is the odd one out.  The board's own thread's
 programs are not counted.  In a process started again alone (a recoverable
-job) nothing is posted: its peers are past its positions.
+job) nothing is posted or met on: its peers are past its positions.
 
-Known limits: a process that reuses a program it already has while another
-compiles a new one makes no new entry, so the difference is not found by
-position (the stall watchdog and ``--check-divergence`` remain for it); a
-peer that finished its script without a program is left to the stall
-watchdog; programs made off the main thread whose collectives differ are
-not paired (nothing says which of them stand for each other); ``pmap``'s
-programs are not seen.
+Known limits: a process that runs a program it already ran while another
+runs a new one makes no new entry, so the difference is not found by
+position (the parting check and ``--check-divergence`` remain for it);
+programs run off the main thread whose collectives differ are not paired
+(nothing says which of them stand for each other); ``pmap``'s programs are
+not seen.
 """
 
 from __future__ import annotations
@@ -62,10 +69,11 @@ import os
 import sys
 import threading
 import time
+import weakref
 
 from jaxrun import contract
 from jaxrun.child import ending
-from jaxrun.child.checks import agreement
+from jaxrun.child.checks import agreement, meeting
 from jaxrun.child.checks.program_text import (
     collectives_key,
     collectives_of,
@@ -85,8 +93,10 @@ from jaxrun.child.checks.program_text import (
     who,
 )
 
-# (module, attribute path) of the one name the check wraps.
+# (module, attribute path) of the name where every program is made, which the check wraps ...
 HOOK_POINT = ("jax._src.interpreters.pxla", "UnloadedMeshExecutable.from_hlo")
+# ... and the one every first execution passes through (``checks.meeting``).
+RUN_POINT = ("jax._src.interpreters.pxla", "ExecuteReplicated.__call__")
 TESTED_JAX = ("0.10.2",)
 LATER = 5.0  # seconds the larger side waits before it stops too
 
@@ -96,11 +106,12 @@ class ProgramMismatchError(RuntimeError):
 
 
 def install(board, strict: bool) -> Programs | None:
-    """Wrap ``from_hlo`` (jax is loaded: ``checks`` calls this from its import hook); the check, where it runs."""
+    """Wrap ``from_hlo`` and the first runs (jax is loaded: ``checks`` calls this from its
+    import hook); the check, where it runs."""
     jax_module = sys.modules["jax"]
-    target = _hook_target(sys.modules)
-    if target is None:
-        _unavailable(jax_module, board.rank, strict)
+    target, run = _hook_target(sys.modules, HOOK_POINT), _hook_target(sys.modules, RUN_POINT)
+    if target is None or run is None:
+        _unavailable(jax_module, board.rank, strict, HOOK_POINT if target is None else RUN_POINT)
         return
     if os.environ.get(contract.PROCESS_RESTARTS, "0") not in ("", "0"):
         return  # started again alone: its peers' positions are past its own
@@ -108,7 +119,7 @@ def install(board, strict: bool) -> Programs | None:
 
     locator = flight.Flight(board.rank, board.count, 0, None)  # its user_frame: the user's line
     locator.describe_paths(jax_module)
-    checker = Programs(board, locator, strict)
+    checker = Programs(board, locator, strict, meeting.Meetings())
     real, signature = target, inspect.signature(target)
 
     def from_hlo(*args, **kwargs):
@@ -120,21 +131,30 @@ def install(board, strict: bool) -> Programs | None:
                 print(f"jaxrun: --checks could not read a program: {type(e).__name__}: {e}", file=sys.stderr)
         return executable
 
-    sys.modules[HOOK_POINT[0]].UnloadedMeshExecutable.from_hlo = staticmethod(from_hlo)
+    pending, first_run = checker.pending, checker.ran
+
+    def __call__(self, *args):
+        if id(self.xla_executable) in pending:  # its first run: the rest never come here (C++'s fast path)
+            first_run(self.xla_executable)
+        return run(self, *args)
+
+    pxla = sys.modules[HOOK_POINT[0]]
+    pxla.UnloadedMeshExecutable.from_hlo = staticmethod(from_hlo)
+    pxla.ExecuteReplicated.__call__ = __call__
     return checker
 
 
-def _hook_target(modules):
-    module = modules.get(HOOK_POINT[0])
+def _hook_target(modules, point):
+    module = modules.get(point[0])
     target = module
-    for part in HOOK_POINT[1].split("."):
+    for part in point[1].split("."):
         target = getattr(target, part, None)
     return target if callable(target) else None
 
 
-def _unavailable(jax_module, rank: int, strict: bool) -> None:
+def _unavailable(jax_module, rank: int, strict: bool, point) -> None:
     version = getattr(jax_module, "__version__", "of unknown version")
-    where = f"{HOOK_POINT[0]}.{HOOK_POINT[1]}"
+    where = f"{point[0]}.{point[1]}"
     if strict:
         ending.fail(RuntimeError(f"--checks strict cannot compare programs on jax {version}: {where} not found "
                                  f"(tested with jax {', '.join(TESTED_JAX)}); run with --checks on or off"))
@@ -143,61 +163,108 @@ def _unavailable(jax_module, rank: int, strict: bool) -> None:
               f"(tested with jax {', '.join(TESTED_JAX)})", file=sys.stderr)
 
 
-class Programs:
-    """This process's programs that span processes: counted per group (the
-    main thread's) or keyed by what they are (other threads'), posted once each."""
+class Made:
+    """A program made and not yet run: what its first run posts and meets on."""
 
-    def __init__(self, board, locator, strict: bool = False):
+    def __init__(self, owner, entry: dict | None, ranks: list[int], devices):
+        self.owner = weakref.ref(owner)  # what from_hlo made (the executable itself takes no weak reference)
+        self.entry, self.ranks, self.devices = entry, ranks, devices  # entry None: it makes no one wait
+        self.lock = threading.Lock()
+        self.done = False
+
+
+class Programs:
+    """This process's programs that span processes, as each first runs:
+    counted per group (the main thread's) or keyed by what they are (other
+    threads'), posted once each, and met on (``checks.meeting``)."""
+
+    def __init__(self, board, locator, strict: bool = False, meetings=None):
         self.board, self.locator, self.strict = board, locator, strict
         self.counts: dict[str, int] = {}  # group/m, or group/t{key} -> programs posted
         self.seen: set[tuple[str, str]] = set()
         self.warned = False  # a body that differs is said once per process
         self.lock = threading.Lock()
         self.parting = None  # the parting check (checks.parting), told each program's line
+        self.meetings = meetings  # where a first run waits for its peers (checks.meeting)
+        self.pending: dict[int, Made] = {}  # id(xla_executable) -> the program made and not run yet
 
     def got(self, given: dict, executable) -> None:
-        """``given``: from_hlo's arguments by name; ``executable``: what it made."""
+        """``given``: from_hlo's arguments by name; ``executable``: what it made.
+        Only described here: a compile is no run (it may never run)."""
+        if threading.current_thread().name == agreement.THREAD:
+            return  # a check's own program (the replicas' checksum): no user's position
         devices = given.get("device_list") or ()
         ranks = sorted({d.process_index for d in devices})
-        thread = threading.current_thread()
-        if thread.name == agreement.THREAD:
-            return  # a check's own program (the replicas' checksum): no user's position
-        if len(ranks) < 2 or self.board.rank not in ranks:
-            self._waits_for_no_one(devices)
-            return  # process-local: nothing that another process must match
-        collectives = collectives_of(executable)
-        if not collectives:
-            self._waits_for_no_one(devices)
-            return  # no process waits for another in it (process 0 alone logs a replicated mean)
+        entry = None
+        if len(ranks) >= 2 and self.board.rank in ranks:  # else process-local: nothing another must match
+            collectives = collectives_of(executable)
+            if collectives:  # else no process waits for another in it (process 0 alone logs a replicated mean)
+                entry = {"h": fingerprint(given["hlo"]),
+                         "c": program_hash(collectives_key(collectives, devices)),
+                         "cs": collectives_text(collectives), "fn": function_name(given.get("name", "")),
+                         "in": inputs_text(given.get("global_in_avals")),
+                         "sh": shardings_text(given.get("in_shardings"))}
+        key, pending = id(executable.xla_executable), self.pending
+        made = Made(executable, entry, ranks, devices)
+
+        def forget(ref, key=key):
+            if getattr(pending.get(key), "owner", None) is ref:
+                pending.pop(key, None)
+
+        made.owner = weakref.ref(executable, forget)
+        pending[key] = made
+
+    def ran(self, xla_executable) -> None:
+        """A program's first run, before it runs: its line, its post, its meeting."""
+        made = self.pending.get(id(xla_executable))
+        if made is None:
+            return
+        with made.lock:
+            if made.done:
+                return
+            try:
+                owner = made.owner()
+                if owner is not None and owner.xla_executable is xla_executable:
+                    self._first_run(made)
+            except Exception as e:  # noqa: BLE001 - as from_hlo's: a check that cannot read the program stays silent
+                if os.environ.get(contract.VERBOSE) == "1":
+                    print(f"jaxrun: --checks could not read a first run: {type(e).__name__}: {e}", file=sys.stderr)
+            finally:
+                made.done = True
+                if self.pending.get(id(xla_executable)) is made:
+                    del self.pending[id(xla_executable)]
+
+    def _first_run(self, made: Made) -> None:
         file, line = self.locator.user_frame(sys._getframe(2))
-        entry = {"h": fingerprint(given["hlo"]), "c": program_hash(collectives_key(collectives, devices)),
-                 "cs": collectives_text(collectives), "fn": function_name(given.get("name", "")),
-                 "in": inputs_text(given.get("global_in_avals")),
-                 "sh": shardings_text(given.get("in_shardings")), "at": f"{file}:{line}"}
+        at = f"{file}:{line}"
+        if made.entry is None:
+            if self.parting is not None:  # a line whose program makes no process wait for another
+                self.parting.made(at, [], "", made.devices)
+            return
+        entry, ranks = dict(made.entry, at=at), made.ranks
         group = group_text(ranks)
         if self.parting is not None:
-            self.parting.made(entry["at"], ranks, entry["fn"], devices)
-        main = thread is threading.main_thread()
+            self.parting.made(at, ranks, entry["fn"], made.devices)
+        main = threading.current_thread() is threading.main_thread()
         key = f"{group}/m" if main else f"{group}/t{program_hash(thread_key(entry))}"
+        posted = False
         with self.lock:
-            if (key, entry["h"]) in self.seen:
-                return
-            self.seen.add((key, entry["h"]))
-            k = self.counts[key] = self.counts.get(key, 0) + 1
-        if not main:
-            entry["n"] = k  # more than 1: this key is ambiguous here, its bodies not paired
-        same = (same_program if self.strict else same_collectives) if main else (same_program if self.strict else None)
-        self.board.post(f"programs/{key}/{k}", entry, ranks, self.settled(k if main else 0, group, ranks, key),
-                        same=same)
-
-    def _waits_for_no_one(self, devices) -> None:
-        """The parting check hears of a line whose program makes no process wait for another."""
-        if self.parting is not None:
-            file, line = self.locator.user_frame(sys._getframe(3))
-            self.parting.made(f"{file}:{line}", [], "", devices)
+            if (key, entry["h"]) not in self.seen:
+                self.seen.add((key, entry["h"]))
+                k = self.counts[key] = self.counts.get(key, 0) + 1
+                posted = True
+        if posted:
+            if not main:
+                entry["n"] = k  # more than 1: this key is ambiguous here, its bodies not paired
+            same = (same_program if self.strict else same_collectives) if main else \
+                (same_program if self.strict else None)
+            self.board.post(f"programs/{key}/{k}", entry, ranks, self.settled(k if main else 0, group, ranks, key),
+                            same=same)
+        if self.meetings is not None:
+            self.meetings.meet(entry, ranks, main)
 
     def settled(self, k: int, group: str, ranks: list[int], key: str = ""):
-        """The judge of program ``k`` of ``group`` (0: one made off the main thread)."""
+        """The judge of program ``k`` of ``group`` (0: one run off the main thread)."""
         rank = self.board.rank
 
         def judge(topic: str, entries: dict, gone: set) -> None:
@@ -232,7 +299,7 @@ class Programs:
         if self.warned:
             return
         self.warned = True
-        what = f"program {k} of processes {group}" if k else f"a program of processes {group} made off the main thread"
+        what = f"program {k} of processes {group}" if k else f"a program of processes {group} run off the main thread"
         print(f"jaxrun: warning: {what} differs in its body only, not in its collectives (a per-process "
               "constant, a local operation): " + "; ".join(f"{who(side)} made {made(entries[side[0]])} "
                                                            f"[program {entries[side[0]].get('h')}]"

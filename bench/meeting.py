@@ -1,0 +1,140 @@
+"""The cost of the meeting before a program's first run, on a job that makes
+a new program every step.
+
+    python bench/meeting.py [--rounds 5] [--steps 100] [-n 2] [--width 256]
+
+Each process runs ``--steps`` steps; each step makes a new jitted program
+that spans every process (a constant baked in that differs each step, and a
+mean over the global batch: an all-reduce), compiles it, and runs it once,
+then waits for its value.  So every step's program is met on before it
+runs (``checks.meeting``) and posted for the programs check.  Each round runs
+two jobs in turn, which one first alternating: ``--checks off`` and the
+default (``on``).  The table shows each one's median step (process 0's) over
+the rounds, and the ratio to off.  The goal: at most 1%.
+
+Where the checks have the meeting (jaxrun after issue 74), each process
+also times its meetings (``Meetings._rendezvous``, wrapped in the job): how
+long a healthy first run waited for its group, the round trips included.
+Run it with another checkout's interpreter (a venv of the code before the
+change) for the figures before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import JAXRUN, median, table  # noqa: E402
+
+TRAIN = textwrap.dedent(
+    """
+    import statistics, sys, time
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    waited = []
+    try:
+        from jaxrun.child.checks import meeting
+        real = meeting.Meetings._rendezvous
+
+        def timed(self, *args):
+            start = time.perf_counter()
+            try:
+                return real(self, *args)
+            finally:
+                waited.append(time.perf_counter() - start)
+
+        meeting.Meetings._rendezvous = timed
+    except ImportError:
+        pass  # the checks before the meeting
+
+    steps, width = int(sys.argv[1]), int(sys.argv[2])
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("b",))
+    rows = len(jax.local_devices()) * 8
+    x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("b")),
+                                               np.ones((rows, width), np.float32) / width)
+    w = jax.device_put(np.eye(width, dtype=np.float32), NamedSharding(mesh, P()))
+
+    def program(k):
+        def step(w, x):
+            return jnp.mean(jnp.tanh(x @ w) * (1.0 + k / 1000.0))
+
+        step.__name__ = f"step_{k}"  # its own name: a program of its own in every way, met on
+        return jax.jit(step)
+
+    for k in range(3):
+        float(program(-1 - k)(w, x))
+    took = []
+    for k in range(steps):
+        start = time.perf_counter()
+        float(program(k)(w, x))  # a new program: compiled, met on, run
+        took.append(time.perf_counter() - start)
+    rank = jax.process_index()
+    if rank == 0:
+        print(f"STEP_MS {statistics.median(took) * 1000:.3f}", flush=True)
+    if waited:  # the least: the last to come, who waits for no one (its round trips alone)
+        print(f"MEET_MS {rank} {statistics.median(waited) * 1000:.3f} {max(waited) * 1000:.3f} {len(waited)} "
+              f"{min(waited) * 1000:.3f}", flush=True)
+    """
+)
+
+MODES = {"off": "off", "on (default)": "on"}
+
+
+def run(checks: str, script: str, steps: int, width: int, processes: int) -> tuple[float, list[tuple]]:
+    """One job: process 0's median step in ms, and each process's meetings (rank, median, max, count, least)."""
+    cmd = [*JAXRUN, "-n", str(processes), "--cpu-devices", "2", "--checks", checks, script, str(steps), str(width)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, start_new_session=True)
+    found = re.search(r"STEP_MS ([\d.]+)", proc.stdout)
+    if proc.returncode != 0 or not found:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-1500:]}")
+    meetings = [(int(r), float(m), float(x), int(c), float(least))
+                for r, m, x, c, least in re.findall(r"MEET_MS (\d+) ([\d.]+) ([\d.]+) (\d+) ([\d.]+)", proc.stdout)]
+    return float(found[1]), meetings
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("-n", type=int, default=2)
+    parser.add_argument("--width", type=int, default=256)
+    args = parser.parse_args()
+    folder = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"jaxrun-bench-meeting-{os.getpid()}")
+    os.makedirs(folder, exist_ok=True)
+    script = os.path.join(folder, "train.py")
+    with open(script, "w") as f:
+        f.write(TRAIN)
+    print(f"{args.n} processes x 2 devices, a new program every step, {args.steps} steps a job, "
+          f"{args.rounds} rounds ({sys.executable})")
+    times: dict[str, list[float]] = {name: [] for name in MODES}
+    waits: list[tuple] = []
+    for r in range(args.rounds):
+        order = list(MODES.items())[::1 if r % 2 == 0 else -1]
+        said = []
+        for name, checks in order:
+            ms, meetings = run(checks, script, args.steps, args.width, args.n)
+            times[name].append(ms)
+            waits += meetings
+            said.append(f"{name} {ms:.2f} ms")
+        print(f"  round {r + 1}/{args.rounds}: " + ", ".join(said), flush=True)
+    base = median(times["off"])
+    rows = [[name, f"{median(ms):.2f}", f"{median(ms) / base:.3f}"] for name, ms in times.items()]
+    print(table(rows, ("--checks", "median step ms", "vs off")))
+    ratio = median(times["on (default)"]) / base
+    print(f"the default checks cost {100 * (ratio - 1):+.2f}% a step that makes a new program: goal (at most 1%) "
+          f"{'met' if ratio <= 1.01 else 'NOT met'}")
+    for rank in sorted({w[0] for w in waits}):
+        mine = [w for w in waits if w[0] == rank]
+        print(f"process {rank}: a first run's meeting took {median([w[1] for w in mine]):.3f} ms (median of the "
+              f"jobs' medians), {max(w[2] for w in mine):.1f} ms at most, {min(w[4] for w in mine):.3f} ms at least "
+              f"(the last to come: its round trips), {mine[0][3]} meetings a job")
+
+
+if __name__ == "__main__":
+    main()

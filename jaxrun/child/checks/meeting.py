@@ -1,0 +1,116 @@
+"""Child side of ``--checks``: before a process first runs a program that
+spans processes, the processes it spans meet on it.
+
+The commonest mistake of a multi-controller job is a program that spans
+processes run where its peers never come (``if jax.process_index() == 0:
+evaluate(w)``).  Let it run and its collectives pair with whatever the
+others run next: on 4 processes the others' train step, and process 0 trains
+on mixed data for tens of steps before anything is said; on 2, Gloo aborts.
+So the first run of each such program waits, before any of its collectives
+runs, until every process of its group has come to the same program:
+
+- the programs check (``checks.programs``) hears of every executable as it
+  is made (``from_hlo``) and of its first run (its hook on
+  ``pxla.ExecuteReplicated.__call__``, which every first execution passes
+  through: JAX's C++ fast path only takes a call whose first run in Python
+  handed it the executable), and calls ``meet`` there;
+- ``meet`` adds one to a counter under the program's name in the
+  coordination service's store (its group, and a hash of its collectives,
+  devices, function and inputs: alike in every process that runs the same
+  program, whatever line or thread runs it); the process that makes the
+  count whole says so under ``ALL``, and every other waits for that word;
+- a group that never arrives is the parting check's (``checks.parting``):
+  the waiting process's wait names the program it meets on, and where every
+  process of the group waits elsewhere or finished its script, the job
+  stops, each side named at its line, with the program never run.
+
+A healthy job waits only until its slowest member comes to the program,
+which the program's first collective would make it wait for anyway; the
+last to come pays two round trips to the coordinator (the count and the
+word), the others one round trip after the last came.  Later runs of an
+agreed program are not seen at all (the C++ fast path stays on).  A compile
+is no run: an executable made ahead of time, for its cost analysis or a
+warm-up, is met on only if and when it runs.
+
+What it misses: a process that runs a program it already ran (the others
+agreed on it once) where the others do not (the parting check's, from the
+waits); a group met on once is not met on again in this process, even where
+JAX made the executable again; ``pmap``'s programs; a job run with
+``--no-account`` waits at the meeting until the stall watchdog ends it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+from jaxrun import contract
+from jaxrun.child.checks import store
+from jaxrun.child.checks.program_text import group_text, program_hash
+
+MEET = f"{store.PREFIX}/meet"  # MEET/{group}/{program}/n: how many came; .../all: every one came
+SLICE_MS = 10_000  # a wait for the word, between checks that the store still answers
+GONE_PAUSE = 1.0  # seconds between asks once the store stopped answering
+
+
+def meeting_name(entry: dict, ranks) -> str:
+    """The program's name in the store: alike in every process that is to run it."""
+    return f"{group_text(ranks)}/{program_hash(entry['c'] + chr(10) + entry['fn'] + chr(10) + entry['in'])}"
+
+
+class Meetings:
+    """This process's meetings: the programs its groups agreed to run, and those under way."""
+
+    def __init__(self, parting=None, client=store.jax_client):
+        self.parting = parting  # told what the main thread meets on, for its wait's entry
+        self.client = client
+        self.agreed: set[str] = set()
+        self.going: dict[str, threading.Event] = {}
+        self.lock = threading.Lock()
+
+    def meet(self, entry: dict, ranks: list[int], main: bool) -> None:
+        """Wait until every process of ``ranks`` has come to the program ``entry`` describes."""
+        name = meeting_name(entry, ranks)
+        with self.lock:
+            if name in self.agreed:
+                return
+            going = self.going.get(name)
+            if going is None:
+                self.going[name] = threading.Event()
+        if going is not None:  # another thread of this process meets on it now
+            going.wait()
+            return
+        if main and self.parting is not None:
+            self.parting.meeting = {"fn": entry["fn"], "spans": group_text(ranks), "among": list(ranks),
+                                    "at": entry["at"]}
+        try:
+            self._rendezvous(name, len(ranks))
+        except Exception as e:  # noqa: BLE001 - a store that cannot count: the program runs, as without the check
+            if os.environ.get(contract.VERBOSE) == "1":
+                print(f"jaxrun: --checks could not meet on a program: {type(e).__name__}: {e}", file=sys.stderr)
+        finally:
+            if main and self.parting is not None:
+                self.parting.meeting = None
+            with self.lock:
+                self.agreed.add(name)
+                self.going.pop(name).set()
+
+    def _rendezvous(self, name: str, count: int) -> None:
+        client = self.client()
+        if client is None:
+            return
+        came = client.key_value_increment(f"{MEET}/{name}/n", 1)
+        if came >= count:
+            client.key_value_set(f"{MEET}/{name}/all", "1", allow_overwrite=True)
+            return
+        while True:
+            try:
+                client.blocking_key_value_get(f"{MEET}/{name}/all", SLICE_MS)
+                return
+            except Exception as e:  # noqa: BLE001 - jax's error type has no public name
+                if "DEADLINE_EXCEEDED" not in str(e):
+                    # The store is gone: the job ends (JAX ends a process whose coordinator
+                    # went).  Its collectives would pair with whatever the survivors run.
+                    time.sleep(GONE_PAUSE)

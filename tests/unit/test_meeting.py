@@ -1,0 +1,108 @@
+"""The meeting before a program's first run (jaxrun/child/checks/meeting.py):
+a compile alone is no run, a first run meets once, and a meeting waits for
+every process of its group and no longer (the programs check's side of
+it, a first run, is tests/unit/test_checks_programs.py's).  The parting of a group that never
+comes is tests/unit/test_parting.py's; real jobs are tests/e2e/test_meeting.py's."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from jaxrun.child.checks import meeting
+
+
+class Store:
+    """The coordination service's key-value store, as a meeting uses it."""
+
+    def __init__(self):
+        self.values, self.changed = {}, threading.Condition()
+
+    def key_value_increment(self, key, by):
+        with self.changed:
+            self.values[key] = int(self.values.get(key, 0)) + by
+            return self.values[key]
+
+    def key_value_set(self, key, value, allow_overwrite=False):
+        with self.changed:
+            self.values[key] = value
+            self.changed.notify_all()
+
+    def blocking_key_value_get(self, key, timeout_ms):
+        with self.changed:
+            if not self.changed.wait_for(lambda: key in self.values, timeout_ms / 1000):
+                raise RuntimeError("DEADLINE_EXCEEDED: not yet")
+            return self.values[key]
+
+
+class Parting:
+    meeting = None
+
+
+def entry(fn="evaluate", at="/w/job.py:10", c="c1"):
+    return {"c": c, "fn": fn, "in": "f32[8,4]", "at": at}
+
+
+def test_a_meeting_waits_for_the_last_of_its_group_and_no_longer():
+    store = Store()
+    left = {}
+
+    def member(rank, delay, at):
+        time.sleep(delay)
+        meeting.Meetings(Parting(), client=lambda: store).meet(entry(at=at), [0, 1, 2], main=False)
+        left[rank] = time.monotonic()
+
+    came = time.monotonic()
+    threads = [threading.Thread(target=member, args=(r, d, f"/host{r}/job.py:{r}")) for r, d in
+               ((0, 0.0), (1, 0.05), (2, 0.6))]  # one line or another, one checkout or another: one program
+    for thread in threads:
+        thread.start()
+    threads[0].join(0.3)
+    assert threads[0].is_alive() and threads[1].is_alive() and not left, "met before the last came"
+    for thread in threads:
+        thread.join(5)
+    assert sorted(left) == [0, 1, 2]
+    assert max(left.values()) - came < 0.6 + 0.5, "waited past the last one's coming"  # a loaded machine's margin
+
+
+def test_a_program_is_met_on_once_per_process_and_the_main_threads_meeting_is_told():
+    store, told = Store(), []
+    parting = Parting()
+    mine = meeting.Meetings(parting, client=lambda: store)
+    peer = threading.Thread(target=meeting.Meetings(Parting(), client=lambda: store).meet,
+                            args=(entry(), [0, 1], False))
+
+    def watch():
+        while peer.is_alive() or not told:
+            if parting.meeting is not None:
+                told.append(parting.meeting)
+                return
+            time.sleep(0.001)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    threading.Timer(0.2, peer.start).start()
+    mine.meet(entry(), [0, 1], main=True)
+    watcher.join(5)
+    assert told == [{"fn": "evaluate", "spans": "0,1", "among": [0, 1], "at": "/w/job.py:10"}]
+    assert parting.meeting is None
+    increments = store.values[f"{meeting.MEET}/{meeting.meeting_name(entry(), [0, 1])}/n"]
+    mine.meet(entry(), [0, 1], main=True)  # agreed: no second meeting
+    assert store.values[f"{meeting.MEET}/{meeting.meeting_name(entry(), [0, 1])}/n"] == increments == 2
+
+
+def test_programs_that_differ_meet_apart():
+    names = {meeting.meeting_name(e, ranks) for e, ranks in (
+        (entry(), [0, 1]), (entry(c="c2"), [0, 1]), (entry(fn="train_step"), [0, 1]), (entry(), [0, 1, 2]))}
+    assert len(names) == 4
+    assert meeting.meeting_name(entry(at="/elsewhere/job.py:99"), [0, 1]) == meeting.meeting_name(entry(), [0, 1])
+
+
+def test_a_store_that_cannot_count_lets_the_program_run_as_without_the_check():
+    class Broken:
+        def key_value_increment(self, key, by):
+            raise RuntimeError("UNAVAILABLE: no such method on this jax")
+
+    parting = Parting()
+    meeting.Meetings(parting, client=Broken).meet(entry(), [0, 1], main=True)  # returns: no wait for ever
+    assert parting.meeting is None
