@@ -15,12 +15,23 @@ that sum to it (``PARTS``; the report's ``goodput``, docs/contract.md):
   from its primary host only; the others wait for it);
 - ``waiting``: the processes' waiting for one another at collectives, the
   mean over processes of ``waiting_by_rank`` (0 where nothing says);
+- ``input``: the host's own compute that the devices waited for, outside
+  JAX (the script's input pipeline, its numpy, its Python), and ``idle``:
+  the host parked outside JAX (a sleep, a queue's ``get``, a socket's
+  read); the mean over processes of their time accounts' ``work`` and
+  ``idle`` (``child.watch.accounting``), less the checkpoint saves and the
+  stalls, which are host time of their own;
 - ``stall``: spans in which no process moved for the stall timeout or
-  more (the watchdog's own test, ``attempt.activity``);
+  more, that the watchdog judged a stall (``attempt.activity``); a wait it
+  let run on (one long program, every process inside JAX at one line) is
+  the program's time;
 - ``lost``: in an attempt that failed and was restarted, the work done
   after its last checkpoint save, which the next attempt did again; with
   no save seen, all of its work (``unsaved`` names those attempts);
-- ``work``: the rest of the time from the join to the end of the work;
+- ``work``: the rest of the time from the join to the end of the work:
+  the devices running the steps' programs (what the host waits for inside
+  JAX, alone in its job; with several processes a step's own clock also
+  holds ``waiting``), docs/time.md;
 - ``teardown``: from the end of the work (the first failure, or the
   scripts' return) to the attempt's end, and after the last attempt to
   jaxrun's end;
@@ -39,7 +50,9 @@ from collections.abc import Mapping, Sequence
 from jaxrun.core import causes
 from jaxrun.core.outcome import Outcome, ProcessRecord
 
-PARTS = ("startup", "compile", "work", "waiting", "checkpoint", "stall", "restart", "lost", "teardown")
+PARTS = ("startup", "compile", "work", "input", "idle", "waiting", "checkpoint", "stall", "restart", "lost",
+         "teardown")
+HOST = ("input", "idle")  # the host's own time outside JAX, which the devices waited for
 # The parts that are the job's own progress; the rest is lost to it.
 GOOD = frozenset({"work"})
 
@@ -65,6 +78,11 @@ class AttemptFacts:
     stills: tuple[tuple[float, float], ...] = ()
     attempt: int = 0  # its number in the run (0: the first), as the report lists it
     runtime_start: float = 0.0  # after the join: JAX making its backends, the slowest process's
+    input: float = 0.0  # the host's compute outside JAX, the mean over processes
+    idle: float = 0.0  # the host parked outside JAX, the mean over processes
+    # Where the host spent most of each (``FILE:LINE in FUNCTION``, "" where unsaid), the processes' marks.
+    input_at: str = ""
+    idle_at: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +92,7 @@ class Account:
     parts: dict[str, float]
     spans: tuple[tuple[str, float, float, int], ...]  # (part, begin, end, attempt), for the timeline
     unsaved: tuple[int, ...] = ()  # failed, restarted attempts with no checkpoint seen: their work is lost
+    host_at: tuple[str, str] = ("", "")  # where the host spent most of its input, and of its idle time
 
     @property
     def share(self) -> float:
@@ -87,7 +106,8 @@ class Account:
     def to_dict(self) -> dict:
         return {"began_at": self.began_at, "wall": round(self.wall, 3),
                 "parts": {p: round(s, 3) for p, s in self.parts.items()}, "share": round(self.share, 4),
-                "no_checkpoint": list(self.unsaved)}
+                "no_checkpoint": list(self.unsaved), "input_at": self.host_at[0] or None,
+                "idle_at": self.host_at[1] or None}
 
 
 def _overlap(spans: Sequence[tuple[float, float]], begin: float, end: float) -> float:
@@ -131,10 +151,16 @@ def account(run_began: float, run_ended: float, attempts: Sequence[AttemptFacts]
         add("stall", stalled, n)
         spans.extend(("stall", b, e, n) for b, e in stills)
         left = inside - stalled
-        for part, seconds in (("compile", a.compile), ("checkpoint", a.checkpoint), ("waiting", a.waiting)):
+        # A save, a stall: host time outside JAX too, which the account holds; said once.
+        idle = max(0.0, a.idle - stalled - a.checkpoint)
+        computed = max(0.0, a.input - max(0.0, a.checkpoint - a.idle))
+        host = 0.0
+        for part, seconds in (("compile", a.compile), ("checkpoint", a.checkpoint), ("waiting", a.waiting),
+                              ("input", computed), ("idle", idle)):
             taken = min(max(0.0, seconds), left)
             add(part, taken, n)
             left -= taken
+            host += taken if part in HOST else 0.0
         lost, lost_from = 0.0, work_end
         if a.failed and i + 1 < len(attempts) and left > 0:  # the next attempt did this work again
             if a.saved_at is None or not join <= a.saved_at <= work_end:
@@ -142,7 +168,7 @@ def account(run_began: float, run_ended: float, attempts: Sequence[AttemptFacts]
                 lost, lost_from = left, join
             else:
                 window = work_end - a.saved_at
-                waited = a.waiting * window / inside if inside > 0 else 0.0
+                waited = (a.waiting + host) * window / inside if inside > 0 else 0.0
                 lost = window - a.compile_after_save - _overlap(stills, a.saved_at, work_end) - waited
                 # Drawn as long as it counts, ending where the work ended: the
                 # window's compile and waiting stay in the work's span, whose
@@ -154,8 +180,10 @@ def account(run_began: float, run_ended: float, attempts: Sequence[AttemptFacts]
         add("teardown", ended - work_end, n, work_end, ended)
         reached = ended
     add("teardown", run_ended - reached, attempts[-1].attempt if attempts else 0, reached, run_ended)
+    host_at = tuple(next((getattr(a, f"{p}_at") for a in reversed(attempts) if getattr(a, f"{p}_at")), "")
+                    for p in HOST)
     return Account(run_began, max(0.0, run_ended - run_began), parts, tuple(sorted(spans, key=lambda s: (s[1], s[2]))),
-                   tuple(unsaved))
+                   tuple(unsaved), host_at)
 
 
 def _launcher_time(at: float | None, marks_clock: str, record: ProcessRecord) -> float | None:
@@ -210,13 +238,18 @@ def attempt_facts(outcome: Outcome, waiting_by_rank: Mapping[int, float] | None 
     saved_at, after = max(saved) if saved else (None, 0.0)
     marks = [r.marks for r in records if r.marks is not None]
     waiting = waiting_by_rank or {}
+    splits = [outcome.splits[r.spec.rank] for r in outcome.records if r.spec.rank in outcome.splits]
+    host = {p: sum(getattr(s, f) for s in splits) / len(outcome.records) for p, f in zip(HOST, ("work", "idle"))}
+    at = {p: max(((getattr(m, f"{p}_at_s"), getattr(m, f"{p}_at")) for m in marks if getattr(m, f"{p}_at")),
+                 default=(0.0, ""))[1] for p in HOST}
     return AttemptFacts(
         outcome.began_at, joined_at, work_end, ended_at, failed,
         compile=max((m.compile for m in marks), default=0.0),
         runtime_start=max((m.runtime_start for m in marks), default=0.0),
         checkpoint=max((m.checkpoint for m in marks), default=0.0),
         waiting=sum(waiting.get(r.spec.rank, 0.0) for r in outcome.records) / len(outcome.records),
-        saved_at=saved_at, compile_after_save=after, stills=outcome.stills)
+        saved_at=saved_at, compile_after_save=after, stills=outcome.stills, input=host["input"],
+        idle=host["idle"], input_at=at["input"], idle_at=at["idle"])
 
 
 def waiting_by_rank(outcome: Outcome) -> dict[int, float]:
@@ -251,6 +284,27 @@ def worth_a_line(found: Account) -> bool:
     WORTH_A_LINE_AFTER seconds or more, or one that lost time to TROUBLE."""
     return found.wall >= WORTH_A_LINE_AFTER or bool(found.unsaved) or \
         any(found.parts[part] >= 0.05 for part in TROUBLE)
+
+
+# The host's line (docs/time.md): said where the devices waited for the host
+# this share of the steps' time or more, in its input or its idle time.
+HOST_BOUND = 0.2
+
+
+def host_line(found: Account) -> str | None:
+    """One line where the host's own time held the devices back: its share
+    of the steps' time (work, waiting, input, idle), the part that holds most
+    of it, and the script's line where the host spent most of that."""
+    steps = sum(found.parts[p] for p in ("work", "waiting", *HOST))
+    part = max(HOST, key=lambda p: found.parts[p])
+    if steps <= 0 or found.parts[part] < HOST_BOUND * steps:
+        return None
+    share = sum(found.parts[p] for p in HOST) / steps
+    at = found.host_at[HOST.index(part)]
+    what = ("input-bound: the script's own compute outside JAX" if part == "input" else
+            "idle: the host parked outside JAX, in a sleep, a queue or a read")
+    return (f"jaxrun: the devices waited for the host {share:.0%} of the steps' time"
+            + (f", mostly at {at}" if at else "") + f" ({what})")
 
 
 def summary_line(found: Account) -> str:

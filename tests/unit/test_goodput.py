@@ -28,8 +28,8 @@ def test_a_clean_attempt_from_jaxrun_s_start():
     # compiles, saves and work, then 1 s of JAX's shutdown and 0.5 s of reports.
     found = account(0.0, 15.5, [AttemptFacts(1.0, 4.0, 14.0, 15.0, compile=1.5, checkpoint=0.5)])
     sums_to_wall(found)
-    assert found.parts == {"startup": 4.0, "compile": 1.5, "work": 8.0, "waiting": 0.0, "checkpoint": 0.5,
-                           "stall": 0.0, "restart": 0.0, "lost": 0.0, "teardown": 1.5}
+    assert found.parts == {"startup": 4.0, "compile": 1.5, "work": 8.0, "input": 0.0, "idle": 0.0, "waiting": 0.0,
+                           "checkpoint": 0.5, "stall": 0.0, "restart": 0.0, "lost": 0.0, "teardown": 1.5}
     assert found.share == pytest.approx(8.0 / 15.5)
     assert found.unsaved == ()
 

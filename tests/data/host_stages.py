@@ -1,0 +1,81 @@
+"""A step loop whose host does something of its own before each step, for
+tests/e2e/test_host_time.py: the time account tells the devices' time from
+the host's.
+
+    jaxrun -n 1 --cpu-devices 1 host_stages.py STAGE STEPS OUT
+
+STAGE ``numpy``: STAGE_S seconds of numpy before each step (an input
+pipeline, the host's own compute); ``sleep``: a ``time.sleep`` as long (the
+host parked outside JAX); ``none``: nothing but the steps.  ``long``: one
+step only, whose program holds a host callback that sleeps LONG_S seconds
+(one long program: the main thread waits in the jitted call the whole time).
+The script's own clock goes to OUT as JSON: ``steps`` (the steps' time,
+the call and the wait for its result) and ``stage`` (the stage's time).
+"""
+
+import json
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+STAGE_S = 0.023
+LONG_S = 6.0
+stage, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+
+
+def body(x):
+    for _ in range(6):
+        x = jnp.tanh(x @ x) * 0.5
+    return x
+
+
+def slow(seconds):
+    time.sleep(float(seconds))
+    return np.float32(seconds)
+
+
+def long_body(x, seconds):
+    waited = jax.pure_callback(slow, jax.ShapeDtypeStruct((), jnp.float32), seconds)
+    return x * waited
+
+
+step = jax.jit(body)
+long_step = jax.jit(long_body)
+
+
+def next_batch(seconds):
+    """The host's input: numpy that computes for ``seconds``."""
+    a, end = np.linspace(0.0, 1.0, 2048), time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        a = np.sin(a * 1.0001 + 0.25)
+    return a
+
+
+def rest(seconds):
+    time.sleep(seconds)
+
+
+x = jnp.ones((400, 400), jnp.float32) * 0.01
+if stage == "long":
+    long_step(x, 0.01).block_until_ready()  # its compile, and a short call
+    began = time.perf_counter()
+    long_step(x, LONG_S).block_until_ready()
+    json.dump({"steps": time.perf_counter() - began, "stage": 0.0}, open(out, "w"))
+    sys.exit(0)
+step(x).block_until_ready()  # the compile
+spent = {"steps": 0.0, "stage": 0.0}
+for _ in range(steps):
+    began = time.perf_counter()
+    if stage == "numpy":
+        next_batch(STAGE_S)
+    elif stage == "sleep":
+        rest(STAGE_S)
+    ready = time.perf_counter()
+    x = step(x)
+    x.block_until_ready()
+    spent["stage"] += ready - began
+    spent["steps"] += time.perf_counter() - ready
+json.dump(spent, open(out, "w"))
