@@ -19,8 +19,10 @@ that sum to it (``PARTS``; the report's ``goodput``, docs/contract.md):
   JAX (the script's input pipeline, its numpy, its Python), and ``idle``:
   the host parked outside JAX (a sleep, a queue's ``get``, a socket's
   read); the mean over processes of their time accounts' ``work`` and
-  ``idle`` (``child.watch.accounting``), less the checkpoint saves and the
-  stalls, which are host time of their own;
+  ``idle`` (``child.watch.accounting``), less the checkpoint saves, which
+  are host time of their own.  A process's last record may be seconds
+  older than the end of its work (a failure cuts it short): the time after
+  it is carried on at the record's shares (``host_seconds``);
 - ``stall``: spans in which no process moved for the stall timeout or
   more, that the watchdog judged a stall (``attempt.activity``); a wait it
   let run on (one long program, every process inside JAX at one line) is
@@ -78,8 +80,10 @@ class AttemptFacts:
     stills: tuple[tuple[float, float], ...] = ()
     attempt: int = 0  # its number in the run (0: the first), as the report lists it
     runtime_start: float = 0.0  # after the join: JAX making its backends, the slowest process's
-    input: float = 0.0  # the host's compute outside JAX, the mean over processes
-    idle: float = 0.0  # the host parked outside JAX, the mean over processes
+    # The host's compute outside JAX, and its time parked outside JAX: the mean over processes
+    # of their accounts', each carried on to the end of the work (host_seconds).
+    input: float = 0.0
+    idle: float = 0.0
     # Where the host spent most of each (``FILE:LINE in FUNCTION``, "" where unsaid), the processes' marks.
     input_at: str = ""
     idle_at: str = ""
@@ -151,16 +155,19 @@ def account(run_began: float, run_ended: float, attempts: Sequence[AttemptFacts]
         add("stall", stalled, n)
         spans.extend(("stall", b, e, n) for b, e in stills)
         left = inside - stalled
-        # A save, a stall: host time outside JAX too, which the account holds; said once.
-        idle = max(0.0, a.idle - stalled - a.checkpoint)
-        computed = max(0.0, a.input - max(0.0, a.checkpoint - a.idle))
-        host = 0.0
-        for part, seconds in (("compile", a.compile), ("checkpoint", a.checkpoint), ("waiting", a.waiting),
-                              ("input", computed), ("idle", idle)):
+        compiled = min(max(0.0, a.compile), left)
+        add("compile", compiled, n)
+        left -= compiled
+        # The host's own time.  A save is host time outside JAX too, which the account holds: said
+        # once, as the save.
+        spent = {"input": a.input, "idle": a.idle}
+        idle = max(0.0, spent["idle"] - a.checkpoint)
+        computed = max(0.0, spent["input"] - max(0.0, a.checkpoint - spent["idle"]))
+        uncompiled = left
+        for part, seconds in (("checkpoint", a.checkpoint), ("waiting", a.waiting)):
             taken = min(max(0.0, seconds), left)
             add(part, taken, n)
             left -= taken
-            host += taken if part in HOST else 0.0
         lost, lost_from = 0.0, work_end
         if a.failed and i + 1 < len(attempts) and left > 0:  # the next attempt did this work again
             if a.saved_at is None or not join <= a.saved_at <= work_end:
@@ -168,15 +175,21 @@ def account(run_began: float, run_ended: float, attempts: Sequence[AttemptFacts]
                 lost, lost_from = left, join
             else:
                 window = work_end - a.saved_at
-                waited = (a.waiting + host) * window / inside if inside > 0 else 0.0
+                waited = a.waiting * window / inside if inside > 0 else 0.0
                 lost = window - a.compile_after_save - _overlap(stills, a.saved_at, work_end) - waited
                 # Drawn as long as it counts, ending where the work ended: the
                 # window's compile and waiting stay in the work's span, whose
                 # arguments hold them, so the timeline's spans sum to the parts.
                 lost = min(max(0.0, lost), left)
                 lost_from = work_end - lost
+        # The host's own time outside the work done again (which is lost, the host's with it).
+        kept = max(0.0, 1.0 - lost / uncompiled) if uncompiled > 0 else 0.0
+        for part, seconds in (("input", computed * kept), ("idle", idle * kept)):
+            taken = min(max(0.0, seconds), left - lost)
+            add(part, taken, n)
+            left -= taken
         add("lost", lost, n, lost_from if lost > 0 else None, work_end)
-        add("work", left - lost, n, join, lost_from if lost > 0 else work_end)
+        add("work", max(0.0, left - lost), n, join, lost_from if lost > 0 else work_end)
         add("teardown", ended - work_end, n, work_end, ended)
         reached = ended
     add("teardown", run_ended - reached, attempts[-1].attempt if attempts else 0, reached, run_ended)
@@ -239,17 +252,30 @@ def attempt_facts(outcome: Outcome, waiting_by_rank: Mapping[int, float] | None 
     marks = [r.marks for r in records if r.marks is not None]
     waiting = waiting_by_rank or {}
     splits = [outcome.splits[r.spec.rank] for r in outcome.records if r.spec.rank in outcome.splits]
-    host = {p: sum(getattr(s, f) for s in splits) / len(outcome.records) for p, f in zip(HOST, ("work", "idle"))}
+    runtime = max((m.runtime_start for m in marks), default=0.0)
+    untold = [max(0.0, work_end - joined_at - runtime - s.covered) if joined_at is not None else 0.0 for s in splits]
+    told = max(splits, key=lambda s: s.covered - s.compile, default=None)  # the most told: its shares carry on
+    host = {p: sum(host_seconds(s, f, after, told) for s, after in zip(splits, untold)) / len(outcome.records)
+            for p, f in zip(HOST, ("work", "idle"))}
     at = {p: max(((getattr(m, f"{p}_at_s"), getattr(m, f"{p}_at")) for m in marks if getattr(m, f"{p}_at")),
                  default=(0.0, ""))[1] for p in HOST}
     return AttemptFacts(
         outcome.began_at, joined_at, work_end, ended_at, failed,
-        compile=max((m.compile for m in marks), default=0.0),
-        runtime_start=max((m.runtime_start for m in marks), default=0.0),
+        compile=max((m.compile for m in marks), default=0.0), runtime_start=runtime,
         checkpoint=max((m.checkpoint for m in marks), default=0.0),
         waiting=sum(waiting.get(r.spec.rank, 0.0) for r in outcome.records) / len(outcome.records),
-        saved_at=saved_at, compile_after_save=after, stills=outcome.stills, input=host["input"],
-        idle=host["idle"], input_at=at["input"], idle_at=at["idle"])
+        saved_at=saved_at, compile_after_save=after, stills=outcome.stills,
+        input=host["input"], idle=host["idle"], input_at=at["input"], idle_at=at["idle"])
+
+
+def host_seconds(split, part: str, untold: float, told) -> float:
+    """A process's seconds in one of its account's parts (``work``, ``idle``),
+    and in the ``untold`` seconds after its last record (a process stopped
+    between two records: the others' failure) the share of that part in the
+    time less compiles of the attempt's most told account (``told``: the
+    job is synchronous, its processes' steps alike)."""
+    rest = told.covered - told.compile
+    return getattr(split, part) + (getattr(told, part) / rest * untold if rest > 0 else 0.0)
 
 
 def waiting_by_rank(outcome: Outcome) -> dict[int, float]:

@@ -193,10 +193,11 @@ class Accountant:
         computed = max(0.0, host - self.last_host)
         self.last_time, self.last_cpu, self.last_delay, self.last_host = now, cpu, delay, host
         if where == _OUTSIDE:  # the host's own time: its compute (work, the goodput's input), or parked (idle)
-            # Asleep now, in one of Python's own waits or hardly on a CPU since the last look:
+            # In one of Python's own waits (time.sleep, select: a thread just woken from one
+            # may still wait for a CPU), or asleep now and hardly on a CPU since the last look:
             # parked.  (A thread that computes in Python sleeps too, for a moment, while this
             # look holds the GIL: its CPU since the last look says it computed.)
-            parked = running is False and (computed < COMPUTED * seconds or self.calls_wait(innermost))
+            parked = self.calls_wait(innermost) or (running is False and computed < COMPUTED * seconds)
             part = "idle" if parked else "work"
             self.parts[part] += seconds
             if self.host_at is not None:
