@@ -14,7 +14,7 @@ from jaxrun.core import causes
 from jaxrun.core.outcome import Outcome, ProcessRecord, StopReason
 from jaxrun.core.spec import LOCAL_HOST, Host, ProcessSpec
 from jaxrun.reporting import goodput, timeline
-from jaxrun.reporting.goodput import PARTS, AttemptFacts, account
+from jaxrun.reporting.goodput import PARTS, AttemptFacts, account, host_line
 
 
 def sums_to_wall(found: goodput.Account) -> None:
@@ -234,3 +234,22 @@ def test_marks_travel_as_a_dict_and_junk_is_refused(tmp_path):
     assert contract.Marks.read(str(path)) is None
     path.write_text("{not json")
     assert contract.Marks.read(str(path)) is None
+
+
+def test_the_hosts_own_time_is_input_or_idle_never_work_and_one_line_names_where():
+    """Issue 76: the host's compute and its idle time outside JAX are parts of
+    their own (a save, host time too, counted once, as the save), and a host
+    the devices waited for 20% of the steps' time or more is named at its line."""
+    found = account(0.0, 30.0, [AttemptFacts(0.0, 2.0, 29.0, 30.0, checkpoint=1.0, input=12.0, idle=1.5,
+                                             input_at="train.py:40 in next_batch", idle_at="train.py:44 in main")])
+    sums_to_wall(found)
+    assert found.parts["input"] == pytest.approx(12.0) and found.parts["idle"] == pytest.approx(0.5)
+    assert found.parts["work"] == pytest.approx(27.0 - 1.0 - 12.0 - 0.5)
+    assert found.to_dict()["input_at"] == "train.py:40 in next_batch"
+    assert host_line(found) == ("jaxrun: the devices waited for the host 48% of the steps' time, mostly at "
+                                "train.py:40 in next_batch (input-bound: the script's own compute outside JAX)")
+    asleep = account(0.0, 30.0, [AttemptFacts(0.0, 2.0, 29.0, 30.0, idle=20.0, idle_at="train.py:44 in main")])
+    assert host_line(asleep).endswith("mostly at train.py:44 in main (idle: the host parked outside JAX, in a "
+                                      "sleep, a queue or a read)")
+    busy = account(0.0, 30.0, [AttemptFacts(0.0, 2.0, 29.0, 30.0, input=4.0)])  # 15% of the steps' time
+    assert host_line(busy) is None
