@@ -4,6 +4,10 @@ the host's.
 
     jaxrun -n 1 --cpu-devices 1 host_stages.py STAGE STEPS OUT
 
+With several processes the array is one, sharded across them, and each step
+ends in an all-reduce over it: a step's own clock then holds its programs
+and its wait there for the others.
+
 STAGE ``numpy``: STAGE_S seconds of numpy before each step (an input
 pipeline, the host's own compute); ``sleep``: a ``time.sleep`` as long (the
 host parked outside JAX); ``none``: nothing but the steps.  ``long``: one
@@ -28,8 +32,8 @@ stage, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 
 def body(x):
     for _ in range(6):
-        x = jnp.tanh(x @ x) * 0.5
-    return x
+        x = jnp.tanh(x @ x.T[:, :400]) * 0.5
+    return x * jnp.mean(x)  # across every process: an all-reduce where there are several
 
 
 def slow(seconds):
@@ -58,7 +62,13 @@ def rest(seconds):
     time.sleep(seconds)
 
 
+n = jax.process_count()
 x = jnp.ones((400, 400), jnp.float32) * 0.01
+if n > 1:
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    rows = NamedSharding(jax.make_mesh((n,), ("p",)), PartitionSpec("p"))
+    x = jax.make_array_from_callback((400 * n, 400), rows, lambda index: np.full((400, 400), 0.01, np.float32))
 if stage == "long":
     long_step(x, 0.01).block_until_ready()  # its compile, and a short call
     began = time.perf_counter()
@@ -78,4 +88,4 @@ for _ in range(steps):
     x.block_until_ready()
     spent["stage"] += ready - began
     spent["steps"] += time.perf_counter() - ready
-json.dump(spent, open(out, "w"))
+json.dump(spent, open(f"{out}.{jax.process_index()}" if n > 1 else out, "w"))

@@ -100,3 +100,21 @@ def test_one_long_program_is_work_never_a_stall_and_its_warning_is_a_sentence(ja
     assert warned, err  # it outlasted the timeout, and the watchdog said so ...
     assert all(line.endswith("so the job runs on.") for line in warned), warned  # ... in a whole sentence
     assert "goodput" not in err or "stall" not in err, err  # no summary line says a stall
+
+
+def test_with_two_processes_a_steps_clock_holds_work_and_waiting_and_the_input_is_named(jaxrun, tmp_path):
+    """The same rule with several processes: each step ends in an all-reduce,
+    so a step's own clock holds its programs and its wait for the other
+    (``work`` plus ``waiting``); the numpy before it is ``input``, the mean
+    over the processes, as each measured its own."""
+    report, own = tmp_path / "report.json", tmp_path / "own.json"
+    code, _, err = jaxrun("-n", 2, "--cpu-devices", 1, "--report", report, JOB, "numpy", STEPS, own, timeout=200)
+    assert code == 0, err
+    goodput = json.loads(report.read_text())["goodput"]
+    mine = [json.loads((tmp_path / f"own.json.{rank}").read_text()) for rank in (0, 1)]
+    steps, stage = (sum(m[key] for m in mine) / 2 for key in ("steps", "stage"))
+    parts = goodput["parts"]
+    assert near(parts["work"] + parts["waiting"], steps), (parts, mine)
+    assert near(parts["input"], stage) and parts["idle"] <= 0.2 * stage, (parts, mine)
+    said = host_line(err)
+    assert len(said) == 1 and re.search(r"mostly at host_stages\.py:\d+ in next_batch \(input-bound", said[0]), err

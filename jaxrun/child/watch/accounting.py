@@ -5,8 +5,16 @@ The main thread's sampler (``child.watch.sampler``, one thread that serves
 the stall watchdog too) looks at the main thread every ``TICK`` seconds and
 gives the time since its last look to one part of a ``contract.TimeSplit``:
 
-- ``work``: the main thread is outside JAX (the script's own Python, its
-  input pipeline, numpy, a sleep of its own);
+- ``work``: the main thread is outside JAX and computes (the script's own
+  Python, its input pipeline, numpy): on a CPU or ready for one at the look,
+  or asleep but on a CPU for ``COMPUTED`` of the tick since the last look
+  (a thread that runs Python waits for the GIL while a look holds it); the
+  run's goodput calls it ``input``;
+- ``idle``: outside JAX and parked: the script's frame in one of Python's
+  own waits (``time.sleep``, ``select``), or asleep with less CPU than that
+  (a queue's ``get``, a socket's read, a lock).  For both, the script's
+  innermost frame of its own is counted per line (``most_at``), and the
+  line that holds most of each goes home with the marks at the end;
 - ``compile``: it is inside JAX's compiler;
 - ``programs`` and ``waiting``: it is inside JAX (a jitted call, an eager
   operation, ``block_until_ready``, ``float(x)``).  The process's CPU since
