@@ -135,7 +135,7 @@ class Accountant:
         # Where the host's own time went: (code, line) of the script's innermost frame -> seconds, per part.
         self.host_sites: dict[str, dict[tuple[object, int], float]] = {"work": {}, "idle": {}}
         self.host_at: tuple[object, int] | None = None  # that frame, at the last look
-        self.innermost = None  # the main thread's innermost frame, at the last look
+        self.innermost = None  # the main thread's innermost frame, from place() to look()'s use of it
         self.began = wall()
         self.start = self.last_time = clock()
         self.last_cpu, self.last_delay, self.last_host = cpu(), self.delay(), self.host()[1]
@@ -194,7 +194,8 @@ class Accountant:
 
     def look(self) -> None:
         """Give the time since the last look to the part the main thread is in."""
-        where, innermost = self.place(), self.innermost
+        where = self.place()
+        innermost, self.innermost = self.innermost, None  # a frame kept would keep the script's locals
         now, cpu, delay, (running, host) = self.clock(), self.cpu(), self.delay(), self.host()
         seconds = max(0.0, now - self.last_time)
         wanted = max(0.0, cpu - self.last_cpu) + max(0.0, delay - self.last_delay)
