@@ -55,7 +55,7 @@ def accountant(alone: bool) -> accounting.Accountant:
     clock, used = [0.0], [0.0]
     found = accounting.Accountant(lambda line: None, main=1, clock=lambda: clock[0], wall=lambda: 100.0,
                                   cpu=lambda: used[0], delay=lambda: 0.0, frames=frames, alone=alone,
-                                  host=lambda: (False, used[0]))
+                                  host=lambda: used[0], running=lambda: False)
     found.clock_now, found.used, found.frames_set = clock, used, frames
     return found
 

@@ -162,7 +162,7 @@ def test_each_tick_goes_to_the_part_the_main_thread_is_in(filename, cpu, part):
     clock, used = [0.0], [0.0]
     account = accounting.Accountant(lambda line: None, main=1, clock=lambda: clock[0], wall=lambda: 100.0,
                                     cpu=lambda: used[0], delay=lambda: 0.0, frames=Frames(filename),
-                                    host=lambda: (False, used[0]))
+                                    host=lambda: used[0], running=lambda: False)
     for _ in range(10):
         clock[0] += 0.02
         used[0] += cpu

@@ -111,7 +111,7 @@ class Accountant:
 
     def __init__(self, tell, main: int | None = None, clock=time.monotonic, wall=time.time,
                  cpu=activity.others_cpu, delay=None, frames=sys._current_frames, alone: bool = False,
-                 host=None):
+                 host=None, running=None):
         self.tell = tell  # called with each TIME line
         self.alone = alone  # the job's only process: nobody to wait for
         self.main = threading.main_thread().ident if main is None else main
@@ -119,15 +119,16 @@ class Accountant:
         self.clock, self.cpu, self.frames = clock, cpu, frames
         throttled, main_delay = portable.Throttling(), portable.RunDelay(main_tid)
         self.delay = delay or (lambda: main_delay() + throttled())
-        running = portable.ThreadRunning(main_tid)
 
-        def main_state() -> tuple[bool | None, float]:
+        def main_used() -> float:
             both = main_delay.both()
-            return running(), (0.0 if both is None else both[0] + both[1])
+            return 0.0 if both is None else both[0] + both[1]
 
-        # The main thread now: on a CPU or ready for one (None: the system does not say), and
-        # its CPU seconds and its waits for one so far (outside JAX: compute, or parked).
-        self.host = host or main_state
+        # The main thread's CPU seconds and its waits for one so far (read at every look, 0.4 us),
+        # and whether it is on a CPU or ready for one now (None: the system does not say; read
+        # only outside JAX, where it tells compute from parked).
+        self.host = host or main_used
+        self.running = running or portable.ThreadRunning(main_tid)
         self.places: dict[object, int] = {}  # code object -> _OUTSIDE, _INSIDE or _COMPILER
         self.own: dict[object, bool] = {}  # code object -> the script's own (not a library's, not Python's)
         self.sites: set[tuple[object, int]] = set()  # (code, offset): the script's calls seen going into JAX
@@ -138,7 +139,7 @@ class Accountant:
         self.innermost = None  # the main thread's innermost frame, from place() to look()'s use of it
         self.began = wall()
         self.start = self.last_time = clock()
-        self.last_cpu, self.last_delay, self.last_host = cpu(), self.delay(), self.host()[1]
+        self.last_cpu, self.last_delay, self.last_host = cpu(), self.delay(), self.host()
         self.next_tell, self.gap = self.start + FIRST_EVERY, FIRST_EVERY
         self.lock = threading.Lock()
         self.finished = False
@@ -196,7 +197,7 @@ class Accountant:
         """Give the time since the last look to the part the main thread is in."""
         where = self.place()
         innermost, self.innermost = self.innermost, None  # a frame kept would keep the script's locals
-        now, cpu, delay, (running, host) = self.clock(), self.cpu(), self.delay(), self.host()
+        now, cpu, delay, host = self.clock(), self.cpu(), self.delay(), self.host()
         seconds = max(0.0, now - self.last_time)
         wanted = max(0.0, cpu - self.last_cpu) + max(0.0, delay - self.last_delay)
         computed = max(0.0, host - self.last_host)
@@ -206,7 +207,7 @@ class Accountant:
             # may still wait for a CPU), or asleep now and hardly on a CPU since the last look:
             # parked.  (A thread that computes in Python sleeps too, for a moment, while this
             # look holds the GIL: its CPU since the last look says it computed.)
-            parked = self.calls_wait(innermost) or (running is False and computed < COMPUTED * seconds)
+            parked = self.calls_wait(innermost) or (computed < COMPUTED * seconds and self.running() is False)
             part = "idle" if parked else "work"
             self.parts[part] += seconds
             if self.host_at is not None:
