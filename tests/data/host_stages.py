@@ -31,8 +31,9 @@ stage, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 
 
 def body(x):
+    w = jnp.full((400, 400), 0.0025, jnp.float32)  # a constant of the program's: every process's
     for _ in range(6):
-        x = jnp.tanh(x @ x.T[:, :400]) * 0.5
+        x = jnp.tanh(x @ w) * 0.5 + 0.01
     return x * jnp.mean(x)  # across every process: an all-reduce where there are several
 
 
