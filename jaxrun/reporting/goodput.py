@@ -313,8 +313,11 @@ def worth_a_line(found: Account) -> bool:
 
 
 # The host's line (docs/time.md): said where the devices waited for the host
-# this share of the steps' time or more, in its input or its idle time.
+# this share of the steps' time or more, in its input or its idle time, and
+# the steps took this long at least (a toy's few seconds, mostly its own
+# Python around one step, say nothing of the job: issue 68's rule).
 HOST_BOUND = 0.2
+HOST_LINE_AFTER = 5.0
 
 
 def host_line(found: Account) -> str | None:
@@ -323,7 +326,7 @@ def host_line(found: Account) -> str | None:
     of it, and the script's line where the host spent most of that."""
     steps = sum(found.parts[p] for p in ("work", "waiting", *HOST))
     part = max(HOST, key=lambda p: found.parts[p])
-    if steps <= 0 or found.parts[part] < HOST_BOUND * steps:
+    if steps < HOST_LINE_AFTER or found.parts[part] < HOST_BOUND * steps:
         return None
     share = sum(found.parts[p] for p in HOST) / steps
     at = found.host_at[HOST.index(part)]

@@ -253,3 +253,5 @@ def test_the_hosts_own_time_is_input_or_idle_never_work_and_one_line_names_where
                                       "sleep, a queue or a read)")
     busy = account(0.0, 30.0, [AttemptFacts(0.0, 2.0, 29.0, 30.0, input=4.0)])  # 15% of the steps' time
     assert host_line(busy) is None
+    toy = account(0.0, 6.0, [AttemptFacts(0.0, 2.0, 5.0, 6.0, input=2.0)])  # 3 s of steps: a toy's
+    assert host_line(toy) is None
