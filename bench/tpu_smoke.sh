@@ -12,9 +12,12 @@
 # 4. `jaxrun profile --seconds 2` on a running job given its chip by --devices-per-process 1: the
 #    trace's TPU planes and their ops;
 # 5. the parked job (HANG_AT=50) with --stall-timeout 8: when jaxrun stops it, if it does (45 s at most);
-# 6. one 30 s program on the chip with --stall-timeout 8: runs to its end, not taken for a stall;
-# 7. -n 2 on a host of one chip, and -n 2 --cpu-devices 1 where internet sockets are refused:
-#    one line each, exit 2, before anything starts.
+# 6. -n 2 on a host of one chip, and -n 2 --cpu-devices 1 where internet sockets are refused:
+#    one line each, exit 2, before anything starts;
+# 7. the host's time against the chip's (bench/tpu_host_time.sh, issue 76): STEPS steps with nothing
+#    else, with 20 ms of numpy before each step, with 20 ms of time.sleep, the numpy loop waiting
+#    for the chip every 10 steps and never; and one 30 s program at --stall-timeout 8 (runs to its
+#    end, its time the program's, no stall): each part of the goodput against the script's own clock.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
@@ -54,28 +57,10 @@ python3 -m jaxrun profile --seconds 2 > "$work/profile.out" 2>&1
 echo "exit $?" >> "$work/profile.out"
 wait "$job"
 
-# 5: the parked job; 6: the 30 s program.
+# 5: the parked job.
 HANG_AT=50 timed "$work/parked" timeout -s TERM 45 python3 -m jaxrun -n 1 --stall-timeout 8 --grace 5 \
     --log-dir "$work/logs-parked" bench/tpu_train.py 300
-cat > "$work/long.py" <<'PY'
-import os, time
-import jax, jax.numpy as jnp
-from jax import lax
-n = int(os.environ.get("TPU_SMOKE_N", "8192"))  # smaller: to try this script on a CPU
-w = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.bfloat16) / 90
-x = jnp.ones((n, n), jnp.bfloat16)
-run = jax.jit(lambda x, w, k: lax.fori_loop(0, k, lambda i, x: jnp.tanh(x @ w), x))
-run(x, w, 10).block_until_ready()
-t = time.perf_counter(); run(x, w, 200).block_until_ready(); per = (time.perf_counter() - t) / 200
-k = int(30 / per)
-print(f"one program of {k} matmuls", flush=True)
-t = time.perf_counter(); run(x, w, k).block_until_ready()
-print(f"the program took {time.perf_counter() - t:.1f} s", flush=True)
-PY
-timed "$work/long" timeout -s TERM 120 python3 -m jaxrun -n 1 --stall-timeout 8 --log-dir "$work/logs-long" \
-    "$work/long.py"
-
-# 7: refusals.
+# 6: refusals.
 timed "$work/two" python3 -m jaxrun -n 2 bench/tpu_train.py 10
 timed "$work/two-cpu" python3 -m jaxrun -n 2 --cpu-devices 1 bench/tpu_train.py 10
 
@@ -174,9 +159,6 @@ at = next((t for t, line in parked["lines"] if "parking at step" in line), None)
 found["parked"] = {"rc": parked["rc"], "parked_at": at, "end": parked["wall"], "tail": tail(parked)}
 say(f"parked job: parked at {at} s, jaxrun ended at {parked['wall']} s, exit {parked['rc']}"
     f"{' (the outside timeout: not stopped)' if parked['rc'] == 124 else ''}; its last lines: {tail(parked)}")
-long = run("long")
-found["long"] = {"rc": long["rc"], "wall": long["wall"], "tail": tail(long)}
-say(f"30 s program with --stall-timeout 8: exit {long['rc']}, wall {long['wall']} s: {tail(long)}")
 for name in ("two", "two-cpu"):
     r = run(name)
     found[name] = {"rc": r["rc"], "wall": r["wall"], "lines": [line for _, line in r["lines"]]}
@@ -184,4 +166,6 @@ for name in ("two", "two-cpu"):
 if dest:
     json.dump(found, open(dest, "w"), indent=1)
 PY
+# 7: the host's time, and the long program (their own lines, "host_time: ...").
+bash bench/tpu_host_time.sh "${TPU_HOST_STEPS:-600}"  # the steps of issue 76's table
 echo "tpu_smoke: done"

@@ -231,6 +231,11 @@ def script_returned() -> None:
 
 
 def _script_ended() -> None:
+    """The script returned or failed: the account's last record (a failed
+    one's too: the run's goodput reads its time from it), then the marks."""
+    account = sys.modules.get("jaxrun.child.watch.accounting")
+    if account is not None:
+        account.script_returned()
     marks = sys.modules.get("jaxrun.child.watch.marks")
     if marks is not None:
         marks.script_ended()

@@ -130,6 +130,7 @@ class Resources:
 
 # -- the marks: compiles, checkpoint saves, steps ----------------------------------------
 MARKS_MAX = 4096  # bytes: a marks file larger than this is not read
+PLACE_MAX = 300  # characters of a place the marks name (input_at, idle_at)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,7 +142,11 @@ class Marks:
     the launcher can put them on its own clock.  ``compile_after_save``:
     the compile seconds since the last save ended (all of them before one).
     ``runtime_start``: the seconds JAX took to make its backends (the TPU
-    runtime's start), left out of ``compile``."""
+    runtime's start), left out of ``compile``.  ``input_at``, ``idle_at``:
+    the script's line where the host spent most of its own compute, and
+    most of its time parked outside JAX (``FILE:LINE in FUNCTION``, "" where
+    none), with their seconds (``child.watch.accounting``, at the script's
+    return)."""
 
     compile: float = 0.0
     checkpoint: float = 0.0
@@ -152,6 +157,10 @@ class Marks:
     written_at: float = 0.0
     clock: str = ""
     runtime_start: float = 0.0
+    input_at: str = ""
+    input_at_s: float = 0.0
+    idle_at: str = ""
+    idle_at_s: float = 0.0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -166,7 +175,9 @@ class Marks:
             return cls(float(data["compile"]), float(data["checkpoint"]), int(data["saves"]),
                        None if saved_at is None else float(saved_at), float(data.get("compile_after_save", 0.0)),
                        int(data.get("steps", 0)), float(data.get("written_at", 0.0)), str(data.get("clock", "")),
-                       float(data.get("runtime_start", 0.0)))
+                       float(data.get("runtime_start", 0.0)), str(data.get("input_at", ""))[:PLACE_MAX],
+                       float(data.get("input_at_s", 0.0)), str(data.get("idle_at", ""))[:PLACE_MAX],
+                       float(data.get("idle_at_s", 0.0)))
         except (KeyError, TypeError, ValueError):
             return None
 

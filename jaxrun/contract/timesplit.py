@@ -19,23 +19,28 @@ from jaxrun.contract.names import TIME
 
 __all__ = ["ACTIVITY_FILE_MAX", "TIME_LINE_MAX", "TimeSplit", "read_activity_file"]
 
-TIME_LINE_MAX = 120  # bytes: "time" and six numbers
+TIME_LINE_MAX = 132  # bytes: "time" and seven numbers
 ACTIVITY_FILE_MAX = ACTIVITY_LINE_MAX + TIME_LINE_MAX + 2  # the state's line and the time's
 
 
 class TimeSplit:
     """One process's time since its account began (its join), cumulative, in
-    seconds: ``work`` (its main thread outside JAX: input, Python, anything
-    of the script's own), ``programs`` (inside JAX with the CPU the process
-    used or wanted: programs executing, dispatch, transfers), ``waiting``
+    seconds: ``work`` (its main thread outside JAX and using or wanting the
+    CPU: input, Python, numpy, the script's own compute; the goodput's
+    ``input``), ``idle`` (outside JAX, and neither using nor wanting a CPU:
+    a sleep, a queue's ``get``, a socket's read), ``programs`` (inside JAX
+    with the CPU the process used or wanted: programs executing, dispatch,
+    transfers; alone in its job, all its time inside JAX), ``waiting``
     (inside JAX while the process used no CPU and wanted none: a collective
     or a sync point waiting for the other processes), ``compile`` (inside
     JAX's compiler).  ``began``: when the account began (the wall clock's
     seconds since the epoch); ``covered``: the seconds it covers, from
-    ``began`` to this record (the four parts sum to it, to a tick).  A
+    ``began`` to this record (the five parts sum to it, to a tick).  A
+    line of six numbers (an account without ``idle``: a far end of the last
+    version) reads with ``idle`` 0.  A
     value: compared by its fields, never changed."""
 
-    __slots__ = ("began", "covered", "work", "programs", "waiting", "compile")
+    __slots__ = ("began", "covered", "work", "programs", "waiting", "compile", "idle")
     FIELDS = __slots__
     began: float
     covered: float
@@ -43,10 +48,11 @@ class TimeSplit:
     programs: float
     waiting: float
     compile: float
+    idle: float
 
     def __init__(self, began: float, covered: float, work: float, programs: float, waiting: float,
-                 compile: float = 0.0) -> None:
-        for name, value in zip(self.FIELDS, (began, covered, work, programs, waiting, compile)):
+                 compile: float = 0.0, idle: float = 0.0) -> None:
+        for name, value in zip(self.FIELDS, (began, covered, work, programs, waiting, compile, idle)):
             object.__setattr__(self, name, float(value))
 
     def __setattr__(self, name: str, value) -> None:
@@ -80,14 +86,14 @@ class TimeSplit:
                                                                                   earlier.values()[1:])))
 
     def line(self) -> str:
-        """The TIME line that says it: ``time BEGAN COVERED WORK PROGRAMS WAITING COMPILE``."""
+        """The TIME line that says it: ``time BEGAN COVERED WORK PROGRAMS WAITING COMPILE IDLE``."""
         return f"{TIME} {self.began:.3f} " + " ".join(f"{v:.3f}" for v in self.values()[1:])
 
     @classmethod
     def of(cls, said: str) -> TimeSplit | None:
         """The split a TIME line says; None for any other line."""
         word, *rest = said.split() or [""]
-        if word != TIME or len(rest) != len(cls.FIELDS) or len(said) > TIME_LINE_MAX:
+        if word != TIME or len(rest) not in (len(cls.FIELDS) - 1, len(cls.FIELDS)) or len(said) > TIME_LINE_MAX:
             return None
         try:
             numbers = [float(v) for v in rest]

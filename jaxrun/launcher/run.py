@@ -365,6 +365,7 @@ def report_attempt(config: RunConfig, outcomes: list[Outcome], dirs: list[str], 
     diagnosis.attach(outcome, outputs=bool(config.junit_path))
     # The run's goodput, once at its end, after the failure, where it tells something.
     said = [goodput.summary_line(account)] if last is not None and goodput.worth_a_line(account) else []
+    said += [line for line in (goodput.host_line(account),) if line and last is not None]  # input- or idle-bound
     lines = summary.summary_lines(outcome, shown, said, quiet=config.quiet)
     if last is not None:
         last.goodput(account)

@@ -73,7 +73,8 @@ _WHERE = {
     "open_file_ids": "processes", "own_age": "processes", "pid_max": "processes",
     "free_port": "sockets", "is_abstract": "sockets", "peer_pid": "sockets", "peer_uid": "sockets",
     "server_address": "sockets", "temp_base_for_sockets": "sockets",
-    "RunDelay": "threads", "Throttling": "threads", "io_bytes": "threads", "lower_thread_priority": "threads",
+    "RunDelay": "threads", "ThreadRunning": "threads", "Throttling": "threads", "io_bytes": "threads",
+    "lower_thread_priority": "threads",
     "main_native_id": "threads", "thread_cpu": "threads", "thread_times": "threads", "thread_waits": "threads",
 }
 
@@ -99,8 +100,8 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "RunDelay", "Throttling", "claim_orphans", "descendants_cpu", "ended_unreaped", "free_port", "held_path", "inotify",
-    "io_bytes",
+    "RunDelay", "ThreadRunning", "Throttling", "claim_orphans", "descendants_cpu", "ended_unreaped", "free_port",
+    "held_path", "inotify", "io_bytes",
     "is_abstract", "lower_thread_priority", "main_native_id", "maxrss_bytes", "memory_group", "move_from_pipe",
     "notes", "open_file_ids", "own_age",
     "peer_pid", "peer_uid",

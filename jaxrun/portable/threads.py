@@ -174,12 +174,44 @@ class RunDelay:
                 self.fd = None
 
     def __call__(self) -> float:
+        found = self.both()
+        return 0.0 if found is None else found[1]
+
+    def both(self) -> tuple[float, float] | None:
+        """(its CPU seconds, its seconds ready to run without a CPU) so far,
+        from one read; None where the system does not say."""
         if self.fd is None:
-            return 0.0
+            return None
         try:
-            return int(os.pread(self.fd, 256, 0).split()[1]) / 1e9
+            fields = os.pread(self.fd, 256, 0).split()
+            return int(fields[0]) / 1e9, int(fields[1]) / 1e9
         except (OSError, IndexError, ValueError):
-            return 0.0
+            return None
+
+
+class ThreadRunning:
+    """Whether one thread of this process is on a CPU or ready to run now
+    (its state ``R``), not asleep (``S``, ``D``: a sleep, a lock, a read),
+    from its ``stat`` kept open and read again at each call; None where the
+    system does not say."""
+
+    def __init__(self, tid: int | None) -> None:
+        self.fd: int | None = None
+        if tid is not None and not forced():
+            try:
+                self.fd = os.open(f"/proc/self/task/{tid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                self.fd = None
+
+    def __call__(self) -> bool | None:
+        if self.fd is None:
+            return None
+        try:
+            text = os.pread(self.fd, 512, 0)
+        except OSError:
+            return None
+        at = text.rfind(b")")
+        return None if at < 0 or len(text) < at + 3 else text[at + 2:at + 3] == b"R"
 
 
 class Throttling:

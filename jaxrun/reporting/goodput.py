@@ -15,12 +15,25 @@ that sum to it (``PARTS``; the report's ``goodput``, docs/contract.md):
   from its primary host only; the others wait for it);
 - ``waiting``: the processes' waiting for one another at collectives, the
   mean over processes of ``waiting_by_rank`` (0 where nothing says);
+- ``input``: the host's own compute that the devices waited for, outside
+  JAX (the script's input pipeline, its numpy, its Python), and ``idle``:
+  the host parked outside JAX (a sleep, a queue's ``get``, a socket's
+  read); the mean over processes of their time accounts' ``work`` and
+  ``idle`` (``child.watch.accounting``), less the checkpoint saves, which
+  are host time of their own.  A process's last record may be seconds
+  older than the end of its work (a failure cuts it short): the time after
+  it is carried on at the record's shares (``host_seconds``);
 - ``stall``: spans in which no process moved for the stall timeout or
-  more (the watchdog's own test, ``attempt.activity``);
+  more, that the watchdog judged a stall (``attempt.activity``); a wait it
+  let run on (one long program, every process inside JAX at one line) is
+  the program's time;
 - ``lost``: in an attempt that failed and was restarted, the work done
   after its last checkpoint save, which the next attempt did again; with
   no save seen, all of its work (``unsaved`` names those attempts);
-- ``work``: the rest of the time from the join to the end of the work;
+- ``work``: the rest of the time from the join to the end of the work:
+  the devices running the steps' programs (what the host waits for inside
+  JAX, alone in its job; with several processes a step's own clock also
+  holds ``waiting``), docs/time.md;
 - ``teardown``: from the end of the work (the first failure, or the
   scripts' return) to the attempt's end, and after the last attempt to
   jaxrun's end;
@@ -39,7 +52,9 @@ from collections.abc import Mapping, Sequence
 from jaxrun.core import causes
 from jaxrun.core.outcome import Outcome, ProcessRecord
 
-PARTS = ("startup", "compile", "work", "waiting", "checkpoint", "stall", "restart", "lost", "teardown")
+PARTS = ("startup", "compile", "work", "input", "idle", "waiting", "checkpoint", "stall", "restart", "lost",
+         "teardown")
+HOST = ("input", "idle")  # the host's own time outside JAX, which the devices waited for
 # The parts that are the job's own progress; the rest is lost to it.
 GOOD = frozenset({"work"})
 
@@ -65,6 +80,13 @@ class AttemptFacts:
     stills: tuple[tuple[float, float], ...] = ()
     attempt: int = 0  # its number in the run (0: the first), as the report lists it
     runtime_start: float = 0.0  # after the join: JAX making its backends, the slowest process's
+    # The host's compute outside JAX, and its time parked outside JAX: the mean over processes
+    # of their accounts', each carried on to the end of the work (host_seconds).
+    input: float = 0.0
+    idle: float = 0.0
+    # Where the host spent most of each (``FILE:LINE in FUNCTION``, "" where unsaid), the processes' marks.
+    input_at: str = ""
+    idle_at: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +96,7 @@ class Account:
     parts: dict[str, float]
     spans: tuple[tuple[str, float, float, int], ...]  # (part, begin, end, attempt), for the timeline
     unsaved: tuple[int, ...] = ()  # failed, restarted attempts with no checkpoint seen: their work is lost
+    host_at: tuple[str, str] = ("", "")  # where the host spent most of its input, and of its idle time
 
     @property
     def share(self) -> float:
@@ -87,7 +110,8 @@ class Account:
     def to_dict(self) -> dict:
         return {"began_at": self.began_at, "wall": round(self.wall, 3),
                 "parts": {p: round(s, 3) for p, s in self.parts.items()}, "share": round(self.share, 4),
-                "no_checkpoint": list(self.unsaved)}
+                "no_checkpoint": list(self.unsaved), "input_at": self.host_at[0] or None,
+                "idle_at": self.host_at[1] or None}
 
 
 def _overlap(spans: Sequence[tuple[float, float]], begin: float, end: float) -> float:
@@ -131,7 +155,16 @@ def account(run_began: float, run_ended: float, attempts: Sequence[AttemptFacts]
         add("stall", stalled, n)
         spans.extend(("stall", b, e, n) for b, e in stills)
         left = inside - stalled
-        for part, seconds in (("compile", a.compile), ("checkpoint", a.checkpoint), ("waiting", a.waiting)):
+        compiled = min(max(0.0, a.compile), left)
+        add("compile", compiled, n)
+        left -= compiled
+        # The host's own time.  A save is host time outside JAX too, which the account holds: said
+        # once, as the save.
+        spent = {"input": a.input, "idle": a.idle}
+        idle = max(0.0, spent["idle"] - a.checkpoint)
+        computed = max(0.0, spent["input"] - max(0.0, a.checkpoint - spent["idle"]))
+        uncompiled = left
+        for part, seconds in (("checkpoint", a.checkpoint), ("waiting", a.waiting)):
             taken = min(max(0.0, seconds), left)
             add(part, taken, n)
             left -= taken
@@ -149,13 +182,21 @@ def account(run_began: float, run_ended: float, attempts: Sequence[AttemptFacts]
                 # arguments hold them, so the timeline's spans sum to the parts.
                 lost = min(max(0.0, lost), left)
                 lost_from = work_end - lost
+        # The host's own time outside the work done again (which is lost, the host's with it).
+        kept = max(0.0, 1.0 - lost / uncompiled) if uncompiled > 0 else 0.0
+        for part, seconds in (("input", computed * kept), ("idle", idle * kept)):
+            taken = min(max(0.0, seconds), left - lost)
+            add(part, taken, n)
+            left -= taken
         add("lost", lost, n, lost_from if lost > 0 else None, work_end)
-        add("work", left - lost, n, join, lost_from if lost > 0 else work_end)
+        add("work", max(0.0, left - lost), n, join, lost_from if lost > 0 else work_end)
         add("teardown", ended - work_end, n, work_end, ended)
         reached = ended
     add("teardown", run_ended - reached, attempts[-1].attempt if attempts else 0, reached, run_ended)
+    host_at = tuple(next((getattr(a, f"{p}_at") for a in reversed(attempts) if getattr(a, f"{p}_at")), "")
+                    for p in HOST)
     return Account(run_began, max(0.0, run_ended - run_began), parts, tuple(sorted(spans, key=lambda s: (s[1], s[2]))),
-                   tuple(unsaved))
+                   tuple(unsaved), host_at)
 
 
 def _launcher_time(at: float | None, marks_clock: str, record: ProcessRecord) -> float | None:
@@ -210,13 +251,31 @@ def attempt_facts(outcome: Outcome, waiting_by_rank: Mapping[int, float] | None 
     saved_at, after = max(saved) if saved else (None, 0.0)
     marks = [r.marks for r in records if r.marks is not None]
     waiting = waiting_by_rank or {}
+    splits = [outcome.splits[r.spec.rank] for r in outcome.records if r.spec.rank in outcome.splits]
+    runtime = max((m.runtime_start for m in marks), default=0.0)
+    untold = [max(0.0, work_end - joined_at - runtime - s.covered) if joined_at is not None else 0.0 for s in splits]
+    told = max(splits, key=lambda s: s.covered - s.compile, default=None)  # the most told: its shares carry on
+    host = {p: sum(host_seconds(s, f, after, told) for s, after in zip(splits, untold)) / len(outcome.records)
+            for p, f in zip(HOST, ("work", "idle"))}
+    at = {p: max(((getattr(m, f"{p}_at_s"), getattr(m, f"{p}_at")) for m in marks if getattr(m, f"{p}_at")),
+                 default=(0.0, ""))[1] for p in HOST}
     return AttemptFacts(
         outcome.began_at, joined_at, work_end, ended_at, failed,
-        compile=max((m.compile for m in marks), default=0.0),
-        runtime_start=max((m.runtime_start for m in marks), default=0.0),
+        compile=max((m.compile for m in marks), default=0.0), runtime_start=runtime,
         checkpoint=max((m.checkpoint for m in marks), default=0.0),
         waiting=sum(waiting.get(r.spec.rank, 0.0) for r in outcome.records) / len(outcome.records),
-        saved_at=saved_at, compile_after_save=after, stills=outcome.stills)
+        saved_at=saved_at, compile_after_save=after, stills=outcome.stills,
+        input=host["input"], idle=host["idle"], input_at=at["input"], idle_at=at["idle"])
+
+
+def host_seconds(split, part: str, untold: float, told) -> float:
+    """A process's seconds in one of its account's parts (``work``, ``idle``),
+    and in the ``untold`` seconds after its last record (a process stopped
+    between two records: the others' failure) the share of that part in the
+    time less compiles of the attempt's most told account (``told``: the
+    job is synchronous, its processes' steps alike)."""
+    rest = told.covered - told.compile
+    return getattr(split, part) + (getattr(told, part) / rest * untold if rest > 0 else 0.0)
 
 
 def waiting_by_rank(outcome: Outcome) -> dict[int, float]:
@@ -251,6 +310,30 @@ def worth_a_line(found: Account) -> bool:
     WORTH_A_LINE_AFTER seconds or more, or one that lost time to TROUBLE."""
     return found.wall >= WORTH_A_LINE_AFTER or bool(found.unsaved) or \
         any(found.parts[part] >= 0.05 for part in TROUBLE)
+
+
+# The host's line (docs/time.md): said where the devices waited for the host
+# this share of the steps' time or more, in its input or its idle time, and
+# the steps took this long at least (a toy's few seconds, mostly its own
+# Python around one step, say nothing of the job: issue 68's rule).
+HOST_BOUND = 0.2
+HOST_LINE_AFTER = 5.0
+
+
+def host_line(found: Account) -> str | None:
+    """One line where the host's own time held the devices back: its share
+    of the steps' time (work, waiting, input, idle), the part that holds most
+    of it, and the script's line where the host spent most of that."""
+    steps = sum(found.parts[p] for p in ("work", "waiting", *HOST))
+    part = max(HOST, key=lambda p: found.parts[p])
+    if steps < HOST_LINE_AFTER or found.parts[part] < HOST_BOUND * steps:
+        return None
+    share = sum(found.parts[p] for p in HOST) / steps
+    at = found.host_at[HOST.index(part)]
+    what = ("input-bound: the script's own compute outside JAX" if part == "input" else
+            "idle: the host parked outside JAX, in a sleep, a queue or a read")
+    return (f"jaxrun: the devices waited for the host {share:.0%} of the steps' time"
+            + (f", mostly at {at}" if at else "") + f" ({what})")
 
 
 def summary_line(found: Account) -> str:

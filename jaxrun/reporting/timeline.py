@@ -23,8 +23,8 @@ recoverable job's process started again alone):
 - ``goodput``: at the run's end, the run's goodput as the report has it
   (``wall``, ``parts``, ``share``, ``no_checkpoint``), with ``spans``: each
   ``[part, begin, end, attempt]`` that lies at a known time (start-up, work,
-  lost, stall, teardown, restart; compiles, saves and waiting are sums
-  inside the work, given in its span's arguments).
+  lost, stall, teardown, restart; compiles, saves, waiting and the host's
+  input and idle time are sums inside the work, given in its span's arguments).
 
 ``chrome_trace`` turns the events into the Trace Event Format: a track
 group per process (``process N (host)``) with a row of its lives and a row
@@ -145,7 +145,7 @@ class TraceBuilder:
     def on_goodput(self, event: dict, t: float) -> None:
         """The run's goodput, a row of the jaxrun group: a span per part where it lies."""
         parts = event["parts"]
-        sums = {p: parts.get(p) for p in ("compile", "checkpoint", "waiting")}
+        sums = {p: parts.get(p) for p in ("compile", "checkpoint", "waiting", "input", "idle")}
         for part, begin, end, attempt in event["spans"]:
             args = {"attempt": attempt, **(sums if part == "work" else {})}
             self.span(JOB_PID, GOODPUT_TID, part, float(begin), float(end), args)

@@ -2,7 +2,7 @@
 
 Each attempt sleeps STARTUP seconds before its first JAX call (jaxrun's join
 comes after it, so jaxrun counts it as start-up), compiles one program, and
-runs steps of STEP seconds of host work plus that program (a collective
+runs steps of STEP seconds of host sleep (idle) plus that program (a collective
 over both processes), saving a checkpoint every EVERY steps.  The first
 attempt saves with ``jaxrun.checkpointing()`` and process 1 crashes at step
 CRASH, after the save at step 20; the restart resumes from that save, so it
@@ -76,10 +76,11 @@ for step in range(start, STEPS):
         say(crash=time.time())
         raise RuntimeError(f"injected crash at step {step}")
     began = time.monotonic()
-    time.sleep(STEP)  # the host's own work: input, Python
+    time.sleep(STEP)  # the host's own time, parked outside JAX: the goodput's idle
+    host = time.monotonic() - began
     program(x).block_until_ready()
     jaxrun.step()
-    say(step=step, seconds=time.monotonic() - began, at=time.time())
+    say(step=step, seconds=time.monotonic() - began, host=host, at=time.time())
     if (step + 1) % EVERY == 0:
         began = time.monotonic()
         if attempt == 0:

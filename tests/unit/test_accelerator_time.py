@@ -54,7 +54,8 @@ def accountant(alone: bool) -> accounting.Accountant:
     frames = Frames(SCRIPT)
     clock, used = [0.0], [0.0]
     found = accounting.Accountant(lambda line: None, main=1, clock=lambda: clock[0], wall=lambda: 100.0,
-                                  cpu=lambda: used[0], delay=lambda: 0.0, frames=frames, alone=alone)
+                                  cpu=lambda: used[0], delay=lambda: 0.0, frames=frames, alone=alone,
+                                  host=lambda: used[0], running=lambda: False)
     found.clock_now, found.used, found.frames_set = clock, used, frames
     return found
 
@@ -71,7 +72,7 @@ def test_a_process_alone_waits_for_nobody_its_hosts_wait_is_its_device_programs(
 
 def test_the_runtimes_start_inside_a_trace_or_a_compile_is_no_part_of_the_split():
     found = accountant(alone=True)
-    ticks(found, found.frames_set, (SCRIPT,), 10)  # 0.2 s of the script's own
+    ticks(found, found.frames_set, (SCRIPT,), 10, cpu=0.02)  # 0.2 s of the script's own compute
     ticks(found, found.frames_set, (RUNTIME, TRACE, SCRIPT), 250)  # 5 s: the TPU runtime's start, in a trace
     ticks(found, found.frames_set, (RUNTIME, COMPILER, SCRIPT), 250)  # 5 s more, in a compile
     ticks(found, found.frames_set, (COMPILER, SCRIPT), 50)  # 1 s of compile

@@ -14,7 +14,7 @@ from jaxrun.core import causes
 from jaxrun.core.outcome import Outcome, ProcessRecord, StopReason
 from jaxrun.core.spec import LOCAL_HOST, Host, ProcessSpec
 from jaxrun.reporting import goodput, timeline
-from jaxrun.reporting.goodput import PARTS, AttemptFacts, account
+from jaxrun.reporting.goodput import PARTS, AttemptFacts, account, host_line
 
 
 def sums_to_wall(found: goodput.Account) -> None:
@@ -28,8 +28,8 @@ def test_a_clean_attempt_from_jaxrun_s_start():
     # compiles, saves and work, then 1 s of JAX's shutdown and 0.5 s of reports.
     found = account(0.0, 15.5, [AttemptFacts(1.0, 4.0, 14.0, 15.0, compile=1.5, checkpoint=0.5)])
     sums_to_wall(found)
-    assert found.parts == {"startup": 4.0, "compile": 1.5, "work": 8.0, "waiting": 0.0, "checkpoint": 0.5,
-                           "stall": 0.0, "restart": 0.0, "lost": 0.0, "teardown": 1.5}
+    assert found.parts == {"startup": 4.0, "compile": 1.5, "work": 8.0, "input": 0.0, "idle": 0.0, "waiting": 0.0,
+                           "checkpoint": 0.5, "stall": 0.0, "restart": 0.0, "lost": 0.0, "teardown": 1.5}
     assert found.share == pytest.approx(8.0 / 15.5)
     assert found.unsaved == ()
 
@@ -234,3 +234,24 @@ def test_marks_travel_as_a_dict_and_junk_is_refused(tmp_path):
     assert contract.Marks.read(str(path)) is None
     path.write_text("{not json")
     assert contract.Marks.read(str(path)) is None
+
+
+def test_the_hosts_own_time_is_input_or_idle_never_work_and_one_line_names_where():
+    """Issue 76: the host's compute and its idle time outside JAX are parts of
+    their own (a save, host time too, counted once, as the save), and a host
+    the devices waited for 20% of the steps' time or more is named at its line."""
+    found = account(0.0, 30.0, [AttemptFacts(0.0, 2.0, 29.0, 30.0, checkpoint=1.0, input=12.0, idle=1.5,
+                                             input_at="train.py:40 in next_batch", idle_at="train.py:44 in main")])
+    sums_to_wall(found)
+    assert found.parts["input"] == pytest.approx(12.0) and found.parts["idle"] == pytest.approx(0.5)
+    assert found.parts["work"] == pytest.approx(27.0 - 1.0 - 12.0 - 0.5)
+    assert found.to_dict()["input_at"] == "train.py:40 in next_batch"
+    assert host_line(found) == ("jaxrun: the devices waited for the host 48% of the steps' time, mostly at "
+                                "train.py:40 in next_batch (input-bound: the script's own compute outside JAX)")
+    asleep = account(0.0, 30.0, [AttemptFacts(0.0, 2.0, 29.0, 30.0, idle=20.0, idle_at="train.py:44 in main")])
+    assert host_line(asleep).endswith("mostly at train.py:44 in main (idle: the host parked outside JAX, in a "
+                                      "sleep, a queue or a read)")
+    busy = account(0.0, 30.0, [AttemptFacts(0.0, 2.0, 29.0, 30.0, input=4.0)])  # 15% of the steps' time
+    assert host_line(busy) is None
+    toy = account(0.0, 6.0, [AttemptFacts(0.0, 2.0, 5.0, 6.0, input=2.0)])  # 3 s of steps: a toy's
+    assert host_line(toy) is None

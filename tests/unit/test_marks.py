@@ -45,7 +45,8 @@ def test_a_save_is_written_at_once_and_a_burst_within_the_gap_waits_for_it(tmp_p
     tally.heard("/jax/core/compile/jaxpr_trace_duration", 0.5)  # past the gap: everything so far
     got = written(path)
     assert got == {"compile": 1.75, "checkpoint": 0.75, "saves": 1, "saved_at": 1000.5, "compile_after_save": 0.5,
-                   "steps": 1, "written_at": 1002.5, "clock": tally.host, "runtime_start": 0.0}
+                   "steps": 1, "written_at": 1002.5, "clock": tally.host, "runtime_start": 0.0, "input_at": "",
+                   "input_at_s": 0.0, "idle_at": "", "idle_at_s": 0.0}
     tally.heard("/jax/some/other_duration", 9.0)  # not a compile or a save: nothing
     assert tally.marks().compile == 1.75 and tally.marks().checkpoint == 0.75
 

@@ -476,7 +476,7 @@ def test_one_shared_place_or_an_unknown_one_is_no_stall():
     assert stall.classify(unknown, 600) is None
     assert "cannot tell where process 1 waits" in stall.waiting_line(unknown, 600)
     line = stall.waiting_line({0: at("ckpt.py", 3, "save", "time.sleep(30)")} , 600)
-    assert "every process waits at ckpt.py:3 in save: time.sleep(30): not a stall" in line
+    assert "every process waits at ckpt.py:3 in save: time.sleep(30): not taken for a stall" in line
 
 
 DUMP = """Thread 0x01 (most recent call first):
@@ -1085,7 +1085,8 @@ def test_one_shared_line_without_every_process_parked_outside_jax_is_no_stall(tm
     w, clock, notes, logs = watch(tmp_path, n=3)
     heard_for(w, clock, dict(enumerate(states)), 10.1)
     assert probe_with(w, clock, logs, dict.fromkeys(range(3), dumped)) is None
-    assert len(notes) == 1 and "not a stall, as one long program on an accelerator looks the same" in notes[0]
+    assert len(notes) == 1 and "not taken for a stall, as one long program looks the same" in notes[0]
+    assert notes[0].endswith("so the job runs on.")  # a whole sentence (it ended in "waiting on")
 
 
 def test_a_process_parked_for_less_than_the_timeout_stalls_a_timeout_later(tmp_path):
@@ -1098,11 +1099,14 @@ def test_a_process_parked_for_less_than_the_timeout_stalls_a_timeout_later(tmp_p
     assert [g.ranks for g in found.odd] == [(0, 1)]
 
 
-@pytest.mark.parametrize("dumped, a_stall", [(AT_PROGRAM, False), (AT_SLEEP, True)], ids=["one-program", "native"])
-def test_one_long_program_is_said_once_and_its_time_is_no_stall_in_the_goodput(tmp_path, dumped, a_stall):
-    """Every process inside JAX at one place (a 30 s program on the TPU host,
-    --stall-timeout 8): one line while nothing moves, not one every timeout,
-    and the span is the program's time (it read 'lost to stall 27.8 s')."""
+@pytest.mark.parametrize("dumped", [AT_PROGRAM, AT_SLEEP], ids=["one-program", "native"])
+def test_one_long_program_is_said_once_and_its_time_is_no_stall_in_the_goodput(tmp_path, dumped):
+    """Every process at one place, none known to be parked (a 30 s program
+    on the TPU host, --stall-timeout 8, its main thread in the jitted call's
+    native code: no frame of JAX's in the dump): one line while nothing
+    moves, not one every timeout, and the span is not a stall's; what the
+    time was is the account's (programs, or idle outside JAX).  On the TPU
+    host it read 'lost to stall 20.1 s' for a 39.6 s program (issue 76)."""
     clock, notes = Clock(), []
     specs = [ProcessSpec(rank=r, local_rank=r, host=LOCAL_HOST, python="python", shim_args=("--", "x.py"), env={})
              for r in range(2)]
@@ -1126,4 +1130,4 @@ def test_one_long_program_is_said_once_and_its_time_is_no_stall_in_the_goodput(t
     assert len(notes) == 1, notes
     heard_for(w, clock, {0: contract.BUSY}, 0.1)  # the program ended
     w.tick()
-    assert bool(w.stills) is a_stall, w.stills
+    assert w.stills == [], w.stills

@@ -116,14 +116,18 @@ def test_a_process_whose_account_began_again_is_judged_from_its_new_start():
 
 
 def test_a_time_line_says_its_split_and_nothing_else_is_one():
-    split = contract.TimeSplit(1796459760.505, 6.031, 2.717, 1.421, 1.662, 0.232)
-    assert split.line() == "time 1796459760.505 6.031 2.717 1.421 1.662 0.232"
+    split = contract.TimeSplit(1796459760.505, 6.031, 2.717, 1.421, 1.662, 0.232, 0.5)
+    assert split.line() == "time 1796459760.505 6.031 2.717 1.421 1.662 0.232 0.500"
     assert contract.TimeSplit.of(split.line()) == split and len(split.line()) <= contract.TIME_LINE_MAX
+    # A far end of the last version says six numbers: its idle reads as 0.
+    assert contract.TimeSplit.of("time 1796459760.505 6.031 2.717 1.421 1.662 0.232").idle == 0.0
+    longest = contract.TimeSplit(1796459760.505, *[999999.999] * 6)  # a run of 11 days
+    assert contract.TimeSplit.of(longest.line()) == longest
     for bad in ("time 1 2 3", "time 1 2 3 4 5 x", "time 1 2 3 4 -5 6", "time 1 2 3 4 nan 6", "busy", "spin 2 1.0",
                 "time " + " ".join(["1" * 30] * 6)):
         assert contract.TimeSplit.of(bad) is None, bad
     window = split.minus(contract.TimeSplit(1796459760.505, 2.012, 0.79, 0.454, 0.536, 0.232))
-    assert window.values() == pytest.approx((1796459762.517, 4.019, 1.927, 0.967, 1.126, 0.0))
+    assert window.values() == pytest.approx((1796459762.517, 4.019, 1.927, 0.967, 1.126, 0.0, 0.5))
 
 
 def test_the_activity_file_gives_its_state_then_its_time_line(tmp_path):
@@ -143,12 +147,13 @@ class Frames:
         self.code = compile("pass", filename, "exec")
 
     def __call__(self):
-        frame = type("Frame", (), {"f_code": self.code, "f_back": None, "f_lasti": 0})()
+        frame = type("Frame", (), {"f_code": self.code, "f_back": None, "f_lasti": 0, "f_lineno": 1})()
         return {1: frame}
 
 
 @pytest.mark.parametrize("filename, cpu, part", [
-    ("/home/u/train.py", 0.0, "work"),  # its own Python: work, whatever its CPU
+    ("/home/u/train.py", 0.02, "work"),  # its own Python, its main thread on a CPU: work (the goodput's input)
+    ("/home/u/train.py", 0.0, "idle"),  # its own code, parked: a sleep, a queue's get
     ("/site-packages/jax/_src/pjit.py", 0.02, "programs"),  # inside JAX, a core's worth of CPU
     ("/site-packages/jax/_src/pjit.py", 0.0, "waiting"),  # inside JAX, no CPU: waiting for the others
     ("/site-packages/jax/_src/compiler.py", 0.0, "compile"),
@@ -156,14 +161,15 @@ class Frames:
 def test_each_tick_goes_to_the_part_the_main_thread_is_in(filename, cpu, part):
     clock, used = [0.0], [0.0]
     account = accounting.Accountant(lambda line: None, main=1, clock=lambda: clock[0], wall=lambda: 100.0,
-                                    cpu=lambda: used[0], delay=lambda: 0.0, frames=Frames(filename))
+                                    cpu=lambda: used[0], delay=lambda: 0.0, frames=Frames(filename),
+                                    host=lambda: used[0], running=lambda: False)
     for _ in range(10):
         clock[0] += 0.02
         used[0] += cpu
         account.look()
     split = account.split()
     assert getattr(split, part) == pytest.approx(0.2) and split.covered == pytest.approx(0.2)
-    assert split.work + split.programs + split.waiting + split.compile == pytest.approx(0.2)
+    assert split.work + split.programs + split.waiting + split.compile + split.idle == pytest.approx(0.2)
 
 
 def test_cpu_the_process_wanted_but_did_not_get_counts_as_its_programs():

@@ -5,8 +5,16 @@ The main thread's sampler (``child.watch.sampler``, one thread that serves
 the stall watchdog too) looks at the main thread every ``TICK`` seconds and
 gives the time since its last look to one part of a ``contract.TimeSplit``:
 
-- ``work``: the main thread is outside JAX (the script's own Python, its
-  input pipeline, numpy, a sleep of its own);
+- ``work``: the main thread is outside JAX and computes (the script's own
+  Python, its input pipeline, numpy): on a CPU or ready for one at the look,
+  or asleep but on a CPU for ``COMPUTED`` of the tick since the last look
+  (a thread that runs Python waits for the GIL while a look holds it); the
+  run's goodput calls it ``input``;
+- ``idle``: outside JAX and parked: the script's frame in one of Python's
+  own waits (``time.sleep``, ``select``), or asleep with less CPU than that
+  (a queue's ``get``, a socket's read, a lock).  For both, the script's
+  innermost frame of its own is counted per line (``most_at``), and the
+  line that holds most of each goes home with the marks at the end;
 - ``compile``: it is inside JAX's compiler;
 - ``programs`` and ``waiting``: it is inside JAX (a jitted call, an eager
   operation, ``block_until_ready``, ``float(x)``).  The process's CPU since
@@ -48,9 +56,10 @@ import threading
 import time
 
 from jaxrun import contract, portable
-from jaxrun.child.watch import activity, place, sampler
+from jaxrun.child.watch import activity, marks, place, sampler
 
 TICK = sampler.TICK  # seconds between looks
+COMPUTED = 0.25  # of a look's tick on a CPU, or waiting for one: a main thread outside JAX that computes
 FIRST_EVERY = 2.0  # the first record, then 4 and 8 s after it ...
 EVERY = 10.0  # ... and every 10 s
 _OUTSIDE, _INSIDE, _COMPILER, _STARTING = place.OUTSIDE, place.INSIDE, place.COMPILER, place.STARTING
@@ -101,7 +110,8 @@ class Accountant:
     """The account: its last look, and the parts so far."""
 
     def __init__(self, tell, main: int | None = None, clock=time.monotonic, wall=time.time,
-                 cpu=activity.others_cpu, delay=None, frames=sys._current_frames, alone: bool = False):
+                 cpu=activity.others_cpu, delay=None, frames=sys._current_frames, alone: bool = False,
+                 host=None, running=None):
         self.tell = tell  # called with each TIME line
         self.alone = alone  # the job's only process: nobody to wait for
         self.main = threading.main_thread().ident if main is None else main
@@ -109,12 +119,27 @@ class Accountant:
         self.clock, self.cpu, self.frames = clock, cpu, frames
         throttled, main_delay = portable.Throttling(), portable.RunDelay(main_tid)
         self.delay = delay or (lambda: main_delay() + throttled())
+
+        def main_used() -> float:
+            both = main_delay.both()
+            return 0.0 if both is None else both[0] + both[1]
+
+        # The main thread's CPU seconds and its waits for one so far (read at every look, 0.4 us),
+        # and whether it is on a CPU or ready for one now (None: the system does not say; read
+        # only outside JAX, where it tells compute from parked).
+        self.host = host or main_used
+        self.running = running or portable.ThreadRunning(main_tid)
         self.places: dict[object, int] = {}  # code object -> _OUTSIDE, _INSIDE or _COMPILER
+        self.own: dict[object, bool] = {}  # code object -> the script's own (not a library's, not Python's)
         self.sites: set[tuple[object, int]] = set()  # (code, offset): the script's calls seen going into JAX
-        self.parts = {"work": 0.0, "programs": 0.0, "waiting": 0.0, "compile": 0.0}
+        self.parts = {"work": 0.0, "programs": 0.0, "waiting": 0.0, "compile": 0.0, "idle": 0.0}
+        # Where the host's own time went: (code, line) of the script's innermost frame -> seconds, per part.
+        self.host_sites: dict[str, dict[tuple[object, int], float]] = {"work": {}, "idle": {}}
+        self.host_at: tuple[object, int] | None = None  # that frame, at the last look
+        self.innermost = None  # the main thread's innermost frame, from place() to look()'s use of it
         self.began = wall()
         self.start = self.last_time = clock()
-        self.last_cpu, self.last_delay = cpu(), self.delay()
+        self.last_cpu, self.last_delay, self.last_host = cpu(), self.delay(), self.host()
         self.next_tell, self.gap = self.start + FIRST_EVERY, FIRST_EVERY
         self.lock = threading.Lock()
         self.finished = False
@@ -126,8 +151,8 @@ class Accountant:
         compiler.  A frame of the script's that called into JAX (the frame
         below JAX's outermost) is a call site of JAX's, kept in ``sites``."""
         frame = self.frames().get(self.main)
-        innermost, where, inner, at = frame, _OUTSIDE, _OUTSIDE, None
-        places = self.places
+        innermost, where, inner, at, mine = frame, _OUTSIDE, _OUTSIDE, None, None
+        places, own = self.places, self.own
         while frame is not None:
             code = frame.f_code
             found = places.get(code)
@@ -135,17 +160,31 @@ class Accountant:
                 found = places[code] = place.code_place(code)
             if found:
                 where = max(where, found)
-            elif inner:
-                self.learn(code, frame.f_lasti)
-                if at is None:
-                    at = (code, frame.f_lineno)
+            else:
+                if inner:
+                    self.learn(code, frame.f_lasti)
+                    if at is None:
+                        at = (code, frame.f_lineno)
+                if mine is None:
+                    is_own = own.get(code)
+                    if is_own is None:
+                        is_own = own[code] = place.is_scripts(code.co_filename)
+                    if is_own:
+                        mine = (code, frame.f_lineno)
             inner = found
             frame = frame.f_back
-        self.at = at
+        self.at, self.host_at, self.innermost = at, mine, innermost
         if where == _OUTSIDE and innermost is not None and calls_jax(innermost, self.sites):
             self.at = (innermost.f_code, innermost.f_lineno)
             return _INSIDE  # a jitted call's C++ path, y.block_until_ready(): jaxlib's, no frame of their own
         return where
+
+    @staticmethod
+    def calls_wait(frame) -> bool:
+        try:
+            return frame is not None and place.calls_python_wait(frame)
+        except (AttributeError, TypeError):  # a frame that changed under the walk
+            return False
 
     def learn(self, code, lasti: int) -> None:
         site = (code, place.site_offset(code, lasti))
@@ -157,12 +196,25 @@ class Accountant:
     def look(self) -> None:
         """Give the time since the last look to the part the main thread is in."""
         where = self.place()
-        now, cpu, delay = self.clock(), self.cpu(), self.delay()
+        innermost, self.innermost = self.innermost, None  # a frame kept would keep the script's locals
+        now, cpu, delay, host = self.clock(), self.cpu(), self.delay(), self.host()
         seconds = max(0.0, now - self.last_time)
         wanted = max(0.0, cpu - self.last_cpu) + max(0.0, delay - self.last_delay)
-        self.last_time, self.last_cpu, self.last_delay = now, cpu, delay
-        if where == _OUTSIDE:
-            self.parts["work"] += seconds
+        computed = max(0.0, host - self.last_host)
+        self.last_time, self.last_cpu, self.last_delay, self.last_host = now, cpu, delay, host
+        if where == _OUTSIDE:  # the host's own time: its compute (work, the goodput's input), or parked (idle)
+            # In one of Python's own waits (time.sleep, select: a thread just woken from one
+            # may still wait for a CPU), or asleep now and hardly on a CPU since the last look:
+            # parked.  (A thread that computes in Python sleeps too, for a moment, while this
+            # look holds the GIL: its CPU since the last look says it computed.)
+            parked = self.calls_wait(innermost) or (computed < COMPUTED * seconds and self.running() is False)
+            part = "idle" if parked else "work"
+            self.parts[part] += seconds
+            if self.host_at is not None:
+                sites = self.host_sites[part]
+                if len(sites) > 4096:
+                    sites.clear()
+                sites[self.host_at] = sites.get(self.host_at, 0.0) + seconds
         elif where == _COMPILER:
             self.parts["compile"] += seconds
         elif where == _STARTING:  # start-up: the account's clock moves past it
@@ -190,7 +242,16 @@ class Accountant:
     def split(self) -> contract.TimeSplit:
         p = self.parts
         return contract.TimeSplit(self.began, self.last_time - self.start, p["work"], p["programs"],
-                                  p["waiting"], p["compile"])
+                                  p["waiting"], p["compile"], p["idle"])
+
+    def most_at(self, part: str) -> tuple[str, float] | None:
+        """The script's line where the host spent most of ``part`` (``work``
+        or ``idle``), as ``FILE:LINE in FUNCTION``, and its seconds."""
+        sites = self.host_sites[part]
+        if not sites:
+            return None
+        (code, line), spent = max(sites.items(), key=lambda item: item[1])
+        return f"{os.path.basename(code.co_filename)}:{line} in {code.co_name}", spent
 
     def due(self) -> bool:
         if self.last_time < self.next_tell:
@@ -229,6 +290,7 @@ class Accountant:
             try:
                 self.look()
                 self.tell(self.split().line())
+                marks.host_places(self.most_at("work"), self.most_at("idle"))
             except Exception:  # noqa: BLE001 - as in run
                 pass
 

@@ -65,6 +65,7 @@ class Tally:
         self.dirty = False
         self.wake = threading.Event()
         self.host = ""  # this machine's name, asked at the first write: no socket import at start-up
+        self.places = ("", 0.0, "", 0.0)  # where the host's compute and its idle time went most (the account's)
 
     def heard(self, event: str, seconds: float, now: float | None = None) -> None:
         """A ``jax.monitoring`` duration event, ending ``now`` (monotonic)."""
@@ -105,7 +106,7 @@ class Tally:
         with self.lock:
             return contract.Marks(round(self.compile, 6), round(self.checkpoint, 6), self.saves, self.saved_at,
                                   round(self.compile_after_save, 6), self.steps, self.clock(), self._host(),
-                                  round(self.runtime_start, 6))
+                                  round(self.runtime_start, 6), *self.places)
 
     def _host(self) -> str:
         if not self.host:
@@ -222,6 +223,17 @@ def checkpointing():
 def step() -> None:
     """Count one step of the script's (cheap: one addition)."""
     _the_tally().step()
+
+
+def host_places(compute: tuple[str, float] | None, idle: tuple[str, float] | None) -> None:
+    """The account's word, at the script's return: the script's line where
+    the host spent most of its own compute and of its idle time, with the
+    seconds (``child.watch.accounting``); written with the marks that follow."""
+    if _tally is None:
+        return  # no marks wanted (or none heard): nobody reads them
+    cap = contract.PLACE_MAX
+    _tally.places = (compute[0][:cap] if compute else "", round(compute[1], 3) if compute else 0.0,
+                     idle[0][:cap] if idle else "", round(idle[1], 3) if idle else 0.0)
 
 
 def script_ended() -> None:

@@ -200,6 +200,19 @@ def is_stdlib(filename: str) -> bool:
     return filename.startswith(STDLIB) and not any(part in filename for part in _INSTALLED)
 
 
+_JAXRUN = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+
+
+def is_scripts(filename: str) -> bool:
+    """Whether a frame's file is the script's own code: not the standard
+    library's, not an installed package's (numpy, JAX), not jaxrun's, not
+    Python's frozen modules.  The account names the line where the host
+    spends its time by the innermost such frame (``train.py:40 in next_batch``)."""
+    if filename.startswith(("<frozen", _JAXRUN)) or any(part in filename for part in _INSTALLED):
+        return False
+    return not filename.startswith(STDLIB)
+
+
 def parked_in_python(main: int, frames=sys._current_frames) -> bool:
     """Whether the main thread (``main``: its ident) waits in a wait of
     Python's own, outside JAX, while no other thread of the script's is
@@ -224,14 +237,18 @@ def parked_in_python(main: int, frames=sys._current_frames) -> bool:
     for ident, frame in current.items():
         if ident != main and ident not in own and any(code_place(f.f_code) != OUTSIDE for f in _frames(frame)):
             return False  # another thread of the script's is inside JAX: its program, perhaps
-    innermost = stack[0]
-    code = innermost.f_code
-    if is_stdlib(code.co_filename):
-        return True
-    recipe = callee_recipe(code, site_offset(code, innermost.f_lasti))
+    return is_stdlib(stack[0].f_code.co_filename) or calls_python_wait(stack[0])
+
+
+def calls_python_wait(frame) -> bool:
+    """Whether the script's ``frame`` stands at a call of one of Python's
+    blocking calls (``time.sleep``, ``select``, ``input``, ...) by a global
+    name or a module's attribute (a local's is not read from another thread)."""
+    code = frame.f_code
+    recipe = callee_recipe(code, site_offset(code, frame.f_lasti))
     if recipe is None or recipe[0]:
-        return False  # nothing called, or a local's: not read from another thread
-    found = innermost.f_globals.get(recipe[1], _MISSING)
+        return False
+    found = frame.f_globals.get(recipe[1], _MISSING)
     if found is _MISSING and len(recipe) == 2:
         found = vars(builtins).get(recipe[1], _MISSING)
     if len(recipe) == 3:

@@ -155,8 +155,8 @@ def waiting_line(places: dict[int, Place], seconds: float) -> str:
         who = ("process " if len(unknown) == 1 else "processes ") + ", ".join(map(str, unknown))
         return f"{head}; cannot tell where {who} waits (no stack dump in its log): not taken for a stall"
     place = next(iter(places.values()))
-    return (f"{head}; every process waits at {place.text()}: not a stall, as one long program on an "
-            f"accelerator looks the same (none of them is known to be parked outside JAX); waiting on")
+    return (f"{head}; every process waits at {place.text()}: not taken for a stall, as one long program looks "
+            f"the same and none of them is known to be parked outside JAX, so the job runs on.")
 
 
 class ActivityWatch:
@@ -187,9 +187,11 @@ class ActivityWatch:
         # for at least the timeout (the watchdog's own "no progress"), and the one open now.
         self.stills: list[tuple[float, float]] = []
         self.still_from: float | None = None
-        # The open still span, as the dumps placed it: every process inside JAX at one
-        # place (one long program: its time, not a stall's), and whether that was said.
-        self.span_in_program = False
+        # The open still span, once the watchdog let it run (every process at one
+        # place, none known to be parked: one long program, a wait it cannot see
+        # into): its time is the account's (programs, idle), not a stall's; and
+        # whether that was said.
+        self.span_let_run = False
         self.span_noted = False
         # The time account (child.accounting): each process's newest split, and the straggler rule over them.
         self.accounting = any(s.env.get(contract.ACCOUNT) != contract.ACCOUNT_OFF for s in specs)
@@ -322,10 +324,10 @@ class ActivityWatch:
 
     def _close_still(self) -> None:
         now = self.wall()
-        if self.still_from is not None and now - self.still_from >= self.timeout and not self.span_in_program:
+        if self.still_from is not None and now - self.still_from >= self.timeout and not self.span_let_run:
             self.stills.append((self.still_from, now))
         self.still_from = None
-        self.span_in_program = self.span_noted = False
+        self.span_let_run = self.span_noted = False
 
     def _decide(self, now: float) -> tuple[float | None, str | Stall | None]:
         places = {r: place_in(read_after(self.stderr_logs[r], self.offsets.get(r, 0))) for r in sorted(self.running)}
@@ -337,9 +339,10 @@ class ActivityWatch:
             self.active = False
             spinning = tuple((r, self.spinning[r]) for r in sorted(self.running) if r in self.spinning)
             return None, dataclasses.replace(stall, spinning=spinning)
-        # Every process inside JAX at one place: one long program (an accelerator's),
-        # whose time is the program's, not a stall's; said once while nothing moves.
-        self.span_in_program = all(p.inside_jax for p in places.values()) and len({p.key for p in places.values()}) == 1
+        # Not a stall: one long program (an accelerator's, or a host callback's on a CPU,
+        # its main thread in a jitted call with no frame of JAX's), or a wait nobody can
+        # see into.  Its time is what the account says it is; said once while nothing moves.
+        self.span_let_run = True
         if not self.span_noted:
             self.note(waiting_line(places, self.timeout))
             self.span_noted = True
