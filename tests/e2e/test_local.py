@@ -14,6 +14,8 @@ import pytest
 from fixtures.guide import GUIDE_SHARDS, RESULT, check_guide_output
 from fixtures.jobs import DATA, EXAMPLES, joins_said, processes_with_token
 
+from jaxrun import contract, portable
+
 pytestmark = pytest.mark.timeout(120)
 
 def is_loopback(ip: str) -> bool:
@@ -57,6 +59,23 @@ def test_guide_toy_runs_unchanged_with_placeholders(jaxrun):
     check_guide_output(out)
     # Its own initialize("localhost:10000", ...) is noted, not obeyed.
     assert "ignoring coordinator_address='localhost:10000'" in err
+
+
+def test_a_one_process_job_whose_script_initializes_gets_its_plain_launch_numbers(jaxrun, tmp_path):
+    # A plain launch's initialize() builds JAX's CPU collectives even for one
+    # process, and 8 devices then reduce through them: the guide's toy's last
+    # digits differ from a bare python's.  (Where the machine refuses internet
+    # sockets jaxrun builds none: test_no_network.py.)
+    script = tmp_path / "toy.py"
+    script.write_text((DATA / "guide_toy.py").read_text().replace('"localhost:10000"', "sys.argv[3]"))
+    env = {k: v for k, v in os.environ.items() if k != "JAXRUN_NO_PRELOAD"} | contract.cpu_env(8)
+    coordinator = f"127.0.0.1:{portable.free_port('127.0.0.1')}"
+    plain = subprocess.run([sys.executable, script, "0", "1", coordinator], env=env, capture_output=True,
+                           text=True, timeout=90)
+    (expected,) = re.findall(r"got result: \S+", plain.stdout) or [plain.stderr]
+    code, out, err = jaxrun("--cpu-devices", 8, script, "0", "1", coordinator)
+    assert code == 0, err
+    assert re.findall(r"got result: \S+", out) == [expected]
 
 
 def test_mismatched_initialize_is_an_error_naming_both_values(jaxrun, tmp_path):
