@@ -10,6 +10,7 @@ looks for fails here instead of passing quietly.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -128,6 +129,7 @@ def imported_modules(tree: ast.AST, module: str, is_package: bool) -> set[str]:
     return found
 
 
+@functools.cache  # parsed once per session: a dozen rules read it (test_names.py's does the same)
 def sources() -> dict[str, tuple[Path, ast.AST]]:
     return {module_name(p): (p, ast.parse(p.read_text(), str(p))) for p in sorted(PACKAGE.rglob("*.py"))}
 
