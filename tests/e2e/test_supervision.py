@@ -304,7 +304,9 @@ def test_max_restarts_restarts_the_whole_group(jaxrun, job_script, tmp_path):
     assert port(first) != port(second)
 
 
-@pytest.mark.both_modes
+# Plain Python, once: each process writes into a pipe of its own in either
+# mode (test_console.py, both modes), which the launcher moves into the logs.
+@pytest.mark.plain_python
 def test_every_byte_of_large_output_reaches_the_logs(jaxrun, tmp_path):
     script = tmp_path / "flood.py"
     script.write_text(
