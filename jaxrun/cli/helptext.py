@@ -44,8 +44,8 @@ SECTION_TEXTS = {
     ),
 }
 
-# The options --help shows (by parameter name), in their sections' order;
-# --help-all shows every one.
+# The options --help shows (by parameter name, as option_name gives it), in
+# their sections' order; --help-all shows every one.
 SHORT_HELP = frozenset({
     "num_processes", "cpu_devices", "devices_per_process", "variables", "log_dir", "verbose", "quiet", "timeout",
     "max_restarts", "hosts_file", "host_opts", "launcher", "interactive", "dry_run", "version", "help",
@@ -87,6 +87,13 @@ def show_every_option(ctx: click.Context, param: click.Parameter, value: bool) -
     ctx.exit()
 
 
+def option_name(command: click.Command, ctx: click.Context, param: click.Parameter) -> str:
+    """The name SHORT_HELP and HELP_SECTIONS know a parameter by: its own, or
+    "help" for click's help option (whose own name changed in click 8.5, to
+    `_click_default_help`; click caches that option, so it is one object)."""
+    return "help" if param is command.get_help_option(ctx) else param.name
+
+
 def format_options(command: click.Command, ctx: click.Context, formatter: click.HelpFormatter) -> None:
     """Every option in its section (--help-all), or only SHORT_HELP's in one
     list, in the same order (--help).  Hidden options have no record."""
@@ -95,8 +102,9 @@ def format_options(command: click.Command, ctx: click.Context, formatter: click.
     for param in command.get_params(ctx):
         record = param.get_help_record(ctx)
         if record is not None:
-            title = next((t for t, names in sections.items() if param.name in names), "Other")
-            rows[title].append((param.name, record))
+            name = option_name(command, ctx, param)
+            title = next((t for t, names in sections.items() if name in names), "Other")
+            rows[title].append((name, record))
     if not ctx.meta.get(EVERY_OPTION):
         with formatter.section(f"Commands ({ctx.command_path} COMMAND --help)"):
             formatter.write_text(", ".join(COMMANDS))

@@ -183,6 +183,25 @@ def is_loopback(address: str | None) -> bool:
         return False
 
 
+def loopback_refused() -> str | None:
+    """Why a TCP connection over loopback fails here, or None where it works:
+    a sandbox that refuses internet sockets (errno 97, the TPU host of issue
+    71), a network namespace whose loopback is down (unreachable).  The
+    launcher asks before it starts several local processes; a process of a
+    one-process job asks before its script's own initialize() gives it JAX's
+    CPU collectives (``child.join.bootstrap``)."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+            server.bind(("127.0.0.1", 0))
+            server.listen(1)
+            socket.create_connection(server.getsockname(), timeout=2).close()
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
 def join_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 

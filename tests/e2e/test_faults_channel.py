@@ -15,6 +15,7 @@ logs where they could be written, and (through the leak guard, and
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -342,10 +343,17 @@ SCHEDULER_THREADS = ["task-channel", "step-watcher", f"rank-0-{tasks.CONTROL}", 
                      f"rank-0-{tasks.STDERR}"]
 
 
-@pytest.mark.timeout(60)
+# The Slurm test cluster's 8 CPUs: four 2-process jobs at once, the fifth
+# when one has ended (a queued step would count its wait against the bound).
+SIDE_BY_SIDE = 4
+
+
+@pytest.mark.timeout(90)
 @pytest.mark.parametrize("scheduler", ["slurm", "mpirun"])
-@pytest.mark.parametrize("thread", SCHEDULER_THREADS)
-def test_a_dead_backend_thread_ends_the_run_and_is_named(request, scheduler, thread, start_job, tmp_path, monkeypatch):
+def test_a_dead_backend_thread_ends_the_run_and_is_named(request, scheduler, start_job, tmp_path, monkeypatch):
+    """One job per thread of the backend, each with that thread's fault
+    injected, side by side (each its own jaxrun with its own folder, and
+    each timed from its own start): most of a job is waiting."""
     if scheduler == "slurm":
         env = request.getfixturevalue("slurm_cluster")
         assert env
@@ -353,18 +361,24 @@ def test_a_dead_backend_thread_ends_the_run_and_is_named(request, scheduler, thr
         pytest.skip("Open MPI is not installed (apt-get install openmpi-bin)")
     monkeypatch.setenv("OMPI_MCA_rmaps_base_oversubscribe", "1")
     script = write(tmp_path / "sleepy.py", "import time\nprint('up', flush=True)\ntime.sleep(30)\n")
-    job = start_job("--launcher", scheduler, "-n", 2, "--log-dir", tmp_path / "logs", script,
-                    env={contract.INJECT_THREAD_FAULT: thread})
-    start = time.monotonic()
-    code = job.wait(timeout=40)
-    elapsed = time.monotonic() - start
-    assert code == 70, job.stderr[-3000:]  # EX_SOFTWARE: jaxrun failed, not the job
-    assert elapsed < 30, f"took {elapsed:.1f} s"
-    died = f"jaxrun: internal error: thread {thread} died: RuntimeError: {INJECTED}"
-    assert died in job.stderr.splitlines(), job.stderr[-3000:]
+
+    def run(thread: str) -> tuple[int, float, str]:
+        job = start_job("--launcher", scheduler, "-n", 2, "--log-dir", tmp_path / f"logs-{thread}", script,
+                        env={contract.INJECT_THREAD_FAULT: thread})
+        start = time.monotonic()
+        code = job.wait(timeout=40)
+        return code, time.monotonic() - start, job.stderr
+
+    with concurrent.futures.ThreadPoolExecutor(SIDE_BY_SIDE) as pool:
+        ended = dict(zip(SCHEDULER_THREADS, pool.map(run, SCHEDULER_THREADS)))
+    for thread, (code, elapsed, stderr) in ended.items():
+        print(f"{scheduler} {thread}: exit {code} after {elapsed:.1f} s")
+        assert code == 70, (thread, stderr[-3000:])  # EX_SOFTWARE: jaxrun failed, not the job
+        assert elapsed < 30, f"{thread}: took {elapsed:.1f} s"
+        died = f"jaxrun: internal error: thread {thread} died: RuntimeError: {INJECTED}"
+        assert died in stderr.splitlines(), (thread, stderr[-3000:])
     if scheduler == "slurm":  # no job outlives the run (its tasks would sleep on into the next test)
         assert wait_for(lambda: not squeue_jobs(env), within=10), squeue_jobs(env)
-    print(f"{scheduler} {thread}: exit {code} after {elapsed:.1f} s")
 
 
 @pytest.mark.timeout(60)

@@ -14,6 +14,8 @@ import pytest
 from fixtures.guide import GUIDE_SHARDS, RESULT, check_guide_output
 from fixtures.jobs import DATA, EXAMPLES, joins_said, processes_with_token
 
+from jaxrun import contract, portable
+
 pytestmark = pytest.mark.timeout(120)
 
 def is_loopback(ip: str) -> bool:
@@ -22,11 +24,16 @@ def is_loopback(ip: str) -> bool:
     return addr.is_loopback or bool(mapped and mapped.is_loopback)
 
 
+# The guide's own toy, unchanged: its argv from placeholders, and its own
+# initialize("localhost:10000", ...), which is noted, not obeyed.  (examples/toy.py,
+# which calls none, is test_examples.py's and the README's.)
 @pytest.mark.both_modes
-def test_toy_four_by_two_matches_the_guide(jaxrun, tmp_path):
-    code, out, err = jaxrun("-n", 4, "--cpu-devices", 2, "--log-dir", tmp_path, EXAMPLES / "toy.py")
+def test_the_guides_toy_runs_unchanged_with_placeholders_and_matches_the_guide(jaxrun, tmp_path):
+    code, out, err = jaxrun("-n", 4, "--cpu-devices", 2, "--log-dir", tmp_path, DATA / "guide_toy.py",
+                            "{process_id}", "{num_processes}")
     assert code == 0, err
     check_guide_output(out)
+    assert "ignoring coordinator_address='localhost:10000'" in err
     assert "[Gloo]" not in out  # noise hidden on the console ...
     for rank in range(4):  # ... but every byte is in the logs
         log = (tmp_path / f"process-{rank}.stdout").read_text()
@@ -50,13 +57,21 @@ def test_toy_gives_the_same_result_in_other_layouts(jaxrun, n, devices):
     assert all(f"process={r} {RESULT}" in out for r in range(n))
 
 
-@pytest.mark.both_modes
-def test_guide_toy_runs_unchanged_with_placeholders(jaxrun):
-    code, out, err = jaxrun("-n", 4, "--cpu-devices", 2, DATA / "guide_toy.py", "{process_id}", "{num_processes}")
+def test_a_one_process_job_whose_script_initializes_gets_its_plain_launch_numbers(jaxrun, tmp_path):
+    # A plain launch's initialize() builds JAX's CPU collectives even for one
+    # process, and 8 devices then reduce through them: the guide's toy's last
+    # digits differ from a bare python's.  (Where the machine refuses internet
+    # sockets jaxrun builds none: test_no_network.py.)
+    script = tmp_path / "toy.py"
+    script.write_text((DATA / "guide_toy.py").read_text().replace('"localhost:10000"', "sys.argv[3]"))
+    env = {k: v for k, v in os.environ.items() if k != "JAXRUN_NO_PRELOAD"} | contract.cpu_env(8)
+    coordinator = f"127.0.0.1:{portable.free_port('127.0.0.1')}"
+    plain = subprocess.run([sys.executable, script, "0", "1", coordinator], env=env, capture_output=True,
+                           text=True, timeout=90)
+    (expected,) = re.findall(r"got result: \S+", plain.stdout) or [plain.stderr]
+    code, out, err = jaxrun("--cpu-devices", 8, script, "0", "1", coordinator)
     assert code == 0, err
-    check_guide_output(out)
-    # Its own initialize("localhost:10000", ...) is noted, not obeyed.
-    assert "ignoring coordinator_address='localhost:10000'" in err
+    assert re.findall(r"got result: \S+", out) == [expected]
 
 
 def test_mismatched_initialize_is_an_error_naming_both_values(jaxrun, tmp_path):
@@ -64,7 +79,11 @@ def test_mismatched_initialize_is_an_error_naming_both_values(jaxrun, tmp_path):
     script.write_text("import jax\njax.distributed.initialize('localhost:1', 2, 5)\n")
     code, _, err = jaxrun("-n", 2, "--cpu-devices", 1, script)
     assert code == 1
-    assert "process_id=5" in err and "process_id=0" in err
+    # Both processes disagree; whichever fails first shows its error in full,
+    # with its own value and jaxrun's for it (the other's is folded).
+    mismatch = re.compile(r"^\[(\d)\] RuntimeError: jax\.distributed\.initialize\(process_id=5\) disagrees with "
+                          r"jaxrun, which started this process with process_id=\1$", re.M)
+    assert mismatch.search(err), err
 
 
 @pytest.mark.both_modes

@@ -274,7 +274,6 @@ class Backend:
     # Where an engine cannot keep a promise, the documented behaviour instead:
     # (fault name, {Fault field: value}).
     differs: tuple = ()
-    ahead: bool = True  # room for a third job beside the hang cell and the cell at hand (``cells``)
 
     def expects(self, fault: Fault) -> Fault:
         return dataclasses.replace(fault, **dict(self.differs).get(fault.name, {}))
@@ -292,9 +291,7 @@ BACKENDS = [
             env=(("OMPI_MCA_rmaps_base_oversubscribe", "1"),), far_ends=frozenset({"scheduler.task_agent"})),
     Backend("ray", lambda cluster: ["--launcher", "ray", "--ray-address", cluster.address, "-n", PROCESSES],
             engine="ray_cluster", env=(("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0"),),
-            far_ends=frozenset({"ray.driver", "ray.actor"}),
-            # The test cluster's 8 CPUs hold two jobs of 4: the hang cell and one other.
-            ahead=False),
+            far_ends=frozenset({"ray.driver", "ray.actor"})),
 ]
 BY_NAME = {b.name: b for b in BACKENDS}
 
@@ -541,8 +538,8 @@ def cells(request, shared_root):
 
     Most of a cell is waiting (a start-up, a save, a grace, a stall), so a
     backend's cells overlap: a call starts the backend's hang cell, its own
-    cell and, where the backend has room (``Backend.ahead``), the next cell
-    this run will check, each at most once.  The hang cell starts alone:
+    cell and the next cell this run will check, each at most once (the Ray
+    test cluster has room for three jobs: ``CPUS_PER_NODE``).  The hang cell starts alone:
     the others wait until its processes are ready.  Each runs in a folder of
     its own with a token of its own, not the test's: run_cell finds and
     kills whatever its job leaves, and says so (``left``).  Every cell has
@@ -576,7 +573,7 @@ def cells(request, shared_root):
         own = start(backend, engine, fault)
         later = FAULTS[FAULTS.index(fault) + 1:]
         following = next((f for f in later if f is not HANG and wanted(backend, f)), None)
-        if backend.ahead and following is not None:
+        if following is not None:
             start(backend, engine, following)
         return own
 

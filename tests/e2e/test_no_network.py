@@ -47,6 +47,16 @@ def test_a_one_process_job_runs_where_internet_sockets_are_refused(jaxrun, no_ne
     assert (code, out) == (0, "[0] sum 4096.0 1 cpu\n[0] collectives gloo\n"), err
 
 
+def test_a_one_process_job_whose_script_initializes_runs_where_internet_sockets_are_refused(jaxrun, no_network,
+                                                                                            tmp_path):
+    # Where they are taken, its initialize() gets JAX's CPU collectives, as a
+    # plain launch's does (test_local.py); here it gets none, as above.
+    script = tmp_path / "own.py"
+    script.write_text("import jax\njax.distributed.initialize()\n" + SCRIPT)
+    code, out, err = jaxrun("--log-dir", tmp_path / "logs", script)
+    assert (code, out) == (0, "[0] sum 4096.0 1 cpu\n[0] collectives gloo\n"), err
+
+
 def test_processes_that_would_meet_over_internet_sockets_say_why_before_anything_starts(jaxrun, no_network,
                                                                                           tmp_path):
     script = tmp_path / "one.py"

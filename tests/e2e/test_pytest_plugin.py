@@ -68,6 +68,15 @@ def test_marked_tests_run_in_every_controller(pytester, monkeypatch, tmp_path):
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # the plugin's log folders land here
     monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
     monkeypatch.setenv("COLUMNS", "300")  # the short summary line is cut to the terminal width
+    # Every pytest here (the parent and each controller's) loads this plugin
+    # and no other: what the venv's entry points would add (xdist, timeout,
+    # benchmark, hypothesis) costs each of the 9 pytests seconds on a loaded
+    # machine, and none of them is under test.  The controllers get the plugin
+    # as they would get it from its entry point, so that a marked test inside
+    # one still runs inline (``in_controller``); the entry point itself is
+    # test_explicit_p_option_works_when_the_entry_point_is_installed's.
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.setenv("PYTEST_PLUGINS", "jaxrun.pytest_plugin")
     pytester.makepyfile(test_inner=INNER_TESTS)
     result = pytester.runpytest_subprocess("-p", "jaxrun.pytest_plugin", "-p", "no:cacheprovider", "-rfEs", timeout=170)
     result.assert_outcomes(passed=2, failed=1, skipped=1)

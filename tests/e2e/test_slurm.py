@@ -5,6 +5,7 @@ Also the batch recipe examples/deploy/slurm.sbatch, submitted with sbatch, a
 4-node --export=NONE allocation that jaxrun fills, and srun running jaxrun.
 """
 
+import concurrent.futures
 import json
 import os
 import re
@@ -229,14 +230,11 @@ SCANCEL = {
 }
 
 
-@pytest.mark.timeout(90)
-@pytest.mark.parametrize("how", SCANCEL)
-def test_scancel_gives_every_controller_its_time(slurm_cluster, tmp_path, how):
-    """jaxrun as the batch script (``exec``), its 4 controllers saving for 1 s
-    on SIGTERM: however scancel stops the job, every controller saves
-    (srun does not cut the step short; KillWait is 2 s here), and jaxrun's
-    status says whether it was signalled itself."""
-    command, status, state = SCANCEL[how]
+def stopped_by_scancel(tmp_path, how: str) -> tuple[dict, set, int, list, str]:
+    """One batch job stopped as ``how`` says: its fields as Slurm records
+    them, who saved, jaxrun's exit status and each process's end, and the
+    job's output."""
+    command, _, _ = SCANCEL[how]
     out, report = tmp_path / "out", tmp_path / "report.json"
     out.mkdir()
     batch = tmp_path / "job.sh"
@@ -250,18 +248,36 @@ def test_scancel_gives_every_controller_its_time(slurm_cluster, tmp_path, how):
     try:
         deadline = time.monotonic() + 60
         while len(list(out.glob("running-*"))) < 4:
-            assert time.monotonic() < deadline, (job_id, sorted(p.name for p in out.iterdir()))
+            assert time.monotonic() < deadline, (how, job_id, sorted(p.name for p in out.iterdir()))
             time.sleep(0.05)
         subprocess.run([*command, job_id], env=env, check=True)
         fields = job_state(job_id, env, within=30)
     finally:
         subprocess.run(["scancel", job_id], env=env, capture_output=True)
     said = (tmp_path / "job.out").read_text(errors="replace") if (tmp_path / "job.out").exists() else ""
-    assert fields["JobState"] == state, (fields, said)
-    assert sorted(p.name for p in out.glob("saved-*")) == [f"saved-{r}" for r in range(4)], said
     ran = json.loads(report.read_text())
-    assert ran["exit_code"] == status, said
-    assert [(p["exit_code"], p["signal"]) for p in ran["processes"]] == [(0, None)] * 4, said
+    return (fields, {p.name for p in out.glob("saved-*")}, ran["exit_code"],
+            [(p["exit_code"], p["signal"]) for p in ran["processes"]], said)
+
+
+@pytest.mark.timeout(150)
+def test_scancel_gives_every_controller_its_time(slurm_cluster, tmp_path):
+    """jaxrun as the batch script (``exec``), its 4 controllers saving for 1 s
+    on SIGTERM: however scancel stops the job, every controller saves
+    (srun does not cut the step short; KillWait is 2 s here), and jaxrun's
+    status says whether it was signalled itself.  One job per way, two side
+    by side (each takes 4 of a node's 8 CPUs), each in a folder of its own."""
+    folders = {how: tmp_path / f"job-{i}" for i, how in enumerate(SCANCEL)}
+    for folder in folders.values():
+        folder.mkdir()
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        seen = dict(zip(SCANCEL, pool.map(stopped_by_scancel, folders.values(), SCANCEL)))
+    for how, (fields, saved, code, ends, said) in seen.items():
+        _, status, state = SCANCEL[how]
+        assert fields["JobState"] == state, (how, fields, said)
+        assert sorted(saved) == [f"saved-{r}" for r in range(4)], (how, said)
+        assert code == status, (how, said)
+        assert ends == [(0, None)] * 4, (how, said)
 
 
 # Each process says where Slurm put it.

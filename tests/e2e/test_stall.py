@@ -1,5 +1,6 @@
 """The stall watchdog (``--stall-timeout``, docs/restarts.md "Hangs"), with
-real JAX jobs, locally in both modes and over SSH on the namespaced hosts.
+real JAX jobs, locally with the preloading server and over SSH on the
+namespaced hosts (whose processes a host's own server starts).
 
 Per place, up to five jobs run side by side:
 
@@ -33,28 +34,29 @@ Per place, up to five jobs run side by side:
 
 ``spin`` runs in every place.  The default local mode runs ``stuck``,
 ``calm`` and ``spin`` again under CPU overload: a stall found, timed and
-restarted under load, and slow work not taken for one (load is what makes
-slow work look like a stall).  ``parted``
-says where the processes parted, which load does not change.  Of the local
-places, ``calm``, the longest job (even in two halves side by side), runs
-there alone, and over SSH: an
-unloaded local run would add only time, and so would one without preload:
-every process's sampler starts at the script's first line, whichever way the
-process started, and until a process has said anything it keeps the job from
-stalling (jaxrun/launcher/attempt/activity.py), so the launch path cannot
-make slow work look idle; ``stuck`` and ``parted`` still run there, where
-the start decides whether the sampler, and the flight recorder's hook, run
-at all.  The time from the stall's start to the end of the stalled attempt,
-and to the restart's first step, are printed for the note (``-s``).
+restarted under load, and slow work not taken for one (load is what makes slow
+work look like a stall). ``parted`` says where the processes parted, which load
+does not change. Of the local places, ``calm``, the longest job (even in two
+halves side by side), runs there alone, and over SSH: an unloaded local run
+would add only time, and so would one without preload: every process's sampler
+starts at the script's first line, whichever way the process started, and until
+a process has said anything it keeps the job from stalling
+(jaxrun/launcher/attempt/activity.py), so the launch path cannot make slow work
+look idle. Without preload, where the start decides whether the sampler and the
+flight recorder's hook run at all, test_matrix.py's ``local`` cells find a
+stuck, a spinning and a parked job, and test_divergence.py's both-mode tests
+install the recorder's hook. The time from the stall's start to the end of the
+stalled attempt, and to the restart's first step, are printed for the note
+(``-s``).
 
-At ``--stall-timeout 8`` (``LONG_TIMEOUT``), in both local modes and over
-SSH, two more jobs side by side: ``parked`` (issue 59), process 2 of 3 in
-``while True: time.sleep(1)``, whose looks never say working once it has
-waited, and whose stall ends within the timeout plus 5 s of the park; and
-``big`` (issue 61), process 1 of 3 with 300 parked native threads, then the
-spin shape, named at its line as soon (locally in one mode: the launch path
-changes no thread); and ``alone`` (issue 71), a one-process job parked in
-that loop (nobody to stand out from), stopped as soon and named at its line.
+At ``--stall-timeout 8`` (``LONG_TIMEOUT``), locally and over SSH, two more
+jobs side by side: ``parked`` (issue 59), process 2 of 3 in ``while True:
+time.sleep(1)``, whose looks never say working once it has waited, and whose
+stall ends within the timeout plus 5 s of the park; and ``big`` (issue 61),
+process 1 of 3 with 300 parked native threads, then the spin shape, named at
+its line as soon (the launch path changes no thread); and ``alone`` (issue 71),
+a one-process job parked in that loop (nobody to stand out from), stopped as
+soon and named at its line.
 """
 
 from __future__ import annotations
@@ -262,7 +264,7 @@ def line_of(text: str, needle: str) -> int:
     return 1 + next(i for i, line in enumerate(text.splitlines()) if needle in line)
 
 
-@pytest.fixture(params=["preload", "no-preload", "ssh", "loaded"])
+@pytest.fixture(params=["preload", "ssh", "loaded"])
 def place(request, monkeypatch, tmp_path):
     """(n -> the flags that start n processes there, a folder every host
     sees, where process 1 of 3 runs, the jobs that run there).  ``loaded``:
@@ -275,10 +277,7 @@ def place(request, monkeypatch, tmp_path):
         yield (lambda n: ["-H", spread[n], *common]), request.getfixturevalue("shared_dir"), " on hostB", \
             {"stuck", "calm", "parted", "spin"}
         return
-    if request.param == "no-preload":
-        monkeypatch.setenv("JAXRUN_NO_PRELOAD", "1")
-    else:
-        monkeypatch.delenv("JAXRUN_NO_PRELOAD", raising=False)
+    monkeypatch.delenv("JAXRUN_NO_PRELOAD", raising=False)
     with overload() if request.param == "loaded" else contextlib.nullcontext():
         yield (lambda n: ["-n", n]), tmp_path, "", {"stuck", "calm", "spin"} if request.param == "loaded" else \
             {"stuck", "parted", "spin"}
@@ -467,21 +466,18 @@ while True:
 '''
 
 
-@pytest.fixture(params=["preload", "no-preload", "ssh"])
+@pytest.fixture(params=["preload", "ssh"])
 def long_place(request, monkeypatch, tmp_path):
     """(the flags that start 3 processes there, a folder every host sees,
     where process 1 runs, where process 2 runs, whether the big host's job
-    runs there: locally one mode is enough, the launch path changes no thread)."""
+    runs there)."""
     if request.param == "ssh":
         hosts = request.getfixturevalue("sshd_hosts")
         flags = ["-H", "hostA:1,hostB:2", "--ssh-config", hosts.config, "--env", f"PYTHONPATH={ROOT}", "-x", TOKEN]
         yield flags, request.getfixturevalue("shared_dir"), " on hostB", " on hostB", True
         return
-    if request.param == "no-preload":
-        monkeypatch.setenv("JAXRUN_NO_PRELOAD", "1")
-    else:
-        monkeypatch.delenv("JAXRUN_NO_PRELOAD", raising=False)
-    yield ["-n", 3], tmp_path, "", "", request.param == "preload"
+    monkeypatch.delenv("JAXRUN_NO_PRELOAD", raising=False)
+    yield ["-n", 3], tmp_path, "", "", True
 
 
 def states_of(timeline, rank: int, since: float) -> list[tuple[float, str]]:

@@ -149,13 +149,14 @@ def test_child_killed_from_outside_is_reported_as_sigkill(launch, job_script):
     assert "process 2 failed first: killed by SIGKILL" in job.stderr
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
-def test_signal_to_jaxrun_is_forwarded_then_killed(launch, job_script, no_leftover_processes, signum):
+def test_signal_to_jaxrun_is_forwarded_then_killed(launch, job_script, tmp_path, no_leftover_processes):
     # Each process notes every signal it receives and carries on, as a process
     # stuck in a collective would.  A Python handler alone would never run
     # while the main thread is blocked in XLA, but the wakeup fd is written by
     # the C-level handler at once, and a thread reads it.  The script runs after
     # the shim's initialize(), so these handlers replace JAX's SIGTERM handler.
+    # One job per signal, side by side (each with its own state folder): most
+    # of a job is its start-up and the grace.
     script = job_script(
         """
         import threading
@@ -174,19 +175,24 @@ def test_signal_to_jaxrun_is_forwarded_then_killed(launch, job_script, no_leftov
         collective() if RANK != 0 else time.sleep(60)
         """
     )
-    name = signal.Signals(signum).name
-    job = launch("-n", 4, "--cpu-devices", 2, "--grace", "2", script, env=job_script.env)
-    wait_for_files(job_script.state, "ready-", 4)
-    time.sleep(0.3)
-    job.proc.send_signal(signum)
-    assert job.wait(timeout=30) == 128 + signum, job.stderr
-    assert f"jaxrun: received {name}; stopped every process" in job.stderr
-    assert "jaxrun: processes 0, 1, 2, 3 stopped by jaxrun" in job.stderr
-    assert "jaxrun: logs in " in job.stderr
-    # Every process got jaxrun's signal before the SIGKILL that ended it.
-    got = {r: (job_script.state / f"got-{r}").read_text() if (job_script.state / f"got-{r}").exists() else None
-           for r in range(4)}
-    assert got == {r: name for r in range(4)}
+    jobs = {}
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        state = tmp_path / f"state-{signum.name}"
+        state.mkdir()
+        jobs[signum] = state, launch("-n", 4, "--cpu-devices", 2, "--grace", "2", script, env={"STATE_DIR": str(state)})
+    for signum, (state, job) in jobs.items():
+        wait_for_files(state, "ready-", 4)
+        time.sleep(0.3)
+        job.proc.send_signal(signum)
+    for signum, (state, job) in jobs.items():
+        name = signum.name
+        assert job.wait(timeout=30) == 128 + signum, (name, job.stderr)
+        assert f"jaxrun: received {name}; stopped every process" in job.stderr, job.stderr
+        assert "jaxrun: processes 0, 1, 2, 3 stopped by jaxrun" in job.stderr, job.stderr
+        assert "jaxrun: logs in " in job.stderr, job.stderr
+        # Every process got jaxrun's signal before the SIGKILL that ended it.
+        got = {r: (state / f"got-{r}").read_text() if (state / f"got-{r}").exists() else None for r in range(4)}
+        assert got == {r: name for r in range(4)}
     assert wait_gone(no_leftover_processes, within=1.0) == []
 
 
@@ -304,7 +310,9 @@ def test_max_restarts_restarts_the_whole_group(jaxrun, job_script, tmp_path):
     assert port(first) != port(second)
 
 
-@pytest.mark.both_modes
+# Plain Python, once: each process writes into a pipe of its own in either
+# mode (test_console.py, both modes), which the launcher moves into the logs.
+@pytest.mark.plain_python
 def test_every_byte_of_large_output_reaches_the_logs(jaxrun, tmp_path):
     script = tmp_path / "flood.py"
     script.write_text(

@@ -10,6 +10,7 @@ looks for fails here instead of passing quietly.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -128,6 +129,7 @@ def imported_modules(tree: ast.AST, module: str, is_package: bool) -> set[str]:
     return found
 
 
+@functools.cache  # parsed once per session: a dozen rules read it (test_names.py's does the same)
 def sources() -> dict[str, tuple[Path, ast.AST]]:
     return {module_name(p): (p, ast.parse(p.read_text(), str(p))) for p in sorted(PACKAGE.rglob("*.py"))}
 
@@ -591,14 +593,19 @@ def test_test_modules_of_one_name_are_collected_apart(tmp_path):
     """The suite's pytest settings import test modules by path
     (``--import-mode=importlib``): two folders may hold a test file of one
     name, and both are collected."""
+    import os
     import subprocess
     import sys
 
     for folder in ("unit", "e2e"):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "test_same.py").write_text(f"def test_{folder}():\n    pass\n")
+    # The plugins the settings name (--dist, timeout) and no other: the
+    # venv's other entry points cost a pytest seconds, and none is under test.
     found = subprocess.run([sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir",
-                            str(tmp_path), "-p", "no:cacheprovider", "--collect-only", "-q", str(tmp_path)],
-                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
+                            str(tmp_path), "-p", "no:cacheprovider", "-p", "xdist.plugin", "-p", "pytest_timeout",
+                            "--collect-only", "-q", str(tmp_path)],
+                           cwd=tmp_path, env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+                           capture_output=True, text=True, timeout=60)
     assert found.returncode == 0, found.stdout + found.stderr
     assert "unit/test_same.py::test_unit" in found.stdout and "e2e/test_same.py::test_e2e" in found.stdout, found.stdout

@@ -298,8 +298,8 @@ def test_help_fits_one_screen_and_ends_naming_help_all(columns):
 
 def test_help_shows_only_the_short_set_and_help_all_shows_every_option():
     ctx = click.Context(cli.main, info_name="jaxrun")
-    short = {name for param in cli.main.get_params(ctx) if param.name in cli.SHORT_HELP
-             for name in (*param.opts, *param.secondary_opts)}
+    short = {name for param in cli.main.get_params(ctx) if cli.helptext.option_name(cli.main, ctx, param) in
+             cli.SHORT_HELP for name in (*param.opts, *param.secondary_opts)}
     assert {"-n", "-x", "--max-restarts", "--dry-run", "--help"} <= short
     assert listed_options(cli.main.get_help(ctx)) == short
     every = declared_options(hidden=False)

@@ -42,9 +42,12 @@ def started_in_the_background() -> None:
 def test_a_suite_started_with_sigint_and_sighup_ignored_starts_processes_at_the_defaults(tmp_path, workers):
     (tmp_path / "test_inner.py").write_text(INNER)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    found = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "fixtures.signals",
-                            "-n", workers, str(tmp_path / "test_inner.py")],
-                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(TESTS)},
+    # xdist and the suite's signal plugin, and no other: what else the venv's
+    # entry points load costs each pytest (and each worker) seconds here.
+    found = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "xdist.plugin",
+                            "-p", "fixtures.signals", "-n", workers, str(tmp_path / "test_inner.py")],
+                           cwd=tmp_path,
+                           env={**os.environ, "PYTHONPATH": str(TESTS), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
                            capture_output=True, text=True, timeout=90, preexec_fn=started_in_the_background)
     assert found.returncode == 0, found.stdout + found.stderr
     assert "1 passed" in found.stdout, found.stdout

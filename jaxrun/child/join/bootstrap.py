@@ -175,7 +175,7 @@ def _script_initialize(real, args: tuple, kwargs: dict) -> None:
         )
     if _launch.initialized:
         return  # jaxrun joined already (--mesh): the script's call is a checked no-op
-    _join(real, given)
+    _join(real, given, own=True)
 
 
 def recoverable() -> bool:
@@ -202,7 +202,9 @@ def ensure_initialized() -> list[dict] | None:
     return _join(getattr(distributed, "_jaxrun_real_initialize", distributed.initialize), {})
 
 
-def _join(real, given: dict) -> list[dict]:
+def _join(real, given: dict, own: bool = False) -> list[dict]:
+    """Join with jaxrun's values and ``given`` (the script's other arguments);
+    ``own``: the script called initialize() itself."""
     import inspect
 
     import jax
@@ -221,13 +223,17 @@ def _join(real, given: dict) -> list[dict]:
         kwargs["local_device_ids"] = [int(i) for i in device_ids.split(",")]
     from jax._src import config
 
-    # Every listener on one reachable address, unless the script chose its own;
-    # one process has none (it opens no internet socket).
+    # Every listener on one reachable address, unless the script chose its own.
+    # One process has none (it opens no internet socket), unless its script
+    # initializes itself where the machine takes internet sockets: a plain
+    # launch then has JAX's CPU collectives, whose reductions round as the
+    # script's numbers expect.
+    single = _launch.count == 1 and (not own or contract.loopback_refused() is not None)
     try:
-        ip = None if _launch.count == 1 else reachable_address(_launch.coordinator)
+        ip = None if single else reachable_address(_launch.coordinator)
     except OSError:
         ip = None  # no route to the coordinator: initialize() will say so
-    if _launch.count == 1:
+    if single:
         alone()
     if ip is not None:
         advertise_for_collectives(ip)

@@ -27,7 +27,7 @@ from jaxrun.core import forward, logfiles, modes
 from jaxrun.core.config import BackendEntry, LaunchError, RunConfig, declared_flags, on_github_actions
 from jaxrun.core.ranks import console_rank_set
 from jaxrun.launcher.setup import allocation, limits, plan as planning
-from jaxrun.launcher.setup.devices import MEET_ON_CPU, check_loopback, free_ports, loopback_refused, tpu_share
+from jaxrun.launcher.setup.devices import MEET_ON_CPU, check_loopback, free_ports, tpu_share
 
 # The most accelerators one process may own when jaxrun cannot count them
 # (remote hosts, TPUs): more than any one host has.
@@ -61,7 +61,7 @@ class System:
         return free_ports(count)
 
     def loopback_refused(self) -> str | None:
-        return loopback_refused()
+        return contract.loopback_refused()
 
     def open_file_limits(self) -> tuple[int, int]:
         return resource.getrlimit(resource.RLIMIT_NOFILE)

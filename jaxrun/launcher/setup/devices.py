@@ -29,22 +29,6 @@ def count_local_gpus(environ=os.environ) -> int | None:
     return sum(1 for line in out.splitlines() if line.startswith("GPU ")) or None
 
 
-def loopback_refused() -> str | None:
-    """Why a TCP connection over loopback fails here, or None where it works:
-    a sandbox that refuses internet sockets (errno 97, the TPU host of issue
-    71), a network namespace whose loopback is down (unreachable)."""
-    import socket
-
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
-            server.bind(("127.0.0.1", 0))
-            server.listen(1)
-            socket.create_connection(server.getsockname(), timeout=2).close()
-    except OSError as e:
-        return e.strerror or str(e)
-    return None
-
-
 def free_ports(count: int) -> list[int]:
     """``count`` different free loopback ports."""
     from jaxrun import portable
