@@ -110,10 +110,7 @@ def test_ci_runs_exactly_the_readme_test_command():
     (line,) = fenced_after("## Run the tests")
     install, test = line.split(" && ")
     ci = (ROOT / ".ci" / "run").read_text()
-    # CI adds quiet and an eager upgrade: the newest of every dependency, as
-    # the README's command gets in a fresh venv, whatever the machine had.
-    assert "pip install -q --upgrade --upgrade-strategy eager -e '.[test]'" in ci
-    assert install == "pip install -e '.[test]'"
+    assert "pip install -q -e '.[test]'" in ci and install == "pip install -e '.[test]'"
     assert ci.rstrip().splitlines()[-1] == test
 
 
