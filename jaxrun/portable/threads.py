@@ -159,6 +159,17 @@ def thread_waits() -> dict[int, float] | None:
     return _each_thread("schedstat", 256, lambda text: int(text.split()[1]) / 1e9)
 
 
+def _task_file(tid: int | None, name: str) -> int | None:
+    """A descriptor of ``/proc/self/task/TID/NAME``, kept open to be read again
+    (``os.pread``); None where the system does not say."""
+    if tid is None or forced():
+        return None
+    try:
+        return os.open(f"/proc/self/task/{tid}/{name}", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
 class RunDelay:
     """Seconds one thread of this process has spent ready to run but without
     a CPU (its run queue's delay) so far, its ``schedstat`` kept open and
@@ -166,12 +177,7 @@ class RunDelay:
     0.0 where the system does not say."""
 
     def __init__(self, tid: int | None) -> None:
-        self.fd: int | None = None
-        if tid is not None and not forced():
-            try:
-                self.fd = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                self.fd = None
+        self.fd = _task_file(tid, "schedstat")
 
     def __call__(self) -> float:
         found = self.both()
@@ -196,12 +202,7 @@ class ThreadRunning:
     system does not say."""
 
     def __init__(self, tid: int | None) -> None:
-        self.fd: int | None = None
-        if tid is not None and not forced():
-            try:
-                self.fd = os.open(f"/proc/self/task/{tid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                self.fd = None
+        self.fd = _task_file(tid, "stat")
 
     def __call__(self) -> bool | None:
         if self.fd is None:
