@@ -44,3 +44,13 @@ def xdist_group(item: pytest.Item) -> str:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
+
+
+def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
+    """Under ``--dist loadgroup``, every test's id that a worker sends ends
+    in its group; where none does, xdist would spread a group's tests over
+    both workers (two Slurm or Ray clusters at once), so the run stops here."""
+    if node.config.getoption("dist") == "loadgroup" and ids and not any("@" in i for i in ids):
+        pytest.exit(f"pytest-xdist's groups did not reach its scheduler (no test id ends in its group, first {ids[0]}):"
+                    f" pytest {pytest.__version__} with this pytest-xdist; pyproject.toml's test extra says which"
+                    f" pytest works", returncode=3)

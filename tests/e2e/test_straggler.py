@@ -7,10 +7,20 @@ time on.  A clean job with +-10% jitter names nobody.
 Two shapes (``tests/data/straggler_job.py``: 60 ms of Python input a step,
 one jitted program with a collective, ``block_until_ready``):
 
-- host: process 2's input takes 60% longer; its programs do not;
+- host: process 2's input takes three times as long; its programs do not;
 - throttled: the same input everywhere, process 2 held from outside to a
-  quarter of a core (a CPU quota on its own cgroup, ``fixtures.throttle``):
+  twentieth of a core (a CPU quota on its own cgroup, ``fixtures.throttle``):
   everything it does is slower, its programs too.
+
+Each handicap is larger than what a loaded machine does to a healthy process
+of the job on its own.  Over SSH, each test host's processes run in a session
+of their own, and with the kernel's autogroups on, a session shares the CPU
+with every other busy session as one: on a loaded CI machine hostA's two
+processes each had less than the quarter of a core that process 2 was held
+to then, and it was not the slowest (CI: hostA's processes waited 28% of their
+time, process 2 46%; here, with 4 busy loops each in a session of its own, the
+same).  The bench (``bench/straggler.py``) keeps the milder handicaps that
+docs/time.md's figures come from.
 
 Each job steps until the test has seen ``top`` mark the straggler, then is
 told to stop (every process stops after the same step), so that a job lasts
@@ -99,12 +109,12 @@ def test_the_straggler_is_named_with_its_host_in_top_the_summary_and_the_report(
         pytest.skip("needs root and cgroup v1's cpu controller")
     flags, host = backend_args(request, backend)
     logs, report, release = shared_dir / "logs", shared_dir / "report.json", shared_dir / "release"
-    job_args = [MAX_STEPS, 60, *(["2", "1.6"] if shape == "host" else ["--turns"]), "--until", release]
+    job_args = [MAX_STEPS, 60, *(["2", "3"] if shape == "host" else ["--turns"]), "--until", release]
     job = start_job(*flags, "-n", 4, "--cpu-devices", 1, "--log-dir", logs, "--report", report, JOB, *job_args,
                     env={TOKEN: shared_dir.name})
     run_id = run_id_of(logs)
     if shape == "throttled":
-        with throttled(find_process(f"jaxrun: process 2/4 {JOB.name}", f"{TOKEN}={shared_dir.name}", within=60), 0.25):
+        with throttled(find_process(f"jaxrun: process 2/4 {JOB.name}", f"{TOKEN}={shared_dir.name}", within=60), 0.05):
             shown = top_until_named(job, run_id)
             release.write_text("")
             assert job.wait(timeout=120) == 0, job.stderr
@@ -133,11 +143,10 @@ def test_the_straggler_is_named_with_its_host_in_top_the_summary_and_the_report(
     shares = {p["process_id"]: p["time"]["waiting"] / p["time"]["covered"] for p in data["processes"]}
     assert shares[2] < min(shares[r] for r in (0, 1, 3)), shares
     if shape == "host":  # its input is the slow part; its programs run as fast as the others'
-        # Its input takes 1.6x the others' wall time; measured under 4 busy loops (local, slurm):
-        # 1.58, 1.51, 1.50, 1.54, 1.47, 1.44.
+        # Its input takes 3x the others' wall time (1.6x read 1.44-1.58 under 4 busy loops).
         assert found["work_ratio"] > WORK_SLOWER and found["programs_ratio"] < found["work_ratio"], found
     else:  # throttled: its programs are slower too (its quota's held-back time is its programs')
-        # Measured here under 4 busy loops: 1.53, 1.58, 2.26; CI: 1.29.  With the held-back
+        # At a quarter of a core, under 4 busy loops: 1.53, 1.58, 2.26; CI: 1.29.  With the held-back
         # time left out of the account (the rule this checks): 0.94, 1.04, 1.06.
         assert found["programs_ratio"] > PROGRAMS_SLOWER, found
 
