@@ -778,6 +778,8 @@ from jaxrun.child.watch import activity, place
 sampler = activity.Sampler(sys.argv[1], 0.2)
 threading.Thread(target=sampler.run, name="jaxrun-activity", daemon=True).start()
 time.sleep(0.5)
+from jaxrun import portable
+before = portable.thread_times(portable.main_native_id())
 if sys.argv[2] == "native":
     spin = ctypes.CDLL(sys.argv[3]).spin_here
     spin.argtypes = [ctypes.c_double]
@@ -785,7 +787,9 @@ if sys.argv[2] == "native":
 else:
     end = time.monotonic() + 2.0
     while time.monotonic() < end: sum(range(1000))
+after = portable.thread_times(portable.main_native_id())
 print(open(sys.argv[1]).read().strip())
+print(*(a - b for a, b in zip(after, before)) if before and after else "")
 """
 
 
@@ -801,7 +805,18 @@ def test_a_real_main_thread_spinning_in_a_native_call_spins_and_a_python_loop_wo
     out = subprocess.run([sys.executable, "-c", SPINNING_MAIN, str(tmp_path / "activity"), how, str(library)],
                          capture_output=True, text=True, timeout=60, preexec_fn=favoured)
     assert out.returncode == 0, out.stderr
-    assert contract.activity_word(out.stdout.strip()) == said, out.stdout
+    state, times = (out.stdout.splitlines() + [""])[:2]
+    if how == "native" and times:
+        # The rule reads a spinner by its CPU's shape: mostly system time (85-90% at every
+        # look on a quiet machine).  Beside busy sessions of others the kernel charged this
+        # loop mostly user time (2:1 in 9 looks of 10, the process "busy" in 7 runs of 14),
+        # or so at some looks only: then the rule takes those for work, its safe side
+        # (docs/restarts.md), and anything but work or a spin is wrong.
+        user, system = map(float, times.split())
+        if system < 0.75 * (user + system):
+            assert contract.activity_word(state) in (contract.SPIN, contract.BUSY), out.stdout
+            return
+    assert contract.activity_word(state) == said, out.stdout
 
 
 STARVED_HELPER = """
