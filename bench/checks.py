@@ -32,7 +32,7 @@ import sys
 import textwrap
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import alternate, median, step_ms, table  # noqa: E402
+from common import checks_on_off, median, step_ms  # noqa: E402
 
 TRAIN = textwrap.dedent(
     """
@@ -120,8 +120,6 @@ PROBE = textwrap.dedent(
     """
 )
 
-MODES = {"off": "off", "on (default)": "on"}
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -137,24 +135,8 @@ def main() -> None:
     with open(script, "w") as f:
         f.write(TRAIN)
     print(f"{args.n} processes x 2 devices, width {args.width}, {args.steps} steps a run, {args.rounds} rounds")
-    # Rounds alternate which job goes first: on this shared machine an A/A
-    # run (off against off, always in one order) differed by 2.3%.
-    times: dict[str, list[float]] = {name: [] for name in MODES}
-    for r in range(args.rounds):
-        order = list(MODES.items())[::1 if r % 2 == 0 else -1]
-        took = alternate({name: (lambda c=c: step_ms(["--checks", c], script, args.steps, args.width,
-                                                     processes=args.n, cpu_devices=2))
-                          for name, c in order}, 1, log=lambda line: None)
-        for name, values in took.items():
-            times[name] += values
-        print(f"  round {r + 1}/{args.rounds}: " + ", ".join(f"{n} {took[n][0]:.2f} ms" for n, _ in order),
-              flush=True)
-    base = median(times["off"])
-    rows = [[name, f"{median(ms):.2f}", f"{median(ms) / base:.3f}"] for name, ms in times.items()]
-    print(table(rows, ("--checks", "median step ms", "vs off")))
-    ratio = median(times["on (default)"]) / base
-    print(f"the default checks cost {100 * (ratio - 1):+.2f}% a step: goal (at most 1%) "
-          f"{'met' if ratio <= 1.01 else 'NOT met'}")
+    times = checks_on_off(lambda checks: step_ms(["--checks", checks], script, args.steps, args.width,
+                                                 processes=args.n, cpu_devices=2), args.rounds, "a step")
     probe = os.path.join(folder, "probe.py")
     with open(probe, "w") as f:
         f.write(PROBE)

@@ -71,6 +71,30 @@ def table(rows: list[tuple], headers: tuple) -> str:
     return "\n".join(lines)
 
 
+CHECKS_MODES = {"off": "off", "on (default)": "on"}  # a row's name -> --checks
+
+
+def checks_on_off(run: Callable[[str], float], rounds: int, what: str) -> dict[str, list[float]]:
+    """Each round runs a job with ``--checks off`` and one with the default,
+    which one first alternating (on a shared machine an A/A run, off against
+    off always in one order, differed by 2.3%); ``run(checks)`` gives a job's
+    median step in ms.  Prints each round, the table and the 1% goal's
+    verdict for ``what`` (a step); returns each row's step times."""
+    times: dict[str, list[float]] = {name: [] for name in CHECKS_MODES}
+    for r in range(rounds):
+        order = list(CHECKS_MODES.items())[::1 if r % 2 == 0 else -1]
+        for name, checks in order:
+            times[name].append(run(checks))
+        print(f"  round {r + 1}/{rounds}: " + ", ".join(f"{n} {times[n][-1]:.2f} ms" for n, _ in order), flush=True)
+    base = median(times["off"])
+    rows = [[name, f"{median(ms):.2f}", f"{median(ms) / base:.3f}"] for name, ms in times.items()]
+    print(table(rows, ("--checks", "median step ms", "vs off")))
+    ratio = median(times["on (default)"]) / base
+    print(f"the default checks cost {100 * (ratio - 1):+.2f}% {what}: goal (at most 1%) "
+          f"{'met' if ratio <= 1.01 else 'NOT met'}")
+    return times
+
+
 def bash_loop(script: str, n: int, env: dict, extra_args: Sequence[str] = ()) -> list[str]:
     """The guide's launch: n background processes, each told its id, then wait."""
     args = " ".join(extra_args)

@@ -29,7 +29,7 @@ import sys
 import textwrap
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import JAXRUN, median, table  # noqa: E402
+from common import JAXRUN, checks_on_off, median  # noqa: E402
 
 TRAIN = textwrap.dedent(
     """
@@ -83,8 +83,6 @@ TRAIN = textwrap.dedent(
     """
 )
 
-MODES = {"off": "off", "on (default)": "on"}
-
 
 def run(checks: str, script: str, steps: int, width: int, processes: int) -> tuple[float, list[tuple]]:
     """One job: process 0's median step in ms, and each process's meetings (rank, median, max, count, least)."""
@@ -112,23 +110,14 @@ def main() -> None:
         f.write(TRAIN)
     print(f"{args.n} processes x 2 devices, a new program every step, {args.steps} steps a job, "
           f"{args.rounds} rounds ({sys.executable})")
-    times: dict[str, list[float]] = {name: [] for name in MODES}
     waits: list[tuple] = []
-    for r in range(args.rounds):
-        order = list(MODES.items())[::1 if r % 2 == 0 else -1]
-        said = []
-        for name, checks in order:
-            ms, meetings = run(checks, script, args.steps, args.width, args.n)
-            times[name].append(ms)
-            waits += meetings
-            said.append(f"{name} {ms:.2f} ms")
-        print(f"  round {r + 1}/{args.rounds}: " + ", ".join(said), flush=True)
-    base = median(times["off"])
-    rows = [[name, f"{median(ms):.2f}", f"{median(ms) / base:.3f}"] for name, ms in times.items()]
-    print(table(rows, ("--checks", "median step ms", "vs off")))
-    ratio = median(times["on (default)"]) / base
-    print(f"the default checks cost {100 * (ratio - 1):+.2f}% a step that makes a new program: goal (at most 1%) "
-          f"{'met' if ratio <= 1.01 else 'NOT met'}")
+
+    def job(checks: str) -> float:
+        ms, meetings = run(checks, script, args.steps, args.width, args.n)
+        waits.extend(meetings)
+        return ms
+
+    checks_on_off(job, args.rounds, "a step that makes a new program")
     for rank in sorted({w[0] for w in waits}):
         mine = [w for w in waits if w[0] == rank]
         print(f"process {rank}: a first run's meeting took {median([w[1] for w in mine]):.3f} ms (median of the "

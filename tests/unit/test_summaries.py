@@ -12,13 +12,13 @@ import signal
 import click
 import pytest
 from click.testing import CliRunner
+from fixtures.records import process_records
 
 from jaxrun import cli, contract
 from jaxrun.cli import helptext
 from jaxrun.contract import ErrorRecord
 from jaxrun.core.events import Stream
 from jaxrun.core.outcome import Outcome, Place, ProcessRecord, StopReason, Verdict
-from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
 from jaxrun.launcher.attempt import activity as stall
 from jaxrun.launcher.output.printer import ConsolePrinter
 from jaxrun.reporting import goodput, stacks, summary
@@ -67,16 +67,7 @@ def test_without_a_process_outside_jax_their_lines_still_tell_them_apart():
 # -- the summary -------------------------------------------------------------------------
 
 def records(folder, n: int = 2) -> list[ProcessRecord]:
-    made = []
-    for rank in range(n):
-        spec = ProcessSpec(rank, rank, LOCAL_HOST, "python", (), {})
-        rec = ProcessRecord(spec, str(folder / f"process-{rank}.stdout"), str(folder / f"process-{rank}.stderr"),
-                            str(folder / f"process-{rank}.error.json"), pid=100 + rank, started_at=1.0, ended_at=2.0,
-                            returncode=1, verdict=Verdict.CONSEQUENCE)
-        for path in (rec.stdout_log, rec.stderr_log):
-            open(path, "w").close()
-        made.append(rec)
-    return made
+    return process_records(folder, n)
 
 
 BIG = "\n".join(f" [{i}.000e+00 {i + 1}.000e+00 ... " + "9" * 300 + "]" for i in range(40))

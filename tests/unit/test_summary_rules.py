@@ -11,12 +11,12 @@ from __future__ import annotations
 import io
 
 import pytest
+from fixtures.records import process_records
 
 from jaxrun import contract
 from jaxrun.contract import ErrorRecord
 from jaxrun.core.events import Stream
 from jaxrun.core.outcome import Outcome, ProcessRecord, StopReason, Verdict
-from jaxrun.core.spec import LOCAL_HOST, ProcessSpec
 from jaxrun.launcher.output.printer import ConsolePrinter
 from jaxrun.reporting import summary
 
@@ -25,16 +25,7 @@ SHUTDOWN = "/venv/lib/python3.11/site-packages/jax/_src/distributed.py"
 
 
 def records(folder, n: int = 4) -> list[ProcessRecord]:
-    made = []
-    for rank in range(n):
-        spec = ProcessSpec(rank, rank, LOCAL_HOST, "python", (), {})
-        rec = ProcessRecord(spec, str(folder / f"process-{rank}.stdout"), str(folder / f"process-{rank}.stderr"),
-                            str(folder / f"process-{rank}.error.json"), pid=100 + rank, started_at=1.0, ended_at=2.0,
-                            returncode=1, verdict=Verdict.ROOT_CAUSE if rank == 0 else Verdict.CONSEQUENCE)
-        for path in (rec.stdout_log, rec.stderr_log):
-            open(path, "w").close()
-        made.append(rec)
-    return made
+    return process_records(folder, n, root=0)
 
 
 def write(path: str, text: str) -> None:
