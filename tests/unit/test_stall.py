@@ -1146,3 +1146,25 @@ def test_one_long_program_is_said_once_and_its_time_is_no_stall_in_the_goodput(t
     heard_for(w, clock, {0: contract.BUSY}, 0.1)  # the program ended
     w.tick()
     assert w.stills == [], w.stills
+
+
+def test_a_long_program_that_ends_before_the_watchdogs_verdict_or_comes_back_is_no_stall_and_said_once(tmp_path):
+    """On the TPU host a 30 s program at --stall-timeout 8 read 3.7 s of stall
+    and its line twice (issue 76): a blip of CPU cut its stillness in two, and
+    the second span ended (the program done) after the timeout, before the
+    watchdog's verdict on it.  A span a process ends by moving is no stall;
+    a place said once is not said again."""
+    w, clock, notes, logs = watch(tmp_path, n=2)
+    heard_for(w, clock, dict.fromkeys(range(2), contract.IDLE), 10.1)
+    assert probe_with(w, clock, logs, dict.fromkeys(range(2), AT_PROGRAM)) is None  # let run, said
+    heard_for(w, clock, {0: contract.BUSY}, 0.1)  # a blip of CPU: the span ends ...
+    heard_for(w, clock, {0: contract.IDLE}, 10.1)  # ... and a new one begins, at the same place
+    assert probe_with(w, clock, logs, dict.fromkeys(range(2), AT_PROGRAM)) is None
+    assert len(notes) == 1, notes
+    heard_for(w, clock, {0: contract.BUSY}, 0.1)
+    heard_for(w, clock, {0: contract.IDLE}, 10.1)  # a third span: the program ends before a verdict
+    assert w.tick()[1] == "probe"
+    heard_for(w, clock, {0: contract.BUSY, 1: contract.BUSY}, 0.1)
+    w.tick()
+    w.finish()
+    assert w.stills == [], w.stills

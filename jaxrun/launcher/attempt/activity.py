@@ -184,7 +184,11 @@ class ActivityWatch:
         # Processes whose flight recorder writes its block after each dump: their dump is whole with it.
         self.flight = {s.rank for s in specs if s.env.get(contract.FLIGHT_RECORDER)}
         # The run's goodput: each span, by the wall clock, in which no process moved
-        # for at least the timeout (the watchdog's own "no progress"), and the one open now.
+        # for at least the timeout (the watchdog's own "no progress") and that ended
+        # still (a stall's stop, the attempt's end), and the one open now.  A span a
+        # process ended by moving was no stall, whatever its length: one long program
+        # that ended before the watchdog's verdict on it (the TPU host read 3.7 s of
+        # stall for a 30 s program at --stall-timeout 8).
         self.stills: list[tuple[float, float]] = []
         self.still_from: float | None = None
         # The open still span, once the watchdog let it run (every process at one
@@ -193,6 +197,7 @@ class ActivityWatch:
         # whether that was said.
         self.span_let_run = False
         self.span_noted = False
+        self.noted: set[str] = set()  # the lines said of spans let run, each said once
         # The time account (child.accounting): each process's newest split, and the straggler rule over them.
         self.accounting = any(s.env.get(contract.ACCOUNT) != contract.ACCOUNT_OFF for s in specs)
         self.latest: dict[int, contract.TimeSplit] = {}
@@ -320,11 +325,12 @@ class ActivityWatch:
         if still and self.still_from is None:
             self.still_from = self.wall()
         elif not still:
-            self._close_still()
+            self._close_still(moved=True)
 
-    def _close_still(self) -> None:
+    def _close_still(self, moved: bool = False) -> None:
         now = self.wall()
-        if self.still_from is not None and now - self.still_from >= self.timeout and not self.span_let_run:
+        if (self.still_from is not None and now - self.still_from >= self.timeout and not self.span_let_run
+                and not moved):
             self.stills.append((self.still_from, now))
         self.still_from = None
         self.span_let_run = self.span_noted = False
@@ -344,7 +350,10 @@ class ActivityWatch:
         # see into.  Its time is what the account says it is; said once while nothing moves.
         self.span_let_run = True
         if not self.span_noted:
-            self.note(waiting_line(places, self.timeout))
+            line = waiting_line(places, self.timeout)
+            if line not in self.noted:  # the same long program again, or one a blip of CPU cut in two
+                self.noted.add(line)
+                self.note(line)
             self.span_noted = True
         self.quiet_until = now + self.timeout
         return now + self.poll, None
