@@ -295,8 +295,7 @@ def place(request, tmp_path_factory):
     CPU burner per core beside the jobs, as on a shared CI machine; only the
     first test runs there."""
     tmp = tmp_path_factory.mktemp(f"stall-{request.param}")
-    tmpdir = tempfile.mkdtemp(prefix="jr-", dir="/tmp")  # short: a socket's path in it fits
-    with module_jobs(tmpdir) as start:
+    with module_jobs() as start:
         if request.param == "ssh":
             hosts = request.getfixturevalue("sshd_hosts")
             common = ["--ssh-config", hosts.config, "--env", f"PYTHONPATH={ROOT}", "-x", TOKEN]
@@ -313,7 +312,6 @@ def place(request, tmp_path_factory):
             if request.param == "preload":
                 start_long(here)
             yield here
-    shutil.rmtree(tmpdir, ignore_errors=True)
     if request.param == "ssh":
         shutil.rmtree(here.folder, ignore_errors=True)
 
