@@ -11,7 +11,7 @@ same try gets through: jaxrun said so at the start, and its summary names the
 second registration instead of blaming a process of the job.
 
 The attacked local jobs run side by side, each a session and a token of its
-own (``local_runs``, ``planted_runs``: module fixtures), and one attack tries
+own (``attacked_runs``, ``planted_runs``: module fixtures), and one attack tries
 every job's addresses at once; each test checks its own job.
 """
 
@@ -98,8 +98,9 @@ class Attacked:
     """One job of guarded_job.py that another user attacks while its
     processes wait: what the test saw of it meanwhile, and how it ended."""
 
-    def __init__(self, job, folder: Path, token: str):
+    def __init__(self, job, folder: Path, token: str, listen=None):
         self.job, self.folder, self.token = job, folder, token
+        self.listen = listen or listeners  # (TCP addresses, Unix socket files) of the processes with a token
         self.tcp = self.unix = self.targets = self.lines = []
         self.code, self.seen = None, {}
 
@@ -113,7 +114,7 @@ def attack_side_by_side(runs: dict, outsider, targets_of, look=lambda run: None)
         for run in runs.values():
             wait_ready(run.folder, 3, run.job)
         for run in runs.values():
-            run.tcp, run.unix = listeners(run.token)
+            run.tcp, run.unix = run.listen(run.token)
             run.targets = targets_of(run)
             look(run)
         lines = outsider([address for run in runs.values() for address in run.targets])
@@ -130,10 +131,13 @@ def service_of(unix: list[str]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def local_runs(outsider, tmp_path_factory):
-    """Three local jobs attacked side by side, each a session and a token of
-    its own: one per launch mode, every port and the service's socket file
-    tried; and one with ``--coordinator HOST:PORT``, that address tried."""
+def attacked_runs(request, outsider, tmp_path_factory):
+    """The jobs of the first tests, attacked side by side, each a session and
+    a token of its own: one local job per launch mode, every port and the
+    service's socket file tried; one with ``--coordinator HOST:PORT``, that
+    address tried; and one over SSH on hosts in network namespaces of their
+    own (``ssh``: None where there are none; ``skipped`` says why), every
+    port tried."""
     address = f"127.0.0.1:{portable.free_port('127.0.0.1')}"
     plans = {"preload": ({"JAXRUN_NO_PRELOAD": None}, []), "no-preload": ({"JAXRUN_NO_PRELOAD": "1"}, []),
              "coordinator": ({"JAXRUN_NO_PRELOAD": None}, ["--coordinator", address])}
@@ -144,20 +148,40 @@ def local_runs(outsider, tmp_path_factory):
             folder = tmp_path_factory.mktemp(f"guarded-{name}")
             job = start("-n", 3, "--cpu-devices", 1, *flags, DATA / "guarded_job.py", folder, folder / "go", env=env)
             runs[name] = Attacked(job, folder, start.token)
+        try:
+            hosts = request.getfixturevalue("netns_hosts")
+        except pytest.skip.Exception as skipped:
+            hosts, why = None, str(skipped)
+        if hosts is not None:
+            start = stack.enter_context(module_jobs())
+            folder = Path(tempfile.mkdtemp(prefix="security-ssh-", dir=request.getfixturevalue("shared_root")))
+            stack.callback(shutil.rmtree, folder, ignore_errors=True)
+            script = folder / "guarded_job.py"
+            script.write_bytes((DATA / "guarded_job.py").read_bytes())
+            job = start("-H", "hostA:2,hostB:1", "--ssh-config", hosts.config, "-x", f"PYTHONPATH={ROOT}", "-x", TOKEN,
+                        "--cpu-devices", 1, "-v", "--log-dir", tmp_path_factory.mktemp("ssh-logs"), script, folder,
+                        folder / "go", cwd=folder)
+            runs["ssh"] = Attacked(job, folder, start.token, namespaced_listeners)
 
         def targets(run: Attacked) -> list[str]:
             if run is runs["coordinator"]:
                 return [address]
+            if run is runs.get("ssh"):
+                return run.tcp
             return [*run.tcp, *(f"unix:{path}" for path in service_of(run.unix))]
 
         attack_side_by_side(runs, outsider, targets)
         runs["coordinator"].seen["address"] = address
+        if hosts is None:
+            runs["ssh"], runs["skipped"] = None, why
+        else:
+            runs["ssh"].seen["hostA"] = hosts.addresses["hostA"]
         yield runs
 
 
 @pytest.mark.both_modes
-def test_another_user_reaches_nothing_of_a_local_job(launch_mode, local_runs):
-    run = local_runs[launch_mode]
+def test_another_user_reaches_nothing_of_a_local_job(launch_mode, attacked_runs):
+    run = attacked_runs[launch_mode]
     job, tcp, lines, service = run.job, run.tcp, run.lines, service_of(run.unix)
     assert tcp, "the job's collectives listen somewhere"  # Gloo: tried too
     assert run.code == 0, job.stderr
@@ -170,8 +194,8 @@ def test_another_user_reaches_nothing_of_a_local_job(launch_mode, local_runs):
     assert not os.path.exists(service[0])  # the attempt's end removed its socket file
 
 
-def test_fixed_coordinator_is_said_to_be_open_and_an_intruder_is_named(launch_mode, local_runs):
-    run = local_runs["coordinator"]
+def test_fixed_coordinator_is_said_to_be_open_and_an_intruder_is_named(launch_mode, attacked_runs):
+    run = attacked_runs["coordinator"]
     assert run.seen["address"] in run.tcp
     lines, code = run.lines, run.code
     assert len(lines) == 1, lines  # its own registration fails too, once the service is in error
@@ -210,29 +234,20 @@ def namespaced_listeners(token: str) -> tuple[list[str], list[str]]:
     return sorted(tcp), sorted(unix)
 
 
-def test_another_user_reaches_nothing_of_a_job_over_ssh(start_job, outsider, netns_hosts, shared_dir, tmp_path,
-                                                        no_leftover_processes):
+def test_another_user_reaches_nothing_of_a_job_over_ssh(attacked_runs):
     """Two hosts in network namespaces of their own: the outsider, on the
     launching machine, reaches each host's network, and tries every TCP port
-    any process of the job listens on, process 0's first.  None is the
-    coordination service: it is a Unix socket in a private folder on hostA,
-    which the launcher's SSH connections forward to hostB."""
-    script = shared_dir / "guarded_job.py"
-    script.write_bytes((DATA / "guarded_job.py").read_bytes())
-    go = shared_dir / "go"
-    job = start_job("-H", "hostA:2,hostB:1", "--ssh-config", netns_hosts.config, "-x", f"PYTHONPATH={ROOT}",
-                    "-x", TOKEN, "--cpu-devices", 1, "-v", "--log-dir", tmp_path / "logs", script, shared_dir, go,
-                    cwd=shared_dir)
-    try:
-        wait_ready(shared_dir, 3, job)
-        tcp, unix = namespaced_listeners(no_leftover_processes)
-        first = netns_hosts.addresses["hostA"]
-        assert any(address.startswith(f"{first}:") for address in tcp), tcp  # process 0's Gloo: tried too
-        assert not any(address.startswith("127.") for address in tcp), tcp  # every listener on the routed address
-        lines = outsider(tcp)
-    finally:
-        go.write_text("")
-    assert job.wait(timeout=90) == 0, job.stderr
+    any process of the job listens on.  None is the coordination service: it
+    is a Unix socket in a private folder on hostA, which the launcher's SSH
+    connections forward to hostB."""
+    run = attacked_runs["ssh"]
+    if run is None:
+        pytest.skip(attacked_runs["skipped"])
+    job, tcp, unix, lines = run.job, run.tcp, run.unix, run.lines
+    first = run.seen["hostA"]
+    assert any(address.startswith(f"{first}:") for address in tcp), tcp  # process 0's Gloo: tried too
+    assert not any(address.startswith("127.") for address in tcp), tcp  # every listener on the routed address
+    assert run.code == 0, job.stderr
     assert len(lines) == len(tcp) and all(" refused (exit " in line for line in lines), lines
     for rank in range(3):
         assert f"process {rank} done, allgather [0, 1, 2]" in job.stdout

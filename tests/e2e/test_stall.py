@@ -9,17 +9,17 @@ Per place, up to six jobs run side by side:
   names it, its host and its line, and where the others wait, and
   ``--max-restarts 1`` resumes from the checkpoint and finishes with exit 0;
 - ``calm``: everything a stall must never be taken for, in three jobs side
-  by side, one thing after the other in each: ``work`` (a compile longer
-  than the timeout, one program longer than it), ``quiet`` (a start-up
-  longer than the timeout, steps that print nothing, an external tool that
-  process 0 waits for) and ``waits`` (a helper thread of process 0's that computes in
-  Python while its main thread waits, a long wait that says
-  ``jaxrun.alive()``, then every process waits at one line outside JAX
-  for its input pipeline's loader thread, which computes, and then for its
-  checkpoint save's writer thread, which writes, each longer than the
-  timeout: never parked (issue 71: a wait every process shares at one line
-  is a stall only with no CPU and no I/O)): exit 0 for both, nothing warned
-  of but JAX's shutdown on a loaded machine;
+  by side (two over SSH: see ``CALM_PARTS``), one thing after the other in
+  each: ``work`` (a compile longer than the timeout, one program longer than
+  it), ``quiet`` (a start-up longer than the timeout, steps that print
+  nothing, an external tool that process 0 waits for) and ``waits`` (a
+  helper thread of process 0's that computes in Python while its main thread
+  waits, a long wait that says ``jaxrun.alive()``, then every process waits
+  at one line outside JAX for its input pipeline's loader thread, which
+  computes, and then for its checkpoint save's writer thread, which writes,
+  each longer than the timeout: never parked (issue 71: a wait every process
+  shares at one line is a stall only with no CPU and no I/O)): exit 0 for
+  each, nothing warned of but JAX's shutdown on a loaded machine;
 - ``parted``: examples/hang.py, whose processes issue their collectives in
   different orders, with ``--flight-recorder``: the watchdog stops it and
   the summary says where the processes parted;
@@ -50,14 +50,14 @@ stalled attempt, and to the restart's first step, are printed for the note
 (``-s``).
 
 At ``--stall-timeout 8`` (``LONG_TIMEOUT``), locally and over SSH, three more
-jobs, locally started with the place's others (``place``, a module fixture,
-starts both tests' jobs at once there; each test waits for its own): ``parked``
-(issue 59), process 2 of 3 in ``while True: time.sleep(1)``, whose looks never
-say working once it has waited, and whose stall ends within the timeout plus 5
-s of the park; and ``big`` (issue 61), process 1 of 3 with 300 parked native
-threads, then the spin shape, named at its line as soon (the launch path
-changes no thread); and ``alone`` (issue 71), a one-process job parked in that
-loop (nobody to stand out from), stopped as soon and named at its line.
+jobs, started while the first test's jobs run (``place``, a module fixture,
+starts them; each test waits for its own): ``parked`` (issue 59), process 2 of
+3 in ``while True: time.sleep(1)``, whose looks never say working once it has
+waited, and whose stall ends within the timeout plus 5 s of the park; and
+``big`` (issue 61), process 1 of 3 with 300 parked native threads, then the
+spin shape, named at its line as soon (the launch path changes no thread); and
+``alone`` (issue 71), a one-process job parked in that loop (nobody to stand
+out from), stopped as soon and named at its line.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ import re
 import shutil
 import tempfile
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -136,7 +137,8 @@ import jaxrun
 
 T = float(os.environ["JAXRUN_STALL_TIMEOUT"])
 rank = int(os.environ["JAXRUN_PROCESS_ID"])
-part = sys.argv[1]  # "work" (long JAX work), "quiet" (a slow start, quiet steps, a tool) or "waits" (the rest)
+# "work" (long JAX work), "quiet" (a slow start, quiet steps, a tool), "waits" (the rest), or "quiet+waits"
+parts = sys.argv[1].split("+")
 
 
 def python_work(seconds):  # a start-up: data loading in pure Python, before the first step
@@ -145,7 +147,7 @@ def python_work(seconds):  # a start-up: data loading in pure Python, before the
         n += sum(range(1000))
 
 
-if part == "quiet":
+if "quiet" in parts:
     python_work(2 * T)
 mesh = jax.make_mesh((jax.device_count(),), ("i",))
 x = jax.device_put(np.ones((jax.device_count(), 8), np.float32), jax.sharding.NamedSharding(mesh, jax.P("i")))
@@ -245,17 +247,22 @@ def waits():
     save_checkpoint()
 
 
-{"work": work, "quiet": quiet, "waits": waits}[part]()
+for part in parts:
+    {"work": work, "quiet": quiet, "waits": waits}[part]()
 float(total(x))
 print("calm done", flush=True)
 '''
-# The calm job's three parts run side by side (the whole was the place's
-# longest job, 40-50 s on a loaded 2-core machine; its "waits" half alone,
-# 14.5 timeouts, still the longest): "work" holds the compile (3 s of CPU a
-# process, 10-20 s of a loaded machine's time) and the long program; "quiet"
-# the slow start-up, the quiet steps and the external tool (6 timeouts);
-# "waits" the other waits of one process and then every process's (8.5).
-CALM_PARTS = ("work", "quiet", "waits")
+# The calm job's parts run side by side (the whole was the place's longest
+# job, 40-50 s on a loaded 2-core machine): "work" holds the compile (3 s of
+# CPU a process, 10-20 s of a loaded machine's time) and the long program;
+# "quiet" the slow start-up, the quiet steps and the external tool (6
+# timeouts); "waits" the other waits of one process and then every
+# process's (8.5).  Locally the three are jobs of their own.  Over SSH,
+# where each host's processes share the CPU as one session, "quiet" and
+# "waits" stay one job, one after the other, as before: with a third job's
+# process on hostB the spin job's threads there got too little CPU to read
+# as a spin (seen twice under the load of other sessions).
+CALM_PARTS = {"local": ("work", "quiet", "waits"), "ssh": ("work", "quiet+waits")}
 
 
 def took(report_path) -> str:
@@ -280,6 +287,18 @@ class Place:
     def __init__(self, name, where, folder, host1, runs, tmp, start):
         self.name, self.where, self.folder, self.host1, self.runs, self.tmp = name, where, folder, host1, runs, tmp
         self.start, self.jobs = start, {}
+        self.long_started, self.closing = threading.Event(), threading.Event()
+        self.calm_parts = CALM_PARTS["ssh" if name == "ssh" else "local"]
+
+    def start_long_after(self, job) -> None:
+        """``start_long`` once ``job`` has ended (in a thread of its own)."""
+        try:
+            while job.proc.poll() is None and not self.closing.wait(0.2):
+                pass
+            if not self.closing.is_set():
+                start_long(self)
+        finally:
+            self.long_started.set()
 
 
 @pytest.fixture(scope="module", params=["preload", "ssh", "loaded"])
@@ -290,8 +309,9 @@ def place(request, tmp_path_factory):
     each job is a session of its own, which the kernel's autogroups give a
     share of the CPU as one.  Over SSH each host's processes are one
     session, and hostB's spinning threads of two jobs at once, beside the
-    calm jobs' compile, got too little of it to read as a spin: the second
-    test starts its own there.  ``loaded``: the default local mode with a
+    calm jobs' compile, got too little of it to read as a spin (seen, the
+    spin and the big host's both): there they start once the spin job has
+    ended, beside the calm jobs.  ``loaded``: the default local mode with a
     CPU burner per core beside the jobs, as on a shared CI machine; only the
     first test runs there."""
     tmp = tmp_path_factory.mktemp(f"stall-{request.param}")
@@ -311,7 +331,15 @@ def place(request, tmp_path_factory):
             start_stalls(here)
             if request.param == "preload":
                 start_long(here)
-            yield here
+            later = threading.Thread(target=here.start_long_after, args=(here.jobs["spin"],), daemon=True)
+            if request.param == "ssh":
+                later.start()
+            try:
+                yield here
+            finally:
+                here.closing.set()  # no job starts after the place's end
+                if later.is_alive():
+                    later.join()
     if request.param == "ssh":
         shutil.rmtree(here.folder, ignore_errors=True)
 
@@ -329,7 +357,7 @@ def start_stalls(place: Place) -> None:
     if "calm" in runs:
         script = folder / "calm.py"
         script.write_text(textwrap.dedent(CALM))
-        for part in CALM_PARTS:
+        for part in place.calm_parts:
             jobs[f"calm-{part}"] = start_job(*where(2), "--cpu-devices", 1, "--stall-timeout", TIMEOUT,
                                              "--report", tmp_path / f"calm-{part}.json", "--log-dir",
                                              tmp_path / f"calm-{part}-logs", script, part, folder / "calm")
@@ -349,7 +377,7 @@ def start_stalls(place: Place) -> None:
 @pytest.mark.timeout(300)
 def test_stalls_are_found_and_never_taken_for_slow_work(place, request):
     folder, host1, runs, tmp_path = place.folder, place.host1, place.runs, place.tmp
-    jobs = {name: place.jobs[name] for name in ("stuck", *(f"calm-{p}" for p in CALM_PARTS), "spin", "parted")
+    jobs = {name: place.jobs[name] for name in ("stuck", *(f"calm-{p}" for p in place.calm_parts), "spin", "parted")
             if name in place.jobs}
     codes = {name: job.wait(timeout=200) for name, job in jobs.items()}
     print("each job's attempts, began to ended on jaxrun's record:",
@@ -393,7 +421,7 @@ def test_stalls_are_found_and_never_taken_for_slow_work(place, request):
         # A loaded machine may also take longer than the timeout for JAX's
         # shutdown, where every process waits too: that is warned of alike.
         at_exit = "every process waits at JAX's shutdown, past the end of the script"
-        for part in CALM_PARTS:
+        for part in place.calm_parts:
             job = jobs[f"calm-{part}"]
             assert codes[f"calm-{part}"] == 0, job.stderr
             assert "stalled" not in job.stderr, job.stderr
@@ -405,7 +433,7 @@ def test_stalls_are_found_and_never_taken_for_slow_work(place, request):
         assert compile_s > TIMEOUT and program_s > TIMEOUT, work.stdout  # the phases did outlast the timeout
         assert all(at_exit in w for w in warned.findall(work.stderr)), work.stderr
         # The pipeline computes and the save writes: neither is a wait, not even warned of.
-        for part in ("quiet", "waits"):
+        for part in place.calm_parts[1:]:
             job = jobs[f"calm-{part}"]
             assert all(at_exit in w for w in warned.findall(job.stderr)), job.stderr
 
@@ -540,8 +568,9 @@ def test_a_parked_process_never_looks_working_and_a_hang_among_300_threads_is_fo
     and the stall ended a quarter-timeout late.  Issue 61: a process with
     300 native threads looked busy at every look, its sampler's own reads
     of /proc counted as its I/O, and its hang was never found."""
-    if "parked" not in place.jobs:  # over SSH: after the first test's jobs (see ``place``)
-        start_long(place)
+    if place.name == "ssh":  # started once the first test's spin job ended (see ``place``)
+        place.long_started.wait(timeout=240)
+    assert "parked" in place.jobs, "the long-timeout jobs never started"
     folder, host1, tmp_path, jobs = place.folder, place.host1, place.tmp, place.jobs
     host2 = host1  # process 2 of 3 runs where process 1 does, and the job of one process there too
     parked_script, big_script, alone_script = folder / "parked.py", folder / "big_host.py", folder / "alone.py"
