@@ -102,26 +102,31 @@ class Attacked:
         self.job, self.folder, self.token = job, folder, token
         self.listen = listen or listeners  # (TCP addresses, Unix socket files) of the processes with a token
         self.tcp = self.unix = self.targets = self.lines = []
-        self.code, self.seen = None, {}
+        self.code, self.seen, self.failure = None, {}, None
 
 
 def attack_side_by_side(runs: dict, outsider, targets_of, look=lambda run: None) -> None:
     """Once every run's processes are ready: each one's listeners, what
     ``look`` sees of it, then one attack on every run's ``targets_of(run)``
     (each address is tried in a process of its own, all at once); then
-    every job goes on to its end."""
+    every job goes on to its end.  A job that never got ready is its own
+    test's failure (``failure``), not the others'."""
     try:
         for run in runs.values():
-            wait_ready(run.folder, 3, run.job)
-        for run in runs.values():
+            try:
+                wait_ready(run.folder, 3, run.job)
+            except AssertionError as e:
+                run.failure = str(e)
+        ready = [run for run in runs.values() if run.failure is None]
+        for run in ready:
             run.tcp, run.unix = run.listen(run.token)
             run.targets = targets_of(run)
             look(run)
-        lines = outsider([address for run in runs.values() for address in run.targets])
+        lines = outsider([address for run in ready for address in run.targets]) if ready else []
     finally:
         for run in runs.values():
             (run.folder / "go").write_text("")
-    for run in runs.values():
+    for run in ready:
         run.lines = [line for line in lines if line.split()[0] in run.targets]
         run.code = run.job.wait(timeout=90)
 
@@ -182,6 +187,7 @@ def attacked_runs(request, outsider, tmp_path_factory):
 @pytest.mark.both_modes
 def test_another_user_reaches_nothing_of_a_local_job(launch_mode, attacked_runs):
     run = attacked_runs[launch_mode]
+    assert run.failure is None, run.failure
     job, tcp, lines, service = run.job, run.tcp, run.lines, service_of(run.unix)
     assert tcp, "the job's collectives listen somewhere"  # Gloo: tried too
     assert run.code == 0, job.stderr
@@ -196,6 +202,7 @@ def test_another_user_reaches_nothing_of_a_local_job(launch_mode, attacked_runs)
 
 def test_fixed_coordinator_is_said_to_be_open_and_an_intruder_is_named(launch_mode, attacked_runs):
     run = attacked_runs["coordinator"]
+    assert run.failure is None, run.failure
     assert run.seen["address"] in run.tcp
     lines, code = run.lines, run.code
     assert len(lines) == 1, lines  # its own registration fails too, once the service is in error
@@ -243,6 +250,7 @@ def test_another_user_reaches_nothing_of_a_job_over_ssh(attacked_runs):
     run = attacked_runs["ssh"]
     if run is None:
         pytest.skip(attacked_runs["skipped"])
+    assert run.failure is None, run.failure
     job, tcp, unix, lines = run.job, run.tcp, run.unix, run.lines
     first = run.seen["hostA"]
     assert any(address.startswith(f"{first}:") for address in tcp), tcp  # process 0's Gloo: tried too
@@ -348,6 +356,7 @@ def test_a_socket_folder_another_user_made_first_moves_nothing_onto_a_port(kind,
     on a socket file, in a folder of a random name of its user's own; no
     port that nobody could register on; jaxrun top finds the job; one line."""
     run = planted_runs[kind]
+    assert run.failure is None, run.failure
     job, tcp, unix, lines = run.job, run.tcp, run.unix, run.lines
     service = service_of(unix)
     assert len(service) == 1, (tcp, unix)  # on a socket file, not a port
