@@ -340,7 +340,7 @@ def planted_runs(outsider):
 
         def look(run: Attacked) -> None:
             service = service_of(run.unix)
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, IndexError):  # no socket file: the test says so
                 run.seen["folder"] = os.lstat(in_namespace(run.job.proc.pid, os.path.dirname(service[0])))
             run.seen["top"] = subprocess.run(["nsenter", "-t", str(run.job.proc.pid), "-m", "--", sys.executable, "-m",
                                               "jaxrun", "top", "--once"], capture_output=True, text=True, timeout=60,
