@@ -9,8 +9,13 @@ socket folder, so every try is refused and the job ends as it would have.
 With ``--coordinator HOST:PORT`` (the user's choice of an open address) the
 same try gets through: jaxrun said so at the start, and its summary names the
 second registration instead of blaming a process of the job.
+
+The attacked local jobs run side by side, each a session and a token of its
+own (``attacked_runs``, ``planted_runs``: module fixtures), and one attack tries
+every job's addresses at once; each test checks its own job.
 """
 
+import contextlib
 import ipaddress
 import os
 import shutil
@@ -24,7 +29,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from fixtures.jobs import DATA, ROOT, TOKEN, processes_with_token
+from fixtures.jobs import DATA, ROOT, TOKEN, module_jobs, processes_with_token
 from fixtures.others import nobody_runs
 
 from jaxrun import contract, portable
@@ -89,44 +94,120 @@ def listeners(token: str) -> tuple[list[str], list[str]]:
     return sorted(tcp), sorted(unix)
 
 
-@pytest.mark.both_modes
-def test_another_user_reaches_nothing_of_a_local_job(launch, outsider, tmp_path, no_leftover_processes):
-    go = tmp_path / "go"
-    job = launch("-n", 3, "--cpu-devices", 1, DATA / "guarded_job.py", tmp_path, go)
+class Attacked:
+    """One job of guarded_job.py that another user attacks while its
+    processes wait: what the test saw of it meanwhile, and how it ended."""
+
+    def __init__(self, job, folder: Path, token: str, listen=None):
+        self.job, self.folder, self.token = job, folder, token
+        self.listen = listen or listeners  # (TCP addresses, Unix socket files) of the processes with a token
+        self.tcp = self.unix = self.targets = self.lines = []
+        self.code, self.seen, self.failure = None, {}, None
+
+
+def attack_side_by_side(runs: dict, outsider, targets_of, look=lambda run: None) -> None:
+    """Once every run's processes are ready: each one's listeners, what
+    ``look`` sees of it, then one attack on every run's ``targets_of(run)``
+    (each address is tried in a process of its own, all at once); then
+    every job goes on to its end.  A job that never got ready is its own
+    test's failure (``failure``), not the others'."""
     try:
-        wait_ready(tmp_path, 3, job)
-        tcp, unix = listeners(no_leftover_processes)
-        service = [path for path in unix if os.path.basename(path).startswith("coordinator-")]
-        assert tcp, "the job's collectives listen somewhere"  # Gloo: tried too
-        lines = outsider([*tcp, *(f"unix:{path}" for path in service)])
+        for run in runs.values():
+            try:
+                wait_ready(run.folder, 3, run.job)
+            except AssertionError as e:
+                run.failure = str(e)
+        ready = [run for run in runs.values() if run.failure is None]
+        for run in ready:
+            run.tcp, run.unix = run.listen(run.token)
+            run.targets = targets_of(run)
+            look(run)
+        lines = outsider([address for run in ready for address in run.targets]) if ready else []
     finally:
-        go.write_text("")
-    assert job.wait(timeout=90) == 0, job.stderr
+        for run in runs.values():
+            (run.folder / "go").write_text("")
+    for run in ready:
+        run.lines = [line for line in lines if line.split()[0] in run.targets]
+        run.code = run.job.wait(timeout=90)
+
+
+def service_of(unix: list[str]) -> list[str]:
+    return [path for path in unix if os.path.basename(path).startswith("coordinator-")]
+
+
+@pytest.fixture(scope="module")
+def attacked_runs(request, outsider, tmp_path_factory):
+    """The jobs of the first tests, attacked side by side, each a session and
+    a token of its own: one local job per launch mode, every port and the
+    service's socket file tried; one with ``--coordinator HOST:PORT``, that
+    address tried; and one over SSH on hosts in network namespaces of their
+    own (``ssh``: None where there are none; ``skipped`` says why), every
+    port tried."""
+    address = f"127.0.0.1:{portable.free_port('127.0.0.1')}"
+    plans = {"preload": ({"JAXRUN_NO_PRELOAD": None}, []), "no-preload": ({"JAXRUN_NO_PRELOAD": "1"}, []),
+             "coordinator": ({"JAXRUN_NO_PRELOAD": None}, ["--coordinator", address])}
+    with contextlib.ExitStack() as stack:
+        runs = {}
+        for name, (env, flags) in plans.items():
+            start = stack.enter_context(module_jobs())
+            folder = tmp_path_factory.mktemp(f"guarded-{name}")
+            job = start("-n", 3, "--cpu-devices", 1, *flags, DATA / "guarded_job.py", folder, folder / "go", env=env)
+            runs[name] = Attacked(job, folder, start.token)
+        try:
+            hosts = request.getfixturevalue("netns_hosts")
+        except pytest.skip.Exception as skipped:
+            hosts, why = None, str(skipped)
+        if hosts is not None:
+            start = stack.enter_context(module_jobs())
+            folder = Path(tempfile.mkdtemp(prefix="security-ssh-", dir=request.getfixturevalue("shared_root")))
+            stack.callback(shutil.rmtree, folder, ignore_errors=True)
+            script = folder / "guarded_job.py"
+            script.write_bytes((DATA / "guarded_job.py").read_bytes())
+            job = start("-H", "hostA:2,hostB:1", "--ssh-config", hosts.config, "-x", f"PYTHONPATH={ROOT}", "-x", TOKEN,
+                        "--cpu-devices", 1, "-v", "--log-dir", tmp_path_factory.mktemp("ssh-logs"), script, folder,
+                        folder / "go", cwd=folder)
+            runs["ssh"] = Attacked(job, folder, start.token, namespaced_listeners)
+
+        def targets(run: Attacked) -> list[str]:
+            if run is runs["coordinator"]:
+                return [address]
+            if run is runs.get("ssh"):
+                return run.tcp
+            return [*run.tcp, *(f"unix:{path}" for path in service_of(run.unix))]
+
+        attack_side_by_side(runs, outsider, targets)
+        runs["coordinator"].seen["address"] = address
+        if hosts is None:
+            runs["ssh"], runs["skipped"] = None, why
+        else:
+            runs["ssh"].seen["hostA"] = hosts.addresses["hostA"]
+        yield runs
+
+
+@pytest.mark.both_modes
+def test_another_user_reaches_nothing_of_a_local_job(launch_mode, attacked_runs):
+    run = attacked_runs[launch_mode]
+    assert run.failure is None, run.failure
+    job, tcp, lines, service = run.job, run.tcp, run.lines, service_of(run.unix)
+    assert tcp, "the job's collectives listen somewhere"  # Gloo: tried too
+    assert run.code == 0, job.stderr
     assert len(lines) == len(tcp) + len(service) and all(" refused (exit " in line for line in lines), lines
     for rank in range(3):
         assert f"[{rank}] process {rank} done, allgather [0, 1, 2]" in job.stdout
-    assert len(service) == 1, unix  # process 0 served it on a socket file ...
+    assert len(service) == 1, run.unix  # process 0 served it on a socket file ...
     folder = os.stat(os.path.dirname(service[0]))
     assert folder.st_mode & 0o777 == 0o700 and folder.st_uid == os.getuid()  # ... in a private folder
     assert not os.path.exists(service[0])  # the attempt's end removed its socket file
 
 
-def test_fixed_coordinator_is_said_to_be_open_and_an_intruder_is_named(launch, outsider, tmp_path,
-                                                                       no_leftover_processes):
-    address = f"127.0.0.1:{portable.free_port('127.0.0.1')}"
-    go = tmp_path / "go"
-    job = launch("-n", 3, "--cpu-devices", 1, "--coordinator", address, DATA / "guarded_job.py", tmp_path, go)
-    try:
-        wait_ready(tmp_path, 3, job)
-        tcp, _ = listeners(no_leftover_processes)
-        assert address in tcp
-        lines = outsider([address])
-    finally:
-        go.write_text("")
-    code = job.wait(timeout=90)
+def test_fixed_coordinator_is_said_to_be_open_and_an_intruder_is_named(launch_mode, attacked_runs):
+    run = attacked_runs["coordinator"]
+    assert run.failure is None, run.failure
+    assert run.seen["address"] in run.tcp
+    lines, code = run.lines, run.code
     assert len(lines) == 1, lines  # its own registration fails too, once the service is in error
-    assert code != 0, job.stderr  # the service told every process of the job to abort
-    err = job.stderr
+    assert code != 0, run.job.stderr  # the service told every process of the job to abort
+    err = run.job.stderr
     opened = [line for line in err.splitlines() if "--coordinator" in line and "open to" in line]
     assert len(opened) == 1, err  # said once, at the start
     assert "task 1 of the job registered a second time with the coordination service" in err, err
@@ -160,29 +241,21 @@ def namespaced_listeners(token: str) -> tuple[list[str], list[str]]:
     return sorted(tcp), sorted(unix)
 
 
-def test_another_user_reaches_nothing_of_a_job_over_ssh(start_job, outsider, netns_hosts, shared_dir, tmp_path,
-                                                        no_leftover_processes):
+def test_another_user_reaches_nothing_of_a_job_over_ssh(attacked_runs):
     """Two hosts in network namespaces of their own: the outsider, on the
     launching machine, reaches each host's network, and tries every TCP port
-    any process of the job listens on, process 0's first.  None is the
-    coordination service: it is a Unix socket in a private folder on hostA,
-    which the launcher's SSH connections forward to hostB."""
-    script = shared_dir / "guarded_job.py"
-    script.write_bytes((DATA / "guarded_job.py").read_bytes())
-    go = shared_dir / "go"
-    job = start_job("-H", "hostA:2,hostB:1", "--ssh-config", netns_hosts.config, "-x", f"PYTHONPATH={ROOT}",
-                    "-x", TOKEN, "--cpu-devices", 1, "-v", "--log-dir", tmp_path / "logs", script, shared_dir, go,
-                    cwd=shared_dir)
-    try:
-        wait_ready(shared_dir, 3, job)
-        tcp, unix = namespaced_listeners(no_leftover_processes)
-        first = netns_hosts.addresses["hostA"]
-        assert any(address.startswith(f"{first}:") for address in tcp), tcp  # process 0's Gloo: tried too
-        assert not any(address.startswith("127.") for address in tcp), tcp  # every listener on the routed address
-        lines = outsider(tcp)
-    finally:
-        go.write_text("")
-    assert job.wait(timeout=90) == 0, job.stderr
+    any process of the job listens on.  None is the coordination service: it
+    is a Unix socket in a private folder on hostA, which the launcher's SSH
+    connections forward to hostB."""
+    run = attacked_runs["ssh"]
+    if run is None:
+        pytest.skip(attacked_runs["skipped"])
+    assert run.failure is None, run.failure
+    job, tcp, unix, lines = run.job, run.tcp, run.unix, run.lines
+    first = run.seen["hostA"]
+    assert any(address.startswith(f"{first}:") for address in tcp), tcp  # process 0's Gloo: tried too
+    assert not any(address.startswith("127.") for address in tcp), tcp  # every listener on the routed address
+    assert run.code == 0, job.stderr
     assert len(lines) == len(tcp) and all(" refused (exit " in line for line in lines), lines
     for rank in range(3):
         assert f"process {rank} done, allgather [0, 1, 2]" in job.stdout
@@ -247,34 +320,55 @@ def in_namespace(pid: int, path: str) -> str:
     return f"/proc/{pid}/root{path}"
 
 
+@pytest.fixture(scope="module")
+def planted_runs(outsider):
+    """One local job per plant at /tmp/jaxrun-sockets-UID, side by side, each
+    in its mount namespace, a session and a token of its own; every port of
+    each tried at once.  Seen while they ran: the socket folder as each job
+    sees it, and what ``jaxrun top`` found there."""
+    with contextlib.ExitStack() as stack:
+        runs = {}
+        for kind, plant in PLANTS.items():
+            start = stack.enter_context(module_jobs())
+            folder = Path(tempfile.mkdtemp(prefix="jaxrun-security-", dir="/var/tmp"))  # outside the hidden /tmp
+            stack.callback(shutil.rmtree, folder, ignore_errors=True)
+            with pytest.MonkeyPatch.context() as patched:
+                planted_run(patched, plant.format(name=SOCKETS))
+                job = start("-n", 3, "--cpu-devices", 1, DATA / "guarded_job.py", folder, folder / "go",
+                            env={"TMPDIR": "/tmp"}, cwd=ROOT)
+            runs[kind] = Attacked(job, folder, start.token)
+
+        def look(run: Attacked) -> None:
+            service = service_of(run.unix)
+            with contextlib.suppress(OSError, IndexError):  # no socket file: the test says so
+                run.seen["folder"] = os.lstat(in_namespace(run.job.proc.pid, os.path.dirname(service[0])))
+            run.seen["top"] = subprocess.run(["nsenter", "-t", str(run.job.proc.pid), "-m", "--", sys.executable, "-m",
+                                              "jaxrun", "top", "--once"], capture_output=True, text=True, timeout=60,
+                                             cwd=ROOT, env={**os.environ, "TMPDIR": "/tmp"})
+
+        attack_side_by_side(runs, outsider, lambda run: run.tcp, look)  # every port there is (Gloo's)
+        yield runs
+
+
 @pytest.mark.parametrize("kind", list(PLANTS))
-def test_a_socket_folder_another_user_made_first_moves_nothing_onto_a_port(kind, start_job, outsider, shared_tmp,
-                                                                         monkeypatch, no_leftover_processes):
+def test_a_socket_folder_another_user_made_first_moves_nothing_onto_a_port(kind, planted_runs):
     """The issue's first attack: the job still serves its coordination service
     on a socket file, in a folder of a random name of its user's own; no
     port that nobody could register on; jaxrun top finds the job; one line."""
-    planted_run(monkeypatch, PLANTS[kind].format(name=SOCKETS))
-    go = shared_tmp / "go"
-    job = start_job("-n", 3, "--cpu-devices", 1, DATA / "guarded_job.py", shared_tmp, go, env={"TMPDIR": "/tmp"},
-                    cwd=ROOT)
-    try:
-        wait_ready(shared_tmp, 3, job)
-        tcp, unix = listeners(no_leftover_processes)
-        service = [path for path in unix if os.path.basename(path).startswith("coordinator-")]
-        assert len(service) == 1, (tcp, unix)  # on a socket file, not a port
-        folder = os.path.dirname(service[0])
-        assert os.path.dirname(folder) == "/tmp" and os.path.basename(folder).startswith(f"{SOCKETS}-"), folder
-        st = os.lstat(in_namespace(job.proc.pid, folder))
-        assert stat.S_ISDIR(st.st_mode) and st.st_uid == UID and stat.S_IMODE(st.st_mode) == 0o700
-        top = subprocess.run(["nsenter", "-t", str(job.proc.pid), "-m", "--", sys.executable, "-m", "jaxrun", "top",
-                              "--once"], capture_output=True, text=True, timeout=60, cwd=ROOT,
-                             env={**os.environ, "TMPDIR": "/tmp"})
-        assert top.returncode == 0 and "processes 3\n" in top.stdout, (top.stdout, top.stderr)  # it finds the job
-        lines = outsider(tcp)  # every port there is (Gloo's): none is the service
-    finally:
-        go.write_text("")
-    assert job.wait(timeout=90) == 0, job.stderr
-    assert len(lines) == len(tcp) and all(" refused (exit " in line for line in lines), lines
+    run = planted_runs[kind]
+    assert run.failure is None, run.failure
+    job, tcp, unix, lines = run.job, run.tcp, run.unix, run.lines
+    service = service_of(unix)
+    assert len(service) == 1, (tcp, unix)  # on a socket file, not a port
+    folder = os.path.dirname(service[0])
+    assert os.path.dirname(folder) == "/tmp" and os.path.basename(folder).startswith(f"{SOCKETS}-"), folder
+    st = run.seen.get("folder")  # as the job saw it, while it ran
+    assert st is not None, folder
+    assert stat.S_ISDIR(st.st_mode) and st.st_uid == UID and stat.S_IMODE(st.st_mode) == 0o700
+    top = run.seen["top"]
+    assert top.returncode == 0 and "processes 3\n" in top.stdout, (top.stdout, top.stderr)  # it finds the job
+    assert run.code == 0, job.stderr
+    assert len(lines) == len(tcp) and all(" refused (exit " in line for line in lines), lines  # none is the service
     for rank in range(3):
         assert f"[{rank}] process {rank} done, allgather [0, 1, 2]" in job.stdout
     said = [line for line in job.stderr.splitlines() if "is not yours alone" in line]
