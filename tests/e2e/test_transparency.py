@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from fixtures.jobs import DATA, JAXRUN, MODES, TOKEN, describe, wait_gone
+from fixtures.jobs import DATA, JAXRUN, MODES, TOKEN, outlived, run_in_session
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -264,18 +264,8 @@ def jaxrun_launch(mode: str, script: str, cwd: Path, run_dir: Path, base_env: di
     env = dict(base_env, COMPAT_SCRATCH=str(scratch), JAXRUN_NO_PRELOAD="1" if mode == "no-preload" else "0")
     argv = [*JAXRUN, "-n", str(N), "--log-dir", str(logs), "--report", str(report),
             script, "{coordinator}", "{num_processes}", "{process_id}"]
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=RUN_TIMEOUT + 30)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-    console = (f"jaxrun exit {proc.returncode}\n--- console stdout\n{out.decode(errors='replace')}"
-               f"--- console stderr\n{err.decode(errors='replace')}")
+    code, out, err = run_in_session(argv, env=env, cwd=cwd, timeout=RUN_TIMEOUT + 30)
+    console = f"jaxrun exit {code}\n--- console stdout\n{out}--- console stderr\n{err}"
     assert report.exists(), f"jaxrun wrote no report\n{console}"
     codes = []
     for proc in sorted(json.loads(report.read_text())["processes"], key=lambda p: p["process_id"]):
@@ -322,13 +312,7 @@ def three_ways(pattern: Pattern, symlink_dir: Path, base: Path, environ: dict[st
             for mode in MODES:
                 futures[mode] = pool.submit(jaxrun_launch, mode, script, cwd, base / mode, env)
             runs = {way: future.exception() or future.result() for way, future in futures.items()}
-        alive = wait_gone(token, within=5.0)
-        runs["left"] = [describe(p) for p in alive]
-        for proc in alive:
-            try:
-                proc.kill()
-            except OSError:
-                pass
+        runs["left"] = outlived(token)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
     return runs
