@@ -7,29 +7,18 @@ layout for replicas within a process, a single 8-device process for the toy).
 They run with the preloading fork server (the default) only: what they test
 is the example, not the launch path, which tests/e2e/test_local.py and the
 other ``both_modes`` tests cover in both modes.
-
-A run waits more than it computes (start-ups, its peers, the hang's
-timeout), so the next run starts while a test waits for its own (two at a
-time, as test_matrix's cells), each with a token and temporary folder of
-its own; whatever a run leaves is killed and fails its test.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import os
 import re
 import shlex
-import shutil
 import subprocess
-import tempfile
-import uuid
-from dataclasses import dataclass
 
 import pytest
 import yaml
 from examples_expectations import CHECKS, FAILS, Layout, per_rank
-from fixtures.jobs import EXAMPLES, JAXRUN, ROOT, TOKEN, outlived, run_in_session
+from fixtures.jobs import EXAMPLES, ROOT
 
 from jaxrun import contract
 from jaxrun.child.join import bootstrap
@@ -54,81 +43,16 @@ CASES = [pytest.param(name, MAIN, id=f"{name}-{MAIN}") for name in sorted(CHECKS
 ]
 
 
-@dataclass
-class Ran:
-    code: int
-    out: str
-    err: str
-    left: list  # processes that outlived the run (killed)
-
-
-def run_example(environ: dict[str, str], name: str, layout: Layout, *extra: str, timeout: float = 90) -> Ran:
-    """The README's command, run from the repository root with a relative
-    path, with the preloading fork server, under a token and a temporary
-    folder of its own."""
-    token = uuid.uuid4().hex
-    tmpdir = tempfile.mkdtemp(prefix="jr-", dir="/tmp")  # short, as the leak guard's: sockets live there
-    env = dict(environ, TMPDIR=tmpdir, **{TOKEN: token})
-    argv = [*JAXRUN, "-n", str(layout.processes), "--cpu-devices", str(layout.devices), *extra, f"examples/{name}.py"]
-    try:
-        code, out, err = run_in_session(argv, env=env, cwd=ROOT, timeout=timeout)
-        return Ran(code, out, err, outlived(token))
-    finally:
-        shutil.rmtree(tmpdir, ignore_errors=True)
-
-
-HANG = "hang"
-RUNS = {f"{name}-{layout}": (name, layout, ()) for name, layout in
-        [(name, MAIN) for name in sorted(CHECKS)] + SECOND_LAYOUTS}
-RUNS[HANG] = ("hang", MAIN, ("--timeout", "8"))
-
-
-@pytest.fixture(scope="module")
-def example_runs(request):
-    """key (a case's id, or ``HANG``) -> its run, once it has ended.  A call
-    starts its run and the next one this pytest run will check, each at most
-    once; every run has ended when the module does."""
-    order = []
-    for item in request.session.items:
-        if item.path != request.path:
-            continue
-        if item.originalname == "test_example":
-            order.append(f"{item.callspec.params['name']}-{item.callspec.params['layout']}")
-        elif item.originalname == "test_hang_times_out_and_points_at_the_diverging_lines":
-            order.append(HANG)
-    # Taken once, here: a test's own fixtures change os.environ while a run
-    # started ahead of its test is still starting.
-    environ = {k: v for k, v in os.environ.items() if k not in (TOKEN, "TMPDIR", "JAXRUN_NO_PRELOAD")}
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
-    started: dict[str, concurrent.futures.Future] = {}
-
-    def start(key: str) -> concurrent.futures.Future:
-        if key not in started:
-            name, layout, extra = RUNS[key]
-            started[key] = pool.submit(run_example, environ, name, layout, *extra, timeout=60 if key == HANG else 90)
-        return started[key]
-
-    def run(key: str) -> Ran:
-        own = start(key)
-        later = order[order.index(key) + 1:] if key in order else []
-        following = next((k for k in later if k not in started), None)
-        if following is not None:
-            start(following)
-        # It started at the latest now (never queued: two at a time, the earlier one done), and
-        # is bounded by its timeout (90 s at most) and 5 s for leftovers.
-        ran = own.result(timeout=100)
-        assert not ran.left, f"{key}: processes outlived the run: {ran.left}"
-        return ran
-
-    yield run
-    pool.shutdown(wait=True)
+def run_example(jaxrun, name: str, layout: Layout, *extra: str, timeout: float = 90):
+    # The README's command, run from the repository root with a relative path.
+    return jaxrun("-n", layout.processes, "--cpu-devices", layout.devices, *extra, f"examples/{name}.py",
+                  cwd=ROOT, timeout=timeout)
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name, layout", CASES)
-def test_example(example_runs, launch_mode, name, layout):
-    ran = example_runs(f"{name}-{layout}")  # with the preloading fork server: launch_mode is "preload"
-    code, out, err = ran.code, ran.out, ran.err
+def test_example(jaxrun, name, layout):
+    code, out, err = run_example(jaxrun, name, layout)
     assert code == (1 if name in FAILS else 0), err[-3000:]
     lines = per_rank(out)
     assert sorted(lines) == list(range(layout.processes)), out
@@ -146,9 +70,8 @@ def line_of(path, text: str) -> int:
 # Where each process was: the summary's pointers do not depend on how the
 # processes were started (test_matrix's hang cells dump the stacks in every
 # mode and backend), so this runs in one mode, as every test does by default.
-def test_hang_times_out_and_points_at_the_diverging_lines(example_runs, launch_mode):
-    ran = example_runs(HANG)
-    code, out, err = ran.code, ran.out, ran.err
+def test_hang_times_out_and_points_at_the_diverging_lines(jaxrun):
+    code, out, err = run_example(jaxrun, "hang", MAIN, "--timeout", "8", timeout=60)
     assert code == 124, err[-3000:]
     assert "--timeout expired" in err
     script = EXAMPLES / "hang.py"
