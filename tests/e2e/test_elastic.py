@@ -26,7 +26,13 @@ import pytest
 from fixtures.jobs import ROOT, TOKEN
 
 RESUME = os.path.join(ROOT, "examples", "resume.py")
-STEPS = 24
+# A host dies once the checkpoint has FAULT_STEP; a step takes at least
+# 0.25 s (RESUME_STEP_SECONDS below), so the first attempt still has 3 s
+# of steps left when the power goes off: the fault lands mid-run, the
+# restart resumes from the checkpoint (not from 0), and each test spends
+# little on steps after the fault.
+STEPS = 16
+FAULT_STEP = 4
 
 
 def checkpoint_step(folder: Path) -> int:
@@ -77,11 +83,11 @@ def resumed_at(stderr: str) -> list[int]:
 @pytest.mark.timeout(240)
 def test_a_spare_takes_the_place_of_a_host_that_died(mortal_hosts, start_job, shared_dir, tmp_path, uninterrupted):
     """The acceptance scenario: 2 processes on hostE and hostF, hostG spare;
-    hostF dies after step 6; the job finishes on hostE and hostG from its
+    hostF dies after step 4; the job finishes on hostE and hostG from its
     checkpoint, with the uninterrupted result, and exits 0."""
     job, ckpt, report = elastic_job(start_job, ["hostE", "hostF", "hostG"], mortal_hosts, shared_dir, tmp_path,
                                     "--max-restarts", 1, "--min-hosts", 2)
-    power_off_after(6, "hostF", job, ckpt, mortal_hosts)
+    power_off_after(FAULT_STEP, "hostF", job, ckpt, mortal_hosts)
     code = job.wait(timeout=180)
     out = job.stdout + job.stderr
     assert code == 0, job.stderr
@@ -89,7 +95,7 @@ def test_a_spare_takes_the_place_of_a_host_that_died(mortal_hosts, start_job, sh
                      rf"{STEPS}\"\)", job.stderr)
     assert line, job.stderr
     first, again = resumed_at(out)
-    assert first == 0 and again >= 6, out
+    assert first == 0 and again >= FAULT_STEP, out
     assert uninterrupted in out
     data = json.loads(report.read_text())
     assert data["exit_code"] == 0 and data["restarts"] == 1 and data["not_restarted"] is None
@@ -109,12 +115,12 @@ def test_with_no_spare_the_job_goes_on_with_fewer_processes(mortal_hosts, start_
     devices), with the uninterrupted result."""
     job, ckpt, report = elastic_job(start_job, ["hostE", "hostG"], mortal_hosts, shared_dir, tmp_path,
                                     "--max-restarts", 1, "--min-hosts", 1, "--mesh", "data=-1")
-    power_off_after(6, "hostG", job, ckpt, mortal_hosts)
+    power_off_after(FAULT_STEP, "hostG", job, ckpt, mortal_hosts)
     code = job.wait(timeout=180)
     out = job.stdout + job.stderr
     assert code == 0, job.stderr
     assert re.search(r"jaxrun: restart 1 of 1 on hostE \(1 process of 2; hostG lost: ", job.stderr), job.stderr
-    assert re.search(r"process 0 of 1: starting at step ([6-9]|\d\d)", out), out
+    assert re.search(rf"process 0 of 1: starting at step ([{FAULT_STEP}-9]|\d\d)", out), out
     assert uninterrupted in out
     after = json.loads(report.read_text())["attempts"][1]
     assert after["hosts"] == ["hostE"] and after["num_processes"] == 1
@@ -128,7 +134,7 @@ def test_below_min_hosts_the_run_stops_at_once_naming_the_host(mortal_hosts, sta
     restart although three were allowed."""
     job, ckpt, report = elastic_job(start_job, ["hostE", "hostF"], mortal_hosts, shared_dir, tmp_path,
                                     "--max-restarts", 3, "--min-hosts", 2)
-    died = power_off_after(6, "hostF", job, ckpt, mortal_hosts)
+    died = power_off_after(FAULT_STEP, "hostF", job, ckpt, mortal_hosts)
     code = job.wait(timeout=120)
     data = json.loads(report.read_text())
     assert code != 0 and code == data["exit_code"] == data["attempts"][0]["exit_code"], job.stderr
@@ -162,8 +168,8 @@ def test_the_hosts_command_is_asked_again_before_the_restart(mortal_hosts, start
                     "-x", TOKEN, "--max-restarts", 1, "--log-dir", tmp_path / "logs", "--report", report,
                     RESUME, ckpt, STEPS, cwd=shared_dir)
     deadline = time.monotonic() + 90
-    while checkpoint_step(ckpt) < 6:
-        assert time.monotonic() < deadline and job.proc.poll() is None, "the job never reached step 6"
+    while checkpoint_step(ckpt) < FAULT_STEP:
+        assert time.monotonic() < deadline and job.proc.poll() is None, f"the job never reached step {FAULT_STEP}"
         time.sleep(0.05)
     listing.write_text("hostE\nhostF\nhostG slots=1\n")
     mortal_hosts.power_off("hostF")

@@ -15,9 +15,12 @@ Per process, the exit status and the normalized stdout and stderr must be
 identical.  A pattern's three launches run side by side, started together by
 the first of its two tests (the second reads its own launch's outcome): most
 patterns spend their time waiting (for a peer, a barrier, a timeout), and
-nothing of one launch is shared with another, not even a port.  jaxrun's
-output is read from its ``--log-dir``, never from the console, which jaxrun
-is free to decorate.
+nothing of one launch is shared with another, not even a port.  For the same
+reason the next pattern's three start while a test waits for its own (two
+patterns at most at a time), each pattern with its own folder, token and
+temporary folder, and whatever a pattern's launches leave is killed and
+fails that pattern's tests.  jaxrun's output is read from its ``--log-dir``,
+never from the console, which jaxrun is free to decorate.
 
 Both ways get the same environment (``JAX_PLATFORMS=cpu`` and nothing else
 that JAX reads), except for what DESIGN.md lists as deliberate: the plain
@@ -32,16 +35,19 @@ import difflib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from fixtures.jobs import DATA, MODES
+from fixtures.jobs import DATA, JAXRUN, MODES, TOKEN, outlived, run_in_session
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -217,15 +223,13 @@ def read_logs(log_dir: Path) -> tuple[list[str], list[str]]:
     return [read(r, "stdout") for r in range(N)], [read(r, "stderr") for r in range(N)]
 
 
-def plain_launch(script: str, cwd: Path, run_dir: Path) -> Outcome:
+def plain_launch(script: str, cwd: Path, run_dir: Path, base_env: dict[str, str]) -> Outcome:
     """The guide's `for i in 0 1; do python script.py COORD 2 $i & done; wait`."""
     coord = f"127.0.0.1:{free_port()}"
     scratch, logs = run_dir / "scratch", run_dir / "logs"
     scratch.mkdir(parents=True)
     logs.mkdir()
-    env = dict(os.environ)
-    env.pop("JAXRUN_NO_PRELOAD", None)
-    env.update(PYTHONUNBUFFERED="1", JAX_COORDINATOR_ADDRESS=coord, COMPAT_SCRATCH=str(scratch))
+    env = dict(base_env, PYTHONUNBUFFERED="1", JAX_COORDINATOR_ADDRESS=coord, COMPAT_SCRATCH=str(scratch))
     procs: list[subprocess.Popen] = []
     try:
         for rank in range(N):
@@ -254,16 +258,14 @@ def plain_launch(script: str, cwd: Path, run_dir: Path) -> Outcome:
     return Outcome(codes, stdout, stderr, scratch)
 
 
-def jaxrun_launch(launch, mode: str, script: str, cwd: Path, run_dir: Path) -> Outcome:
+def jaxrun_launch(mode: str, script: str, cwd: Path, run_dir: Path, base_env: dict[str, str]) -> Outcome:
     scratch, logs, report = run_dir / "scratch", run_dir / "logs", run_dir / "report.json"
     scratch.mkdir(parents=True)
-    job = launch(
-        "-n", N, "--log-dir", logs, "--report", report,
-        script, "{coordinator}", "{num_processes}", "{process_id}",
-        cwd=cwd, env={"COMPAT_SCRATCH": str(scratch), "JAXRUN_NO_PRELOAD": "1" if mode == "no-preload" else "0"},
-    )
-    code = job.wait(timeout=RUN_TIMEOUT + 30)
-    console = f"jaxrun exit {code}\n--- console stdout\n{job.stdout}--- console stderr\n{job.stderr}"
+    env = dict(base_env, COMPAT_SCRATCH=str(scratch), JAXRUN_NO_PRELOAD="1" if mode == "no-preload" else "0")
+    argv = [*JAXRUN, "-n", str(N), "--log-dir", str(logs), "--report", str(report),
+            script, "{coordinator}", "{num_processes}", "{process_id}"]
+    code, out, err = run_in_session(argv, env=env, cwd=cwd, timeout=RUN_TIMEOUT + 30)
+    console = f"jaxrun exit {code}\n--- console stdout\n{out}--- console stderr\n{err}"
     assert report.exists(), f"jaxrun wrote no report\n{console}"
     codes = []
     for proc in sorted(json.loads(report.read_text())["processes"], key=lambda p: p["process_id"]):
@@ -278,24 +280,15 @@ def jaxrun_launch(launch, mode: str, script: str, cwd: Path, run_dir: Path) -> O
 # --- the suite ------------------------------------------------------------------
 
 
-@pytest.fixture(autouse=True)
-def same_jax_environment(monkeypatch):
+def jax_free(environ) -> dict[str, str]:
     """What JAX reads must come from the pattern, not from whoever runs pytest."""
-    for name in list(os.environ):
-        if name.startswith(("JAX_", "XLA_", "TF_CPP_")):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    env = {k: v for k, v in environ.items() if not k.startswith(("JAX_", "XLA_", "TF_CPP_"))}
+    env.pop("JAXRUN_NO_PRELOAD", None)
+    env["JAX_PLATFORMS"] = "cpu"
     # The symlinked pattern imports a sibling module: keep tests/data free of
     # __pycache__ folders.
-    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
-
-
-@pytest.fixture(scope="module")
-def symlink_dir(tmp_path_factory) -> Path:
-    """A folder elsewhere holding entry.py -> tests/data/compat/symlinked/main.py."""
-    folder = tmp_path_factory.mktemp("links")
-    (folder / "entry.py").symlink_to(COMPAT / "symlinked" / "main.py")
-    return folder
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
 
 
 def where_to_run(pattern: Pattern, symlink_dir: Path) -> tuple[str, Path]:
@@ -304,22 +297,63 @@ def where_to_run(pattern: Pattern, symlink_dir: Path) -> tuple[str, Path]:
     return pattern.script, COMPAT
 
 
-# name -> {"plain" or a mode: its Outcome, or the exception its launch raised}.
-_runs: dict[str, dict[str, Outcome | BaseException]] = {}
-
-
-def three_ways(name: str, pattern: Pattern, symlink_dir: Path, start_job, tmp_path_factory) -> dict:
-    """The plain launch and jaxrun in both modes, side by side; every one has
-    ended (or been killed) when this returns, within the test that called it."""
-    if name not in _runs:
-        script, cwd = where_to_run(pattern, symlink_dir)
-        base = tmp_path_factory.mktemp(f"runs-{name}")
+def three_ways(pattern: Pattern, symlink_dir: Path, base: Path, environ: dict[str, str]) -> dict:
+    """The plain launch and jaxrun in both modes, side by side, under a token
+    and a temporary folder of their own; every one has ended (or been killed)
+    when this returns, and ``left`` names what outlived them (killed too)."""
+    script, cwd = where_to_run(pattern, symlink_dir)
+    token = uuid.uuid4().hex
+    # Short, as the leak guard's: a socket's path in it must fit a Unix address.
+    tmpdir = tempfile.mkdtemp(prefix="jr-", dir="/tmp")
+    env = dict(jax_free(environ), TMPDIR=tmpdir, **{TOKEN: token})
+    try:
         with concurrent.futures.ThreadPoolExecutor(1 + len(MODES)) as pool:
-            futures = {"plain": pool.submit(plain_launch, script, cwd, base / "plain")}
+            futures = {"plain": pool.submit(plain_launch, script, cwd, base / "plain", env)}
             for mode in MODES:
-                futures[mode] = pool.submit(jaxrun_launch, start_job, mode, script, cwd, base / mode)
-            _runs[name] = {way: future.exception() or future.result() for way, future in futures.items()}
-    return _runs[name]
+                futures[mode] = pool.submit(jaxrun_launch, mode, script, cwd, base / mode, env)
+            runs = {way: future.exception() or future.result() for way, future in futures.items()}
+        runs["left"] = outlived(token)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    return runs
+
+
+@pytest.fixture(scope="module")
+def pattern_runs(request, tmp_path_factory):
+    """name -> the future of its three launches' outcomes ({"plain" or a mode:
+    its Outcome, or the exception its launch raised; "left": what outlived
+    them}).  A call starts the pattern's three and those of the next pattern
+    this run will check, each at most once: two patterns at a time, the next
+    one's start-up beside this one's waiting.  Every launch has ended when the
+    module does."""
+    # By name, not node id (under xdist's loadgroup a node id carries a suffix).
+    order = [item.callspec.params["name"] for item in request.session.items
+             if item.path == request.path and hasattr(item, "callspec")]
+    selected = list(dict.fromkeys(order))
+    # Taken once, here: the test's own fixtures change os.environ while a
+    # pattern started ahead of its test is still starting processes.
+    environ = {k: v for k, v in os.environ.items() if k not in (TOKEN, "TMPDIR")}
+    links = tmp_path_factory.mktemp("links")  # entry.py -> tests/data/compat/symlinked/main.py, elsewhere
+    (links / "entry.py").symlink_to(COMPAT / "symlinked" / "main.py")
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
+    started: dict[str, concurrent.futures.Future] = {}
+
+    def start(name: str) -> concurrent.futures.Future:
+        if name not in started:
+            base = tmp_path_factory.mktemp(f"runs-{name}")
+            started[name] = pool.submit(three_ways, PATTERNS[name], links, base, environ)
+        return started[name]
+
+    def runs(name: str) -> concurrent.futures.Future:
+        own = start(name)
+        later = selected[selected.index(name) + 1:] if name in selected else []
+        following = next((n for n in later if n not in started), None)
+        if following is not None:
+            start(following)
+        return own
+
+    yield runs
+    pool.shutdown(wait=True)
 
 
 def outcome(runs: dict, way: str) -> Outcome:
@@ -369,9 +403,12 @@ def differences(ref: Outcome, got: Outcome, mode: str) -> list[str]:
 
 @pytest.mark.parametrize("name", list(PATTERNS))
 @pytest.mark.both_modes
-def test_pattern_matches_the_plain_launch(name, start_job, launch_mode, symlink_dir, tmp_path_factory):
+def test_pattern_matches_the_plain_launch(name, launch_mode, pattern_runs):
     pattern = PATTERNS[name]
-    runs = three_ways(name, pattern, symlink_dir, start_job, tmp_path_factory)
+    # Its launches are bounded (RUN_TIMEOUT, jaxrun's 30 s more, 5 s for leftovers), and they
+    # started at the latest now: a pattern starts in its own test or ahead of it, never queued.
+    runs = pattern_runs(name).result(timeout=RUN_TIMEOUT + 45)
+    assert not runs["left"], f"{name}: processes outlived the launches: {runs['left']}"
     ref = outcome(runs, "plain")
     check_reference(name, pattern, ref)
 
