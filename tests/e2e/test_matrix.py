@@ -276,7 +276,8 @@ class Backend:
     differs: tuple = ()
     # Cells of this backend that ``cells`` runs at once, the hang cell's
     # included.  Most of a cell waits (a save, a grace, a stall, its hang's
-    # --timeout), so 4 fill what a 2-core machine leaves idle.
+    # --timeout), so 4 fill what a 2-core machine leaves idle; the Ray test
+    # cluster has room for 4 such jobs (its CPUS_PER_NODE).
     jobs: int = 4
 
     def expects(self, fault: Fault) -> Fault:
@@ -295,7 +296,7 @@ BACKENDS = [
             env=(("OMPI_MCA_rmaps_base_oversubscribe", "1"),), far_ends=frozenset({"scheduler.task_agent"})),
     Backend("ray", lambda cluster: ["--launcher", "ray", "--ray-address", cluster.address, "-n", PROCESSES],
             engine="ray_cluster", env=(("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0"),),
-            far_ends=frozenset({"ray.driver", "ray.actor"}), jobs=3),  # the Ray test cluster holds 3 (CPUS_PER_NODE)
+            far_ends=frozenset({"ray.driver", "ray.actor"})),
 ]
 BY_NAME = {b.name: b for b in BACKENDS}
 
