@@ -98,7 +98,8 @@ def test_was_at_is_where_each_process_ended_not_an_older_dump(start_job, tmp_pat
     raised = [rank for rank in (1, 2, 3) if "Traceback" in (tmp_path / "logs" / f"process-{rank}.stderr").read_text()]
     assert raised, job.stderr  # they raise 0.15 s after process 0, and jaxrun kills them 0.5 s after its end
     assert f"{LATE}:{older}" not in job.stderr, job.stderr
-    at = re.search(rf"^jaxrun:   processes? ([\d, ]+) (?:was|were) at {LATE}:{ends} in <module>: ", job.stderr, re.M)
+    at = re.search(rf"^jaxrun:   process(?:es)? ([\d, ]+) (?:was|were) at {LATE}:{ends} in <module>: ",
+                   job.stderr, re.M)
     assert at and all(str(rank) in at[1].split(", ") for rank in raised), job.stderr
     # They raised the root cause's very error themselves: not its consequences.
     recorded = [rank for rank in raised if (tmp_path / "logs" / f"process-{rank}.error.json").exists()]
