@@ -1154,7 +1154,10 @@ def test_a_long_program_that_ends_before_the_watchdogs_verdict_or_comes_back_is_
     the second span ended (the program done) after the timeout, before the
     watchdog's verdict on it.  A span a process ends by moving is no stall;
     a place said once is not said again."""
-    w, clock, notes, logs = watch(tmp_path, n=2)
+    _, clock, notes, logs = watch(tmp_path, n=2)
+    specs = [ProcessSpec(rank=r, local_rank=r, host=LOCAL_HOST, python="python", shim_args=("--", "x.py"), env={})
+             for r in range(2)]
+    w = stall.ActivityWatch(specs, 10.0, clock, notes.append, logs, wall=clock)  # spans by the test's clock
     heard_for(w, clock, dict.fromkeys(range(2), contract.IDLE), 10.1)
     assert probe_with(w, clock, logs, dict.fromkeys(range(2), AT_PROGRAM)) is None  # let run, said
     heard_for(w, clock, {0: contract.BUSY}, 0.1)  # a blip of CPU: the span ends ...
