@@ -284,8 +284,8 @@ MUTATIONS = [
         "native threads that spin while the main thread is parked count as work again: a GPU-shaped hang is never "
         "found",
         (("jaxrun/child/watch/activity.py",
-          "        return judge_threads(before, self.last_threads, t - t0, work, own)",
-          "        return contract.BUSY"),),
+          "        return judge_threads(before, self.last_threads, t - t0, work, own, waited,",
+          "        return contract.BUSY\n        return judge_threads(before, self.last_threads, t - t0, work, own, waited,"),),
         ("tests/unit/test_stall.py", "tests/e2e/test_matrix.py"),
         "spin and not (preload or ssh or slurm or mpirun or ray)",
     ),
@@ -302,10 +302,30 @@ MUTATIONS = [
         "main-spin-counts-as-work",
         "a main thread that loops on sched_yield inside a native call counts as work: that hang is never found",
         (("jaxrun/child/watch/activity.py",
-          "        if not main_spins(main_before, self.last_main, enough, self.gil_free):",
-          "        if True:"),),
+          "        elif not main_spins(main_before, self.last_main, enough, self.gil_free):",
+          "        elif True:"),),
         ("tests/unit/test_stall.py",),
         "spin",
+    ),
+    Mutation(
+        "starved-spinner-reads-parked",
+        "threads that spin on a machine so loaded that they get next to no CPU read parked: the stall's line loses "
+        "its spinning threads (CI, stop 78)",
+        (("jaxrun/child/watch/activity.py",
+          "                             starved_spinners(switches, self.last_wanting))",
+          "                             set())"),),
+        ("tests/unit/test_stall.py",),
+        "starved or spin",
+    ),
+    Mutation(
+        "dump-handler-reads-as-spin",
+        "the main thread's runs of jaxrun's signal handler (a stall's probe's dumps) count as its own CPU: a parked "
+        "process dumped often reads spinning",
+        (("jaxrun/child/watch/activity.py",
+          "        if self.last_heard != heard0:",
+          "        if False:"),),
+        ("tests/unit/test_stall.py",),
+        "handler",
     ),
     Mutation(
         "programs-never-compared",

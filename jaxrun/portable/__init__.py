@@ -74,7 +74,7 @@ _WHERE = {
     "free_port": "sockets", "is_abstract": "sockets", "peer_pid": "sockets", "peer_uid": "sockets",
     "server_address": "sockets", "temp_base_for_sockets": "sockets",
     "RunDelay": "threads", "ThreadRunning": "threads", "Throttling": "threads", "io_bytes": "threads",
-    "lower_thread_priority": "threads",
+    "lower_thread_priority": "threads", "preempted": "threads", "thread_switches": "threads",
     "main_native_id": "threads", "thread_cpu": "threads", "thread_times": "threads", "thread_waits": "threads",
 }
 
@@ -104,7 +104,7 @@ __all__ = [
     "held_path", "inotify", "io_bytes",
     "is_abstract", "lower_thread_priority", "main_native_id", "maxrss_bytes", "memory_group", "move_from_pipe",
     "notes", "open_file_ids", "own_age",
-    "peer_pid", "peer_uid",
+    "peer_pid", "peer_uid", "preempted",
     "pid_max", "server_address", "set_pipe_size", "temp_base_for_sockets", "thread_cpu", "thread_times",
-    "thread_waits",
+    "thread_switches", "thread_waits",
 ]

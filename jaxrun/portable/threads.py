@@ -9,6 +9,11 @@ import os
 import sys
 import threading
 
+try:
+    import resource
+except ImportError:  # not on Windows
+    resource = None
+
 from jaxrun.portable.probe import forced
 
 
@@ -157,6 +162,46 @@ def thread_waits() -> dict[int, float] | None:
     On a loaded machine a thread that works or spins gets a small share of a
     core and waits for the rest; a parked thread does neither."""
     return _each_thread("schedstat", 256, lambda text: int(text.split()[1]) / 1e9)
+
+
+def preempted() -> int | None:
+    """How many times the kernel has taken a CPU from a thread of this
+    process that still wanted it (involuntary context switches), the
+    calling thread's left out; None where the system does not say.  Two
+    system calls (``getrusage``), whatever the number of threads: a thread
+    that spins gets preempted again and again, even where the load leaves
+    it almost no CPU, and a parked one never is."""
+    if forced() or resource is None or not hasattr(resource, "RUSAGE_THREAD"):
+        return None
+    try:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw - resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
+    except OSError:
+        return None
+
+
+def thread_switches(tids) -> dict[int, tuple[int, int]]:
+    """(voluntary, involuntary) context switches so far of each of these
+    threads of this process (``/proc/self/task/TID/status``), by native id;
+    a thread the system says nothing of is left out.  A thread that never
+    switched voluntarily between two looks never slept, parked or waited
+    on anything in between: it was always ready to run."""
+    if forced():
+        return {}
+    said = {}
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/status", "rb") as f:
+                text = f.read(4096)
+        except OSError:
+            continue
+        counts = {}
+        for line in text.splitlines():
+            key, _, value = line.partition(b":")
+            if key in (b"voluntary_ctxt_switches", b"nonvoluntary_ctxt_switches"):
+                counts[key] = int(value)
+        if len(counts) == 2:
+            said[tid] = (counts[b"voluntary_ctxt_switches"], counts[b"nonvoluntary_ctxt_switches"])
+    return said
 
 
 def _task_file(tid: int | None, name: str) -> int | None:

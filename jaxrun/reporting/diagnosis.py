@@ -250,9 +250,18 @@ def spun(group: StallGroup, stall: Stall) -> str:
         return ""
     if len(group.ranks) == 1:
         s = said[0][1]
-        return f" (its Python stood still while {s.threads} of its own threads spun, {s.cores:.2f} cores of CPU)"
-    each = ", ".join(f"process {rank}: {s.threads} threads, {s.cores:.2f} cores" for rank, s in said)
+        return f" (its Python stood still while {s.threads} of its own threads spun, {_cpu(s, 'cores of CPU')})"
+    each = ", ".join(f"process {rank}: {s.threads} threads, {_cpu(s, 'cores')}" for rank, s in said)
     return f" (their Python stood still while their own threads spun: {each})"
+
+
+def _cpu(spinning, unit: str) -> str:
+    """"1.95 cores of CPU"; for threads that spun though the machine's load
+    left them next to none (the kernel preempting them again and again,
+    ``child.watch.activity.starved_spinners``), says so."""
+    if spinning.cores < 0.005:
+        return "starved of CPU by the machine's load"
+    return f"{spinning.cores:.2f} {unit}"
 
 
 def stall_lines(stall: Stall, records: list[ProcessRecord]) -> list[str]:

@@ -376,7 +376,11 @@ def test_stalls_are_found_and_never_taken_for_slow_work(place, start_job, tmp_pa
         said = (f"jaxrun:   process 1{host1} stands out, at {script}:{parked} in <module>: threading.Event().wait()"
                 f"  # parked, while its threads spin (its Python stood still while ")
         assert said in job.stderr, job.stderr
-        assert re.search(r"stood still while [12] of its own threads spun, [\d.]+ cores of CPU\); processes 0, 2 wait "
+        # On a machine loaded enough, the spinning threads get next to no CPU (CI: the job's
+        # 3 processes used 0.9 CPU seconds in all): they are seen spinning by the kernel's
+        # preemptions, and the line says the load starved them.
+        assert re.search(r"stood still while [12] of its own threads spun, (?:[\d.]+ cores of CPU|starved of CPU by "
+                         r"the machine's load)\); processes 0, 2 wait "
                          rf"at {re.escape(str(script))}:{waiting} in <module>: ", job.stderr), job.stderr
         report = json.loads((tmp_path / "spin.json").read_text())
         first, second = report["attempts"]
@@ -385,10 +389,11 @@ def test_stalls_are_found_and_never_taken_for_slow_work(place, start_job, tmp_pa
         assert (cause["kind"], cause["process_id"], cause["at"]) == ("stall", 1, f"{script}:{parked}"), cause
         assert cause["stall"]["waiting"]["process_ids"] == [0, 2]
         spun = cause["stall"]["spinning"]
-        assert [s["process_id"] for s in spun] == [1] and spun[0]["cores"] > 0, spun
-        # Each of the 2 threads is counted when it got 5% of a core: on a machine
-        # that another pytest worker loads (the "loaded" place beside this one),
-        # one may get less at the looks that counted.
+        assert [s["process_id"] for s in spun] == [1] and spun[0]["cores"] >= 0, spun
+        # Each of the 2 threads is counted when it got 5% of a core, or was preempted
+        # again and again without sleeping: on a machine that another pytest worker
+        # loads (the "loaded" place beside this one), one may show neither at the looks
+        # that counted.
         assert spun[0]["threads"] in (1, 2), spun
         # The restart's process 1 spins from step 3 on and steps to the end: never taken for a stall.
         assert second["exit_code"] == 0 and report["exit_code"] == 0, report

@@ -5,6 +5,7 @@ are in tests/e2e/test_stall.py and the matrix's stuck row."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -49,13 +50,16 @@ class Sampler:
         self.gil_free = True
         self.stack = ((code("/work/train.py", "<module>"), 12),)
         self.parked = False  # the main thread waits in a wait of Python's own (place.parked_in_python)
+        self.preempts: int | None = 0  # the process's involuntary context switches so far (None: not said)
+        self.switched: dict[int, tuple[int, int]] = {}  # each thread's (voluntary, involuntary) switches
         self.live = activity.Sampler(str(tmp_path / "progress"), 1.0, clock=self.clock, cpu=lambda: self.cpu,
                                       io=lambda: self.io, stack=lambda: self.stack, children=lambda: self.kids,
                                       threads=lambda: None if self.threads is None else dict(self.threads),
                                       python=lambda: (self.work, self.own), main_tid=MAIN,
                                       main_times=self.main_times, gil_free=lambda: self.gil_free,
                                       waits=lambda: None if self.waits is None else dict(self.waits),
-                                      parked=lambda: self.parked)
+                                      parked=lambda: self.parked, preempted=lambda: self.preempts,
+                                      switches=lambda tids: {t: self.switched[t] for t in tids if t in self.switched})
 
     def main_times(self) -> tuple[float, float] | None:
         if self.threads is None:
@@ -145,6 +149,26 @@ def test_a_main_thread_that_yields_in_a_native_call_with_the_gil_free_spins(tmp_
     assert s.burn(1.0, MAIN=1.0) == contract.BUSY  # a numpy call: user time
     s.main_system = 0.9
     assert s.burn(1.0, MAIN=0.01) == contract.IDLE  # a parked thread's crumbs
+
+
+def test_a_main_thread_that_ran_jaxruns_signal_handler_since_the_last_look_neither_spins_nor_works(tmp_path,
+                                                                                                monkeypatch):
+    """A stall's probe asks for dumps: the parked main thread runs jaxrun's
+    handler, which waits 5 ms at a time for the dumping thread (system time,
+    the GIL free): a spin's shape.  Dumped every 30 ms, a parked process
+    read "spin 1 0.10" at one look in six (tests below)."""
+    from jaxrun.child.watch import dumps
+
+    monkeypatch.setattr(dumps, "_heard", {})
+    s = Sampler(tmp_path)
+    s.threads, s.main_system, s.parked = {MAIN: 0.0}, 0.9, True
+    s.burn(1.0, MAIN=0.1)
+    assert s.burn(1.0, MAIN=0.1) == "spin 1 0.10"  # no handler run: the spin rule as above
+    dumps._heard[signal.SIGUSR1] = 3
+    assert s.burn(1.0, MAIN=0.1) == contract.PARKED
+    dumps._heard[signal.SIGUSR1] = 4
+    assert s.burn(1.0, MAIN=0.1, NATIVE1=0.5) == "spin 1 0.50"  # its other threads are judged as ever
+    assert s.burn(1.0, MAIN=0.1) == "spin 1 0.10"  # no run since the last look
 
 
 def test_the_gil_probe_tells_a_python_loop_from_a_thread_that_left_it():
@@ -258,6 +282,65 @@ def test_a_starved_helper_thread_is_work_to_the_sampler(tmp_path):
     s.waits = {MAIN: 0.9, HELPER: 0.9}  # neither waited since: no work
     assert s.burn(1.0, HELPER=0.015) == contract.IDLE
     assert s.burn(1.0, HELPER=0.005) == contract.IDLE  # under 1% of a core: not even read
+
+
+def test_threads_that_spin_starved_of_cpu_by_the_load_spin_and_none_that_sleeps_or_waits_once_does(tmp_path):
+    """On a loaded machine a thread that loops on sched_yield gets almost no
+    CPU (0-6 ms in 5 s beside 4 to 60 busy loops): under 1% of a core, the
+    process's threads were not even read, and it read parked, its spin
+    lost (CI: a job stopped for a stall named without its spinning
+    threads).  The kernel still preempts such a thread again and again, and
+    it never sleeps: that spins.  A thread woken once that waited the whole
+    interval for a CPU was not preempted; one that wakes often to do a
+    little switches voluntarily each time: neither spins."""
+    s = Sampler(tmp_path)
+    s.threads, s.parked = {MAIN: 0.0, NATIVE1: 0.0, NATIVE2: 0.0}, True
+    s.waits = dict(s.threads)
+    assert s.says(1.0) == contract.PARKED  # baseline: nothing used, nothing preempted, threads not read
+
+    def look(preempts, spinner, other, **waits):
+        s.preempts += preempts
+        s.waits = {tid: s.waits[tid] + waits.get(name, 0.0) for name, tid in
+                   (("MAIN", MAIN), ("NATIVE1", NATIVE1), ("NATIVE2", NATIVE2))}
+        s.switched = {NATIVE1: spinner, NATIVE2: other}
+        return s.burn(1.0, NATIVE1=0.001, NATIVE2=0.001)
+
+    # Preempted twice an interval: the threads are read (0.2% of a core is under the 1% that reads them).
+    # Two looks to learn: each thread's CPU and wait from the look before, then the starved threads' switches.
+    assert look(12, (0, 4), (3, 0), NATIVE1=0.95, NATIVE2=0.9) == contract.PARKED
+    assert look(12, (0, 10), (3, 0), NATIVE1=0.95, NATIVE2=0.9) == contract.PARKED
+    said = look(12, (0, 16), (3, 0), NATIVE1=0.95, NATIVE2=0.9)  # NATIVE2 woke once, waited, never ran
+    assert contract.Spinning.of(said) == contract.Spinning(1, 0.0), said
+    said = look(12, (0, 22), (9, 6), NATIVE1=0.95, NATIVE2=0.9)  # NATIVE2 wakes often: voluntary switches
+    assert contract.Spinning.of(said) == contract.Spinning(1, 0.0), said
+    said = look(12, (0, 28), (9, 12), NATIVE1=0.95, NATIVE2=0.9)  # now both spin
+    assert contract.Spinning.of(said) == contract.Spinning(2, 0.0), said
+    assert look(1, (0, 28), (9, 12), NATIVE1=0.95, NATIVE2=0.9) == contract.PARKED  # preempted once: not read
+    # Read but not starved (ready to run for under half the interval): not even asked.
+    s.preempts += 12
+    s.switched = {}
+    assert look(12, (0, 40), (9, 24), NATIVE1=0.2, NATIVE2=0.2) == contract.PARKED
+    # Where the system says nothing of preemption, as before: by CPU alone.
+    s.preempts = None
+    s.waits = {tid: w + 0.95 for tid, w in s.waits.items()}
+    assert s.burn(1.0, NATIVE1=0.001, NATIVE2=0.001) == contract.PARKED
+    assert activity.starved_spinners({NATIVE1: (3, 5)}, {NATIVE1: (3, 6), NATIVE2: (0, 50)}) == set()  # once; new
+    assert activity.starved_spinners({NATIVE1: (3, 5)}, {NATIVE1: (3, 7)}) == {NATIVE1}
+
+
+def test_each_threads_switches_and_the_processs_preemptions_are_read_from_the_system():
+    import threading
+
+    from jaxrun import portable
+
+    me = threading.get_native_id()
+    switches, preempted = portable.thread_switches([me, 10**9]), portable.preempted()
+    if preempted is None:
+        pytest.skip("this system counts no context switches per thread")
+    assert set(switches) == {me} and all(n >= 0 for n in switches[me]), switches
+    time.sleep(0.01)  # a sleep is a voluntary switch
+    assert portable.thread_switches([me])[me][0] > switches[me][0]
+    assert preempted >= 0
 
 
 def test_each_threads_wait_for_a_cpu_is_read_from_the_system():
@@ -770,6 +853,13 @@ def test_the_summary_and_the_report_say_whose_threads_spun_while_its_python_stoo
     line = summary.summary_lines(Outcome(recs, contract.STALL_EXIT, StopReason.STALL, stall=both), str(tmp_path))[1]
     assert ("processes 0, 2 at /w/train.py:15 in <module>: loss = float(step(x)) (their Python stood still while "
             "their own threads spun: process 0: 1 threads, 1.00 cores, process 2: 3 threads, 2.50 cores)") in line
+    # Threads that spun though the load left them next to no CPU: said so, never "0.00 cores".
+    starved = dataclasses.replace(found, spinning=((1, contract.Spinning(2, 0.0)),))
+    line = summary.summary_lines(Outcome(recs, contract.STALL_EXIT, StopReason.STALL, stall=starved), str(tmp_path))[1]
+    assert "(its Python stood still while 2 of its own threads spun, starved of CPU by the machine's load)" in line
+    starved = dataclasses.replace(both, spinning=((0, contract.Spinning(1, 0.0)), (2, contract.Spinning(3, 2.5))))
+    line = summary.summary_lines(Outcome(recs, contract.STALL_EXIT, StopReason.STALL, stall=starved), str(tmp_path))[1]
+    assert "process 0: 1 threads, starved of CPU by the machine's load, process 2: 3 threads, 2.50 cores)" in line
 
 
 SPINNING_MAIN = """
@@ -879,6 +969,64 @@ def test_a_real_helper_thread_starved_of_cpu_works_and_without_the_wait_it_looke
     said = ast.literal_eval(out.stdout.strip().splitlines()[-1])
     assert set(said["waits"][2:]) == {contract.BUSY}, said
     assert {contract.IDLE, contract.PARKED} & set(said["cpu-only"][2:]), said  # not moving: parked in its wait
+
+
+STARVED_SPINNERS = """
+import ctypes, os, sys, threading, time
+from jaxrun.child.watch import activity
+os.sched_setaffinity(0, {int(sys.argv[1])})
+said = {"switches": [], "cpu-only": []}
+left, lock, looked = [len(said)], threading.Lock(), threading.Event()
+def look(key, sampler):
+    for _ in range(10):
+        time.sleep(0.2)
+        said[key].append(sampler.judge())
+    with lock:
+        left[0] -= 1
+        if not left[0]:
+            looked.set()
+ctypes.CDLL(sys.argv[2]).spin_start(2)  # native threads on sched_yield, as NCCL's in a hang
+lookers = [threading.Thread(target=look, name="jaxrun-" + key, args=(key, activity.Sampler(
+    os.devnull, 0.2, **({} if key == "switches" else {"preempted": lambda: None})))) for key in said]
+for t in lookers: t.start()
+looked.wait(50)  # the main thread parked, as the spinning job's culprit is
+print(said, flush=True)
+os._exit(0)  # the spinners spin until the end
+"""
+
+
+def test_real_threads_that_spin_beside_busy_loops_on_their_cpu_spin_where_their_cpu_alone_read_parked(tmp_path):
+    """One CPU shared by the child and 8 busy processes: its two threads
+    that loop on sched_yield get almost no CPU (0-6 ms in 5 s), and the
+    kernel preempts them hundreds of times.  Two samplers look at them side
+    by side: the one that counts preemptions says SPIN at every look that
+    can judge; without that count the process read parked."""
+    from fixtures import spinner
+
+    from jaxrun import portable
+
+    if portable.preempted() is None or not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no context switches per thread, or no CPU affinity, on this system")
+    library = spinner.build(tmp_path)
+    cpu = min(os.sched_getaffinity(0))
+    burn = "import os, sys, time\nos.sched_setaffinity(0, {int(sys.argv[1])})\nend = time.monotonic() + 10\n" \
+        "while time.monotonic() < end: pass\n"
+    load = [subprocess.Popen([sys.executable, "-c", burn, str(cpu)]) for _ in range(8)]
+    try:
+        time.sleep(0.5)
+        out = subprocess.run([sys.executable, "-c", STARVED_SPINNERS, str(cpu), str(library)], capture_output=True,
+                             text=True, timeout=60)
+    finally:
+        for p in load:
+            p.kill()
+        for p in load:
+            p.wait()
+    assert out.returncode == 0, out.stderr
+    import ast
+
+    said = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+    assert {contract.activity_word(w) for w in said["switches"][2:]} == {contract.SPIN}, said
+    assert contract.PARKED in said["cpu-only"][2:], said
 
 
 FORKED_MAIN = """

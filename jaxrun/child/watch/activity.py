@@ -55,14 +55,23 @@ or computes (unless its CPU has a spinner's shape, ``main_spins``; one
 starved below ``BUSY_SHARE`` shows no shape, and works).  A parked thread
 waits for no CPU; a thread that wakes now and then waits a little each
 time.  A wrong "busy" only delays a stall's finding on a loaded machine;
-a wrong "idle" may stop a job that works.  Another thread spins only when
-it used ``BUSY_SHARE`` of a core: on a machine so loaded that a spinner
-gets less, any thread that woke once may wait the whole interval for a
-CPU, so a wait tells nothing there (fewer spinning threads are counted).
+a wrong "idle" may stop a job that works.  Another thread spins when it
+used ``BUSY_SHARE`` of a core.  On a machine so loaded that a spinner gets
+less (a loop on ``sched_yield`` got 0-6 ms in 5 s beside 4 to 60 busy
+loops), its wait alone tells nothing, since a thread that woke once may
+wait the whole interval for a CPU; but the kernel preempts a spinner again
+and again, and it never sleeps.  So a thread starved so (``wanting``) that
+was preempted at least ``PREEMPTED_SPIN`` times between two looks with no
+voluntary switch (``starved_spinners``, from ``/proc/self/task/TID/status``,
+read for those threads only) spins too, with the little CPU it got.  The
+main thread's runs of jaxrun's signal handler (a stall's probe asks for
+dumps) are jaxrun's: at a look after one, its CPU counts for neither.
 
 The looks cost little, once per interval (reading each thread's CPU time
 and its wait for a CPU, two small files a thread, only when the process
-used ``LOOK_SHARE`` of a core or the last look was busy: 0.3 ms a look in a jax process, 3-7 ms with
+used ``LOOK_SHARE`` of a core, the last look was busy, or the kernel
+preempted its threads ``PREEMPTED_LOOK`` times (``getrusage``: two system
+calls): 0.3 ms a look in a jax process, 3-7 ms with
 300 more native threads, 0.05 ms where it used none, ``bench/stall.py``;
 the children's, one system call where there are none); nothing is hooked,
 so the script's own calls run as fast as without jaxrun.  The sampler's
@@ -86,7 +95,7 @@ import threading
 import time
 
 from jaxrun import contract, portable
-from jaxrun.child.watch import sampler
+from jaxrun.child.watch import dumps, sampler
 from jaxrun.child.watch.place import busy_place, inside_jax, main_stack, parked_in_python
 
 MAX_INTERVAL = 5.0
@@ -95,6 +104,8 @@ BUSY_SHARE = 0.05  # of one core, over an interval
 LOOK_SHARE = 0.01  # of one core: less, and the process has nothing to judge thread by thread
 WANTED_SHARE = 0.5  # of the interval, CPU time and the wait for a CPU: a Python thread that works, starved
 BUSY_IO = 64 * 1024  # bytes per interval
+PREEMPTED_LOOK = 2  # the process's threads preempted this often in an interval: its threads are read
+PREEMPTED_SPIN = 2  # a starved thread preempted this often between two looks, never sleeping: it spins
 SPIN_SYSTEM_SHARE = 0.5  # of the main thread's CPU: a loop on sched_yield is mostly system time
 GIL_HELD = 0.001  # seconds to take the GIL back: more, and a thread is running Python
 _OWN_THREADS = "jaxrun-"  # the names of jaxrun's own threads: neither work nor spin
@@ -161,7 +172,7 @@ def children_cpu() -> dict[int, float]:
 
 
 def judge_threads(before: dict[int, float], now: dict[int, float], seconds: float, work: set[int],
-                  own: set[int], waited: dict[int, float] | None = None) -> str:
+                  own: set[int], waited: dict[int, float] | None = None, starved: set[int] = frozenset()) -> str:
     """From each thread's CPU seconds at two looks ``seconds`` apart: BUSY
     where the script's Python threads (``work``) used ``BUSY_SHARE`` of a
     core, else a SPIN line for the other threads (no Python frame, or the
@@ -169,8 +180,9 @@ def judge_threads(before: dict[int, float], now: dict[int, float], seconds: floa
     IDLE.  ``own``: jaxrun's threads, left out.  ``waited``: the seconds
     each thread was ready to run but had no CPU, between the looks; a
     thread of ``work`` whose CPU and wait make ``WANTED_SHARE`` of the
-    interval is starved, not parked, and works.  Spinning is judged by CPU
-    alone."""
+    interval is starved, not parked, and works.  Spinning is judged by CPU,
+    save for ``starved``: threads that spin though the load left them less
+    than that (``starved_spinners``)."""
     seconds = max(seconds, 1e-9)
     enough, wanted = BUSY_SHARE * seconds, WANTED_SHARE * seconds
     waited = waited or {}
@@ -180,10 +192,39 @@ def judge_threads(before: dict[int, float], now: dict[int, float], seconds: floa
         return contract.BUSY
     if any(used[tid] + waited.get(tid, 0.0) >= wanted for tid in work if tid in used):
         return contract.BUSY  # starved: it wanted the CPU most of the interval
-    spun = [cpu for tid, cpu in used.items() if tid not in work and cpu >= enough]
+    spun = [cpu for tid, cpu in used.items() if tid not in work and (cpu >= enough or tid in starved)]
     if not spun:
         return contract.IDLE
     return contract.Spinning(len(spun), round(sum(spun) / seconds, 2)).line()
+
+
+def wanting(before: dict[int, float], now: dict[int, float], seconds: float, work: set[int], own: set[int],
+            waited: dict[int, float]) -> set[int]:
+    """The threads, neither the script's Python (``work``) nor jaxrun's
+    (``own``), that used less than ``BUSY_SHARE`` of a core but were ready
+    to run for ``WANTED_SHARE`` of the interval: starved, whether they spin
+    or woke once to wait for a CPU (``starved_spinners`` tells which)."""
+    enough, wanted = BUSY_SHARE * seconds, WANTED_SHARE * seconds
+    said = set()
+    for tid, cpu in now.items():
+        if tid in work or tid in own:
+            continue
+        used = cpu - before.get(tid, 0.0)
+        if used < enough and used + waited.get(tid, 0.0) >= wanted:
+            said.add(tid)
+    return said
+
+
+def starved_spinners(before: dict[int, tuple[int, int]], now: dict[int, tuple[int, int]]) -> set[int]:
+    """Of the starved threads at two looks (each one's voluntary and
+    involuntary context switches so far, ``portable.thread_switches``),
+    those that spin: they never switched voluntarily in between (no sleep,
+    no wait on anything) and were preempted at least ``PREEMPTED_SPIN``
+    times (they ran, and wanted to go on).  A thread woken once that waited
+    the whole interval for a CPU was not preempted; a thread that wakes
+    often to do a little switches voluntarily each time."""
+    return {tid for tid, (voluntary, preempted) in now.items()
+            if tid in before and voluntary == before[tid][0] and preempted - before[tid][1] >= PREEMPTED_SPIN}
 
 
 def main_spins(before: tuple[float, float] | None, now: tuple[float, float] | None, enough: float,
@@ -218,7 +259,7 @@ class Sampler:
     def __init__(self, path: str, interval: float, clock=time.monotonic, cpu=others_cpu,
                  io=portable.io_bytes, stack=None, children=None, threads=portable.thread_cpu, python=None,
                  main_times=None, gil_free=None, main_tid: int | None = None, waits=portable.thread_waits,
-                 parked=None):
+                 parked=None, preempted=portable.preempted, switches=portable.thread_switches):
         self.path, self.interval = path, interval
         self.clock, self.cpu, self.io = clock, cpu, io
         main = threading.main_thread()
@@ -232,6 +273,11 @@ class Sampler:
         # The main thread's (user, system) CPU seconds, and whether it has left the GIL free.
         self.main_times = main_times or (lambda: portable.thread_times(self.main_tid))
         self.gil_free = gil_free or gil_left_free
+        self.preempted = preempted  # the process's involuntary context switches so far, or None
+        self.switches = switches  # each starved thread's (voluntary, involuntary) switches, read for those only
+        self.last_preempted = preempted()
+        self.last_wanting: dict[int, tuple[int, int]] = {}  # the starved threads' switches at the last look
+        self.last_heard = dumps.heard()  # the main thread's runs of jaxrun's signal handler
         self.last_main: tuple[float, float] | None = None
         self.state: str | None = None  # the line last written
         self.lock = threading.Lock()  # FINISHED is the last word: no look after it writes over it
@@ -265,7 +311,13 @@ class Sampler:
         # its threads are read from a share of a core well above a parked
         # one's, and after a busy look (a starved helper may get less than
         # that share in one interval, and what it waited for says it works).
-        looked = cpu - cpu0 >= LOOK_SHARE * max(t - t0, 1e-9) or self.was_busy
+        # A process whose threads spin on a machine so loaded that they get almost no CPU
+        # still shows it: the kernel preempts them again and again.
+        preempted0, self.last_preempted = self.last_preempted, self.preempted()
+        heard0, self.last_heard = self.last_heard, dumps.heard()
+        looked = (cpu - cpu0 >= LOOK_SHARE * max(t - t0, 1e-9) or self.was_busy
+                  or (self.last_preempted is not None and preempted0 is not None
+                      and self.last_preempted - preempted0 >= PREEMPTED_LOOK))
         before, self.last_threads = self.last_threads, (self.threads() if looked else None)
         waits_before, self.last_waits = self.last_waits, (self.waits() if looked else None)
         main_before, self.last_main = self.last_main, (self.main_times() if looked else None)
@@ -282,10 +334,17 @@ class Sampler:
         if inside_jax(stack):
             return contract.BUSY if used else contract.IDLE  # JAX's work
         work, own = self.python()
-        if not main_spins(main_before, self.last_main, enough, self.gil_free):
+        if self.last_heard != heard0:
+            # It ran jaxrun's signal handler (a stall's probe asks for dumps): its CPU was
+            # jaxrun's, mostly system time with the GIL free, the shape of a spin.
+            own = own | {self.main_tid}
+        elif not main_spins(main_before, self.last_main, enough, self.gil_free):
             work = work | {self.main_tid}
-        return judge_threads(before, self.last_threads, t - t0, work, own,
-                             waited_between(waits_before, self.last_waits))
+        waited = waited_between(waits_before, self.last_waits)
+        starved = wanting(before, self.last_threads, t - t0, work, own, waited)
+        switches, self.last_wanting = self.last_wanting, (self.switches(starved) if starved else {})
+        return judge_threads(before, self.last_threads, t - t0, work, own, waited,
+                             starved_spinners(switches, self.last_wanting))
 
     def write(self, said: str) -> None:
         with self.lock:
