@@ -285,7 +285,8 @@ MUTATIONS = [
         "found",
         (("jaxrun/child/watch/activity.py",
           "        return judge_threads(before, self.last_threads, t - t0, work, own, waited,",
-          "        return contract.BUSY\n        return judge_threads(before, self.last_threads, t - t0, work, own, waited,"),),
+          "        return contract.BUSY\n"
+          "        return judge_threads(before, self.last_threads, t - t0, work, own, waited,"),),
         ("tests/unit/test_stall.py", "tests/e2e/test_matrix.py"),
         "spin and not (preload or ssh or slurm or mpirun or ray)",
     ),

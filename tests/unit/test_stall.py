@@ -909,14 +909,8 @@ def test_a_real_main_thread_spinning_in_a_native_call_spins_and_a_python_loop_wo
     assert contract.activity_word(state) == said, out.stdout
 
 
-STARVED_HELPER = """
-import os, sys, threading, time
-from jaxrun.child.watch import activity, place
-os.sched_setaffinity(0, {int(sys.argv[1])})
-stop = threading.Event()
-def work():  # until every look is taken: starved, the looks may take longer than planned
-    while not stop.is_set(): sum(range(1000))
-said = {"waits": [], "cpu-only": []}
+# Two samplers that look at one process side by side, 12 looks each; the main thread waits on ``looked``.
+SIDE_BY_SIDE = """
 left, lock, looked = [len(said)], threading.Lock(), threading.Event()
 def look(key, sampler):
     for _ in range(12):
@@ -926,7 +920,40 @@ def look(key, sampler):
         left[0] -= 1
         if not left[0]:
             looked.set()
-helper = threading.Thread(target=work)
+"""
+
+
+def beside_busy_loops(loops: int, script: str, *args) -> dict:
+    """Run ``script`` (its first argument: the CPU it pins itself to) on one
+    CPU shared with ``loops`` busy processes: what its samplers said."""
+    import ast
+
+    cpu = min(os.sched_getaffinity(0))
+    burn = "import os, sys, time\nos.sched_setaffinity(0, {int(sys.argv[1])})\nend = time.monotonic() + 10\n" \
+        "while time.monotonic() < end: pass\n"
+    load = [subprocess.Popen([sys.executable, "-c", burn, str(cpu)]) for _ in range(loops)]
+    try:
+        time.sleep(0.5)
+        out = subprocess.run([sys.executable, "-c", script, str(cpu), *map(str, args)], capture_output=True,
+                             text=True, timeout=60)
+    finally:
+        for p in load:
+            p.kill()
+        for p in load:
+            p.wait()
+    assert out.returncode == 0, out.stderr
+    return ast.literal_eval(out.stdout.strip().splitlines()[-1])
+
+
+STARVED_HELPER = """
+import os, sys, threading, time
+from jaxrun.child.watch import activity, place
+os.sched_setaffinity(0, {int(sys.argv[1])})
+stop = threading.Event()
+def work():  # until every look is taken: starved, the looks may take longer than planned
+    while not stop.is_set(): sum(range(1000))
+said = {"waits": [], "cpu-only": []}
+""" + SIDE_BY_SIDE + """helper = threading.Thread(target=work)
 helper.start()
 time.sleep(0.3)
 lookers = [threading.Thread(target=look, name="jaxrun-" + key, args=(key, activity.Sampler(
@@ -950,23 +977,7 @@ def test_a_real_helper_thread_starved_of_cpu_works_and_without_the_wait_it_looke
 
     if portable.thread_waits() is None or not hasattr(os, "sched_setaffinity"):
         pytest.skip("no run-queue delay per thread, or no CPU affinity, on this system")
-    cpu = min(os.sched_getaffinity(0))
-    burn = "import os, sys, time\nos.sched_setaffinity(0, {int(sys.argv[1])})\nend = time.monotonic() + 10\n" \
-        "while time.monotonic() < end: pass\n"
-    load = [subprocess.Popen([sys.executable, "-c", burn, str(cpu)]) for _ in range(24)]
-    try:
-        time.sleep(0.5)
-        out = subprocess.run([sys.executable, "-c", STARVED_HELPER, str(cpu)], capture_output=True, text=True,
-                             timeout=60)
-    finally:
-        for p in load:
-            p.kill()
-        for p in load:
-            p.wait()
-    assert out.returncode == 0, out.stderr
-    import ast
-
-    said = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+    said = beside_busy_loops(24, STARVED_HELPER)
     assert set(said["waits"][2:]) == {contract.BUSY}, said
     assert {contract.IDLE, contract.PARKED} & set(said["cpu-only"][2:]), said  # not moving: parked in its wait
 
@@ -976,16 +987,7 @@ import ctypes, os, sys, threading, time
 from jaxrun.child.watch import activity
 os.sched_setaffinity(0, {int(sys.argv[1])})
 said = {"switches": [], "cpu-only": []}
-left, lock, looked = [len(said)], threading.Lock(), threading.Event()
-def look(key, sampler):
-    for _ in range(10):
-        time.sleep(0.2)
-        said[key].append(sampler.judge())
-    with lock:
-        left[0] -= 1
-        if not left[0]:
-            looked.set()
-ctypes.CDLL(sys.argv[2]).spin_start(2)  # native threads on sched_yield, as NCCL's in a hang
+""" + SIDE_BY_SIDE + """ctypes.CDLL(sys.argv[2]).spin_start(2)  # native threads on sched_yield, as NCCL's in a hang
 lookers = [threading.Thread(target=look, name="jaxrun-" + key, args=(key, activity.Sampler(
     os.devnull, 0.2, **({} if key == "switches" else {"preempted": lambda: None})))) for key in said]
 for t in lookers: t.start()
@@ -1007,24 +1009,7 @@ def test_real_threads_that_spin_beside_busy_loops_on_their_cpu_spin_where_their_
 
     if portable.preempted() is None or not hasattr(os, "sched_setaffinity"):
         pytest.skip("no context switches per thread, or no CPU affinity, on this system")
-    library = spinner.build(tmp_path)
-    cpu = min(os.sched_getaffinity(0))
-    burn = "import os, sys, time\nos.sched_setaffinity(0, {int(sys.argv[1])})\nend = time.monotonic() + 10\n" \
-        "while time.monotonic() < end: pass\n"
-    load = [subprocess.Popen([sys.executable, "-c", burn, str(cpu)]) for _ in range(8)]
-    try:
-        time.sleep(0.5)
-        out = subprocess.run([sys.executable, "-c", STARVED_SPINNERS, str(cpu), str(library)], capture_output=True,
-                             text=True, timeout=60)
-    finally:
-        for p in load:
-            p.kill()
-        for p in load:
-            p.wait()
-    assert out.returncode == 0, out.stderr
-    import ast
-
-    said = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+    said = beside_busy_loops(8, STARVED_SPINNERS, spinner.build(tmp_path))
     assert {contract.activity_word(w) for w in said["switches"][2:]} == {contract.SPIN}, said
     assert contract.PARKED in said["cpu-only"][2:], said
 
