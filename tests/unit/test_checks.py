@@ -283,6 +283,56 @@ def test_posts_are_published_in_order_and_the_finished_word_comes_after_the_last
     assert not board.thread.is_alive()
 
 
+def test_a_held_post_taken_back_in_time_is_never_published_and_those_after_it_keep_their_order():
+    """A first run's post waits for its meeting (checks.programs.HOLD): taken
+    back by then, the store never sees it and the board owes nothing for it;
+    a post after it waits behind it, so that the store still gets each rank's
+    posts in its script's order; one not taken back is published when its
+    time comes (taken back after, by a meeting that outlasted the hold: no
+    longer open, its keys gone), one released at once, and the script's
+    return publishes what is held at once."""
+    store = Store()
+    board = agreement.Board(0, 2, client=lambda: store)
+    order = []
+    real_set = store.key_value_set
+
+    def noting(key, value, allow_overwrite=False):
+        order.append((key, time.monotonic()))
+        real_set(key, value, allow_overwrite)
+
+    store.key_value_set = noting
+    started = time.monotonic()
+    first = board.post("p/0", {"fp": "a"}, (0, 1), lambda *a: None, hold=0.3)
+    board.post("p/1", {"fp": "a"}, (0, 1), lambda *a: None)  # held behind p/0
+    time.sleep(0.1)
+    assert order == [] and board.outstanding == 2
+    board.withdraw(first)
+    board.withdraw(first)  # once is all it counts
+    assert board.outstanding == 1
+    time.sleep(0.5)
+    assert [key for key, _ in order] == [f"{transport.ENTRIES}/p/1/0"], order  # p/0 never
+    assert order[0][1] - started >= 0.3  # p/1 waited for p/0's time
+    late = board.post("p/2", {"fp": "a"}, (0, 1), lambda *a: None, hold=0.3)
+    time.sleep(0.6)
+    assert [key for key, _ in order][1:] == [f"{transport.ENTRIES}/p/2/0"]  # its meeting outlasted the hold
+    assert [post.topic for post in board.open] == ["p/1", "p/2"]  # rank 1 never posts here
+    board.withdraw(late)  # out already: dropped at the next look, its keys deleted, owed no more
+    time.sleep(0.3)
+    assert [post.topic for post in board.open] == ["p/1"] and f"{transport.ENTRIES}/p/2/0" not in store.data
+    assert board.outstanding == 1
+    released = board.post("p/3", {"fp": "a"}, (0, 1), lambda *a: None, hold=30.0)
+    board.release(released)  # its meeting is over: out at once
+    time.sleep(0.3)
+    assert [key for key, _ in order][2:] == [f"{transport.ENTRIES}/p/3/0"], order
+    board.post("p/4", {"fp": "a"}, (0, 1), lambda *a: None, hold=30.0)
+    board.script_returned()  # the end publishes what is held, then says it finished
+    board.settle(0.5)
+    assert [key for key, _ in order][3:] == [f"{transport.ENTRIES}/p/4/0", f"{transport.PREFIX}/finished/0",
+                                             f"{transport.LEFT}/0"], order
+    assert time.monotonic() - started < 10
+    assert not board.thread.is_alive()
+
+
 def test_an_entry_given_as_a_callable_is_made_on_the_boards_thread():
     store, made_on = Store(), []
     one, two = boards(2, store)

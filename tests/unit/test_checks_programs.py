@@ -128,10 +128,19 @@ def test_a_body_alone_can_differ_and_the_collectives_are_named_only_where_nothin
 
 class Board:
     def __init__(self, rank, count=4):
-        self.rank, self.count, self.posts = rank, count, []
+        self.rank, self.count, self.posts, self.held, self.withdrawn, self.released = rank, count, [], [], [], []
 
-    def post(self, topic, entry, among, settled, same=None):
+    def post(self, topic, entry, among, settled, same=None, hold=0.0):
         self.posts.append((topic, entry, list(among), settled, same))
+        self.held.append(hold)
+        return topic
+
+    def withdraw(self, post):
+        self.withdrawn.append(post)
+        return True
+
+    def release(self, post):
+        self.released.append(post)
 
 
 class Device:
@@ -210,6 +219,26 @@ def test_a_compile_alone_posts_nothing_and_a_first_run_posts_and_meets_once():
     check.ran(ahead.xla_executable)  # run at last, after another: the next position, met then
     assert [topic for topic, *_ in board.posts] == ["programs/0-3/m/1", "programs/0,1/m/1"]
     assert len(met) == 2 and not check.pending
+
+
+def test_a_first_runs_post_waits_for_its_meeting_and_is_taken_back_where_every_body_was_alike():
+    """The post of a first run is held for the meeting (``HOLD``); the
+    meeting that found every process's body alike takes it back, one that
+    did not (a body that differs, a slow peer, no store) leaves it to be
+    judged."""
+    for alike in (True, False):
+        board, check = checker(rank=0)
+        check.meetings = type("Meetings", (), {"meet": lambda self, e, ranks, main, alike=alike: alike})()
+        check.got(given([0, 1, 2, 3]), COLLECTIVE)
+        check.ran(COLLECTIVE.xla_executable)
+        assert board.held == [programs.HOLD] and programs.HOLD > 0
+        assert board.withdrawn == (["programs/0-3/m/1"] if alike else []), alike
+        assert board.released == ([] if alike else ["programs/0-3/m/1"]), alike  # out now, not at the hold's end
+    board, check = checker(rank=0)  # no meetings: nothing to wait for
+    check.meetings = None
+    check.got(given([0, 1, 2, 3]), COLLECTIVE)
+    check.ran(COLLECTIVE.xla_executable)
+    assert board.held == [0.0] and board.withdrawn == [] and board.released == ["programs/0-3/m/1"]
 
 
 def made_on_threads(rank, names, ops):

@@ -28,6 +28,10 @@ class Store:
             self.values[key] = value
             self.changed.notify_all()
 
+    def key_value_dir_get(self, prefix):
+        with self.changed:
+            return [(key, value) for key, value in self.values.items() if key.startswith(prefix)]
+
     def blocking_key_value_get(self, key, timeout_ms):
         with self.changed:
             if not self.changed.wait_for(lambda: key in self.values, timeout_ms / 1000):
@@ -106,3 +110,33 @@ def test_a_store_that_cannot_count_lets_the_program_run_as_without_the_check():
     parting = Parting()
     meeting.Meetings(parting, client=Broken).meet(entry(), [0, 1], main=True)  # returns: no wait for ever
     assert parting.meeting is None
+
+
+def test_the_meeting_says_to_every_member_whether_their_bodies_were_one_and_waits_for_ever_for_neither():
+    """Where every process comes with the same body (``entry["h"]``), the
+    programs check takes its post back unpublished; a body that differs
+    where the collectives agree (a per-process constant) still meets, and
+    every member hears that it differed, whoever came last."""
+    for bodies, alike in ((("b1", "b1", "b1"), True), (("b1", "b2", "b1"), False), (("b1", "b1", "b2"), False)):
+        store, said = Store(), {}
+
+        def member(rank, body, store=store, said=said):
+            time.sleep(0.02 * rank)
+            said[rank] = meeting.Meetings(Parting(), client=lambda: store).meet(dict(entry(), h=body), [0, 1, 2],
+                                                                                  main=False)
+
+        threads = [threading.Thread(target=member, args=(rank, body)) for rank, body in enumerate(bodies)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(5)
+        assert said == {0: alike, 1: alike, 2: alike}, (bodies, said)
+    # Met on once already in this process: nothing compared, nothing to take back.
+    store = Store()
+    mine = meeting.Meetings(Parting(), client=lambda: store)
+    peer = threading.Thread(target=meeting.Meetings(Parting(), client=lambda: store).meet,
+                            args=(dict(entry(), h="b1"), [0, 1], False))
+    peer.start()
+    assert mine.meet(dict(entry(), h="b1"), [0, 1], main=True) is True
+    peer.join(5)
+    assert mine.meet(dict(entry(), h="b1"), [0, 1], main=True) is False

@@ -34,6 +34,7 @@ call this process never made, and it settles what is still open for at most
 from __future__ import annotations
 
 import atexit
+import collections
 import dataclasses
 import os
 import queue
@@ -67,6 +68,10 @@ class Post:
     judge: int = 0  # the rank that judges it (the lowest named, until it is known to have finished without it)
     pause: float = store.POLL  # until the next look
     next_look: float = 0.0
+    hold_until: float = 0.0  # not published before this, unless taken back (``Board.withdraw``) by then
+    out: bool = False  # published (or stopped at): too late to take back
+    withdrawn: bool = False
+    agreed: bool = False  # taken back once published: every rank's meeting found it alike
 
 
 _FINISHED = object()  # the queue's last word: the script returned
@@ -93,18 +98,54 @@ class Board:
         self.nudge = threading.Event()  # the thread's wait between looks ends early: the script returned, or stop
         self.thread: threading.Thread | None = None
         self.lock = threading.Lock()
+        self.held: collections.deque = collections.deque()  # taken from the queue, published in order from here
+        self.holding = threading.Lock()  # a held post is published, or taken back, never both
 
     # -- the script's side ------------------------------------------------------------
     def post(self, topic: str, entry: dict, among: Sequence[int], settled: Settled,
-             same: Callable[[dict, dict], bool] | None = None) -> None:
+             same: Callable[[dict, dict], bool] | None = None, hold: float = 0.0) -> Post | None:
         """Queue ``entry`` for comparison among ``among`` (this rank included);
         ``settled`` runs on the board's thread.  ``entry`` may be a callable
-        that returns it, called on the board's thread."""
+        that returns it, called on the board's thread.  ``hold``: seconds the
+        board keeps it unpublished, and every post after it too (the store
+        sees each rank's posts in its script's order), so that the poster may
+        take it back (:meth:`withdraw`), at once where the script returned.
+        The post, for that; None where nothing was queued."""
         if self.stopped.is_set() or len(set(among)) < 2:
-            return
+            return None
         self._count(1)
-        self.queue.put(Post(topic, entry, tuple(sorted(set(among))), settled, same))
+        post = Post(topic, entry, tuple(sorted(set(among))), settled, same,
+                    hold_until=self.clock() + hold if hold > 0 else 0.0)
+        self.queue.put(post)
         self._ensure_thread()
+        return post
+
+    def release(self, post: Post) -> None:
+        """Publish a held post now, not when its hold ends (its meeting is
+        over, and it compared less than the post does)."""
+        with self.holding:
+            if post.out or post.withdrawn:
+                return
+            post.hold_until = 0.0
+        self.nudge.set()
+
+    def withdraw(self, post: Post) -> None:
+        """Take back a post its meeting found alike in every rank: one still
+        held is never published nor judged; one out already (its hold ended
+        first) is dropped from the open topics at the board's next look, its
+        keys deleted, as a topic judged alike is.  Every rank of it was told
+        the same by the meeting, so none waits for an entry another took back."""
+        with self.holding:
+            if post.withdrawn or post.agreed:
+                return
+            if post.out:
+                post.agreed = True
+            else:
+                post.withdrawn = True
+        if post.agreed:
+            self.nudge.set()
+        else:
+            self._count(-1)
 
     def script_returned(self) -> None:
         """Say so in the store, after this process's last entry, even where it
@@ -149,8 +190,8 @@ class Board:
         try:
             client = self.client()
             while not self.stopped.is_set():
-                if not self.open and not self.sweeps:
-                    self._publish(client, self.queue.get())  # sleeps until the next post
+                if not self.open and not self.sweeps and not self.held:
+                    self.held.append(self.queue.get())  # sleeps until the next post
                 self._take(client)
                 if self.returned and not self.hurried:
                     self.hurried = True
@@ -171,12 +212,24 @@ class Board:
                 self.done.notify_all()
 
     def _take(self, client) -> None:
-        """Publish every queued entry, in order."""
+        """Publish every queued entry, in order, up to the first held one
+        whose time has not come (taken back: dropped)."""
         while True:
             try:
-                item = self.queue.get_nowait()
+                self.held.append(self.queue.get_nowait())
             except queue.Empty:
-                return
+                break
+        while self.held:
+            item = self.held[0]
+            if isinstance(item, Post):
+                with self.holding:
+                    if not item.withdrawn and item.hold_until > self.clock() and not self.returned:
+                        return
+                    item.out = True
+                if item.withdrawn:
+                    self.held.popleft()
+                    continue
+            self.held.popleft()
             self._publish(client, item)
 
     def _publish(self, client, item) -> None:
@@ -200,6 +253,8 @@ class Board:
     def _pause(self) -> float:
         """Seconds to the next look that is due (the board's thread waits that long)."""
         due = [p.next_look for p in self.open] + [p.next_look for p in self.sweeps]
+        if self.held and isinstance(self.held[0], Post):
+            due.append(self.held[0].hold_until)
         return max(0.0, min(due) - self.clock()) if due else store.SLOW_POLL
 
     def _look(self, client) -> None:
@@ -207,6 +262,11 @@ class Board:
         (oldest first): judge it, or read its verdict.  A difference is named
         at its first call, not at whichever topic's backed-off look came due
         first (examples/replica_across.py once named its third)."""
+        if any(post.agreed for post in self.open):
+            for post in [post for post in self.open if post.agreed]:
+                store.agreed(client, post.topic)
+                self._count(-1)
+            self.open = [post for post in self.open if not post.agreed]
         now, still, finished = self.clock(), [], store.Finished(client)
         due = [i for i, post in enumerate(self.open) if post.next_look <= now]
         last = due[-1] if due else -1

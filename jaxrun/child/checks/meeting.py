@@ -25,9 +25,17 @@ runs, until every process of its group has come to the same program:
   stops, each side named at its line, with the program never run.
 
 A healthy job waits only until its slowest member comes to the program,
-which the program's first collective would make it wait for anyway; the
-last to come pays two round trips to the coordinator (the count and the
-word), the others one round trip after the last came.  Later runs of an
+which the program's first collective would make it wait for anyway; each
+process leaves a mark of the program's body (``entry["h"]``) before it
+counts itself in, and the last to come reads the marks and says in its word
+whether they were one body.  So the last pays four round trips to the
+coordinator (the mark, the count, the marks, the word), the others two and
+one after the last came.  Where the bodies were one, the program is the same
+in every way the programs check compares, and its post on the board is
+taken back before the board's thread ever publishes it (``Board.withdraw``):
+on a job that makes a new program every step, the board's round trips and
+its thread's wake-ups cost 10-15% of the step on a 2-core machine
+(``bench/meeting.py``), the meeting's own about 1%.  Later runs of an
 agreed program are not seen at all (the C++ fast path stays on).  A compile
 is no run: an executable made ahead of time, for its cost analysis or a
 warm-up, is met on only if and when it runs.
@@ -51,6 +59,7 @@ from jaxrun.child.checks import store
 from jaxrun.child.checks.program_text import group_text, program_hash
 
 MEET = f"{store.PREFIX}/meet"  # MEET/{group}/{program}/n: how many came; .../all: every one came
+ALIKE, DIFFER = "1", "2"  # the last one's word: every one came, with one body or not
 SLICE_MS = 10_000  # a wait for the word, between checks that the store still answers
 GONE_PAUSE = 1.0  # seconds between asks once the store stopped answering
 
@@ -70,26 +79,30 @@ class Meetings:
         self.going: dict[str, threading.Event] = {}
         self.lock = threading.Lock()
 
-    def meet(self, entry: dict, ranks: list[int], main: bool) -> None:
-        """Wait until every process of ``ranks`` has come to the program ``entry`` describes."""
+    def meet(self, entry: dict, ranks: list[int], main: bool) -> bool:
+        """Wait until every process of ``ranks`` has come to the program
+        ``entry`` describes.  True where this meeting found every process's
+        body of it alike (``entry["h"]``): the program is the same in every
+        way the programs check compares, and its post need not be judged."""
         name = meeting_name(entry, ranks)
         with self.lock:
             if name in self.agreed:
-                return
+                return False
             going = self.going.get(name)
             if going is None:
                 self.going[name] = threading.Event()
         if going is not None:  # another thread of this process meets on it now
             going.wait()
-            return
+            return False
         if main and self.parting is not None:
             self.parting.meeting = {"fn": entry["fn"], "spans": group_text(ranks), "among": list(ranks),
                                     "at": entry["at"]}
         try:
-            self._rendezvous(name, len(ranks))
+            return self._rendezvous(name, len(ranks), entry.get("h", ""))
         except Exception as e:  # noqa: BLE001 - a store that cannot count: the program runs, as without the check
             if os.environ.get(contract.VERBOSE) == "1":
                 print(f"jaxrun: --checks could not meet on a program: {type(e).__name__}: {e}", file=sys.stderr)
+            return False
         finally:
             if main and self.parting is not None:
                 self.parting.meeting = None
@@ -97,18 +110,22 @@ class Meetings:
                 self.agreed.add(name)
                 self.going.pop(name).set()
 
-    def _rendezvous(self, name: str, count: int) -> None:
+    def _rendezvous(self, name: str, count: int, body: str) -> bool:
+        """Meet; whether every process's body was ``body``."""
         client = self.client()
         if client is None:
-            return
+            return False
+        # Each process leaves its body's mark before it counts itself in: the last to
+        # come finds every mark there, and says in its word whether they were one.
+        client.key_value_increment(f"{MEET}/{name}/b/{body}", 1)
         came = client.key_value_increment(f"{MEET}/{name}/n", 1)
         if came >= count:
-            client.key_value_set(f"{MEET}/{name}/all", "1", allow_overwrite=True)
-            return
+            alike = len(client.key_value_dir_get(f"{MEET}/{name}/b/")) == 1
+            client.key_value_set(f"{MEET}/{name}/all", ALIKE if alike else DIFFER, allow_overwrite=True)
+            return alike
         while True:
             try:
-                client.blocking_key_value_get(f"{MEET}/{name}/all", SLICE_MS)
-                return
+                return client.blocking_key_value_get(f"{MEET}/{name}/all", SLICE_MS) == ALIKE
             except Exception as e:  # noqa: BLE001 - jax's error type has no public name
                 if "DEADLINE_EXCEEDED" not in str(e):
                     # The store is gone: the job ends (JAX ends a process whose coordinator

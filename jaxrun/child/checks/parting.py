@@ -206,7 +206,7 @@ class Parting:
         found = list(self.missed)
         for post in list(self.board.open)[:8]:
             entry = post.entry
-            if post.topic.startswith("programs/") and isinstance(entry, dict):
+            if post.topic.startswith("programs/") and isinstance(entry, dict) and not post.agreed:
                 found.append({"fn": entry.get("fn", "?"), "at": entry.get("at", "?"),
                               "spans": group_text(post.among), "among": list(post.among)})
         return found

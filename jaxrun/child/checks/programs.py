@@ -16,7 +16,11 @@ which every first execution passes through (JAX's C++ fast path takes only
 calls whose first run in Python handed it the executable), asks ``ran``
 whether the executable is one not run yet (one dictionary lookup), and
 there the program is posted and met on (``checks.meeting``: its group comes
-to it before it runs).  Later executions are never seen: the fast path stays
+to it before it runs).  The post waits on the board for the meeting, ``HOLD``
+seconds at most: where every process came with the same body, the meeting
+compared all the post would, and the post is taken back unpublished; where
+the meeting takes longer (a slow peer, or programs that differ: they meet
+apart), it is published and judged.  Later executions are never seen: the fast path stays
 on, and the cost is one print and hash of the module per program, next to
 its compile, and the meeting at its first run.
 
@@ -99,6 +103,7 @@ HOOK_POINT = ("jax._src.interpreters.pxla", "UnloadedMeshExecutable.from_hlo")
 RUN_POINT = ("jax._src.interpreters.pxla", "ExecuteReplicated.__call__")
 TESTED_JAX = ("0.10.2",)
 LATER = 5.0  # seconds the larger side waits before it stops too
+HOLD = 0.5  # seconds a first run's post waits for its meeting before the board publishes it
 
 
 class ProgramMismatchError(RuntimeError):
@@ -247,7 +252,7 @@ class Programs:
             self.parting.made(at, ranks, entry["fn"], made.devices)
         main = threading.current_thread() is threading.main_thread()
         key = f"{group}/m" if main else f"{group}/t{program_hash(thread_key(entry))}"
-        posted = False
+        posted, post = False, None
         with self.lock:
             if (key, entry["h"]) not in self.seen:
                 self.seen.add((key, entry["h"]))
@@ -258,10 +263,16 @@ class Programs:
                 entry["n"] = k  # more than 1: this key is ambiguous here, its bodies not paired
             same = (same_program if self.strict else same_collectives) if main else \
                 (same_program if self.strict else None)
-            self.board.post(f"programs/{key}/{k}", entry, ranks, self.settled(k if main else 0, group, ranks, key),
-                            same=same)
-        if self.meetings is not None:
-            self.meetings.meet(entry, ranks, main)
+            # Held while the meeting runs: where every process comes with this body, the
+            # post is taken back unpublished (the meeting compared all the post would).
+            post = self.board.post(f"programs/{key}/{k}", entry, ranks,
+                                   self.settled(k if main else 0, group, ranks, key), same=same,
+                                   hold=HOLD if self.meetings is not None else 0.0)
+        alike = self.meetings is not None and self.meetings.meet(entry, ranks, main)
+        if post is not None:
+            # Met with every body alike: nothing left for the post to compare.  Else (a body
+            # of its own somewhere, a program met on before, no store) it goes out now.
+            self.board.withdraw(post) if alike else self.board.release(post)
 
     def settled(self, k: int, group: str, ranks: list[int], key: str = ""):
         """The judge of program ``k`` of ``group`` (0: one run off the main thread)."""
