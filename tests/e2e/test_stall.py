@@ -389,7 +389,9 @@ def test_stalls_are_found_and_never_taken_for_slow_work(place, start_job, tmp_pa
         assert (cause["kind"], cause["process_id"], cause["at"]) == ("stall", 1, f"{script}:{parked}"), cause
         assert cause["stall"]["waiting"]["process_ids"] == [0, 2]
         spun = cause["stall"]["spinning"]
-        assert [s["process_id"] for s in spun] == [1] and spun[0]["cores"] >= 0, spun
+        assert [s["process_id"] for s in spun] == [1], spun
+        # Cores of CPU where the threads got some; next to none said as the load's doing.
+        assert spun[0]["cores"] > 0 or "spun, starved of CPU by the machine's load" in job.stderr, (spun, job.stderr)
         # Each of the 2 threads is counted when it got 5% of a core, or was preempted
         # again and again without sleeping: on a machine that another pytest worker
         # loads (the "loaded" place beside this one), one may show neither at the looks

@@ -291,38 +291,47 @@ def test_a_held_post_taken_back_in_time_is_never_published_and_those_after_it_ke
     time comes (taken back after, by a meeting that outlasted the hold: no
     longer open, its keys gone), one released at once, and the script's
     return publishes what is held at once."""
-    store = Store()
-    board = agreement.Board(0, 2, client=lambda: store)
+    store, clock = Store(), Clock()  # the holds run on the test's clock: no race with a loaded machine's
+    board = agreement.Board(0, 2, client=lambda: store, clock=clock)
     order = []
     real_set = store.key_value_set
 
     def noting(key, value, allow_overwrite=False):
-        order.append((key, time.monotonic()))
+        order.append((key, clock.now))
         real_set(key, value, allow_overwrite)
+
+    def until(condition):
+        board.nudge.set()  # the board's thread looks again, at the clock's new time
+        deadline = time.monotonic() + 10
+        while not condition() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return condition()
 
     store.key_value_set = noting
     started = time.monotonic()
     first = board.post("p/0", {"fp": "a"}, (0, 1), lambda *a: None, hold=0.3)
     board.post("p/1", {"fp": "a"}, (0, 1), lambda *a: None)  # held behind p/0
-    time.sleep(0.1)
+    assert until(lambda: len(board.held) == 2)  # the board's thread has both, holds both
     assert order == [] and board.outstanding == 2
     board.withdraw(first)
     board.withdraw(first)  # once is all it counts
     assert board.outstanding == 1
-    time.sleep(0.5)
+    clock.now = 0.4
+    assert until(lambda: order), order
     assert [key for key, _ in order] == [f"{transport.ENTRIES}/p/1/0"], order  # p/0 never
-    assert order[0][1] - started >= 0.3  # p/1 waited for p/0's time
+    assert order[0][1] >= 0.3  # p/1 waited for p/0's time
     late = board.post("p/2", {"fp": "a"}, (0, 1), lambda *a: None, hold=0.3)
-    time.sleep(0.6)
+    clock.now = 0.8
+    assert until(lambda: len(order) == 2), order
     assert [key for key, _ in order][1:] == [f"{transport.ENTRIES}/p/2/0"]  # its meeting outlasted the hold
     assert [post.topic for post in board.open] == ["p/1", "p/2"]  # rank 1 never posts here
     board.withdraw(late)  # out already: dropped at the next look, its keys deleted, owed no more
-    time.sleep(0.3)
+    until(lambda: len(board.open) == 1)
     assert [post.topic for post in board.open] == ["p/1"] and f"{transport.ENTRIES}/p/2/0" not in store.data
     assert board.outstanding == 1
     released = board.post("p/3", {"fp": "a"}, (0, 1), lambda *a: None, hold=30.0)
     board.release(released)  # its meeting is over: out at once
-    time.sleep(0.3)
+    until(lambda: len(order) == 3)
     assert [key for key, _ in order][2:] == [f"{transport.ENTRIES}/p/3/0"], order
     board.post("p/4", {"fp": "a"}, (0, 1), lambda *a: None, hold=30.0)
     board.script_returned()  # the end publishes what is held, then says it finished

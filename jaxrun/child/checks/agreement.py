@@ -226,11 +226,9 @@ class Board:
                     if not item.withdrawn and item.hold_until > self.clock() and not self.returned:
                         return
                     item.out = True
-                if item.withdrawn:
-                    self.held.popleft()
-                    continue
             self.held.popleft()
-            self._publish(client, item)
+            if not (isinstance(item, Post) and item.withdrawn):
+                self._publish(client, item)
 
     def _publish(self, client, item) -> None:
         """An entry into the store, or (after the last) the word that the script returned."""

@@ -34,8 +34,8 @@ one after the last came.  Where the bodies were one, the program is the same
 in every way the programs check compares, and its post on the board is
 taken back before the board's thread ever publishes it (``Board.withdraw``):
 on a job that makes a new program every step, the board's round trips and
-its thread's wake-ups cost 10-15% of the step on a 2-core machine
-(``bench/meeting.py``), the meeting's own about 1%.  Later runs of an
+its thread's wake-ups cost 8-17% of the step on a 2-core machine, the rest
+of the checks about 1% (``bench/meeting.py``, docs/divergence.md).  Later runs of an
 agreed program are not seen at all (the C++ fast path stays on).  A compile
 is no run: an executable made ahead of time, for its cost analysis or a
 warm-up, is met on only if and when it runs.

@@ -269,10 +269,12 @@ class Programs:
                                    self.settled(k if main else 0, group, ranks, key), same=same,
                                    hold=HOLD if self.meetings is not None else 0.0)
         alike = self.meetings is not None and self.meetings.meet(entry, ranks, main)
-        if post is not None:
-            # Met with every body alike: nothing left for the post to compare.  Else (a body
-            # of its own somewhere, a program met on before, no store) it goes out now.
-            self.board.withdraw(post) if alike else self.board.release(post)
+        # Met with every body alike: nothing left for the post to compare.  Else (a body
+        # of its own somewhere, a program met on before, no store) it goes out now.
+        if post is not None and alike:
+            self.board.withdraw(post)
+        elif post is not None:
+            self.board.release(post)
 
     def settled(self, k: int, group: str, ranks: list[int], key: str = ""):
         """The judge of program ``k`` of ``group`` (0: one run off the main thread)."""

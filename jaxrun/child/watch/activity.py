@@ -186,7 +186,7 @@ def judge_threads(before: dict[int, float], now: dict[int, float], seconds: floa
     seconds = max(seconds, 1e-9)
     enough, wanted = BUSY_SHARE * seconds, WANTED_SHARE * seconds
     waited = waited or {}
-    used = {tid: cpu - before.get(tid, 0.0) for tid, cpu in now.items() if tid not in own}
+    used = _used(before, now, own)
 
     if sum(used.get(tid, 0.0) for tid in work) >= enough:
         return contract.BUSY
@@ -205,14 +205,13 @@ def wanting(before: dict[int, float], now: dict[int, float], seconds: float, wor
     to run for ``WANTED_SHARE`` of the interval: starved, whether they spin
     or woke once to wait for a CPU (``starved_spinners`` tells which)."""
     enough, wanted = BUSY_SHARE * seconds, WANTED_SHARE * seconds
-    said = set()
-    for tid, cpu in now.items():
-        if tid in work or tid in own:
-            continue
-        used = cpu - before.get(tid, 0.0)
-        if used < enough and used + waited.get(tid, 0.0) >= wanted:
-            said.add(tid)
-    return said
+    return {tid for tid, cpu in _used(before, now, own).items()
+            if tid not in work and cpu < enough and cpu + waited.get(tid, 0.0) >= wanted}
+
+
+def _used(before: dict[int, float], now: dict[int, float], own: set[int]) -> dict[int, float]:
+    """Each thread's CPU seconds between two looks, jaxrun's own (``own``) left out."""
+    return {tid: cpu - before.get(tid, 0.0) for tid, cpu in now.items() if tid not in own}
 
 
 def starved_spinners(before: dict[int, tuple[int, int]], now: dict[int, tuple[int, int]]) -> set[int]:
