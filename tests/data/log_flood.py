@@ -5,6 +5,7 @@ raises, after all of it (its traceback comes after the log disk filled)."""
 
 import os
 import sys
+import time
 
 import jax
 
@@ -18,4 +19,9 @@ for step in range(40):
     with open(side, "w") as f:
         f.write(str(step))
 if sys.argv[2:] == ["fail"]:
+    # Only once every process has done all its steps: the first to raise has fail-fast stop
+    # the others, which on a loaded machine cut a slower one's last step short (38 of 39).
+    steps = [os.path.join(sys.argv[1], f"steps-{r}") for r in range(jax.process_count())]
+    while not all(os.path.exists(path) and open(path).read() == "39" for path in steps):
+        time.sleep(0.05)
     raise RuntimeError("failed after the log disk filled")
