@@ -9,7 +9,9 @@
 # the numpy loop again waiting for the chip only every 10 steps, and never but after the last
 # (EVERY=10, EVERY=0); then one program of about 30 s at --stall-timeout 8.  Each line starts with
 # "host_time:" and sets the goodput's parts (work, input, idle, waiting, stall) against the script's
-# own clock (its steps' time, its stage's time), with jaxrun's line on the host where it says one.
+# own clock (its steps' time, its stage's time), with jaxrun's line on the host where it says one;
+# the every-10 and never loops' work also against the chip's steps in the numpy loop that waits
+# every step, and their host-wait share against the right one.
 # TPU_HOST_D=1024 TPU_HOST_LONG_N=2048 make it small enough for a CPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -81,4 +83,25 @@ for name in ("plain", "numpy", "sleep", "numpy-every10", "numpy-never", "long"):
           f"{text.splitlines()[-1]}", flush=True)
     for x in line:
         print(f"host_time:   {x}", flush=True)
+
+# A loop that waits only every N steps, or never: its own clock no longer holds the chip's
+# steps, so set its work against the chip's time in the numpy loop that waits every step
+# (the same steps), and its host-wait share against the right one: the stage less the part
+# the chip computed under it, over the stage.
+_, chip_own, _ = said("numpy")
+chip = chip_own.get("steps_s") if chip_own else None
+for name in ("numpy-every10", "numpy-never"):
+    text, own, report = said(name)
+    parts = (report.get("goodput") or {}).get("parts", {})
+    if own is None or chip is None or parts.get("work") is None:
+        print(f"host_time: {name}: no figures against the chip", flush=True)
+        continue
+    steps = sum(parts.get(p) or 0.0 for p in ("work", "waiting", "input", "idle"))
+    share = (parts.get("input", 0) + parts.get("idle", 0)) / steps if steps else None
+    stage = own.get("stage_s", 0.0)
+    right = (stage - chip) / stage if stage and stage > chip else None
+    print(f"host_time: {name} against the chip: the chip's steps {chip} s (the numpy loop, waiting every "
+          f"step); goodput work {parts['work']} s (x{round(parts['work'] / chip, 3)} the chip's); the host-wait "
+          f"share {share:.0%} (right: {right:.0%}, the stage {stage} s with the chip's steps under it)"
+          if share is not None and right is not None else f"host_time: {name}: work {parts['work']} s", flush=True)
 PY

@@ -45,7 +45,7 @@ from jaxrun import contract
 from jaxrun.child import ending, hooks
 from jaxrun.child.checks.divergence import Checker
 from jaxrun.child.checks.flight_text import fingerprint, function_name, input_text, spans_processes
-from jaxrun.child.watch import dumps
+from jaxrun.child.watch import backlog, dumps
 
 # The jax versions these hooks were read in and tested with: 0.10.2 (what pip
 # gives Python 3.11 here) by the test suite, 0.12.0.1 (Python 3.13) by hand.
@@ -254,6 +254,8 @@ class Flight:
     def before_execution(self, executable, args) -> None:
         found = self.programs.get(id(executable))
         program = found[1] if found is not None and found[0]() is executable else self.program(executable, args)
+        if program.function == backlog.PROGRAM:
+            return  # the account's probe of its device (child.watch.backlog): no run of the script's
         self.runs += 1
         counter = program.runs
         counter[0] += 1

@@ -96,6 +96,7 @@ from jaxrun.child.checks.program_text import (
     thread_key,
     who,
 )
+from jaxrun.child.watch import backlog
 
 # (module, attribute path) of the name where every program is made, which the check wraps ...
 HOOK_POINT = ("jax._src.interpreters.pxla", "UnloadedMeshExecutable.from_hlo")
@@ -196,8 +197,8 @@ class Programs:
     def got(self, given: dict, executable) -> None:
         """``given``: from_hlo's arguments by name; ``executable``: what it made.
         Only described here: a compile is no run (it may never run)."""
-        if threading.current_thread().name == agreement.THREAD:
-            return  # a check's own program (the replicas' checksum): no user's position
+        if threading.current_thread().name in (agreement.THREAD, backlog.THREAD):
+            return  # a check's own program (the replicas' checksum), the account's probe: no user's position
         devices = given.get("device_list") or ()
         ranks = sorted({d.process_index for d in devices})
         entry = None

@@ -30,6 +30,14 @@ gives the time since its last look to one part of a ``contract.TimeSplit``:
   JAX is its programs', the device's time on an accelerator (where the host
   blocks while the chip runs the step) as on CPU.
 
+Outside JAX, where the process's device is an accelerator, a probe of
+jaxrun's (``child.watch.backlog``), asked at a look about every ``PERIOD``,
+says whether the device was busy then with programs the script dispatched
+before: a loop that waits for its devices only every N steps, or never,
+computes its next batch while the device runs the last step.  The main
+thread's time outside JAX since the last answer is ``programs`` (the
+devices' time) where the answer is "busy", and stays the host's otherwise.
+
 The runtime's start (JAX making its first backend: about 10 s on a TPU
 host, often inside the script's first trace or compile) is no part of the
 split: it is start-up, and the account's clock moves past it (``began``
@@ -51,12 +59,13 @@ is said to ``waits`` (the parting check, where ``--checks`` runs).
 from __future__ import annotations
 
 import os
+import random
 import sys
 import threading
 import time
 
 from jaxrun import contract, portable
-from jaxrun.child.watch import activity, marks, place, sampler
+from jaxrun.child.watch import activity, backlog, marks, place, sampler
 
 TICK = sampler.TICK  # seconds between looks
 COMPUTED = 0.25  # of a look's tick on a CPU, or waiting for one: a main thread outside JAX that computes
@@ -111,7 +120,7 @@ class Accountant:
 
     def __init__(self, tell, main: int | None = None, clock=time.monotonic, wall=time.time,
                  cpu=activity.others_cpu, delay=None, frames=sys._current_frames, alone: bool = False,
-                 host=None, running=None):
+                 host=None, running=None, device=None):
         self.tell = tell  # called with each TIME line
         self.alone = alone  # the job's only process: nobody to wait for
         self.main = threading.main_thread().ident if main is None else main
@@ -129,6 +138,11 @@ class Accountant:
         # only outside JAX, where it tells compute from parked).
         self.host = host or main_used
         self.running = running or portable.ThreadRunning(main_tid)
+        # The device's probe (child.watch.backlog's: ``ask()``, ``verdict()``), where one runs; the
+        # main thread's seconds outside JAX, by part, since its last answer; when to ask next.
+        self.device = device
+        self.unanswered = {"work": 0.0, "idle": 0.0}
+        self.next_ask = 0.0
         self.places: dict[object, int] = {}  # code object -> _OUTSIDE, _INSIDE or _COMPILER
         self.own: dict[object, bool] = {}  # code object -> the script's own (not a library's, not Python's)
         self.sites: set[tuple[object, int]] = set()  # (code, offset): the script's calls seen going into JAX
@@ -215,6 +229,8 @@ class Accountant:
                 if len(sites) > 4096:
                     sites.clear()
                 sites[self.host_at] = sites.get(self.host_at, 0.0) + seconds
+            if self.device is not None:
+                self.probed(now, part, seconds)
         elif where == _COMPILER:
             self.parts["compile"] += seconds
         elif where == _STARTING:  # start-up: the account's clock moves past it
@@ -226,6 +242,25 @@ class Accountant:
             self.parts["waiting"] += seconds - ran
         if waits is not None:
             self.waited(waits, where == _INSIDE and wanted < seconds / 2, now)
+
+    def probed(self, now: float, part: str, seconds: float) -> None:
+        """The device's answer for the main thread's time outside JAX up to the
+        instant it was asked: where the device was busy (it ran programs the
+        script dispatched before: a loop that waits every N steps, or never),
+        that time is the devices' (``programs``), which the host's ran under.
+        This look's ``seconds`` (given to ``part``) wait for the next answer."""
+        busy = self.device.verdict()
+        if busy is not None:
+            if busy:
+                moved = self.unanswered["work"] + self.unanswered["idle"]
+                self.parts["work"] -= self.unanswered["work"]
+                self.parts["idle"] -= self.unanswered["idle"]
+                self.parts["programs"] += moved
+            self.unanswered = {"work": 0.0, "idle": 0.0}
+        self.unanswered[part] += seconds
+        if now >= self.next_ask:
+            self.next_ask = now + backlog.PERIOD * random.uniform(0.5, 1.5)
+            self.device.ask()
 
     def waited(self, heard, waiting: bool, now: float) -> None:
         """A wait inside JAX with no CPU, at one call site, from ``wait_since``
@@ -320,10 +355,11 @@ def joined(environ=os.environ) -> None:
     global _started
     if _started is not None or not wanted(environ):
         return
-    _started = Accountant(_tell, alone=environ.get(contract.NUM_PROCESSES) == "1")
+    _started = Accountant(_tell, alone=environ.get(contract.NUM_PROCESSES) == "1", device=backlog.start())
     sampler.shared.add_account(_started)
 
 
 def script_returned() -> None:
+    backlog.stop()
     if _started is not None:
         _started.finish()
