@@ -256,9 +256,10 @@ def test_programs_made_off_the_main_thread_are_keyed_by_what_they_are_not_by_who
     """Two processes whose pools compiled the same two programs in the other
     order, on threads named otherwise (one named "1", which once fell under
     the main thread's topics), post the same topics; the board's own thread's
-    programs are not posted."""
+    programs, and the account's probe's (child.watch.backlog), are not posted."""
     one = made_on_threads(0, ["ThreadPoolExecutor-0_0", "ThreadPoolExecutor-0_1"], ["add", "multiply"])
-    two = made_on_threads(1, ["1", programs.agreement.THREAD, "ThreadPoolExecutor-0_0"], ["multiply", "add", "add"])
+    two = made_on_threads(1, ["1", programs.agreement.THREAD, "ThreadPoolExecutor-0_0", programs.backlog.THREAD],
+                          ["multiply", "add", "add", "subtract"])
     assert sorted(topic for topic, *_ in one.posts) == sorted(topic for topic, *_ in two.posts)
     assert all(re.fullmatch(r"programs/0,1/t[0-9a-f]{16}/1", topic) for topic, *_ in one.posts), one.posts
     _, check = checker(rank=0)

@@ -363,3 +363,17 @@ def test_a_programs_fingerprint_ignores_where_it_was_called_from(tmp_path):
     (f_one, g_one), (f_two, g_two) = prints
     assert f_one == f_two and g_one == g_two
     assert f_one != g_one
+
+
+def test_the_accounts_probe_of_its_device_is_no_run_of_the_scripts(tmp_path):
+    """child.watch.backlog's program runs on one device of one process, at random
+    instants: the ring and the counters (the divergence check's calls) leave it out."""
+    from jaxrun.child.watch import backlog
+
+    recorder = flight.Flight(0, 1, 3, None)
+    recorder.describe_paths(types.SimpleNamespace(__file__=str(tmp_path / "jax" / "__init__.py")))
+    step, probe = Executable("jit(step)"), Executable(f"jit({backlog.PROGRAM})")
+    for executable in (step, probe, probe, step):
+        recorder.before_execution(executable, (Aval((2,), "float32"),))
+    assert [p.function for _, _, p, *_ in recorder.ring] == ["step", "step"]
+    assert recorder.runs == 2 and recorder.calls == 0

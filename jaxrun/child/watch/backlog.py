@@ -29,7 +29,8 @@ only where a device runs programs in order, out of the host's sight: not on
 CPU, where XLA's threads run a program beside the others (measured there:
 the probe came back in 0.3 ms while a 187 ms program ran), and only once the
 script has made JAX's backend (the runtime's start is the script's, never
-this thread's).  Its compile is one, at its start; it is one process's, one
+this thread's).  Its compile is one, at its start, and no part of the
+script's ``compile`` (``child.watch.marks`` leaves this thread's events out); it is one process's, one
 device's, so the checks that match programs across processes and the flight
 recorder leave it out (``child.checks.programs``, ``child.checks.flight``
 read ``THREAD`` and ``PROGRAM``).  It stops when the script returns and

@@ -38,6 +38,7 @@ import threading
 import time
 
 from jaxrun import contract
+from jaxrun.child.watch import backlog
 
 COMPILE_EVENTS = frozenset({
     "/jax/core/compile/jaxpr_trace_duration",
@@ -179,7 +180,12 @@ def _listen(_jax) -> None:
         return
 
     tally = _the_tally()
-    monitoring.register_event_duration_secs_listener(lambda event, seconds, **_kw: tally.heard(event, seconds))
+
+    def heard(event, seconds, **_kw):
+        if threading.current_thread().name != backlog.THREAD:  # the account's probe compiles no step of the script's
+            tally.heard(event, seconds)
+
+    monitoring.register_event_duration_secs_listener(heard)
     _time_runtime_start(tally)
 
 
