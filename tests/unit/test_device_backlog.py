@@ -156,3 +156,19 @@ def test_no_probe_on_a_cpu_and_none_before_the_scripts_backend():
     assert prepared == [1] and not probe.thread.is_alive()
     probe.ask()
     assert probe.verdict() is None
+
+
+def test_a_parked_main_thread_over_an_idle_device_stops_asking():
+    """A job parked outside JAX (a stall) dispatches nothing: once the device was
+    seen idle and the main thread parked a second, the probe is asked no more."""
+    clock, used, frames = [0.0], [0.0], Frames()
+    frames.set("/work/train.py", "wait_forever")
+    device = Device(clock, lambda t: False)
+    account = accounting.Accountant(lambda line: None, main=1, clock=lambda: clock[0], wall=lambda: 100.0,
+                                    cpu=lambda: used[0], delay=lambda: 0.0, frames=frames, alone=True,
+                                    host=lambda: used[0], running=lambda: False, device=device)
+    for _ in range(500):  # 10 s parked
+        clock[0] += 0.02
+        account.look()
+    assert account.split().idle == pytest.approx(10.0)
+    assert 0 < device.asks <= 1.5 * accounting.PARKED_QUIET / (0.5 * backlog.PERIOD)

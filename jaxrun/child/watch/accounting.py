@@ -71,6 +71,7 @@ TICK = sampler.TICK  # seconds between looks
 COMPUTED = 0.25  # of a look's tick on a CPU, or waiting for one: a main thread outside JAX that computes
 FIRST_EVERY = 2.0  # the first record, then 4 and 8 s after it ...
 EVERY = 10.0  # ... and every 10 s
+PARKED_QUIET = 1.0  # seconds parked outside JAX, the device idle, after which its probe is not asked
 _OUTSIDE, _INSIDE, _COMPILER, _STARTING = place.OUTSIDE, place.INSIDE, place.COMPILER, place.STARTING
 
 _started: Accountant | None = None
@@ -142,7 +143,7 @@ class Accountant:
         # main thread's seconds outside JAX, by part, since its last answer; when to ask next.
         self.device = device
         self.unanswered = {"work": 0.0, "idle": 0.0}
-        self.next_ask = 0.0
+        self.next_ask, self.device_idle, self.parked_for = 0.0, False, 0.0
         self.places: dict[object, int] = {}  # code object -> _OUTSIDE, _INSIDE or _COMPILER
         self.own: dict[object, bool] = {}  # code object -> the script's own (not a library's, not Python's)
         self.sites: set[tuple[object, int]] = set()  # (code, offset): the script's calls seen going into JAX
@@ -251,6 +252,7 @@ class Accountant:
         This look's ``seconds`` (given to ``part``) wait for the next answer."""
         busy = self.device.verdict()
         if busy is not None:
+            self.device_idle = not busy
             if busy:
                 moved = self.unanswered["work"] + self.unanswered["idle"]
                 self.parts["work"] -= self.unanswered["work"]
@@ -258,6 +260,9 @@ class Accountant:
                 self.parts["programs"] += moved
             self.unanswered = {"work": 0.0, "idle": 0.0}
         self.unanswered[part] += seconds
+        self.parked_for = self.parked_for + seconds if part == "idle" else 0.0
+        if self.device_idle and self.parked_for > PARKED_QUIET:
+            return  # parked, the device idle since: the main thread dispatches nothing (a stalled job stays still)
         if now >= self.next_ask:
             self.next_ask = now + backlog.PERIOD * random.uniform(0.5, 1.5)
             self.device.ask()

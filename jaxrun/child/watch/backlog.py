@@ -21,7 +21,9 @@ less that round trip is missed.  The answer covers the main thread's time
 outside JAX since the last answer (``Accountant.look``): the instants are
 random within that time, so the share of answers that say busy is the share
 of that time the device was busy.  While the probe waits behind a backlog,
-the device is busy now (``verdict``).
+the device is busy now (``verdict``).  A main thread parked outside JAX for
+``accounting.PARKED_QUIET``, the device seen idle, asks no more: it
+dispatches nothing, and a stalled job stays still.
 
 The thread waits for its probe with ``is_ready`` and short sleeps, never in
 JAX: a long program is never held by jaxrun's thread too.  The probe runs
