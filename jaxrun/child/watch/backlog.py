@@ -49,6 +49,7 @@ PROGRAM = "jaxrun_backlog_probe"  # the probe's function name, as the checks rea
 PERIOD = 0.05  # seconds between probes, on average, while the main thread is outside JAX
 CHECK = 0.001  # seconds after its dispatch: a probe not done by then waited behind programs
 READY_EVERY = 0.5  # seconds between looks for JAX's backend, until the script makes it
+STOP_WAIT = 0.5  # seconds the script's return waits for the thread, at most
 POLL = (0.001, 0.05)  # the first and the longest sleep between looks at a probe that waits
 
 
@@ -81,10 +82,15 @@ class Backlog:
             self.thread.start()
 
     def stop(self) -> None:
-        """The script returned: no more probes, and no more answers."""
+        """The script returned: no more probes, and no more answers; the thread
+        is out of JAX before JAX's own shutdown (it waits in Python's sleeps, so
+        at once, unless a dispatch is under way: ``STOP_WAIT`` at most)."""
         self.stopped.set()
         self.asked.set()
         self.fresh = self.flight = None
+        thread = self.thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(STOP_WAIT)
 
     def ask(self) -> None:
         """A probe now (the main thread is outside JAX), unless one is in flight."""
