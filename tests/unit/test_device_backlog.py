@@ -4,6 +4,7 @@ JAX, and the time outside JAX under a busy device is the devices' time."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -36,8 +37,8 @@ class Device:
     def __init__(self, clock, busy):
         self.clock, self.busy, self.asked, self.answer, self.asks = clock, busy, None, None, 0
 
-    def ask(self) -> None:
-        self.answer, self.asks = self.busy(self.clock[0]), self.asks + 1
+    def ask(self, code=None) -> None:
+        self.answer, self.asks, self.code = self.busy(self.clock[0]), self.asks + 1, code
 
     def verdict(self):
         answer, self.answer = self.answer, None
@@ -118,10 +119,15 @@ class Output:
 def test_the_probe_says_busy_while_it_waits_behind_the_devices_programs_and_idle_after():
     backlog_until = [time.perf_counter() + 0.3]  # programs queued before the probe: 0.3 s of them
     probe = backlog.Backlog(ready=lambda: True)
-    probe.prepare = lambda: ((lambda one: Output(time.perf_counter, max(backlog_until[0], time.perf_counter()))),
-                             None)
+    made = threading.Event()
+    probe.prepare = lambda: made.set() or ((lambda one: Output(time.perf_counter,
+                                                              max(backlog_until[0], time.perf_counter()))), None)
     probe.start()
     try:
+        probe.ask()  # the first ask makes the probe
+        assert made.wait(5)
+        time.sleep(0.01)
+        backlog_until[0] = time.perf_counter() + 0.3
         probe.ask()
         deadline = time.monotonic() + 5
         while probe.probes < 1 and time.monotonic() < deadline:
@@ -145,16 +151,24 @@ def test_the_probe_says_busy_while_it_waits_behind_the_devices_programs_and_idle
     assert stopped < backlog.STOP_WAIT
 
 
-def test_no_probe_on_a_cpu_and_none_before_the_scripts_backend():
+def test_no_probe_on_a_cpu_and_none_before_the_scripts_backend_or_its_first_ask():
     ready = threading.Event()
     probe = backlog.Backlog(ready=ready.is_set)
     prepared = []
     probe.prepare = lambda: prepared.append(1) or (None, None)  # a CPU: nothing to probe
+    probe.ask()
+    assert probe.thread is None  # the script has not made JAX's backend: no thread, and nothing made
+    ready.set()
     probe.start()
     time.sleep(0.1)
-    assert prepared == []  # the script has not made JAX's backend: this thread never does
+    assert prepared == []  # not asked yet: nothing made beside the script's first compiles
+    ready.clear()
+    probe.ask()
+    time.sleep(0.1)
+    assert prepared == []  # the backend went (or is not yet): this thread never makes it
     ready.set()
-    probe.thread.join(backlog.READY_EVERY + 5)
+    probe.ask()
+    probe.thread.join(5)
     assert prepared == [1] and not probe.thread.is_alive()
     probe.ask()
     assert probe.verdict() is None
@@ -174,3 +188,55 @@ def test_a_parked_main_thread_over_an_idle_device_stops_asking():
         account.look()
     assert account.split().idle == pytest.approx(10.0)
     assert 0 < device.asks <= 1.5 * accounting.PARKED_QUIET / (0.5 * backlog.PERIOD)
+
+
+def test_a_probe_is_sent_only_while_the_main_thread_still_runs_the_code_it_was_asked_at():
+    """Between the ask (at a look outside JAX) and the probe's dispatch lie a
+    wake-up and the GIL: a main thread gone into JAX by then dispatched a
+    program the probe would wait behind, though the host's time before it was
+    the host's.  So no probe then, and no answer."""
+    sent, made = [], threading.Event()
+    probe = backlog.Backlog(ready=lambda: True)
+    probe.prepare = lambda: made.set() or ((lambda one: sent.append(1) or Output(time.perf_counter, 0.0)), None)
+    here = sys._getframe().f_code  # what this (the main) thread runs while it waits below
+    probe.start()
+    try:
+        probe.ask(here)  # the first ask makes the probe
+        assert made.wait(5)
+        time.sleep(0.01)
+        deadline = time.monotonic() + 5
+        elsewhere = compile("pass", "/work/train.py", "exec")  # a code the main thread is not in
+        probe.ask(elsewhere)
+        while probe.moved < 1 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert probe.moved == 1 and sent == [] and probe.verdict() is None
+        probe.ask(here)
+        while probe.probes < 1 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.01)
+        assert sent == [1] and probe.verdict() is False  # still here: sent, and the idle device answers
+    finally:
+        probe.stop()
+
+
+def test_the_account_asks_only_from_a_stage_of_the_hosts_not_between_two_calls_into_jax():
+    """A main thread that comes out of JAX for one look at a time (a script's
+    start, compiling one small program after another) is never asked about;
+    one that stays out two looks in a row is, with the code it runs."""
+    clock, used, frames = [0.0], [0.0], Frames()
+    device = Device(clock, lambda t: False)
+    account = accounting.Accountant(lambda line: None, main=1, clock=lambda: clock[0], wall=lambda: 100.0,
+                                    cpu=lambda: used[0], delay=lambda: 0.0, frames=frames, alone=True,
+                                    host=lambda: used[0], running=lambda: True, device=device)
+    for i in range(200):
+        clock[0] += 0.02
+        used[0] += 0.02
+        frames.set(*(SCRIPT if i % 2 else STEP))
+        account.look()
+    assert device.asks == 0
+    frames.set(*SCRIPT)  # one stage: the same code at every look
+    for _ in range(50):
+        clock[0] += 0.02
+        used[0] += 0.02
+        account.look()
+    assert device.asks > 5 and device.code is frames.frame.f_code

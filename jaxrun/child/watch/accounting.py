@@ -143,7 +143,7 @@ class Accountant:
         # main thread's seconds outside JAX, by part, since its last answer; when to ask next.
         self.device = device
         self.unanswered = {"work": 0.0, "idle": 0.0}
-        self.next_ask, self.device_idle, self.parked_for = 0.0, False, 0.0
+        self.next_ask, self.device_idle, self.parked_for, self.outside_looks = 0.0, False, 0.0, 0
         self.places: dict[object, int] = {}  # code object -> _OUTSIDE, _INSIDE or _COMPILER
         self.own: dict[object, bool] = {}  # code object -> the script's own (not a library's, not Python's)
         self.sites: set[tuple[object, int]] = set()  # (code, offset): the script's calls seen going into JAX
@@ -212,6 +212,7 @@ class Accountant:
         """Give the time since the last look to the part the main thread is in."""
         where = self.place()
         innermost, self.innermost = self.innermost, None  # a frame kept would keep the script's locals
+        self.outside_looks = self.outside_looks + 1 if where == _OUTSIDE else 0
         now, cpu, delay, host = self.clock(), self.cpu(), self.delay(), self.host()
         seconds = max(0.0, now - self.last_time)
         wanted = max(0.0, cpu - self.last_cpu) + max(0.0, delay - self.last_delay)
@@ -231,7 +232,7 @@ class Accountant:
                     sites.clear()
                 sites[self.host_at] = sites.get(self.host_at, 0.0) + seconds
             if self.device is not None:
-                self.probed(now, part, seconds)
+                self.probed(now, part, seconds, innermost.f_code if innermost is not None else None)
         elif where == _COMPILER:
             self.parts["compile"] += seconds
         elif where == _STARTING:  # start-up: the account's clock moves past it
@@ -244,12 +245,18 @@ class Accountant:
         if waits is not None:
             self.waited(waits, where == _INSIDE and wanted < seconds / 2, now)
 
-    def probed(self, now: float, part: str, seconds: float) -> None:
+    def probed(self, now: float, part: str, seconds: float, code=None) -> None:
         """The device's answer for the main thread's time outside JAX up to the
         instant it was asked: where the device was busy (it ran programs the
         script dispatched before: a loop that waits every N steps, or never),
         that time is the devices' (``programs``), which the host's ran under.
-        This look's ``seconds`` (given to ``part``) wait for the next answer."""
+        This look's ``seconds`` (given to ``part``) wait for the next answer.
+        Asked only at the second look in a row outside JAX: a stage of the
+        host's, not a moment between two calls into JAX (the script's start,
+        which compiles one small program after another: the probe's own
+        compile beside those cost the TPU host's script about 1 s of compile),
+        and asked with the code the main thread runs (``code``): a probe is
+        sent only while the main thread still runs it (``backlog.Backlog.sample``)."""
         busy = self.device.verdict()
         if busy is not None:
             self.device_idle = not busy
@@ -263,9 +270,9 @@ class Accountant:
         self.parked_for = self.parked_for + seconds if part == "idle" else 0.0
         if self.device_idle and self.parked_for > PARKED_QUIET:
             return  # parked, the device idle since: the main thread dispatches nothing (a stalled job stays still)
-        if now >= self.next_ask:
+        if now >= self.next_ask and self.outside_looks >= 2:
             self.next_ask = now + backlog.PERIOD * random.uniform(0.5, 1.5)
-            self.device.ask()
+            self.device.ask(code)
 
     def waited(self, heard, waiting: bool, now: float) -> None:
         """A wait inside JAX with no CPU, at one call site, from ``wait_since``
