@@ -52,6 +52,25 @@ TRAIN = textwrap.dedent(
         meeting.Meetings._rendezvous = timed
     except ImportError:
         pass  # the checks before the meeting
+    # The checks' own time on the main thread: describing a program, its first run less its meeting.
+    own = {"got": [], "_first_run": []}
+    try:
+        from jaxrun.child.checks import programs
+
+        def own_time(name):
+            real = getattr(programs.Programs, name)
+
+            def timed(self, *args):
+                start, met = time.perf_counter(), len(waited)
+                try:
+                    return real(self, *args)
+                finally:
+                    own[name].append(time.perf_counter() - start - sum(waited[met:]))
+            return timed
+
+        programs.Programs.got, programs.Programs._first_run = own_time("got"), own_time("_first_run")
+    except (ImportError, AttributeError):
+        pass
 
     steps, width = int(sys.argv[1]), int(sys.argv[2])
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("b",))
@@ -80,8 +99,15 @@ TRAIN = textwrap.dedent(
     if waited:  # the least: the last to come, who waits for no one (its round trips alone)
         print(f"MEET_MS {rank} {statistics.median(waited) * 1000:.3f} {max(waited) * 1000:.3f} {len(waited)} "
               f"{min(waited) * 1000:.3f}", flush=True)
+    if own["got"] and own["_first_run"]:
+        print(f"OWN_MS {rank} {statistics.median(own['got']) * 1000:.3f} "
+              f"{statistics.median(own['_first_run']) * 1000:.3f}",
+              flush=True)
     """
 )
+
+
+OWN: list[tuple] = []  # (rank, describing ms, a first run less its meeting ms): each job's medians
 
 
 def run(checks: str, script: str, steps: int, width: int, processes: int) -> tuple[float, list[tuple]]:
@@ -93,6 +119,7 @@ def run(checks: str, script: str, steps: int, width: int, processes: int) -> tup
         raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-1500:]}")
     meetings = [(int(r), float(m), float(x), int(c), float(least))
                 for r, m, x, c, least in re.findall(r"MEET_MS (\d+) ([\d.]+) ([\d.]+) (\d+) ([\d.]+)", proc.stdout)]
+    OWN.extend((int(r), float(g), float(f)) for r, g, f in re.findall(r"OWN_MS (\d+) ([\d.]+) ([\d.]+)", proc.stdout))
     return float(found[1]), meetings
 
 
@@ -123,6 +150,12 @@ def main() -> None:
         print(f"process {rank}: a first run's meeting took {median([w[1] for w in mine]):.3f} ms (median of the "
               f"jobs' medians), {max(w[2] for w in mine):.1f} ms at most, {min(w[4] for w in mine):.3f} ms at least "
               f"(the last to come: its round trips), {mine[0][3]} meetings a job")
+    for rank in sorted({o[0] for o in OWN}):
+        mine = [o for o in OWN if o[0] == rank]
+        print(f"process {rank}: the checks' own time on the main thread, a new program: describing it "
+              f"{median([o[1] for o in mine]):.3f} ms, its first run less the meeting "
+              f"{median([o[2] for o in mine]):.3f} ms "
+              f"(medians of the jobs' medians)")
 
 
 if __name__ == "__main__":

@@ -409,6 +409,14 @@ MUTATIONS = [
         ("tests/unit/test_coordinator_address.py", "tests/e2e/test_security.py"),
         "socket or wildcard or another_user",
     ),
+    Mutation(
+        "meeting-bodies-apart-unsaid",
+        "where the bodies differ no one says so, and the meeting waits for a word that never comes",
+        (("jaxrun/child/checks/meeting.py", "if len(bodies) > 1 and sum(int(n) for _, n in bodies) >= count:",
+          "if False:"),),
+        ("tests/unit/test_meeting.py",),
+        "bodies",
+    ),
 ]
 
 

@@ -47,6 +47,25 @@ def entry(fn="evaluate", at="/w/job.py:10", c="c1"):
     return {"c": c, "fn": fn, "in": "f32[8,4]", "at": at}
 
 
+def meet_with_bodies(bodies, arrive) -> dict:
+    """One process a body, each a thread that calls ``arrive(rank)`` and then
+    meets on one store: what each heard of its bodies (alike or not)."""
+    store, said = Store(), {}
+
+    def member(rank, body):
+        arrive(rank)
+        said[rank] = meeting.Meetings(Parting(), client=lambda: store).meet(dict(entry(), h=body),
+                                                                              list(range(len(bodies))), main=False)
+
+    # Daemons: a meeting that never ends fails the test, it does not hold pytest's exit.
+    threads = [threading.Thread(target=member, args=(rank, body), daemon=True) for rank, body in enumerate(bodies)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(5)
+    return said
+
+
 def test_a_meeting_waits_for_the_last_of_its_group_and_no_longer():
     store = Store()
     left = {}
@@ -90,9 +109,10 @@ def test_a_program_is_met_on_once_per_process_and_the_main_threads_meeting_is_to
     watcher.join(5)
     assert told == [{"fn": "evaluate", "spans": "0,1", "among": [0, 1], "at": "/w/job.py:10"}]
     assert parting.meeting is None
-    increments = store.values[f"{meeting.MEET}/{meeting.meeting_name(entry(), [0, 1])}/n"]
+    counted = f"{meeting.MEET}/{meeting.meeting_name(entry(), [0, 1])}/b/-"  # the body's count (no body here)
+    increments = store.values[counted]
     mine.meet(entry(), [0, 1], main=True)  # agreed: no second meeting
-    assert store.values[f"{meeting.MEET}/{meeting.meeting_name(entry(), [0, 1])}/n"] == increments == 2
+    assert store.values[counted] == increments == 2
 
 
 def test_programs_that_differ_meet_apart():
@@ -118,18 +138,7 @@ def test_the_meeting_says_to_every_member_whether_their_bodies_were_one_and_wait
     where the collectives agree (a per-process constant) still meets, and
     every member hears that it differed, whoever came last."""
     for bodies, alike in ((("b1", "b1", "b1"), True), (("b1", "b2", "b1"), False), (("b1", "b1", "b2"), False)):
-        store, said = Store(), {}
-
-        def member(rank, body, store=store, said=said):
-            time.sleep(0.02 * rank)
-            said[rank] = meeting.Meetings(Parting(), client=lambda: store).meet(dict(entry(), h=body), [0, 1, 2],
-                                                                                  main=False)
-
-        threads = [threading.Thread(target=member, args=(rank, body)) for rank, body in enumerate(bodies)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(5)
+        said = meet_with_bodies(bodies, lambda rank: time.sleep(0.02 * rank))
         assert said == {0: alike, 1: alike, 2: alike}, (bodies, said)
     # Met on once already in this process: nothing compared, nothing to take back.
     store = Store()
@@ -140,3 +149,38 @@ def test_the_meeting_says_to_every_member_whether_their_bodies_were_one_and_wait
     assert mine.meet(dict(entry(), h="b1"), [0, 1], main=True) is True
     peer.join(5)
     assert mine.meet(dict(entry(), h="b1"), [0, 1], main=True) is False
+
+
+def test_the_last_to_come_pays_two_round_trips_and_bodies_apart_never_leave_a_member_waiting():
+    """The last to come counts itself in and says the word: two calls to the
+    store, on a healthy first run's critical path.  Members that come all at
+    once, with one body or two, each hear the word, whatever the order."""
+
+    class Counted(Store):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def __getattribute__(self, name):
+            if name.startswith(("key_value", "blocking")):
+                object.__getattribute__(self, "calls").append((threading.current_thread().name, name))
+            return object.__getattribute__(self, name)
+
+    store = Counted()
+    peers = [threading.Thread(target=meeting.Meetings(Parting(), client=lambda: store).meet, name=f"peer{r}",
+                              args=(dict(entry(), h="b1"), [0, 1, 2], False), daemon=True) for r in (1, 2)]
+    for peer in peers:
+        peer.start()
+    while sum(1 for _, name in store.calls if name == "blocking_key_value_get") < 2:
+        time.sleep(0.005)
+    store.calls.clear()
+    assert meeting.Meetings(Parting(), client=lambda: store).meet(dict(entry(), h="b1"), [0, 1, 2], main=True)
+    for peer in peers:
+        peer.join(5)
+    assert [name for who, name in store.calls if who == threading.current_thread().name] == \
+        ["key_value_increment", "key_value_set"]
+    for round_ in range(30):
+        bodies = ("b1", "b1", "b1") if round_ % 2 else ("b1", "b2", "b1")
+        start = threading.Barrier(3)
+        said = meet_with_bodies(bodies, lambda rank, start=start: start.wait())
+        assert said == dict.fromkeys(range(3), bodies == ("b1",) * 3), (round_, said)

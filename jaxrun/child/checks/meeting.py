@@ -14,23 +14,25 @@ runs, until every process of its group has come to the same program:
   ``pxla.ExecuteReplicated.__call__``, which every first execution passes
   through: JAX's C++ fast path only takes a call whose first run in Python
   handed it the executable), and calls ``meet`` there;
-- ``meet`` adds one to a counter under the program's name in the
-  coordination service's store (its group, and a hash of its collectives,
-  devices, function and inputs: alike in every process that runs the same
-  program, whatever line or thread runs it); the process that makes the
-  count whole says so under ``ALL``, and every other waits for that word;
+- ``meet`` adds one to a counter under the program's name and its body
+  (``entry["h"]``) in the coordination service's store (the name: its
+  group, and a hash of its collectives, devices, function and inputs, alike
+  in every process that runs the same program, whatever line or thread runs
+  it); the process that makes its body's count whole says under ``all``
+  that every process came with one body, and every other waits for that
+  word.  Where the bodies differ no body's count is ever whole: each process
+  that did not make one whole reads every body's count, and the one that
+  finds every process counted in says that they came with bodies apart;
 - a group that never arrives is the parting check's (``checks.parting``):
   the waiting process's wait names the program it meets on, and where every
   process of the group waits elsewhere or finished its script, the job
   stops, each side named at its line, with the program never run.
 
 A healthy job waits only until its slowest member comes to the program,
-which the program's first collective would make it wait for anyway; each
-process leaves a mark of the program's body (``entry["h"]``) before it
-counts itself in, and the last to come reads the marks and says in its word
-whether they were one body.  So the last pays four round trips to the
-coordinator (the mark, the count, the marks, the word), the others two and
-one after the last came.  Where the bodies were one, the program is the same
+which the program's first collective would make it wait for anyway.  The
+last to come pays two round trips to the coordinator (its count, the word),
+the others three (the count, the counts, the wait for the word).  Where the
+bodies were one, the program is the same
 in every way the programs check compares, and its post on the board is
 taken back before the board's thread ever publishes it (``Board.withdraw``):
 on a job that makes a new program every step, the board's round trips and
@@ -58,7 +60,7 @@ from jaxrun import contract
 from jaxrun.child.checks import store
 from jaxrun.child.checks.program_text import group_text, program_hash
 
-MEET = f"{store.PREFIX}/meet"  # MEET/{group}/{program}/n: how many came; .../all: every one came
+MEET = f"{store.PREFIX}/meet"  # MEET/{group}/{program}/b/{body}: how many came with it; .../all: every one came
 ALIKE, DIFFER = "1", "2"  # the last one's word: every one came, with one body or not
 SLICE_MS = 10_000  # a wait for the word, between checks that the store still answers
 GONE_PAUSE = 1.0  # seconds between asks once the store stopped answering
@@ -115,17 +117,22 @@ class Meetings:
         client = self.client()
         if client is None:
             return False
-        # Each process leaves its body's mark before it counts itself in: the last to
-        # come finds every mark there, and says in its word whether they were one.
-        client.key_value_increment(f"{MEET}/{name}/b/{body}", 1)
-        came = client.key_value_increment(f"{MEET}/{name}/n", 1)
-        if came >= count:
-            alike = len(client.key_value_dir_get(f"{MEET}/{name}/b/")) == 1
-            client.key_value_set(f"{MEET}/{name}/all", ALIKE if alike else DIFFER, allow_overwrite=True)
-            return alike
+        # One round trip counts this process in under its body.  The one that makes its
+        # body's count whole knows that every process came, each with this body.
+        marks, word = f"{MEET}/{name}/b/", f"{MEET}/{name}/all"
+        if client.key_value_increment(marks + (body or "-"), 1) >= count:
+            client.key_value_set(word, ALIKE, allow_overwrite=True)
+            return True
+        # Else either some are still to come, or the bodies differ and no body's count is
+        # ever whole: whoever counts every process in, over all bodies, says so.  The last
+        # to count itself in reads after every increment, so one of them always does.
+        bodies = client.key_value_dir_get(marks)
+        if len(bodies) > 1 and sum(int(n) for _, n in bodies) >= count:
+            client.key_value_set(word, DIFFER, allow_overwrite=True)
+            return False
         while True:
             try:
-                return client.blocking_key_value_get(f"{MEET}/{name}/all", SLICE_MS) == ALIKE
+                return client.blocking_key_value_get(word, SLICE_MS) == ALIKE
             except Exception as e:  # noqa: BLE001 - jax's error type has no public name
                 if "DEADLINE_EXCEEDED" not in str(e):
                     # The store is gone: the job ends (JAX ends a process whose coordinator
