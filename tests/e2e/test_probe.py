@@ -81,12 +81,22 @@ def test_a_local_probe_prints_its_verdict_as_json_and_exits_as_it_says(jaxrun, t
     assert [line.split()[0].rsplit("/", 1)[1] for line in table[1:3]] == ["0", "1"], table  # HOST/rank: one machine
 
 
-# What --python names under the engine: the task whose rank is $1 joins the
-# CPU group $2 (held to a fraction of a core) before it becomes Python, so its
-# task agent and its process run there; the other tasks run as they would.
-SLOWED_TASK = """#!/bin/sh
-if [ "${rank_variable}" = "{rank}" ]; then echo $$ > {group}/cgroup.procs; fi
-exec {python} "$@"
+# What --python names under the engine (``python -m MODULE ARGS``, for the task
+# agent and for the process it starts).  The process of rank {rank} imports jax
+# at the core's full speed, then joins the CPU group {group} (held to a
+# fraction of a core) and runs as ``python -m`` would: the probe's step, what
+# the probe times, runs slowed.  Importing jax at a twentieth of a core took
+# 30-40 s of the test's time, and is not what the probe measures.  Everything
+# else, the task agents included, runs as it would.
+SLOWED_TASK = """#!{python}
+import os, runpy, sys
+if sys.argv[1:3] != ["-m", "jaxrun.shim"] or os.environ.get("{rank_variable}") != "{rank}":
+    os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
+import jax  # noqa: F401,E402
+with open("{group}/cgroup.procs", "w") as procs:
+    procs.write(str(os.getpid()))
+sys.argv, sys.path[0] = sys.argv[2:], os.getcwd()  # as python -m sets them
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
 """
 RANK_VARIABLE = {"mpirun": "OMPI_COMM_WORLD_RANK", "slurm": "SLURM_PROCID"}
 
