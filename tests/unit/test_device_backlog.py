@@ -174,6 +174,36 @@ def test_no_probe_on_a_cpu_and_none_before_the_scripts_backend_or_its_first_ask(
     assert probe.verdict() is None
 
 
+def test_the_scripts_return_while_the_probes_thread_is_starting_waits_for_it_and_never_fails(monkeypatch):
+    """The account's thread starts the probe's at its first ask; the script's
+    return stops it from the main thread.  A return that comes while the
+    thread is being started waits until it has started and joins it (it once
+    found the thread made and not started: ``cannot join thread before it is
+    started``, in the script's return, across two network namespaces); a
+    return that comes first leaves no thread to start."""
+    probe = backlog.Backlog(ready=lambda: True)
+    probe.prepare = lambda: (None, None)  # nothing to probe: the thread ends once stopped
+    starting, real_start = threading.Event(), threading.Thread.start
+
+    def slow_start(thread):
+        if thread.name == backlog.THREAD:
+            starting.set()
+            time.sleep(0.3)  # the account's thread, descheduled between making the thread and starting it
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", slow_start)
+    asker = threading.Thread(target=probe.ask)  # the account's thread
+    asker.start()
+    assert starting.wait(5)
+    probe.stop()  # the script returned: no RuntimeError
+    asker.join(5)
+    assert probe.thread is not None and not probe.thread.is_alive()
+    late = backlog.Backlog(ready=lambda: True)
+    late.stop()
+    late.ask()
+    assert late.thread is None
+
+
 def test_a_parked_main_thread_over_an_idle_device_stops_asking():
     """A job parked outside JAX (a stall) dispatches nothing: once the device was
     seen idle and the main thread parked a second, the probe is asked no more."""

@@ -77,24 +77,28 @@ class Backlog:
         self.platform = ""  # the device's, once known
         self.asked = threading.Event()
         self.stopped = threading.Event()
-        self.thread: threading.Thread | None = None
+        self.thread: threading.Thread | None = None  # set once started, under ``lock``
+        self.lock = threading.Lock()  # start and stop: a stop never finds a thread not yet started
         self.main = threading.main_thread().ident
         self.code = None  # the code the main thread ran when asked
         self.moved = 0  # asks not sent: the main thread had moved on
 
     def start(self) -> None:
-        if self.thread is None and not self.stopped.is_set():
-            self.thread = threading.Thread(target=self.run, name=THREAD, daemon=True)
-            self.thread.start()
+        with self.lock:
+            if self.thread is None and not self.stopped.is_set():
+                thread = threading.Thread(target=self.run, name=THREAD, daemon=True)
+                thread.start()
+                self.thread = thread
 
     def stop(self) -> None:
         """The script returned: no more probes, and no more answers; the thread
         is out of JAX before JAX's own shutdown (it waits in Python's sleeps, so
         at once, unless a dispatch is under way: ``STOP_WAIT`` at most)."""
-        self.stopped.set()
+        with self.lock:  # the account's thread may be starting the probe's now
+            self.stopped.set()
+            thread = self.thread
         self.asked.set()
         self.fresh = self.flight = None
-        thread = self.thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(STOP_WAIT)
 
