@@ -342,6 +342,40 @@ def test_a_held_post_taken_back_in_time_is_never_published_and_those_after_it_ke
     assert not board.thread.is_alive()
 
 
+def test_a_post_taken_back_while_the_board_looks_leaves_with_its_keys_never_without():
+    """The main thread takes a published post back (``withdraw``: agreed) while
+    the board's thread looks: the look drops it with its keys and what the
+    board owes for it, or keeps it for the next look, never drops it alone
+    (its keys would stay in the store, and the script's end would wait for it)."""
+
+    class TakenBackMidLook(agreement.Post):
+        """Read as not agreed once, as agreed after: withdrawn between two reads."""
+
+        reads = 0
+
+        @property
+        def agreed(self):
+            self.reads += 1
+            return self.reads > 1
+
+        @agreed.setter
+        def agreed(self, value):
+            pass
+
+    store = Store()
+    board = agreement.Board(0, 2, client=lambda: store, clock=Clock())
+    posts = [agreement.Post("p/0", {"fp": "a"}, (0, 1), lambda *a: None, agreed=True, next_look=1e9),
+             TakenBackMidLook("p/1", {"fp": "a"}, (0, 1), lambda *a: None, next_look=1e9)]
+    for post in posts:
+        store.key_value_set(f"{transport.ENTRIES}/{post.topic}/0", "{}")
+    board.open, board.outstanding = list(posts), 2
+    board._look(store)
+    assert [post.topic for post in board.open] == ["p/1"] and board.outstanding == 1
+    assert f"{transport.ENTRIES}/p/1/0" in store.data and f"{transport.ENTRIES}/p/0/0" not in store.data
+    board._look(store)
+    assert board.open == [] and board.outstanding == 0 and store.data == {}
+
+
 def test_an_entry_given_as_a_callable_is_made_on_the_boards_thread():
     store, made_on = Store(), []
     one, two = boards(2, store)

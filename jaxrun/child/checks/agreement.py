@@ -260,11 +260,13 @@ class Board:
         (oldest first): judge it, or read its verdict.  A difference is named
         at its first call, not at whichever topic's backed-off look came due
         first (examples/replica_across.py once named its third)."""
-        if any(post.agreed for post in self.open):
-            for post in [post for post in self.open if post.agreed]:
+        agreed = [post for post in self.open if post.agreed]  # read once: the main thread may be taking one back
+        if agreed:
+            for post in agreed:
                 store.agreed(client, post.topic)
                 self._count(-1)
-            self.open = [post for post in self.open if not post.agreed]
+            done = {id(post) for post in agreed}
+            self.open = [post for post in self.open if id(post) not in done]
         now, still, finished = self.clock(), [], store.Finished(client)
         due = [i for i, post in enumerate(self.open) if post.next_look <= now]
         last = due[-1] if due else -1
