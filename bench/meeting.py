@@ -37,40 +37,29 @@ TRAIN = textwrap.dedent(
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    waited = []
-    try:
-        from jaxrun.child.checks import meeting
-        real = meeting.Meetings._rendezvous
+    waited = []  # each meeting's seconds, its round trips and its wait for the peer
+    # The checks' own time on the main thread: describing a program, its first run less its meeting.
+    own = {"got": [], "_first_run": []}
+
+    def timing(owner, name, into):  # each call of owner.name: its seconds, less the meetings inside it
+        real = getattr(owner, name)
 
         def timed(self, *args):
-            start = time.perf_counter()
+            start, met = time.perf_counter(), len(waited)
             try:
                 return real(self, *args)
             finally:
-                waited.append(time.perf_counter() - start)
+                into.append(time.perf_counter() - start - sum(waited[met:]))
 
-        meeting.Meetings._rendezvous = timed
-    except ImportError:
-        pass  # the checks before the meeting
-    # The checks' own time on the main thread: describing a program, its first run less its meeting.
-    own = {"got": [], "_first_run": []}
+        setattr(owner, name, timed)
+
     try:
-        from jaxrun.child.checks import programs
-
-        def own_time(name):
-            real = getattr(programs.Programs, name)
-
-            def timed(self, *args):
-                start, met = time.perf_counter(), len(waited)
-                try:
-                    return real(self, *args)
-                finally:
-                    own[name].append(time.perf_counter() - start - sum(waited[met:]))
-            return timed
-
-        programs.Programs.got, programs.Programs._first_run = own_time("got"), own_time("_first_run")
+        from jaxrun.child.checks import meeting, programs
+        timing(meeting.Meetings, "_rendezvous", waited)
+        timing(programs.Programs, "got", own["got"])
+        timing(programs.Programs, "_first_run", own["_first_run"])
     except (ImportError, AttributeError):
-        pass
+        pass  # the checks before the meeting
 
     steps, width = int(sys.argv[1]), int(sys.argv[2])
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("b",))
