@@ -38,18 +38,21 @@ TRAIN = textwrap.dedent(
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     waited = []  # each meeting's seconds, its round trips and its wait for the peer
-    # The checks' own time on the main thread: describing a program, its first run less its meeting.
+    # The checks' own time on the main thread: describing a program, its first run less its meeting;
+    # and the CPU the main thread used in them (the rest of their time, other threads ran).
     own = {"got": [], "_first_run": []}
+    cpu = {"got": [], "_first_run": [], "_rendezvous": []}
 
     def timing(owner, name, into):  # each call of owner.name: its seconds, less the meetings inside it
         real = getattr(owner, name)
 
         def timed(self, *args):
-            start, met = time.perf_counter(), len(waited)
+            start, used, met, met_cpu = time.perf_counter(), time.thread_time(), len(waited), len(cpu["_rendezvous"])
             try:
                 return real(self, *args)
             finally:
                 into.append(time.perf_counter() - start - sum(waited[met:]))
+                cpu[name].append(time.thread_time() - used - sum(cpu["_rendezvous"][met_cpu:]))
 
         setattr(owner, name, timed)
 
@@ -90,13 +93,17 @@ TRAIN = textwrap.dedent(
               f"{min(waited) * 1000:.3f}", flush=True)
     if own["got"] and own["_first_run"]:
         print(f"OWN_MS {rank} {statistics.median(own['got']) * 1000:.3f} "
-              f"{statistics.median(own['_first_run']) * 1000:.3f}",
+              f"{statistics.median(own['_first_run']) * 1000:.3f} {statistics.median(cpu['got']) * 1000:.3f} "
+              f"{statistics.median(cpu['_first_run']) * 1000:.3f} "
+              f"{statistics.median(cpu['_rendezvous'] or [0.0]) * 1000:.3f}",
               flush=True)
     """
 )
 
 
-OWN: list[tuple] = []  # (rank, describing ms, a first run less its meeting ms): each job's medians
+# (rank, describing ms, a first run less its meeting ms, the main thread's CPU ms in each, and in the
+# meeting): each job's medians
+OWN: list[tuple] = []
 
 
 def run(checks: str, script: str, steps: int, width: int, processes: int) -> tuple[float, list[tuple]]:
@@ -108,7 +115,8 @@ def run(checks: str, script: str, steps: int, width: int, processes: int) -> tup
         raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-1500:]}")
     meetings = [(int(r), float(m), float(x), int(c), float(least))
                 for r, m, x, c, least in re.findall(r"MEET_MS (\d+) ([\d.]+) ([\d.]+) (\d+) ([\d.]+)", proc.stdout)]
-    OWN.extend((int(r), float(g), float(f)) for r, g, f in re.findall(r"OWN_MS (\d+) ([\d.]+) ([\d.]+)", proc.stdout))
+    OWN.extend((int(r), *map(float, rest)) for r, *rest in
+               re.findall(r"OWN_MS (\d+) ([\d.]+) ([\d.]+) ([\d.]+) ([\d.]+) ([\d.]+)", proc.stdout))
     return float(found[1]), meetings
 
 
@@ -143,8 +151,9 @@ def main() -> None:
         mine = [o for o in OWN if o[0] == rank]
         print(f"process {rank}: the checks' own time on the main thread, a new program: describing it "
               f"{median([o[1] for o in mine]):.3f} ms, its first run less the meeting "
-              f"{median([o[2] for o in mine]):.3f} ms "
-              f"(medians of the jobs' medians)")
+              f"{median([o[2] for o in mine]):.3f} ms (medians of the jobs' medians); the main thread's CPU in "
+              f"them {median([o[3] for o in mine]):.3f} ms and {median([o[4] for o in mine]):.3f} ms, in the "
+              f"meeting {median([o[5] for o in mine]):.3f} ms")
 
 
 if __name__ == "__main__":

@@ -46,7 +46,15 @@ def test_the_fingerprint_prints_the_module_without_locations():
 
     module = types.SimpleNamespace(operation=Operation())
     assert program_text.fingerprint(module) == program_text.program_hash(MODULE.format(name="g", op="add"))
-    assert asked == {"enable_debug_info": False}
+    assert asked == {"enable_debug_info": False, "assume_verified": True}
+
+
+def test_printed_as_verified_a_real_module_gives_the_fingerprint_its_verified_print_gives():
+    jax = pytest.importorskip("jax")
+    lowered = jax.jit(lambda x: (x * 2.0).sum()).lower(jax.ShapeDtypeStruct((4, 3), "float32"))
+    module = lowered.compiler_ir("stablehlo")
+    verified = module.operation.get_asm(enable_debug_info=False)
+    assert program_text.fingerprint(module) == program_text.program_hash(verified)
 
 
 @pytest.mark.parametrize("ranks, text", [([0, 1, 2, 3], "0-3"), ([3, 1, 2], "1-3"), ([0, 2, 5], "0,2,5"),
