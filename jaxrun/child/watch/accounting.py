@@ -46,7 +46,11 @@ and ``covered`` leave it out).
 Each look costs a walk of the main thread's frames (each code object is
 judged once, then looked up), one CPU clock read, the main thread's
 ``schedstat`` and the CPU group's ``cpu.stat``:
-``bench/account.py`` measures it against the same job with the account off.
+``bench/account.py`` measures it against the same job with the account off,
+and times looks back to back; ``bench/looks.py`` times them on their
+schedule (200-380 us of CPU each on a 2-core machine, about 1% of a core).
+A main thread found parked at one place at every look for ``STILL_SLOW``
+is looked at every ``STILL_TICK`` until a look finds it elsewhere.
 The cumulative split goes to the launcher beside the activity line
 (``contract.read_activity_file``): ``FIRST_EVERY`` seconds after the join,
 then at twice the last gap up to ``EVERY``, and when the script returns; what
@@ -72,6 +76,12 @@ COMPUTED = 0.25  # of a look's tick on a CPU, or waiting for one: a main thread 
 FIRST_EVERY = 2.0  # the first record, then 4 and 8 s after it ...
 EVERY = 10.0  # ... and every 10 s
 PARKED_QUIET = 1.0  # seconds parked outside JAX, the device idle, after which its probe is not asked
+# A main thread found parked at one place at every look for STILL_SLOW seconds is looked
+# at every STILL_TICK, until a look finds it elsewhere: an idle process (a session at its
+# prompt, a script asleep) paid 1.7-2.1% of a core for looks every TICK on this project's
+# machine (bench/looks.py).
+STILL_SLOW = 1.0
+STILL_TICK = 0.1
 _OUTSIDE, _INSIDE, _COMPILER, _STARTING = place.OUTSIDE, place.INSIDE, place.COMPILER, place.STARTING
 
 _started: Accountant | None = None
@@ -144,6 +154,7 @@ class Accountant:
         self.device = device
         self.unanswered = {"work": 0.0, "idle": 0.0}
         self.next_ask, self.device_idle, self.parked_for, self.outside_looks = 0.0, False, 0.0, 0
+        self.device_busy = False  # the probe's last answer was "busy"
         self.places: dict[object, int] = {}  # code object -> _OUTSIDE, _INSIDE or _COMPILER
         self.own: dict[object, bool] = {}  # code object -> the script's own (not a library's, not Python's)
         self.sites: set[tuple[object, int]] = set()  # (code, offset): the script's calls seen going into JAX
@@ -160,6 +171,9 @@ class Accountant:
         self.finished = False
         self.at = None  # (code, line) of the script's frame that called into JAX, at the last look
         self.wait_at, self.wait_since, self.wait_said = None, 0.0, False  # the wait at one place so far
+        # Parked at one place (its innermost frame and instruction) at every look since: the pause
+        # to the next look (the sampler's) grows to STILL_TICK once that has lasted STILL_SLOW.
+        self.still_at, self.still_for, self.pause = None, 0.0, TICK
 
     def place(self) -> int:
         """Where the main thread is now: outside JAX, inside it, or in its
@@ -218,6 +232,8 @@ class Accountant:
         wanted = max(0.0, cpu - self.last_cpu) + max(0.0, delay - self.last_delay)
         computed = max(0.0, host - self.last_host)
         self.last_time, self.last_cpu, self.last_delay, self.last_host = now, cpu, delay, host
+        if where != _OUTSIDE:
+            self.still(False, None, seconds)
         if where == _OUTSIDE:  # the host's own time: its compute (work, the goodput's input), or parked (idle)
             # In one of Python's own waits (time.sleep, select: a thread just woken from one
             # may still wait for a CPU), or asleep now and hardly on a CPU since the last look:
@@ -225,6 +241,7 @@ class Accountant:
             # look holds the GIL: its CPU since the last look says it computed.)
             parked = self.calls_wait(innermost) or (computed < COMPUTED * seconds and self.running() is False)
             part = "idle" if parked else "work"
+            self.still(parked, innermost, seconds)
             self.parts[part] += seconds
             if self.host_at is not None:
                 sites = self.host_sites[part]
@@ -245,6 +262,22 @@ class Accountant:
         if waits is not None:
             self.waited(waits, where == _INSIDE and wanted < seconds / 2, now)
 
+    def still(self, parked: bool, innermost, seconds: float) -> None:
+        """Whether the main thread stands parked where it stood at the last
+        look: the looks slow down once every look has found it so for
+        ``STILL_SLOW`` (not while the device's probe last said "busy"), and
+        come every ``TICK`` again at the first look that finds it elsewhere
+        or not parked.  Parked is the account's own rule (in one of Python's
+        waits, or hardly on a CPU), so a thread that wakes now and then to
+        wait again (a queue's consumer, a sleep in a loop) stays still; the
+        looks sample it as often as the time is split, each at most
+        ``STILL_TICK`` of a thread that woke put where the next look finds it."""
+        at = (innermost.f_code, innermost.f_lasti) if parked and innermost is not None else None
+        self.still_for = self.still_for + seconds if at is not None and at == self.still_at else 0.0
+        self.still_at = at
+        slow = self.still_for >= STILL_SLOW and not self.device_busy
+        self.pause = STILL_TICK if slow else TICK
+
     def probed(self, now: float, part: str, seconds: float, code=None) -> None:
         """The device's answer for the main thread's time outside JAX up to the
         instant it was asked: where the device was busy (it ran programs the
@@ -259,7 +292,7 @@ class Accountant:
         sent only while the main thread still runs it (``backlog.Backlog.sample``)."""
         busy = self.device.verdict()
         if busy is not None:
-            self.device_idle = not busy
+            self.device_idle, self.device_busy = not busy, busy
             if busy:
                 moved = self.unanswered["work"] + self.unanswered["idle"]
                 self.parts["work"] -= self.unanswered["work"]
@@ -324,7 +357,7 @@ class Accountant:
     def run(self) -> None:
         """On a thread of its own (a bench's way; a process's runs on ``sampler.shared``)."""
         while True:
-            time.sleep(TICK)
+            time.sleep(self.pause)
             if not self.tick():
                 return
 

@@ -76,7 +76,9 @@ class MainSampler:
                 self.woken.wait()  # the account comes at the join
                 self.woken.clear()
                 continue
-            wait = TICK if account is not None else max(0.0, next_judgement - self.clock())
+            # The account's pause: TICK, longer while the main thread stands parked at one place.
+            wait = getattr(account, "pause", TICK) if account is not None else \
+                max(0.0, next_judgement - self.clock())
             if self.woken.wait(wait):
                 self.woken.clear()
             if account is not None and not account.tick():
