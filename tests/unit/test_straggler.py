@@ -98,6 +98,36 @@ def test_lateness_that_moves_between_processes_is_not_consistent():
     assert notes == [] and rule.straggler() is None
 
 
+def test_the_console_says_the_straggler_as_soon_as_top_shows_it_also_between_two_windows():
+    """The last two windows accuse process 2 while the whole account does not
+    yet (eight even windows before them); then process 2's next split comes,
+    a long one with no wait, and the whole account accuses it: top shows it
+    from then on (``now``), and the console must say it then, not at the
+    next window's close (a job released on top's word had no line)."""
+    notes: list[str] = []
+    rule = StragglerRule(HOSTS, notes.append)
+    totals, covered = {r: [0.0, 0.0, 0.0] for r in HOSTS}, dict.fromkeys(HOSTS, 0.0)
+
+    def heard(rank, seconds, parts):
+        covered[rank] += seconds
+        totals[rank] = [a + b for a, b in zip(totals[rank], parts)]
+        rule.heard(rank, contract.TimeSplit(100.0, covered[rank], *totals[rank]))
+
+    for _ in range(8):
+        for rank in HOSTS:
+            heard(rank, 5.0, (2.0, 2.0, 1.0))
+    for _ in range(2):
+        for rank in HOSTS:
+            heard(rank, 5.0, (3.5, 1.0, 0.5) if rank == 2 else (2.5, 1.0, 1.5))
+    assert rule.verdicts[-2:] == [2, 2] and rule.now[1] is None and notes == []
+    heard(2, 30.0, (29.0, 1.0, 0.0))
+    assert rule.now[1] is not None and rule.now[1].rank == 2
+    assert notes == [f"jaxrun: {rule.now[1].line()}"]
+    for rank in (0, 1, 3):  # the window closes: said once, not again
+        heard(rank, 30.0, (10.0, 1.0, 19.0))
+    assert len(notes) == 1
+
+
 def test_a_window_closes_only_when_every_running_process_has_reported():
     rule, _ = replay(HOST_SHAPED[:7])  # the second round lacks process 3's
     assert len(rule.windows) == 1
