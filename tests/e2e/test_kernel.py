@@ -95,7 +95,7 @@ def test_execute_interrupt_restart_and_shutdown(kernels, no_leftover_processes):
         manager.restart_kernel(now=False)
         client.wait_for_ready(timeout=60)
         status, seen = execute(client, "import jax\n('x' in globals(), jax.process_count())")
-        assert status == "ok" and values(seen) == [{"text/plain": "(False, 4)"}]
+        assert status == "ok" and values(seen) == [{"text/plain": "(False, 4)"}], seen
     finally:
         manager.shutdown_kernel(now=False)
         client.stop_channels()
