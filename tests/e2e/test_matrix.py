@@ -537,7 +537,22 @@ def engine(request, backend):
 def check_seen(backend, fault, seen, loaded=False) -> None:
     print(summary(backend, fault, seen))
     found = problems(backend, fault, seen, loaded=loaded)
-    assert not found, "\n".join([summary(backend, fault, seen), *found, "jaxrun's stderr:", seen.err[-4000:]])
+    assert not found, "\n".join([summary(backend, fault, seen), *found, "jaxrun's stderr:", seen.err[-4000:],
+                                  *log_tails(seen.logs)])
+
+
+def log_tails(logs: Path, lines: int = 15) -> list[str]:
+    """Each process's stderr log, its last lines: the test's folder is gone
+    after a failure, and a process that died on its own (a SIGSEGV inside
+    `import jax`, once, in a suite run) said why only there."""
+    tails = []
+    for log in sorted(Path(logs).rglob("process-*.stderr")) if logs else ():
+        try:
+            text = log.read_text(errors="replace").splitlines()[-lines:]
+        except OSError:
+            continue
+        tails += [f"{log.name}'s last lines:", *(f"  {line}" for line in text)]
+    return tails
 
 
 HANG = next(f for f in FAULTS if f.how == "timeout")
