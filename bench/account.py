@@ -27,7 +27,7 @@ import sys
 import textwrap
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import alternate, median, step_ms, table  # noqa: E402
+from common import alternate, bench_script, median, step_ms, table  # noqa: E402
 from stall import TRAIN  # noqa: E402
 
 LOOK = textwrap.dedent(
@@ -120,11 +120,7 @@ def main() -> None:
     parser.add_argument("--looks", type=int, default=2000)
     parser.add_argument("--alone-width", type=int, default=720, help="one process's width for a 16 ms step here")
     args = parser.parse_args()
-    folder = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"jaxrun-bench-account-{os.getpid()}")
-    os.makedirs(folder, exist_ok=True)
-    script = os.path.join(folder, "train.py")
-    with open(script, "w") as f:
-        f.write(TRAIN)
+    script = bench_script("account", "train.py", TRAIN)
     print(f"{args.n} processes, width {args.width}, {args.steps} steps a run, {args.rounds} rounds")
     times = alternate({name: (lambda flags=flags: step_ms(flags, script, args.steps, args.width, processes=args.n))
                        for name, flags in MODES.items()}, args.rounds,
@@ -132,9 +128,7 @@ def main() -> None:
     base = median(times["off (--no-account)"])
     rows = [[name, f"{median(ms):.2f}", f"{median(ms) / base:.3f}"] for name, ms in times.items()]
     print(table(rows, ("account", "median step ms", "vs off")))
-    alone = os.path.join(folder, "alone.py")
-    with open(alone, "w") as f:
-        f.write(ALONE)
+    alone = bench_script("account", "alone.py", ALONE)
     proc = subprocess.run([sys.executable, alone, str(args.rounds * 2), "150", str(args.alone_width)],
                           capture_output=True, text=True, timeout=600)
     blocks = re.findall(r"ALONE (\w+) ([\d.]+)", proc.stdout)
@@ -144,9 +138,7 @@ def main() -> None:
     on = median([float(ms) for mode, ms in blocks if mode == "on"])
     print(f"one process, width {args.alone_width}, {len(blocks) // 2} blocks of 150 steps each way: median step "
           f"{off:.2f} ms off, {on:.2f} ms on: {on / off:.3f}")
-    look = os.path.join(folder, "look.py")
-    with open(look, "w") as f:
-        f.write(LOOK)
+    look = bench_script("account", "look.py", LOOK)
     proc = subprocess.run([sys.executable, look, str(args.looks)], capture_output=True, text=True, timeout=300)
     found = re.search(r"LOOK_US ([\d.]+) ([\d.]+)", proc.stdout)
     if not found:

@@ -32,7 +32,7 @@ import sys
 import textwrap
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import checks_on_off, median, step_ms  # noqa: E402
+from common import bench_script, checks_on_off, median, step_ms  # noqa: E402
 
 TRAIN = textwrap.dedent(
     """
@@ -129,17 +129,11 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=384)
     parser.add_argument("--calls", type=int, default=200)
     args = parser.parse_args()
-    folder = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"jaxrun-bench-checks-{os.getpid()}")
-    os.makedirs(folder, exist_ok=True)
-    script = os.path.join(folder, "train.py")
-    with open(script, "w") as f:
-        f.write(TRAIN)
+    script = bench_script("checks", "train.py", TRAIN)
     print(f"{args.n} processes x 2 devices, width {args.width}, {args.steps} steps a run, {args.rounds} rounds")
     times = checks_on_off(lambda checks: step_ms(["--checks", checks], script, args.steps, args.width,
                                                  processes=args.n, cpu_devices=2), args.rounds, "a step")
-    probe = os.path.join(folder, "probe.py")
-    with open(probe, "w") as f:
-        f.write(PROBE)
+    probe = bench_script("checks", "probe.py", PROBE)
     proc = subprocess.run([sys.executable, probe, str(args.calls), str(args.width)], capture_output=True,
                           text=True, timeout=300)
     found = dict(re.findall(r"(\w+) ([\d.]+)", proc.stdout))

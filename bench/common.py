@@ -24,6 +24,17 @@ JAXRUN = [PYTHON, "-m", "jaxrun"]
 compileall.compile_dir(str(ROOT / "jaxrun"), quiet=1)
 
 
+def bench_script(bench: str, name: str, text: str) -> str:
+    """``text`` written as ``name`` in this run's folder for ``bench``
+    (``$TMPDIR/jaxrun-bench-BENCH-PID``, made if need be); its path."""
+    folder = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"jaxrun-bench-{bench}-{os.getpid()}")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -23,7 +23,7 @@ import sys
 import textwrap
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import JAXRUN, median, table  # noqa: E402
+from common import JAXRUN, bench_script, median, table  # noqa: E402
 
 SCRIPT = textwrap.dedent(
     """
@@ -90,11 +90,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0)
     args = parser.parse_args()
-    folder = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"jaxrun-bench-looks-{os.getpid()}")
-    os.makedirs(folder, exist_ok=True)
-    script = os.path.join(folder, "looked_at.py")
-    with open(script, "w") as f:
-        f.write(SCRIPT)
+    script = bench_script("looks", "looked_at.py", SCRIPT)
     print(f"2 processes x 1 CPU device, {args.seconds:g} s measured a job, {args.rounds} rounds ({sys.executable})")
     seen: dict[tuple[str, bool], list[tuple[float, float, float]]] = {}
     for r in range(args.rounds):

@@ -29,7 +29,7 @@ import sys
 import textwrap
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import JAXRUN, checks_on_off, median  # noqa: E402
+from common import JAXRUN, bench_script, checks_on_off, median  # noqa: E402
 
 TRAIN = textwrap.dedent(
     """
@@ -127,11 +127,7 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=2)
     parser.add_argument("--width", type=int, default=256)
     args = parser.parse_args()
-    folder = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"jaxrun-bench-meeting-{os.getpid()}")
-    os.makedirs(folder, exist_ok=True)
-    script = os.path.join(folder, "train.py")
-    with open(script, "w") as f:
-        f.write(TRAIN)
+    script = bench_script("meeting", "train.py", TRAIN)
     print(f"{args.n} processes x 2 devices, a new program every step, {args.steps} steps a job, "
           f"{args.rounds} rounds ({sys.executable})")
     waits: list[tuple] = []

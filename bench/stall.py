@@ -32,7 +32,7 @@ import sys
 import textwrap
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import alternate, median, step_ms, table  # noqa: E402
+from common import alternate, bench_script, median, step_ms, table  # noqa: E402
 
 TRAIN = textwrap.dedent(
     """
@@ -111,11 +111,7 @@ def main() -> None:
     parser.add_argument("--looks", type=int, default=2000)
     parser.add_argument("--parked", type=int, default=300, help="native threads parked beside jax's for the looks")
     args = parser.parse_args()
-    folder = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"jaxrun-bench-stall-{os.getpid()}")
-    os.makedirs(folder, exist_ok=True)
-    script = os.path.join(folder, "train.py")
-    with open(script, "w") as f:
-        f.write(TRAIN)
+    script = bench_script("stall", "train.py", TRAIN)
     print(f"{args.n} processes, width {args.width}, {args.steps} steps a run, {args.rounds} rounds")
     times = alternate({name: (lambda t=t: step_ms(["--stall-timeout", t], script, args.steps, args.width,
                                                   processes=args.n))
@@ -124,9 +120,7 @@ def main() -> None:
     base = median(times["off"])
     rows = [[name, f"{median(ms):.2f}", f"{median(ms) / base:.3f}"] for name, ms in times.items()]
     print(table(rows, ("--stall-timeout", "median step ms", "vs off")))
-    look = os.path.join(folder, "look.py")
-    with open(look, "w") as f:
-        f.write(LOOK)
+    look = bench_script("stall", "look.py", LOOK)
     for parked in sorted({0, args.parked}):
         proc = subprocess.run([sys.executable, look, str(args.looks), str(parked)], capture_output=True, text=True,
                               timeout=300)
