@@ -153,8 +153,8 @@ class Accountant:
         # main thread's seconds outside JAX, by part, since its last answer; when to ask next.
         self.device = device
         self.unanswered = {"work": 0.0, "idle": 0.0}
-        self.next_ask, self.device_idle, self.parked_for, self.outside_looks = 0.0, False, 0.0, 0
-        self.device_busy = False  # the probe's last answer was "busy"
+        self.next_ask, self.parked_for, self.outside_looks = 0.0, 0.0, 0
+        self.device_busy: bool | None = None  # the probe's last answer: busy, idle, or none yet
         self.places: dict[object, int] = {}  # code object -> _OUTSIDE, _INSIDE or _COMPILER
         self.own: dict[object, bool] = {}  # code object -> the script's own (not a library's, not Python's)
         self.sites: set[tuple[object, int]] = set()  # (code, offset): the script's calls seen going into JAX
@@ -275,7 +275,7 @@ class Accountant:
         at = (innermost.f_code, innermost.f_lasti) if parked and innermost is not None else None
         self.still_for = self.still_for + seconds if at is not None and at == self.still_at else 0.0
         self.still_at = at
-        slow = self.still_for >= STILL_SLOW and not self.device_busy
+        slow = self.still_for >= STILL_SLOW and self.device_busy is not True
         self.pause = STILL_TICK if slow else TICK
 
     def probed(self, now: float, part: str, seconds: float, code=None) -> None:
@@ -292,7 +292,7 @@ class Accountant:
         sent only while the main thread still runs it (``backlog.Backlog.sample``)."""
         busy = self.device.verdict()
         if busy is not None:
-            self.device_idle, self.device_busy = not busy, busy
+            self.device_busy = busy
             if busy:
                 moved = self.unanswered["work"] + self.unanswered["idle"]
                 self.parts["work"] -= self.unanswered["work"]
@@ -301,7 +301,7 @@ class Accountant:
             self.unanswered = {"work": 0.0, "idle": 0.0}
         self.unanswered[part] += seconds
         self.parked_for = self.parked_for + seconds if part == "idle" else 0.0
-        if self.device_idle and self.parked_for > PARKED_QUIET:
+        if self.device_busy is False and self.parked_for > PARKED_QUIET:
             return  # parked, the device idle since: the main thread dispatches nothing (a stalled job stays still)
         if now >= self.next_ask and self.outside_looks >= 2:
             self.next_ask = now + backlog.PERIOD * random.uniform(0.5, 1.5)
