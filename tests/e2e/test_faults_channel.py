@@ -472,11 +472,16 @@ print(json.dumps({{"queued": queued, "seconds": seconds}}))
 
 
 DAEMON = """\
-import os, subprocess, sys
-# A daemon: its own session, its parent gone at once (a double fork).
-subprocess.Popen([sys.executable, "-c", "import os, time\\nif os.fork(): os._exit(0)\\n"
-                  "open(os.environ['PIDS'] + '/' + str(os.getpid()), 'w').close()\\ntime.sleep(120)"],
+import glob, os, subprocess, sys, time
+# A daemon: its own session, its parent gone at once (a double fork).  The
+# task ends only once its daemon has said its pid: a task that ended first
+# could see its daemon ended before it wrote (a loaded machine, 1 suite run).
+subprocess.Popen([sys.executable, "-c", "import os, sys, time\\nif os.fork(): os._exit(0)\\n"
+                  "open(os.environ['PIDS'] + '/' + sys.argv[1] + '-' + str(os.getpid()), 'w').close()\\n"
+                  "time.sleep(120)", str(os.getpid())],
                  start_new_session=True).wait()
+while not glob.glob(os.path.join(os.environ["PIDS"], f"{os.getpid()}-*")):
+    time.sleep(0.02)
 """
 
 
@@ -493,6 +498,6 @@ def test_daemons_a_task_starts_end_with_it(request, scheduler, start_job, tmp_pa
     script = write(tmp_path / "daemon.py", DAEMON)
     job = start_job("--launcher", scheduler, "-n", 2, "--log-dir", tmp_path / "logs", script, env={"PIDS": str(pids)})
     assert job.wait(timeout=40) == 0, job.stderr[-3000:]
-    started = [int(p.name) for p in pids.iterdir()]
+    started = [int(p.name.split("-")[1]) for p in pids.iterdir()]
     assert len(started) == 2, started
     assert wait_for(lambda: not still_running(started), within=5), still_running(started)
