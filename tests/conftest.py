@@ -40,6 +40,37 @@ def xdist_group(item: pytest.Item) -> str:
     return item.nodeid.split("::", 1)[0]
 
 
+# A session's cluster that costs CPU while it idles, stopped in a worker as
+# soon as its group's last test there is done: Ray's 21 processes take 12% of a
+# core between jobs (their heartbeats, metrics and dashboard), which the
+# other worker's tests and the rest of this one's went without for the rest of
+# the run.  Under --dist loadgroup a group reaches a worker whole and runs
+# there in one stretch; elsewhere (one process, other --dist modes) the
+# cluster lives for the session, as the fixture says.
+STOPPED_AFTER_THE_GROUP = {"ray_cluster": "ray"}
+
+
+DIST = "jaxrun_tests_dist"  # the controller's --dist, in each worker's input (a worker's own says "no")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    node.workerinput[DIST] = node.config.getoption("dist")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    yield
+    if (getattr(item.config, "workerinput", None) or {}).get(DIST) != "loadgroup":
+        return
+    for fixture, group in STOPPED_AFTER_THE_GROUP.items():
+        if xdist_group(item) == group and (nextitem is None or xdist_group(nextitem) != group):
+            # FixtureDef.finish runs the fixture's teardown and forgets its value:
+            # a test that asks for it after this (a rerun) starts it again.
+            for definition in item.session._fixturemanager.getfixturedefs(fixture, item) or ():
+                definition.finish(item._request)
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:

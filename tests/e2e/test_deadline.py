@@ -3,7 +3,9 @@ attempt is placed: a slow placement and a slow start-up both count, so no
 attempt outlives it (docs/options.md).
 
 The backend is the real local one, made slow to place (tests/data/slow_place.py);
-the job is real processes that start slowly and then never end.  An attempt's
+the job is real processes that start slowly and then never end.  The
+module's three runs overlap (``deadlines``): together they take about half
+the time of one after the other.  An attempt's
 life is timed on jaxrun's own record, from the start of its placement to its
 processes' end in the report: the interpreter's start before it and the
 reports after it are not the attempt, and on a loaded machine they took
@@ -12,12 +14,14 @@ seconds (CI once measured 11.8 s from outside for a 6.5 s attempt).
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from fixtures.jobs import ROOT
@@ -40,21 +44,52 @@ PLACE = 4.0
 SLACK = 3.5
 
 
-def run_probe(tmp_path, place: float, *args: str) -> tuple[subprocess.CompletedProcess, float]:
-    script = tmp_path / "slow_start.py"
+def run_probe(folder: Path, place: float, *args: str) -> tuple[subprocess.CompletedProcess, float]:
+    script = folder / "slow_start.py"
     script.write_text(SLOW_START)
     env = {**os.environ, "PLACE_SECONDS": str(place)}
     began = time.monotonic()
     done = subprocess.run([sys.executable, PROBE, "-n", "2", "--no-preload", "--timeout", str(TIMEOUT),
-                           "--log-dir", str(tmp_path / "logs"), *args, str(script)],
+                           "--log-dir", str(folder / "logs"), *args, str(script)],
                           env=env, capture_output=True, text=True, timeout=60)
     return done, time.monotonic() - began
 
 
+LONG_PLACE = 30.0
+# The first slow start's processes begin PLACE s after its launch and import
+# jax; the second's placement covers that (see ``deadlines``).
+STAGGER = PLACE + 1.0
+
+
+def job(folder: Path, which: str) -> tuple[subprocess.CompletedProcess, float, Path]:
+    folder.mkdir()
+    report = folder / "report.json"
+    if which == "long":
+        return (*run_probe(folder, LONG_PLACE), report)
+    return (*run_probe(folder, PLACE, "--max-restarts", which, "--report", str(report)), report)
+
+
+@pytest.fixture(scope="module")
+def deadlines(tmp_path_factory):
+    """The module's three runs, overlapped: each is mostly waiting (a slow
+    placement, a slow start, a hang).  The cut-short placement starts no
+    process and runs beside both others; the second slow start begins
+    STAGGER s after the first, in its placement while the first's processes
+    start, so that no two starts share the machine (its TIMEOUT - PLACE for
+    a start is tight already).  Each run has a folder of its own, and has
+    ended (or was killed at 60 s) when the fixture is made; they carry the
+    first test's token, so its leak guard finds whatever one left."""
+    base = tmp_path_factory.mktemp("deadline")
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        runs = {"long": pool.submit(job, base / "long", "long"), "0": pool.submit(job, base / "0", "0")}
+        time.sleep(STAGGER)
+        runs["1"] = pool.submit(job, base / "1", "1")
+        return {which: run.result() for which, run in runs.items()}
+
+
 @pytest.mark.parametrize("restarts", ["0", "1"])
-def test_a_slow_placement_and_a_slow_start_count_against_the_timeout(tmp_path, restarts):
-    report = tmp_path / "report.json"
-    done, _ = run_probe(tmp_path, PLACE, "--max-restarts", restarts, "--report", str(report))
+def test_a_slow_placement_and_a_slow_start_count_against_the_timeout(deadlines, restarts):
+    done, _, report = deadlines[restarts]
     assert done.returncode == 124, done.stderr
     assert "placed after" in done.stderr, done.stderr
     # The slow start ended within the deadline: a process's one line, as the
@@ -68,10 +103,9 @@ def test_a_slow_placement_and_a_slow_start_count_against_the_timeout(tmp_path, r
     assert lived < TIMEOUT + SLACK, f"the attempt outlived --timeout {TIMEOUT:g}: {lived:.1f} s\n{done.stderr}"
 
 
-def test_a_placement_longer_than_the_timeout_is_cut_short(tmp_path):
-    long_place = 30.0
-    done, took = run_probe(tmp_path, long_place)
+def test_a_placement_longer_than_the_timeout_is_cut_short(deadlines):
+    done, took, _ = deadlines["long"]
     assert done.returncode == 124, done.stderr
     assert "stopped during start-up: --timeout; no process was started" in done.stderr
     assert "placed after" not in done.stderr
-    assert took < long_place / 2  # from outside: a placement waited out would take all of it
+    assert took < LONG_PLACE / 2  # from outside: a placement waited out would take all of it

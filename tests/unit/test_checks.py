@@ -377,8 +377,10 @@ def test_a_post_taken_back_while_the_board_looks_leaves_with_its_keys_never_with
 
 
 def test_an_entry_given_as_a_callable_is_made_on_the_boards_thread():
+    # Real threads on the real clock (a still test clock: their looks never
+    # fell due, and each settle waited out its 5 s).
     store, made_on = Store(), []
-    one, two = boards(2, store)
+    one, two = boards(2, store, clock=time.monotonic)
 
     def entry():
         made_on.append(threading.current_thread().name)
