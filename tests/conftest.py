@@ -48,8 +48,6 @@ def xdist_group(item: pytest.Item) -> str:
 # there in one stretch; elsewhere (one process, other --dist modes) the
 # cluster lives for the session, as the fixture says.
 STOPPED_AFTER_THE_GROUP = {"ray_cluster": "ray"}
-
-
 DIST = "jaxrun_tests_dist"  # the controller's --dist, in each worker's input (a worker's own says "no")
 
 

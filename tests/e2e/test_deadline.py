@@ -5,11 +5,11 @@ attempt outlives it (docs/options.md).
 The backend is the real local one, made slow to place (tests/data/slow_place.py);
 the job is real processes that start slowly and then never end.  The
 module's three runs overlap (``deadlines``): together they take about half
-the time of one after the other.  An attempt's
-life is timed on jaxrun's own record, from the start of its placement to its
-processes' end in the report: the interpreter's start before it and the
-reports after it are not the attempt, and on a loaded machine they took
-seconds (CI once measured 11.8 s from outside for a 6.5 s attempt).
+the time of one after the other.  An attempt's life is timed on jaxrun's own
+record, from the start of its placement to its processes' end in the report:
+the interpreter's start before it and the reports after it are not the
+attempt, and on a loaded machine they took seconds (CI once measured 11.8 s
+from outside for a 6.5 s attempt).
 """
 
 from __future__ import annotations

@@ -135,6 +135,14 @@ def test_a_window_closes_only_when_every_running_process_has_reported():
     assert len(rule.windows) == 2
 
 
+def test_a_window_closed_by_a_process_that_ended_says_the_straggler_it_names():
+    rule, notes = replay(HOST_SHAPED[:7])  # process 2 lags; process 3's second split never comes
+    assert notes == [] and rule.straggler(final=False) is None
+    rule.ended(3)  # its window closes without it, the second that accuses process 2
+    found = rule.straggler(final=False)
+    assert found is not None and found.rank == 2 and notes == [f"jaxrun: {found.line()}"]
+
+
 def test_a_process_whose_account_began_again_is_judged_from_its_new_start():
     """A process started again alone (a recoverable job) begins a new
     account: its window is the new account itself, never a negative one."""

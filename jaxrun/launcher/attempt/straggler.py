@@ -96,6 +96,7 @@ class StragglerRule:
         self.running.discard(rank)
         if self.fresh and self.fresh >= self.running:
             self._close_window()
+            self._say(self.straggler(final=False))
 
     def _close_window(self) -> None:
         window = {}
@@ -110,7 +111,6 @@ class StragglerRule:
             return  # too short to judge
         self.windows.append((least, round(by, 4)))
         self.verdicts.append(least if by >= GAP else None)
-        self._say(self.straggler(final=False))
 
     def _say(self, found: Straggler | None) -> None:
         """Say the straggler the job runs with, once: wherever the rule names
