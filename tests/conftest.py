@@ -5,10 +5,11 @@ carries the test's token and outlives it fails the test.  ``fixtures.signals``
 gives every process a test starts the default signal dispositions, even when
 pytest itself was started with SIGINT or SIGHUP ignored (``nohup ... &``).
 
-The README's test command runs the suite in two pytest-xdist workers
-(``-n 2 --dist loadgroup``).  Most of an end-to-end test's time is spent
-waiting (on a start-up, a grace period, a peer), not computing, so two
-workers on two cores finish in under half of one worker's time.  The
+The README's test command runs the suite in four pytest-xdist workers
+(``-n 4 --dist loadgroup``) on CI's two cores.  Much of an end-to-end
+test's time is spent waiting (on a grace period, a timeout, a peer), not
+computing: two workers left the cores idle a third of the run, four keep
+them busy (CONTRIBUTING.md has the figures).  The
 groups below keep each module in one worker, so that its module fixtures
 (jobs shared by several checks) run once; and every test that uses the
 Slurm cluster, the Ray cluster or the hosts a test powers off in one worker
@@ -73,6 +74,34 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``--dist loadgroup``, the groups with the most end-to-end tests go
+    first and the unit tests' groups last (xdist orders them by their count of
+    tests alone, so a unit module of many quick cases went before a long
+    end-to-end one, which then ran on alone at the end): the run ends with
+    quick groups to share among the workers, not with one long one."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class EndToEndFirst(LoadGroupScheduling):
+        ordered = False
+
+        def _assign_work_unit(self, node) -> None:
+            if not self.ordered:
+                self.ordered = True
+                self.workqueue = type(self.workqueue)(sorted(self.workqueue.items(), key=end_to_end_first))
+            super()._assign_work_unit(node)
+
+    return EndToEndFirst(config, log)
+
+
+def end_to_end_first(group: tuple[str, dict[str, bool]]) -> tuple[int, int]:
+    """A group's place in the queue: its end-to-end tests, most first, then its tests."""
+    _, tests = group
+    return -sum(t.startswith("tests/e2e/") for t in tests), -len(tests)
 
 
 def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
