@@ -903,7 +903,11 @@ def test_a_real_main_thread_spinning_in_a_native_call_spins_and_a_python_loop_wo
         # or so at some looks only: then the rule takes those for work, its safe side
         # (docs/restarts.md), and anything but work or a spin is wrong.
         user, system = map(float, times.split())
-        if system < 0.75 * (user + system):
+        # Under a heavier load still (four suite workers on two cores, some 25 threads
+        # runnable) the loop got 0.22 s of CPU in its 2 s, nice -15 or not (each
+        # sched_yield hands the core on): too little at each look to judge by shape.
+        starved = user + system < 0.5
+        if system < 0.75 * (user + system) or starved:
             assert contract.activity_word(state) in (contract.SPIN, contract.BUSY), out.stdout
             return
     assert contract.activity_word(state) == said, out.stdout
