@@ -8,8 +8,8 @@ pytest itself was started with SIGINT or SIGHUP ignored (``nohup ... &``).
 The README's test command runs the suite in four pytest-xdist workers
 (``-n 4 --dist loadgroup``) on CI's two cores.  Much of an end-to-end
 test's time is spent waiting (on a grace period, a timeout, a peer), not
-computing: two workers left the cores idle a third of the run, four keep
-them busy (CONTRIBUTING.md has the figures).  The
+computing: with two workers the machine stayed 18-22% idle, with four
+0-2% (CONTRIBUTING.md has the figures).  The
 groups below keep each module in one worker, so that its module fixtures
 (jobs shared by several checks) run once; and every test that uses the
 Slurm cluster, the Ray cluster or the hosts a test powers off in one worker
