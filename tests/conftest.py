@@ -79,9 +79,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_xdist_make_scheduler(config, log):
     """Under ``--dist loadgroup``, the groups with the most end-to-end tests go
     first and the unit tests' groups last (xdist orders them by their count of
-    tests alone, so a unit module of many quick cases went before a long
-    end-to-end one, which then ran on alone at the end): the run ends with
-    quick groups to share among the workers, not with one long one."""
+    tests alone, so a unit module of many quick cases goes before a long
+    end-to-end one, which can then start last and run on alone): the run ends
+    with quick groups to share among the workers, not with one long one."""
     if config.getoption("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadGroupScheduling

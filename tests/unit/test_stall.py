@@ -904,7 +904,7 @@ def test_a_real_main_thread_spinning_in_a_native_call_spins_and_a_python_loop_wo
         # (docs/restarts.md), and anything but work or a spin is wrong.
         user, system = map(float, times.split())
         # Under a heavier load still (four suite workers on two cores, some 25 threads
-        # runnable) the loop got 0.22 s of CPU in its 2 s, nice -15 or not (each
+        # runnable) the loop got 0.22 s of CPU in its 2 s, even at nice -15 (each
         # sched_yield hands the core on): too little at each look to judge by shape.
         starved = user + system < 0.5
         if system < 0.75 * (user + system) or starved:
