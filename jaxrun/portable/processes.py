@@ -90,10 +90,16 @@ def pid_max() -> int:
     return first_number("/proc/sys/kernel/pid_max", 32768)
 
 
-def descendants_cpu() -> dict[int, float] | None:
+def descendants_cpu(states: bool = False) -> dict | None:
     """CPU seconds (user and system) used so far by each process this one
     started, and theirs in turn, that still runs (or is not reaped yet), by
     pid; None where the system cannot say (the caller then asks psutil).
+    With ``states``, each value is (CPU seconds, whether it is running or
+    ready to run, or in a disk wait, now: proc(5)'s state R or D, read from
+    the same file).  A tool that the load starves gets almost no CPU (at
+    nice 19 beside two busy loops, none to the clock tick in a second), and
+    its wait for a CPU is counted only once it gets one; but it is ready to
+    run at every look, and a parked one never is.
 
     Cheap where it can be, since the stall watchdog asks at every look in
     every process: a process without children is found so by one system
@@ -113,9 +119,8 @@ def descendants_cpu() -> dict[int, float] | None:
     except OSError:
         return None
     me = os.getpid()
-    if _lists_children():
-        return _tree_cpu(me)
-    return _scan_cpu(me)
+    used = _tree_cpu(me) if _lists_children() else _scan_cpu(me)
+    return used if states else {pid: cpu for pid, (cpu, _) in used.items()}
 
 
 _listing: list[bool] = []  # whether the kernel lists a thread's children, once asked
@@ -127,8 +132,9 @@ def _lists_children() -> bool:
     return _listing[0]
 
 
-def _stat(pid: int | str) -> tuple[int, float] | None:
-    """A process's parent and its CPU seconds, from its ``/proc/PID/stat``."""
+def _stat(pid: int | str) -> tuple[int, float, bool] | None:
+    """A process's parent, its CPU seconds and whether it runs (its state R
+    or D), from its ``/proc/PID/stat``."""
     try:
         fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
     except OSError:
@@ -143,7 +149,7 @@ def _stat(pid: int | str) -> tuple[int, float] | None:
     # parent (proc(5)'s field 4), ..., utime and stime (its fields 14 and 15).
     fields = text[text.rfind(b")") + 2:].split()
     try:
-        return int(fields[1]), (int(fields[11]) + int(fields[12])) / TICKS
+        return int(fields[1]), (int(fields[11]) + int(fields[12])) / TICKS, fields[0] in (b"R", b"D")
     except (IndexError, ValueError):
         return None
 
@@ -164,20 +170,20 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _tree_cpu(root: int) -> dict[int, float]:
-    used: dict[int, float] = {}
+def _tree_cpu(root: int) -> dict[int, tuple[float, bool]]:
+    used: dict[int, tuple[float, bool]] = {}
     todo = _children(root)
     while todo:
         pid = todo.pop()
         stat = _stat(pid)
         if stat is not None and pid not in used:
-            used[pid] = stat[1]
+            used[pid] = stat[1:]
             todo += _children(pid)
     return used
 
 
-def _scan_cpu(root: int) -> dict[int, float]:
-    kids: dict[int, list[tuple[int, float]]] = {}
+def _scan_cpu(root: int) -> dict[int, tuple[float, bool]]:
+    kids: dict[int, list[tuple[int, tuple[float, bool]]]] = {}
     try:
         names = os.listdir("/proc")
     except OSError:
@@ -186,8 +192,8 @@ def _scan_cpu(root: int) -> dict[int, float]:
         if name.isdigit():
             stat = _stat(name)
             if stat is not None:
-                kids.setdefault(stat[0], []).append((int(name), stat[1]))
-    used: dict[int, float] = {}
+                kids.setdefault(stat[0], []).append((int(name), stat[1:]))
+    used: dict[int, tuple[float, bool]] = {}
     todo = [root]
     while todo:
         for pid, cpu in kids.get(todo.pop(), ()):

@@ -94,8 +94,10 @@ def test_a_process_that_only_waits_is_idle_and_each_sign_of_work_is_progress(tmp
     assert not s.after(1.0)
     assert s.after(1.0, stack=((code("/work/train.py", "<module>"), 13),))  # a new line
     assert not s.after(1.0)
-    assert s.after(1.0, kids={42: 0.5})  # a tool it started works for it
-    assert not s.after(1.0, kids={42: 0.501})
+    assert s.after(1.0, kids={42: (0.5, False)})  # a tool it started works for it
+    assert not s.after(1.0, kids={42: (0.501, False)})
+    assert s.after(1.0, kids={42: (0.501, True)})  # starved: no CPU, but ready to run
+    assert not s.after(1.0, kids={42: (0.501, False)})  # a parked tool neither works nor wants to
     activity.alive()
     assert s.after(1.0)  # the script said so
     assert not s.after(1.0, io=None)  # a system that counts no I/O
@@ -984,6 +986,42 @@ def test_a_real_helper_thread_starved_of_cpu_works_and_without_the_wait_it_looke
     said = beside_busy_loops(24, STARVED_HELPER)
     assert set(said["waits"][2:]) == {contract.BUSY}, said
     assert {contract.IDLE, contract.PARKED} & set(said["cpu-only"][2:]), said  # not moving: parked in its wait
+
+
+STARVED_TOOL = """
+import os, subprocess, sys, threading, time
+from jaxrun.child.watch import activity
+os.sched_setaffinity(0, {int(sys.argv[1])})
+said = {"waits": [], "cpu-only": []}
+""" + SIDE_BY_SIDE + """tool = subprocess.Popen([sys.executable, "-c", "import os\\nos.nice(19)\\nwhile True: pass"])
+time.sleep(0.3)
+cpu_only = lambda: {pid: (cpu, False) for pid, (cpu, _) in activity.children_cpu().items()}
+lookers = [threading.Thread(target=look, name="jaxrun-" + key, args=(key, activity.Sampler(
+    os.devnull, 0.2, **({} if key == "waits" else {"children": cpu_only})))) for key in said]
+for t in lookers: t.start()
+looked.wait(50)  # the main thread waits for its tool, as the calm job's process 0 does
+tool.kill()
+tool.wait()
+print(said)
+"""
+
+
+def test_a_real_tool_starved_of_cpu_works_for_its_process_and_by_its_cpu_alone_looked_idle(tmp_path):
+    """The process waits for a tool it started, which computes at nice 19
+    on one CPU beside 2 busy processes: the tool gets about 1% of a core in
+    slices far apart (none to the clock tick in a second, here), under the
+    5% that makes work.  Two samplers look side by side: the one that reads
+    whether the tool is ready to run says BUSY at every look that can judge;
+    the one that reads its CPU alone took it for idle (four suite workers on
+    two cores stopped a calm job over SSH so, its process 0 waiting for an
+    external tool)."""
+    from jaxrun import portable
+
+    if portable.descendants_cpu(states=True) is None or not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no process tree with run-queue delays, or no CPU affinity, on this system")
+    said = beside_busy_loops(2, STARVED_TOOL)
+    assert set(said["waits"][2:]) == {contract.BUSY}, said
+    assert {contract.IDLE, contract.PARKED} & set(said["cpu-only"][2:]), said
 
 
 STARVED_SPINNERS = """

@@ -128,6 +128,27 @@ def test_the_console_says_the_straggler_as_soon_as_top_shows_it_also_between_two
     assert len(notes) == 1
 
 
+def test_a_straggler_named_while_the_job_ran_is_in_its_summary_while_the_whole_account_accuses_it():
+    """A loaded machine: the first two windows (start-up, compiles slowed
+    for everyone) accuse nobody, three accuse process 2 (named live after
+    the second), and the last (the job told to stop) nobody: 3 of 6, under
+    the majority.  The whole account still accuses process 2, so the summary
+    says what the job printed; before, it said nothing (four suite workers
+    on two cores, a test's job)."""
+    even = {0: (2, 2, 1.0), 1: (2, 2, 1.0), 2: (2, 2, 1.0), 3: (2, 2, 1.0)}
+    late_2 = {0: (2.5, 1, 1.5), 1: (2.5, 1, 1.5), 2: (3.5, 1, 0.5), 3: (2.5, 1, 1.5)}
+    rule, notes = replay(made([even, even, late_2, late_2, late_2, even]))
+    assert rule.verdicts == [None, None, 2, 2, 2, None]
+    assert len(notes) == 1 and notes[0].startswith("jaxrun: process 2 on hostB is the straggler: ")
+    found = rule.straggler()
+    assert found is not None and (found.rank, found.windows, found.judged) == (2, 3, 6)
+    # Never named while it ran (never two windows in a row): the majority decides, as before.
+    unnamed = StragglerRule(HOSTS)
+    for rank, line in made([even, even, late_2, even, late_2, even]):
+        unnamed.heard(rank, contract.TimeSplit.of(line))
+    assert unnamed.said is None and unnamed.straggler() is None
+
+
 def test_a_window_closes_only_when_every_running_process_has_reported():
     rule, _ = replay(HOST_SHAPED[:7])  # the second round lacks process 3's
     assert len(rule.windows) == 1

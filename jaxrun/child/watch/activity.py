@@ -146,13 +146,15 @@ def others_cpu() -> float:
     return time.process_time() - time.thread_time()
 
 
-def children_cpu() -> dict[int, float]:
-    """CPU seconds of each process this one started and that still runs
-    (grandchildren too): a tool the script waits for works for it.  Asked
-    at every look, so it walks this process's own tree only, and costs one
-    system call where there is no child (``portable.descendants_cpu``);
-    psutil's walk of every process of the host is the fallback."""
-    used = portable.descendants_cpu()
+def children_cpu() -> dict[int, tuple[float, bool]]:
+    """Each process this one started and that still runs (grandchildren
+    too), by pid: (its CPU seconds, whether it is running or ready to run
+    now; False where only psutil can say).  A tool the script waits for
+    works for it, also where the load starves it of CPU.  Asked at every
+    look, so it walks this process's own tree only, and costs one system
+    call where there is no child (``portable.descendants_cpu``); psutil's
+    walk of every process of the host is the fallback."""
+    used = portable.descendants_cpu(states=True)
     if used is not None:
         return used
     import psutil  # here: only where the layer cannot say
@@ -167,8 +169,16 @@ def children_cpu() -> dict[int, float]:
             times = kid.cpu_times()
         except psutil.Error:
             continue
-        used[kid.pid] = times.user + times.system
+        used[kid.pid] = (times.user + times.system, False)
     return used
+
+
+def children_work(before: float, now: tuple[float, bool], enough: float) -> bool:
+    """Whether a child worked since the last look (its CPU seconds then,
+    and now with whether it runs): ``enough`` CPU, or it is running or
+    ready to run at this look (a tool the load starves gets almost no CPU,
+    but it wants it; a parked one does not)."""
+    return now[0] - before >= enough or now[1]
 
 
 def judge_threads(before: dict[int, float], now: dict[int, float], seconds: float, work: set[int],
@@ -322,7 +332,7 @@ class Sampler:
         main_before, self.last_main = self.last_main, (self.main_times() if looked else None)
         if beats != beats0 or stack != stack0 or busy_place(stack):
             return contract.BUSY
-        if any(spent - kids0.get(pid, 0.0) >= enough for pid, spent in kids.items()):
+        if any(children_work(kids0.get(pid, (0.0, False))[0], now, enough) for pid, now in kids.items()):
             return contract.BUSY
         if io is not None and io0 is not None and io - io0 >= BUSY_IO:
             return contract.BUSY

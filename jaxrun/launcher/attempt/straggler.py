@@ -14,7 +14,12 @@ process's share of it spent waiting inside JAX for the others is compared:
   as much and no window accuses anyone;
 - the straggler is named while the job runs once ``STREAK`` windows in a row
   accuse the same process (one line, once), and at the end when the whole
-  account accuses it and so did at least ``MAJORITY`` of the windows.
+  account accuses it and so did at least ``MAJORITY`` of the windows, or it
+  was named while the job ran: a summary never takes back a line the job
+  printed while the whole account still says it (on a loaded machine the
+  first windows, start-up and compiles slowed for every process, accuse
+  nobody, and so may a job's last, stopping ones: 3 of 6 windows named a
+  straggler live whose summary then said nothing).
 
 ``GAP`` comes from measurements (docs/time.md, ``bench/straggler.py``): a clean
 4-process job whose every input varies +-10% a step, 10 runs, against the
@@ -76,7 +81,7 @@ class StragglerRule:
         self.fresh: set[int] = set()  # processes heard since then
         self.verdicts: list[int | None] = []  # each window's accused
         self.windows: list[tuple[int | None, float]] = []  # each window's least waiting process, and its gap
-        self.said = False
+        self.said: int | None = None  # the process named while the job ran
         # What `jaxrun top` reads from the channel's thread: replaced whole, never changed.
         self.now: tuple[dict[int, float], Straggler | None] = ({}, None)
 
@@ -119,8 +124,8 @@ class StragglerRule:
         between two closes, as one process's split comes in; top showed it
         then while the console said nothing (a test released its job on top's
         word and found no line)."""
-        if found is not None and not self.said:
-            self.said = True
+        if found is not None and self.said is None:
+            self.said = found.rank
             self.note(f"jaxrun: {found.line()}")
 
     def shares(self) -> dict[int, float]:
@@ -130,13 +135,13 @@ class StragglerRule:
     def straggler(self, final: bool = True) -> Straggler | None:
         """The straggler, where the rule names one: the whole account accuses
         it, and so did the last ``STREAK`` windows (while the job runs) or
-        ``MAJORITY`` of them (at the end)."""
+        ``MAJORITY`` of them (at the end, where it was not named already)."""
         rank = accused(self.latest)
         if rank is None:
             return None
         windows, judged = self.verdicts.count(rank), len(self.verdicts)
         last = self.verdicts[-STREAK:]
-        enough = windows >= MAJORITY * judged if final else last == [rank] * STREAK
+        enough = (windows >= MAJORITY * judged or rank == self.said) if final else last == [rank] * STREAK
         if windows < STREAK or not enough:
             return None
         own, others = self.latest[rank], [s for r, s in self.latest.items() if r != rank]
