@@ -22,6 +22,12 @@ and settles the root cause from what each process left (``first_failure``):
    compared (their clocks may differ), and neither are the ends of helpers
    or of peers that failed in turn, which say nothing about the first.
 
+A process whose end was heard only after jaxrun's SIGKILL went out was
+taken as stopped by jaxrun; but where it died of a signal jaxrun never
+sends (a SIGSEGV, a SIGBUS, an abort of its own: ``CRASH_SIGNALS``), it
+ended on its own before the kill, and its news was late (Ray's word of an
+actor's death, on a loaded machine), so it is judged with the others.
+
 The evidence is the process's error record (``contract.ErrorRecord``) or,
 where it left none (``os._exit``, a signal, a C++ check that aborts), the
 end of its stderr log.  ``docs/contract.md`` states the rule for users.
@@ -32,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
+import signal
 import socket
 from collections.abc import Mapping, Sequence
 
@@ -77,6 +84,18 @@ LOST_PEER = re.compile("|".join((
 # joining twice.  The service then puts every task in error and each one
 # aborts, which says nothing about which process of the job failed.
 SECOND_REGISTRATION = re.compile(r"\b(\d+) unexpectedly tried to connect with a different incarnation")
+
+
+# Signals jaxrun never sends a process (it sends SIGUSR1 for stack dumps, the
+# stop signals, SIGKILL, and what the user forwards): a death by one of them
+# is the process's own, whenever its news arrived.
+CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGABRT,
+                           signal.SIGSYS, signal.SIGTRAP})
+
+
+def crashed(record: ProcessRecord) -> bool:
+    """Whether the process died of a signal jaxrun never sends."""
+    return record.returncode is not None and -record.returncode in CRASH_SIGNALS
 
 
 def second_registration(text: str) -> int | None:
@@ -140,10 +159,13 @@ def first_failure(failures: Sequence[Failure]) -> int | None:
 
 def settle(records: Mapping[int, ProcessRecord], heard: Sequence[int], root: int) -> int:
     """The root cause among the failures ``heard`` (ranks, in order), where
-    the run took ``root`` for it as it heard them; the verdicts follow."""
+    the run took ``root`` for it as it heard them; the verdicts follow.  A
+    process taken as stopped that crashed on its own (``crashed``) is
+    among them: its end's news came after the kill."""
     failures = [failure_of(rec.spec.rank, rec.error_file, rec.stderr_log, rec.reaped_at, rec.clock, rec.lost)
                 for rec in (records[rank] for rank in heard)
-                if rec.verdict in (Verdict.ROOT_CAUSE, Verdict.CONSEQUENCE)]
+                if rec.verdict in (Verdict.ROOT_CAUSE, Verdict.CONSEQUENCE)
+                or (rec.verdict is Verdict.STOPPED and crashed(rec))]
     first = first_failure(failures)
     if first is None or first == root:
         return root

@@ -360,6 +360,33 @@ def test_a_signal_death_comes_before_an_abort_for_a_lost_peer(tmp_path):
     assert verdicts(outcome)[:2] == [Verdict.CONSEQUENCE, Verdict.ROOT_CAUSE]
 
 
+def test_a_crash_heard_after_the_kill_comes_before_a_lost_peer_heard_first(tmp_path):
+    """Under Ray on a loaded machine: process 1 died of SIGSEGV, process 0's
+    collective then failed (Gloo: "Connection closed by peer") and its end
+    came home first; process 1's death was heard only after jaxrun's
+    SIGKILL went out (the actor's news, 32 s joins under four suite workers).
+    jaxrun never sends a SIGSEGV: process 1 failed first, and its status is
+    jaxrun's.  A death by jaxrun's own SIGKILL heard as late changes nothing."""
+    h = Harness(tmp_path)
+    h.kids[1].dies_on.discard(signal.SIGKILL)  # dead already: the kill finds nothing, its news is on its way
+    h.at(0.5, record_at, h, 0, 100.0, GLOO)
+    h.at(1, h.kids[0].exit, 1, reaped_at=100.01, clock="here")
+    h.at(1 + DUMP_WAIT + 0.5, h.kids[1].exit, -signal.SIGSEGV, reaped_at=99.9, clock="there")
+    outcome = h.run()
+    assert (outcome.root_cause, outcome.exit_code) == (1, 139)
+    assert verdicts(outcome) == [Verdict.CONSEQUENCE, Verdict.ROOT_CAUSE, Verdict.STOPPED, Verdict.STOPPED]
+    assert "jaxrun: process 1 failed first: killed by SIGSEGV (pid 40001)" in summary_lines(outcome, h.log_dir)
+
+    for rank, late in ((1, -signal.SIGKILL), (2, 1)):  # jaxrun's own kill; an exit code, whatever its cause
+        h = Harness(tmp_path / f"late-{rank}")
+        h.kids[rank].dies_on.discard(signal.SIGKILL)
+        h.at(0.5, record_at, h, 0, 100.0, GLOO)
+        h.at(1, h.kids[0].exit, 1, reaped_at=100.01, clock="here")
+        h.at(1 + DUMP_WAIT + 0.5, h.kids[rank].exit, late)
+        outcome = h.run()
+        assert (outcome.root_cause, outcome.exit_code) == (0, 1)
+
+
 @pytest.mark.parametrize("clocks, first, status", [(("a", "a"), 1, 5), (("a", "b"), 0, 1)],
                          ids=["one-host", "two-hosts"])
 def test_two_failures_of_their_own_go_by_reap_time_on_one_clock_only(tmp_path, clocks, first, status):
