@@ -15,7 +15,7 @@ host sees:
   work and leaves does;
 - ``done-R``   when process R reached its end without a fault.
 
-FAULT is one of: ``exit`` (process 3 calls ``os._exit(7)``), ``exception``
+FAULT is one of: ``exit`` (process 2 calls ``os._exit(7)``), ``exception``
 (process 2 raises), ``segv`` (process 1 sends itself SIGSEGV), in each case
 while the others have entered a second collective; ``idle`` (every process
 waits, in Python, for the signal the test sends); ``hang`` (process 2 sleeps
@@ -43,7 +43,7 @@ FAULT, STATE = sys.argv[1], sys.argv[2]
 SAVE_SECONDS = 1.0
 # The processes faulting on purpose, one per crash; they wait this long first,
 # so that the others are inside the second collective when it happens.
-FAULTY = {"exit": 3, "exception": 2, "segv": 1}
+FAULTY = {"exit": 2, "exception": 2, "segv": 1}
 SETTLE = 0.5
 
 import jax  # noqa: E402 - after the arguments: a bad call fails before the slow import
