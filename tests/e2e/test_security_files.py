@@ -88,6 +88,7 @@ end = time.monotonic() + 90
 while time.monotonic() < end and not glob.glob(sys.argv[1] + "/profile*/plugins/profile/*/*"):
     x = (x @ x) / 64
     x.block_until_ready()
+    time.sleep(0.05)  # a step, then the host's own pause (as test_profile.py's job): traced, not a busy loop
 time.sleep(2)  # the launcher's lines come once every file has moved
 print("traced script done", flush=True)
 """

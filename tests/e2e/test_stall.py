@@ -70,7 +70,7 @@ import pytest
 from fixtures import spinner
 from fixtures.jobs import EXAMPLES, ROOT, TOKEN, overload
 
-TIMEOUT = 2.0  # --stall-timeout: every phase of the calm job lasts about twice as long
+TIMEOUT = 2.0  # --stall-timeout: every phase of the calm job lasts longer (LONG in the script: 1.5x; waits 2x)
 
 STUCK = '''
 import json, os, sys, time
@@ -131,6 +131,7 @@ import jax, jax.numpy as jnp, numpy as np
 import jaxrun
 
 T = float(os.environ["JAXRUN_STALL_TIMEOUT"])
+LONG = 1.5 * T  # a phase that computes: longer than the timeout (twice it, before: a third more of the suite's CPU)
 rank = int(os.environ["JAXRUN_PROCESS_ID"])
 part = sys.argv[1]  # "work" (long JAX work) or "waits" (a slow start, quiet steps, waits in one process, in all)
 
@@ -142,7 +143,7 @@ def python_work(seconds):  # a start-up: data loading in pure Python, before the
 
 
 if part == "waits":
-    python_work(2 * T)
+    python_work(LONG)
 mesh = jax.make_mesh((jax.device_count(),), ("i",))
 x = jax.device_put(np.ones((jax.device_count(), 8), np.float32), jax.sharding.NamedSharding(mesh, jax.P("i")))
 total = jax.jit(lambda x: jnp.sum(jnp.tanh(x)))
@@ -167,7 +168,7 @@ def work():
     long(y, 10).block_until_ready()
     t = time.monotonic()
     long(y, 100).block_until_ready()
-    n = int(100 * 2 * T / max(time.monotonic() - t, 1e-3))
+    n = int(100 * LONG / max(time.monotonic() - t, 1e-3))
     took = 0.0
     while took < 1.25 * T:  # a machine whose load changed may make it short: longer, then
         t = time.monotonic()
@@ -178,7 +179,7 @@ def work():
 
 def input_pipeline():  # every process waits here, outside JAX, for a batch its loader computes
     batches = queue.Queue()
-    threading.Thread(target=lambda: (python_work(2 * T), batches.put("batch")), daemon=True).start()
+    threading.Thread(target=lambda: (python_work(LONG), batches.put("batch")), daemon=True).start()
     return batches.get()
 
 
@@ -199,26 +200,26 @@ def save_checkpoint():  # every process waits here, outside JAX, for its save's 
 
 
 def waits():
-    # Steps that print nothing, for twice the timeout: each process's own (no
+    # Steps that print nothing, for longer than the timeout: each process's own (no
     # collective, so that the processes may run different numbers of them).
     step = jax.jit(lambda y: jnp.sum(jnp.tanh(y @ y)))
     y = jnp.ones((256, 256), jnp.float32)
-    end = time.monotonic() + 2 * T
+    end = time.monotonic() + LONG
     while time.monotonic() < end:
         float(step(y))
 
     # Process 0 waits for an external tool; the others wait for it in a collective.
     if rank == 0:
-        subprocess.run([sys.executable, "-c", f"import time\\nend = time.monotonic() + {2 * T}\\n"
+        subprocess.run([sys.executable, "-c", f"import time\\nend = time.monotonic() + {LONG}\\n"
                         "while time.monotonic() < end: pass"], check=True)
     float(total(x))
 
     # Process 0's main thread waits for a helper thread of its own that computes
     # in Python; the others wait for it in a collective.
     if rank == 0:
-        helper = threading.Thread(target=python_work, args=(2 * T,))
+        helper = threading.Thread(target=python_work, args=(LONG,))
         helper.start()
-        threading.Event().wait(2 * T)
+        threading.Event().wait(LONG)
         helper.join()
     float(total(x))
 
@@ -247,7 +248,7 @@ print("calm done", flush=True)
 # longest job, 40-50 s on a loaded 2-core machine): "work" holds the compile
 # (3 s of CPU a process, 10-20 s of a loaded machine's time) and the long
 # program; "waits" the slow start-up, the quiet steps, the waits of one
-# process and then every process's (12.5 timeouts in all).
+# process and then every process's (12 timeouts in all).
 CALM_PARTS = ("work", "waits")
 
 
