@@ -5,11 +5,11 @@ carries the test's token and outlives it fails the test.  ``fixtures.signals``
 gives every process a test starts the default signal dispositions, even when
 pytest itself was started with SIGINT or SIGHUP ignored (``nohup ... &``).
 
-The README's test command runs the suite in three pytest-xdist workers
-(``-n 3 --dist loadgroup``) on CI's two cores.  Much of an end-to-end
-test's time is spent waiting (on a grace period, a timeout, a peer), not
-computing: with two workers the machine stayed a fifth idle, with three it
-is busy (CONTRIBUTING.md has the figures, and why not four).  The
+The README's test command runs the suite in two pytest-xdist workers
+(``-n 2 --dist loadgroup``), one per core of CI's machine.  Much of an
+end-to-end test's time is spent waiting (on a grace period, a timeout, a
+peer), not computing, so two workers finish in well under half of one
+worker's time (CONTRIBUTING.md says why not three or four).  The
 groups below keep each module in one worker, so that its module fixtures
 (jobs shared by several checks) run once; and every test that uses the
 Slurm cluster, the Ray cluster or the hosts a test powers off in one worker
