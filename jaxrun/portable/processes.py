@@ -95,8 +95,8 @@ def descendants_cpu(states: bool = False) -> dict | None:
     started, and theirs in turn, that still runs (or is not reaped yet), by
     pid; None where the system cannot say (the caller then asks psutil).
     With ``states``, each value is (CPU seconds, whether it is running or
-    ready to run, or in a disk wait, now: proc(5)'s state R or D, read from
-    the same file).  A tool that the load starves gets almost no CPU (at
+    ready to run now: proc(5)'s state R, read from the same file; a disk
+    wait, D, is not: a hung mount must not look like work).  A tool that the load starves gets almost no CPU (at
     nice 19 beside two busy loops, none to the clock tick in a second), and
     its wait for a CPU is counted only once it gets one; but it is ready to
     run at every look, and a parked one never is.
@@ -133,8 +133,8 @@ def _lists_children() -> bool:
 
 
 def _stat(pid: int | str) -> tuple[int, float, bool] | None:
-    """A process's parent, its CPU seconds and whether it runs (its state R
-    or D), from its ``/proc/PID/stat``."""
+    """A process's parent, its CPU seconds and whether it runs or is ready
+    to (its state R), from its ``/proc/PID/stat``."""
     try:
         fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
     except OSError:
@@ -149,7 +149,7 @@ def _stat(pid: int | str) -> tuple[int, float, bool] | None:
     # parent (proc(5)'s field 4), ..., utime and stime (its fields 14 and 15).
     fields = text[text.rfind(b")") + 2:].split()
     try:
-        return int(fields[1]), (int(fields[11]) + int(fields[12])) / TICKS, fields[0] in (b"R", b"D")
+        return int(fields[1]), (int(fields[11]) + int(fields[12])) / TICKS, fields[0] == b"R"
     except (IndexError, ValueError):
         return None
 
