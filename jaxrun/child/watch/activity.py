@@ -173,12 +173,12 @@ def children_cpu() -> dict[int, tuple[float, bool]]:
     return used
 
 
-def children_work(before: float, now: tuple[float, bool], enough: float) -> bool:
-    """Whether a child worked since the last look (its CPU seconds then,
-    and now with whether it runs): ``enough`` CPU, or it is running or
-    ready to run at this look (a tool the load starves gets almost no CPU,
-    but it wants it; a parked one does not)."""
-    return now[0] - before >= enough or now[1]
+def children_work(before: float, cpu: float, running: bool, enough: float) -> bool:
+    """Whether a child worked since the last look (its CPU seconds then and
+    now, and whether it runs now): ``enough`` CPU, or it is running or ready
+    to run at this look (a tool the load starves gets almost no CPU, but it
+    wants it; a parked one does not)."""
+    return cpu - before >= enough or running
 
 
 def judge_threads(before: dict[int, float], now: dict[int, float], seconds: float, work: set[int],
@@ -332,7 +332,8 @@ class Sampler:
         main_before, self.last_main = self.last_main, (self.main_times() if looked else None)
         if beats != beats0 or stack != stack0 or busy_place(stack):
             return contract.BUSY
-        if any(children_work(kids0.get(pid, (0.0, False))[0], now, enough) for pid, now in kids.items()):
+        if any(children_work(kids0[pid][0] if pid in kids0 else 0.0, cpu, running, enough)
+               for pid, (cpu, running) in kids.items()):
             return contract.BUSY
         if io is not None and io0 is not None and io - io0 >= BUSY_IO:
             return contract.BUSY
