@@ -42,6 +42,12 @@ class Store:
 class Parting:
     meeting = None
 
+    def __init__(self):
+        self.left = 0
+
+    def met(self):  # the main thread's meeting ended
+        self.left += 1
+
 
 def entry(fn="evaluate", at="/w/job.py:10", c="c1"):
     return {"c": c, "fn": fn, "in": "f32[8,4]", "at": at}
@@ -107,8 +113,9 @@ def test_a_program_is_met_on_once_per_process_and_the_main_threads_meeting_is_to
     threading.Timer(0.2, peer.start).start()
     mine.meet(entry(), [0, 1], main=True)
     watcher.join(5)
-    assert told == [{"fn": "evaluate", "spans": "0,1", "among": [0, 1], "at": "/w/job.py:10"}]
-    assert parting.meeting is None
+    name = meeting.meeting_name(entry(), [0, 1])  # one name in every process: waits at it are together
+    assert told == [{"fn": "evaluate", "spans": "0,1", "among": [0, 1], "at": "/w/job.py:10", "name": name}]
+    assert parting.meeting is None and parting.left == 1  # told it ended: a wait said there is posted anew
     counted = f"{meeting.MEET}/{meeting.meeting_name(entry(), [0, 1])}/b/-"  # the body's count (no body here)
     increments = store.values[counted]
     mine.meet(entry(), [0, 1], main=True)  # agreed: no second meeting

@@ -29,6 +29,10 @@ def wait(at: str, *groups, fn: str = "", spans: str = "", opened=()) -> dict:
     ({0: wait("t.py:80")}, {1, 2, 3}, None),  # a process-local program spans no one
     ({0: wait("t.py:70", [0, 1]), 1: wait("t.py:70", [0, 1])}, {2, 3}, None),  # a sub-mesh, the rest done
     ({0: wait("t.py:66", ALL), 1: wait("t.py:66", ALL)}, {0, 2, 3}, [0, 1, 2, 3]),  # a finished rank's stale wait
+    ({0: dict(wait("t.py:66", [0, 1]), program="p1"), 1: dict(wait("t.py:70", [0, 1]), program="p1")}, {2, 3},
+     None),  # one meeting, come to from two lines: together
+    ({0: dict(wait("t.py:66", [0, 1]), program="p1"), 1: dict(wait("t.py:66", [0, 1]), program="p2")}, {2, 3},
+     [0, 1]),  # two meetings at one line (inputs of other shapes): they never meet
 ])
 def test_a_parting_is_a_group_whose_members_all_wait_or_finished_not_at_one_line(waits, finished, found):
     assert parted(waits, finished) == found
@@ -206,3 +210,55 @@ def test_an_abort_in_a_collective_that_did_not_match_is_said_first_as_the_partin
                         "them, or on none); their collectives did not match (Received data size doesn't match "
                         "expected size)")
     assert lines[1] == "jaxrun: process 2 failed first: killed by SIGABRT (pid 102)"
+
+
+def test_a_wait_is_judged_over_its_span_so_the_processes_own_bursts_do_not_begin_it_again(monkeypatch):
+    """Seen on a loaded machine: a process blocked in a collective used 14-15 ms of CPU in one
+    20 ms look (its threads: the wait's post to the store, the coordination service, heartbeats),
+    and each such look began the wait again, so the parting was said 3 s later each time."""
+    heard, clock, used, line = Heard(), [0.0], [0.0], [61]
+    monkeypatch.setattr(accounting, "waits", heard)
+    account = accounting.Accountant(lambda text: None, main=1, clock=lambda: clock[0], wall=lambda: 100.0,
+                                    cpu=lambda: used[0], delay=lambda: 0.0, frames=Frames(line))
+
+    def ticks(seconds: float, cpu: float = 0.0, burst_every: int = 0) -> None:
+        for n in range(round(seconds / 0.02)):
+            clock[0] += 0.02
+            used[0] += 0.015 if burst_every and n % burst_every == burst_every - 1 else cpu
+            account.look()
+
+    ticks(3.1, burst_every=25)  # 15 ms in one look every 0.5 s: 3% of the time
+    assert heard.said == [True]
+    ticks(3.0, burst_every=25)
+    assert heard.said == [True]  # still the same wait
+    ticks(0.4, cpu=0.02)  # it computes at that line: the wait ends within WAIT_SLACK's worth
+    assert heard.said == [True, False]
+    line[0] = 66
+    ticks(2.9, burst_every=25)
+    ticks(1.0, cpu=0.02)  # computes from just before the wait's 3 s: never said
+    assert heard.said == [True, False]
+    ticks(2.0)
+    assert heard.said == [True, False]  # a new wait, from the last look that computed
+    ticks(1.2)
+    assert heard.said == [True, False, True]
+
+
+def test_a_wait_at_a_meeting_is_said_sooner_and_posted_anew_once_the_meeting_ends():
+    from jaxrun.child.checks import parting as parting_module
+
+    parting = parting_module.Parting(board=None, locator=None)
+    assert parting.seconds == parting_module.WAIT
+    parting.meeting = {"fn": "evaluate", "spans": "0,1", "among": [0, 1], "at": "t.py:66", "name": "0,1/ab"}
+    assert parting.seconds == parting_module.MEETING_WAIT < parting_module.WAIT
+    parting.meeting = None
+    parting.made("t.py:61", [0, 1], "step", [type("TPU", (), {"platform": "tpu"})()])
+    assert parting.seconds == parting_module.ACCELERATOR_WAIT
+    parting.meeting = {"fn": "evaluate", "spans": "0,1", "among": [0, 1], "at": "t.py:66", "name": "0,1/ab"}
+    assert parting.seconds == parting_module.MEETING_WAIT  # a meeting is host-side: no long program to wait out
+    parting.thread = object()  # no thread of its own here: what it would be told is read off
+    parting.met()
+    assert parting.turn == 0 and not parting.wake.is_set()  # no wait was said: nothing to post anew
+    parting.changed(True)
+    parting.wake.clear()
+    parting.met()
+    assert parting.turn == 2 and parting.wake.is_set()  # said at the meeting: posted again as it is now

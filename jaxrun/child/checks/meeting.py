@@ -98,7 +98,7 @@ class Meetings:
             return False
         if main and self.parting is not None:
             self.parting.meeting = {"fn": entry["fn"], "spans": group_text(ranks), "among": list(ranks),
-                                    "at": entry["at"]}
+                                    "at": entry["at"], "name": name}
         try:
             return self._rendezvous(name, len(ranks), entry.get("h", ""))
         except Exception as e:  # noqa: BLE001 - a store that cannot count: the program runs, as without the check
@@ -108,6 +108,7 @@ class Meetings:
         finally:
             if main and self.parting is not None:
                 self.parting.meeting = None
+                self.parting.met()
             with self.lock:
                 self.agreed.add(name)
                 self.going.pop(name).set()

@@ -50,6 +50,9 @@ from jaxrun.child.checks.program_text import group_text, who
 
 WAIT = 3.0  # seconds a process waits inside JAX with no CPU, at one line, before it says so
 ACCELERATOR_WAIT = 30.0  # ... where a program runs on an accelerator: a long one leaves the host idle
+# ... where it waits at a meeting (checks.meeting): a wait with no doubt about what it waits
+# for, which its group ends in milliseconds once all came.  Its peers' own waits keep theirs.
+MEETING_WAIT = 0.5
 LOOK = 0.5  # seconds between the judge's looks; a parting is one seen alike on two
 THREAD = "jaxrun-parting"
 CALLBACK_FILE = os.path.join("jax", "_src", "callback.py")
@@ -68,7 +71,9 @@ def parted(waits: dict[int, dict], finished: set[int]) -> list[int] | None:
         for ranks in waiting[rank].get("groups", ()):
             if any(r not in waiting and r not in finished for r in ranks):
                 continue
-            if any(r in finished for r in ranks) or len({waiting[r].get("at") for r in ranks}) > 1:
+            # At one meeting (the same program, whatever line runs it) they are together.
+            if any(r in finished for r in ranks) or len({waiting[r].get("program") or waiting[r].get("at")
+                                                         for r in ranks}) > 1:
                 return sorted(ranks)
     return None
 
@@ -150,7 +155,7 @@ class Parting:
         self.board, self.locator = board, locator
         self.sites: dict[str, dict[str, tuple[str, list[int]]]] = {}  # line -> group -> (function, ranks) made there
         self.groups: dict[str, list[int]] = {}  # every group this process's programs span
-        self.seconds = WAIT
+        self.base = WAIT  # how long a wait lasts before it is said (ACCELERATOR_WAIT on an accelerator)
         self.missed: list[dict] = []  # programs the programs check settled with a peer that finished without them
         self.waiting, self.turn = False, 0  # the account's word, and how many waits it said
         self.meeting: dict | None = None  # the program the main thread waits to run first (checks.meeting)
@@ -166,8 +171,13 @@ class Parting:
             group = group_text(ranks)
             spans[group] = (fn, ranks)
             self.groups[group] = ranks
-        if self.seconds == WAIT and any(getattr(d, "platform", "cpu") != "cpu" for d in devices):
-            self.seconds = ACCELERATOR_WAIT
+        if self.base == WAIT and any(getattr(d, "platform", "cpu") != "cpu" for d in devices):
+            self.base = ACCELERATOR_WAIT
+
+    @property
+    def seconds(self) -> float:
+        """How long the main thread's wait must last before it is said: less at a meeting."""
+        return MEETING_WAIT if self.meeting is not None else self.base
 
     def unmet(self, entries: dict, ranks: list[int], gone: set) -> None:
         """The programs check settled a program that ``gone`` finished their script without."""
@@ -175,6 +185,15 @@ class Parting:
         if len(self.missed) < 8:
             self.missed.append({"fn": entry.get("fn", "?"), "at": entry.get("at", "?"),
                                 "spans": group_text(ranks), "among": list(ranks)})
+
+    def met(self) -> None:
+        """The main thread's meeting ended: a wait said there is posted again as
+        what it is now (its program runs at that line), no longer a meeting."""
+        with self.lock:
+            if not self.waiting:
+                return
+            self.turn += 1
+        self.wake.set()
 
     def changed(self, waiting: bool) -> None:
         """From the sampler's thread: the wait began (it lasted ``seconds``) or ended."""
@@ -194,7 +213,7 @@ class Parting:
         meeting = self.meeting
         if meeting is not None:  # before its first run: it waits for its group to come to the same program
             return {"at": at, "text": text, "groups": [meeting["among"]], "fn": meeting["fn"],
-                    "spans": meeting["spans"], "meets": True, "open": []}
+                    "spans": meeting["spans"], "meets": True, "program": meeting.get("name", ""), "open": []}
         made = self.sites.get(at)  # a line that made only programs that span no one waits for no one
         groups = [ranks for _, ranks in made.values()] if made is not None else list(self.groups.values())
         fn, spans = next(((fn, group) for group, (fn, _) in (made or {}).items()), ("", ""))
