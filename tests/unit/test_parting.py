@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from jaxrun.child.checks.parting import describe, parted
+from jaxrun.child.checks.parting import APART, describe, parted, ripe
 from jaxrun.child.watch import accounting
 
 ALL = [0, 1, 2, 3]
@@ -262,3 +262,17 @@ def test_a_wait_at_a_meeting_is_said_sooner_and_posted_anew_once_the_meeting_end
     parting.wake.clear()
     parting.met()
     assert parting.turn == 2 and parting.wake.is_set()  # said at the meeting: posted again as it is now
+
+
+def test_a_parting_where_every_process_waits_at_a_meeting_leaves_the_programs_check_its_time():
+    """Programs that differ meet apart: every process waits at a meeting of its own, and the
+    programs check names what differs, the odd side first, once its posts are out.  Seen in a
+    suite run: with the meeting's wait said after half a second, the parting stopped such a job
+    first and named no difference."""
+    met = {r: dict(wait("t.py:88" if r < 2 else "t.py:90", [0, 1, 2]), meets=True, program=f"p{r // 2}")
+           for r in (0, 1, 2)}
+    assert parted(met, set()) == [0, 1, 2]
+    assert not ripe([0, 1, 2], met, set(), 0.5) and ripe([0, 1, 2], met, set(), APART)
+    others = {**met, **{r: wait("t.py:61", [0, 1, 2]) for r in (1, 2)}}  # the others in their step
+    assert ripe([0, 1, 2], others, set(), 0.5)  # a side not at a meeting: at once
+    assert ripe([0, 1, 2], {0: met[0]}, {1, 2}, 0.5)  # the others finished: no difference to name

@@ -43,6 +43,7 @@ import linecache
 import os
 import sys
 import threading
+import time
 
 from jaxrun import contract
 from jaxrun.child.checks import agreement, store
@@ -53,6 +54,10 @@ ACCELERATOR_WAIT = 30.0  # ... where a program runs on an accelerator: a long on
 # ... where it waits at a meeting (checks.meeting): a wait with no doubt about what it waits
 # for, which its group ends in milliseconds once all came.  Its peers' own waits keep theirs.
 MEETING_WAIT = 0.5
+# Where every process of a parting waits at a meeting (programs that differ: they meet apart),
+# the programs check (its posts out after programs.HOLD) names what differs, the odd side
+# first: the parting stops the job only once it has stood this long, as with WAIT before.
+APART = WAIT - MEETING_WAIT
 LOOK = 0.5  # seconds between the judge's looks; a parting is one seen alike on two
 THREAD = "jaxrun-parting"
 CALLBACK_FILE = os.path.join("jax", "_src", "callback.py")
@@ -76,6 +81,13 @@ def parted(waits: dict[int, dict], finished: set[int]) -> list[int] | None:
                                                          for r in ranks}) > 1:
                 return sorted(ranks)
     return None
+
+
+def ripe(ranks: list[int], waits: dict[int, dict], finished: set[int], stood: float) -> bool:
+    """Whether a parting seen alike for ``stood`` seconds stops the job now:
+    at once, unless every one of its processes waits at a meeting (``APART``)."""
+    apart = not any(r in finished for r in ranks) and all(waits.get(r, {}).get("meets") for r in ranks)
+    return not apart or stood >= APART
 
 
 def describe(ranks: list[int], waits: dict[int, dict], finished: set[int]) -> tuple[str, list[str]]:
@@ -231,7 +243,7 @@ class Parting:
         return found
 
     def _run(self) -> None:
-        rank, posted, last = self.board.rank, 0, None
+        rank, posted, last, since = self.board.rank, 0, None, 0.0
         try:
             client = store.jax_client()
             while True:
@@ -255,9 +267,11 @@ class Parting:
                 ranks = parted(waits, finished)
                 found = None if ranks is None else (ranks, {r: waits.get(r, {}).get("at") for r in ranks})
                 if found is not None and found == last:
-                    headline, lines = describe(ranks, waits, finished)
-                    agreement.stop(PartedProgramError(headline), lines)
-                last = found
+                    if ripe(ranks, waits, finished, time.monotonic() - since):
+                        headline, lines = describe(ranks, waits, finished)
+                        agreement.stop(PartedProgramError(headline), lines)
+                    continue
+                last, since = found, time.monotonic()
         except Exception as e:  # noqa: BLE001 - the store gone (coordinator ended): the check ends quietly
             if os.environ.get(contract.VERBOSE) == "1":
                 print(f"jaxrun: --checks stopped looking for partings: {type(e).__name__}: {e}", file=sys.stderr)
