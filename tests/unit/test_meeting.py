@@ -46,6 +46,7 @@ class Parting:
         self.left = 0
 
     def met(self):  # the main thread's meeting ended
+        self.meeting = None
         self.left += 1
 
 

@@ -107,7 +107,6 @@ class Meetings:
             return False
         finally:
             if main and self.parting is not None:
-                self.parting.meeting = None
                 self.parting.met()
             with self.lock:
                 self.agreed.add(name)

@@ -199,8 +199,9 @@ class Parting:
                                 "spans": group_text(ranks), "among": list(ranks)})
 
     def met(self) -> None:
-        """The main thread's meeting ended: a wait said there is posted again as
-        what it is now (its program runs at that line), no longer a meeting."""
+        """The main thread's meeting ended: no longer a meeting, and a wait said
+        there is posted again as what it is now (its program runs at that line)."""
+        self.meeting = None
         with self.lock:
             if not self.waiting:
                 return
@@ -225,7 +226,7 @@ class Parting:
         meeting = self.meeting
         if meeting is not None:  # before its first run: it waits for its group to come to the same program
             return {"at": at, "text": text, "groups": [meeting["among"]], "fn": meeting["fn"],
-                    "spans": meeting["spans"], "meets": True, "program": meeting.get("name", ""), "open": []}
+                    "spans": meeting["spans"], "meets": True, "program": meeting["name"], "open": []}
         made = self.sites.get(at)  # a line that made only programs that span no one waits for no one
         groups = [ranks for _, ranks in made.values()] if made is not None else list(self.groups.values())
         fn, spans = next(((fn, group) for group, (fn, _) in (made or {}).items()), ("", ""))

@@ -326,8 +326,9 @@ class Accountant:
         wanted beyond ``WAIT_SHARE`` of the time stays within ``WAIT_SLACK``
         (each second of the wait forgives ``WAIT_SHARE`` of it: a burst is
         forgotten, credit never saved up)."""
-        quiet = inside and self.at is not None and wanted < seconds / 2
-        if inside and self.at is not None and self.at == self.wait_at:
+        here = inside and self.at is not None
+        quiet = here and wanted < seconds / 2
+        if here and self.at == self.wait_at:
             owed = max(0.0, self.wait_owed + wanted - WAIT_SHARE * seconds)
             if owed <= WAIT_SLACK:
                 self.wait_owed = owed
