@@ -5,7 +5,9 @@ tests/e2e/test_checks_programs.py."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import sys
 import threading
 import types
@@ -122,6 +124,44 @@ def test_a_programs_collectives_are_read_from_its_hlo_without_names_or_places():
         "all-reduce f32[8,8] replica_groups=mesh['axis_0'=1,'axis_1'=4] {'axis_1'} use_global_device_ids=true"]
 
 
+SHORT_AND_FULL = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from jaxrun.child.checks import program_text
+mesh = jax.make_mesh((2, 2), ("a", "b"))
+x = jax.device_put(np.ones((8, 8), np.float32), NamedSharding(mesh, P("a", "b")))
+spec = dict(mesh=mesh, in_specs=P("a", "b"), out_specs=P("a", "b"))
+programs = [jnp.mean, jax.jit(lambda v: v, out_shardings=NamedSharding(mesh, P())),
+            lambda v: jnp.dot(v, v.T, out_sharding=NamedSharding(mesh, P("a", None))),
+            jax.shard_map(lambda v: jax.lax.psum_scatter(v, "a", tiled=True), **spec),
+            jax.shard_map(lambda v: jax.lax.ppermute(v, "a", [(0, 1), (1, 0)]), **spec),
+            jax.shard_map(lambda v: jax.lax.all_to_all(v, "b", 0, 1, tiled=True), **spec)]
+for program in programs:
+    executable = jax.jit(program).lower(x).compile()._executable
+    short = program_text.collectives_of(executable)
+    program_text._PRINT[:] = [None]  # the module's full print, as before the short one
+    full = program_text.collectives_of(executable)
+    program_text._PRINT[:] = []
+    print(short == full and bool(short) and short != ["?"], short, full)
+"""
+
+
+def test_the_compiled_modules_short_print_reads_every_collective_as_its_full_print_does():
+    """The scan prints the compiled module without metadata (a third of the
+    time): for an all-reduce, all-gather, all-reduce after a gather,
+    reduce-scatter, collective-permute and all-to-all on a real 2x2 mesh, it
+    reads what the module's full print gives."""
+    pytest.importorskip("jax")
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run([sys.executable, "-c", SHORT_AND_FULL], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 6 and all(line.startswith("True ") for line in lines), done.stdout
+    assert {"reduce-scatter", "collective-permute", "all-to-all"} <= {c.split()[0] for line in lines
+                                                                      for c in re.findall(r"'([a-z-]+) ", line)}
+
+
 def test_a_body_alone_can_differ_and_the_collectives_are_named_only_where_nothing_else_differs():
     assert program_text.what_differs({0: entry("a", c="x"), 1: entry("b", c="x")}, [[0], [1]]) == ["body"]
     alike = {0: entry("a", cs="all-reduce f32[]"), 1: entry("b", cs="all-gather f32[8]")}
@@ -168,7 +208,7 @@ class Executable:
 
     def __init__(self, op="all-reduce", text=None):
         text = text or f"  %r = f32[] {op}(f32[] %x), channel_id=1, replica_groups={{}}"
-        module = types.SimpleNamespace(to_string=lambda: text)
+        module = types.SimpleNamespace(to_string=lambda options=None: text)
         self.xla_executable = types.SimpleNamespace(hlo_modules=lambda: [module])
 
 
