@@ -5,6 +5,7 @@ what from_hlo was given or made, or the entries the processes posted."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -36,22 +37,21 @@ _KEPT = ("replica_groups", "dimensions", "source_target_pairs", "split_dimension
 _ATTRIBUTE = re.compile(r",\s*(?=[a-z_]+=)")
 _LAYOUT = re.compile(r"\{[^{}]*\}|/\*.*?\*/")  # layouts, and the /*index=5*/ marks in a tuple
 SHAPE_CHARS = 40  # a collective's shape is shown this long at most
-_PRINT: list = []  # the compiled module's print options, made once: without metadata, in a third of the time
 
 
+@functools.cache
 def _print_options():
-    """XLA's short form (no metadata, no operand shapes): what a collective's
-    line holds that the check reads is printed the same, in a third of the
-    default's time (15 against 48 us for a one-collective step); the default
-    where this jaxlib has no such options."""
-    if not _PRINT:
-        try:
-            from jaxlib import _hlo
+    """The compiled module's print options, made once: XLA's short form (no
+    metadata, no operand shapes), where what a collective's line holds that
+    the check reads is printed the same, in a third of the default's time (15
+    against 48 us for a one-collective step); None (the default print) where
+    this jaxlib has no such options."""
+    try:
+        from jaxlib import _hlo
 
-            _PRINT.append(_hlo.HloPrintOptions.short_parsable())
-        except (ImportError, AttributeError):
-            _PRINT.append(None)
-    return _PRINT[0]
+        return _hlo.HloPrintOptions.short_parsable()
+    except (ImportError, AttributeError):
+        return None
 
 
 def collectives_of(executable) -> list[str]:
