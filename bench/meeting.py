@@ -1,7 +1,7 @@
 """The cost of the meeting before a program's first run, on a job that makes
 a new program every step.
 
-    python bench/meeting.py [--rounds 5] [--steps 100] [-n 2] [--width 256]
+    python bench/meeting.py [--rounds 5] [--steps 100] [-n 2] [--width 256] [--paired]
 
 Each process runs ``--steps`` steps; each step makes a new jitted program
 that spans every process (a constant baked in that differs each step, and a
@@ -11,6 +11,19 @@ runs (``checks.meeting``) and posted for the programs check.  Each round runs
 two jobs in turn, which one first alternating: ``--checks off`` and the
 default (``on``).  The table shows each one's median step (process 0's) over
 the rounds, and the ratio to off.  The goal: at most 1%.
+
+``--paired`` measures the same in one job instead, where job-to-job noise
+(the step with the checks off moved from 248 to 297 ms between jobs on one
+machine) is gone: every job runs with the checks on, and its steps take
+turns in pairs, one step with the checks' two hooks (``from_hlo``, where a
+program is described, and the first run, where it is met on) and one with
+the functions they wrap put back, which one first alternating from pair to
+pair.  Both processes switch at the same step, so neither ever waits at a
+meeting the other skipped.  The table shows each job's median of the pairs'
+differences and ratios, and their median over the jobs.  What it leaves
+out: whatever the checks cost a step that makes no new program (their
+threads, which run in both halves of a pair); ``bench/checks.py`` measures
+that.
 
 Where the checks have the meeting (jaxrun after issue 74), each process
 also times its meetings (``Meetings._rendezvous``, wrapped in the job): how
@@ -24,6 +37,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -64,7 +78,23 @@ TRAIN = textwrap.dedent(
     except (ImportError, AttributeError):
         pass  # the checks before the meeting
 
-    steps, width = int(sys.argv[1]), int(sys.argv[2])
+    def switch():  # sets the checks' two hooks on or off: the functions they wrap, from their closures
+        from jax._src.interpreters import pxla
+        made, ran = pxla.UnloadedMeshExecutable.__dict__["from_hlo"], pxla.ExecuteReplicated.__call__
+
+        def closed(fn):
+            return dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__ or ())))
+
+        real_made, real_ran = closed(made.__func__)["real"], closed(ran)["run"]
+
+        def use(on):
+            pxla.UnloadedMeshExecutable.from_hlo = made if on else staticmethod(real_made)
+            pxla.ExecuteReplicated.__call__ = ran if on else real_ran
+
+        return use
+
+    steps, width, paired = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:] == ["paired"]
+    use = switch() if paired else None
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("b",))
     rows = len(jax.local_devices()) * 8
     x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("b")),
@@ -80,14 +110,24 @@ TRAIN = textwrap.dedent(
 
     for k in range(3):
         float(program(-1 - k)(w, x))
-    took = []
+    took, halves = [], {True: [], False: []}
     for k in range(steps):
+        on = (k % 2 == 0) == (k // 2 % 2 == 0)  # pairs (k, k+1): on then off, then off then on
+        if use is not None:
+            use(on)
         start = time.perf_counter()
         float(program(k)(w, x))  # a new program: compiled, met on, run
         took.append(time.perf_counter() - start)
+        halves[on].append(took[-1])
     rank = jax.process_index()
     if rank == 0:
         print(f"STEP_MS {statistics.median(took) * 1000:.3f}", flush=True)
+    if rank == 0 and use is not None:
+        pairs = list(zip(halves[True], halves[False]))
+        print("PAIRS_ALL " + " ".join(f"{a * 1000:.3f}:{b * 1000:.3f}" for a, b in pairs), flush=True)
+        print(f"PAIRS_MS {statistics.median(a - b for a, b in pairs) * 1000:.3f} "
+              f"{statistics.median(a / b for a, b in pairs):.5f} {statistics.median(halves[True]) * 1000:.3f} "
+              f"{statistics.median(halves[False]) * 1000:.3f} {len(pairs)}", flush=True)
     if waited:  # the least: the last to come, who waits for no one (its round trips alone)
         print(f"MEET_MS {rank} {statistics.median(waited) * 1000:.3f} {max(waited) * 1000:.3f} {len(waited)} "
               f"{min(waited) * 1000:.3f}", flush=True)
@@ -106,15 +146,26 @@ TRAIN = textwrap.dedent(
 OWN: list[tuple] = []
 
 
-def run(checks: str, script: str, steps: int, width: int, processes: int) -> tuple[float, list[tuple]]:
+# Each paired job's (median difference ms, median ratio, median step with ms, without ms, pairs), process 0's
+PAIRS: list[tuple] = []
+EVERY_PAIR: list[tuple[float, float]] = []  # every job's pairs, pooled: (with ms, without ms)
+
+
+def run(checks: str, script: str, steps: int, width: int, processes: int,
+        paired: bool = False) -> tuple[float, list[tuple]]:
     """One job: process 0's median step in ms, and each process's meetings (rank, median, max, count, least)."""
-    cmd = [*JAXRUN, "-n", str(processes), "--cpu-devices", "2", "--checks", checks, script, str(steps), str(width)]
+    cmd = [*JAXRUN, "-n", str(processes), "--cpu-devices", "2", "--checks", checks, script, str(steps), str(width),
+           *(["paired"] if paired else [])]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, start_new_session=True)
     found = re.search(r"STEP_MS ([\d.]+)", proc.stdout)
     if proc.returncode != 0 or not found:
         raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-1500:]}")
     meetings = [(int(r), float(m), float(x), int(c), float(least))
                 for r, m, x, c, least in re.findall(r"MEET_MS (\d+) ([\d.]+) ([\d.]+) (\d+) ([\d.]+)", proc.stdout)]
+    PAIRS.extend((float(d), float(r), float(a), float(b), int(n)) for d, r, a, b, n in
+                 re.findall(r"PAIRS_MS ([-\d.]+) ([\d.]+) ([\d.]+) ([\d.]+) (\d+)", proc.stdout))
+    for line in re.findall(r"PAIRS_ALL (.*)", proc.stdout):
+        EVERY_PAIR.extend(tuple(map(float, pair.split(":"))) for pair in line.split())
     OWN.extend((int(r), *map(float, rest)) for r, *rest in
                re.findall(r"OWN_MS (\d+) ([\d.]+) ([\d.]+) ([\d.]+) ([\d.]+) ([\d.]+)", proc.stdout))
     return float(found[1]), meetings
@@ -126,8 +177,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("-n", type=int, default=2)
     parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--paired", action="store_true",
+                        help="in each job, steps with the checks' hooks and without, in pairs (see above)")
     args = parser.parse_args()
     script = bench_script("meeting", "train.py", TRAIN)
+    if args.paired:
+        paired(script, args)
+        return
     print(f"{args.n} processes x 2 devices, a new program every step, {args.steps} steps a job, "
           f"{args.rounds} rounds ({sys.executable})")
     waits: list[tuple] = []
@@ -150,6 +206,26 @@ def main() -> None:
               f"{median([o[2] for o in mine]):.3f} ms (medians of the jobs' medians); the main thread's CPU in "
               f"them {median([o[3] for o in mine]):.3f} ms and {median([o[4] for o in mine]):.3f} ms, in the "
               f"meeting {median([o[5] for o in mine]):.3f} ms")
+
+
+def paired(script: str, args) -> None:
+    print(f"{args.n} processes x 2 devices, a new program every step, {args.steps} steps a job in pairs (with the "
+          f"checks' hooks, without), {args.rounds} jobs ({sys.executable})")
+    for job in range(args.rounds):
+        _, meetings = run("on", script, args.steps, args.width, args.n, paired=True)
+        difference, ratio, with_, without, count = PAIRS[-1]
+        met = ", ".join(f"process {m[0]} {m[1]:.3f} ms" for m in sorted(meetings))
+        print(f"job {job + 1}: a step {without:.2f} ms without the hooks, {with_:.2f} ms with; of {count} pairs, the "
+              f"median difference {difference:+.3f} ms, the median ratio {ratio:.4f} ({(ratio - 1) * 100:+.2f}%); "
+              f"a meeting took (median) {met}", flush=True)
+    differences = [a - b for a, b in EVERY_PAIR]
+    mean = statistics.fmean(differences)
+    error = statistics.stdev(differences) / len(differences) ** 0.5 if len(differences) > 1 else 0.0
+    step = median([b for _, b in EVERY_PAIR])
+    print(f"all {len(EVERY_PAIR)} pairs: a step {step:.2f} ms without the hooks; the median difference "
+          f"{median(differences):+.3f} ms ({median(differences) / step * 100:+.2f}%), the mean {mean:+.3f} ms "
+          f"+- {error:.3f} (one standard error: {mean / step * 100:+.2f}% +- {error / step * 100:.2f}%); the median "
+          f"ratio {median([a / b for a, b in EVERY_PAIR]):.4f}")
 
 
 if __name__ == "__main__":
