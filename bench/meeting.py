@@ -70,12 +70,43 @@ TRAIN = textwrap.dedent(
 
         setattr(owner, name, timed)
 
+    store = {}  # the meetings' calls of the store, by name: each call's seconds
+
+    def time_store():  # wraps the client the meetings call (found in the from_hlo hook's closure)
+        from jax._src.interpreters import pxla
+        made = pxla.UnloadedMeshExecutable.__dict__["from_hlo"].__func__
+        meetings = dict(zip(made.__code__.co_freevars, (c.cell_contents for c in made.__closure__)))["checker"].meetings
+        real = meetings.client
+
+        class Timed:
+            def __init__(self, client):
+                self.client = client
+
+            def __getattr__(self, name):
+                call = getattr(self.client, name)
+
+                def timed(*args, **kwargs):
+                    start = time.perf_counter()
+                    try:
+                        return call(*args, **kwargs)
+                    finally:
+                        store.setdefault(name, []).append(time.perf_counter() - start)
+
+                return timed
+
+        def client():
+            found = real()
+            return None if found is None else Timed(found)
+
+        meetings.client = client
+
     try:
         from jaxrun.child.checks import meeting, programs
         timing(meeting.Meetings, "_rendezvous", waited)
         timing(programs.Programs, "got", own["got"])
         timing(programs.Programs, "_first_run", own["_first_run"])
-    except (ImportError, AttributeError):
+        time_store()
+    except (ImportError, AttributeError, KeyError, TypeError):
         pass  # the checks before the meeting
 
     def switch():  # sets the checks' two hooks on or off: the functions they wrap, from their closures
@@ -131,6 +162,8 @@ TRAIN = textwrap.dedent(
     if waited:  # the least: the last to come, who waits for no one (its round trips alone)
         print(f"MEET_MS {rank} {statistics.median(waited) * 1000:.3f} {max(waited) * 1000:.3f} {len(waited)} "
               f"{min(waited) * 1000:.3f}", flush=True)
+    for name, took in sorted(store.items()):
+        print(f"STORE_MS {rank} {name} {statistics.median(took) * 1000:.3f} {len(took)}", flush=True)
     if own["got"] and own["_first_run"]:
         print(f"OWN_MS {rank} {statistics.median(own['got']) * 1000:.3f} "
               f"{statistics.median(own['_first_run']) * 1000:.3f} {statistics.median(cpu['got']) * 1000:.3f} "
@@ -149,6 +182,7 @@ OWN: list[tuple] = []
 # Each paired job's (median difference ms, median ratio, median step with ms, without ms, pairs), process 0's
 PAIRS: list[tuple] = []
 EVERY_PAIR: list[tuple[float, float]] = []  # every job's pairs, pooled: (with ms, without ms)
+STORE: list[tuple[int, str, float]] = []  # each job's (rank, the store's call, its median ms) in the meetings
 
 
 def run(checks: str, script: str, steps: int, width: int, processes: int,
@@ -164,6 +198,8 @@ def run(checks: str, script: str, steps: int, width: int, processes: int,
                 for r, m, x, c, least in re.findall(r"MEET_MS (\d+) ([\d.]+) ([\d.]+) (\d+) ([\d.]+)", proc.stdout)]
     PAIRS.extend((float(d), float(r), float(a), float(b), int(n)) for d, r, a, b, n in
                  re.findall(r"PAIRS_MS ([-\d.]+) ([\d.]+) ([\d.]+) ([\d.]+) (\d+)", proc.stdout))
+    STORE.extend((int(r), name, float(ms)) for r, name, ms, _ in
+                 re.findall(r"STORE_MS (\d+) (\w+) ([\d.]+) (\d+)", proc.stdout))
     for line in re.findall(r"PAIRS_ALL (.*)", proc.stdout):
         EVERY_PAIR.extend(tuple(map(float, pair.split(":"))) for pair in line.split())
     OWN.extend((int(r), *map(float, rest)) for r, *rest in
@@ -206,6 +242,15 @@ def main() -> None:
               f"{median([o[2] for o in mine]):.3f} ms (medians of the jobs' medians); the main thread's CPU in "
               f"them {median([o[3] for o in mine]):.3f} ms and {median([o[4] for o in mine]):.3f} ms, in the "
               f"meeting {median([o[5] for o in mine]):.3f} ms")
+    store_calls()
+
+
+def store_calls() -> None:
+    """Each process's calls of the store in its meetings: the median of the jobs' medians."""
+    for rank in sorted({c[0] for c in STORE}):
+        calls = sorted({c[1] for c in STORE if c[0] == rank})
+        print(f"process {rank}: the meetings' calls of the store (median ms): " + ", ".join(
+            f"{name} {median([c[2] for c in STORE if c[:2] == (rank, name)]):.3f}" for name in calls))
 
 
 def paired(script: str, args) -> None:
@@ -226,6 +271,7 @@ def paired(script: str, args) -> None:
           f"{median(differences):+.3f} ms ({median(differences) / step * 100:+.2f}%), the mean {mean:+.3f} ms "
           f"+- {error:.3f} (one standard error: {mean / step * 100:+.2f}% +- {error / step * 100:.2f}%); the median "
           f"ratio {median([a / b for a, b in EVERY_PAIR]):.4f}")
+    store_calls()
 
 
 if __name__ == "__main__":
