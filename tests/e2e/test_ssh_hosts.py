@@ -131,7 +131,7 @@ def test_env_values_never_appear_on_a_command_line(launch, tmp_path, request, fi
     for _ in range(20):
         assert not leaks()
         time.sleep(0.1)
-    assert job.proc.wait(60) == 0
+    assert job.proc.wait(60) == 0, job.proc.stderr.read().decode(errors="replace")[-3000:]  # jaxrun's own lines
     reader.join(5)
     assert sorted(line.split("] ")[1].strip() for line in seen if "token" in line) == [f"token {secret} {given}"] * 4
     assert scans > 0
