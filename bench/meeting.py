@@ -19,11 +19,15 @@ turns in pairs, one step with the checks' two hooks (``from_hlo``, where a
 program is described, and the first run, where it is met on) and one with
 the functions they wrap put back, which one first alternating from pair to
 pair.  Both processes switch at the same step, so neither ever waits at a
-meeting the other skipped.  The table shows each job's median of the pairs'
-differences and ratios, and their median over the jobs.  What it leaves
-out: whatever the checks cost a step that makes no new program (their
-threads, which run in both halves of a pair); ``bench/checks.py`` measures
-that.
+meeting the other skipped.  It prints each job's median of the pairs'
+differences and ratios, then every job's pairs pooled: the mean difference
+with one standard error, the median difference and the median ratio.  What
+it leaves out: whatever the checks cost a step that makes no new program
+(their threads, which run in both halves of a pair); ``bench/checks.py``
+measures that.  It needs the hooks of jaxrun after issue 74.
+
+Each process also times the meetings' calls of the store (the client they
+call, wrapped in the job), printed as each call's median.
 
 Where the checks have the meeting (jaxrun after issue 74), each process
 also times its meetings (``Meetings._rendezvous``, wrapped in the job): how
@@ -162,8 +166,8 @@ TRAIN = textwrap.dedent(
     if waited:  # the least: the last to come, who waits for no one (its round trips alone)
         print(f"MEET_MS {rank} {statistics.median(waited) * 1000:.3f} {max(waited) * 1000:.3f} {len(waited)} "
               f"{min(waited) * 1000:.3f}", flush=True)
-    for name, took in sorted(store.items()):
-        print(f"STORE_MS {rank} {name} {statistics.median(took) * 1000:.3f} {len(took)}", flush=True)
+    for name, seconds in sorted(store.items()):
+        print(f"STORE_MS {rank} {name} {statistics.median(seconds) * 1000:.3f} {len(seconds)}", flush=True)
     if own["got"] and own["_first_run"]:
         print(f"OWN_MS {rank} {statistics.median(own['got']) * 1000:.3f} "
               f"{statistics.median(own['_first_run']) * 1000:.3f} {statistics.median(cpu['got']) * 1000:.3f} "
