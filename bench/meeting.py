@@ -74,12 +74,17 @@ TRAIN = textwrap.dedent(
 
         setattr(owner, name, timed)
 
+    def hooks():  # the checks' two hooks, as installed: from_hlo's staticmethod, the first run's function
+        from jax._src.interpreters import pxla
+        return pxla.UnloadedMeshExecutable.__dict__["from_hlo"], pxla.ExecuteReplicated.__call__
+
+    def closed(fn):  # what a hook's closure holds, by name
+        return dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__ or ())))
+
     store = {}  # the meetings' calls of the store, by name: each call's seconds
 
-    def time_store():  # wraps the client the meetings call (found in the from_hlo hook's closure)
-        from jax._src.interpreters import pxla
-        made = pxla.UnloadedMeshExecutable.__dict__["from_hlo"].__func__
-        meetings = dict(zip(made.__code__.co_freevars, (c.cell_contents for c in made.__closure__)))["checker"].meetings
+    def time_store():  # wraps the client the meetings call (the from_hlo hook's checker's)
+        meetings = closed(hooks()[0].__func__)["checker"].meetings
         real = meetings.client
 
         class Timed:
@@ -115,11 +120,7 @@ TRAIN = textwrap.dedent(
 
     def switch():  # sets the checks' two hooks on or off: the functions they wrap, from their closures
         from jax._src.interpreters import pxla
-        made, ran = pxla.UnloadedMeshExecutable.__dict__["from_hlo"], pxla.ExecuteReplicated.__call__
-
-        def closed(fn):
-            return dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__ or ())))
-
+        made, ran = hooks()
         real_made, real_ran = closed(made.__func__)["real"], closed(ran)["run"]
 
         def use(on):
@@ -160,9 +161,6 @@ TRAIN = textwrap.dedent(
     if rank == 0 and use is not None:
         pairs = list(zip(halves[True], halves[False]))
         print("PAIRS_ALL " + " ".join(f"{a * 1000:.3f}:{b * 1000:.3f}" for a, b in pairs), flush=True)
-        print(f"PAIRS_MS {statistics.median(a - b for a, b in pairs) * 1000:.3f} "
-              f"{statistics.median(a / b for a, b in pairs):.5f} {statistics.median(halves[True]) * 1000:.3f} "
-              f"{statistics.median(halves[False]) * 1000:.3f} {len(pairs)}", flush=True)
     if waited:  # the least: the last to come, who waits for no one (its round trips alone)
         print(f"MEET_MS {rank} {statistics.median(waited) * 1000:.3f} {max(waited) * 1000:.3f} {len(waited)} "
               f"{min(waited) * 1000:.3f}", flush=True)
@@ -183,9 +181,7 @@ TRAIN = textwrap.dedent(
 OWN: list[tuple] = []
 
 
-# Each paired job's (median difference ms, median ratio, median step with ms, without ms, pairs), process 0's
-PAIRS: list[tuple] = []
-EVERY_PAIR: list[tuple[float, float]] = []  # every job's pairs, pooled: (with ms, without ms)
+EVERY_PAIR: list[tuple[float, float]] = []  # every job's pairs, pooled: (with ms, without ms), process 0's
 STORE: list[tuple[int, str, float]] = []  # each job's (rank, the store's call, its median ms) in the meetings
 
 
@@ -200,8 +196,6 @@ def run(checks: str, script: str, steps: int, width: int, processes: int,
         raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-1500:]}")
     meetings = [(int(r), float(m), float(x), int(c), float(least))
                 for r, m, x, c, least in re.findall(r"MEET_MS (\d+) ([\d.]+) ([\d.]+) (\d+) ([\d.]+)", proc.stdout)]
-    PAIRS.extend((float(d), float(r), float(a), float(b), int(n)) for d, r, a, b, n in
-                 re.findall(r"PAIRS_MS ([-\d.]+) ([\d.]+) ([\d.]+) ([\d.]+) (\d+)", proc.stdout))
     STORE.extend((int(r), name, float(ms)) for r, name, ms, _ in
                  re.findall(r"STORE_MS (\d+) (\w+) ([\d.]+) (\d+)", proc.stdout))
     for line in re.findall(r"PAIRS_ALL (.*)", proc.stdout):
@@ -261,8 +255,11 @@ def paired(script: str, args) -> None:
     print(f"{args.n} processes x 2 devices, a new program every step, {args.steps} steps a job in pairs (with the "
           f"checks' hooks, without), {args.rounds} jobs ({sys.executable})")
     for job in range(args.rounds):
+        before = len(EVERY_PAIR)
         _, meetings = run("on", script, args.steps, args.width, args.n, paired=True)
-        difference, ratio, with_, without, count = PAIRS[-1]
+        pairs = EVERY_PAIR[before:]
+        difference, ratio = median([a - b for a, b in pairs]), median([a / b for a, b in pairs])
+        with_, without, count = median([a for a, _ in pairs]), median([b for _, b in pairs]), len(pairs)
         met = ", ".join(f"process {m[0]} {m[1]:.3f} ms" for m in sorted(meetings))
         print(f"job {job + 1}: a step {without:.2f} ms without the hooks, {with_:.2f} ms with; of {count} pairs, the "
               f"median difference {difference:+.3f} ms, the median ratio {ratio:.4f} ({(ratio - 1) * 100:+.2f}%); "
