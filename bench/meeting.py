@@ -27,7 +27,12 @@ it leaves out: whatever the checks cost a step that makes no new program
 measures that.  It needs the hooks of jaxrun after issue 74.
 
 Each process also times the meetings' calls of the store (the client they
-call, wrapped in the job), printed as each call's median.
+call, wrapped in the job), printed as each call's median, and the span of
+each first run it met on (the checks' part of it: its line, its post, its
+meeting), on the machine's clock: the driver prints the median, over the
+first runs, of the time from the later start of the two processes' to the
+later end, the latency the meeting adds where the program's first
+collective alone would let both go on as the last one came.
 
 Where the checks have the meeting (jaxrun after issue 74), each process
 also times its meetings (``Meetings._rendezvous``, wrapped in the job): how
@@ -109,8 +114,24 @@ TRAIN = textwrap.dedent(
 
         meetings.client = client
 
+    spans = []  # each first run met on: (time.time() at its start, at its end), the run itself not included
+
+    def spanning():  # wraps the checks' first run: when it began and when its program was let run
+        real = programs.Programs._first_run
+
+        def timed(self, made):
+            start = time.time()
+            try:
+                return real(self, made)
+            finally:
+                if made.entry is not None:
+                    spans.append((start, time.time()))
+
+        programs.Programs._first_run = timed
+
     try:
         from jaxrun.child.checks import meeting, programs
+        spanning()
         timing(meeting.Meetings, "_rendezvous", waited)
         timing(programs.Programs, "got", own["got"])
         timing(programs.Programs, "_first_run", own["_first_run"])
@@ -161,6 +182,8 @@ TRAIN = textwrap.dedent(
     if rank == 0 and use is not None:
         pairs = list(zip(halves[True], halves[False]))
         print("PAIRS_ALL " + " ".join(f"{a * 1000:.3f}:{b * 1000:.3f}" for a, b in pairs), flush=True)
+    if spans:
+        print(f"SPANS {rank} " + " ".join(f"{a:.6f}:{b:.6f}" for a, b in spans), flush=True)
     if waited:  # the least: the last to come, who waits for no one (its round trips alone)
         print(f"MEET_MS {rank} {statistics.median(waited) * 1000:.3f} {max(waited) * 1000:.3f} {len(waited)} "
               f"{min(waited) * 1000:.3f}", flush=True)
@@ -182,6 +205,7 @@ OWN: list[tuple] = []
 
 
 EVERY_PAIR: list[tuple[float, float]] = []  # every job's pairs, pooled: (with ms, without ms), process 0's
+SPANS: list[float] = []  # each first run met on, both processes': from the later start to the later end, ms
 STORE: list[tuple[int, str, float]] = []  # each job's (rank, the store's call, its median ms) in the meetings
 
 
@@ -198,6 +222,10 @@ def run(checks: str, script: str, steps: int, width: int, processes: int,
                 for r, m, x, c, least in re.findall(r"MEET_MS (\d+) ([\d.]+) ([\d.]+) (\d+) ([\d.]+)", proc.stdout)]
     STORE.extend((int(r), name, float(ms)) for r, name, ms, _ in
                  re.findall(r"STORE_MS (\d+) (\w+) ([\d.]+) (\d+)", proc.stdout))
+    spans = {int(r): [tuple(map(float, pair.split(":"))) for pair in line.split()]
+             for r, line in re.findall(r"SPANS (\d+) (.*)", proc.stdout)}
+    if len(spans) >= 2 and len({len(s) for s in spans.values()}) == 1:  # the same first runs, in one order
+        SPANS.extend((max(s[1] for s in at) - max(s[0] for s in at)) * 1000 for at in zip(*spans.values()))
     for line in re.findall(r"PAIRS_ALL (.*)", proc.stdout):
         EVERY_PAIR.extend(tuple(map(float, pair.split(":"))) for pair in line.split())
     OWN.extend((int(r), *map(float, rest)) for r, *rest in
@@ -272,6 +300,10 @@ def paired(script: str, args) -> None:
           f"{median(differences):+.3f} ms ({median(differences) / step * 100:+.2f}%), the mean {mean:+.3f} ms "
           f"+- {error:.3f} (one standard error: {mean / step * 100:+.2f}% +- {error / step * 100:.2f}%); the median "
           f"ratio {median([a / b for a, b in EVERY_PAIR]):.4f}")
+    if SPANS:
+        print(f"the first runs met on ({len(SPANS)}): from the last one's start to the later end of both, the "
+              f"meeting and its bookkeeping in both processes, median {median(SPANS):.3f} ms, quartiles "
+              f"{statistics.quantiles(SPANS, n=4)[0]:.3f}-{statistics.quantiles(SPANS, n=4)[2]:.3f} ms")
     store_calls()
 
 

@@ -45,14 +45,14 @@ SLACK = 3.5
 
 
 def run_probe(folder: Path, place: float, *args: str) -> tuple[subprocess.CompletedProcess, float]:
+    """The run, and when it had ended (``time.time()``, the clock of its "placing at" line)."""
     script = folder / "slow_start.py"
     script.write_text(SLOW_START)
     env = {**os.environ, "PLACE_SECONDS": str(place)}
-    began = time.monotonic()
     done = subprocess.run([sys.executable, PROBE, "-n", "2", "--no-preload", "--timeout", str(TIMEOUT),
                            "--log-dir", str(folder / "logs"), *args, str(script)],
                           env=env, capture_output=True, text=True, timeout=60)
-    return done, time.monotonic() - began
+    return done, time.time()
 
 
 LONG_PLACE = 30.0
@@ -104,8 +104,11 @@ def test_a_slow_placement_and_a_slow_start_count_against_the_timeout(deadlines, 
 
 
 def test_a_placement_longer_than_the_timeout_is_cut_short(deadlines):
-    done, took, _ = deadlines["long"]
+    done, ended, _ = deadlines["long"]
     assert done.returncode == 124, done.stderr
     assert "stopped during start-up: --timeout; no process was started" in done.stderr
     assert "placed after" not in done.stderr
-    assert took < LONG_PLACE / 2  # from outside: a placement waited out would take all of it
+    # From the placement's start to the run's end, as the module's other test times an attempt: the
+    # interpreter's start before it is not the attempt (17 s from outside once, under three pytest workers).
+    placing = float(re.search(r"placing at ([0-9.]+)", done.stderr).group(1))
+    assert ended - placing < LONG_PLACE / 2, f"{ended - placing:.1f} s: a placement waited out takes all of it"
