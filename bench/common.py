@@ -6,7 +6,6 @@ import compileall
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,9 +35,9 @@ def bench_script(bench: str, name: str, text: str) -> str:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from jaxrun import portable
+
+    return portable.free_port("127.0.0.1")  # below the ephemeral range, as jaxrun's own
 
 
 def wall(cmd: Sequence[str], env: dict | None = None, timeout: float = 300, cwd=None) -> float:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,9 +40,9 @@ JOB = textwrap.dedent(
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from jaxrun import portable
+
+    return portable.free_port("127.0.0.1")  # below the ephemeral range, as jaxrun's own
 
 
 def kill_group(proc: subprocess.Popen) -> None:

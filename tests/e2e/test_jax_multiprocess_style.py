@@ -30,13 +30,11 @@ N = 4
 # portpicker, and two runs at once on one machine would then collide.  This
 # stand-in, first on the path, hands out ports the kernel knows to be free.
 PORTPICKER_STANDIN = '''\
-import socket
+from jaxrun import portable
 
 
-def pick_unused_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def pick_unused_port():  # below the ephemeral range: no outgoing connection takes it before it listens
+    return portable.free_port("127.0.0.1")
 '''
 
 

@@ -27,6 +27,8 @@ from fixtures.guide import GUIDE_SHARDS, RESULT
 from fixtures.jobs import ROOT
 from fixtures.slurm import WIDE, WIDE_NODES
 
+from jaxrun import portable
+
 # This machine has fewer CPUs than processes.
 SLURM = ["--launcher", "slurm"]
 
@@ -74,9 +76,7 @@ def test_batch_recipe_runs_the_toy_under_sbatch(slurm_cluster, tmp_path):
     # Bind it to what that name resolves to, never all interfaces (JAX's
     # default): on this machine and most others, a loopback address.
     address = socket.gethostbyname(socket.gethostname())
-    with socket.socket() as probe:
-        probe.bind((address, 0))
-        port = probe.getsockname()[1]
+    port = portable.free_port(address)  # below the ephemeral range: no outgoing connection takes it first
     env = {
         **os.environ,
         "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
@@ -394,7 +394,6 @@ def test_jaxrun_run_by_an_engine_is_refused_and_starts_nothing(request, tmp_path
 def test_the_task_channel_listens_on_the_port_given(slurm_cluster, run_jaxrun, tmp_path):
     """--channel-port, for a firewall: a run with a free port works; one whose
     port is taken stops with one line and exit 2, before srun starts."""
-    from jaxrun import portable
     from jaxrun.backends.scheduler.channel import channel_address
 
     address = channel_address()  # what jaxrun binds, in this same environment

@@ -37,7 +37,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -48,6 +47,8 @@ from pathlib import Path
 
 import pytest
 from fixtures.jobs import DATA, JAXRUN, MODES, TOKEN, outlived, run_in_session
+
+from jaxrun import portable
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -210,9 +211,10 @@ class Outcome:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """Below the ephemeral range, as jaxrun's own: bind(0)'s port can become an outgoing
+    connection's source port before the plain launch's process 0 listens on it (a loaded
+    run's other jobs connect all the time), and process 1 then waits for ever."""
+    return portable.free_port("127.0.0.1")
 
 
 def read_logs(log_dir: Path) -> tuple[list[str], list[str]]:
