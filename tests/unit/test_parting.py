@@ -243,6 +243,72 @@ def test_a_wait_is_judged_over_its_span_so_the_processes_own_bursts_do_not_begin
     assert heard.said == [True, False, True]
 
 
+def test_a_program_that_computes_on_a_starved_machine_is_no_wait(monkeypatch):
+    """Seen under three pytest workers on 2 cores: process 1's long program ran on XLA's
+    threads, which the load left a small share of a core, so the process used hardly any
+    CPU while its main thread waited for the result; the wait was said, and a healthy job
+    was stopped as parted.  Threads that wait for a CPU are a program that computes."""
+    heard, clock, used, line, starved = Heard(), [0.0], [0.0], [48], [0.0]
+    monkeypatch.setattr(accounting, "waits", heard)
+    account = accounting.Accountant(lambda text: None, main=1, clock=lambda: clock[0], wall=lambda: 100.0,
+                                    cpu=lambda: used[0], delay=lambda: 0.0, frames=Frames(line),
+                                    starved=lambda: starved[0])
+
+    def ticks(seconds: float, cpu: float = 0.0, ready: float = 0.0) -> None:
+        for _ in range(round(seconds / 0.02)):
+            clock[0] += 0.02
+            used[0] += cpu
+            starved[0] += ready
+            account.look()
+
+    ticks(12.0, cpu=0.001, ready=0.03)  # 5% of a core, and two threads ready to run for the rest
+    assert heard.said == []
+    ticks(3.1)  # the program ended; the main thread waits for a peer now, its threads parked
+    assert heard.said == [True]
+    ticks(1.0, ready=0.03)  # said once: a wait said is not taken back by its threads' readiness alone
+    assert heard.said == [True]
+    # A blocked process whose threads wake for moments on a loaded machine (a fifth of the
+    # time waiting for a CPU, all of them together) waits; and where the system does not say,
+    # a quiet wait is said as before.
+    for ready, says in ((0.004, lambda: starved[0]), (0.0, lambda: None)):
+        heard2 = Heard()
+        monkeypatch.setattr(accounting, "waits", heard2)
+        account = accounting.Accountant(lambda text: None, main=1, clock=lambda: clock[0], wall=lambda: 100.0,
+                                        cpu=lambda: used[0], delay=lambda: 0.0, frames=Frames([70]), starved=says)
+        ticks(3.1, ready=ready)
+        assert heard2.said == [True], ready
+
+
+def test_the_threads_waits_for_a_cpu_are_read_from_the_system():
+    """``accounting.threads_starved``: threads that compute beyond the machine's cores
+    wait for a CPU, the calling thread's own waits left out."""
+    import os
+    import threading
+
+    import numpy as np
+
+    if accounting.threads_starved() is None:
+        pytest.skip("this system does not say how long a thread waited for a CPU")
+    stop = threading.Event()
+
+    def compute():
+        a = np.ones((200, 200))
+        while not stop.is_set():
+            a = np.tanh(a @ a / 200)  # numpy leaves the GIL: each thread wants a core
+
+    before = accounting.threads_starved()
+    workers = [threading.Thread(target=compute) for _ in range(2 * (os.cpu_count() or 1) + 2)]
+    for worker in workers:
+        worker.start()
+    try:
+        threading.Event().wait(0.5)
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join()
+    assert accounting.threads_starved() - before > 0.05
+
+
 def test_a_wait_at_a_meeting_is_said_sooner_and_posted_anew_once_the_meeting_ends():
     from jaxrun.child.checks import parting as parting_module
 

@@ -92,7 +92,28 @@ STILL_TICK = 0.1
 # computes uses a core or more: it ends the wait within WAIT_SLACK / (1 - WAIT_SHARE).
 WAIT_SHARE = 0.1
 WAIT_SLACK = 0.1
+# Before a wait is said, its threads' time ready to run without a CPU over its second half
+# is read too (every thread's ``schedstat``: a scan, so only then): a program that computes
+# on XLA's threads while the main thread waits for its result, on a machine whose load
+# leaves those threads a small share of a core, uses hardly any CPU, and the wait at
+# ``block_until_ready`` looked like one for a peer (a healthy job stopped as parted, its
+# slow process computing, under three pytest workers on 2 cores).  Threads that waited for a
+# CPU for more than STARVED_SHARE of that time compute: the wait begins again.  A thread that
+# computes on a starved machine waits for a CPU most of the time; a blocked process's threads
+# wake for moments (its heartbeats, the store's calls), each waiting a few ms at most.
+STARVED_SHARE = 0.5
 _OUTSIDE, _INSIDE, _COMPILER, _STARTING = place.OUTSIDE, place.INSIDE, place.COMPILER, place.STARTING
+
+
+def threads_starved() -> float | None:
+    """Seconds every thread of this process but the calling one (the
+    sampler's) has spent ready to run without a CPU so far; None where the
+    system does not say.  One read of each thread's ``schedstat``."""
+    waits = portable.thread_waits()
+    if waits is None:
+        return None
+    me = threading.get_native_id()
+    return sum(seconds for tid, seconds in waits.items() if tid != me)
 
 _started: Accountant | None = None
 # Who hears of a long wait (the parting check, ``child.checks.parting``): anything
@@ -141,7 +162,7 @@ class Accountant:
 
     def __init__(self, tell, main: int | None = None, clock=time.monotonic, wall=time.time,
                  cpu=activity.others_cpu, delay=None, frames=sys._current_frames, alone: bool = False,
-                 host=None, running=None, device=None):
+                 host=None, running=None, device=None, starved=None):
         self.tell = tell  # called with each TIME line
         self.alone = alone  # the job's only process: nobody to wait for
         self.main = threading.main_thread().ident if main is None else main
@@ -149,6 +170,9 @@ class Accountant:
         self.clock, self.cpu, self.frames = clock, cpu, frames
         throttled, main_delay = portable.Throttling(), portable.RunDelay(main_tid)
         self.delay = delay or (lambda: main_delay() + throttled())
+        # Seconds the process's threads (the looking one's left out) have waited for a CPU so far,
+        # or None: read twice a wait, at most (given a ``delay`` of its own, as a test's: none).
+        self.starved = starved or ((lambda: 0.0) if delay is not None else threads_starved)
 
         def main_used() -> float:
             both = main_delay.both()
@@ -182,6 +206,7 @@ class Accountant:
         self.at = None  # (code, line) of the script's frame that called into JAX, at the last look
         self.wait_at, self.wait_since, self.wait_said = None, 0.0, False  # the wait at one place so far
         self.wait_owed = 0.0  # the CPU it wanted in that wait beyond WAIT_SHARE of it, forgiven at that rate
+        self.wait_mark: tuple[float, float | None] | None = None  # at its half: (when, its threads' waits for a CPU)
         # Parked at one place (its innermost frame and instruction) at every look since: the pause
         # to the next look (the sampler's) grows to STILL_TICK once that has lasted STILL_SLOW.
         self.still_at, self.still_for, self.pause = None, 0.0, TICK
@@ -332,13 +357,30 @@ class Accountant:
             owed = max(0.0, self.wait_owed + wanted - WAIT_SHARE * seconds)
             if owed <= WAIT_SLACK:
                 self.wait_owed = owed
-                if quiet and not self.wait_said and now - self.wait_since >= heard.seconds:
+                lasted = now - self.wait_since
+                if quiet and not self.wait_said and self.wait_mark is None and lasted >= heard.seconds / 2:
+                    self.wait_mark = (now, self.starved())
+                if quiet and not self.wait_said and lasted >= heard.seconds and self.wait_mark is not None:
+                    if self.computes_starved(now):
+                        self.wait_since, self.wait_mark = now, None  # its threads compute: no wait yet
+                        return
                     self.wait_said = True  # said at a quiet look: a program that computes on is never said
                     heard.changed(True)
                 return
         if self.wait_said:
             heard.changed(False)
         self.wait_at, self.wait_since, self.wait_said, self.wait_owed = (self.at if quiet else None), now, False, 0.0
+        self.wait_mark = None
+
+    def computes_starved(self, now: float) -> bool:
+        """Whether the process's threads waited for a CPU for more than
+        ``STARVED_SHARE`` of the time since the wait's mark (its half): a
+        program computing on a starved machine."""
+        since, before = self.wait_mark
+        after = self.starved()
+        if before is None or after is None:
+            return False
+        return after - before > STARVED_SHARE * (now - since)
 
     def split(self) -> contract.TimeSplit:
         p = self.parts
