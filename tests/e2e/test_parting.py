@@ -20,11 +20,16 @@ Each backend's five jobs run at once (one wait for all).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
-from fixtures.jobs import DATA, ROOT, TOKEN
+from fixtures.jobs import DATA, JAXRUN, ROOT, TOKEN
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -134,3 +139,78 @@ def test_a_sub_mesh_program_and_a_process_local_one_run_clean(start_job, tmp_pat
     assert job.wait(timeout=120) == 0, job.stderr
     assert "parted" not in job.stderr, job.stderr
     assert all(f"process {r} done" in job.stdout for r in range(4)), job.stdout
+
+
+# Process 1 computes one long program of its own (no collective) while process 0 waits in
+# the next collective: a slow process, not a parting.  The program is sized to last about
+# 6 s of the machine it runs on, longer than the 3 s a wait takes to be said.
+STARVED = """
+import os, sys, time
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+mesh = jax.make_mesh((jax.device_count(),), ("i",))
+x = jax.device_put(np.ones((jax.device_count(), 8), np.float32), NamedSharding(mesh, P("i")))
+total = jax.jit(lambda x: jnp.sum(jnp.tanh(x)))
+float(total(x))
+folder = sys.argv[1]
+open(f"{folder}/ready-{jax.process_index()}", "w").close()
+while not os.path.exists(f"{folder}/go"):  # the test starts its busy processes now
+    time.sleep(0.05)
+if jax.process_index() == 1:
+    long = jax.jit(lambda y, n: jax.lax.fori_loop(0, n, lambda i, y: jnp.tanh(y @ y), y))
+    y = jnp.ones((256, 256), jnp.float32)
+    long(y, 2).block_until_ready()
+    t = time.monotonic()
+    long(y, 50).block_until_ready()
+    n = max(50, int(50 * 6.0 / max(time.monotonic() - t, 1e-3)))
+    t = time.monotonic()
+    long(y, n).block_until_ready()
+    print(f"long program {time.monotonic() - t:.1f} s", flush=True)
+float(total(x))
+print("done", flush=True)
+"""
+BURNERS = 12  # busy processes on the job's one core: its threads get a small share of it
+
+
+@pytest.mark.timeout(120)
+def test_a_program_that_computes_on_a_starved_core_is_no_parting(tmp_path):
+    """Seen under three pytest workers on 2 cores: process 1's long program ran on XLA's
+    threads, which the load left a small share of a core, so its process used hardly any
+    CPU while the main thread waited for the result; that wait was taken for a wait for a
+    peer, at another line than process 0's, and a healthy job stopped as parted.  Here the
+    whole job and twelve busy processes share one core, and one session: Linux's autogroups
+    share a core between sessions first, and a job in a session of its own kept half of it."""
+    script = tmp_path / "starved.py"
+    script.write_text(STARVED)
+    core = {max(os.sched_getaffinity(0))}
+    mine = os.sched_getaffinity(0)
+    burners, job = [], None
+    try:
+        os.sched_setaffinity(0, core)  # this thread's: what it starts inherits it
+        try:
+            job = subprocess.Popen([*JAXRUN, "-n", "2", "--cpu-devices", "1", "--log-dir", str(tmp_path / "logs"),
+                                    str(script), str(tmp_path)], cwd=tmp_path, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True,
+                                   process_group=0)  # this session, its own group: killed whole below
+            deadline = time.monotonic() + 60  # its start, on the core alone: the load is for the program
+            while not all((tmp_path / f"ready-{r}").exists() for r in (0, 1)) and time.monotonic() < deadline:
+                if job.poll() is not None:
+                    break
+                time.sleep(0.05)
+            burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(BURNERS)]
+        finally:
+            os.sched_setaffinity(0, mine)
+        (tmp_path / "go").write_text("")
+        out, err = job.communicate(timeout=100)
+    finally:
+        if job is not None and job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+    assert job.returncode == 0 and "parted" not in err, err
+    took = float(re.search(r"\[1\] long program ([\d.]+) s", out)[1])
+    assert took > 4.0, f"the program took {took} s: not past the 3 s a wait takes to be said, nothing was tried"
+    assert out.count("done") == 2, out
