@@ -420,7 +420,7 @@ MUTATIONS = [
     Mutation(
         "starved-program-taken-for-a-wait",
         "a program that computes on a starved machine, its threads waiting for a CPU, is taken for a wait again",
-        (("jaxrun/child/watch/accounting.py", "        return after - before > STARVED_SHARE * (now - since)\n",
+        (("jaxrun/child/watch/waiting.py", "        return after - before > STARVED_SHARE * (now - since)\n",
           "        return False\n"),),
         ("tests/unit/test_parting.py",),
         "starved",

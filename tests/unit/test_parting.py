@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from jaxrun.child.checks.parting import APART, describe, parted, ripe
-from jaxrun.child.watch import accounting
+from jaxrun.child.watch import accounting, waiting
 
 ALL = [0, 1, 2, 3]
 
@@ -280,14 +280,14 @@ def test_a_program_that_computes_on_a_starved_machine_is_no_wait(monkeypatch):
 
 
 def test_the_threads_waits_for_a_cpu_are_read_from_the_system():
-    """``accounting.threads_starved``: threads that compute beyond the machine's cores
+    """``waiting.threads_starved``: threads that compute beyond the machine's cores
     wait for a CPU, the calling thread's own waits left out."""
     import os
     import threading
 
     import numpy as np
 
-    if accounting.threads_starved() is None:
+    if waiting.threads_starved() is None:
         pytest.skip("this system does not say how long a thread waited for a CPU")
     stop = threading.Event()
 
@@ -296,7 +296,7 @@ def test_the_threads_waits_for_a_cpu_are_read_from_the_system():
         while not stop.is_set():
             a = np.tanh(a @ a / 200)  # numpy leaves the GIL: each thread wants a core
 
-    before = accounting.threads_starved()
+    before = waiting.threads_starved()
     workers = [threading.Thread(target=compute) for _ in range(2 * (os.cpu_count() or 1) + 2)]
     for worker in workers:
         worker.start()
@@ -306,7 +306,7 @@ def test_the_threads_waits_for_a_cpu_are_read_from_the_system():
         stop.set()
         for worker in workers:
             worker.join()
-    assert accounting.threads_starved() - before > 0.05
+    assert waiting.threads_starved() - before > 0.05
 
 
 def test_a_wait_at_a_meeting_is_said_sooner_and_posted_anew_once_the_meeting_ends():

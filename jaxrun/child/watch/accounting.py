@@ -57,7 +57,7 @@ then at twice the last gap up to ``EVERY``, and when the script returns; what
 the launcher makes of it (who the others wait for) is in
 ``launcher/attempt/straggler.py``.  docs/time.md says what each part is
 computed from on GPU and TPU.  A wait inside JAX at one call site that lasts
-is said to ``waits`` (the parting check, where ``--checks`` runs).
+is said to ``waits`` (the parting check, where ``--checks`` runs), as ``watch.waiting`` judges it.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ import threading
 import time
 
 from jaxrun import contract, portable
-from jaxrun.child.watch import activity, backlog, marks, place, sampler
+from jaxrun.child.watch import activity, backlog, marks, place, sampler, waiting
 
 TICK = sampler.TICK  # seconds between looks
 COMPUTED = 0.25  # of a look's tick on a CPU, or waiting for one: a main thread outside JAX that computes
@@ -82,38 +82,8 @@ PARKED_QUIET = 1.0  # seconds parked outside JAX, the device idle, after which i
 # machine (bench/looks.py).
 STILL_SLOW = 1.0
 STILL_TICK = 0.1
-# A wait at one place inside JAX (the parting check's) is judged over its span, not look
-# by look: it lasts while the CPU the process wanted beyond WAIT_SHARE of the time stays
-# within WAIT_SLACK seconds (a leaky bucket).  One 20 ms look is too short to judge: the
-# process's own threads (the check's post of the wait to the store, the coordination
-# service it hosts as process 0, JAX's heartbeats) used 14-15 ms of CPU in one look of a
-# blocked process on a loaded machine, and each such look began the wait again: 3 s more
-# before it was said, a parting named 10 s after it happened instead of 4.  A program that
-# computes uses a core or more: it ends the wait within WAIT_SLACK / (1 - WAIT_SHARE).
-WAIT_SHARE = 0.1
-WAIT_SLACK = 0.1
-# Before a wait is said, its threads' time ready to run without a CPU over its second half
-# is read too (every thread's ``schedstat``: a scan, so only then): a program that computes
-# on XLA's threads while the main thread waits for its result, on a machine whose load
-# leaves those threads a small share of a core, uses hardly any CPU, and the wait at
-# ``block_until_ready`` looked like one for a peer (a healthy job stopped as parted, its
-# slow process computing, under three pytest workers on 2 cores).  Threads that waited for a
-# CPU for more than STARVED_SHARE of that time compute: the wait begins again.  A thread that
-# computes on a starved machine waits for a CPU most of the time; a blocked process's threads
-# wake for moments (its heartbeats, the store's calls), each waiting a few ms at most.
-STARVED_SHARE = 0.5
 _OUTSIDE, _INSIDE, _COMPILER, _STARTING = place.OUTSIDE, place.INSIDE, place.COMPILER, place.STARTING
 
-
-def threads_starved() -> float | None:
-    """Seconds every thread of this process but the calling one (the
-    sampler's) has spent ready to run without a CPU so far; None where the
-    system does not say.  One read of each thread's ``schedstat``."""
-    waits = portable.thread_waits()
-    if waits is None:
-        return None
-    me = threading.get_native_id()
-    return sum(seconds for tid, seconds in waits.items() if tid != me)
 
 _started: Accountant | None = None
 # Who hears of a long wait (the parting check, ``child.checks.parting``): anything
@@ -172,7 +142,7 @@ class Accountant:
         self.delay = delay or (lambda: main_delay() + throttled())
         # Seconds the process's threads (the looking one's left out) have waited for a CPU so far,
         # or None: read twice a wait, at most (given a ``delay`` of its own, as a test's: none).
-        self.starved = starved or ((lambda: 0.0) if delay is not None else threads_starved)
+        self.wait = waiting.Wait(starved or ((lambda: 0.0) if delay is not None else waiting.threads_starved))
 
         def main_used() -> float:
             both = main_delay.both()
@@ -204,9 +174,6 @@ class Accountant:
         self.lock = threading.Lock()
         self.finished = False
         self.at = None  # (code, line) of the script's frame that called into JAX, at the last look
-        self.wait_at, self.wait_since, self.wait_said = None, 0.0, False  # the wait at one place so far
-        self.wait_owed = 0.0  # the CPU it wanted in that wait beyond WAIT_SHARE of it, forgiven at that rate
-        self.wait_mark: tuple[float, float | None] | None = None  # at its half: (when, its threads' waits for a CPU)
         # Parked at one place (its innermost frame and instruction) at every look since: the pause
         # to the next look (the sampler's) grows to STILL_TICK once that has lasted STILL_SLOW.
         self.still_at, self.still_for, self.pause = None, 0.0, TICK
@@ -296,7 +263,7 @@ class Accountant:
             self.parts["programs"] += ran
             self.parts["waiting"] += seconds - ran
         if waits is not None:
-            self.waited(waits, where == _INSIDE, wanted, seconds, now)
+            self.wait.judge(waits, where == _INSIDE and self.at is not None, self.at, wanted, seconds, now)
 
     def still(self, parked: bool, innermost, seconds: float) -> None:
         """Whether the main thread stands parked where it stood at the last
@@ -342,45 +309,6 @@ class Accountant:
         if now >= self.next_ask and self.outside_looks >= 2:
             self.next_ask = now + backlog.PERIOD * random.uniform(0.5, 1.5)
             self.device.ask(code)
-
-    def waited(self, heard, inside: bool, wanted: float, seconds: float, now: float) -> None:
-        """A wait inside JAX with hardly any CPU, at one call site, from
-        ``wait_since`` on: ``heard`` hears of it once it lasted
-        ``heard.seconds``, and when it ends.  It begins at a look inside JAX
-        that wanted less than half its time, and lasts while the CPU it
-        wanted beyond ``WAIT_SHARE`` of the time stays within ``WAIT_SLACK``
-        (each second of the wait forgives ``WAIT_SHARE`` of it: a burst is
-        forgotten, credit never saved up)."""
-        here = inside and self.at is not None
-        quiet = here and wanted < seconds / 2
-        if here and self.at == self.wait_at:
-            owed = max(0.0, self.wait_owed + wanted - WAIT_SHARE * seconds)
-            if owed <= WAIT_SLACK:
-                self.wait_owed = owed
-                lasted = now - self.wait_since
-                if quiet and not self.wait_said and self.wait_mark is None and lasted >= heard.seconds / 2:
-                    self.wait_mark = (now, self.starved())
-                if quiet and not self.wait_said and lasted >= heard.seconds and self.wait_mark is not None:
-                    if self.computes_starved(now):
-                        self.wait_since, self.wait_mark = now, None  # its threads compute: no wait yet
-                        return
-                    self.wait_said = True  # said at a quiet look: a program that computes on is never said
-                    heard.changed(True)
-                return
-        if self.wait_said:
-            heard.changed(False)
-        self.wait_at, self.wait_since, self.wait_said, self.wait_owed = (self.at if quiet else None), now, False, 0.0
-        self.wait_mark = None
-
-    def computes_starved(self, now: float) -> bool:
-        """Whether the process's threads waited for a CPU for more than
-        ``STARVED_SHARE`` of the time since the wait's mark (its half): a
-        program computing on a starved machine."""
-        since, before = self.wait_mark
-        after = self.starved()
-        if before is None or after is None:
-            return False
-        return after - before > STARVED_SHARE * (now - since)
 
     def split(self) -> contract.TimeSplit:
         p = self.parts
