@@ -84,7 +84,6 @@ STILL_SLOW = 1.0
 STILL_TICK = 0.1
 _OUTSIDE, _INSIDE, _COMPILER, _STARTING = place.OUTSIDE, place.INSIDE, place.COMPILER, place.STARTING
 
-
 _started: Accountant | None = None
 # Who hears of a long wait (the parting check, ``child.checks.parting``): anything
 # with ``seconds`` (how long a wait at one place must last) and ``changed(waiting)``,
@@ -140,8 +139,8 @@ class Accountant:
         self.clock, self.cpu, self.frames = clock, cpu, frames
         throttled, main_delay = portable.Throttling(), portable.RunDelay(main_tid)
         self.delay = delay or (lambda: main_delay() + throttled())
-        # Seconds the process's threads (the looking one's left out) have waited for a CPU so far,
-        # or None: read twice a wait, at most (given a ``delay`` of its own, as a test's: none).
+        # The wait at one call site (watch.waiting); its threads' waits for a CPU are read from the
+        # system, unless a ``delay`` of the caller's own (a test's) says the system is not read.
         self.wait = waiting.Wait(starved or ((lambda: 0.0) if delay is not None else waiting.threads_starved))
 
         def main_used() -> float:
